@@ -1,0 +1,127 @@
+//! Flags of the `trainyard` command line, as in the CLI contract.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use trainyard_config::{ConfigError, ScalingConfig};
+
+use crate::Failure;
+
+/// Schedule and run the workers of distributed training jobs.
+#[derive(Debug, Parser)]
+#[command(name = "trainyard", version, about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Show what a scaling config resolves to: bundles, totals and each worker's options.
+    Plan(PlanArgs),
+}
+
+/// The SCALING flags shared by `plan` and `run`.
+#[derive(Debug, Args)]
+pub(crate) struct ScalingArgs {
+    /// Number of workers [default: 1]
+    #[arg(short = 'n', long, value_name = "N", allow_negative_numbers = true)]
+    pub(crate) num_workers: Option<i64>,
+    /// Give each worker a GPU (1 unless --resources-per-worker says otherwise)
+    #[arg(long)]
+    pub(crate) use_gpu: bool,
+    /// Resources of each worker: JSON object or K=V list, e.g. '{"CPU":1,"memory":"10GB"}' or CPU=1,memory=10GB,custom=2
+    #[arg(short = 'r', long, value_name = "SPEC")]
+    pub(crate) resources_per_worker: Option<String>,
+    /// Resources the coordinator reserves next to rank 0 (JSON object or K=V list)
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) trainer_resources: Option<String>,
+    /// PACK, SPREAD, STRICT_PACK or STRICT_SPREAD [default: PACK]
+    #[arg(short = 's', long, value_name = "STRATEGY")]
+    pub(crate) placement_strategy: Option<String>,
+    /// Accelerator type every worker's node must have, e.g. A100
+    #[arg(long, value_name = "NAME")]
+    pub(crate) accelerator_type: Option<String>,
+    /// TOML or JSON file with the fields of ScalingConfig; flags override it
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PlanArgs {
+    #[command(flatten)]
+    pub(crate) scaling: ScalingArgs,
+    /// Output format
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub(crate) format: OutputFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OutputFormat {
+    Text,
+    Json,
+}
+
+/// A flag whose value is not acceptable.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid value `{value}` for `{flag}`")]
+pub(crate) struct FlagError {
+    flag: &'static str,
+    value: String,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl FlagError {
+    fn new(
+        flag: &'static str,
+        value: &str,
+    ) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Self + use<> {
+        let value = value.to_owned();
+        move |source| Self { flag, value, source }
+    }
+}
+
+fn parse_flag<T>(flag: &'static str, value: &str) -> Result<T, FlagError>
+where
+    T: std::str::FromStr,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    value.parse().map_err(|e: T::Err| FlagError::new(flag, value)(Box::new(e)))
+}
+
+impl ScalingArgs {
+    /// The config file (if any) with the flags laid over it, validated.
+    pub(crate) fn to_config(&self) -> Result<ScalingConfig, Failure> {
+        let mut config = match &self.config {
+            Some(path) => ScalingConfig::parse_file(path).map_err(Failure::bad_input)?,
+            None => ScalingConfig::default(),
+        };
+        if let Some(n) = self.num_workers {
+            config.num_workers = u32::try_from(n)
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| Failure::bad_input(ConfigError::NoWorkers(n)))?;
+        }
+        if self.use_gpu {
+            config.use_gpu = true;
+        }
+        if let Some(spec) = &self.resources_per_worker {
+            config.resources_per_worker =
+                Some(parse_flag("--resources-per-worker", spec).map_err(Failure::bad_input)?);
+        }
+        if let Some(spec) = &self.trainer_resources {
+            config.trainer_resources =
+                Some(parse_flag("--trainer-resources", spec).map_err(Failure::bad_input)?);
+        }
+        if let Some(strategy) = &self.placement_strategy {
+            config.placement_strategy =
+                parse_flag("--placement-strategy", strategy).map_err(Failure::bad_input)?;
+        }
+        if let Some(accelerator) = &self.accelerator_type {
+            config.accelerator_type = Some(accelerator.clone());
+        }
+        config.validate().map_err(Failure::bad_input)?;
+        Ok(config)
+    }
+}

@@ -1,0 +1,80 @@
+use std::path::PathBuf;
+
+use trainyard_resources::{ResourceError, Resources};
+
+/// Why a configuration is not acceptable.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `num_workers` is zero.
+    #[error("`num_workers` must be at least 1, got {0}")]
+    NoWorkers(i64),
+    /// `GPU` requested without `use_gpu`.
+    #[error(
+        "`use_gpu` is false but `GPU` is {amount} in `resources_per_worker`: set `use_gpu` to true or remove `GPU` from `resources_per_worker`"
+    )]
+    GpuWithoutUseGpu {
+        /// The GPU amount found.
+        amount: String,
+    },
+    /// `use_gpu` with an explicit zero GPU.
+    #[error(
+        "`use_gpu` is true but `GPU` is 0 in `resources_per_worker`: set `use_gpu` to false or request a positive number of `GPU`"
+    )]
+    UseGpuWithZeroGpu,
+    /// The worker bundle has nothing in it after normalisation.
+    #[error(
+        "a worker must request at least one resource: `resources_per_worker` {given} normalises to an empty dictionary"
+    )]
+    EmptyWorker {
+        /// The dictionary given, as `{K=V,...}`.
+        given: String,
+    },
+    /// `accelerator_type` is an empty string.
+    #[error("`accelerator_type` must not be empty")]
+    EmptyAcceleratorType,
+    /// A resource dictionary in field `field` is not acceptable.
+    #[error("invalid `{field}`")]
+    Resources {
+        /// The field holding the dictionary.
+        field: &'static str,
+        /// What is wrong.
+        #[source]
+        source: ResourceError,
+    },
+    /// `max_failures` below -1.
+    #[error("`max_failures` must be -1 (unlimited) or a number of restarts of at least 0, got {0}")]
+    MaxFailures(i64),
+    /// An environment variable name that cannot be set.
+    #[error("environment variable name `{0}` must be non-empty and contain neither `=` nor a NUL byte")]
+    EnvName(String),
+    /// A configuration file that cannot be read.
+    #[error("cannot read config file `{}`", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the file system reported.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A configuration text that does not parse.
+    #[error("invalid {format} config{}: {reason}", origin.as_ref().map(|p| format!(" `{}`", p.display())).unwrap_or_default())]
+    Parse {
+        /// `TOML` or `JSON`.
+        format: &'static str,
+        /// The file, when the text came from one.
+        origin: Option<PathBuf>,
+        /// The parser's explanation (it names unknown fields and lists the valid ones).
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    pub(crate) fn resources(field: &'static str) -> impl FnOnce(ResourceError) -> Self {
+        move |source| Self::Resources { field, source }
+    }
+
+    pub(crate) fn empty_worker(given: &Resources) -> Self {
+        Self::EmptyWorker { given: format!("{{{given}}}") }
+    }
+}

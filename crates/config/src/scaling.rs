@@ -1,0 +1,247 @@
+//! [`ScalingConfig`] and the [`PlacementGroupFactory`] it produces.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use trainyard_resources::{CPU, GPU, ResourceAmount, Resources};
+
+use crate::{ConfigError, PlacementStrategy};
+
+/// Prefix of the tiny constraint resource that pins workers to an accelerator type.
+pub const ACCELERATOR_TYPE_PREFIX: &str = "accelerator_type:";
+
+/// The amount of `accelerator_type:<T>` each worker requests: enough to require such a
+/// node, too little to limit how many workers fit on it.
+pub const ACCELERATOR_TYPE_AMOUNT: ResourceAmount = ResourceAmount::from_steps(10);
+
+/// How many workers to run and what each of them needs.
+///
+/// Normalisation follows Ray Train: without `resources_per_worker` a worker asks for
+/// `{CPU: 1}`, or `{GPU: 1}` (no CPU) with `use_gpu`; a user dictionary replaces that default
+/// entirely; zero entries are dropped; `use_gpu` adds `GPU: 1` when missing; and
+/// `accelerator_type: T` adds `accelerator_type:T = 0.001`.
+///
+/// ```
+/// use trainyard_config::ScalingConfig;
+///
+/// let config = ScalingConfig::default()
+///     .num_workers(2)
+///     .resources_per_worker(r#"{"memory": "10GB"}"#.parse()?);
+/// assert_eq!(config.worker_resources()?.to_string(), "memory=10000000000");
+/// assert_eq!(config.placement_group_factory()?.bundles.len(), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScalingConfig {
+    /// Number of workers, at least 1.
+    #[serde(deserialize_with = "deserialize_num_workers")]
+    pub num_workers: u32,
+    /// Whether each worker gets a GPU (1 unless `resources_per_worker` says otherwise).
+    pub use_gpu: bool,
+    /// What each worker requests; `None` means the default (`{CPU: 1}` or `{GPU: 1}`).
+    pub resources_per_worker: Option<Resources>,
+    /// What the coordinator reserves next to rank 0; `None` and `{}` reserve nothing.
+    pub trainer_resources: Option<Resources>,
+    /// How bundles are laid over nodes.
+    pub placement_strategy: PlacementStrategy,
+    /// Accelerator type every worker's node must have (such as `A100`).
+    pub accelerator_type: Option<String>,
+}
+
+impl Default for ScalingConfig {
+    fn default() -> Self {
+        Self {
+            num_workers: 1,
+            use_gpu: false,
+            resources_per_worker: None,
+            trainer_resources: None,
+            placement_strategy: PlacementStrategy::Pack,
+            accelerator_type: None,
+        }
+    }
+}
+
+fn deserialize_num_workers<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    let value = i64::deserialize(deserializer)?;
+    u32::try_from(value).ok().filter(|&n| n >= 1).ok_or_else(|| {
+        serde::de::Error::custom(format_args!("`num_workers` must be at least 1, got {value}"))
+    })
+}
+
+/// The bundles of a placement group and how to lay them over nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementGroupFactory {
+    /// One dictionary per bundle; bundle `i` hosts worker `i`.
+    pub bundles: Vec<Resources>,
+    /// How the bundles are laid over nodes.
+    pub strategy: PlacementStrategy,
+}
+
+impl PlacementGroupFactory {
+    /// The sum of all bundles.
+    ///
+    /// # Errors
+    /// [`ConfigError::Resources`] when a sum overflows.
+    pub fn total_resources(&self) -> Result<Resources, ConfigError> {
+        let mut total = Resources::new();
+        for bundle in &self.bundles {
+            total.checked_add_assign(bundle).map_err(ConfigError::resources("bundles"))?;
+        }
+        Ok(total)
+    }
+}
+
+impl ScalingConfig {
+    /// Sets `num_workers`.
+    #[must_use]
+    pub fn num_workers(mut self, num_workers: u32) -> Self {
+        self.num_workers = num_workers;
+        self
+    }
+
+    /// Sets `use_gpu`.
+    #[must_use]
+    pub fn use_gpu(mut self, use_gpu: bool) -> Self {
+        self.use_gpu = use_gpu;
+        self
+    }
+
+    /// Sets `resources_per_worker`.
+    #[must_use]
+    pub fn resources_per_worker(mut self, resources: Resources) -> Self {
+        self.resources_per_worker = Some(resources);
+        self
+    }
+
+    /// Sets `trainer_resources`.
+    #[must_use]
+    pub fn trainer_resources(mut self, resources: Resources) -> Self {
+        self.trainer_resources = Some(resources);
+        self
+    }
+
+    /// Sets `placement_strategy`.
+    #[must_use]
+    pub fn placement_strategy(mut self, strategy: PlacementStrategy) -> Self {
+        self.placement_strategy = strategy;
+        self
+    }
+
+    /// Sets `accelerator_type`.
+    #[must_use]
+    pub fn accelerator_type(mut self, accelerator_type: impl Into<String>) -> Self {
+        self.accelerator_type = Some(accelerator_type.into());
+        self
+    }
+
+    /// Checks the whole configuration.
+    ///
+    /// # Errors
+    /// The first [`ConfigError`] found.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.worker_resources().map(drop)?;
+        self.trainer_bundle().map(drop)
+    }
+
+    /// The normalised dictionary of one worker.
+    ///
+    /// # Errors
+    /// `num_workers` of 0, contradictory GPU settings, an empty accelerator type, invalid
+    /// amounts, or a worker that normalises to an empty dictionary.
+    pub fn worker_resources(&self) -> Result<Resources, ConfigError> {
+        if self.num_workers == 0 {
+            return Err(ConfigError::NoWorkers(i64::from(self.num_workers)));
+        }
+        let mut worker = match &self.resources_per_worker {
+            None if self.use_gpu => Resources::new().with(GPU, ResourceAmount::ONE),
+            None => Resources::new().with(CPU, ResourceAmount::ONE),
+            Some(given) => {
+                given.validate().map_err(ConfigError::resources("resources_per_worker"))?;
+                match given.get(GPU) {
+                    Some(gpu) if !gpu.is_zero() && !self.use_gpu => {
+                        return Err(ConfigError::GpuWithoutUseGpu { amount: gpu.to_string() });
+                    }
+                    Some(gpu) if gpu.is_zero() && self.use_gpu => {
+                        return Err(ConfigError::UseGpuWithZeroGpu);
+                    }
+                    _ => {}
+                }
+                given.clone().without_zeros()
+            }
+        };
+        if self.use_gpu && !worker.contains(GPU) {
+            worker.insert(GPU, ResourceAmount::ONE);
+        }
+        if let Some(accelerator) = &self.accelerator_type {
+            if accelerator.trim().is_empty() {
+                return Err(ConfigError::EmptyAcceleratorType);
+            }
+            let name = format!("{ACCELERATOR_TYPE_PREFIX}{accelerator}");
+            if !worker.contains(&name) {
+                worker.insert(name, ACCELERATOR_TYPE_AMOUNT);
+            }
+        }
+        if worker.is_empty() {
+            let given = self.resources_per_worker.clone().unwrap_or_default();
+            return Err(ConfigError::empty_worker(&given));
+        }
+        Ok(worker)
+    }
+
+    /// The normalised coordinator reservation: `{}` unless given, zero entries dropped.
+    ///
+    /// # Errors
+    /// Invalid amounts in `trainer_resources`.
+    pub fn trainer_bundle(&self) -> Result<Resources, ConfigError> {
+        let Some(given) = &self.trainer_resources else {
+            return Ok(Resources::new());
+        };
+        given.validate().map_err(ConfigError::resources("trainer_resources"))?;
+        Ok(given.clone().without_zeros())
+    }
+
+    /// The placement group: `[trainer ⊕ worker₀, worker₁, …]` (just `[worker; n]` when the
+    /// trainer reserves nothing), with the configured strategy.
+    ///
+    /// # Errors
+    /// As [`ScalingConfig::worker_resources`] and [`ScalingConfig::trainer_bundle`].
+    pub fn placement_group_factory(&self) -> Result<PlacementGroupFactory, ConfigError> {
+        let worker = self.worker_resources()?;
+        let trainer = self.trainer_bundle()?;
+        let n = self.num_workers as usize;
+        let mut bundles = Vec::with_capacity(n);
+        let mut first = trainer;
+        first
+            .checked_add_assign(&worker)
+            .map_err(ConfigError::resources("trainer_resources"))?;
+        bundles.push(first);
+        bundles.resize(n, worker);
+        Ok(PlacementGroupFactory { bundles, strategy: self.placement_strategy })
+    }
+
+    /// Everything the run reserves: trainer + `num_workers` × worker.
+    ///
+    /// # Errors
+    /// As [`ScalingConfig::placement_group_factory`], and overflow.
+    pub fn total_resources(&self) -> Result<Resources, ConfigError> {
+        let mut total = self.trainer_bundle()?;
+        let workers = self
+            .worker_resources()?
+            .checked_mul(u64::from(self.num_workers))
+            .map_err(ConfigError::resources("resources_per_worker"))?;
+        total.checked_add_assign(&workers).map_err(ConfigError::resources("resources_per_worker"))?;
+        Ok(total)
+    }
+
+    /// The same configuration with both dictionaries normalised and made explicit.
+    ///
+    /// # Errors
+    /// As [`ScalingConfig::validate`].
+    pub fn normalized(&self) -> Result<Self, ConfigError> {
+        Ok(Self {
+            resources_per_worker: Some(self.worker_resources()?),
+            trainer_resources: Some(self.trainer_bundle()?),
+            ..self.clone()
+        })
+    }
+}

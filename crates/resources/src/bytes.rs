@@ -1,0 +1,217 @@
+//! Byte sizes for `memory` and `object_store_memory`: `10000`, `1e9`, `"10GB"`, `"1.5 GiB"`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::decimal::{Decimal, DecimalError};
+
+/// The units a byte size may carry, matched case-insensitively.
+pub const BYTE_UNITS: [(&str, u128); 9] = [
+    ("B", 1),
+    ("KB", 1_000),
+    ("MB", 1_000_000),
+    ("GB", 1_000_000_000),
+    ("TB", 1_000_000_000_000),
+    ("KiB", 1 << 10),
+    ("MiB", 1 << 20),
+    ("GiB", 1 << 30),
+    ("TiB", 1 << 40),
+];
+
+/// A whole number of bytes.
+///
+/// Plain numbers are bytes (`10000`, `1e9`); text may carry a unit — `B`, `KB` `MB` `GB` `TB`
+/// (powers of 1000) or `KiB` `MiB` `GiB` `TiB` (powers of 1024), in any case, with or without
+/// a space. A fractional result is rounded toward zero, as Ray does with `int(memory)`.
+///
+/// ```
+/// use trainyard_resources::ByteSize;
+///
+/// assert_eq!("10GB".parse::<ByteSize>()?.bytes(), 10_000_000_000);
+/// assert_eq!("1.5 GiB".parse::<ByteSize>()?.bytes(), 1_610_612_736);
+/// assert_eq!("1e9".parse::<ByteSize>()?.bytes(), 1_000_000_000);
+/// # Ok::<(), trainyard_resources::ByteSizeError>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ByteSize(u64);
+
+/// Why a value is not a byte size.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ByteSizeError {
+    /// Not a number, optionally followed by a known unit.
+    #[error(
+        "`{0}` is not a byte size: expected a number of bytes, or a number with one of the units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+    )]
+    Syntax(String),
+    /// Below zero.
+    #[error("a byte size must not be negative, got `{0}`")]
+    Negative(String),
+    /// More than `u64::MAX` bytes.
+    #[error("`{0}` is too many bytes")]
+    TooLarge(String),
+}
+
+impl ByteSize {
+    /// `bytes` bytes.
+    #[must_use]
+    pub const fn new(bytes: u64) -> Self {
+        Self(bytes)
+    }
+
+    /// The number of bytes.
+    #[must_use]
+    pub const fn bytes(self) -> u64 {
+        self.0
+    }
+
+    /// Converts a number of bytes given as a float (`1e9`), rounding toward zero.
+    ///
+    /// # Errors
+    /// NaN, infinities, negative values and values above `u64::MAX`.
+    pub fn from_f64(value: f64) -> Result<Self, ByteSizeError> {
+        if value.is_nan() || value.is_infinite() {
+            return Err(ByteSizeError::Syntax(value.to_string()));
+        }
+        if value < 0.0 {
+            return Err(ByteSizeError::Negative(value.to_string()));
+        }
+        value.to_string().parse()
+    }
+}
+
+impl From<u64> for ByteSize {
+    fn from(bytes: u64) -> Self {
+        Self(bytes)
+    }
+}
+
+impl From<ByteSize> for u64 {
+    fn from(size: ByteSize) -> Self {
+        size.0
+    }
+}
+
+impl fmt::Display for ByteSize {
+    /// The number of bytes, which parses back to the same size.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl FromStr for ByteSize {
+    type Err = ByteSizeError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let trimmed = text.trim();
+        let split = trimmed
+            .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
+            .unwrap_or(trimmed.len());
+        let (number, unit) = trimmed.split_at(split);
+        let factor = if unit.is_empty() {
+            1
+        } else {
+            BYTE_UNITS
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(unit))
+                .map(|&(_, factor)| factor)
+                .ok_or_else(|| ByteSizeError::Syntax(text.to_owned()))?
+        };
+        let decimal = Decimal::parse(number.trim_end()).map_err(|e| match e {
+            DecimalError::Syntax => ByteSizeError::Syntax(text.to_owned()),
+            DecimalError::Negative => ByteSizeError::Negative(trimmed.to_owned()),
+            DecimalError::TooLarge => ByteSizeError::TooLarge(trimmed.to_owned()),
+        })?;
+        let bytes = decimal
+            .scaled_truncated(factor)
+            .ok()
+            .and_then(|b| u64::try_from(b).ok())
+            .ok_or_else(|| ByteSizeError::TooLarge(trimmed.to_owned()))?;
+        Ok(Self(bytes))
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    /// Accepts a number of bytes or a string with a unit.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ByteSizeVisitor)
+    }
+}
+
+struct ByteSizeVisitor;
+
+impl Visitor<'_> for ByteSizeVisitor {
+    type Value = ByteSize;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a number of bytes or a string such as \"10GB\" or \"1.5 GiB\"")
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(ByteSize(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        u64::try_from(v)
+            .map(ByteSize)
+            .map_err(|_| E::custom(ByteSizeError::Negative(v.to_string())))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        ByteSize::from_f64(v).map_err(E::custom)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        v.parse().map_err(E::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(text: &str) -> u64 {
+        text.parse::<ByteSize>().unwrap().bytes()
+    }
+
+    #[test]
+    fn plain_numbers_are_bytes() {
+        assert_eq!(bytes("10000"), 10_000);
+        assert_eq!(bytes("1e9"), 1_000_000_000);
+        assert_eq!(ByteSize::from_f64(1e9).unwrap().bytes(), 1_000_000_000);
+        assert_eq!(bytes("1000.9"), 1000);
+    }
+
+    #[test]
+    fn decimal_and_binary_units_in_any_case_with_optional_space() {
+        assert_eq!(bytes("10GB"), 10_000_000_000);
+        assert_eq!(bytes("10 gb"), 10_000_000_000);
+        assert_eq!(bytes("512MiB"), 512 * 1024 * 1024);
+        assert_eq!(bytes("1.5 GiB"), 1_610_612_736);
+        assert_eq!(bytes("2kib"), 2048);
+        assert_eq!(bytes("1TB"), 1_000_000_000_000);
+        assert_eq!(bytes("3 TiB"), 3 << 40);
+        assert_eq!(bytes("7B"), 7);
+        assert_eq!(bytes("1e3 KB"), 1_000_000);
+    }
+
+    #[test]
+    fn bad_sizes_name_the_value() {
+        let err = "ten GB".parse::<ByteSize>().unwrap_err();
+        assert_eq!(err, ByteSizeError::Syntax("ten GB".into()));
+        assert!(err.to_string().contains("KiB"));
+        assert_eq!("10 XB".parse::<ByteSize>(), Err(ByteSizeError::Syntax("10 XB".into())));
+        assert_eq!("GB".parse::<ByteSize>(), Err(ByteSizeError::Syntax("GB".into())));
+        assert_eq!("-1GB".parse::<ByteSize>(), Err(ByteSizeError::Negative("-1GB".into())));
+        assert!(matches!("1e30".parse::<ByteSize>(), Err(ByteSizeError::TooLarge(_))));
+    }
+}

@@ -1,0 +1,59 @@
+//! Project automation: `cargo xtask ci` runs what CI runs; `cargo xtask tidy` checks the
+//! workspace's layering.
+
+mod tidy;
+
+use std::process::{Command, ExitCode};
+
+const USAGE: &str = "usage: cargo xtask <ci|tidy>
+  ci     fmt check, clippy -D warnings, tests (nextest when installed), doc tests, benches compile
+  tidy   fail on a workspace dependency that points up a layer";
+
+fn main() -> ExitCode {
+    let task = std::env::args().nth(1);
+    let result = match task.as_deref() {
+        Some("ci") => ci(),
+        Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cargo(args: &[&str]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    eprintln!("$ cargo {}", args.join(" "));
+    let status = Command::new(&cargo)
+        .args(args)
+        .status()
+        .map_err(|e| format!("cannot run {cargo}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("`cargo {}` failed ({status})", args.join(" "))) }
+}
+
+fn has_nextest() -> bool {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args(["nextest", "--version"])
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+fn ci() -> Result<(), String> {
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"])?;
+    if has_nextest() {
+        cargo(&["nextest", "run", "--workspace", "--all-features", "--no-fail-fast"])?;
+    } else {
+        eprintln!("cargo-nextest is not installed; running the tests with cargo test");
+        cargo(&["test", "--workspace", "--all-features", "--lib", "--bins", "--tests"])?;
+    }
+    cargo(&["test", "--workspace", "--all-features", "--doc"])?;
+    cargo(&["bench", "--workspace", "--all-features", "--no-run"])
+}

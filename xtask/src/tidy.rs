@@ -1,0 +1,146 @@
+//! Layering check: a workspace crate may depend only on crates of lower layers.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The workspace's crates, lowest layer first. A crate may depend (normal, build or dev) only
+/// on crates listed before it.
+pub(crate) const LAYERS: &[&str] = &[
+    "trainyard-resources",
+    "trainyard-config",
+    "trainyard-runtime",
+    "trainyard-worker-group",
+    "trainyard-backend-executor",
+    "trainyard-torch-backend",
+    "trainyard-agent",
+    "trainyard-runtime-local",
+    "trainyard-runtime-ray",
+    "trainyard",
+    "trainyard-cli",
+];
+
+/// Third-party crates the leaf may use: it is types only.
+pub(crate) const LEAF_ALLOWED: &[&str] = &["serde", "serde_json", "thiserror"];
+
+/// One workspace package: its name and its dependencies' names (with the kind of edge).
+#[derive(Debug, Clone)]
+pub(crate) struct Package {
+    pub(crate) name: String,
+    pub(crate) deps: Vec<(String, String)>,
+}
+
+/// Every problem with the layering of `packages`.
+pub(crate) fn problems(packages: &[Package]) -> Vec<String> {
+    let rank: BTreeMap<&str, usize> = LAYERS.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let members: Vec<&str> = packages.iter().map(|p| p.name.as_str()).collect();
+    let mut out = Vec::new();
+    for package in packages.iter().filter(|p| p.name != "xtask") {
+        let Some(&own) = rank.get(package.name.as_str()) else {
+            out.push(format!("`{}` is not in xtask's LAYERS: add it at its layer", package.name));
+            continue;
+        };
+        for (dep, kind) in &package.deps {
+            match rank.get(dep.as_str()) {
+                Some(&theirs) if theirs >= own => out.push(format!(
+                    "`{}` has a {kind} dependency on `{dep}`, which is not below it (layers point down only)",
+                    package.name
+                )),
+                None if members.contains(&dep.as_str()) => {
+                    out.push(format!("`{}` depends on `{dep}`, which is not in LAYERS", package.name));
+                }
+                None if package.name == LAYERS[0] && kind == "normal" && !LEAF_ALLOWED.contains(&dep.as_str()) => {
+                    out.push(format!(
+                        "the leaf `{}` depends on `{dep}`; it may use only {}",
+                        package.name,
+                        LEAF_ALLOWED.join(", ")
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Reads the workspace with `cargo metadata` and checks it.
+pub(crate) fn check_workspace() -> Result<(), Vec<String>> {
+    let packages = workspace_packages().map_err(|e| vec![e])?;
+    let problems = problems(&packages);
+    if problems.is_empty() { Ok(()) } else { Err(problems) }
+}
+
+fn workspace_packages() -> Result<Vec<Package>, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let output = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .map_err(|e| format!("cannot run cargo metadata: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("cargo metadata failed: {}", String::from_utf8_lossy(&output.stderr)));
+    }
+    let metadata: Value =
+        serde_json::from_slice(&output.stdout).map_err(|e| format!("cargo metadata output: {e}"))?;
+    let packages = metadata["packages"].as_array().ok_or("cargo metadata: no packages")?;
+    Ok(packages
+        .iter()
+        .map(|p| Package {
+            name: p["name"].as_str().unwrap_or_default().to_owned(),
+            deps: p["dependencies"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| {
+                    let name = d["name"].as_str().unwrap_or_default().to_owned();
+                    let kind = d["kind"].as_str().unwrap_or("normal").to_owned();
+                    (name, kind)
+                })
+                .collect(),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn package(name: &str, deps: &[(&str, &str)]) -> Package {
+        Package {
+            name: name.to_owned(),
+            deps: deps.iter().map(|(d, k)| ((*d).to_owned(), (*k).to_owned())).collect(),
+        }
+    }
+
+    #[test]
+    fn workspace_dependencies_point_down_only() {
+        if let Err(problems) = check_workspace() {
+            panic!("layering problems:\n{}", problems.join("\n"));
+        }
+    }
+
+    #[test]
+    fn an_upward_edge_is_reported() {
+        let packages = [
+            package("trainyard-resources", &[("serde", "normal")]),
+            package("trainyard-config", &[("trainyard-resources", "normal")]),
+            package("trainyard-runtime", &[("trainyard-config", "normal")]),
+        ];
+        assert!(problems(&packages).is_empty());
+        let upward = [package("trainyard-config", &[("trainyard-runtime", "dev")])];
+        let found = problems(&upward);
+        assert_eq!(found.len(), 1);
+        assert!(found[0].contains("dev dependency on `trainyard-runtime`"), "{found:?}");
+    }
+
+    #[test]
+    fn the_leaf_stays_types_only_and_new_crates_must_be_placed() {
+        let heavy = [package("trainyard-resources", &[("tokio", "normal"), ("proptest", "dev")])];
+        let found = problems(&heavy);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("tokio"));
+        let unknown = [package("trainyard-extra", &[])];
+        assert!(problems(&unknown)[0].contains("not in xtask's LAYERS"));
+    }
+}
