@@ -1,0 +1,64 @@
+//! What a runtime knows about its cluster.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use trainyard_resources::Resources;
+
+use crate::NodeId;
+
+/// Accelerator resource names whose device ids a runtime reports per worker.
+pub const ACCELERATOR_RESOURCES: [&str; 5] = ["GPU", "neuron_cores", "TPU", "NPU", "HPU"];
+
+/// One node of a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Unique id; two nodes may share an IP, never an id.
+    pub id: NodeId,
+    /// Address other nodes reach this one at.
+    pub ip: String,
+    /// Host name.
+    pub hostname: String,
+    /// Everything the node has.
+    pub total: Resources,
+    /// What is neither reserved by a placement group nor used by an unpinned actor.
+    pub available: Resources,
+    /// Device ids per accelerator resource, such as `GPU → ["0", "1"]`.
+    pub accelerator_ids: BTreeMap<String, Vec<String>>,
+}
+
+/// The nodes of a cluster at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterSnapshot {
+    /// The nodes, in a stable order.
+    pub nodes: Vec<NodeInfo>,
+}
+
+impl ClusterSnapshot {
+    /// The sum of every node's total resources.
+    #[must_use]
+    pub fn total(&self) -> Resources {
+        sum(self.nodes.iter().map(|n| &n.total))
+    }
+
+    /// The sum of every node's available resources.
+    #[must_use]
+    pub fn available(&self) -> Resources {
+        sum(self.nodes.iter().map(|n| &n.available))
+    }
+
+    /// The node with id `id`.
+    #[must_use]
+    pub fn node(&self, id: &NodeId) -> Option<&NodeInfo> {
+        self.nodes.iter().find(|n| &n.id == id)
+    }
+}
+
+fn sum<'a>(all: impl Iterator<Item = &'a Resources>) -> Resources {
+    let mut out = Resources::new();
+    for r in all {
+        // Node totals are far below the overflow limit of 2^128 steps.
+        let _ = out.checked_add_assign(r);
+    }
+    out
+}

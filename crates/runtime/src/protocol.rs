@@ -1,0 +1,151 @@
+//! The closed request set every actor answers, and what it answers with. Data only, serde
+//! serialisable, so that a worker process can serve it over a socket.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::NodeId;
+
+/// A request to one actor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "snake_case")]
+pub enum Request {
+    /// Where the actor runs and which devices it holds → [`Response::NodeInfo`].
+    NodeInfo,
+    /// A TCP port that is free on the actor's node right now → [`Response::Port`].
+    FindFreePort,
+    /// Adds environment variables for the tasks the actor runs later → [`Response::Done`].
+    SetEnv {
+        /// Variables to add or replace.
+        vars: BTreeMap<String, String>,
+    },
+    /// Starts a task; it runs in the background → [`Response::Done`].
+    RunTask(TaskSpec),
+    /// Drains what the task reported and logged since the last poll → [`Response::Poll`].
+    Poll,
+    /// Stops the task, if any, and lets the actor exit → [`Response::Done`].
+    Stop,
+}
+
+/// What an actor answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "response", rename_all = "snake_case")]
+pub enum Response {
+    /// Answer to [`Request::NodeInfo`].
+    NodeInfo(WorkerInfo),
+    /// Answer to [`Request::FindFreePort`].
+    Port {
+        /// The free port.
+        port: u16,
+    },
+    /// Answer to [`Request::SetEnv`], [`Request::RunTask`] and [`Request::Stop`].
+    Done,
+    /// Answer to [`Request::Poll`].
+    Poll(PollResult),
+}
+
+/// Where an actor runs, fetched once after it starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// The node's id.
+    pub node_id: NodeId,
+    /// The node's IP address.
+    pub node_ip: String,
+    /// The node's host name.
+    pub hostname: String,
+    /// The actor's process id.
+    pub pid: u32,
+    /// Device ids the actor holds, for every accelerator resource the runtime knows
+    /// (an empty list when it holds none of that kind).
+    pub accelerator_ids: BTreeMap<String, Vec<String>>,
+}
+
+/// A task for an actor to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TaskSpec {
+    /// A program started with the actor's environment; its output lines are streamed back.
+    Command {
+        /// The program.
+        program: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Extra environment for this task only.
+        env: BTreeMap<String, String>,
+    },
+    /// A Rust function registered by name in a [`crate::FunctionRegistry`].
+    Function {
+        /// The registered name.
+        name: String,
+        /// Argument passed to the function.
+        arg: serde_json::Value,
+        /// Extra environment for this task only.
+        env: BTreeMap<String, String>,
+    },
+}
+
+/// Which output stream a log line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// Something a running task produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum TaskEvent {
+    /// A metrics report (`report({"loss": 0.1})`).
+    Report {
+        /// The metrics.
+        metrics: serde_json::Map<String, serde_json::Value>,
+    },
+    /// One line of output.
+    Log {
+        /// Its stream.
+        stream: Stream,
+        /// The line, without its newline.
+        line: String,
+    },
+}
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum TaskStatus {
+    /// No task was started.
+    Idle,
+    /// The task is running.
+    Running,
+    /// The task returned this value (a command's is its exit code, 0).
+    Succeeded {
+        /// The returned value.
+        value: serde_json::Value,
+    },
+    /// The task failed: the user's code returned an error, panicked or exited non-zero.
+    Failed {
+        /// What went wrong, as the user's code reported it.
+        error: String,
+    },
+}
+
+impl TaskStatus {
+    /// Whether the task has ended (succeeded or failed).
+    #[must_use]
+    pub const fn is_finished(&self) -> bool {
+        matches!(self, Self::Succeeded { .. } | Self::Failed { .. })
+    }
+}
+
+/// Answer to [`Request::Poll`]: events since the last poll, in order, and the status after them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PollResult {
+    /// Reports and log lines, oldest first.
+    pub events: Vec<TaskEvent>,
+    /// The task's status after these events.
+    pub status: TaskStatus,
+}

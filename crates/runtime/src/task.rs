@@ -1,0 +1,117 @@
+//! Rust functions that actors run as tasks, registered by name.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokio::sync::mpsc;
+
+use crate::{Stream, TaskEvent};
+
+/// What a task function returns: a value on success, the user's error text on failure.
+pub type TaskResult = Result<serde_json::Value, String>;
+
+type TaskFn = dyn Fn(TaskContext) -> BoxFuture<'static, TaskResult> + Send + Sync;
+
+/// Rust functions that actors can run by name ([`crate::TaskSpec::Function`]).
+#[derive(Clone, Default)]
+pub struct FunctionRegistry {
+    functions: HashMap<String, Arc<TaskFn>>,
+}
+
+impl fmt::Debug for FunctionRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut names: Vec<&str> = self.functions.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        f.debug_struct("FunctionRegistry").field("functions", &names).finish()
+    }
+}
+
+impl FunctionRegistry {
+    /// An empty registry.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `function` under `name`, replacing any earlier one.
+    #[must_use]
+    pub fn register<F, Fut>(mut self, name: impl Into<String>, function: F) -> Self
+    where
+        F: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = TaskResult> + Send + 'static,
+    {
+        self.functions.insert(name.into(), Arc::new(move |ctx| Box::pin(function(ctx))));
+        self
+    }
+
+    /// Whether a function is registered under `name`.
+    #[must_use]
+    pub fn contains(&self, name: &str) -> bool {
+        self.functions.contains_key(name)
+    }
+
+    /// The registered names, sorted.
+    #[must_use]
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.functions.keys().cloned().collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Starts the function registered under `name`, or `None` when there is none.
+    #[must_use]
+    pub fn call(&self, name: &str, ctx: TaskContext) -> Option<BoxFuture<'static, TaskResult>> {
+        self.functions.get(name).map(|f| f(ctx))
+    }
+}
+
+/// What a task function sees: its argument, its environment, and a way to report.
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    arg: serde_json::Value,
+    env: BTreeMap<String, String>,
+    events: mpsc::UnboundedSender<TaskEvent>,
+}
+
+impl TaskContext {
+    /// A context whose events go to `events`.
+    #[must_use]
+    pub fn new(
+        arg: serde_json::Value,
+        env: BTreeMap<String, String>,
+        events: mpsc::UnboundedSender<TaskEvent>,
+    ) -> Self {
+        Self { arg, env, events }
+    }
+
+    /// The argument of [`crate::TaskSpec::Function`].
+    #[must_use]
+    pub fn arg(&self) -> &serde_json::Value {
+        &self.arg
+    }
+
+    /// The task's environment (the actor's, plus `SetEnv`, plus the task's own).
+    #[must_use]
+    pub fn env(&self) -> &BTreeMap<String, String> {
+        &self.env
+    }
+
+    /// One environment variable.
+    #[must_use]
+    pub fn var(&self, key: &str) -> Option<&str> {
+        self.env.get(key).map(String::as_str)
+    }
+
+    /// Sends a metrics report to the driver.
+    pub fn report(&self, metrics: serde_json::Map<String, serde_json::Value>) {
+        // The receiver is gone only when the actor is being torn down; the report is moot then.
+        let _ = self.events.send(TaskEvent::Report { metrics });
+    }
+
+    /// Sends one line of output to the driver.
+    pub fn log(&self, stream: Stream, line: impl Into<String>) {
+        let _ = self.events.send(TaskEvent::Log { stream, line: line.into() });
+    }
+}
