@@ -81,7 +81,10 @@ pub trait ActorRuntimeExt: ActorRuntime {
     async fn node_info(&self, actor: ActorId) -> Result<WorkerInfo, RuntimeError> {
         match self.call(actor, Request::NodeInfo).await? {
             Response::NodeInfo(info) => Ok(info),
-            _ => Err(RuntimeError::UnexpectedResponse { actor, request: "node_info" }),
+            _ => Err(RuntimeError::UnexpectedResponse {
+                actor,
+                request: "node_info",
+            }),
         }
     }
 
@@ -89,7 +92,10 @@ pub trait ActorRuntimeExt: ActorRuntime {
     async fn find_free_port(&self, actor: ActorId) -> Result<u16, RuntimeError> {
         match self.call(actor, Request::FindFreePort).await? {
             Response::Port { port } => Ok(port),
-            _ => Err(RuntimeError::UnexpectedResponse { actor, request: "find_free_port" }),
+            _ => Err(RuntimeError::UnexpectedResponse {
+                actor,
+                request: "find_free_port",
+            }),
         }
     }
 
@@ -99,19 +105,30 @@ pub trait ActorRuntimeExt: ActorRuntime {
         actor: ActorId,
         vars: BTreeMap<String, String>,
     ) -> Result<(), RuntimeError> {
-        expect_done(actor, "set_env", self.call(actor, Request::SetEnv { vars }).await?)
+        expect_done(
+            actor,
+            "set_env",
+            self.call(actor, Request::SetEnv { vars }).await?,
+        )
     }
 
     /// [`Request::RunTask`].
     async fn run_task(&self, actor: ActorId, task: TaskSpec) -> Result<(), RuntimeError> {
-        expect_done(actor, "run_task", self.call(actor, Request::RunTask(task)).await?)
+        expect_done(
+            actor,
+            "run_task",
+            self.call(actor, Request::RunTask(task)).await?,
+        )
     }
 
     /// [`Request::Poll`].
     async fn poll(&self, actor: ActorId) -> Result<PollResult, RuntimeError> {
         match self.call(actor, Request::Poll).await? {
             Response::Poll(result) => Ok(result),
-            _ => Err(RuntimeError::UnexpectedResponse { actor, request: "poll" }),
+            _ => Err(RuntimeError::UnexpectedResponse {
+                actor,
+                request: "poll",
+            }),
         }
     }
 
@@ -123,7 +140,11 @@ pub trait ActorRuntimeExt: ActorRuntime {
 
 impl<T: ActorRuntime + ?Sized> ActorRuntimeExt for T {}
 
-fn expect_done(actor: ActorId, request: &'static str, response: Response) -> Result<(), RuntimeError> {
+fn expect_done(
+    actor: ActorId,
+    request: &'static str,
+    response: Response,
+) -> Result<(), RuntimeError> {
     match response {
         Response::Done => Ok(()),
         _ => Err(RuntimeError::UnexpectedResponse { actor, request }),

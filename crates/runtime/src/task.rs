@@ -24,7 +24,9 @@ impl fmt::Debug for FunctionRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut names: Vec<&str> = self.functions.keys().map(String::as_str).collect();
         names.sort_unstable();
-        f.debug_struct("FunctionRegistry").field("functions", &names).finish()
+        f.debug_struct("FunctionRegistry")
+            .field("functions", &names)
+            .finish()
     }
 }
 
@@ -42,7 +44,8 @@ impl FunctionRegistry {
         F: Fn(TaskContext) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = TaskResult> + Send + 'static,
     {
-        self.functions.insert(name.into(), Arc::new(move |ctx| Box::pin(function(ctx))));
+        self.functions
+            .insert(name.into(), Arc::new(move |ctx| Box::pin(function(ctx))));
         self
     }
 
@@ -112,6 +115,9 @@ impl TaskContext {
 
     /// Sends one line of output to the driver.
     pub fn log(&self, stream: Stream, line: impl Into<String>) {
-        let _ = self.events.send(TaskEvent::Log { stream, line: line.into() });
+        let _ = self.events.send(TaskEvent::Log {
+            stream,
+            line: line.into(),
+        });
     }
 }
