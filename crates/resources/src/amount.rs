@@ -97,7 +97,11 @@ impl ResourceAmount {
     /// The amount as `u64` whole units, when it is whole and fits.
     #[must_use]
     pub fn as_whole_u64(self) -> Option<u64> {
-        if self.is_whole() { u64::try_from(self.whole_units()).ok() } else { None }
+        if self.is_whole() {
+            u64::try_from(self.whole_units()).ok()
+        } else {
+            None
+        }
     }
 
     /// The nearest `f64` (exact for amounts below 2⁵³ steps).
@@ -144,7 +148,7 @@ impl ResourceAmount {
     /// How many whole times `part` fits into `self` (`None` when `part` is zero).
     #[must_use]
     pub const fn times_fits(self, part: Self) -> Option<u128> {
-        if part.0 == 0 { None } else { Some(self.0 / part.0) }
+        self.0.checked_div(part.0)
     }
 }
 
@@ -310,29 +314,53 @@ mod tests {
             "0.00015".parse::<ResourceAmount>(),
             Err(AmountError::TooPrecise("0.00015".into()))
         );
-        assert!(matches!(ResourceAmount::try_from(1e-7), Err(AmountError::TooPrecise(_))));
-        assert_eq!(ResourceAmount::try_from(0.0001).unwrap(), ResourceAmount::STEP);
+        assert!(matches!(
+            ResourceAmount::try_from(1e-7),
+            Err(AmountError::TooPrecise(_))
+        ));
+        assert_eq!(
+            ResourceAmount::try_from(0.0001).unwrap(),
+            ResourceAmount::STEP
+        );
     }
 
     #[test]
     fn nan_infinities_and_negatives_are_rejected() {
-        assert!(matches!(ResourceAmount::try_from(f64::NAN), Err(AmountError::NotFinite(_))));
+        assert!(matches!(
+            ResourceAmount::try_from(f64::NAN),
+            Err(AmountError::NotFinite(_))
+        ));
         assert!(matches!(
             ResourceAmount::try_from(f64::INFINITY),
             Err(AmountError::NotFinite(_))
         ));
-        assert!(matches!(ResourceAmount::try_from(-1.0), Err(AmountError::Negative(_))));
-        assert_eq!("-1".parse::<ResourceAmount>(), Err(AmountError::Negative("-1".into())));
-        assert_eq!(ResourceAmount::try_from(-0.0).unwrap(), ResourceAmount::ZERO);
+        assert!(matches!(
+            ResourceAmount::try_from(-1.0),
+            Err(AmountError::Negative(_))
+        ));
+        assert_eq!(
+            "-1".parse::<ResourceAmount>(),
+            Err(AmountError::Negative("-1".into()))
+        );
+        assert_eq!(
+            ResourceAmount::try_from(-0.0).unwrap(),
+            ResourceAmount::ZERO
+        );
         let err = "abc".parse::<ResourceAmount>().unwrap_err();
-        assert_eq!(err.to_string(), "amount must be a non-negative number such as 1, 0.5 or 2e3, got `abc`");
+        assert_eq!(
+            err.to_string(),
+            "amount must be a non-negative number such as 1, 0.5 or 2e3, got `abc`"
+        );
     }
 
     #[test]
     fn checked_arithmetic_reports_underflow_and_overflow() {
         assert_eq!(amount("1").checked_sub(amount("1.5")), None);
         assert_eq!(amount("1.5").checked_sub(amount("1")), Some(amount("0.5")));
-        assert_eq!(ResourceAmount::from_steps(u128::MAX).checked_add(ResourceAmount::STEP), None);
+        assert_eq!(
+            ResourceAmount::from_steps(u128::MAX).checked_add(ResourceAmount::STEP),
+            None
+        );
         assert_eq!(amount("0.001").checked_mul(2), Some(amount("0.002")));
         assert_eq!(amount("4").times_fits(amount("1.5")), Some(2));
     }
@@ -347,6 +375,9 @@ mod tests {
         let back: ResourceAmount = serde_json::from_str("\"1.25\"").unwrap();
         assert_eq!(back, amount("1.25"));
         let err = serde_json::from_str::<ResourceAmount>("-2").unwrap_err();
-        assert!(err.to_string().contains("must not be negative, got -2"), "{err}");
+        assert!(
+            err.to_string().contains("must not be negative, got -2"),
+            "{err}"
+        );
     }
 }

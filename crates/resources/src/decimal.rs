@@ -24,6 +24,10 @@ impl Decimal {
     /// A leading `-` followed by a valid number is reported as [`DecimalError::Negative`].
     pub(crate) fn parse(text: &str) -> Result<Self, DecimalError> {
         if let Some(rest) = text.strip_prefix('-') {
+            // One sign only: `--1` and `-+1` are not numbers.
+            if rest.starts_with(['-', '+']) {
+                return Err(DecimalError::Syntax);
+            }
             let parsed = Self::parse(rest)?;
             return if parsed.mantissa == 0 {
                 Ok(parsed)
@@ -43,7 +47,11 @@ impl Decimal {
         if whole.is_empty() && fraction.is_empty() {
             return Err(DecimalError::Syntax);
         }
-        if !whole.bytes().chain(fraction.bytes()).all(|b| b.is_ascii_digit()) {
+        if !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+        {
             return Err(DecimalError::Syntax);
         }
         let mut exponent: i32 = match exp_text {
@@ -66,7 +74,9 @@ impl Decimal {
                 .ok_or(DecimalError::TooLarge)?;
         }
         let fraction_len = i32::try_from(fraction.len()).map_err(|_| DecimalError::TooLarge)?;
-        exponent = exponent.checked_sub(fraction_len).ok_or(DecimalError::TooLarge)?;
+        exponent = exponent
+            .checked_sub(fraction_len)
+            .ok_or(DecimalError::TooLarge)?;
         Ok(Self { mantissa, exponent })
     }
 
@@ -87,22 +97,34 @@ impl Decimal {
         if self.mantissa == 0 {
             return Ok((0, 1));
         }
-        let mut numerator = self.mantissa.checked_mul(factor).ok_or(DecimalError::TooLarge)?;
-        let mut divisor: u128 = 1;
         if self.exponent >= 0 {
-            let power = 10u128
+            let numerator = 10u128
                 .checked_pow(self.exponent.unsigned_abs())
+                .and_then(|power| self.mantissa.checked_mul(power))
+                .and_then(|n| n.checked_mul(factor))
                 .ok_or(DecimalError::TooLarge)?;
-            numerator = numerator.checked_mul(power).ok_or(DecimalError::TooLarge)?;
-        } else {
-            match 10u128.checked_pow(self.exponent.unsigned_abs()) {
-                Some(power) => divisor = power,
-                // Smaller than any representable step: rounds to zero, is never whole.
-                None => return Ok((1, 2)),
-            }
+            return Ok((numerator, 1));
         }
-        Ok((numerator, divisor))
+        let Some(power) = 10u128.checked_pow(self.exponent.unsigned_abs()) else {
+            // Smaller than any representable step: rounds to zero, is never whole.
+            return Ok((1, 2));
+        };
+        // Cancel what `factor` and the power of ten share before multiplying, so that a value
+        // whose scaled result fits is not rejected because `mantissa × factor` would not.
+        let common = gcd(factor, power);
+        let numerator = self
+            .mantissa
+            .checked_mul(factor / common)
+            .ok_or(DecimalError::TooLarge)?;
+        Ok((numerator, power / common))
     }
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 #[cfg(test)]
@@ -111,18 +133,62 @@ mod tests {
 
     #[test]
     fn parses_plain_fractional_and_exponent_forms() {
-        assert_eq!(Decimal::parse("15").unwrap(), Decimal { mantissa: 15, exponent: 0 });
-        assert_eq!(Decimal::parse("1.50").unwrap(), Decimal { mantissa: 15, exponent: -1 });
-        assert_eq!(Decimal::parse(".5").unwrap(), Decimal { mantissa: 5, exponent: -1 });
-        assert_eq!(Decimal::parse("5.").unwrap(), Decimal { mantissa: 5, exponent: 0 });
-        assert_eq!(Decimal::parse("1e9").unwrap(), Decimal { mantissa: 1, exponent: 9 });
-        assert_eq!(Decimal::parse("2.5E-3").unwrap(), Decimal { mantissa: 25, exponent: -4 });
-        assert_eq!(Decimal::parse("-0").unwrap(), Decimal { mantissa: 0, exponent: 0 });
+        assert_eq!(
+            Decimal::parse("15").unwrap(),
+            Decimal {
+                mantissa: 15,
+                exponent: 0
+            }
+        );
+        assert_eq!(
+            Decimal::parse("1.50").unwrap(),
+            Decimal {
+                mantissa: 15,
+                exponent: -1
+            }
+        );
+        assert_eq!(
+            Decimal::parse(".5").unwrap(),
+            Decimal {
+                mantissa: 5,
+                exponent: -1
+            }
+        );
+        assert_eq!(
+            Decimal::parse("5.").unwrap(),
+            Decimal {
+                mantissa: 5,
+                exponent: 0
+            }
+        );
+        assert_eq!(
+            Decimal::parse("1e9").unwrap(),
+            Decimal {
+                mantissa: 1,
+                exponent: 9
+            }
+        );
+        assert_eq!(
+            Decimal::parse("2.5E-3").unwrap(),
+            Decimal {
+                mantissa: 25,
+                exponent: -4
+            }
+        );
+        assert_eq!(
+            Decimal::parse("-0").unwrap(),
+            Decimal {
+                mantissa: 0,
+                exponent: 0
+            }
+        );
     }
 
     #[test]
     fn rejects_what_is_not_a_number() {
-        for bad in ["", ".", "e5", "1e", "1.2.3", "abc", "1 ", "0x10", "1e+", "--1"] {
+        for bad in [
+            "", ".", "e5", "1e", "1.2.3", "abc", "1 ", "0x10", "1e+", "--1",
+        ] {
             assert_eq!(Decimal::parse(bad), Err(DecimalError::Syntax), "{bad:?}");
         }
         assert_eq!(Decimal::parse("-1"), Err(DecimalError::Negative));

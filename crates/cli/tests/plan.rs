@@ -1,0 +1,366 @@
+//! `trainyard plan` through the built binary.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use serde_json::{Value, json};
+
+fn trainyard() -> Command {
+    let mut cmd = Command::cargo_bin("trainyard").expect("the trainyard binary is built");
+    // A panic would print a backtrace; the bad-input tests check that none appears.
+    cmd.env("RUST_BACKTRACE", "1");
+    cmd
+}
+
+/// Runs `trainyard plan ARGS --format json`, expecting success, and returns the JSON.
+fn plan_json(args: &[&str]) -> Value {
+    let output = trainyard()
+        .arg("plan")
+        .args(args)
+        .args(["--format", "json"])
+        .output()
+        .expect("trainyard runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "plan {args:?} failed: {stderr}");
+    assert!(stderr.is_empty(), "plan {args:?} wrote to stderr: {stderr}");
+    serde_json::from_slice(&output.stdout).expect("plan prints one JSON object")
+}
+
+fn bundles(plan: &Value) -> &Vec<Value> {
+    plan["placement_group_factory"]["bundles"]
+        .as_array()
+        .expect("bundles is a list")
+}
+
+fn workers(plan: &Value) -> &Vec<Value> {
+    plan["workers"].as_array().expect("workers is a list")
+}
+
+/// A directory of its own under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("trainyard-cli-test-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Self(dir)
+    }
+
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).expect("temp file");
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn path_arg(path: &Path) -> &str {
+    path.to_str().expect("temp paths are UTF-8")
+}
+
+#[test]
+fn the_seed_example_gives_two_workers_with_memory_as_an_actor_option() {
+    let plan = plan_json(&["-n", "2", "-r", r#"{"memory": 10000}"#]);
+    let workers = workers(&plan);
+    assert_eq!(workers.len(), 2);
+    for (i, worker) in workers.iter().enumerate() {
+        assert_eq!(
+            worker,
+            &json!({
+                "bundle_index": i,
+                "actor_options": {
+                    "num_cpus": 0,
+                    "num_gpus": 0,
+                    "memory": 10000,
+                    "object_store_memory": null,
+                    "resources": {}
+                }
+            })
+        );
+    }
+    assert_eq!(bundles(&plan), &vec![json!({"memory": 10000}); 2]);
+    assert_eq!(plan["total_resources"], json!({"memory": 20000}));
+}
+
+#[test]
+fn json_output_has_exactly_the_contract_keys() {
+    let plan = plan_json(&["-n", "2", "-r", r#"{"memory": 10000}"#]);
+    let keys: Vec<&str> = plan
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        [
+            "placement_group_factory",
+            "scaling_config",
+            "total_resources",
+            "workers"
+        ]
+    );
+    let factory = plan["placement_group_factory"]
+        .as_object()
+        .expect("an object");
+    let mut factory_keys: Vec<&str> = factory.keys().map(String::as_str).collect();
+    factory_keys.sort_unstable();
+    assert_eq!(factory_keys, ["bundles", "strategy"]);
+    assert_eq!(plan["placement_group_factory"]["strategy"], "PACK");
+    assert_eq!(plan["scaling_config"]["num_workers"], 2);
+    assert_eq!(
+        plan["scaling_config"]["resources_per_worker"],
+        json!({"memory": 10000})
+    );
+}
+
+#[test]
+fn key_value_syntax_splits_reserved_and_custom_resources() {
+    let plan = plan_json(&["-n", "2", "-r", "CPU=1,memory=10GB,custom=2"]);
+    for worker in workers(&plan) {
+        assert_eq!(
+            worker["actor_options"],
+            json!({
+                "num_cpus": 1,
+                "num_gpus": 0,
+                "memory": 10_000_000_000_u64,
+                "object_store_memory": null,
+                "resources": {"custom": 2}
+            })
+        );
+    }
+    assert_eq!(
+        bundles(&plan),
+        &vec![json!({"CPU": 1, "custom": 2, "memory": 10_000_000_000_u64}); 2]
+    );
+    assert_eq!(
+        plan["total_resources"],
+        json!({"CPU": 2, "custom": 4, "memory": 20_000_000_000_u64})
+    );
+}
+
+#[test]
+fn trainer_resources_merge_into_bundle_zero_only() {
+    let plan = plan_json(&["-n", "3", "--trainer-resources", "CPU=1", "-r", "CPU=2"]);
+    assert_eq!(
+        bundles(&plan),
+        &vec![json!({"CPU": 3}), json!({"CPU": 2}), json!({"CPU": 2})]
+    );
+    assert_eq!(plan["total_resources"], json!({"CPU": 7}));
+    // The coordinator's reservation is not part of any worker's actor options.
+    for worker in workers(&plan) {
+        assert_eq!(worker["actor_options"]["num_cpus"], 2);
+    }
+}
+
+#[test]
+fn use_gpu_and_accelerator_type_reach_the_actor_options() {
+    let plan = plan_json(&[
+        "-n",
+        "2",
+        "--use-gpu",
+        "--accelerator-type",
+        "A100",
+        "-s",
+        "SPREAD",
+    ]);
+    assert_eq!(
+        bundles(&plan),
+        &vec![json!({"GPU": 1, "accelerator_type:A100": 0.001}); 2]
+    );
+    assert_eq!(
+        plan["total_resources"],
+        json!({"GPU": 2, "accelerator_type:A100": 0.002})
+    );
+    assert_eq!(plan["placement_group_factory"]["strategy"], "SPREAD");
+    for worker in workers(&plan) {
+        assert_eq!(worker["actor_options"]["num_cpus"], 0);
+        assert_eq!(worker["actor_options"]["num_gpus"], 1);
+        assert_eq!(
+            worker["actor_options"]["resources"],
+            json!({"accelerator_type:A100": 0.001})
+        );
+    }
+}
+
+#[test]
+fn a_toml_config_file_is_loaded() {
+    let dir = TempDir::new("toml");
+    let file = dir.file(
+        "scaling.toml",
+        "num_workers = 3\nresources_per_worker = { CPU = 2, memory = \"1GiB\" }\nplacement_strategy = \"STRICT_SPREAD\"\n",
+    );
+    let plan = plan_json(&["-c", path_arg(&file)]);
+    assert_eq!(
+        bundles(&plan),
+        &vec![json!({"CPU": 2, "memory": 1_073_741_824}); 3]
+    );
+    assert_eq!(plan["placement_group_factory"]["strategy"], "STRICT_SPREAD");
+}
+
+#[test]
+fn a_json_config_file_is_loaded() {
+    let dir = TempDir::new("json");
+    let file = dir.file(
+        "scaling.json",
+        r#"{"num_workers": 2, "use_gpu": true, "resources_per_worker": {"CPU": 1, "GPU": 0.5}, "trainer_resources": {"CPU": 1}}"#,
+    );
+    let plan = plan_json(&["--config", path_arg(&file)]);
+    assert_eq!(
+        bundles(&plan),
+        &vec![json!({"CPU": 2, "GPU": 0.5}), json!({"CPU": 1, "GPU": 0.5})]
+    );
+    assert_eq!(workers(&plan)[1]["actor_options"]["num_gpus"], 0.5);
+}
+
+#[test]
+fn flags_override_the_config_file() {
+    let dir = TempDir::new("override");
+    let file = dir.file(
+        "scaling.toml",
+        "num_workers = 4\nresources_per_worker = { CPU = 2 }\nplacement_strategy = \"SPREAD\"\n",
+    );
+    let plan = plan_json(&[
+        "-c",
+        path_arg(&file),
+        "-n",
+        "2",
+        "-r",
+        "CPU=1,custom=1",
+        "-s",
+        "PACK",
+    ]);
+    assert_eq!(bundles(&plan), &vec![json!({"CPU": 1, "custom": 1}); 2]);
+    assert_eq!(plan["placement_group_factory"]["strategy"], "PACK");
+    // Fields the flags leave alone keep the file's value.
+    let plan = plan_json(&["-c", path_arg(&file), "--trainer-resources", "CPU=1"]);
+    assert_eq!(bundles(&plan).len(), 4);
+    assert_eq!(bundles(&plan)[0], json!({"CPU": 3}));
+    assert_eq!(plan["placement_group_factory"]["strategy"], "SPREAD");
+}
+
+#[test]
+fn text_format_has_a_row_per_bundle() {
+    let output = trainyard()
+        .args([
+            "plan",
+            "-n",
+            "3",
+            "--trainer-resources",
+            "CPU=1",
+            "-r",
+            "CPU=2,memory=1000",
+            "--format",
+            "text",
+        ])
+        .output()
+        .expect("trainyard runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8 output");
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|words| words.first().is_some_and(|w| w.parse::<usize>().is_ok()))
+        .collect();
+    let expected = [
+        "CPU=3,memory=1000",
+        "CPU=2,memory=1000",
+        "CPU=2,memory=1000",
+    ];
+    assert_eq!(rows.len(), expected.len(), "{stdout}");
+    for (i, (row, bundle)) in rows.iter().zip(expected).enumerate() {
+        assert_eq!(row[0], i.to_string(), "{stdout}");
+        assert_eq!(row[1], bundle, "{stdout}");
+        assert!(
+            row.contains(&"num_cpus=2") && row.contains(&"memory=1000"),
+            "{stdout}"
+        );
+    }
+    assert!(stdout.contains("PACK"), "{stdout}");
+}
+
+#[test]
+fn text_is_the_default_format() {
+    let output = trainyard()
+        .args(["plan", "-n", "2"])
+        .output()
+        .expect("trainyard runs");
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8 output");
+    assert!(serde_json::from_str::<Value>(&stdout).is_err(), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with('1') && l.contains("CPU=1")),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn bad_inputs_exit_2_with_one_error_line_and_no_panic() {
+    let dir = TempDir::new("bad");
+    let unknown_field = dir.file("unknown.toml", "num_workers = 2\nbogus = 1\n");
+    let unknown_field = path_arg(&unknown_field);
+    // (arguments after `plan`, a piece of text the error line must contain)
+    let cases: &[(&[&str], &str)] = &[
+        (&["-n", "0"], "num_workers"),
+        (&["-n", "-1"], "got -1"),
+        (&["-n", "abc"], "abc"),
+        (&["-r", "CPU=-1"], "negative"),
+        (
+            &["--use-gpu", "-r", "GPU=1.5"],
+            "GPU quantities above 1 must be whole numbers, got 1.5",
+        ),
+        (&["-r", r#"{"GPU":1}"#], "`use_gpu` is false"),
+        (
+            &["--use-gpu", "-r", r#"{"GPU":0}"#],
+            "`use_gpu` is true but `GPU` is 0",
+        ),
+        (&["-r", r#"{"memory":"ten GB"}"#], "ten GB"),
+        (&["-r", r#"{"CPU":0.00001}"#], "0.0001"),
+        (&["-r", "{}"], "at least one resource"),
+        (&["-r", "CPU"], "NAME=AMOUNT"),
+        (&["-s", "RANDOM"], "RANDOM"),
+        (&["--bogus-flag"], "--bogus-flag"),
+        (&["-c", "/nonexistent.toml"], "/nonexistent.toml"),
+        (&["-c", unknown_field], "unknown field `bogus`"),
+        (&["--format", "yaml"], "yaml"),
+    ];
+    for (args, needle) in cases {
+        let output = trainyard()
+            .arg("plan")
+            .args(*args)
+            .output()
+            .expect("trainyard runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            output.stdout.is_empty(),
+            "{args:?} printed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
+        assert!(lines[0].starts_with("error:"), "{args:?}: {stderr}");
+        assert!(
+            lines[0].contains(needle),
+            "{args:?}: expected {needle:?} in {stderr}"
+        );
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("backtrace"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
