@@ -21,6 +21,9 @@ pub enum RuntimeError {
     /// No such placement group (never created, or removed).
     #[error("unknown placement group {0}")]
     UnknownPlacementGroup(PlacementGroupId),
+    /// The placement group is not reserved (yet, or again after losing a node).
+    #[error("placement group {0} is not ready")]
+    PlacementGroupNotReady(PlacementGroupId),
     /// A bundle index beyond the group's bundles.
     #[error("placement group {pg} has {bundles} bundles; there is no bundle {index}")]
     NoSuchBundle {
@@ -65,6 +68,12 @@ pub enum RuntimeError {
         actor: ActorId,
         /// What is known about its death.
         reason: String,
+    },
+    /// The actor is still running its previous task.
+    #[error("{actor} is already running a task")]
+    TaskAlreadyRunning {
+        /// The actor.
+        actor: ActorId,
     },
     /// The actor answered a request with the wrong kind of response.
     #[error("{actor} answered `{request}` with an unexpected response")]

@@ -14,6 +14,8 @@ mod ids;
 pub mod placement;
 mod protocol;
 mod runtime;
+#[cfg(feature = "sim")]
+pub mod sim;
 mod task;
 
 pub use cluster::{ACCELERATOR_RESOURCES, ClusterSnapshot, NodeInfo};
@@ -25,5 +27,5 @@ pub use protocol::{
 #[cfg(any(test, feature = "mocks"))]
 pub use runtime::MockActorRuntime;
 pub use runtime::{ActorRuntime, ActorRuntimeExt, ActorSpec, PlacementInfo};
-pub use task::{FunctionRegistry, TaskContext, TaskResult};
+pub use task::{FunctionRegistry, TaskContext, TaskResult, builtins};
 pub use trainyard_config::{PlacementGroupFactory, PlacementStrategy};

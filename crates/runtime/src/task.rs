@@ -63,11 +63,79 @@ impl FunctionRegistry {
         names
     }
 
+    /// A registry holding the built-in functions that every runtime's workers serve (see
+    /// [`builtins`]): `trainyard.env`, `trainyard.echo`, `trainyard.sleep` and
+    /// `trainyard.fail`.
+    ///
+    /// ```
+    /// use trainyard_runtime::{FunctionRegistry, builtins};
+    ///
+    /// let registry = FunctionRegistry::with_builtins().register("mine", |_| async { Ok(1.into()) });
+    /// assert!(registry.contains(builtins::ENV) && registry.contains("mine"));
+    /// ```
+    #[must_use]
+    pub fn with_builtins() -> Self {
+        Self::new()
+            .register(builtins::ENV, |ctx: TaskContext| async move {
+                let env: serde_json::Map<String, serde_json::Value> = ctx
+                    .env()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                    .collect();
+                Ok(serde_json::Value::Object(env))
+            })
+            .register(builtins::ECHO, |ctx: TaskContext| async move {
+                Ok(ctx.arg().clone())
+            })
+            .register(builtins::SLEEP, |ctx: TaskContext| async move {
+                let seconds = ctx.arg().as_f64().ok_or_else(|| {
+                    format!(
+                        "{} expects a number of seconds, got {}",
+                        builtins::SLEEP,
+                        ctx.arg()
+                    )
+                })?;
+                let duration = std::time::Duration::try_from_secs_f64(seconds).map_err(|_| {
+                    format!(
+                        "{} expects a non-negative number of seconds, got {seconds}",
+                        builtins::SLEEP
+                    )
+                })?;
+                tokio::time::sleep(duration).await;
+                Ok(serde_json::Value::Null)
+            })
+            .register(builtins::FAIL, |ctx: TaskContext| async move {
+                Err(match ctx.arg() {
+                    serde_json::Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                })
+            })
+    }
+
+    /// This registry with every function of `other` added; `other`'s win on a name clash.
+    #[must_use]
+    pub fn merge(mut self, other: Self) -> Self {
+        self.functions.extend(other.functions);
+        self
+    }
+
     /// Starts the function registered under `name`, or `None` when there is none.
     #[must_use]
     pub fn call(&self, name: &str, ctx: TaskContext) -> Option<BoxFuture<'static, TaskResult>> {
         self.functions.get(name).map(|f| f(ctx))
     }
+}
+
+/// Names of the built-in functions of [`FunctionRegistry::with_builtins`].
+pub mod builtins {
+    /// Returns the task's environment as a JSON object of strings.
+    pub const ENV: &str = "trainyard.env";
+    /// Returns its argument.
+    pub const ECHO: &str = "trainyard.echo";
+    /// Sleeps for its argument, a number of seconds, then returns `null`.
+    pub const SLEEP: &str = "trainyard.sleep";
+    /// Fails with its argument as the error text (a string as is, anything else as JSON).
+    pub const FAIL: &str = "trainyard.fail";
 }
 
 /// What a task function sees: its argument, its environment, and a way to report.

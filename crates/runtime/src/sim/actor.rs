@@ -1,0 +1,165 @@
+//! A simulated actor: a tokio task that answers requests one at a time and runs registered
+//! functions as tasks of their own.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+
+use super::lock;
+use crate::{
+    ActorId, FunctionRegistry, PollResult, Request, Response, RuntimeError, TaskContext, TaskEvent,
+    TaskSpec, TaskStatus, WorkerInfo,
+};
+
+/// The first port handed out on each node.
+const FIRST_PORT: u32 = 29_500;
+
+/// A request and where to send its answer.
+pub(super) type Envelope = (Request, oneshot::Sender<Result<Response, RuntimeError>>);
+/// The sending side of an actor's request queue.
+pub(super) type Mailbox = mpsc::UnboundedSender<Envelope>;
+
+/// What the cluster's bookkeeping and the actor's task both see.
+pub(super) struct ActorShared {
+    /// The spawn environment with every `SetEnv` merged in.
+    pub(super) env: Mutex<BTreeMap<String, String>>,
+    /// The running function task, to abort when the actor ends.
+    pub(super) running: Mutex<Option<AbortHandle>>,
+}
+
+/// The state of one actor's request loop.
+pub(super) struct Serving {
+    id: ActorId,
+    info: WorkerInfo,
+    shared: Arc<ActorShared>,
+    functions: FunctionRegistry,
+    ports: Arc<AtomicU32>,
+    events: mpsc::UnboundedSender<TaskEvent>,
+    pending: mpsc::UnboundedReceiver<TaskEvent>,
+    status: Arc<Mutex<TaskStatus>>,
+}
+
+impl Serving {
+    pub(super) fn new(
+        id: ActorId,
+        info: WorkerInfo,
+        shared: Arc<ActorShared>,
+        functions: FunctionRegistry,
+        ports: Arc<AtomicU32>,
+    ) -> Self {
+        let (events, pending) = mpsc::unbounded_channel();
+        Self {
+            id,
+            info,
+            shared,
+            functions,
+            ports,
+            events,
+            pending,
+            status: Arc::new(Mutex::new(TaskStatus::Idle)),
+        }
+    }
+
+    fn handle(&mut self, request: Request) -> Result<Response, RuntimeError> {
+        match request {
+            Request::NodeInfo => Ok(Response::NodeInfo(self.info.clone())),
+            Request::FindFreePort => {
+                let n = self.ports.fetch_add(1, Ordering::Relaxed);
+                let span = u32::from(u16::MAX) - FIRST_PORT + 1;
+                // FIRST_PORT + (n % span) is at most u16::MAX.
+                let port = u16::try_from(FIRST_PORT + n % span).unwrap_or(u16::MAX);
+                Ok(Response::Port { port })
+            }
+            Request::SetEnv { vars } => {
+                lock(&self.shared.env).extend(vars);
+                Ok(Response::Done)
+            }
+            Request::RunTask(TaskSpec::Command { .. }) => Err(RuntimeError::Unsupported {
+                actor: self.id,
+                request: "run_task",
+                reason: "the simulated runtime runs registered functions only, not commands"
+                    .to_owned(),
+            }),
+            Request::RunTask(TaskSpec::Function { name, arg, env }) => {
+                self.run_function(&name, arg, env)?;
+                Ok(Response::Done)
+            }
+            Request::Poll => {
+                // The status first: a finished task sent all its events before finishing.
+                let status = lock(&self.status).clone();
+                let mut events = Vec::new();
+                while let Ok(event) = self.pending.try_recv() {
+                    events.push(event);
+                }
+                Ok(Response::Poll(PollResult { events, status }))
+            }
+            // The runtime ends the actor itself on `Stop`; answering is all that is left.
+            Request::Stop => Ok(Response::Done),
+        }
+    }
+
+    fn run_function(
+        &mut self,
+        name: &str,
+        arg: serde_json::Value,
+        env: BTreeMap<String, String>,
+    ) -> Result<(), RuntimeError> {
+        if *lock(&self.status) == TaskStatus::Running {
+            return Err(RuntimeError::TaskAlreadyRunning { actor: self.id });
+        }
+        let mut task_env = lock(&self.shared.env).clone();
+        task_env.extend(env);
+        let ctx = TaskContext::new(arg, task_env, self.events.clone());
+        let Some(future) = self.functions.call(name, ctx) else {
+            let names = self.functions.names();
+            let registered = if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            };
+            *lock(&self.status) = TaskStatus::Failed {
+                error: format!("no function is registered as `{name}`; registered: {registered}"),
+            };
+            return Ok(());
+        };
+        *lock(&self.status) = TaskStatus::Running;
+        let status = Arc::clone(&self.status);
+        let task = tokio::spawn(async move {
+            let outcome = AssertUnwindSafe(future).catch_unwind().await;
+            *lock(&status) = match outcome {
+                Ok(Ok(value)) => TaskStatus::Succeeded { value },
+                Ok(Err(error)) => TaskStatus::Failed { error },
+                Err(panic) => TaskStatus::Failed {
+                    error: panic_message(panic.as_ref()),
+                },
+            };
+        });
+        *lock(&self.shared.running) = Some(task.abort_handle());
+        tracing::debug!(actor = %self.id, function = name, "task started");
+        Ok(())
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-text panic payload".to_owned());
+    format!("the task panicked: {text}")
+}
+
+/// Answers requests until the mailbox closes or the task is aborted.
+pub(super) async fn serve(mut inbox: mpsc::UnboundedReceiver<Envelope>, mut actor: Serving) {
+    while let Some((request, reply)) = inbox.recv().await {
+        let answer = actor.handle(request);
+        // The caller may have given up waiting; the answer is moot then.
+        let _ = reply.send(answer);
+    }
+}
