@@ -9,6 +9,8 @@
 //! `conformance` (checks every runtime must pass).
 
 mod cluster;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod error;
 mod ids;
 pub mod placement;

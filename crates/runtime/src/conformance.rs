@@ -1,0 +1,518 @@
+//! Checks that every [`ActorRuntime`] must pass (feature `conformance`).
+//!
+//! Each check is a `pub async fn` taking the runtime as `&dyn ActorRuntime`; it panics with
+//! a message saying what went wrong, so it reads as a test failure wherever it runs. Requests
+//! are derived from what [`ActorRuntime::cluster`] reports (1-CPU bundles, "more CPU than the
+//! biggest node"), so the same suite runs on the simulated cluster, this machine or a Ray
+//! cluster. A check cleans up what it created and leaves the cluster as it found it; the
+//! cluster should be otherwise idle while the suite runs. Every wait is bounded.
+//!
+//! ```
+//! use trainyard_runtime::{ActorRuntime, conformance};
+//!
+//! /// Part of a runtime's own test suite.
+//! async fn my_runtime_conforms(runtime: &dyn ActorRuntime) {
+//!     conformance::run_all(runtime).await;
+//! }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep, timeout};
+use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
+use trainyard_resources::{ActorOptions, CPU, ResourceAmount, Resources};
+
+use crate::{
+    ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, ClusterSnapshot, NodeId, PlacementGroupId,
+    PlacementInfo, RuntimeError, TaskSpec, TaskStatus, builtins,
+};
+
+/// How long a feasible group may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long resources may take to show up as available again after a kill or removal.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a task may take to finish, and an infeasible group to be refused.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The bound for "at once".
+const FAST: Duration = Duration::from_secs(5);
+/// Pause between two looks at a changing state.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Runs every check, in order.
+pub async fn run_all(runtime: &dyn ActorRuntime) {
+    reservation(runtime).await;
+    pinning(runtime).await;
+    accounting(runtime).await;
+    infeasible_fails_fast(runtime).await;
+    env_reaches_actor(runtime).await;
+}
+
+/// A feasible group becomes ready, and the available resources of the cluster (and of each
+/// node) shrink by exactly what its bundles hold; removing it gives them back.
+pub async fn reservation(runtime: &dyn ActorRuntime) {
+    let before = snapshot(runtime, "reservation").await;
+    let bundles = free_whole_cpus(&before).min(2);
+    assert!(
+        bundles > 0,
+        "reservation: the conformance suite needs a node with at least 1 free CPU"
+    );
+    let factory = one_cpu_bundles(bundles, PlacementStrategy::Pack);
+    let (pg, placed) = create_ready(runtime, &factory, "reservation").await;
+    assert_eq!(
+        placed.bundle_nodes.len(),
+        bundles,
+        "reservation: a group of {bundles} bundles reported {} bundle nodes",
+        placed.bundle_nodes.len()
+    );
+
+    let after = snapshot(runtime, "reservation").await;
+    let mut expected = before.available();
+    subtract(
+        &mut expected,
+        &one_cpu().checked_mul(bundles as u64).unwrap_or_default(),
+    );
+    assert_same(
+        &after.available(),
+        &expected,
+        &format!(
+            "reservation: after reserving {bundles} 1-CPU bundles, the cluster's available resources"
+        ),
+    );
+    for node in &before.nodes {
+        let here = placed
+            .bundle_nodes
+            .iter()
+            .filter(|n| **n == node.id)
+            .count() as u64;
+        let now = after
+            .node(&node.id)
+            .unwrap_or_else(|| panic!("reservation: node {} vanished from the cluster", node.id));
+        let want = node
+            .available
+            .amount(CPU)
+            .checked_sub(ResourceAmount::from_units(here));
+        assert_eq!(
+            Some(now.available.amount(CPU)),
+            want,
+            "reservation: node {} hosts {here} bundles of 1 CPU; its available CPU went from {} to {}",
+            node.id,
+            node.available.amount(CPU),
+            now.available.amount(CPU)
+        );
+    }
+
+    remove(runtime, pg, "reservation").await;
+    settle(runtime, &before, "reservation: after removing the group").await;
+}
+
+/// Actors spawned into bundle `i` run on the node that placement chose for bundle `i`.
+pub async fn pinning(runtime: &dyn ActorRuntime) {
+    let before = snapshot(runtime, "pinning").await;
+    let hosts = before
+        .nodes
+        .iter()
+        .filter(|n| n.available.amount(CPU) >= ResourceAmount::ONE)
+        .count();
+    assert!(
+        hosts > 0,
+        "pinning: the conformance suite needs a node with at least 1 free CPU"
+    );
+    let bundles = hosts.min(3);
+    let factory = one_cpu_bundles(bundles, PlacementStrategy::StrictSpread);
+    let (pg, placed) = create_ready(runtime, &factory, "pinning").await;
+    let distinct: BTreeSet<&NodeId> = placed.bundle_nodes.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        bundles,
+        "pinning: STRICT_SPREAD put {bundles} bundles on nodes {:?}",
+        placed.bundle_nodes
+    );
+
+    let mut actors = Vec::new();
+    for index in 0..bundles {
+        let actor = spawn(
+            runtime,
+            one_cpu(),
+            Some((pg, index)),
+            BTreeMap::new(),
+            "pinning",
+        )
+        .await;
+        actors.push(actor);
+        let info = runtime.node_info(actor).await.unwrap_or_else(|e| {
+            panic!("pinning: node_info of the actor in bundle {index} failed: {e}")
+        });
+        assert_eq!(
+            info.node_id, placed.bundle_nodes[index],
+            "pinning: the actor pinned to bundle {index} runs on {} but the bundle is on {}",
+            info.node_id, placed.bundle_nodes[index]
+        );
+        if let Some(node) = before.node(&info.node_id) {
+            assert_eq!(
+                info.node_ip, node.ip,
+                "pinning: the actor reports another IP than its node"
+            );
+        }
+    }
+    for actor in actors {
+        kill(runtime, actor, "pinning").await;
+    }
+    remove(runtime, pg, "pinning").await;
+    settle(
+        runtime,
+        &before,
+        "pinning: after killing the actors and removing the group",
+    )
+    .await;
+}
+
+/// Resources come back when an unpinned actor is killed and when a group is removed (with
+/// an actor still inside); a bundle whose actor was killed takes a new one.
+pub async fn accounting(runtime: &dyn ActorRuntime) {
+    let before = snapshot(runtime, "accounting").await;
+    assert!(
+        free_whole_cpus(&before) > 0,
+        "accounting: the conformance suite needs a node with at least 1 free CPU"
+    );
+
+    // An unpinned actor holds its CPU on its node until it is killed.
+    let actor = spawn(runtime, one_cpu(), None, BTreeMap::new(), "accounting").await;
+    let node = runtime
+        .node_info(actor)
+        .await
+        .unwrap_or_else(|e| panic!("accounting: node_info of an unpinned actor failed: {e}"))
+        .node_id;
+    let mut expected = before.clone();
+    if let Some(info) = expected.nodes.iter_mut().find(|n| n.id == node) {
+        subtract(&mut info.available, &one_cpu());
+    }
+    settle(
+        runtime,
+        &expected,
+        "accounting: while an unpinned 1-CPU actor runs",
+    )
+    .await;
+    kill(runtime, actor, "accounting").await;
+    settle(
+        runtime,
+        &before,
+        "accounting: after killing an unpinned actor",
+    )
+    .await;
+
+    // Kill, then re-spawn into the same bundle.
+    let factory = one_cpu_bundles(1, PlacementStrategy::Pack);
+    let (pg, _) = create_ready(runtime, &factory, "accounting").await;
+    let first = spawn(
+        runtime,
+        one_cpu(),
+        Some((pg, 0)),
+        BTreeMap::new(),
+        "accounting",
+    )
+    .await;
+    kill(runtime, first, "accounting").await;
+    let second = spawn(
+        runtime,
+        one_cpu(),
+        Some((pg, 0)),
+        BTreeMap::new(),
+        "accounting",
+    )
+    .await;
+    runtime.node_info(second).await.unwrap_or_else(|e| {
+        panic!("accounting: the actor re-spawned into bundle 0 does not answer: {e}")
+    });
+
+    // Removing the group ends the actor inside and gives everything back.
+    remove(runtime, pg, "accounting").await;
+    settle(
+        runtime,
+        &before,
+        "accounting: after removing a group with an actor inside",
+    )
+    .await;
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
+    while runtime.node_info(second).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "accounting: an actor still answers {SETTLE_TIMEOUT:?} after its group was removed"
+        );
+        sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// A group asking for more CPU than the biggest node has is refused at once with
+/// [`RuntimeError::Infeasible`] naming bundle 0 and `CPU`.
+pub async fn infeasible_fails_fast(runtime: &dyn ActorRuntime) {
+    let before = snapshot(runtime, "infeasible_fails_fast").await;
+    let biggest = before
+        .nodes
+        .iter()
+        .map(|n| n.total.amount(CPU))
+        .max()
+        .unwrap_or_default();
+    let asked = biggest
+        .checked_add(ResourceAmount::ONE)
+        .unwrap_or(ResourceAmount::ONE);
+    let factory = PlacementGroupFactory {
+        bundles: vec![Resources::new().with(CPU, asked)],
+        strategy: PlacementStrategy::Pack,
+    };
+    let started = Instant::now();
+    let outcome = timeout(FAST, runtime.create_placement_group(&factory)).await;
+    match outcome {
+        Err(_) => panic!(
+            "infeasible_fails_fast: create_placement_group did not answer within {FAST:?} for a bundle of CPU={asked} (the biggest node has {biggest})"
+        ),
+        Ok(Ok(pg)) => {
+            let _ = runtime.remove_placement_group(pg).await;
+            panic!(
+                "infeasible_fails_fast: a bundle of CPU={asked} was accepted although the biggest node has CPU={biggest}"
+            );
+        }
+        Ok(Err(RuntimeError::Infeasible(error))) => {
+            assert_eq!(
+                error.bundle(),
+                Some(0),
+                "infeasible_fails_fast: the error does not name bundle 0: {error}"
+            );
+            assert_eq!(
+                error.resource(),
+                Some(CPU),
+                "infeasible_fails_fast: the error does not name CPU: {error}"
+            );
+            let text = error.to_string();
+            assert!(
+                text.contains("bundle 0") && text.contains(&format!("CPU={asked}")),
+                "infeasible_fails_fast: the message does not say what was asked: {text}"
+            );
+        }
+        Ok(Err(other)) => panic!(
+            "infeasible_fails_fast: expected RuntimeError::Infeasible after {:?}, got: {other}",
+            started.elapsed()
+        ),
+    }
+}
+
+/// The spawn environment, `SetEnv` variables and the task's own variables all reach a
+/// `trainyard.env` task, later ones winning.
+pub async fn env_reaches_actor(runtime: &dyn ActorRuntime) {
+    const SPAWN: &str = "TRAINYARD_CONFORMANCE_SPAWN";
+    const SET: &str = "TRAINYARD_CONFORMANCE_SET";
+    const TASK: &str = "TRAINYARD_CONFORMANCE_TASK";
+    const SET_WINS: &str = "TRAINYARD_CONFORMANCE_SET_OVER_SPAWN";
+    const TASK_WINS: &str = "TRAINYARD_CONFORMANCE_TASK_OVER_SET";
+    let vars = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+
+    let env = vars(&[(SPAWN, "spawn"), (SET_WINS, "spawn")]);
+    let actor = spawn(runtime, Resources::new(), None, env, "env_reaches_actor").await;
+    runtime
+        .set_env(
+            actor,
+            vars(&[(SET, "set"), (SET_WINS, "set"), (TASK_WINS, "set")]),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("env_reaches_actor: set_env failed: {e}"));
+    let task = TaskSpec::Function {
+        name: builtins::ENV.to_owned(),
+        arg: serde_json::Value::Null,
+        env: vars(&[(TASK, "task"), (TASK_WINS, "task")]),
+    };
+    runtime
+        .run_task(actor, task)
+        .await
+        .unwrap_or_else(|e| panic!("env_reaches_actor: run_task({}) failed: {e}", builtins::ENV));
+
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
+    let value = loop {
+        let poll = runtime
+            .poll(actor)
+            .await
+            .unwrap_or_else(|e| panic!("env_reaches_actor: poll failed: {e}"));
+        match poll.status {
+            TaskStatus::Succeeded { value } => break value,
+            TaskStatus::Failed { error } => {
+                panic!(
+                    "env_reaches_actor: the {} task failed: {error}",
+                    builtins::ENV
+                )
+            }
+            TaskStatus::Idle | TaskStatus::Running => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "env_reaches_actor: the {} task did not finish within {ANSWER_TIMEOUT:?}",
+            builtins::ENV
+        );
+        sleep(POLL_INTERVAL).await;
+    };
+    for (key, want) in [
+        (SPAWN, "spawn"),
+        (SET, "set"),
+        (TASK, "task"),
+        (SET_WINS, "set"),
+        (TASK_WINS, "task"),
+    ] {
+        assert_eq!(
+            value.get(key).and_then(serde_json::Value::as_str),
+            Some(want),
+            "env_reaches_actor: {key} should be `{want}` in the task's environment {value}"
+        );
+    }
+    kill(runtime, actor, "env_reaches_actor").await;
+}
+
+fn one_cpu() -> Resources {
+    Resources::new().with(CPU, ResourceAmount::ONE)
+}
+
+fn one_cpu_bundles(n: usize, strategy: PlacementStrategy) -> PlacementGroupFactory {
+    PlacementGroupFactory {
+        bundles: vec![one_cpu(); n],
+        strategy,
+    }
+}
+
+/// How many 1-CPU bundles fit on the cluster's available CPUs.
+fn free_whole_cpus(cluster: &ClusterSnapshot) -> usize {
+    cluster
+        .nodes
+        .iter()
+        .map(|n| usize::try_from(n.available.amount(CPU).whole_units()).unwrap_or(usize::MAX))
+        .fold(0, usize::saturating_add)
+}
+
+fn subtract(from: &mut Resources, amounts: &Resources) {
+    for (name, amount) in amounts.iter() {
+        let now = from.amount(name).saturating_sub(amount);
+        from.insert(name, now);
+    }
+}
+
+/// Whether two dictionaries hold the same amount of every resource (a missing entry is zero).
+fn same_amounts(a: &Resources, b: &Resources) -> bool {
+    a.names()
+        .chain(b.names())
+        .all(|name| a.amount(name) == b.amount(name))
+}
+
+fn assert_same(actual: &Resources, expected: &Resources, what: &str) {
+    assert!(
+        same_amounts(actual, expected),
+        "{what} are {actual} but should be {expected}"
+    );
+}
+
+async fn snapshot(runtime: &dyn ActorRuntime, check: &str) -> ClusterSnapshot {
+    match timeout(ANSWER_TIMEOUT, runtime.cluster()).await {
+        Ok(Ok(cluster)) => cluster,
+        Ok(Err(e)) => panic!("{check}: cluster() failed: {e}"),
+        Err(_) => panic!("{check}: cluster() did not answer within {ANSWER_TIMEOUT:?}"),
+    }
+}
+
+/// Waits until every node's available resources equal those in `expected`.
+async fn settle(runtime: &dyn ActorRuntime, expected: &ClusterSnapshot, what: &str) {
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
+    loop {
+        let now = snapshot(runtime, what).await;
+        let wrong: Vec<String> = expected
+            .nodes
+            .iter()
+            .filter_map(|want| {
+                let have = now
+                    .node(&want.id)
+                    .map(|n| n.available.clone())
+                    .unwrap_or_default();
+                (!same_amounts(&have, &want.available)).then(|| {
+                    format!(
+                        "node {} has {have} available, expected {}",
+                        want.id, want.available
+                    )
+                })
+            })
+            .collect();
+        if wrong.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}, after {SETTLE_TIMEOUT:?}: {}",
+            wrong.join("; ")
+        );
+        sleep(POLL_INTERVAL).await;
+    }
+}
+
+async fn create_ready(
+    runtime: &dyn ActorRuntime,
+    factory: &PlacementGroupFactory,
+    check: &str,
+) -> (PlacementGroupId, PlacementInfo) {
+    let pg = match timeout(ANSWER_TIMEOUT, runtime.create_placement_group(factory)).await {
+        Ok(Ok(pg)) => pg,
+        Ok(Err(e)) => panic!(
+            "{check}: creating a feasible group of {} bundles failed: {e}",
+            factory.bundles.len()
+        ),
+        Err(_) => {
+            panic!("{check}: create_placement_group did not answer within {ANSWER_TIMEOUT:?}")
+        }
+    };
+    match runtime.wait_placement_group_ready(pg, READY_TIMEOUT).await {
+        Ok(info) => (pg, info),
+        Err(e) => {
+            let _ = runtime.remove_placement_group(pg).await;
+            panic!("{check}: a feasible group on an idle cluster did not become ready: {e}")
+        }
+    }
+}
+
+async fn spawn(
+    runtime: &dyn ActorRuntime,
+    demand: Resources,
+    placement: Option<(PlacementGroupId, usize)>,
+    env: BTreeMap<String, String>,
+    check: &str,
+) -> ActorId {
+    let options = ActorOptions::try_from(&demand)
+        .unwrap_or_else(|e| panic!("{check}: {demand} is not a valid actor demand: {e}"));
+    let spec = ActorSpec {
+        name: format!("conformance-{check}"),
+        options,
+        placement,
+        env,
+    };
+    match timeout(ANSWER_TIMEOUT, runtime.spawn(spec)).await {
+        Ok(Ok(actor)) => actor,
+        Ok(Err(e)) => {
+            panic!("{check}: spawning an actor ({demand}, placement {placement:?}) failed: {e}")
+        }
+        Err(_) => panic!("{check}: spawn did not answer within {ANSWER_TIMEOUT:?}"),
+    }
+}
+
+async fn kill(runtime: &dyn ActorRuntime, actor: ActorId, check: &str) {
+    match timeout(ANSWER_TIMEOUT, runtime.kill(actor, Duration::ZERO)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("{check}: killing {actor} failed: {e}"),
+        Err(_) => panic!("{check}: kill did not answer within {ANSWER_TIMEOUT:?}"),
+    }
+}
+
+async fn remove(runtime: &dyn ActorRuntime, pg: PlacementGroupId, check: &str) {
+    match timeout(ANSWER_TIMEOUT, runtime.remove_placement_group(pg)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("{check}: removing {pg} failed: {e}"),
+        Err(_) => {
+            panic!("{check}: remove_placement_group did not answer within {ANSWER_TIMEOUT:?}")
+        }
+    }
+}
