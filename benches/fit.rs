@@ -1,0 +1,58 @@
+//! A full simulated `fit()`: reserve, start, rank, set up torch, train, shut down.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use serde_json::{Value, json};
+use trainyard::prelude::*;
+use trainyard::runtime::sim::{SimNode, SimRuntime};
+
+fn cluster() -> SimRuntime {
+    let functions = FunctionRegistry::new().register("train", |task| async move {
+        let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+        ctx.report(
+            json!({"rank": ctx.world_rank().0})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        Ok(Value::Null)
+    });
+    SimRuntime::new((0..8).map(|i| {
+        SimNode::new(&format!("node-{i}"))
+            .ip(&format!("10.0.0.{i}"))
+            .cpus(8)
+    }))
+    .with_functions(functions)
+}
+
+fn fit(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let sim = cluster();
+    c.bench_function("torch_fit/64_workers", |b| {
+        b.to_async(&runtime).iter(|| async {
+            let result =
+                TorchTrainer::new(Arc::new(sim.clone()), function_task("train", Value::Null))
+                    .scaling_config(ScalingConfig::default().num_workers(64))
+                    .executor_options(ExecutorOptions {
+                        poll_interval: Duration::from_millis(1),
+                        ..ExecutorOptions::default()
+                    })
+                    .fit()
+                    .await
+                    .expect("fit");
+            assert_eq!(result.returns.len(), 64);
+        });
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(10).measurement_time(Duration::from_secs(5));
+    targets = fit
+}
+criterion_main!(benches);

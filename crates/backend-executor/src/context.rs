@@ -1,0 +1,173 @@
+//! The rank context every worker's task receives, as environment variables, and the
+//! [`TrainContext`] that Rust task functions read it through.
+
+use std::collections::BTreeMap;
+
+use trainyard_runtime::{Stream, TaskContext};
+
+use crate::{RankInfo, WorldRank};
+
+/// `TRAINYARD_WORLD_RANK`: the worker's world rank.
+pub const WORLD_RANK: &str = "TRAINYARD_WORLD_RANK";
+/// `TRAINYARD_WORLD_SIZE`: the number of workers.
+pub const WORLD_SIZE: &str = "TRAINYARD_WORLD_SIZE";
+/// `TRAINYARD_LOCAL_RANK`: the worker's rank on its node.
+pub const LOCAL_RANK: &str = "TRAINYARD_LOCAL_RANK";
+/// `TRAINYARD_LOCAL_WORLD_SIZE`: the number of workers on the worker's node.
+pub const LOCAL_WORLD_SIZE: &str = "TRAINYARD_LOCAL_WORLD_SIZE";
+/// `TRAINYARD_NODE_RANK`: the index of the worker's node.
+pub const NODE_RANK: &str = "TRAINYARD_NODE_RANK";
+/// `TRAINYARD_RESTART_COUNT`: how many times the run was restarted before this attempt.
+pub const RESTART_COUNT: &str = "TRAINYARD_RESTART_COUNT";
+/// `TRAINYARD_RUN_NAME`: the run's name.
+pub const RUN_NAME: &str = "TRAINYARD_RUN_NAME";
+
+/// The environment that tells a worker its place in the run.
+#[must_use]
+pub fn rank_env(rank: &RankInfo, restart_count: u32, run_name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (WORLD_RANK.to_owned(), rank.world_rank.to_string()),
+        (WORLD_SIZE.to_owned(), rank.world_size.to_string()),
+        (LOCAL_RANK.to_owned(), rank.local_rank.to_string()),
+        (
+            LOCAL_WORLD_SIZE.to_owned(),
+            rank.local_world_size.to_string(),
+        ),
+        (NODE_RANK.to_owned(), rank.node_rank.to_string()),
+        (RESTART_COUNT.to_owned(), restart_count.to_string()),
+        (RUN_NAME.to_owned(), run_name.to_owned()),
+    ])
+}
+
+/// A task's environment lacks a rank variable, or holds one that is not a number.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("environment variable `{name}` must hold a whole number, got {found:?}")]
+pub struct ContextError {
+    /// The variable.
+    pub name: &'static str,
+    /// What it holds, if anything.
+    pub found: Option<String>,
+}
+
+/// What a Rust training function knows about its place in the run, and how it reports.
+///
+/// ```
+/// use trainyard_backend_executor::{RankInfo, TrainContext, WorldRank, rank_env};
+/// use trainyard_runtime::TaskContext;
+///
+/// let rank = RankInfo { world_rank: WorldRank(1), world_size: 2, local_rank: 1, local_world_size: 2, node_rank: 0 };
+/// let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+/// let task = TaskContext::new(serde_json::Value::Null, rank_env(&rank, 0, "demo"), tx);
+/// let ctx = TrainContext::new(task)?;
+/// assert_eq!(ctx.world_rank(), WorldRank(1));
+/// assert_eq!(ctx.world_size(), 2);
+/// # Ok::<(), trainyard_backend_executor::ContextError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct TrainContext {
+    task: TaskContext,
+    rank: RankInfo,
+    restart_count: u32,
+}
+
+impl TrainContext {
+    /// Reads the rank variables of `task`'s environment.
+    ///
+    /// # Errors
+    /// [`ContextError`] when a variable is missing or not a number (the task was not started
+    /// by a backend executor).
+    pub fn new(task: TaskContext) -> Result<Self, ContextError> {
+        let read = |name: &'static str| -> Result<u32, ContextError> {
+            let found = task.var(name);
+            found
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| ContextError {
+                    name,
+                    found: found.map(str::to_owned),
+                })
+        };
+        let rank = RankInfo {
+            world_rank: WorldRank(read(WORLD_RANK)?),
+            world_size: read(WORLD_SIZE)?,
+            local_rank: read(LOCAL_RANK)?,
+            local_world_size: read(LOCAL_WORLD_SIZE)?,
+            node_rank: read(NODE_RANK)?,
+        };
+        let restart_count = read(RESTART_COUNT)?;
+        Ok(Self {
+            task,
+            rank,
+            restart_count,
+        })
+    }
+
+    /// The worker's world rank.
+    #[must_use]
+    pub fn world_rank(&self) -> WorldRank {
+        self.rank.world_rank
+    }
+
+    /// The number of workers.
+    #[must_use]
+    pub fn world_size(&self) -> u32 {
+        self.rank.world_size
+    }
+
+    /// The worker's rank on its node.
+    #[must_use]
+    pub fn local_rank(&self) -> u32 {
+        self.rank.local_rank
+    }
+
+    /// The number of workers on the worker's node.
+    #[must_use]
+    pub fn local_world_size(&self) -> u32 {
+        self.rank.local_world_size
+    }
+
+    /// The index of the worker's node.
+    #[must_use]
+    pub fn node_rank(&self) -> u32 {
+        self.rank.node_rank
+    }
+
+    /// All ranks at once.
+    #[must_use]
+    pub fn ranks(&self) -> RankInfo {
+        self.rank
+    }
+
+    /// How many times the run was restarted before this attempt.
+    #[must_use]
+    pub fn restart_count(&self) -> u32 {
+        self.restart_count
+    }
+
+    /// The task's argument.
+    #[must_use]
+    pub fn arg(&self) -> &serde_json::Value {
+        self.task.arg()
+    }
+
+    /// One environment variable of the task.
+    #[must_use]
+    pub fn var(&self, key: &str) -> Option<&str> {
+        self.task.var(key)
+    }
+
+    /// The task's whole environment.
+    #[must_use]
+    pub fn env(&self) -> &BTreeMap<String, String> {
+        self.task.env()
+    }
+
+    /// Reports metrics to the driver (they arrive tagged with this worker's rank).
+    pub fn report(&self, metrics: serde_json::Map<String, serde_json::Value>) {
+        self.task.report(metrics);
+    }
+
+    /// Prints one line of output to the driver.
+    pub fn print(&self, line: impl Into<String>) {
+        self.task.log(Stream::Stdout, line);
+    }
+}

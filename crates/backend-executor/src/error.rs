@@ -1,0 +1,115 @@
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use trainyard_config::ConfigError;
+use trainyard_resources::Resources;
+use trainyard_runtime::RuntimeError;
+
+use crate::{FitReport, WorldRank};
+
+/// Why one attempt of a run failed. Every kind counts against `max_failures`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AttemptFailure {
+    /// The user's training code failed on this rank (an error, a panic, a non-zero exit).
+    UserError {
+        /// The rank whose code failed first.
+        rank: WorldRank,
+        /// What the code reported.
+        error: String,
+    },
+    /// A worker died or stopped answering (its process or node is gone).
+    WorkerDied {
+        /// The rank of the worker, when the failure could be tied to one.
+        rank: Option<WorldRank>,
+        /// What is known about the death.
+        reason: String,
+    },
+    /// The workers could not be started or set up.
+    StartFailed {
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+impl fmt::Display for AttemptFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UserError { rank, error } => write!(f, "rank {rank} failed: {error}"),
+            Self::WorkerDied {
+                rank: Some(rank),
+                reason,
+            } => write!(f, "rank {rank} died: {reason}"),
+            Self::WorkerDied { rank: None, reason } => write!(f, "a worker died: {reason}"),
+            Self::StartFailed { reason } => write!(f, "workers failed to start: {reason}"),
+        }
+    }
+}
+
+/// Why a backend executor could not run the job.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecutorError {
+    /// The scaling config is invalid.
+    #[error("invalid scaling config")]
+    Config(#[from] ConfigError),
+    /// The placement group can never fit on the cluster as it is.
+    #[error("the workers cannot be scheduled")]
+    Unschedulable(#[source] Box<RuntimeError>),
+    /// The placement group did not become ready in time; it has been removed.
+    #[error(
+        "the placement group was not ready after {}s: the run asks for {requested} in total, the cluster has {available} free; raise the placement timeout or free resources",
+        waited.as_secs_f64()
+    )]
+    PlacementTimeout {
+        /// How long it was waited for.
+        waited: Duration,
+        /// Everything the group asks for.
+        requested: Resources,
+        /// What the cluster had free when the wait ended.
+        available: Resources,
+    },
+    /// The runtime failed outside any worker (creating or removing a group).
+    #[error("the runtime failed")]
+    Runtime(#[source] Box<RuntimeError>),
+    /// A backend is misconfigured (not retried).
+    #[error("backend setup failed")]
+    Backend(#[source] Box<crate::BackendError>),
+    /// The training failed more often than `max_failures` allows.
+    #[error("training failed after {} attempt(s): {}", report.attempts, report.failures.last().map(ToString::to_string).unwrap_or_default())]
+    TrainingFailed {
+        /// What happened, including every attempt's failure.
+        report: Box<FitReport>,
+    },
+    /// The executor was used before `start` or after `shutdown`.
+    #[error("the backend executor is not started: call start() first")]
+    NotStarted,
+}
+
+/// An error and its sources on one line.
+pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Whether a runtime error somewhere in `error`'s chain is an actor's death.
+pub(crate) fn is_death(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e.downcast_ref::<RuntimeError>()
+            .is_some_and(RuntimeError::is_actor_death)
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}

@@ -1,0 +1,730 @@
+//! Ray Train's `test_backend.py`, ported onto the simulated cluster.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use trainyard_backend_executor::{
+    AttemptFailure, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, NoBackend,
+    SharingRule, TrainContext, WorldRank, default_rules,
+};
+use trainyard_config::{FailureConfig, PlacementStrategy, RunConfig, ScalingConfig};
+use trainyard_resources::Resources;
+use trainyard_runtime::sim::faults::KillActorAfterCalls;
+use trainyard_runtime::sim::{SimNode, SimRuntime};
+use trainyard_runtime::{ActorRuntime, FunctionRegistry, TaskSpec};
+
+fn functions() -> FunctionRegistry {
+    FunctionRegistry::with_builtins()
+        .register("one", |_| async { Ok(json!(1)) })
+        .register("ranks", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            Ok(json!({
+                "world_rank": ctx.world_rank().0,
+                "local_rank": ctx.local_rank(),
+                "local_world_size": ctx.local_world_size(),
+                "node_rank": ctx.node_rank(),
+                "world_size": ctx.world_size(),
+                "restart_count": ctx.restart_count(),
+            }))
+        })
+        .register("fail_until", |task| async move {
+            // Fails on rank 0 while the restart count is below the argument.
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            let until = ctx.arg().as_u64().unwrap_or(u64::MAX);
+            if ctx.world_rank().0 == 0 && u64::from(ctx.restart_count()) < until {
+                return Err(format!("attempt {} fails", ctx.restart_count()));
+            }
+            ctx.report(
+                json!({"restart_count": ctx.restart_count()})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            );
+            Ok(json!(ctx.restart_count()))
+        })
+        .register("rank0_fails_rank1_blocks", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            if ctx.world_rank().0 == 0 {
+                return Err("user error on rank 0".to_owned());
+            }
+            tokio::time::sleep(Duration::from_secs(1_000_000)).await;
+            Ok(Value::Null)
+        })
+}
+
+fn task(name: &str) -> TaskSpec {
+    TaskSpec::Function {
+        name: name.to_owned(),
+        arg: Value::Null,
+        env: BTreeMap::new(),
+    }
+}
+
+fn task_with_arg(name: &str, arg: Value) -> TaskSpec {
+    TaskSpec::Function {
+        name: name.to_owned(),
+        arg,
+        env: BTreeMap::new(),
+    }
+}
+
+fn fast() -> ExecutorOptions {
+    ExecutorOptions {
+        poll_interval: Duration::from_millis(2),
+        placement_timeout: Duration::from_secs(5),
+        ..ExecutorOptions::default()
+    }
+}
+
+fn executor(sim: &SimRuntime, scaling: ScalingConfig) -> BackendExecutor {
+    BackendExecutor::new(Arc::new(sim.clone()), Arc::new(NoBackend), scaling)
+        .expect("valid scaling config")
+        .with_options(fast())
+}
+
+fn one_node(cpus: u64) -> SimRuntime {
+    SimRuntime::new([SimNode::new("node-0").cpus(cpus)]).with_functions(functions())
+}
+
+/// Two nodes that share one IP address, as a local multi-node test cluster does.
+fn two_nodes_same_ip(cpus: u64) -> SimRuntime {
+    SimRuntime::new([
+        SimNode::new("node-a").ip("127.0.0.1").cpus(cpus),
+        SimNode::new("node-b").ip("127.0.0.1").cpus(cpus),
+    ])
+    .with_functions(functions())
+}
+
+/// Runs `name` and returns one field of each rank's return value.
+async fn field(sim: &SimRuntime, scaling: ScalingConfig, name: &str, key: &str) -> Vec<u64> {
+    let report = executor(sim, scaling)
+        .fit(&task(name))
+        .await
+        .expect("the run succeeds");
+    report
+        .returns
+        .iter()
+        .map(|r| r[key].as_u64().expect("a number"))
+        .collect()
+}
+
+async fn assert_nothing_left(sim: &SimRuntime) {
+    assert_eq!(sim.placement_group_count(), 0, "a placement group leaked");
+    assert!(
+        sim.live_actors().is_empty(),
+        "actors leaked: {:?}",
+        sim.live_actors()
+    );
+    let cluster = sim.cluster().await.expect("cluster");
+    assert_eq!(
+        cluster.available(),
+        cluster.total(),
+        "resources were not returned"
+    );
+}
+
+#[tokio::test]
+async fn training_before_start_and_after_shutdown_is_an_error() {
+    let sim = one_node(2);
+    let mut executor = executor(&sim, ScalingConfig::default().num_workers(2));
+    assert!(matches!(
+        executor.run_training(&task("one")).await,
+        Err(ExecutorError::NotStarted)
+    ));
+    executor.start(0).await.expect("start");
+    assert_eq!(executor.worker_group().map(|g| g.len()), Some(2));
+    executor.shutdown().await;
+    assert!(matches!(
+        executor.run_training(&task("one")).await,
+        Err(ExecutorError::NotStarted)
+    ));
+    assert_nothing_left(&sim).await;
+}
+
+#[tokio::test]
+async fn train_returns_each_ranks_value() {
+    let sim = one_node(2);
+    let report = executor(&sim, ScalingConfig::default().num_workers(2))
+        .fit(&task("one"))
+        .await
+        .expect("fit");
+    assert_eq!(report.returns, [json!(1), json!(1)]);
+    assert_eq!(report.attempts, 1);
+    assert!(report.failures.is_empty());
+    assert_nothing_left(&sim).await;
+}
+
+#[tokio::test]
+async fn local_ranks_on_one_node() {
+    let got = field(
+        &one_node(2),
+        ScalingConfig::default().num_workers(2),
+        "ranks",
+        "local_rank",
+    )
+    .await;
+    assert_eq!(
+        got.into_iter().collect::<BTreeSet<_>>(),
+        BTreeSet::from([0, 1])
+    );
+}
+
+#[tokio::test]
+async fn local_ranks_follow_node_ids_not_ips() {
+    let got = field(
+        &two_nodes_same_ip(2),
+        ScalingConfig::default().num_workers(4),
+        "ranks",
+        "local_rank",
+    )
+    .await;
+    assert_eq!(got, [0, 1, 0, 1]);
+}
+
+/// Three workers spread over two nodes land on nodes 0, 1, 0; sorting groups them by node.
+fn three_spread() -> ScalingConfig {
+    ScalingConfig::default()
+        .num_workers(3)
+        .placement_strategy(PlacementStrategy::Spread)
+}
+
+#[tokio::test]
+async fn local_world_size_after_sorting() {
+    let sim = SimRuntime::new([
+        SimNode::new("node-0").ip("10.0.0.1").cpus(2),
+        SimNode::new("node-1").ip("10.0.0.2").cpus(2),
+    ])
+    .with_functions(functions());
+    assert_eq!(
+        field(&sim, three_spread(), "ranks", "local_world_size").await,
+        [2, 2, 1]
+    );
+    assert_eq!(
+        field(
+            &two_nodes_same_ip(2),
+            three_spread(),
+            "ranks",
+            "local_world_size"
+        )
+        .await,
+        [2, 2, 1]
+    );
+}
+
+#[tokio::test]
+async fn node_ranks_after_sorting() {
+    let sim = SimRuntime::new([
+        SimNode::new("node-0").ip("10.0.0.1").cpus(2),
+        SimNode::new("node-1").ip("10.0.0.2").cpus(2),
+    ])
+    .with_functions(functions());
+    assert_eq!(
+        field(&sim, three_spread(), "ranks", "node_rank").await,
+        [0, 0, 1]
+    );
+    assert_eq!(
+        field(&two_nodes_same_ip(2), three_spread(), "ranks", "node_rank").await,
+        [0, 0, 1]
+    );
+}
+
+/// The value of `var` on every rank, as sorted id lists (a multiset: Ray's table order
+/// depends on its scheduler, ours on PACK filling the first node first).
+async fn visible(
+    sim: &SimRuntime,
+    scaling: ScalingConfig,
+    var: &str,
+    rules: Option<Vec<SharingRule>>,
+) -> Vec<Vec<u32>> {
+    // As upstream, GPU sharing is switched on for these tables (the no-op backend leaves it off).
+    let options = ExecutorOptions {
+        sharing_rules: Some(rules.unwrap_or_else(|| default_rules(true))),
+        ..fast()
+    };
+    let report = executor(sim, scaling)
+        .with_options(options)
+        .fit(&task("trainyard.env"))
+        .await
+        .expect("the run succeeds");
+    let mut all: Vec<Vec<u32>> = report
+        .returns
+        .iter()
+        .map(|env| {
+            env[var]
+                .as_str()
+                .unwrap_or_else(|| panic!("{var} is not set: {env}"))
+                .split(',')
+                .map(|id| id.parse().expect("numeric id"))
+                .collect()
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+/// Rows of (how many workers, which ids each sees).
+type Table = &'static [(usize, &'static [u32])];
+
+fn table(rows: Table) -> Vec<Vec<u32>> {
+    let mut out: Vec<Vec<u32>> = rows
+        .iter()
+        .flat_map(|(n, ids)| std::iter::repeat_n(ids.to_vec(), *n))
+        .collect();
+    out.sort();
+    out
+}
+
+fn gpu_cluster(gpus: u32) -> SimRuntime {
+    SimRuntime::new([
+        SimNode::new("node-a").ip("10.0.0.1").cpus(8).gpus(gpus),
+        SimNode::new("node-b").ip("10.0.0.2").cpus(8).gpus(gpus),
+    ])
+    .with_functions(functions())
+}
+
+fn gpu_workers(n: u32, gpu: &str) -> ScalingConfig {
+    ScalingConfig::default()
+        .num_workers(n)
+        .use_gpu(true)
+        .resources_per_worker(
+            format!("GPU={gpu}")
+                .parse::<Resources>()
+                .expect("resources"),
+        )
+}
+
+#[tokio::test]
+async fn cuda_visible_devices_one_gpu_per_worker() {
+    let cases: [(u32, Table); 4] = [
+        (1, &[(1, &[0])]),
+        (2, &[(2, &[0, 1])]),
+        (3, &[(1, &[0]), (2, &[0, 1])]),
+        (4, &[(4, &[0, 1])]),
+    ];
+    for (n, expected) in cases {
+        let got = visible(
+            &gpu_cluster(2),
+            gpu_workers(n, "1"),
+            "CUDA_VISIBLE_DEVICES",
+            None,
+        )
+        .await;
+        assert_eq!(got, table(expected), "{n} workers");
+    }
+}
+
+#[tokio::test]
+async fn cuda_visible_devices_half_a_gpu_per_worker() {
+    let cases: [(u32, Table); 8] = [
+        (1, &[(1, &[0])]),
+        (2, &[(2, &[0])]),
+        (3, &[(3, &[0, 1])]),
+        (4, &[(4, &[0, 1])]),
+        (5, &[(1, &[0]), (4, &[0, 1])]),
+        (6, &[(2, &[0]), (4, &[0, 1])]),
+        (7, &[(7, &[0, 1])]),
+        (8, &[(8, &[0, 1])]),
+    ];
+    for (n, expected) in cases {
+        let got = visible(
+            &gpu_cluster(2),
+            gpu_workers(n, "0.5"),
+            "CUDA_VISIBLE_DEVICES",
+            None,
+        )
+        .await;
+        assert_eq!(got, table(expected), "{n} workers");
+    }
+}
+
+#[tokio::test]
+async fn cuda_visible_devices_two_gpus_per_worker() {
+    let cases: [(u32, Table); 4] = [
+        (1, &[(1, &[0, 1])]),
+        (2, &[(2, &[0, 1, 2, 3])]),
+        (3, &[(1, &[0, 1]), (2, &[0, 1, 2, 3])]),
+        (4, &[(4, &[0, 1, 2, 3])]),
+    ];
+    for (n, expected) in cases {
+        let got = visible(
+            &gpu_cluster(4),
+            gpu_workers(n, "2"),
+            "CUDA_VISIBLE_DEVICES",
+            None,
+        )
+        .await;
+        assert_eq!(got, table(expected), "{n} workers");
+    }
+}
+
+fn neuron_cluster() -> SimRuntime {
+    SimRuntime::new([
+        SimNode::new("node-a")
+            .ip("10.0.0.1")
+            .cpus(8)
+            .accelerators("neuron_cores", 2),
+        SimNode::new("node-b")
+            .ip("10.0.0.2")
+            .cpus(8)
+            .accelerators("neuron_cores", 2),
+    ])
+    .with_functions(functions())
+}
+
+fn neuron_workers(n: u32) -> ScalingConfig {
+    ScalingConfig::default()
+        .num_workers(n)
+        .resources_per_worker("neuron_cores=1".parse().expect("resources"))
+}
+
+#[tokio::test]
+async fn neuron_cores_are_shared_per_node_by_default() {
+    let cases: [(u32, Table); 4] = [
+        (1, &[(1, &[0])]),
+        (2, &[(2, &[0, 1])]),
+        (3, &[(1, &[0]), (2, &[0, 1])]),
+        (4, &[(4, &[0, 1])]),
+    ];
+    for (n, expected) in cases {
+        let got = visible(
+            &neuron_cluster(),
+            neuron_workers(n),
+            "NEURON_RT_VISIBLE_CORES",
+            None,
+        )
+        .await;
+        assert_eq!(got, table(expected), "{n} workers");
+    }
+}
+
+#[tokio::test]
+async fn neuron_cores_with_sharing_disabled_are_each_workers_own() {
+    let mut rules = default_rules(true);
+    for rule in &mut rules {
+        if rule.resource == "neuron_cores" {
+            rule.share = false;
+        }
+    }
+    let cases: [(u32, Table); 3] = [
+        (2, &[(1, &[0]), (1, &[1])]),
+        (3, &[(2, &[0]), (1, &[1])]),
+        (4, &[(2, &[0]), (2, &[1])]),
+    ];
+    for (n, expected) in cases {
+        let got = visible(
+            &neuron_cluster(),
+            neuron_workers(n),
+            "NEURON_RT_VISIBLE_CORES",
+            Some(rules.clone()),
+        )
+        .await;
+        assert_eq!(got, table(expected), "{n} workers");
+    }
+}
+
+#[tokio::test]
+async fn workers_that_request_no_gpu_get_no_cuda_visible_devices() {
+    let report = executor(&gpu_cluster(2), ScalingConfig::default().num_workers(2))
+        .fit(&task("trainyard.env"))
+        .await
+        .expect("fit");
+    assert!(
+        report
+            .returns
+            .iter()
+            .all(|env| env.get("CUDA_VISIBLE_DEVICES").is_none())
+    );
+}
+
+fn four_by_four() -> SimRuntime {
+    SimRuntime::new((0..4).map(|i| {
+        SimNode::new(&format!("node-{i}"))
+            .ip(&format!("10.0.0.{i}"))
+            .cpus(4)
+    }))
+    .with_functions(functions())
+}
+
+async fn nodes_used(strategy: PlacementStrategy, n: u32) -> usize {
+    let sim = four_by_four();
+    let mut executor = executor(
+        &sim,
+        ScalingConfig::default()
+            .num_workers(n)
+            .placement_strategy(strategy),
+    );
+    executor.start(0).await.expect("start");
+    let nodes: BTreeSet<String> = executor
+        .worker_group()
+        .expect("started")
+        .workers()
+        .iter()
+        .map(|w| w.metadata.node_id.to_string())
+        .collect();
+    executor.shutdown().await;
+    assert_nothing_left(&sim).await;
+    nodes.len()
+}
+
+#[tokio::test]
+async fn pack_uses_the_fewest_nodes_and_spread_the_most() {
+    for n in [3u32, 4, 5] {
+        assert_eq!(
+            nodes_used(PlacementStrategy::Pack, n).await,
+            (n as usize).div_ceil(4),
+            "PACK n={n}"
+        );
+        assert_eq!(
+            nodes_used(PlacementStrategy::Spread, n).await,
+            (n as usize).min(4),
+            "SPREAD n={n}"
+        );
+    }
+}
+
+async fn fit_with_failures(
+    max_failures: FailureConfig,
+    fail_attempts: u64,
+) -> Result<FitReport, ExecutorError> {
+    let sim = one_node(2);
+    let result = executor(&sim, ScalingConfig::default().num_workers(2))
+        .with_run_config(RunConfig::default().failure_config(max_failures))
+        .expect("valid run config")
+        .fit(&task_with_arg("fail_until", json!(fail_attempts)))
+        .await;
+    assert_nothing_left(&sim).await;
+    result
+}
+
+#[tokio::test]
+async fn max_failures_allows_exactly_that_many_restarts() {
+    for n in [0u32, 1, 10] {
+        // Failing n times then succeeding works with n restarts ...
+        let report = fit_with_failures(FailureConfig::restarts(n), u64::from(n))
+            .await
+            .expect("succeeds");
+        assert_eq!(report.attempts, n + 1);
+        assert_eq!(report.failures.len(), n as usize);
+        assert_eq!(
+            report.returns[0],
+            json!(n),
+            "the task sees its restart count"
+        );
+        // ... failing n + 1 times does not.
+        match fit_with_failures(FailureConfig::restarts(n), u64::from(n) + 1).await {
+            Err(ExecutorError::TrainingFailed { report }) => {
+                assert_eq!(report.attempts, n + 1, "n={n}");
+                assert_eq!(report.failures.len(), n as usize + 1);
+                assert!(report.failures.iter().all(|f| matches!(
+                    f,
+                    AttemptFailure::UserError {
+                        rank: WorldRank(0),
+                        ..
+                    }
+                )));
+            }
+            other => panic!("n={n}: expected TrainingFailed, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn unlimited_failures_keep_restarting_until_success() {
+    let report = fit_with_failures(FailureConfig::unlimited(), 12)
+        .await
+        .expect("succeeds eventually");
+    assert_eq!(report.attempts, 13);
+    assert_eq!(
+        report.metrics[0]
+            .as_ref()
+            .map(|m| m["restart_count"].clone()),
+        Some(json!(12))
+    );
+}
+
+#[tokio::test]
+async fn a_user_error_on_one_rank_ends_the_run_while_others_block() {
+    let sim = one_node(2);
+    let mut executor = executor(&sim, ScalingConfig::default().num_workers(2));
+    let task = task("rank0_fails_rank1_blocks");
+    let result = tokio::time::timeout(Duration::from_secs(30), executor.fit(&task))
+        .await
+        .expect("no hang");
+    match result {
+        Err(ExecutorError::TrainingFailed { report }) => assert_eq!(
+            report.failures,
+            [AttemptFailure::UserError {
+                rank: WorldRank(0),
+                error: "user error on rank 0".into()
+            }]
+        ),
+        other => panic!("expected a user error, got {other:?}"),
+    }
+    assert_nothing_left(&sim).await;
+}
+
+#[tokio::test]
+async fn a_worker_death_is_told_apart_from_a_user_error_and_restarts() {
+    let sim = one_node(2);
+    // The first actor dies once it has answered its metadata and run_task calls.
+    let flaky: Arc<dyn ActorRuntime> =
+        Arc::new(KillActorAfterCalls::new(Arc::new(sim.clone()), 0, 2));
+    let mut executor = BackendExecutor::new(
+        flaky,
+        Arc::new(NoBackend),
+        ScalingConfig::default().num_workers(2),
+    )
+    .expect("valid")
+    .with_options(fast())
+    .with_run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
+    .expect("valid");
+    let report = executor
+        .fit(&task("ranks"))
+        .await
+        .expect("the restart succeeds");
+    assert_eq!(report.attempts, 2);
+    assert!(
+        matches!(
+            report.failures.as_slice(),
+            [AttemptFailure::WorkerDied {
+                rank: Some(WorldRank(0)),
+                ..
+            }]
+        ),
+        "{:?}",
+        report.failures
+    );
+    assert_eq!(report.returns[0]["restart_count"], json!(1));
+    assert_nothing_left(&sim).await;
+}
+
+#[tokio::test]
+async fn an_infeasible_request_fails_at_once_and_is_not_retried() {
+    let sim = one_node(2);
+    let mut executor = executor(
+        &sim,
+        ScalingConfig::default()
+            .num_workers(3)
+            .placement_strategy(PlacementStrategy::StrictPack),
+    )
+    .with_run_config(RunConfig::default().failure_config(FailureConfig::unlimited()))
+    .expect("valid");
+    let task = task("one");
+    let result = tokio::time::timeout(Duration::from_secs(5), executor.fit(&task))
+        .await
+        .expect("fails fast");
+    let err = result.expect_err("cannot be scheduled");
+    assert!(matches!(err, ExecutorError::Unschedulable(_)), "{err:?}");
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    assert!(text.contains("CPU"), "{text}");
+    assert_nothing_left(&sim).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_placement_timeout_lists_what_was_asked_and_what_is_free_and_removes_the_group() {
+    let sim = one_node(2);
+    // Something else holds one of the two CPUs.
+    let mut other = executor(&sim, ScalingConfig::default().num_workers(1));
+    other.start(0).await.expect("start");
+    let options = ExecutorOptions {
+        placement_timeout: Duration::from_secs(100),
+        ..fast()
+    };
+    let err = executor(&sim, ScalingConfig::default().num_workers(2))
+        .with_options(options)
+        .fit(&task("one"))
+        .await
+        .expect_err("times out");
+    match &err {
+        ExecutorError::PlacementTimeout {
+            waited,
+            requested,
+            available,
+        } => {
+            assert_eq!(*waited, Duration::from_secs(100));
+            assert_eq!(requested.to_string(), "CPU=2");
+            assert_eq!(available.amount("CPU").to_string(), "1");
+        }
+        other => panic!("expected a placement timeout, got {other:?}"),
+    }
+    assert!(err.to_string().contains("CPU=2"), "{err}");
+    other.shutdown().await;
+    assert_nothing_left(&sim).await;
+}
+
+#[tokio::test]
+async fn ranks_are_logged_in_rays_format() {
+    let sim = SimRuntime::new([SimNode::new("node-a").ip("10.0.0.1").cpus(2)])
+        .with_functions(functions());
+    let mut executor = executor(&sim, ScalingConfig::default().num_workers(2));
+    executor.start(0).await.expect("start");
+    let text = trainyard_backend_executor::describe_workers(
+        executor.worker_group().expect("started"),
+        executor.ranks().expect("ranks"),
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "Started distributed worker processes:");
+    assert_eq!(lines.len(), 3);
+    assert!(
+        lines[1].starts_with("- (node_id=node-a, ip=10.0.0.1, pid="),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[1].ends_with(") world_rank=0, local_rank=0, node_rank=0"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[2].ends_with(") world_rank=1, local_rank=1, node_rank=0"),
+        "{}",
+        lines[2]
+    );
+    executor.shutdown().await;
+}
+
+/// A backend whose shutdown hook always fails, as when it calls workers that have died.
+#[derive(Debug)]
+struct FailingShutdown;
+
+#[async_trait::async_trait]
+impl trainyard_backend_executor::Backend for FailingShutdown {
+    fn name(&self) -> &str {
+        "failing-shutdown"
+    }
+
+    async fn on_shutdown(
+        &self,
+        group: &trainyard_worker_group::WorkerGroup,
+    ) -> Result<(), trainyard_backend_executor::BackendError> {
+        Err(trainyard_backend_executor::BackendError::Config {
+            backend: self.name().to_owned(),
+            reason: format!("{} workers are gone", group.len()),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_failing_backend_shutdown_is_logged_and_everything_is_still_released() {
+    let sim = one_node(2);
+    let mut executor = BackendExecutor::new(
+        Arc::new(sim.clone()),
+        Arc::new(FailingShutdown),
+        ScalingConfig::default().num_workers(2),
+    )
+    .expect("valid")
+    .with_options(fast());
+    let report = executor
+        .fit(&task("one"))
+        .await
+        .expect("training itself succeeds");
+    assert_eq!(report.returns, [json!(1), json!(1)]);
+    assert_nothing_left(&sim).await;
+}

@@ -1,0 +1,337 @@
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info};
+use trainyard_backend_executor::{
+    Backend, BackendConfig, BackendContext, BackendError, RankInfo, WorkerEnv,
+};
+use trainyard_resources::{CPU, GPU};
+use trainyard_runtime::{Request, Response};
+
+/// The process-group backend: `nccl` for GPUs, `gloo` for CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessGroupBackend {
+    /// `nccl` when the workers request GPUs, `gloo` otherwise.
+    #[default]
+    Auto,
+    /// NVIDIA's collective library.
+    Nccl,
+    /// The CPU backend.
+    Gloo,
+}
+
+/// How workers find each other.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InitMethod {
+    /// `env://`: `MASTER_ADDR` and `MASTER_PORT` (what torchrun scripts expect).
+    #[default]
+    Env,
+    /// `tcp://addr:port`, given in `TRAINYARD_TORCH_INIT_METHOD`.
+    Tcp,
+}
+
+/// A choice that names no variant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} `{value}`: expected one of {expected}")]
+pub struct UnknownChoice {
+    /// What was being chosen.
+    pub what: &'static str,
+    /// The text given.
+    pub value: String,
+    /// The accepted values.
+    pub expected: &'static str,
+}
+
+impl FromStr for ProcessGroupBackend {
+    type Err = UnknownChoice;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "nccl" => Ok(Self::Nccl),
+            "gloo" => Ok(Self::Gloo),
+            _ => Err(UnknownChoice {
+                what: "torch backend",
+                value: text.to_owned(),
+                expected: "auto, nccl, gloo",
+            }),
+        }
+    }
+}
+
+impl FromStr for InitMethod {
+    type Err = UnknownChoice;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.to_ascii_lowercase().as_str() {
+            "env" => Ok(Self::Env),
+            "tcp" => Ok(Self::Tcp),
+            _ => Err(UnknownChoice {
+                what: "init method",
+                value: text.to_owned(),
+                expected: "env, tcp",
+            }),
+        }
+    }
+}
+
+impl fmt::Display for ProcessGroupBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Nccl => "nccl",
+            Self::Gloo => "gloo",
+        })
+    }
+}
+
+/// Configuration of PyTorch's process group, as Ray Train's `TorchConfig`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TorchConfig {
+    /// Process-group backend.
+    pub backend: ProcessGroupBackend,
+    /// How workers find each other.
+    pub init_method: InitMethod,
+    /// Timeout of process-group operations (1800 s), given to workers in
+    /// `TRAINYARD_TORCH_TIMEOUT_S`.
+    #[serde(with = "seconds")]
+    pub timeout: Duration,
+}
+
+impl Default for TorchConfig {
+    fn default() -> Self {
+        Self {
+            backend: ProcessGroupBackend::Auto,
+            init_method: InitMethod::Env,
+            timeout: Duration::from_secs(1800),
+        }
+    }
+}
+
+mod seconds {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_secs())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_secs)
+    }
+}
+
+impl BackendConfig for TorchConfig {
+    fn backend_name(&self) -> &str {
+        "torch"
+    }
+
+    fn build(&self) -> Arc<dyn Backend> {
+        Arc::new(TorchBackend::new(self.clone()))
+    }
+}
+
+/// Sets up PyTorch's process-group environment on every worker.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TorchBackend {
+    config: TorchConfig,
+}
+
+/// `TRAINYARD_TORCH_INIT_METHOD`: `env://` or the `tcp://` URL of the master.
+pub const INIT_METHOD_VAR: &str = "TRAINYARD_TORCH_INIT_METHOD";
+/// `TRAINYARD_TORCH_BACKEND`: `nccl` or `gloo`.
+pub const BACKEND_VAR: &str = "TRAINYARD_TORCH_BACKEND";
+/// `TRAINYARD_TORCH_TIMEOUT_S`: the process-group timeout in seconds.
+pub const TIMEOUT_VAR: &str = "TRAINYARD_TORCH_TIMEOUT_S";
+
+impl TorchBackend {
+    /// A backend with `config`.
+    #[must_use]
+    pub fn new(config: TorchConfig) -> Self {
+        Self { config }
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &TorchConfig {
+        &self.config
+    }
+
+    fn error(&self, source: trainyard_worker_group::WorkerGroupError) -> BackendError {
+        BackendError::workers("torch".to_owned(), source)
+    }
+}
+
+/// `host:port`, with an IPv6 host in brackets.
+fn host_port(addr: &str, port: u16) -> String {
+    match addr.parse::<IpAddr>() {
+        Ok(IpAddr::V6(_)) => format!("[{addr}]:{port}"),
+        _ => format!("{addr}:{port}"),
+    }
+}
+
+/// The variable is one the user set explicitly for the run.
+fn user_set(ctx: &BackendContext<'_>, name: &str) -> bool {
+    ctx.run.env.contains_key(name)
+}
+
+#[async_trait]
+impl Backend for TorchBackend {
+    fn name(&self) -> &str {
+        "torch"
+    }
+
+    fn share_accelerator_ids(&self) -> bool {
+        true
+    }
+
+    async fn on_start(&self, ctx: BackendContext<'_>) -> Result<WorkerEnv, BackendError> {
+        let workers = ctx.group.workers();
+        let Some(first) = workers.first() else {
+            return Ok(Vec::new());
+        };
+        let backend = match self.config.backend {
+            ProcessGroupBackend::Auto if first.resources.amount(GPU).is_zero() => {
+                ProcessGroupBackend::Gloo
+            }
+            ProcessGroupBackend::Auto => ProcessGroupBackend::Nccl,
+            chosen => chosen,
+        };
+        let master_addr = first.metadata.node_ip.clone();
+        let master_port = match ctx.group.execute_single(0, Request::FindFreePort).await {
+            Ok(Response::Port { port }) => port,
+            Ok(_) => {
+                return Err(BackendError::Config {
+                    backend: "torch".to_owned(),
+                    reason: "rank 0 answered find_free_port with an unexpected response".to_owned(),
+                });
+            }
+            Err(e) => return Err(self.error(e)),
+        };
+        let init_method = match self.config.init_method {
+            InitMethod::Env => "env://".to_owned(),
+            InitMethod::Tcp => format!("tcp://{}", host_port(&master_addr, master_port)),
+        };
+        let world_size = workers.len();
+        let mut env = Vec::with_capacity(world_size);
+        for (worker, rank) in workers.iter().zip(ctx.ranks) {
+            let mut vars = BTreeMap::new();
+            if self.config.init_method == InitMethod::Env {
+                vars.insert("MASTER_ADDR".to_owned(), master_addr.clone());
+                vars.insert("MASTER_PORT".to_owned(), master_port.to_string());
+            }
+            vars.insert(INIT_METHOD_VAR.to_owned(), init_method.clone());
+            vars.insert(BACKEND_VAR.to_owned(), backend.to_string());
+            vars.insert(
+                TIMEOUT_VAR.to_owned(),
+                self.config.timeout.as_secs().to_string(),
+            );
+            if backend == ProcessGroupBackend::Nccl
+                && !user_set(&ctx, "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+                && !user_set(&ctx, "TORCH_NCCL_BLOCKING_WAIT")
+            {
+                vars.insert("TORCH_NCCL_ASYNC_ERROR_HANDLING".to_owned(), "1".to_owned());
+            }
+            if !user_set(&ctx, "OMP_NUM_THREADS") {
+                let cpus = worker.resources.amount(CPU).whole_units().max(1);
+                vars.insert("OMP_NUM_THREADS".to_owned(), cpus.to_string());
+            }
+            let message = format!(
+                "Setting up process group for: {init_method} [rank={}, world_size={world_size}]",
+                rank.world_rank
+            );
+            if rank.world_rank.0 == 0 {
+                info!(backend = %backend, "{message}");
+            } else {
+                debug!(backend = %backend, "{message}");
+            }
+            env.push(vars);
+        }
+        Ok(env)
+    }
+
+    async fn on_training_start(&self, ctx: BackendContext<'_>) -> Result<WorkerEnv, BackendError> {
+        let max_restarts = ctx.run.failure_config.max_failures.map_or(-1, i64::from);
+        Ok(ctx
+            .ranks
+            .iter()
+            .map(|rank| torchrun_env(rank, ctx.restart_count, max_restarts))
+            .collect())
+    }
+}
+
+/// The variables `torchrun` gives its workers, for one rank.
+#[must_use]
+pub fn torchrun_env(
+    rank: &RankInfo,
+    restart_count: u32,
+    max_restarts: i64,
+) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("RANK".to_owned(), rank.world_rank.to_string()),
+        ("LOCAL_RANK".to_owned(), rank.local_rank.to_string()),
+        ("WORLD_SIZE".to_owned(), rank.world_size.to_string()),
+        (
+            "LOCAL_WORLD_SIZE".to_owned(),
+            rank.local_world_size.to_string(),
+        ),
+        ("NODE_RANK".to_owned(), rank.node_rank.to_string()),
+        ("GROUP_RANK".to_owned(), rank.node_rank.to_string()),
+        ("ROLE_RANK".to_owned(), rank.world_rank.to_string()),
+        ("ROLE_WORLD_SIZE".to_owned(), rank.world_size.to_string()),
+        ("ROLE_NAME".to_owned(), "default".to_owned()),
+        (
+            "TORCHELASTIC_RESTART_COUNT".to_owned(),
+            restart_count.to_string(),
+        ),
+        (
+            "TORCHELASTIC_MAX_RESTARTS".to_owned(),
+            max_restarts.to_string(),
+        ),
+        ("TORCHELASTIC_RUN_ID".to_owned(), "none".to_owned()),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv6_masters_are_bracketed() {
+        assert_eq!(host_port("::1", 29500), "[::1]:29500");
+        assert_eq!(host_port("10.0.0.1", 29500), "10.0.0.1:29500");
+        assert_eq!(host_port("node-a", 1), "node-a:1");
+    }
+
+    #[test]
+    fn choices_parse_in_any_case_and_name_the_alternatives() {
+        assert_eq!(
+            "NCCL".parse::<ProcessGroupBackend>().unwrap(),
+            ProcessGroupBackend::Nccl
+        );
+        assert_eq!("tcp".parse::<InitMethod>().unwrap(), InitMethod::Tcp);
+        let err = "mpi".parse::<ProcessGroupBackend>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid torch backend `mpi`: expected one of auto, nccl, gloo"
+        );
+    }
+
+    #[test]
+    fn defaults_match_ray() {
+        let config = TorchConfig::default();
+        assert_eq!(config.backend, ProcessGroupBackend::Auto);
+        assert_eq!(config.init_method, InitMethod::Env);
+        assert_eq!(config.timeout, Duration::from_secs(1800));
+    }
+}

@@ -1,0 +1,233 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::UnboundedSender;
+use trainyard_backend_executor::{
+    AttemptFailure, BackendConfig, BackendExecutor, ExecutorOptions, FitReport, RunEvent, WorldRank,
+};
+use trainyard_config::{RunConfig, ScalingConfig};
+use trainyard_runtime::{ActorRuntime, TaskSpec};
+
+use crate::Result;
+
+/// A task that runs the Rust function registered under `name` with `arg`.
+#[must_use]
+pub fn function_task(name: impl Into<String>, arg: serde_json::Value) -> TaskSpec {
+    TaskSpec::Function {
+        name: name.into(),
+        arg,
+        env: BTreeMap::new(),
+    }
+}
+
+/// A task that runs `program` with `args` (for example `python train.py`).
+#[must_use]
+pub fn command_task<I, S>(program: impl Into<String>, args: I) -> TaskSpec
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    TaskSpec::Command {
+        program: program.into(),
+        args: args.into_iter().map(Into::into).collect(),
+        env: BTreeMap::new(),
+    }
+}
+
+/// What a finished run produced.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainResult {
+    /// The last metrics each rank reported (in the final attempt), by world rank.
+    pub metrics: Vec<Option<serde_json::Map<String, serde_json::Value>>>,
+    /// The last report of the run, with its rank.
+    pub last_report: Option<(WorldRank, serde_json::Map<String, serde_json::Value>)>,
+    /// What each rank's task returned, by world rank.
+    pub returns: Vec<serde_json::Value>,
+    /// The failure of every failed attempt, in order (empty when nothing failed).
+    pub errors: Vec<AttemptFailure>,
+    /// Attempts made (1 when nothing failed).
+    pub attempts: u32,
+}
+
+impl From<FitReport> for TrainResult {
+    fn from(report: FitReport) -> Self {
+        Self {
+            metrics: report.metrics,
+            last_report: report.last_report,
+            returns: report.returns,
+            errors: report.failures,
+            attempts: report.attempts,
+        }
+    }
+}
+
+/// A training run with any backend: a task, a scaling config, a run config, a runtime.
+///
+/// ```
+/// use std::sync::Arc;
+/// use trainyard::prelude::*;
+/// use trainyard::runtime::sim::{SimNode, SimRuntime};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> trainyard::Result<()> {
+/// let functions = FunctionRegistry::new().register("train", |task| async move {
+///     let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+///     ctx.report(serde_json::json!({"rank": ctx.world_rank().0}).as_object().cloned().unwrap_or_default());
+///     Ok(serde_json::json!(ctx.world_rank().0))
+/// });
+/// let cluster = SimRuntime::new([SimNode::new("node-0").cpus(2)]).with_functions(functions);
+/// let result = Trainer::new(Arc::new(cluster), &NoBackend, function_task("train", serde_json::Value::Null))
+///     .scaling_config(ScalingConfig::default().num_workers(2))
+///     .fit()
+///     .await?;
+/// assert_eq!(result.returns, [serde_json::json!(0), serde_json::json!(1)]);
+/// assert_eq!(result.attempts, 1);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Trainer {
+    runtime: Arc<dyn ActorRuntime>,
+    backend: Arc<dyn trainyard_backend_executor::Backend>,
+    task: TaskSpec,
+    scaling: ScalingConfig,
+    run: RunConfig,
+    options: ExecutorOptions,
+    events: Option<UnboundedSender<RunEvent>>,
+}
+
+impl Trainer {
+    /// A trainer running `task` with `backend` on `runtime`, one CPU worker by default.
+    #[must_use]
+    pub fn new(
+        runtime: Arc<dyn ActorRuntime>,
+        backend: &dyn BackendConfig,
+        task: TaskSpec,
+    ) -> Self {
+        Self {
+            runtime,
+            backend: backend.build(),
+            task,
+            scaling: ScalingConfig::default(),
+            run: RunConfig::default(),
+            options: ExecutorOptions::default(),
+            events: None,
+        }
+    }
+
+    /// Sets the scaling config.
+    #[must_use]
+    pub fn scaling_config(mut self, scaling: ScalingConfig) -> Self {
+        self.scaling = scaling;
+        self
+    }
+
+    /// Sets the run config (name, failure policy, environment).
+    #[must_use]
+    pub fn run_config(mut self, run: RunConfig) -> Self {
+        self.run = run;
+        self
+    }
+
+    /// Sets the executor's knobs (placement timeout, patience, poll interval).
+    #[must_use]
+    pub fn executor_options(mut self, options: ExecutorOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Streams reports, log lines and restarts to `events` as they happen.
+    #[must_use]
+    pub fn events(mut self, events: UnboundedSender<RunEvent>) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    /// Runs the task on every worker until it finishes, restarting failed attempts as the
+    /// run's failure config allows. Nothing is left reserved or running afterwards.
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::Error::Config) for invalid configs, and
+    /// [`Error::Executor`](crate::Error::Executor) when the run cannot be scheduled or fails
+    /// beyond `max_failures` (its `TrainingFailed` report names the failed ranks).
+    pub async fn fit(self) -> Result<TrainResult> {
+        let mut executor = BackendExecutor::new(self.runtime, self.backend, self.scaling)?
+            .with_run_config(self.run)?
+            .with_options(self.options);
+        if let Some(events) = self.events {
+            executor = executor.with_events(events);
+        }
+        Ok(executor.fit(&self.task).await?.into())
+    }
+}
+
+/// A [`Trainer`] with PyTorch's process-group environment ([`trainyard_torch_backend`]).
+#[cfg(feature = "torch")]
+#[derive(Debug)]
+pub struct TorchTrainer {
+    trainer: Trainer,
+}
+
+#[cfg(feature = "torch")]
+impl TorchTrainer {
+    /// A torch trainer running `task` on `runtime` with the default [`TorchConfig`](trainyard_torch_backend::TorchConfig).
+    #[must_use]
+    pub fn new(runtime: Arc<dyn ActorRuntime>, task: TaskSpec) -> Self {
+        Self::with_config(
+            runtime,
+            task,
+            &trainyard_torch_backend::TorchConfig::default(),
+        )
+    }
+
+    /// A torch trainer with an explicit [`TorchConfig`](trainyard_torch_backend::TorchConfig).
+    #[must_use]
+    pub fn with_config(
+        runtime: Arc<dyn ActorRuntime>,
+        task: TaskSpec,
+        config: &trainyard_torch_backend::TorchConfig,
+    ) -> Self {
+        Self {
+            trainer: Trainer::new(runtime, config, task),
+        }
+    }
+
+    /// Sets the scaling config.
+    #[must_use]
+    pub fn scaling_config(self, scaling: ScalingConfig) -> Self {
+        Self {
+            trainer: self.trainer.scaling_config(scaling),
+        }
+    }
+
+    /// Sets the run config.
+    #[must_use]
+    pub fn run_config(self, run: RunConfig) -> Self {
+        Self {
+            trainer: self.trainer.run_config(run),
+        }
+    }
+
+    /// Sets the executor's knobs.
+    #[must_use]
+    pub fn executor_options(self, options: ExecutorOptions) -> Self {
+        Self {
+            trainer: self.trainer.executor_options(options),
+        }
+    }
+
+    /// Streams run events to `events`.
+    #[must_use]
+    pub fn events(self, events: UnboundedSender<RunEvent>) -> Self {
+        Self {
+            trainer: self.trainer.events(events),
+        }
+    }
+
+    /// See [`Trainer::fit`].
+    ///
+    /// # Errors
+    /// As [`Trainer::fit`].
+    pub async fn fit(self) -> Result<TrainResult> {
+        self.trainer.fit().await
+    }
+}
