@@ -35,7 +35,11 @@ fn cargo(args: &[&str]) -> Result<(), String> {
         .args(args)
         .status()
         .map_err(|e| format!("cannot run {cargo}: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("`cargo {}` failed ({status})", args.join(" "))) }
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`cargo {}` failed ({status})", args.join(" ")))
+    }
 }
 
 fn has_nextest() -> bool {
@@ -47,12 +51,33 @@ fn has_nextest() -> bool {
 
 fn ci() -> Result<(), String> {
     cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     if has_nextest() {
-        cargo(&["nextest", "run", "--workspace", "--all-features", "--no-fail-fast"])?;
+        cargo(&[
+            "nextest",
+            "run",
+            "--workspace",
+            "--all-features",
+            "--no-fail-fast",
+        ])?;
     } else {
         eprintln!("cargo-nextest is not installed; running the tests with cargo test");
-        cargo(&["test", "--workspace", "--all-features", "--lib", "--bins", "--tests"])?;
+        cargo(&[
+            "test",
+            "--workspace",
+            "--all-features",
+            "--lib",
+            "--bins",
+            "--tests",
+        ])?;
     }
     cargo(&["test", "--workspace", "--all-features", "--doc"])?;
     cargo(&["bench", "--workspace", "--all-features", "--no-run"])

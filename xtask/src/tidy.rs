@@ -38,7 +38,10 @@ pub(crate) fn problems(packages: &[Package]) -> Vec<String> {
     let mut out = Vec::new();
     for package in packages.iter().filter(|p| p.name != "xtask") {
         let Some(&own) = rank.get(package.name.as_str()) else {
-            out.push(format!("`{}` is not in xtask's LAYERS: add it at its layer", package.name));
+            out.push(format!(
+                "`{}` is not in xtask's LAYERS: add it at its layer",
+                package.name
+            ));
             continue;
         };
         for (dep, kind) in &package.deps {
@@ -68,22 +71,37 @@ pub(crate) fn problems(packages: &[Package]) -> Vec<String> {
 pub(crate) fn check_workspace() -> Result<(), Vec<String>> {
     let packages = workspace_packages().map_err(|e| vec![e])?;
     let problems = problems(&packages);
-    if problems.is_empty() { Ok(()) } else { Err(problems) }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
 }
 
 fn workspace_packages() -> Result<Vec<Package>, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .map_err(|e| format!("cannot run cargo metadata: {e}"))?;
     if !output.status.success() {
-        return Err(format!("cargo metadata failed: {}", String::from_utf8_lossy(&output.stderr)));
+        return Err(format!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
     }
-    let metadata: Value =
-        serde_json::from_slice(&output.stdout).map_err(|e| format!("cargo metadata output: {e}"))?;
-    let packages = metadata["packages"].as_array().ok_or("cargo metadata: no packages")?;
+    let metadata: Value = serde_json::from_slice(&output.stdout)
+        .map_err(|e| format!("cargo metadata output: {e}"))?;
+    let packages = metadata["packages"]
+        .as_array()
+        .ok_or("cargo metadata: no packages")?;
     Ok(packages
         .iter()
         .map(|p| Package {
@@ -109,7 +127,10 @@ mod tests {
     fn package(name: &str, deps: &[(&str, &str)]) -> Package {
         Package {
             name: name.to_owned(),
-            deps: deps.iter().map(|(d, k)| ((*d).to_owned(), (*k).to_owned())).collect(),
+            deps: deps
+                .iter()
+                .map(|(d, k)| ((*d).to_owned(), (*k).to_owned()))
+                .collect(),
         }
     }
 
@@ -131,12 +152,18 @@ mod tests {
         let upward = [package("trainyard-config", &[("trainyard-runtime", "dev")])];
         let found = problems(&upward);
         assert_eq!(found.len(), 1);
-        assert!(found[0].contains("dev dependency on `trainyard-runtime`"), "{found:?}");
+        assert!(
+            found[0].contains("dev dependency on `trainyard-runtime`"),
+            "{found:?}"
+        );
     }
 
     #[test]
     fn the_leaf_stays_types_only_and_new_crates_must_be_placed() {
-        let heavy = [package("trainyard-resources", &[("tokio", "normal"), ("proptest", "dev")])];
+        let heavy = [package(
+            "trainyard-resources",
+            &[("tokio", "normal"), ("proptest", "dev")],
+        )];
         let found = problems(&heavy);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("tokio"));

@@ -78,7 +78,11 @@ impl FlagError {
         value: &str,
     ) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Self + use<> {
         let value = value.to_owned();
-        move |source| Self { flag, value, source }
+        move |source| Self {
+            flag,
+            value,
+            source,
+        }
     }
 }
 
@@ -87,7 +91,9 @@ where
     T: std::str::FromStr,
     T::Err: std::error::Error + Send + Sync + 'static,
 {
-    value.parse().map_err(|e: T::Err| FlagError::new(flag, value)(Box::new(e)))
+    value
+        .parse()
+        .map_err(|e: T::Err| FlagError::new(flag, value)(Box::new(e)))
 }
 
 impl ScalingArgs {

@@ -17,7 +17,12 @@ const EXIT_BAD_INPUT: u8 = 2;
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(err) if matches!(err.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+        Err(err)
+            if matches!(
+                err.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+            ) =>
+        {
             // Printing help or the version can only fail on a closed stdout.
             let _ = err.print();
             return ExitCode::SUCCESS;
@@ -49,7 +54,10 @@ pub(crate) struct Failure {
 impl Failure {
     /// Bad input (exit code 2).
     pub(crate) fn bad_input(error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
-        Self { code: EXIT_BAD_INPUT, error: error.into() }
+        Self {
+            code: EXIT_BAD_INPUT,
+            error: error.into(),
+        }
     }
 }
 

@@ -20,11 +20,17 @@ pub(crate) fn run(args: &PlanArgs) -> Result<(), Failure> {
 }
 
 fn dict(resources: &trainyard_config::resources::Resources) -> String {
-    if resources.is_empty() { "{}".to_owned() } else { resources.to_string() }
+    if resources.is_empty() {
+        "{}".to_owned()
+    } else {
+        resources.to_string()
+    }
 }
 
 fn options(o: &ActorOptions) -> String {
-    let object_store = o.object_store_memory.map_or_else(|| "-".to_owned(), |b| b.to_string());
+    let object_store = o
+        .object_store_memory
+        .map_or_else(|| "-".to_owned(), |b| b.to_string());
     format!(
         "num_cpus={} num_gpus={} memory={} object_store_memory={} resources={}",
         o.num_cpus,
@@ -50,9 +56,18 @@ fn render_text(plan: &Plan) -> String {
     let _ = writeln!(out, "trainer             {}", dict(&trainer));
     let _ = writeln!(out, "total               {}", dict(&plan.total_resources));
     let bundles: Vec<String> = factory.bundles.iter().map(dict).collect();
-    let width = bundles.iter().map(String::len).max().unwrap_or(0).max("bundle resources".len());
+    let width = bundles
+        .iter()
+        .map(String::len)
+        .max()
+        .unwrap_or(0)
+        .max("bundle resources".len());
     let _ = writeln!(out);
-    let _ = writeln!(out, "bundle  {:width$}  worker actor options", "bundle resources");
+    let _ = writeln!(
+        out,
+        "bundle  {:width$}  worker actor options",
+        "bundle resources"
+    );
     for (worker, bundle) in plan.workers.iter().zip(&bundles) {
         let _ = writeln!(
             out,

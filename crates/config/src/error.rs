@@ -46,7 +46,9 @@ pub enum ConfigError {
     #[error("`max_failures` must be -1 (unlimited) or a number of restarts of at least 0, got {0}")]
     MaxFailures(i64),
     /// An environment variable name that cannot be set.
-    #[error("environment variable name `{0}` must be non-empty and contain neither `=` nor a NUL byte")]
+    #[error(
+        "environment variable name `{0}` must be non-empty and contain neither `=` nor a NUL byte"
+    )]
     EnvName(String),
     /// A configuration file that cannot be read.
     #[error("cannot read config file `{}`", path.display())]
@@ -75,6 +77,8 @@ impl ConfigError {
     }
 
     pub(crate) fn empty_worker(given: &Resources) -> Self {
-        Self::EmptyWorker { given: format!("{{{given}}}") }
+        Self::EmptyWorker {
+            given: format!("{{{given}}}"),
+        }
     }
 }

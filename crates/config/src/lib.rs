@@ -33,6 +33,8 @@ pub use error::ConfigError;
 pub use load::Format;
 pub use plan::{Plan, WorkerPlan};
 pub use run::{FailureConfig, RunConfig};
-pub use scaling::{ACCELERATOR_TYPE_AMOUNT, ACCELERATOR_TYPE_PREFIX, PlacementGroupFactory, ScalingConfig};
+pub use scaling::{
+    ACCELERATOR_TYPE_AMOUNT, ACCELERATOR_TYPE_PREFIX, PlacementGroupFactory, ScalingConfig,
+};
 pub use strategy::{PlacementStrategy, UnknownStrategy};
 pub use trainyard_resources as resources;

@@ -37,7 +37,11 @@ impl Format {
     ///
     /// # Errors
     /// [`ConfigError::Parse`].
-    pub fn parse<T: DeserializeOwned>(self, text: &str, origin: Option<&Path>) -> Result<T, ConfigError> {
+    pub fn parse<T: DeserializeOwned>(
+        self,
+        text: &str,
+        origin: Option<&Path>,
+    ) -> Result<T, ConfigError> {
         let result = match self {
             Self::Toml => toml::from_str(text).map_err(|e| e.message().to_owned()),
             Self::Json => serde_json::from_str(text).map_err(|e| e.to_string()),
@@ -51,7 +55,10 @@ impl Format {
 }
 
 fn read(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 impl ScalingConfig {

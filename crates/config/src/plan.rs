@@ -35,11 +35,14 @@ impl ScalingConfig {
     /// As [`ScalingConfig::validate`].
     pub fn plan(&self) -> Result<Plan, ConfigError> {
         let worker = self.worker_resources()?;
-        let actor_options =
-            ActorOptions::try_from(&worker).map_err(ConfigError::resources("resources_per_worker"))?;
+        let actor_options = ActorOptions::try_from(&worker)
+            .map_err(ConfigError::resources("resources_per_worker"))?;
         let placement_group_factory = self.placement_group_factory()?;
         let workers = (0..placement_group_factory.bundles.len())
-            .map(|bundle_index| WorkerPlan { bundle_index, actor_options: actor_options.clone() })
+            .map(|bundle_index| WorkerPlan {
+                bundle_index,
+                actor_options: actor_options.clone(),
+            })
             .collect();
         Ok(Plan {
             scaling_config: self.normalized()?,

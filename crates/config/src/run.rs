@@ -14,13 +14,18 @@ use crate::ConfigError;
 #[serde(default, deny_unknown_fields)]
 pub struct FailureConfig {
     /// Restarts allowed; `None` is unlimited.
-    #[serde(serialize_with = "serialize_max_failures", deserialize_with = "deserialize_max_failures")]
+    #[serde(
+        serialize_with = "serialize_max_failures",
+        deserialize_with = "deserialize_max_failures"
+    )]
     pub max_failures: Option<u32>,
 }
 
 impl Default for FailureConfig {
     fn default() -> Self {
-        Self { max_failures: Some(0) }
+        Self {
+            max_failures: Some(0),
+        }
     }
 }
 
@@ -28,7 +33,9 @@ impl FailureConfig {
     /// Allows `n` restarts.
     #[must_use]
     pub const fn restarts(n: u32) -> Self {
-        Self { max_failures: Some(n) }
+        Self {
+            max_failures: Some(n),
+        }
     }
 
     /// Restarts without limit.
@@ -44,7 +51,9 @@ impl FailureConfig {
     pub fn from_max_failures(value: i64) -> Result<Self, ConfigError> {
         match value {
             -1 => Ok(Self::unlimited()),
-            n => u32::try_from(n).map(Self::restarts).map_err(|_| ConfigError::MaxFailures(n)),
+            n => u32::try_from(n)
+                .map(Self::restarts)
+                .map_err(|_| ConfigError::MaxFailures(n)),
         }
     }
 
@@ -110,7 +119,11 @@ impl RunConfig {
     /// # Errors
     /// [`ConfigError::EnvName`] for a name that cannot be set.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        match self.env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
+        match self
+            .env
+            .keys()
+            .find(|k| k.is_empty() || k.contains(['=', '\0']))
+        {
             Some(bad) => Err(ConfigError::EnvName(bad.clone())),
             None => Ok(()),
         }
@@ -143,13 +156,22 @@ mod tests {
         assert_eq!(serde_json::to_string(&c).unwrap(), r#"{"max_failures":-1}"#);
         let err = serde_json::from_str::<FailureConfig>(r#"{"max_failures": -2}"#).unwrap_err();
         assert!(err.to_string().contains("got -2"), "{err}");
-        assert_eq!(FailureConfig::from_max_failures(3).unwrap(), FailureConfig::restarts(3));
+        assert_eq!(
+            FailureConfig::from_max_failures(3).unwrap(),
+            FailureConfig::restarts(3)
+        );
     }
 
     #[test]
     fn env_names_are_checked() {
         assert!(RunConfig::default().env("A", "1").validate().is_ok());
-        assert!(matches!(RunConfig::default().env("A=B", "1").validate(), Err(ConfigError::EnvName(_))));
-        assert!(matches!(RunConfig::default().env("", "1").validate(), Err(ConfigError::EnvName(_))));
+        assert!(matches!(
+            RunConfig::default().env("A=B", "1").validate(),
+            Err(ConfigError::EnvName(_))
+        ));
+        assert!(matches!(
+            RunConfig::default().env("", "1").validate(),
+            Err(ConfigError::EnvName(_))
+        ));
     }
 }

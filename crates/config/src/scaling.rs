@@ -62,9 +62,14 @@ impl Default for ScalingConfig {
 
 fn deserialize_num_workers<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
     let value = i64::deserialize(deserializer)?;
-    u32::try_from(value).ok().filter(|&n| n >= 1).ok_or_else(|| {
-        serde::de::Error::custom(format_args!("`num_workers` must be at least 1, got {value}"))
-    })
+    u32::try_from(value)
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| {
+            serde::de::Error::custom(format_args!(
+                "`num_workers` must be at least 1, got {value}"
+            ))
+        })
 }
 
 /// The bundles of a placement group and how to lay them over nodes.
@@ -85,7 +90,9 @@ impl PlacementGroupFactory {
     pub fn total_resources(&self) -> Result<Resources, ConfigError> {
         let mut total = Resources::new();
         for bundle in &self.bundles {
-            total.checked_add_assign(bundle).map_err(ConfigError::resources("bundles"))?;
+            total
+                .checked_add_assign(bundle)
+                .map_err(ConfigError::resources("bundles"))?;
         }
         Ok(total)
     }
@@ -156,10 +163,14 @@ impl ScalingConfig {
             None if self.use_gpu => Resources::new().with(GPU, ResourceAmount::ONE),
             None => Resources::new().with(CPU, ResourceAmount::ONE),
             Some(given) => {
-                given.validate().map_err(ConfigError::resources("resources_per_worker"))?;
+                given
+                    .validate()
+                    .map_err(ConfigError::resources("resources_per_worker"))?;
                 match given.get(GPU) {
                     Some(gpu) if !gpu.is_zero() && !self.use_gpu => {
-                        return Err(ConfigError::GpuWithoutUseGpu { amount: gpu.to_string() });
+                        return Err(ConfigError::GpuWithoutUseGpu {
+                            amount: gpu.to_string(),
+                        });
                     }
                     Some(gpu) if gpu.is_zero() && self.use_gpu => {
                         return Err(ConfigError::UseGpuWithZeroGpu);
@@ -196,7 +207,9 @@ impl ScalingConfig {
         let Some(given) = &self.trainer_resources else {
             return Ok(Resources::new());
         };
-        given.validate().map_err(ConfigError::resources("trainer_resources"))?;
+        given
+            .validate()
+            .map_err(ConfigError::resources("trainer_resources"))?;
         Ok(given.clone().without_zeros())
     }
 
@@ -216,7 +229,10 @@ impl ScalingConfig {
             .map_err(ConfigError::resources("trainer_resources"))?;
         bundles.push(first);
         bundles.resize(n, worker);
-        Ok(PlacementGroupFactory { bundles, strategy: self.placement_strategy })
+        Ok(PlacementGroupFactory {
+            bundles,
+            strategy: self.placement_strategy,
+        })
     }
 
     /// Everything the run reserves: trainer + `num_workers` × worker.
@@ -229,7 +245,9 @@ impl ScalingConfig {
             .worker_resources()?
             .checked_mul(u64::from(self.num_workers))
             .map_err(ConfigError::resources("resources_per_worker"))?;
-        total.checked_add_assign(&workers).map_err(ConfigError::resources("resources_per_worker"))?;
+        total
+            .checked_add_assign(&workers)
+            .map_err(ConfigError::resources("resources_per_worker"))?;
         Ok(total)
     }
 

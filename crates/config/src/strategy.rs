@@ -21,7 +21,12 @@ pub enum PlacementStrategy {
 
 impl PlacementStrategy {
     /// Every strategy, in Ray's order.
-    pub const ALL: [Self; 4] = [Self::Pack, Self::Spread, Self::StrictPack, Self::StrictSpread];
+    pub const ALL: [Self; 4] = [
+        Self::Pack,
+        Self::Spread,
+        Self::StrictPack,
+        Self::StrictSpread,
+    ];
 
     /// Ray's spelling: `PACK`, `SPREAD`, `STRICT_PACK`, `STRICT_SPREAD`.
     #[must_use]
@@ -43,7 +48,9 @@ impl PlacementStrategy {
 
 /// A text that names no placement strategy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid placement strategy `{0}`: expected one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD")]
+#[error(
+    "invalid placement strategy `{0}`: expected one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD"
+)]
 pub struct UnknownStrategy(pub String);
 
 impl fmt::Display for PlacementStrategy {
@@ -88,8 +95,14 @@ mod tests {
             let json = serde_json::to_string(&s).unwrap();
             assert_eq!(serde_json::from_str::<PlacementStrategy>(&json).unwrap(), s);
         }
-        assert_eq!(serde_json::to_string(&PlacementStrategy::StrictSpread).unwrap(), "\"STRICT_SPREAD\"");
-        assert_eq!("strict_pack".parse::<PlacementStrategy>().unwrap(), PlacementStrategy::StrictPack);
+        assert_eq!(
+            serde_json::to_string(&PlacementStrategy::StrictSpread).unwrap(),
+            "\"STRICT_SPREAD\""
+        );
+        assert_eq!(
+            "strict_pack".parse::<PlacementStrategy>().unwrap(),
+            PlacementStrategy::StrictPack
+        );
         let err = "RANDOM".parse::<PlacementStrategy>().unwrap_err();
         assert!(err.to_string().contains("`RANDOM`") && err.to_string().contains("STRICT_SPREAD"));
     }

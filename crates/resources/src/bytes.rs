@@ -209,9 +209,21 @@ mod tests {
         let err = "ten GB".parse::<ByteSize>().unwrap_err();
         assert_eq!(err, ByteSizeError::Syntax("ten GB".into()));
         assert!(err.to_string().contains("KiB"));
-        assert_eq!("10 XB".parse::<ByteSize>(), Err(ByteSizeError::Syntax("10 XB".into())));
-        assert_eq!("GB".parse::<ByteSize>(), Err(ByteSizeError::Syntax("GB".into())));
-        assert_eq!("-1GB".parse::<ByteSize>(), Err(ByteSizeError::Negative("-1GB".into())));
-        assert!(matches!("1e30".parse::<ByteSize>(), Err(ByteSizeError::TooLarge(_))));
+        assert_eq!(
+            "10 XB".parse::<ByteSize>(),
+            Err(ByteSizeError::Syntax("10 XB".into()))
+        );
+        assert_eq!(
+            "GB".parse::<ByteSize>(),
+            Err(ByteSizeError::Syntax("GB".into()))
+        );
+        assert_eq!(
+            "-1GB".parse::<ByteSize>(),
+            Err(ByteSizeError::Negative("-1GB".into()))
+        );
+        assert!(matches!(
+            "1e30".parse::<ByteSize>(),
+            Err(ByteSizeError::TooLarge(_))
+        ));
     }
 }

@@ -47,7 +47,10 @@ impl TryFrom<&Resources> for ActorOptions {
                 .map(|amount| {
                     amount
                         .as_whole_u64()
-                        .ok_or_else(|| ResourceError::FractionalBytes { name: name.to_owned(), value: amount })
+                        .ok_or_else(|| ResourceError::FractionalBytes {
+                            name: name.to_owned(),
+                            value: amount,
+                        })
                 })
                 .transpose()
         };
@@ -117,7 +120,10 @@ mod tests {
             Err(ResourceError::FractionalAccelerator { .. })
         ));
         let dict = Resources::new().with(MEMORY, "0.5".parse::<ResourceAmount>().unwrap());
-        assert!(matches!(ActorOptions::try_from(&dict), Err(ResourceError::FractionalBytes { .. })));
+        assert!(matches!(
+            ActorOptions::try_from(&dict),
+            Err(ResourceError::FractionalBytes { .. })
+        ));
     }
 
     #[test]
@@ -132,6 +138,9 @@ mod tests {
     #[test]
     fn demand_inverts_the_conversion() {
         let dict: Resources = "CPU=2,GPU=0.5,memory=10,custom=3".parse().unwrap();
-        assert_eq!(Resources::from(&ActorOptions::try_from(&dict).unwrap()), dict);
+        assert_eq!(
+            Resources::from(&ActorOptions::try_from(&dict).unwrap()),
+            dict
+        );
     }
 }

@@ -106,7 +106,9 @@ pub enum ResourceError {
         found: String,
     },
     /// `K=V` text that is not a list of pairs.
-    #[error("invalid resources `{input}`: expected NAME=AMOUNT pairs separated by commas, such as CPU=1,memory=10GB")]
+    #[error(
+        "invalid resources `{input}`: expected NAME=AMOUNT pairs separated by commas, such as CPU=1,memory=10GB"
+    )]
     Syntax {
         /// The text given.
         input: String,
@@ -142,7 +144,11 @@ impl Resources {
     }
 
     /// Adds or replaces `name`, returning the previous amount.
-    pub fn insert(&mut self, name: impl Into<String>, amount: ResourceAmount) -> Option<ResourceAmount> {
+    pub fn insert(
+        &mut self,
+        name: impl Into<String>,
+        amount: ResourceAmount,
+    ) -> Option<ResourceAmount> {
         self.0.insert(name.into(), amount)
     }
 
@@ -218,7 +224,9 @@ impl Resources {
             let slot = self.0.entry(name.to_owned()).or_default();
             *slot = slot
                 .checked_add(amount)
-                .ok_or_else(|| ResourceError::Overflow { name: name.to_owned() })?;
+                .ok_or_else(|| ResourceError::Overflow {
+                    name: name.to_owned(),
+                })?;
         }
         Ok(())
     }
@@ -233,7 +241,9 @@ impl Resources {
                 amount
                     .checked_mul(times)
                     .map(|a| (name.to_owned(), a))
-                    .ok_or_else(|| ResourceError::Overflow { name: name.to_owned() })
+                    .ok_or_else(|| ResourceError::Overflow {
+                        name: name.to_owned(),
+                    })
             })
             .collect()
     }
@@ -273,7 +283,8 @@ impl Resources {
     /// # Errors
     /// The first entry (by name) that breaks a rule.
     pub fn validate(&self) -> Result<(), ResourceError> {
-        self.iter().try_for_each(|(name, amount)| validate_entry(name, amount))
+        self.iter()
+            .try_for_each(|(name, amount)| validate_entry(name, amount))
     }
 
     /// Parses one entry from user text: a byte size for byte resources, an amount otherwise.
@@ -286,14 +297,21 @@ impl Resources {
             return Err(ResourceError::EmptyName);
         }
         let amount = if is_byte_resource(name) {
-            let size: ByteSize = value
-                .parse()
-                .map_err(|source| ResourceError::InvalidByteSize { name: name.to_owned(), source })?;
+            let size: ByteSize =
+                value
+                    .parse()
+                    .map_err(|source| ResourceError::InvalidByteSize {
+                        name: name.to_owned(),
+                        source,
+                    })?;
             ResourceAmount::from_units(size.bytes())
         } else {
             value
                 .parse()
-                .map_err(|source| ResourceError::InvalidAmount { name: name.to_owned(), source })?
+                .map_err(|source| ResourceError::InvalidAmount {
+                    name: name.to_owned(),
+                    source,
+                })?
         };
         validate_entry(name, amount)?;
         Ok(amount)
@@ -307,9 +325,9 @@ impl Resources {
     pub fn parse_pairs(text: &str) -> Result<Self, ResourceError> {
         let mut out = Self::new();
         for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let (name, value) = item
-                .split_once('=')
-                .ok_or_else(|| ResourceError::Syntax { input: text.to_owned() })?;
+            let (name, value) = item.split_once('=').ok_or_else(|| ResourceError::Syntax {
+                input: text.to_owned(),
+            })?;
             let amount = Self::parse_entry(name, value)?;
             out.insert(name.trim(), amount);
         }
@@ -321,8 +339,10 @@ impl Resources {
     /// # Errors
     /// [`ResourceError::Json`] with the parser's explanation, which names the entry at fault.
     pub fn parse_json(text: &str) -> Result<Self, ResourceError> {
-        serde_json::from_str(text)
-            .map_err(|e| ResourceError::Json { input: text.to_owned(), reason: e.to_string() })
+        serde_json::from_str(text).map_err(|e| ResourceError::Json {
+            input: text.to_owned(),
+            reason: e.to_string(),
+        })
     }
 }
 
@@ -331,10 +351,16 @@ fn validate_entry(name: &str, amount: ResourceAmount) -> Result<(), ResourceErro
         return Err(ResourceError::EmptyName);
     }
     if is_byte_resource(name) && !amount.is_whole() {
-        return Err(ResourceError::FractionalBytes { name: name.to_owned(), value: amount });
+        return Err(ResourceError::FractionalBytes {
+            name: name.to_owned(),
+            value: amount,
+        });
     }
     if WHOLE_ABOVE_ONE.contains(&name) && amount > ResourceAmount::ONE && !amount.is_whole() {
-        return Err(ResourceError::FractionalAccelerator { name: name.to_owned(), value: amount });
+        return Err(ResourceError::FractionalAccelerator {
+            name: name.to_owned(),
+            value: amount,
+        });
     }
     Ok(())
 }
@@ -412,14 +438,18 @@ impl<'de> Visitor<'de> for ResourcesVisitor {
     type Value = Resources;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a map of resource names to amounts, such as {\"CPU\": 1, \"memory\": \"10GB\"}")
+        f.write_str(
+            "a map of resource names to amounts, such as {\"CPU\": 1, \"memory\": \"10GB\"}",
+        )
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut out = Resources::new();
         while let Some(name) = map.next_key::<String>()? {
             let value: EntryValue = map.next_value()?;
-            let amount = value.into_amount(&name).map_err(|e| de::Error::custom(with_sources(&e)))?;
+            let amount = value
+                .into_amount(&name)
+                .map_err(|e| de::Error::custom(with_sources(&e)))?;
             out.insert(name, amount);
         }
         Ok(out)
@@ -449,7 +479,10 @@ impl EntryValue {
             }
             Self::Float(v) => v.to_string(),
             Self::Other(found) => {
-                return Err(ResourceError::WrongType { name: name.to_owned(), found: found.to_owned() });
+                return Err(ResourceError::WrongType {
+                    name: name.to_owned(),
+                    found: found.to_owned(),
+                });
             }
         };
         Resources::parse_entry(name, &text)
@@ -490,7 +523,10 @@ impl<'de> Deserialize<'de> for EntryValue {
                 Ok(EntryValue::Other("a list"))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<EntryValue, A::Error> {
-                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                while map
+                    .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                    .is_some()
+                {}
                 Ok(EntryValue::Other("a map"))
             }
         }
@@ -508,11 +544,15 @@ mod tests {
 
     #[test]
     fn json_and_pairs_agree_and_display_round_trips() {
-        let json = res(r#"{"CPU": 1, "GPU": 0.5, "memory": "1.5 GiB", "accelerator_type:A100": 0.001}"#);
+        let json =
+            res(r#"{"CPU": 1, "GPU": 0.5, "memory": "1.5 GiB", "accelerator_type:A100": 0.001}"#);
         let pairs = res("CPU=1, GPU=0.5, memory=1.5GiB, accelerator_type:A100=0.001");
         assert_eq!(json, pairs);
         assert_eq!(json.to_string().parse::<Resources>().unwrap(), json);
-        assert_eq!(json.amount(MEMORY), ResourceAmount::from_units(1_610_612_736));
+        assert_eq!(
+            json.amount(MEMORY),
+            ResourceAmount::from_units(1_610_612_736)
+        );
     }
 
     #[test]
@@ -524,9 +564,18 @@ mod tests {
 
     #[test]
     fn memory_is_bytes_with_units() {
-        assert_eq!(res(r#"{"memory": 10000}"#).amount(MEMORY), ResourceAmount::from_units(10_000));
-        assert_eq!(res(r#"{"memory": 1e9}"#).amount(MEMORY), ResourceAmount::from_units(1_000_000_000));
-        assert_eq!(res("object_store_memory=2KB").amount(OBJECT_STORE_MEMORY), ResourceAmount::from_units(2000));
+        assert_eq!(
+            res(r#"{"memory": 10000}"#).amount(MEMORY),
+            ResourceAmount::from_units(10_000)
+        );
+        assert_eq!(
+            res(r#"{"memory": 1e9}"#).amount(MEMORY),
+            ResourceAmount::from_units(1_000_000_000)
+        );
+        assert_eq!(
+            res("object_store_memory=2KB").amount(OBJECT_STORE_MEMORY),
+            ResourceAmount::from_units(2000)
+        );
     }
 
     #[test]
@@ -534,21 +583,45 @@ mod tests {
         let err = "CPU=-1".parse::<Resources>().unwrap_err();
         assert_eq!(
             err,
-            ResourceError::InvalidAmount { name: "CPU".into(), source: AmountError::Negative("-1".into()) }
+            ResourceError::InvalidAmount {
+                name: "CPU".into(),
+                source: AmountError::Negative("-1".into())
+            }
         );
         let err = "GPU=1.5".parse::<Resources>().unwrap_err();
-        assert_eq!(err.to_string(), "GPU quantities above 1 must be whole numbers, got 1.5");
+        assert_eq!(
+            err.to_string(),
+            "GPU quantities above 1 must be whole numbers, got 1.5"
+        );
         let err = "custom=0.00001".parse::<Resources>().unwrap_err();
-        assert!(matches!(err, ResourceError::InvalidAmount { source: AmountError::TooPrecise(_), .. }));
+        assert!(matches!(
+            err,
+            ResourceError::InvalidAmount {
+                source: AmountError::TooPrecise(_),
+                ..
+            }
+        ));
         let err = "memory=ten GB".parse::<Resources>().unwrap_err();
         assert!(matches!(&err, ResourceError::InvalidByteSize { name, .. } if name == "memory"));
         let err = r#"{"memory": "ten GB"}"#.parse::<Resources>().unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("`memory`") && text.contains("ten GB"), "{text}");
+        assert!(
+            text.contains("`memory`") && text.contains("ten GB"),
+            "{text}"
+        );
         let err = r#"{"CPU": true}"#.parse::<Resources>().unwrap_err();
-        assert!(err.to_string().contains("resource `CPU` must be a number or a string, got a boolean"));
-        assert!(matches!("CPU".parse::<Resources>(), Err(ResourceError::Syntax { .. })));
-        assert!(matches!("=1".parse::<Resources>(), Err(ResourceError::EmptyName)));
+        assert!(
+            err.to_string()
+                .contains("resource `CPU` must be a number or a string, got a boolean")
+        );
+        assert!(matches!(
+            "CPU".parse::<Resources>(),
+            Err(ResourceError::Syntax { .. })
+        ));
+        assert!(matches!(
+            "=1".parse::<Resources>(),
+            Err(ResourceError::EmptyName)
+        ));
     }
 
     #[test]
@@ -564,7 +637,10 @@ mod tests {
     #[test]
     fn take_is_all_or_nothing() {
         let mut free = res("CPU=4,memory=1000");
-        assert_eq!(free.try_take(&res("CPU=2,memory=2000")), Err("memory".to_owned()));
+        assert_eq!(
+            free.try_take(&res("CPU=2,memory=2000")),
+            Err("memory".to_owned())
+        );
         assert_eq!(free, res("CPU=4,memory=1000"));
         free.try_take(&res("CPU=2,memory=1000")).unwrap();
         assert_eq!(free, res("CPU=2,memory=0"));
