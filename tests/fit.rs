@@ -142,13 +142,7 @@ async fn errors_wrap_the_layer_error_as_their_source() {
         matches!(err, Error::Executor(ExecutorError::Unschedulable(_))),
         "{err:?}"
     );
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
+    let text = trainyard::resources::ErrorChain(&err).to_string();
     assert!(text.contains("memory"), "{text}");
     assert_eq!(sim.placement_group_count(), 0);
 

@@ -90,14 +90,7 @@ pub enum ExecutorError {
 
 /// An error and its sources on one line.
 pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    trainyard_resources::ErrorChain(error).to_string()
 }
 
 /// Whether a runtime error somewhere in `error`'s chain is an actor's death.

@@ -115,6 +115,20 @@ enum AttemptError {
     Failed(AttemptFailure),
 }
 
+/// The result of an attempt run on its own, outside [`BackendExecutor::fit`]'s restarts.
+fn single_attempt<T>(outcome: Result<T, AttemptError>) -> Result<T, ExecutorError> {
+    outcome.map_err(|error| match error {
+        AttemptError::Fatal(error) => error,
+        AttemptError::Failed(failure) => ExecutorError::TrainingFailed {
+            report: Box::new(FitReport {
+                attempts: 1,
+                failures: vec![failure],
+                ..FitReport::default()
+            }),
+        },
+    })
+}
+
 impl From<ExecutorError> for AttemptError {
     fn from(error: ExecutorError) -> Self {
         Self::Fatal(error)
@@ -224,17 +238,7 @@ impl BackendExecutor {
     /// [`ExecutorError::PlacementTimeout`] after the timeout (the group is then removed),
     /// other errors when workers cannot be started.
     pub async fn start(&mut self, restart_count: u32) -> Result<(), ExecutorError> {
-        match self.start_attempt(restart_count).await {
-            Ok(()) => Ok(()),
-            Err(AttemptError::Fatal(error)) => Err(error),
-            Err(AttemptError::Failed(failure)) => Err(ExecutorError::TrainingFailed {
-                report: Box::new(FitReport {
-                    attempts: 1,
-                    failures: vec![failure],
-                    ..FitReport::default()
-                }),
-            }),
-        }
+        single_attempt(self.start_attempt(restart_count).await)
     }
 
     async fn start_attempt(&mut self, restart_count: u32) -> Result<(), AttemptError> {
@@ -352,17 +356,7 @@ impl BackendExecutor {
     /// [`ExecutorError::NotStarted`], or [`ExecutorError::TrainingFailed`] with this attempt's
     /// failure (the workers are left for [`BackendExecutor::shutdown`]).
     pub async fn run_training(&mut self, task: &TaskSpec) -> Result<FitReport, ExecutorError> {
-        match self.train(task).await {
-            Ok(report) => Ok(report),
-            Err(AttemptError::Fatal(error)) => Err(error),
-            Err(AttemptError::Failed(failure)) => Err(ExecutorError::TrainingFailed {
-                report: Box::new(FitReport {
-                    attempts: 1,
-                    failures: vec![failure],
-                    ..FitReport::default()
-                }),
-            }),
-        }
+        single_attempt(self.train(task).await)
     }
 
     async fn train(&mut self, task: &TaskSpec) -> Result<FitReport, AttemptError> {

@@ -617,12 +617,7 @@ async fn an_infeasible_request_fails_at_once_and_is_not_retried() {
         .expect("fails fast");
     let err = result.expect_err("cannot be scheduled");
     assert!(matches!(err, ExecutorError::Unschedulable(_)), "{err:?}");
-    let mut text = err.to_string();
-    let mut source = std::error::Error::source(&err);
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
+    let text = trainyard_resources::ErrorChain(&err).to_string();
     assert!(text.contains("CPU"), "{text}");
     assert_nothing_left(&sim).await;
 }

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use clap::error::ErrorKind;
+use trainyard_config::resources::ErrorChain;
 
 use crate::args::{Cli, Command};
 
@@ -38,7 +39,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("error: {}", chain(failure.error.as_ref()));
+            eprintln!("error: {}", ErrorChain(failure.error.as_ref()));
             ExitCode::from(failure.code)
         }
     }
@@ -59,18 +60,6 @@ impl Failure {
             error: error.into(),
         }
     }
-}
-
-/// An error and its sources on one line: `outer: cause: root cause`.
-fn chain(error: &(dyn Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// clap's multi-line usage error folded into one line (the usage hint is dropped).

@@ -22,12 +22,14 @@
 
 mod amount;
 mod bytes;
+mod chain;
 mod decimal;
 mod options;
 mod resources;
 
 pub use amount::{AmountError, ResourceAmount, STEPS_PER_UNIT};
 pub use bytes::{BYTE_UNITS, ByteSize, ByteSizeError};
+pub use chain::ErrorChain;
 pub use options::ActorOptions;
 pub use resources::{
     CPU, GPU, MEMORY, OBJECT_STORE_MEMORY, RESERVED, ResourceError, Resources, WHOLE_ABOVE_ONE,

@@ -365,18 +365,6 @@ fn validate_entry(name: &str, amount: ResourceAmount) -> Result<(), ResourceErro
     Ok(())
 }
 
-/// `error: cause: cause`, for errors that must travel as text (inside a serde error).
-fn with_sources(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 impl fmt::Debug for Resources {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map().entries(self.0.iter()).finish()
@@ -449,7 +437,7 @@ impl<'de> Visitor<'de> for ResourcesVisitor {
             let value: EntryValue = map.next_value()?;
             let amount = value
                 .into_amount(&name)
-                .map_err(|e| de::Error::custom(with_sources(&e)))?;
+                .map_err(|e| de::Error::custom(crate::ErrorChain(&e)))?;
             out.insert(name, amount);
         }
         Ok(out)

@@ -23,14 +23,7 @@ fn amount(text: &str) -> ResourceAmount {
 
 /// An error and its sources on one line, as a user sees it.
 fn chain(error: &dyn Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    trainyard_resources::ErrorChain(error).to_string()
 }
 
 fn parse_error(text: &str) -> ResourceError {
