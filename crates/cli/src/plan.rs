@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use trainyard_config::Plan;
-use trainyard_config::resources::ActorOptions;
+use trainyard_config::resources::{ActorOptions, ByteSize};
 
 use crate::Failure;
 use crate::args::{OutputFormat, PlanArgs};
@@ -23,19 +23,19 @@ fn dict(resources: &trainyard_config::resources::Resources) -> String {
     if resources.is_empty() {
         "{}".to_owned()
     } else {
-        resources.to_string()
+        format!("{resources:#}")
     }
 }
 
 fn options(o: &ActorOptions) -> String {
     let object_store = o
         .object_store_memory
-        .map_or_else(|| "-".to_owned(), |b| b.to_string());
+        .map_or_else(|| "-".to_owned(), |b| format!("{:#}", ByteSize::new(b)));
     format!(
-        "num_cpus={} num_gpus={} memory={} object_store_memory={} resources={}",
+        "num_cpus={} num_gpus={} memory={:#} object_store_memory={} resources={}",
         o.num_cpus,
         o.num_gpus,
-        o.memory,
+        ByteSize::new(o.memory),
         object_store,
         dict(&o.resources)
     )

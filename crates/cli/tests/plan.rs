@@ -275,16 +275,16 @@ fn text_format_has_a_row_per_bundle() {
         .filter(|words| words.first().is_some_and(|w| w.parse::<usize>().is_ok()))
         .collect();
     let expected = [
-        "CPU=3,memory=1000",
-        "CPU=2,memory=1000",
-        "CPU=2,memory=1000",
+        "CPU=3,memory=1KB",
+        "CPU=2,memory=1KB",
+        "CPU=2,memory=1KB",
     ];
     assert_eq!(rows.len(), expected.len(), "{stdout}");
     for (i, (row, bundle)) in rows.iter().zip(expected).enumerate() {
         assert_eq!(row[0], i.to_string(), "{stdout}");
         assert_eq!(row[1], bundle, "{stdout}");
         assert!(
-            row.contains(&"num_cpus=2") && row.contains(&"memory=1000"),
+            row.contains(&"num_cpus=2") && row.contains(&"memory=1KB"),
             "{stdout}"
         );
     }

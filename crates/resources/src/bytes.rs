@@ -96,9 +96,28 @@ impl From<ByteSize> for u64 {
 }
 
 impl fmt::Display for ByteSize {
-    /// The number of bytes, which parses back to the same size.
+    /// The number of bytes (`10000000000`); with `{:#}`, the exact size in the unit that
+    /// gives the smallest number (`10GB`, `1536MiB`, `7B`). Both parse back to the same size.
+    ///
+    /// ```
+    /// use trainyard_resources::ByteSize;
+    ///
+    /// assert_eq!(format!("{:#}", ByteSize::new(10_000_000_000)), "10GB");
+    /// assert_eq!(format!("{:#}", ByteSize::new(1_610_612_736)), "1536MiB");
+    /// assert_eq!(format!("{:#}", ByteSize::new(1_001)), "1001B");
+    /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
+        if !f.alternate() || self.0 == 0 {
+            return write!(f, "{}", self.0);
+        }
+        let bytes = u128::from(self.0);
+        let (unit, count) = BYTE_UNITS
+            .iter()
+            .filter(|(_, factor)| bytes % factor == 0)
+            .map(|&(unit, factor)| (unit, bytes / factor))
+            .min_by_key(|&(_, count)| count)
+            .unwrap_or(("B", bytes));
+        write!(f, "{count}{unit}")
     }
 }
 
@@ -202,6 +221,21 @@ mod tests {
         assert_eq!(bytes("3 TiB"), 3 << 40);
         assert_eq!(bytes("7B"), 7);
         assert_eq!(bytes("1e3 KB"), 1_000_000);
+    }
+
+    #[test]
+    fn the_alternate_form_uses_the_largest_exact_unit_and_parses_back() {
+        for (size, text) in [
+            (0, "0"),
+            (7, "7B"),
+            (2048, "2KiB"),
+            (1_024_000, "1000KiB"),
+            (3 << 40, "3TiB"),
+        ] {
+            let shown = format!("{:#}", ByteSize::new(size));
+            assert_eq!(shown, text);
+            assert_eq!(bytes(&shown), size);
+        }
     }
 
     #[test]

@@ -372,13 +372,19 @@ impl fmt::Debug for Resources {
 }
 
 impl fmt::Display for Resources {
-    /// `NAME=AMOUNT` pairs joined by commas, which [`FromStr`] parses back.
+    /// `NAME=AMOUNT` pairs joined by commas, which [`FromStr`] parses back. With `{:#}`,
+    /// byte resources carry units (`memory=10GB`), which parse back as well.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, (name, amount)) in self.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
             }
-            write!(f, "{name}={amount}")?;
+            match amount.as_whole_u64() {
+                Some(bytes) if f.alternate() && is_byte_resource(name) => {
+                    write!(f, "{name}={:#}", ByteSize::new(bytes))?;
+                }
+                _ => write!(f, "{name}={amount}")?,
+            }
         }
         Ok(())
     }
