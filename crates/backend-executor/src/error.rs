@@ -83,6 +83,9 @@ pub enum ExecutorError {
         /// What happened, including every attempt's failure.
         report: Box<FitReport>,
     },
+    /// `start` or `fit` was called while workers are started.
+    #[error("the backend executor is already started: call shutdown() first")]
+    AlreadyStarted,
     /// The executor was used before `start` or after `shutdown`.
     #[error("the backend executor is not started: call start() first")]
     NotStarted,

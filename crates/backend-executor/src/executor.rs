@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{Instrument, info, info_span, warn};
@@ -242,6 +244,9 @@ impl BackendExecutor {
     }
 
     async fn start_attempt(&mut self, restart_count: u32) -> Result<(), AttemptError> {
+        if self.active.is_some() || self.placement_group.is_some() {
+            return Err(ExecutorError::AlreadyStarted.into());
+        }
         let factory = self
             .scaling
             .placement_group_factory()
@@ -410,20 +415,19 @@ impl BackendExecutor {
         loop {
             tokio::time::sleep(self.options.poll_interval).await;
             let pending: Vec<usize> = (0..n).filter(|&i| returns[i].is_none()).collect();
-            let polls = pending
+            let mut polls: FuturesUnordered<_> = pending
                 .iter()
                 .map(|&i| {
                     let poll = group
                         .execute_single_async(i, Request::Poll)
                         .map_err(|e| start_failed(&e))?;
-                    Ok(tokio::time::timeout(
-                        self.options.health_check_timeout,
-                        poll,
-                    ))
+                    let bounded = tokio::time::timeout(self.options.health_check_timeout, poll);
+                    Ok(bounded.map(move |outcome| (i, outcome)))
                 })
-                .collect::<Result<Vec<_>, AttemptError>>()?;
-            let mut first_failure = None;
-            for (&i, outcome) in pending.iter().zip(join_all(polls).await) {
+                .collect::<Result<_, AttemptError>>()?;
+            // Answers are handled as they arrive, so one rank's failure ends the attempt
+            // without waiting for a slow or hung poll of another rank.
+            while let Some((i, outcome)) = polls.next().await {
                 let rank = WorldRank(u32::try_from(i).unwrap_or(u32::MAX));
                 let failure = match outcome {
                     Err(_) => Some(died(
@@ -460,12 +464,9 @@ impl BackendExecutor {
                         "answered poll with an unexpected response".to_owned(),
                     )),
                 };
-                if first_failure.is_none() {
-                    first_failure = failure;
+                if let Some(failure) = failure {
+                    return Err(failure);
                 }
-            }
-            if let Some(failure) = first_failure {
-                return Err(failure);
             }
             if returns.iter().all(Option::is_some) {
                 report.returns = returns.into_iter().flatten().collect();
@@ -524,8 +525,12 @@ impl BackendExecutor {
     ///
     /// # Errors
     /// [`ExecutorError::TrainingFailed`] when failures exceed the policy, or a fatal error
-    /// (invalid config, cannot be scheduled, backend misconfigured) at once.
+    /// (invalid config, cannot be scheduled, backend misconfigured) at once;
+    /// [`ExecutorError::AlreadyStarted`] when workers of an earlier `start` still run.
     pub async fn fit(&mut self, task: &TaskSpec) -> Result<FitReport, ExecutorError> {
+        if self.active.is_some() || self.placement_group.is_some() {
+            return Err(ExecutorError::AlreadyStarted);
+        }
         let mut failures: Vec<AttemptFailure> = Vec::new();
         loop {
             let restart_count = u32::try_from(failures.len()).unwrap_or(u32::MAX);

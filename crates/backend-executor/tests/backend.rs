@@ -723,3 +723,26 @@ async fn a_failing_backend_shutdown_is_logged_and_everything_is_still_released()
     assert_eq!(report.returns, [json!(1), json!(1)]);
     assert_nothing_left(&sim).await;
 }
+
+#[tokio::test]
+async fn starting_twice_is_an_error_that_leaks_nothing() {
+    let sim = one_node(4);
+    let mut executor = executor(&sim, ScalingConfig::default().num_workers(1));
+    executor.start(0).await.expect("start");
+    assert!(matches!(
+        executor.start(0).await,
+        Err(ExecutorError::AlreadyStarted)
+    ));
+    assert!(matches!(
+        executor.fit(&task("one")).await,
+        Err(ExecutorError::AlreadyStarted)
+    ));
+    assert_eq!(
+        sim.placement_group_count(),
+        1,
+        "the first start is untouched"
+    );
+    assert_eq!(sim.live_actors().len(), 1);
+    executor.shutdown().await;
+    assert_nothing_left(&sim).await;
+}
