@@ -4,9 +4,11 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::de::{self, MapAccess, Visitor};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{AmountError, ByteSize, ByteSizeError, ResourceAmount};
 
@@ -52,9 +54,11 @@ pub fn is_byte_resource(name: &str) -> bool {
 /// assert_eq!(from_text.to_string(), "CPU=1,memory=10000000000");
 /// # Ok::<(), trainyard_resources::ResourceError>(())
 /// ```
-#[derive(Clone, Default, PartialEq, Eq, Hash, Serialize)]
-#[serde(transparent)]
-pub struct Resources(BTreeMap<String, ResourceAmount>);
+///
+/// Cloning is cheap: clones share one map until one of them is changed (copy on write), so
+/// a placement group of 100 000 identical bundles holds one map.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Resources(Arc<BTreeMap<String, ResourceAmount>>);
 
 /// Why a resource dictionary, or one of its entries, is not acceptable.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -132,14 +136,14 @@ pub enum ResourceError {
 impl Resources {
     /// An empty dictionary.
     #[must_use]
-    pub const fn new() -> Self {
-        Self(BTreeMap::new())
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// Adds or replaces `name` (builder style).
     #[must_use]
     pub fn with(mut self, name: impl Into<String>, amount: impl Into<ResourceAmount>) -> Self {
-        self.0.insert(name.into(), amount.into());
+        Arc::make_mut(&mut self.0).insert(name.into(), amount.into());
         self
     }
 
@@ -149,12 +153,16 @@ impl Resources {
         name: impl Into<String>,
         amount: ResourceAmount,
     ) -> Option<ResourceAmount> {
-        self.0.insert(name.into(), amount)
+        Arc::make_mut(&mut self.0).insert(name.into(), amount)
     }
 
     /// Removes `name`, returning its amount.
     pub fn remove(&mut self, name: &str) -> Option<ResourceAmount> {
-        self.0.remove(name)
+        if self.0.contains_key(name) {
+            Arc::make_mut(&mut self.0).remove(name)
+        } else {
+            None
+        }
     }
 
     /// The amount of `name`, if present (it may be zero).
@@ -206,13 +214,17 @@ impl Resources {
     /// The same dictionary without zero entries.
     #[must_use]
     pub fn without_zeros(mut self) -> Self {
-        self.0.retain(|_, a| !a.is_zero());
+        if !self.0.values().all(|a| !a.is_zero()) {
+            Arc::make_mut(&mut self.0).retain(|_, a| !a.is_zero());
+        }
         self
     }
 
     /// Keeps the entries for which `keep` is true.
     pub fn retain(&mut self, mut keep: impl FnMut(&str, ResourceAmount) -> bool) {
-        self.0.retain(|k, v| keep(k, *v));
+        if !self.0.iter().all(|(k, v)| keep(k, *v)) {
+            Arc::make_mut(&mut self.0).retain(|k, v| keep(k, *v));
+        }
     }
 
     /// Adds every amount of `other` to this dictionary.
@@ -221,7 +233,9 @@ impl Resources {
     /// [`ResourceError::Overflow`] when a sum does not fit.
     pub fn checked_add_assign(&mut self, other: &Self) -> Result<(), ResourceError> {
         for (name, amount) in other.iter() {
-            let slot = self.0.entry(name.to_owned()).or_default();
+            let slot = Arc::make_mut(&mut self.0)
+                .entry(name.to_owned())
+                .or_default();
             *slot = slot
                 .checked_add(amount)
                 .ok_or_else(|| ResourceError::Overflow {
@@ -255,7 +269,7 @@ impl Resources {
             return Err(short.to_owned());
         }
         for (name, amount) in other.iter() {
-            if let Some(slot) = self.0.get_mut(name) {
+            if let Some(slot) = Arc::make_mut(&mut self.0).get_mut(name) {
                 *slot = slot.saturating_sub(amount);
             }
         }
@@ -405,7 +419,9 @@ impl FromStr for Resources {
 
 impl<K: Into<String>> FromIterator<(K, ResourceAmount)> for Resources {
     fn from_iter<I: IntoIterator<Item = (K, ResourceAmount)>>(iter: I) -> Self {
-        Self(iter.into_iter().map(|(k, v)| (k.into(), v)).collect())
+        Self(Arc::new(
+            iter.into_iter().map(|(k, v)| (k.into(), v)).collect(),
+        ))
     }
 }
 
@@ -415,6 +431,17 @@ impl<'a> IntoIterator for &'a Resources {
 
     fn into_iter(self) -> Self::IntoIter {
         self.0.iter()
+    }
+}
+
+impl Serialize for Resources {
+    /// A map of names to amounts (JSON numbers).
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (name, amount) in self.0.iter() {
+            map.serialize_entry(name, amount)?;
+        }
+        map.end()
     }
 }
 
