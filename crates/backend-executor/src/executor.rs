@@ -37,8 +37,11 @@ pub struct ExecutorOptions {
     pub shutdown_patience: Duration,
     /// How often running workers are polled for reports, logs and status (50 ms).
     pub poll_interval: Duration,
-    /// How long one poll may take before its worker counts as dead (60 s).
+    /// How long one poll, or starting the task, may take before the worker counts as
+    /// dead (60 s).
     pub health_check_timeout: Duration,
+    /// How long starting the workers, and the backend's `on_start`, may each take (60 s).
+    pub start_timeout: Duration,
     /// Accelerator sharing rules; `None` uses [`default_rules`] with the backend's GPU choice.
     pub sharing_rules: Option<Vec<SharingRule>>,
 }
@@ -50,6 +53,7 @@ impl Default for ExecutorOptions {
             shutdown_patience: Duration::from_secs(5),
             poll_interval: Duration::from_millis(50),
             health_check_timeout: Duration::from_secs(60),
+            start_timeout: Duration::from_secs(60),
             sharing_rules: None,
         }
     }
@@ -295,7 +299,11 @@ impl BackendExecutor {
             .map_err(|e| start_failed(&e))?
             .with_env(self.run.env.clone())
             .with_name_prefix(format!("{}-worker", self.run_name));
-        group.start().await.map_err(|e| start_failed(&e))?;
+        let start_timeout = self.options.start_timeout;
+        match tokio::time::timeout(start_timeout, group.start()).await {
+            Ok(started) => started.map_err(|e| start_failed(&e))?,
+            Err(_) => return Err(start_timed_out("the workers", start_timeout)),
+        }
         group.sort_workers_by_node_and_gpu(None);
 
         let nodes: Vec<_> = group
@@ -333,7 +341,11 @@ impl BackendExecutor {
             restart_count,
             run: &self.run,
         };
-        let backend_env = self.backend.on_start(ctx).await.map_err(backend_failure)?;
+        let backend_env =
+            match tokio::time::timeout(start_timeout, self.backend.on_start(ctx)).await {
+                Ok(env) => env.map_err(backend_failure)?,
+                Err(_) => return Err(start_timed_out("the backend's on_start", start_timeout)),
+            };
         merge(&mut env, backend_env);
         for (worker_env, rank) in env.iter_mut().zip(&ranks) {
             worker_env.extend(rank_env(rank, restart_count, &self.run_name));
@@ -391,7 +403,10 @@ impl BackendExecutor {
                     .map_err(|e| start_failed(&e))
             })
             .collect::<Result<_, _>>()?;
-        for (i, started) in join_all(starts).await.into_iter().enumerate() {
+        let started = tokio::time::timeout(self.options.health_check_timeout, join_all(starts))
+            .await
+            .map_err(|_| start_timed_out("starting the task", self.options.health_check_timeout))?;
+        for (i, started) in started.into_iter().enumerate() {
             match started {
                 Ok(Response::Done) => {}
                 Ok(_) => {
@@ -612,6 +627,12 @@ fn with_env(task: &TaskSpec, mut env: BTreeMap<String, String>) -> TaskSpec {
 fn died(worker: usize, reason: String) -> AttemptError {
     let rank = u32::try_from(worker).ok().map(WorldRank);
     AttemptError::Failed(AttemptFailure::WorkerDied { rank, reason })
+}
+
+fn start_timed_out(what: &str, limit: Duration) -> AttemptError {
+    AttemptError::Failed(AttemptFailure::StartFailed {
+        reason: format!("{what} did not finish within {}s", limit.as_secs_f64()),
+    })
 }
 
 fn start_failed(error: &(dyn std::error::Error + 'static)) -> AttemptError {
