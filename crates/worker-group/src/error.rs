@@ -58,9 +58,6 @@ pub enum WorkerGroupError {
         #[source]
         source: RuntimeError,
     },
-    /// A runtime operation that concerns no single worker failed.
-    #[error("actor runtime operation failed")]
-    Runtime(#[source] RuntimeError),
 }
 
 impl WorkerGroupError {
@@ -80,7 +77,7 @@ impl WorkerGroupError {
     pub const fn runtime_error(&self) -> Option<&RuntimeError> {
         match self {
             Self::Start { source, .. } => Some(source),
-            Self::Worker { source, .. } | Self::Runtime(source) => Some(source),
+            Self::Worker { source, .. } => Some(source),
             _ => None,
         }
     }

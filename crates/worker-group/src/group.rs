@@ -23,6 +23,12 @@ pub type WorkerMetadata = WorkerInfo;
 /// The name prefix of worker actors unless [`WorkerGroup::with_name_prefix`] says otherwise.
 pub const DEFAULT_NAME_PREFIX: &str = "worker";
 
+/// How long the group waits for one kill at least: when workers are removed, when a failed
+/// start cleans up, and in a shutdown whose patience is shorter (see
+/// [`WorkerGroup::shutdown`]). A kill that does not return in time is logged and the group
+/// moves on.
+pub const KILL_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// One started worker of a [`WorkerGroup`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Worker {
@@ -56,6 +62,10 @@ struct Planned {
 /// group belongs to whoever created it and is left alone.
 ///
 /// The placement group is taken to have one bundle per initial worker.
+///
+/// An actor leaves the group only once it has been stopped or killed, so a `start`,
+/// `add_workers`, `remove_workers` or `shutdown` future dropped part way leaves nothing
+/// behind that the group does not know of: the next `shutdown` releases it.
 #[derive(Debug)]
 pub struct WorkerGroup {
     runtime: Arc<dyn ActorRuntime>,
@@ -65,6 +75,9 @@ pub struct WorkerGroup {
     env: BTreeMap<String, String>,
     name_prefix: String,
     workers: Vec<Worker>,
+    /// Actors spawned by a `start` or `add_workers` that has not finished (or was
+    /// abandoned): not workers yet, but still to be released.
+    spawned: Vec<ActorId>,
     started: bool,
 }
 
@@ -95,6 +108,7 @@ impl WorkerGroup {
             env: BTreeMap::new(),
             name_prefix: DEFAULT_NAME_PREFIX.to_owned(),
             workers: Vec::new(),
+            spawned: Vec::new(),
             started: false,
         })
     }
@@ -114,19 +128,23 @@ impl WorkerGroup {
         self
     }
 
-    /// Starts one actor per worker, actor `i` pinned to bundle `i` of the placement group,
-    /// then fetches every worker's metadata ([`Request::NodeInfo`]) concurrently.
+    /// Starts one actor per worker, actor `i` pinned to bundle `i` of the placement group:
+    /// spawns every actor at once, then fetches every worker's metadata
+    /// ([`Request::NodeInfo`]) at once.
     ///
-    /// Actors are spawned one after the other, so a failed spawn leaves no spawn in flight.
-    /// When a spawn or a metadata call fails, every actor already spawned is killed and
-    /// the group stays unstarted; the placement group is not removed (its owner does that).
+    /// Every spawn runs to its end, even after another one failed. When a spawn or a
+    /// metadata call fails, every actor that was spawned is killed (once) and the group
+    /// stays unstarted; the placement group is not removed (its owner does that). Actors
+    /// left by an earlier `start` that was dropped part way are killed first.
     ///
     /// # Errors
-    /// [`WorkerGroupError::AlreadyStarted`] when the group is running;
-    /// [`WorkerGroupError::Start`] when an actor cannot be spawned;
-    /// [`WorkerGroupError::Worker`] when a metadata call fails.
+    /// [`WorkerGroupError::AlreadyStarted`] when the group is running, or holds workers
+    /// that a dropped [`WorkerGroup::shutdown`] did not release;
+    /// [`WorkerGroupError::Start`] for the first worker, in worker order, whose actor cannot
+    /// be spawned; otherwise [`WorkerGroupError::Worker`] for the first worker whose
+    /// metadata call failed.
     pub async fn start(&mut self) -> Result<(), WorkerGroupError> {
-        if self.started {
+        if self.started || !self.workers.is_empty() {
             return Err(WorkerGroupError::AlreadyStarted);
         }
         let planned = self
@@ -158,19 +176,20 @@ impl WorkerGroup {
         &self.workers
     }
 
-    /// How many workers run now.
+    /// How many workers the group holds: those running, or after a dropped
+    /// [`WorkerGroup::shutdown`] those not released yet.
     #[must_use]
     pub fn len(&self) -> usize {
         self.workers.len()
     }
 
-    /// Whether no worker runs now.
+    /// Whether the group holds no worker.
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.workers.is_empty()
     }
 
-    /// Whether the group has been started and not shut down since.
+    /// Whether the group has been started and no shutdown has begun since.
     #[must_use]
     pub const fn is_started(&self) -> bool {
         self.started
@@ -219,8 +238,12 @@ impl WorkerGroup {
         Ok(answers.into_iter().flatten().collect())
     }
 
-    /// Sends `request` to every worker and returns the pending answers, one per worker in
-    /// worker order, without waiting for them.
+    /// One pending answer to `request` per worker, in worker order.
+    ///
+    /// The futures are lazy: nothing is sent when this returns; each worker's request goes
+    /// out when its future is first polled, and a future dropped unpolled sends nothing.
+    /// Poll them together (as [`WorkerGroup::execute`] does) for the requests to go out at
+    /// once.
     ///
     /// # Errors
     /// [`WorkerGroupError::NotActive`] when no worker runs.
@@ -255,7 +278,10 @@ impl WorkerGroup {
             })
     }
 
-    /// Sends `request` to the worker at `index` and returns the pending answer.
+    /// The pending answer of the worker at `index` to `request`.
+    ///
+    /// The future is lazy: the request goes out when it is first polled, and a future
+    /// dropped unpolled sends nothing.
     ///
     /// # Errors
     /// [`WorkerGroupError::NotActive`] when no worker runs;
@@ -279,8 +305,10 @@ impl WorkerGroup {
     /// Adds one worker per resource dictionary, each pinned to the lowest bundle index that
     /// no current worker holds, and fetches their metadata. The new workers go to the end.
     ///
-    /// When a spawn or a metadata call fails, the actors spawned by this call are killed
-    /// and the current workers are left as they were. Adding nothing does nothing.
+    /// The actors are spawned at once, then their metadata fetched at once, as in
+    /// [`WorkerGroup::start`]. When a spawn or a metadata call fails, the actors spawned by
+    /// this call are killed and the current workers are left as they were. Adding nothing
+    /// does nothing.
     ///
     /// # Errors
     /// [`WorkerGroupError::NotActive`] when the group is not started;
@@ -334,7 +362,8 @@ impl WorkerGroup {
 
     /// Kills the workers at `indexes` (positions in [`WorkerGroup::workers`]) and drops them
     /// from the group; the others keep their order. Repeated indexes count once; actors
-    /// that are already dead are fine.
+    /// that are already dead are fine. Each worker leaves the group once its kill returned,
+    /// failed, or did not return within [`KILL_TIMEOUT`].
     ///
     /// # Errors
     /// [`WorkerGroupError::InvalidWorkerIndex`] for an index beyond the workers, before
@@ -345,70 +374,69 @@ impl WorkerGroup {
             return Err(WorkerGroupError::InvalidWorkerIndex { index, len });
         }
         let remove: BTreeSet<usize> = indexes.iter().copied().collect();
-        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.workers)
-            .into_iter()
-            .enumerate()
-            .partition(|(index, _)| remove.contains(index));
-        self.workers = kept.into_iter().map(|(_, worker)| worker).collect();
-        let actors: Vec<ActorId> = gone.iter().map(|(_, worker)| worker.actor).collect();
+        let actors: Vec<ActorId> = remove
+            .iter()
+            .map(|&index| self.workers[index].actor)
+            .collect();
         let span = info_span!(
             "worker_group.remove_workers",
             placement_group = %self.placement_group,
             workers = actors.len(),
         );
-        kill_all(&self.runtime, &actors).instrument(span).await;
+        self.kill_and_release(actors, KILL_TIMEOUT)
+            .instrument(span)
+            .await;
         Ok(())
     }
 
-    /// Stops every worker and leaves the group inactive (it can be started again).
+    /// Stops every worker: graceful stop, then kill whatever did not stop within the
+    /// patience. The group is inactive from the moment this begins; it can be started again
+    /// once this returns.
     ///
-    /// Sends [`Request::Stop`] to every actor at once and waits up to `patience`; then
-    /// kills (with no grace) every actor that did not confirm in time or whose stop
-    /// failed. With a zero `patience` every actor is killed at once. Errors from actors
-    /// that are already dead are logged and ignored, so this never waits on them. Shutting
-    /// down a group that is not running does nothing.
+    /// Sends [`Request::Stop`] to every actor at once and waits up to `patience` for each
+    /// answer. An actor that confirms has exited and leaves the group. Every actor that did
+    /// not confirm in time, or whose stop failed (an actor that is already dead, say), is
+    /// then killed with no grace. With a zero `patience` no stop is asked for: every actor
+    /// is killed at once. Each kill is bounded by `patience` or [`KILL_TIMEOUT`], whichever
+    /// is longer; a kill that fails or does not return in time is logged and the actor
+    /// dropped all the same. So a shutdown never waits on an actor that is dead, and takes
+    /// at most `patience + max(patience, KILL_TIMEOUT)`.
+    ///
+    /// A worker leaves [`WorkerGroup::workers`] only once it has been stopped or killed: if
+    /// this future is dropped part way (under a timeout, say), the workers not released yet
+    /// stay in the group, and the next `shutdown` releases them. Actors spawned by a `start`
+    /// or `add_workers` that was dropped part way are released too. Shutting down a group
+    /// that holds no actor does nothing. The placement group is left to its owner.
     ///
     /// # Errors
     /// None at present; the result leaves room for runtimes whose shutdown can fail.
     pub async fn shutdown(&mut self, patience: Duration) -> Result<(), WorkerGroupError> {
-        let workers = std::mem::take(&mut self.workers);
         self.started = false;
-        if workers.is_empty() {
+        let actors: Vec<ActorId> = self
+            .workers
+            .iter()
+            .map(|w| w.actor)
+            .chain(self.spawned.iter().copied())
+            .collect();
+        if actors.is_empty() {
             return Ok(());
         }
         let span = info_span!(
             "worker_group.shutdown",
             placement_group = %self.placement_group,
-            workers = workers.len(),
+            actors = actors.len(),
             patience_ms = u64::try_from(patience.as_millis()).unwrap_or(u64::MAX),
         );
-        let runtime = &self.runtime;
-        async move {
-            let to_kill: Vec<ActorId> = if patience.is_zero() {
-                workers.iter().map(|w| w.actor).collect()
+        async {
+            let to_kill = if patience.is_zero() {
+                actors
             } else {
-                let stops = workers.iter().enumerate().map(|(worker, w)| async move {
-                    let actor = w.actor;
-                    match tokio::time::timeout(patience, runtime.stop(actor)).await {
-                        Ok(Ok(())) => None,
-                        Ok(Err(error)) => {
-                            warn!(worker, %actor, %error, "worker did not stop cleanly");
-                            Some(actor)
-                        }
-                        Err(_) => {
-                            warn!(worker, %actor, "worker did not stop within the patience");
-                            Some(actor)
-                        }
-                    }
-                });
-                future::join_all(stops)
-                    .await
-                    .into_iter()
-                    .flatten()
-                    .collect()
+                self.stop_and_release(actors, patience).await
             };
-            kill_all(runtime, &to_kill).await;
-            info!(killed = to_kill.len(), "worker group shut down");
+            let killed = to_kill.len();
+            self.kill_and_release(to_kill, patience.max(KILL_TIMEOUT))
+                .await;
+            info!(killed, "worker group shut down");
         }
         .instrument(span)
         .await;
@@ -451,57 +479,43 @@ impl WorkerGroup {
         Box::pin(async move { runtime.call(actor, request).await })
     }
 
-    /// Spawns the planned workers one after the other, then fetches their metadata
-    /// concurrently; on any failure kills what was spawned.
-    async fn launch(&self, planned: Vec<Planned>) -> Result<Vec<Worker>, WorkerGroupError> {
-        let mut actors: Vec<ActorId> = Vec::with_capacity(planned.len());
-        for plan in &planned {
-            let spec = ActorSpec {
-                name: format!("{}-{}", self.name_prefix, plan.bundle_index),
-                options: plan.options.clone(),
-                placement: Some((self.placement_group, plan.bundle_index)),
-                env: self.env.clone(),
-            };
-            match self.runtime.spawn(spec).await {
-                Ok(actor) => {
-                    debug!(worker = plan.worker, bundle_index = plan.bundle_index, %actor, "worker actor spawned");
-                    actors.push(actor);
-                }
-                Err(source) => {
-                    warn!(worker = plan.worker, bundle_index = plan.bundle_index, error = %source, "cannot spawn worker actor; killing the ones spawned");
-                    kill_all(&self.runtime, &actors).await;
-                    return Err(WorkerGroupError::Start {
-                        worker: plan.worker,
-                        bundle_index: plan.bundle_index,
-                        source: Box::new(source),
-                    });
-                }
-            }
-        }
-        let runtime = &self.runtime;
-        let metadata = actors
+    /// Spawns the planned workers at once, then fetches their metadata at once; on any
+    /// failure kills every actor spawned and returns the first error in worker order.
+    async fn launch(&mut self, planned: Vec<Planned>) -> Result<Vec<Worker>, WorkerGroupError> {
+        self.release_abandoned().await;
+        let spawns = self.spawn_all(&planned).await;
+        let spawned: Vec<ActorId> = spawns
             .iter()
-            .zip(&planned)
-            .map(|(&actor, plan)| async move {
-                runtime
-                    .node_info(actor)
-                    .await
-                    .map_err(|source| WorkerGroupError::Worker {
-                        worker: plan.worker,
-                        source,
-                    })
-            });
-        let metadata = match future::try_join_all(metadata).await {
+            .filter_map(|s| s.as_ref().ok().copied())
+            .collect();
+        let metadata = match in_worker_order(&planned, spawns, start_error) {
+            Ok(actors) => {
+                let runtime = &self.runtime;
+                let fetches = actors.iter().zip(&planned).map(|(&actor, plan)| async move {
+                    let info = runtime.node_info(actor).await;
+                    if let Err(error) = &info {
+                        warn!(worker = plan.worker, %actor, %error, "cannot fetch worker metadata");
+                    }
+                    info
+                });
+                let infos = future::join_all(fetches).await;
+                in_worker_order(&planned, infos, metadata_error)
+            }
+            Err(error) => Err(error),
+        };
+        let metadata = match metadata {
             Ok(metadata) => metadata,
             Err(error) => {
-                warn!(%error, "cannot fetch worker metadata; killing the spawned actors");
-                kill_all(&self.runtime, &actors).await;
+                warn!(%error, spawned = spawned.len(), "cannot start every worker; killing the actors spawned");
+                self.kill_and_release(spawned, KILL_TIMEOUT).await;
                 return Err(error);
             }
         };
+        // Every actor this launch spawned is now a worker.
+        self.spawned.clear();
         Ok(planned
             .into_iter()
-            .zip(actors)
+            .zip(spawned)
             .zip(metadata)
             .map(|((plan, actor), metadata)| {
                 debug!(worker = plan.worker, %actor, node = %metadata.node_id, pid = metadata.pid, "worker ready");
@@ -514,6 +528,151 @@ impl WorkerGroup {
                 }
             })
             .collect())
+    }
+
+    /// Spawns every planned worker at once and waits for every spawn; the results come in
+    /// worker order.
+    ///
+    /// Each actor is recorded in `spawned` as soon as its spawn returns, so that one this
+    /// future leaves behind when it is dropped is still released by the next launch or
+    /// shutdown.
+    async fn spawn_all(&mut self, planned: &[Planned]) -> Vec<Result<ActorId, RuntimeError>> {
+        let mut spawns: FuturesUnordered<_> = planned
+            .iter()
+            .enumerate()
+            .map(|(slot, plan)| {
+                let runtime = Arc::clone(&self.runtime);
+                let spec = ActorSpec {
+                    name: format!("{}-{}", self.name_prefix, plan.bundle_index),
+                    options: plan.options.clone(),
+                    placement: Some((self.placement_group, plan.bundle_index)),
+                    env: self.env.clone(),
+                };
+                async move { (slot, runtime.spawn(spec).await) }
+            })
+            .collect();
+        let mut results = Vec::with_capacity(planned.len());
+        while let Some((slot, result)) = spawns.next().await {
+            let plan = &planned[slot];
+            match &result {
+                Ok(actor) => {
+                    debug!(worker = plan.worker, bundle_index = plan.bundle_index, %actor, "worker actor spawned");
+                    self.spawned.push(*actor);
+                }
+                Err(error) => {
+                    warn!(worker = plan.worker, bundle_index = plan.bundle_index, %error, "cannot spawn worker actor");
+                }
+            }
+            results.push((slot, result));
+        }
+        results.sort_by_key(|&(slot, _)| slot);
+        results.into_iter().map(|(_, result)| result).collect()
+    }
+
+    /// Kills the actors that a dropped `start` or `add_workers` left behind.
+    async fn release_abandoned(&mut self) {
+        if self.spawned.is_empty() {
+            return;
+        }
+        let abandoned = self.spawned.clone();
+        warn!(
+            actors = abandoned.len(),
+            "killing the actors left by an abandoned start or add_workers"
+        );
+        self.kill_and_release(abandoned, KILL_TIMEOUT).await;
+    }
+
+    /// Asks every actor to stop, waiting up to `patience` for each; releases those that
+    /// confirm as they do and returns the others.
+    async fn stop_and_release(&mut self, actors: Vec<ActorId>, patience: Duration) -> Vec<ActorId> {
+        let mut stops: FuturesUnordered<_> = actors
+            .into_iter()
+            .map(|actor| {
+                let runtime = Arc::clone(&self.runtime);
+                async move {
+                    (
+                        actor,
+                        tokio::time::timeout(patience, runtime.stop(actor)).await,
+                    )
+                }
+            })
+            .collect();
+        let mut not_stopped = Vec::new();
+        while let Some((actor, outcome)) = stops.next().await {
+            match outcome {
+                Ok(Ok(())) => self.release(actor),
+                Ok(Err(error)) => {
+                    warn!(%actor, %error, "worker did not stop cleanly");
+                    not_stopped.push(actor);
+                }
+                Err(_) => {
+                    warn!(%actor, "worker did not stop within the patience");
+                    not_stopped.push(actor);
+                }
+            }
+        }
+        not_stopped
+    }
+
+    /// Kills every actor at once, without grace, waiting up to `bound` for each kill;
+    /// releases each actor as its kill returns, fails (logged) or times out (logged).
+    async fn kill_and_release(&mut self, actors: Vec<ActorId>, bound: Duration) {
+        let mut kills: FuturesUnordered<_> = actors
+            .into_iter()
+            .map(|actor| {
+                let runtime = Arc::clone(&self.runtime);
+                async move {
+                    match tokio::time::timeout(bound, runtime.kill(actor, Duration::ZERO)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(error)) => warn!(%actor, %error, "cannot kill worker actor"),
+                        Err(_) => warn!(
+                            %actor,
+                            bound_ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
+                            "worker actor kill did not return in time; moving on"
+                        ),
+                    }
+                    actor
+                }
+            })
+            .collect();
+        while let Some(actor) = kills.next().await {
+            self.release(actor);
+        }
+    }
+
+    /// Forgets `actor`: it has been stopped or killed, or its kill was given up on.
+    fn release(&mut self, actor: ActorId) {
+        self.workers.retain(|w| w.actor != actor);
+        self.spawned.retain(|&a| a != actor);
+    }
+}
+
+/// One value per planned worker, or the error of the first worker (in worker order) whose
+/// result is an error.
+fn in_worker_order<T>(
+    planned: &[Planned],
+    results: Vec<Result<T, RuntimeError>>,
+    error: fn(&Planned, RuntimeError) -> WorkerGroupError,
+) -> Result<Vec<T>, WorkerGroupError> {
+    planned
+        .iter()
+        .zip(results)
+        .map(|(plan, result)| result.map_err(|source| error(plan, source)))
+        .collect()
+}
+
+fn start_error(plan: &Planned, source: RuntimeError) -> WorkerGroupError {
+    WorkerGroupError::Start {
+        worker: plan.worker,
+        bundle_index: plan.bundle_index,
+        source: Box::new(source),
+    }
+}
+
+fn metadata_error(plan: &Planned, source: RuntimeError) -> WorkerGroupError {
+    WorkerGroupError::Worker {
+        worker: plan.worker,
+        source,
     }
 }
 
@@ -533,14 +692,4 @@ fn to_options(
             }),
         })
         .collect()
-}
-
-/// Kills every actor at once, without grace; failures are logged and ignored.
-async fn kill_all(runtime: &Arc<dyn ActorRuntime>, actors: &[ActorId]) {
-    let kills = actors.iter().map(|&actor| async move {
-        if let Err(error) = runtime.kill(actor, Duration::ZERO).await {
-            warn!(%actor, %error, "cannot kill worker actor");
-        }
-    });
-    future::join_all(kills).await;
 }

@@ -43,5 +43,5 @@ mod group;
 mod order;
 
 pub use error::WorkerGroupError;
-pub use group::{DEFAULT_NAME_PREFIX, Worker, WorkerGroup, WorkerMetadata};
+pub use group::{DEFAULT_NAME_PREFIX, KILL_TIMEOUT, Worker, WorkerGroup, WorkerMetadata};
 pub use order::node_and_gpu_order;

@@ -15,7 +15,7 @@ use trainyard_runtime::{
     PlacementGroupFactory, PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
     WorkerInfo,
 };
-use trainyard_worker_group::{WorkerGroup, WorkerGroupError};
+use trainyard_worker_group::{KILL_TIMEOUT, WorkerGroup, WorkerGroupError};
 
 const PG: PlacementGroupId = PlacementGroupId(7);
 /// A bound for every test that waits; with paused time it costs nothing.
@@ -60,7 +60,7 @@ async fn started_on(runtime: Arc<dyn ActorRuntime>, workers: usize) -> WorkerGro
     group
 }
 
-/// What [`Holding`] does with a call.
+/// What [`Holding`] does with an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Hold {
     /// Passes it on at once.
@@ -71,23 +71,62 @@ enum Hold {
     Forever,
 }
 
-type HoldRule = dyn Fn(ActorId, &Request) -> Hold + Send + Sync;
+/// An operation on the runtime, as [`Holding`]'s rule sees it.
+#[derive(Debug, Clone, Copy)]
+enum Op<'a> {
+    Spawn(&'a ActorSpec),
+    Call(ActorId, &'a Request),
+    Kill(ActorId),
+}
 
-/// Delays or swallows chosen calls before they reach the mock (mockall answers at once).
+impl Op<'_> {
+    /// The bundle a spawn is pinned to.
+    fn spawn_bundle(&self) -> Option<usize> {
+        match self {
+            Op::Spawn(spec) => spec.placement.map(|(_, bundle)| bundle),
+            _ => None,
+        }
+    }
+}
+
+type HoldRule = dyn Fn(Op<'_>) -> Hold + Send + Sync;
+
+/// Delays or swallows chosen operations before they reach the mock (mockall answers at
+/// once).
 struct Holding {
     inner: MockActorRuntime,
     rule: Box<HoldRule>,
 }
 
 impl Holding {
+    /// Holds calls as `rule` says and passes every other operation on.
     fn runtime(
         inner: MockActorRuntime,
         rule: impl Fn(ActorId, &Request) -> Hold + Send + Sync + 'static,
+    ) -> Arc<dyn ActorRuntime> {
+        Self::ops(inner, move |op| match op {
+            Op::Call(actor, request) => rule(actor, request),
+            _ => Hold::Pass,
+        })
+    }
+
+    /// Holds every operation as `rule` says.
+    fn ops(
+        inner: MockActorRuntime,
+        rule: impl Fn(Op<'_>) -> Hold + Send + Sync + 'static,
     ) -> Arc<dyn ActorRuntime> {
         Arc::new(Self {
             inner,
             rule: Box::new(rule),
         })
+    }
+
+    async fn hold(&self, op: Op<'_>) {
+        match (self.rule)(op) {
+            Hold::Pass => {}
+            Hold::Delay(delay) => tokio::time::sleep(delay).await,
+            Hold::Forever => futures::future::pending::<()>().await,
+        }
     }
 }
 
@@ -121,17 +160,15 @@ impl ActorRuntime for Holding {
         self.inner.remove_placement_group(pg).await
     }
     async fn spawn(&self, spec: ActorSpec) -> Result<ActorId, RuntimeError> {
+        self.hold(Op::Spawn(&spec)).await;
         self.inner.spawn(spec).await
     }
     async fn call(&self, actor: ActorId, request: Request) -> Result<Response, RuntimeError> {
-        match (self.rule)(actor, &request) {
-            Hold::Pass => {}
-            Hold::Delay(delay) => tokio::time::sleep(delay).await,
-            Hold::Forever => futures::future::pending::<()>().await,
-        }
+        self.hold(Op::Call(actor, &request)).await;
         self.inner.call(actor, request).await
     }
     async fn kill(&self, actor: ActorId, grace: Duration) -> Result<(), RuntimeError> {
+        self.hold(Op::Kill(actor)).await;
         self.inner.kill(actor, grace).await
     }
 }
@@ -144,32 +181,31 @@ fn died(actor: ActorId) -> RuntimeError {
 }
 
 #[tokio::test]
-async fn a_spawn_failure_mid_start_kills_exactly_the_survivors_and_keeps_the_placement_group() {
+async fn the_third_of_four_spawns_failing_kills_the_other_three_once_each_and_keeps_the_placement_group()
+ {
     let mut mock = MockActorRuntime::new();
     let spawns = AtomicU64::new(0);
-    mock.expect_spawn().times(3).returning(move |spec| {
+    mock.expect_spawn().times(4).returning(move |spec| {
         let n = spawns.fetch_add(1, Ordering::SeqCst);
         assert_eq!(
             spec.placement,
             Some((PG, usize::try_from(n).expect("small")))
         );
-        if n < 2 {
-            Ok(ActorId(n + 1))
-        } else {
+        if n == 2 {
             Err(RuntimeError::SpawnFailed {
                 name: spec.name,
                 reason: "no such binary".into(),
             })
+        } else {
+            Ok(ActorId(n + 1))
         }
     });
-    mock.expect_kill()
-        .with(eq(ActorId(1)), always())
-        .times(1)
-        .returning(|_, _| Ok(()));
-    mock.expect_kill()
-        .with(eq(ActorId(2)), always())
-        .times(1)
-        .returning(|_, _| Ok(()));
+    for id in [1, 2, 4] {
+        mock.expect_kill()
+            .with(eq(ActorId(id)), eq(Duration::ZERO))
+            .times(1)
+            .returning(|_, _| Ok(()));
+    }
     mock.expect_call().never();
     mock.expect_remove_placement_group().never();
     let runtime: Arc<dyn ActorRuntime> = Arc::new(mock);
@@ -189,6 +225,188 @@ async fn a_spawn_failure_mid_start_kills_exactly_the_survivors_and_keeps_the_pla
     assert_eq!(error.worker(), Some(2));
     assert!(group.is_empty());
     assert!(!group.is_started());
+}
+
+#[tokio::test(start_paused = true)]
+async fn eight_workers_whose_spawns_take_100_ms_each_start_in_about_100_ms() {
+    let spawn_time = Duration::from_millis(100);
+    let runtime = Holding::ops(mock_that_starts(8), move |op| match op {
+        Op::Spawn(_) => Hold::Delay(spawn_time),
+        _ => Hold::Pass,
+    });
+
+    let began = tokio::time::Instant::now();
+    let group = tokio::time::timeout(BOUND, started_on(runtime, 8))
+        .await
+        .expect("start returns");
+
+    assert_eq!(group.len(), 8);
+    let took = began.elapsed();
+    assert!(took >= spawn_time, "started before any spawn returned");
+    assert!(
+        took < spawn_time * 2,
+        "spawns ran one after the other: {took:?} for 8 workers"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_two_spawns_fail_the_error_names_the_lower_worker_index() {
+    let mut mock = MockActorRuntime::new();
+    mock.expect_spawn()
+        .times(4)
+        .returning(|spec| match spec.placement {
+            Some((_, bundle @ (1 | 3))) => Err(RuntimeError::SpawnFailed {
+                name: format!("worker-{bundle}"),
+                reason: "no such binary".into(),
+            }),
+            Some((_, bundle)) => Ok(ActorId(u64::try_from(bundle).expect("small") + 1)),
+            None => panic!("every worker is pinned to a bundle"),
+        });
+    for id in [1, 3] {
+        mock.expect_kill()
+            .with(eq(ActorId(id)), always())
+            .times(1)
+            .returning(|_, _| Ok(()));
+    }
+    mock.expect_call().never();
+    // Worker 1 fails last.
+    let runtime = Holding::ops(mock, |op| {
+        if op.spawn_bundle() == Some(1) {
+            Hold::Delay(Duration::from_secs(1))
+        } else {
+            Hold::Pass
+        }
+    });
+
+    let mut group = WorkerGroup::new(runtime, PG, vec![cpu(); 4]).expect("valid group");
+    let error = tokio::time::timeout(BOUND, group.start())
+        .await
+        .expect("start returns")
+        .expect_err("two spawns fail");
+    assert!(
+        matches!(error, WorkerGroupError::Start { worker: 1, .. }),
+        "{error:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_two_metadata_calls_fail_the_error_names_the_lower_worker_index() {
+    let mut mock = MockActorRuntime::new();
+    let next = AtomicU64::new(1);
+    mock.expect_spawn()
+        .times(3)
+        .returning(move |_| Ok(ActorId(next.fetch_add(1, Ordering::SeqCst))));
+    mock.expect_call()
+        .withf(|_, r| *r == Request::NodeInfo)
+        .times(3)
+        .returning(|actor, _| {
+            if actor == ActorId(2) {
+                Ok(Response::NodeInfo(info(actor)))
+            } else {
+                Err(died(actor))
+            }
+        });
+    for id in 1..=3 {
+        mock.expect_kill()
+            .with(eq(ActorId(id)), always())
+            .times(1)
+            .returning(|_, _| Ok(()));
+    }
+    // Worker 0's call fails last.
+    let runtime = Holding::runtime(mock, |actor, _| {
+        if actor == ActorId(1) {
+            Hold::Delay(Duration::from_secs(1))
+        } else {
+            Hold::Pass
+        }
+    });
+
+    let mut group = WorkerGroup::new(runtime, PG, vec![cpu(); 3]).expect("valid group");
+    let error = tokio::time::timeout(BOUND, group.start())
+        .await
+        .expect("start returns")
+        .expect_err("two workers are dead");
+    assert!(
+        matches!(error, WorkerGroupError::Worker { worker: 0, .. }),
+        "{error:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_start_leaves_its_actors_to_the_next_shutdown() {
+    let mut mock = MockActorRuntime::new();
+    let next = AtomicU64::new(1);
+    mock.expect_spawn()
+        .times(2)
+        .returning(move |_| Ok(ActorId(next.fetch_add(1, Ordering::SeqCst))));
+    mock.expect_call().never();
+    for id in 1..=2 {
+        mock.expect_kill()
+            .with(eq(ActorId(id)), eq(Duration::ZERO))
+            .times(1)
+            .returning(|_, _| Ok(()));
+    }
+    // The spawn in bundle 2 never returns.
+    let runtime = Holding::ops(mock, |op| {
+        if op.spawn_bundle() == Some(2) {
+            Hold::Forever
+        } else {
+            Hold::Pass
+        }
+    });
+    let mut group = WorkerGroup::new(runtime, PG, vec![cpu(); 3]).expect("valid group");
+
+    tokio::time::timeout(Duration::from_secs(1), group.start())
+        .await
+        .expect_err("start is abandoned");
+    assert!(!group.is_started());
+    assert!(group.is_empty());
+
+    tokio::time::timeout(BOUND, group.shutdown(Duration::ZERO))
+        .await
+        .expect("shutdown returns")
+        .expect("shutdown succeeds");
+}
+
+#[tokio::test(start_paused = true)]
+async fn starting_again_after_an_abandoned_start_first_kills_the_actors_it_left() {
+    let mut mock = MockActorRuntime::new();
+    let next = AtomicU64::new(1);
+    mock.expect_spawn()
+        .times(2 + 3)
+        .returning(move |_| Ok(ActorId(next.fetch_add(1, Ordering::SeqCst))));
+    mock.expect_call()
+        .withf(|_, r| *r == Request::NodeInfo)
+        .times(3)
+        .returning(|actor, _| Ok(Response::NodeInfo(info(actor))));
+    for id in 1..=2 {
+        mock.expect_kill()
+            .with(eq(ActorId(id)), eq(Duration::ZERO))
+            .times(1)
+            .returning(|_, _| Ok(()));
+    }
+    // The first spawn in bundle 2 never returns; the second one does.
+    let held = std::sync::atomic::AtomicBool::new(false);
+    let runtime = Holding::ops(mock, move |op| {
+        if op.spawn_bundle() == Some(2) && !held.swap(true, Ordering::SeqCst) {
+            Hold::Forever
+        } else {
+            Hold::Pass
+        }
+    });
+    let mut group = WorkerGroup::new(runtime, PG, vec![cpu(); 3]).expect("valid group");
+
+    tokio::time::timeout(Duration::from_secs(1), group.start())
+        .await
+        .expect_err("start is abandoned");
+    tokio::time::timeout(BOUND, group.start())
+        .await
+        .expect("start returns")
+        .expect("the group starts on a second try");
+
+    let actors: Vec<ActorId> = group.workers().iter().map(|w| w.actor).collect();
+    assert_eq!(actors.len(), 3);
+    assert!(!actors.contains(&ActorId(1)) && !actors.contains(&ActorId(2)));
 }
 
 #[tokio::test]
@@ -341,6 +559,179 @@ async fn shutdown_with_dead_actors_does_not_hang_and_kills_nothing_twice() {
         .shutdown(Duration::from_secs(30))
         .await
         .expect("shutting down twice is fine");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_dropped_mid_way_is_finished_by_the_next_one_killing_every_actor_once() {
+    let mut mock = mock_that_starts(3);
+    mock.expect_call().withf(|_, r| *r == Request::Stop).never();
+    for id in 1..=3 {
+        mock.expect_kill()
+            .with(eq(ActorId(id)), eq(Duration::ZERO))
+            .times(1)
+            .returning(|_, _| Ok(()));
+    }
+    mock.expect_remove_placement_group().never();
+    let runtime = Holding::runtime(mock, |_, request| {
+        if *request == Request::Stop {
+            Hold::Forever
+        } else {
+            Hold::Pass
+        }
+    });
+    let mut group = started_on(runtime, 3).await;
+
+    let patience = Duration::from_secs(30);
+    tokio::time::timeout(Duration::from_secs(1), group.shutdown(patience))
+        .await
+        .expect_err("the first shutdown is dropped while it waits for Stop");
+    assert!(!group.is_started());
+    assert_eq!(group.len(), 3, "no worker was released yet");
+    assert!(matches!(
+        group.execute(Request::NodeInfo).await,
+        Err(WorkerGroupError::NotActive)
+    ));
+    assert!(matches!(
+        group.start().await,
+        Err(WorkerGroupError::AlreadyStarted)
+    ));
+
+    tokio::time::timeout(BOUND, group.shutdown(patience))
+        .await
+        .expect("the second shutdown returns")
+        .expect("shutdown succeeds");
+    assert!(group.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_actor_that_stopped_during_an_abandoned_shutdown_is_neither_asked_again_nor_killed() {
+    let mut mock = mock_that_starts(2);
+    mock.expect_call()
+        .withf(|actor, r| *actor == ActorId(1) && *r == Request::Stop)
+        .times(1)
+        .returning(|_, _| Ok(Response::Done));
+    mock.expect_kill().with(eq(ActorId(1)), always()).never();
+    mock.expect_kill()
+        .with(eq(ActorId(2)), eq(Duration::ZERO))
+        .times(1)
+        .returning(|_, _| Ok(()));
+    let runtime = Holding::runtime(mock, |actor, request| {
+        if actor == ActorId(2) && *request == Request::Stop {
+            Hold::Forever
+        } else {
+            Hold::Pass
+        }
+    });
+    let mut group = started_on(runtime, 2).await;
+
+    let patience = Duration::from_secs(30);
+    tokio::time::timeout(Duration::from_secs(1), group.shutdown(patience))
+        .await
+        .expect_err("the first shutdown is dropped while it waits for worker 1");
+    assert_eq!(
+        group.workers().iter().map(|w| w.actor).collect::<Vec<_>>(),
+        [ActorId(2)]
+    );
+
+    tokio::time::timeout(BOUND, group.shutdown(patience))
+        .await
+        .expect("the second shutdown returns")
+        .expect("shutdown succeeds");
+    assert!(group.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kill_that_never_returns_holds_a_zero_patience_shutdown_for_at_most_the_kill_timeout() {
+    let mut mock = mock_that_starts(2);
+    mock.expect_kill()
+        .with(eq(ActorId(2)), eq(Duration::ZERO))
+        .times(1)
+        .returning(|_, _| Ok(()));
+    let runtime = Holding::ops(mock, |op| match op {
+        Op::Kill(ActorId(1)) => Hold::Forever,
+        _ => Hold::Pass,
+    });
+    let mut group = started_on(runtime, 2).await;
+
+    let began = tokio::time::Instant::now();
+    tokio::time::timeout(BOUND, group.shutdown(Duration::ZERO))
+        .await
+        .expect("shutdown returns")
+        .expect("shutdown succeeds");
+    assert_eq!(began.elapsed(), KILL_TIMEOUT);
+    assert!(group.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kill_that_never_returns_holds_shutdown_for_the_patience_and_then_the_longer_of_patience_and_kill_timeout()
+ {
+    for patience in [Duration::from_secs(1), Duration::from_secs(30)] {
+        let mut mock = mock_that_starts(1);
+        mock.expect_kill().never();
+        let runtime = Holding::ops(mock, |op| match op {
+            Op::Call(_, Request::Stop) | Op::Kill(_) => Hold::Forever,
+            _ => Hold::Pass,
+        });
+        let mut group = started_on(runtime, 1).await;
+
+        let began = tokio::time::Instant::now();
+        tokio::time::timeout(BOUND, group.shutdown(patience))
+            .await
+            .expect("shutdown returns")
+            .expect("shutdown succeeds");
+        assert_eq!(began.elapsed(), patience + patience.max(KILL_TIMEOUT));
+        assert!(group.is_empty());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kill_that_never_returns_holds_remove_workers_for_at_most_the_kill_timeout() {
+    let mut mock = mock_that_starts(2);
+    mock.expect_kill().never();
+    let runtime = Holding::ops(mock, |op| match op {
+        Op::Kill(_) => Hold::Forever,
+        _ => Hold::Pass,
+    });
+    let mut group = started_on(runtime, 2).await;
+
+    let began = tokio::time::Instant::now();
+    tokio::time::timeout(BOUND, group.remove_workers(&[0]))
+        .await
+        .expect("remove_workers returns")
+        .expect("valid index");
+    assert_eq!(began.elapsed(), KILL_TIMEOUT);
+    assert_eq!(
+        group.workers().iter().map(|w| w.actor).collect::<Vec<_>>(),
+        [ActorId(2)]
+    );
+}
+
+#[tokio::test]
+async fn execute_async_sends_nothing_until_its_futures_are_polled() {
+    let mut mock = mock_that_starts(2);
+    mock.expect_call()
+        .withf(|_, r| *r == Request::FindFreePort)
+        .times(2)
+        .returning(|_, _| Ok(Response::Port { port: 1 }));
+    let group = started(mock, 2).await;
+
+    let unpolled = group
+        .execute_async(Request::FindFreePort)
+        .expect("group is active");
+    drop(unpolled);
+    drop(
+        group
+            .execute_single_async(0, Request::FindFreePort)
+            .expect("valid index"),
+    );
+
+    let pending = group
+        .execute_async(Request::FindFreePort)
+        .expect("group is active");
+    let answers = futures::future::try_join_all(pending)
+        .await
+        .expect("every worker answers");
+    assert_eq!(answers.len(), 2);
 }
 
 #[tokio::test]
@@ -592,6 +983,57 @@ async fn added_workers_take_the_lowest_free_bundles() {
         spawned,
         [Some(0), Some(1), Some(2), Some(3), Some(0), Some(2)]
     );
+}
+
+#[tokio::test]
+async fn a_failed_add_workers_kills_only_the_actors_it_spawned_and_keeps_the_workers() {
+    let mut mock = MockActorRuntime::new();
+    let next = AtomicU64::new(1);
+    mock.expect_spawn().times(4 + 2).returning(move |spec| {
+        let n = next.fetch_add(1, Ordering::SeqCst);
+        if n == 6 {
+            Err(RuntimeError::SpawnFailed {
+                name: spec.name,
+                reason: "no such binary".into(),
+            })
+        } else {
+            Ok(ActorId(n))
+        }
+    });
+    mock.expect_call()
+        .withf(|_, r| *r == Request::NodeInfo)
+        .times(4)
+        .returning(|actor, _| Ok(Response::NodeInfo(info(actor))));
+    for id in [1, 3, 5] {
+        mock.expect_kill()
+            .with(eq(ActorId(id)), eq(Duration::ZERO))
+            .times(1)
+            .returning(|_, _| Ok(()));
+    }
+    mock.expect_remove_placement_group().never();
+    let mut group = started(mock, 4).await;
+    group.remove_workers(&[0, 2]).await.expect("valid indexes");
+
+    let error = group
+        .add_workers(vec![cpu(), cpu()])
+        .await
+        .expect_err("the spawn in bundle 2 fails");
+    assert!(
+        matches!(
+            error,
+            WorkerGroupError::Start {
+                worker: 3,
+                bundle_index: 2,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        group.workers().iter().map(|w| w.actor).collect::<Vec<_>>(),
+        [ActorId(2), ActorId(4)]
+    );
+    assert!(group.is_started());
 }
 
 #[tokio::test]
