@@ -274,11 +274,7 @@ fn text_format_has_a_row_per_bundle() {
         .map(|line| line.split_whitespace().collect::<Vec<_>>())
         .filter(|words| words.first().is_some_and(|w| w.parse::<usize>().is_ok()))
         .collect();
-    let expected = [
-        "CPU=3,memory=1KB",
-        "CPU=2,memory=1KB",
-        "CPU=2,memory=1KB",
-    ];
+    let expected = ["CPU=3,memory=1KB", "CPU=2,memory=1KB", "CPU=2,memory=1KB"];
     assert_eq!(rows.len(), expected.len(), "{stdout}");
     for (i, (row, bundle)) in rows.iter().zip(expected).enumerate() {
         assert_eq!(row[0], i.to_string(), "{stdout}");
