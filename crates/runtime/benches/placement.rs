@@ -54,7 +54,7 @@ fn placement(c: &mut Criterion) {
                 b.iter(|| place(black_box(&tight), black_box(&full)));
             },
         );
-        // More bundles than CPUs: the search fills every node, then gives up.
+        // More bundles than CPUs: refused on the cluster's totals before any search.
         assert!(
             place(&tight, &big).is_none(),
             "{strategy} cannot fit 10k on 4k CPUs"

@@ -44,8 +44,11 @@ pub async fn run_all(runtime: &dyn ActorRuntime) {
     reservation(runtime).await;
     pinning(runtime).await;
     accounting(runtime).await;
+    pinned_actor_uses_its_bundle(runtime).await;
+    full_bundle_refuses_another_actor(runtime).await;
     infeasible_fails_fast(runtime).await;
     env_reaches_actor(runtime).await;
+    kill_racing_calls_returns_promptly(runtime).await;
 }
 
 /// A feasible group becomes ready, and the available resources of the cluster (and of each
@@ -240,6 +243,128 @@ pub async fn accounting(runtime: &dyn ActorRuntime) {
             "accounting: an actor still answers {SETTLE_TIMEOUT:?} after its group was removed"
         );
         sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// An actor pinned to a bundle runs on what the bundle reserved: spawning it leaves every
+/// node's available resources as they were once the group was reserved.
+pub async fn pinned_actor_uses_its_bundle(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "pinned_actor_uses_its_bundle";
+    let before = snapshot(runtime, CHECK).await;
+    assert!(
+        free_whole_cpus(&before) > 0,
+        "{CHECK}: the conformance suite needs a node with at least 1 free CPU"
+    );
+    let factory = one_cpu_bundles(1, PlacementStrategy::Pack);
+    let (pg, _) = create_ready(runtime, &factory, CHECK).await;
+    let reserved = snapshot(runtime, CHECK).await;
+    let actor = spawn(runtime, one_cpu(), Some((pg, 0)), BTreeMap::new(), CHECK).await;
+    runtime
+        .node_info(actor)
+        .await
+        .unwrap_or_else(|e| panic!("{CHECK}: node_info of the pinned actor failed: {e}"));
+    let running = snapshot(runtime, CHECK).await;
+    for node in &reserved.nodes {
+        let now = running
+            .node(&node.id)
+            .map(|n| n.available.clone())
+            .unwrap_or_default();
+        assert!(
+            same_amounts(&now, &node.available),
+            "{CHECK}: spawning a 1-CPU actor into a reserved 1-CPU bundle changed node {}'s available resources from {} to {now}; the actor must use the bundle's resources",
+            node.id,
+            node.available
+        );
+    }
+    kill(runtime, actor, CHECK).await;
+    remove(runtime, pg, CHECK).await;
+    settle(
+        runtime,
+        &before,
+        &format!("{CHECK}: after killing the actor and removing the group"),
+    )
+    .await;
+}
+
+/// A bundle whose resources an actor holds refuses a second actor that needs them too, with
+/// an error and at once, rather than leaving the spawn waiting.
+pub async fn full_bundle_refuses_another_actor(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "full_bundle_refuses_another_actor";
+    let before = snapshot(runtime, CHECK).await;
+    assert!(
+        free_whole_cpus(&before) > 0,
+        "{CHECK}: the conformance suite needs a node with at least 1 free CPU"
+    );
+    let factory = one_cpu_bundles(1, PlacementStrategy::Pack);
+    let (pg, _) = create_ready(runtime, &factory, CHECK).await;
+    let first = spawn(runtime, one_cpu(), Some((pg, 0)), BTreeMap::new(), CHECK).await;
+    let options = ActorOptions::try_from(&one_cpu())
+        .unwrap_or_else(|e| panic!("{CHECK}: 1 CPU is not a valid actor demand: {e}"));
+    let second = ActorSpec {
+        name: format!("conformance-{CHECK}-second"),
+        options,
+        placement: Some((pg, 0)),
+        env: BTreeMap::new(),
+    };
+    match timeout(FAST, runtime.spawn(second)).await {
+        Ok(Err(_)) => {}
+        Ok(Ok(actor)) => {
+            kill(runtime, actor, CHECK).await;
+            kill(runtime, first, CHECK).await;
+            remove(runtime, pg, CHECK).await;
+            panic!(
+                "{CHECK}: a second 1-CPU actor was started in a 1-CPU bundle that the first one fills"
+            );
+        }
+        Err(_) => panic!(
+            "{CHECK}: spawning a second 1-CPU actor into a full 1-CPU bundle did not fail within {FAST:?}"
+        ),
+    }
+    runtime.node_info(first).await.unwrap_or_else(|e| {
+        panic!("{CHECK}: the first actor no longer answers after the refused spawn: {e}")
+    });
+    kill(runtime, first, CHECK).await;
+    remove(runtime, pg, CHECK).await;
+    settle(
+        runtime,
+        &before,
+        &format!("{CHECK}: after killing the actor and removing the group"),
+    )
+    .await;
+}
+
+/// Calls in flight while their actor is killed all return promptly, each with an answer or
+/// an actor-death error, and the kill returns too.
+pub async fn kill_racing_calls_returns_promptly(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "kill_racing_calls_returns_promptly";
+    const ROUNDS: usize = 20;
+    const CALLS: usize = 16;
+    for round in 0..ROUNDS {
+        let actor = spawn(runtime, Resources::new(), None, BTreeMap::new(), CHECK).await;
+        let calls = futures::future::join_all((0..CALLS).map(|i| async move {
+            if i % 2 == 0 {
+                runtime.node_info(actor).await.map(drop)
+            } else {
+                runtime.poll(actor).await.map(drop)
+            }
+        }));
+        let race = async { futures::join!(calls, runtime.kill(actor, Duration::ZERO)) };
+        let Ok((answers, killed)) = timeout(FAST, race).await else {
+            panic!(
+                "{CHECK}: round {round}: {CALLS} calls racing a kill of their actor did not all return within {FAST:?}"
+            );
+        };
+        if let Err(e) = killed {
+            panic!("{CHECK}: round {round}: killing an actor with calls in flight failed: {e}");
+        }
+        for answer in answers {
+            if let Err(e) = answer {
+                assert!(
+                    e.is_actor_death(),
+                    "{CHECK}: round {round}: a call racing a kill failed with something other than the actor's death: {e}"
+                );
+            }
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 use std::time::Duration;
 
+use trainyard_resources::ResourceAmount;
+
 use crate::placement::PlacementError;
 use crate::{ActorId, PlacementGroupId};
 
@@ -46,9 +48,9 @@ pub enum RuntimeError {
         /// The resource that is short.
         resource: String,
         /// What the actor needs.
-        needed: String,
+        needed: ResourceAmount,
         /// What the bundle has left.
-        left: String,
+        left: ResourceAmount,
     },
     /// The actor could not be started.
     #[error("cannot start actor `{name}`: {reason}")]

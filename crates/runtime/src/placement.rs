@@ -13,8 +13,10 @@
 //!   - `STRICT_SPREAD`: every bundle on a different node, or nothing (a maximum matching of
 //!     bundles to nodes, so bundles of different sizes are placed whenever possible).
 //!
-//!   When the best-effort strategies find no room taking the bundles in order, they try once
-//!   more with the largest bundles first.
+//!   When the best-effort strategies find no room by their own rule, they fall back to
+//!   first-fit in bundle order, first-fit with the largest bundles first and best-fit with
+//!   the largest bundles first; for small groups (up to [`EXACT_SEARCH_BUNDLES`] bundles on
+//!   up to [`EXACT_SEARCH_NODES`] nodes) an exhaustive search settles the question.
 //! - [`assign_device_ids`] and [`AcceleratorPool`] choose the device ids (GPU, neuron cores,
 //!   ...) that a bundle or actor holds: whole free devices for amounts of 1 and more, and the
 //!   lowest-numbered device with enough capacity left for fractions, so two 0.5-GPU bundles
@@ -42,11 +44,19 @@
 //! ```
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
 use trainyard_resources::{ResourceAmount, Resources};
+
+/// Groups with at most this many bundles get an exhaustive search when the heuristics find
+/// no layout (on clusters of at most [`EXACT_SEARCH_NODES`] nodes).
+pub const EXACT_SEARCH_BUNDLES: usize = 10;
+/// Clusters with at most this many nodes get an exhaustive search for small groups.
+pub const EXACT_SEARCH_NODES: usize = 16;
+/// How many partial layouts the exhaustive search may visit before it gives up undecided.
+const EXACT_SEARCH_STEPS: usize = 200_000;
 
 /// Why a placement group can never be scheduled on the cluster as it is.
 ///
@@ -146,8 +156,12 @@ pub enum PlacementError {
         /// The group's strategy (`STRICT_SPREAD`).
         strategy: PlacementStrategy,
     },
-    /// Every simple rule passes, but the strategy finds no layout even on an empty cluster.
-    #[error("{strategy} finds no layout for the {bundles} bundles even with every node free")]
+    /// Every simple rule passes, but an exhaustive search finds no layout of the bundles
+    /// over the nodes even with every node free.
+    #[error(
+        "no layout of the {} over the nodes exists, even with every node free",
+        count(*.bundles, "bundle")
+    )]
     NoLayout {
         /// How many bundles the group has.
         bundles: usize,
@@ -242,7 +256,11 @@ fn distinct_nodes(
 ///
 /// The checks, in order: the cluster has nodes; each bundle fits on some node; the bundles
 /// together fit in the cluster; `STRICT_PACK` fits on one node; `STRICT_SPREAD` finds a
-/// node per bundle; and finally [`place`] succeeds against the totals.
+/// node per bundle. For `PACK` and `SPREAD`, a group that passes these but for which
+/// [`place`] finds no layout against the totals is refused only when an exhaustive search
+/// proves that none exists (small groups, see [`EXACT_SEARCH_BUNDLES`]); otherwise it is
+/// accepted and waits like any group that does not fit now. A group is never refused that
+/// could be placed.
 ///
 /// # Errors
 /// The first check that fails, as a [`PlacementError`] naming the bundle, the resource,
@@ -269,30 +287,10 @@ pub fn check_feasible<R: Borrow<Resources>>(
         }
     }
     for (shape, demand) in problem.shapes.iter().enumerate() {
-        let bundle = first_bundle[shape];
-        match problem.single_node_fit(&dense(demand, problem.width)) {
-            Ok(_) => {}
-            Err(Shortfall::Resource {
-                index,
-                needed,
-                best,
-            }) => {
-                return Err(PlacementError::BundleTooLarge {
-                    bundle,
-                    resource: problem.names[index].clone(),
-                    needed: ResourceAmount::from_steps(needed),
-                    best: ResourceAmount::from_steps(best),
-                    strategy,
-                });
-            }
-            Err(Shortfall::Combination { closest }) => {
-                return Err(PlacementError::BundleFitsNoNode {
-                    bundle,
-                    demand: problem.resources(&dense(demand, problem.width)),
-                    closest: problem.node_resources(closest),
-                    strategy,
-                });
-            }
+        let demand = dense(demand, problem.width);
+        if let Err(short) = problem.single_node_fit(&demand) {
+            let at_fault = Subject::Bundle(first_bundle[shape]);
+            return Err(problem.explain(short, &demand, at_fault, strategy));
         }
     }
 
@@ -312,30 +310,11 @@ pub fn check_feasible<R: Borrow<Resources>>(
     }
 
     match strategy {
-        PlacementStrategy::StrictPack => match problem.single_node_fit(&total) {
-            Ok(_) => {}
-            Err(Shortfall::Resource {
-                index,
-                needed,
-                best,
-            }) => {
-                return Err(PlacementError::GroupTooLargeForOneNode {
-                    bundles,
-                    resource: problem.names[index].clone(),
-                    needed: ResourceAmount::from_steps(needed),
-                    best: ResourceAmount::from_steps(best),
-                    strategy,
-                });
+        PlacementStrategy::StrictPack => {
+            if let Err(short) = problem.single_node_fit(&total) {
+                return Err(problem.explain(short, &total, Subject::Group(bundles), strategy));
             }
-            Err(Shortfall::Combination { closest }) => {
-                return Err(PlacementError::GroupFitsNoNode {
-                    bundles,
-                    demand: problem.resources(&total),
-                    closest: problem.node_resources(closest),
-                    strategy,
-                });
-            }
-        },
+        }
         PlacementStrategy::StrictSpread => {
             if let Err(stuck) = problem.strict_spread() {
                 return Err(PlacementError::NotEnoughDistinctNodes {
@@ -346,11 +325,11 @@ pub fn check_feasible<R: Borrow<Resources>>(
                 });
             }
         }
-        PlacementStrategy::Pack | PlacementStrategy::Spread => {}
-    }
-
-    if problem.place(strategy).is_none() {
-        return Err(PlacementError::NoLayout { bundles, strategy });
+        PlacementStrategy::Pack | PlacementStrategy::Spread => {
+            if let Search::Impossible = problem.best_effort(strategy) {
+                return Err(PlacementError::NoLayout { bundles, strategy });
+            }
+        }
     }
     Ok(())
 }
@@ -404,6 +383,31 @@ enum Shortfall {
 struct Stuck {
     bundles: Vec<usize>,
     hosts: usize,
+}
+
+/// What a [`Shortfall`] is about: one bundle, or a `STRICT_PACK` group of this many bundles.
+#[derive(Clone, Copy)]
+enum Subject {
+    Bundle(usize),
+    Group(usize),
+}
+
+/// The outcome of a search for a layout.
+enum Search {
+    Found(Vec<usize>),
+    /// No layout exists.
+    Impossible,
+    /// The search gave up without an answer.
+    Undecided,
+}
+
+impl Search {
+    fn found(self) -> Option<Vec<usize>> {
+        match self {
+            Self::Found(layout) => Some(layout),
+            Self::Impossible | Self::Undecided => None,
+        }
+    }
 }
 
 fn dense(shape: &[(usize, u128)], width: usize) -> Vec<u128> {
@@ -468,6 +472,75 @@ impl Problem {
         }
     }
 
+    /// The error for `demand` (dense) that fits no node, for one bundle or a whole group.
+    fn explain(
+        &self,
+        short: Shortfall,
+        demand: &[u128],
+        subject: Subject,
+        strategy: PlacementStrategy,
+    ) -> PlacementError {
+        match (short, subject) {
+            (
+                Shortfall::Resource {
+                    index,
+                    needed,
+                    best,
+                },
+                Subject::Bundle(bundle),
+            ) => PlacementError::BundleTooLarge {
+                bundle,
+                resource: self.names[index].clone(),
+                needed: ResourceAmount::from_steps(needed),
+                best: ResourceAmount::from_steps(best),
+                strategy,
+            },
+            (Shortfall::Combination { closest }, Subject::Bundle(bundle)) => {
+                PlacementError::BundleFitsNoNode {
+                    bundle,
+                    demand: self.resources(demand),
+                    closest: self.node_resources(closest),
+                    strategy,
+                }
+            }
+            (
+                Shortfall::Resource {
+                    index,
+                    needed,
+                    best,
+                },
+                Subject::Group(bundles),
+            ) => PlacementError::GroupTooLargeForOneNode {
+                bundles,
+                resource: self.names[index].clone(),
+                needed: ResourceAmount::from_steps(needed),
+                best: ResourceAmount::from_steps(best),
+                strategy,
+            },
+            (Shortfall::Combination { closest }, Subject::Group(bundles)) => {
+                PlacementError::GroupFitsNoNode {
+                    bundles,
+                    demand: self.resources(demand),
+                    closest: self.node_resources(closest),
+                    strategy,
+                }
+            }
+        }
+    }
+
+    /// Whether the nodes together have at least what all bundles ask for together.
+    fn cluster_covers_demand(&self) -> bool {
+        self.total_demand()
+            .iter()
+            .enumerate()
+            .all(|(index, &needed)| {
+                (0..self.nodes)
+                    .map(|n| self.cap_of(n)[index])
+                    .fold(0, u128::saturating_add)
+                    >= needed
+            })
+    }
+
     fn total_demand(&self) -> Vec<u128> {
         let mut total = vec![0u128; self.width];
         for &shape in &self.shape_of {
@@ -527,10 +600,9 @@ impl Problem {
 
     fn place(&self, strategy: PlacementStrategy) -> Option<Vec<usize>> {
         match strategy {
-            PlacementStrategy::Pack => self.pack(),
-            PlacementStrategy::Spread => self
-                .spread(0..self.shape_of.len())
-                .or_else(|| self.spread(self.largest_first().into_iter())),
+            PlacementStrategy::Pack | PlacementStrategy::Spread => {
+                self.best_effort(strategy).found()
+            }
             PlacementStrategy::StrictPack => {
                 let node = self.single_node_fit(&self.total_demand()).ok()?;
                 Some(vec![node; self.shape_of.len()])
@@ -539,16 +611,42 @@ impl Problem {
         }
     }
 
+    /// `PACK` or `SPREAD`: the strategy's own rule, then first-fit in order, first-fit and
+    /// best-fit with the largest bundles first, then (for small groups) an exhaustive search.
+    fn best_effort(&self, strategy: PlacementStrategy) -> Search {
+        if !self.cluster_covers_demand() {
+            return Search::Impossible;
+        }
+        let own = if strategy == PlacementStrategy::Spread {
+            self.spread(0..self.shape_of.len())
+                .or_else(|| self.spread(self.largest_first().into_iter()))
+        } else {
+            // PACK: one node for the whole group when one can take it.
+            self.single_node_fit(&self.total_demand())
+                .ok()
+                .map(|node| vec![node; self.shape_of.len()])
+        };
+        if let Some(layout) = own {
+            return Search::Found(layout);
+        }
+        let largest_first = self.largest_first();
+        let heuristics = self
+            .first_fit(0..self.shape_of.len())
+            .or_else(|| self.first_fit(largest_first.iter().copied()))
+            .or_else(|| self.best_fit(&largest_first));
+        if let Some(layout) = heuristics {
+            return Search::Found(layout);
+        }
+        if self.shape_of.len() <= EXACT_SEARCH_BUNDLES && self.nodes <= EXACT_SEARCH_NODES {
+            self.exhaustive(strategy, &largest_first)
+        } else {
+            Search::Undecided
+        }
+    }
+
     /// Bundle indices with the largest bundles first (relative to the largest node), stable.
     fn largest_first(&self) -> Vec<usize> {
-        let biggest: Vec<u128> = (0..self.width)
-            .map(|i| {
-                (0..self.nodes)
-                    .map(|n| self.cap_of(n)[i])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
+        let biggest = self.biggest();
         let size: Vec<f64> = self
             .shapes
             .iter()
@@ -568,14 +666,6 @@ impl Problem {
         let mut order: Vec<usize> = (0..self.shape_of.len()).collect();
         order.sort_by(|&a, &b| size[self.shape_of[b]].total_cmp(&size[self.shape_of[a]]));
         order
-    }
-
-    fn pack(&self) -> Option<Vec<usize>> {
-        if let Ok(node) = self.single_node_fit(&self.total_demand()) {
-            return Some(vec![node; self.shape_of.len()]);
-        }
-        self.first_fit(0..self.shape_of.len())
-            .or_else(|| self.first_fit(self.largest_first().into_iter()))
     }
 
     /// Each bundle to the first node with room. Capacities only shrink, so a node without
@@ -598,6 +688,128 @@ impl Problem {
             out[bundle] = node;
         }
         Some(out)
+    }
+
+    /// Each bundle, in `order`, to the node with room that it fills the most (the least left
+    /// over, relative to the biggest node), ties by node order.
+    fn best_fit(&self, order: &[usize]) -> Option<Vec<usize>> {
+        let scale = self.biggest();
+        let mut cap = self.cap.clone();
+        let mut out = vec![0usize; self.shape_of.len()];
+        for &bundle in order {
+            let shape = self.shape_of[bundle];
+            let demand = dense(&self.shapes[shape], self.width);
+            let slack = |node: usize| -> f64 {
+                let row = &cap[node * self.width..(node + 1) * self.width];
+                (0..self.width)
+                    .filter(|&i| scale[i] > 0)
+                    .map(|i| (row[i] - demand[i]) as f64 / scale[i] as f64)
+                    .sum()
+            };
+            let node = (0..self.nodes)
+                .filter(|&n| self.fits(&cap, n, shape))
+                .min_by(|&a, &b| slack(a).total_cmp(&slack(b)).then(a.cmp(&b)))?;
+            self.take(&mut cap, node, shape);
+            out[bundle] = node;
+        }
+        Some(out)
+    }
+
+    /// The most of each resource that any node has.
+    fn biggest(&self) -> Vec<u128> {
+        (0..self.width)
+            .map(|i| {
+                (0..self.nodes)
+                    .map(|n| self.cap_of(n)[i])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
+    /// Every layout, bundles in `order`, until one fits or [`EXACT_SEARCH_STEPS`] partial
+    /// layouts were visited. Nodes are tried in the strategy's order of preference (`PACK`:
+    /// nodes already used first; `SPREAD`: the fewest bundles first). Two nodes with the same
+    /// room left are interchangeable, so only the first is tried; a set of rooms left already
+    /// known to be a dead end is not explored again.
+    fn exhaustive(&self, strategy: PlacementStrategy, order: &[usize]) -> Search {
+        struct Walk<'a> {
+            problem: &'a Problem,
+            strategy: PlacementStrategy,
+            order: &'a [usize],
+            cap: Vec<u128>,
+            held: Vec<usize>,
+            out: Vec<usize>,
+            steps: usize,
+            dead_ends: HashSet<(usize, Vec<u128>)>,
+        }
+
+        impl Walk<'_> {
+            /// Places `order[depth..]`; `None` when out of steps.
+            fn go(&mut self, depth: usize) -> Option<bool> {
+                let p = self.problem;
+                let Some(&bundle) = self.order.get(depth) else {
+                    return Some(true);
+                };
+                self.steps += 1;
+                if self.steps > EXACT_SEARCH_STEPS {
+                    return None;
+                }
+                let mut rows: Vec<&[u128]> = self.cap.chunks(p.width.max(1)).collect();
+                rows.sort_unstable();
+                let key = (depth, rows.concat());
+                if self.dead_ends.contains(&key) {
+                    return Some(false);
+                }
+                let shape = p.shape_of[bundle];
+                let mut nodes: Vec<usize> = (0..p.nodes).collect();
+                match self.strategy {
+                    PlacementStrategy::Spread => nodes.sort_by_key(|&n| self.held[n]),
+                    _ => nodes.sort_by_key(|&n| self.held[n] == 0),
+                }
+                let mut tried: Vec<Vec<u128>> = Vec::new();
+                for node in nodes {
+                    if !p.fits(&self.cap, node, shape) {
+                        continue;
+                    }
+                    let row = p.width * node..p.width * (node + 1);
+                    if tried.iter().any(|t| t[..] == self.cap[row.clone()]) {
+                        continue;
+                    }
+                    tried.push(self.cap[row].to_vec());
+                    p.take(&mut self.cap, node, shape);
+                    self.held[node] += 1;
+                    self.out[bundle] = node;
+                    let placed = self.go(depth + 1);
+                    for &(i, a) in &p.shapes[shape] {
+                        self.cap[node * p.width + i] += a;
+                    }
+                    self.held[node] -= 1;
+                    match placed {
+                        Some(false) => {}
+                        done => return done,
+                    }
+                }
+                self.dead_ends.insert(key);
+                Some(false)
+            }
+        }
+
+        let mut walk = Walk {
+            problem: self,
+            strategy,
+            order,
+            cap: self.cap.clone(),
+            held: vec![0; self.nodes],
+            out: vec![0; self.shape_of.len()],
+            steps: 0,
+            dead_ends: HashSet::new(),
+        };
+        match walk.go(0) {
+            Some(true) => Search::Found(walk.out),
+            Some(false) => Search::Impossible,
+            None => Search::Undecided,
+        }
     }
 
     /// Each bundle to the node with room that holds the fewest bundles so far, ties by node
@@ -823,32 +1035,25 @@ impl AcceleratorPool {
     /// A pool of whole, unused devices: resource name → device ids, lowest-numbered first.
     #[must_use]
     pub fn new(ids: &BTreeMap<String, Vec<String>>) -> Self {
-        let devices = ids
-            .iter()
-            .map(|(name, ids)| {
-                let list = ids
-                    .iter()
-                    .map(|id| Device {
-                        id: id.clone(),
-                        capacity: ResourceAmount::ONE,
-                        left: ResourceAmount::ONE,
-                    })
-                    .collect();
-                (name.clone(), list)
-            })
-            .collect();
-        Self { devices }
+        Self::with_capacity(ids, |_| ResourceAmount::ONE)
     }
 
     /// The pool of a bundle (or actor) that holds `demand` on the devices `ids` it was given:
     /// whole devices for amounts of 1 and more, the fraction of its one device otherwise.
     #[must_use]
     pub fn for_holder(demand: &Resources, ids: &BTreeMap<String, Vec<String>>) -> Self {
+        Self::with_capacity(ids, |name| demand.amount(name).min(ResourceAmount::ONE))
+    }
+
+    /// Unused devices `ids`, each with the capacity that `capacity` gives its resource.
+    fn with_capacity(
+        ids: &BTreeMap<String, Vec<String>>,
+        capacity: impl Fn(&str) -> ResourceAmount,
+    ) -> Self {
         let devices = ids
             .iter()
             .map(|(name, ids)| {
-                let amount = demand.amount(name);
-                let capacity = amount.min(ResourceAmount::ONE);
+                let capacity = capacity(name);
                 let list = ids
                     .iter()
                     .map(|id| Device {
@@ -907,24 +1112,71 @@ impl AcceleratorPool {
         Some(out)
     }
 
-    /// Returns what [`AcceleratorPool::take`] handed out for `demand` as `ids`.
-    pub fn give_back(&mut self, demand: &Resources, ids: &BTreeMap<String, Vec<String>>) {
+    /// Returns what [`AcceleratorPool::take`] handed out for `demand` as `ids`, all or
+    /// nothing.
+    ///
+    /// # Errors
+    /// When some device is not in the pool, or would get back more than was handed out of
+    /// it (a double return); the pool is left unchanged then.
+    pub fn give_back(
+        &mut self,
+        demand: &Resources,
+        ids: &BTreeMap<String, Vec<String>>,
+    ) -> Result<(), GiveBackError> {
+        let mut devices = self.devices.clone();
         for (name, taken) in ids {
             let share = demand.amount(name).min(ResourceAmount::ONE);
-            let Some(list) = self.devices.get_mut(name) else {
-                continue;
-            };
             for id in taken {
-                if let Some(device) = list.iter_mut().find(|d| &d.id == id) {
-                    device.left = device
-                        .left
-                        .checked_add(share)
-                        .unwrap_or(device.capacity)
-                        .min(device.capacity);
-                }
+                let device = devices
+                    .get_mut(name)
+                    .and_then(|list| list.iter_mut().find(|d| &d.id == id))
+                    .ok_or_else(|| GiveBackError::UnknownDevice {
+                        resource: name.clone(),
+                        id: id.clone(),
+                    })?;
+                device.left = device
+                    .left
+                    .checked_add(share)
+                    .filter(|&left| left <= device.capacity)
+                    .ok_or_else(|| GiveBackError::MoreThanHandedOut {
+                        resource: name.clone(),
+                        id: id.clone(),
+                        returned: share,
+                        handed_out: device.capacity.saturating_sub(device.left),
+                    })?;
             }
         }
+        self.devices = devices;
+        Ok(())
     }
+}
+
+/// Why [`AcceleratorPool::give_back`] refused what it was given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum GiveBackError {
+    /// The pool has no such device.
+    #[error("the pool has no {resource} device `{id}`")]
+    UnknownDevice {
+        /// The accelerator resource.
+        resource: String,
+        /// The device id.
+        id: String,
+    },
+    /// More of a device is given back than is handed out of it.
+    #[error(
+        "{resource} device `{id}` gets {returned} back but only {handed_out} of it is handed out"
+    )]
+    MoreThanHandedOut {
+        /// The accelerator resource.
+        resource: String,
+        /// The device id.
+        id: String,
+        /// What was given back.
+        returned: ResourceAmount,
+        /// What was handed out of the device before.
+        handed_out: ResourceAmount,
+    },
 }
 
 #[cfg(test)]
@@ -1125,14 +1377,86 @@ mod tests {
     }
 
     #[test]
-    fn a_group_no_strategy_can_lay_out_is_reported() {
+    fn a_small_group_that_no_layout_fits_is_reported() {
         // Every rule passes but three 2-CPU bundles cannot share two 3-CPU nodes.
         let n = nodes(&["CPU=3", "CPU=3"]);
-        let err = check_feasible(&n, &factory(&["CPU=2"; 3], PlacementStrategy::Pack)).unwrap_err();
+        for strategy in [PlacementStrategy::Pack, PlacementStrategy::Spread] {
+            let err = check_feasible(&n, &factory(&["CPU=2"; 3], strategy)).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "no layout of the 3 bundles over the nodes exists, even with every node free"
+            );
+        }
+    }
+
+    #[test]
+    fn a_group_that_first_fit_cannot_lay_out_is_feasible_and_placed() {
+        // In order or largest first, first-fit puts 3 on the 4-CPU node and strands a 2;
+        // 3 on the 3-CPU node and 2 + 2 on the 4-CPU node fits.
+        let n = nodes(&["CPU=4", "CPU=3"]);
+        for strategy in [PlacementStrategy::Pack, PlacementStrategy::Spread] {
+            let f = factory(&["CPU=3", "CPU=2", "CPU=2"], strategy);
+            assert_eq!(check_feasible(&n, &f), Ok(()), "{strategy}");
+            assert_eq!(place(&n, &f), Some(vec![1, 0, 0]), "{strategy}");
+        }
+    }
+
+    #[test]
+    fn the_exhaustive_search_finds_a_layout_that_every_heuristic_misses() {
+        // First-fit in order strands the 4, first-fit and best-fit largest first strand the
+        // 2; the only layout is {4, 2} and {3, 5}.
+        let n = nodes(&["CPU=6", "CPU=8"]);
+        for strategy in [PlacementStrategy::Pack, PlacementStrategy::Spread] {
+            let f = factory(&["CPU=3", "CPU=5", "CPU=2", "CPU=4"], strategy);
+            let problem = Problem::new(&n, &f.bundles);
+            let order = problem.largest_first();
+            assert_eq!(problem.first_fit(0..4), None);
+            assert_eq!(problem.first_fit(order.iter().copied()), None);
+            assert_eq!(problem.best_fit(&order), None);
+            assert_eq!(place(&n, &f), Some(vec![1, 1, 0, 0]), "{strategy}");
+            assert_eq!(check_feasible(&n, &f), Ok(()), "{strategy}");
+        }
+    }
+
+    #[test]
+    fn a_large_group_that_passes_every_exact_check_is_not_called_infeasible() {
+        // Twelve 2-CPU bundles on eight 3-CPU nodes: the totals match, every bundle fits a
+        // node, but each node holds one. Too large to search exhaustively, so it is left to
+        // wait rather than declared impossible on the heuristics' word.
+        let n = nodes(&["CPU=3"; 8]);
+        let f = factory(&["CPU=2"; 12], PlacementStrategy::Pack);
+        assert_eq!(place(&n, &f), None);
+        assert_eq!(check_feasible(&n, &f), Ok(()));
+    }
+
+    #[test]
+    fn a_device_given_back_twice_is_refused_and_the_pool_is_unchanged() {
+        let ids = BTreeMap::from([("GPU".to_owned(), vec!["0".to_owned(), "1".to_owned()])]);
+        let mut pool = AcceleratorPool::new(&ids);
+        let one = res("GPU=1");
+        let taken = pool.take(&one).unwrap();
+        pool.give_back(&one, &taken).unwrap();
+        let before = pool.clone();
         assert_eq!(
-            err.to_string(),
-            "PACK finds no layout for the 3 bundles even with every node free"
+            pool.give_back(&one, &taken),
+            Err(GiveBackError::MoreThanHandedOut {
+                resource: "GPU".into(),
+                id: "0".into(),
+                returned: ResourceAmount::ONE,
+                handed_out: ResourceAmount::ZERO,
+            })
         );
+        assert_eq!(pool, before);
+        // One device handed out, one unknown: nothing is given back.
+        let held = pool.take(&one).unwrap();
+        let before = pool.clone();
+        let with_unknown = BTreeMap::from([(
+            "GPU".to_owned(),
+            vec![held["GPU"][0].clone(), "7".to_owned()],
+        )]);
+        let err = pool.give_back(&one, &with_unknown).unwrap_err();
+        assert_eq!(err.to_string(), "the pool has no GPU device `7`");
+        assert_eq!(pool, before);
     }
 
     #[test]
@@ -1156,7 +1480,8 @@ mod tests {
         pool.give_back(
             &half,
             &BTreeMap::from([("GPU".to_owned(), vec!["1".to_owned()])]),
-        );
+        )
+        .unwrap();
         assert_eq!(pool.take(&half).unwrap()["GPU"], ["1"]);
     }
 

@@ -8,10 +8,10 @@ use tokio::time::Instant;
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
 use trainyard_resources::{ActorOptions, Resources};
 use trainyard_runtime::sim::faults::{
-    DelayReady, FailSpawn, KillActorAfterCalls, LoseNodeAfterCalls,
+    DelayReady, FailSpawn, Fault, Faulty, KillActorAfterCalls, LoseNodeAfterCalls,
 };
 use trainyard_runtime::sim::{SimNode, SimRuntime};
-use trainyard_runtime::{ActorRuntime, ActorRuntimeExt, ActorSpec, NodeId, RuntimeError};
+use trainyard_runtime::{ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, NodeId, RuntimeError};
 
 fn spec(name: &str, cpus: &str) -> ActorSpec {
     let demand: Resources = format!("CPU={cpus}").parse().expect("valid");
@@ -168,8 +168,8 @@ async fn wrappers_stack_and_show_what_they_wrap_in_debug() {
     assert_died(runtime.node_info(actor).await);
     let text = format!("{runtime:?}");
     assert!(
-        text.contains("FailSpawn")
-            && text.contains("KillActorAfterCalls")
+        text.contains("FailNthSpawn")
+            && text.contains("KillAfterCalls")
             && text.contains("SimRuntime"),
         "{text}"
     );
@@ -177,7 +177,60 @@ async fn wrappers_stack_and_show_what_they_wrap_in_debug() {
         "{:?}",
         DelayReady::new(Arc::new(sim.clone()), Duration::from_secs(1))
     );
-    assert!(delay.contains("DelayReady"), "{delay}");
+    assert!(delay.contains("ReadyDelay"), "{delay}");
     let lose = format!("{:?}", LoseNodeAfterCalls::new(sim, NodeId::from("a"), 9));
-    assert!(lose.contains("LoseNodeAfterCalls"), "{lose}");
+    assert!(lose.contains("LoseNode"), "{lose}");
+}
+
+/// A fault of a test's own: every spawn is refused.
+#[derive(Debug)]
+struct NoSpawns;
+
+#[async_trait::async_trait]
+impl Fault for NoSpawns {
+    async fn spawn(
+        &self,
+        _inner: &dyn ActorRuntime,
+        spec: ActorSpec,
+    ) -> Result<ActorId, RuntimeError> {
+        Err(RuntimeError::SpawnFailed {
+            name: spec.name,
+            reason: "no spawns today".to_owned(),
+        })
+    }
+}
+
+/// A fault that changes nothing.
+#[derive(Debug)]
+struct Harmless;
+
+impl Fault for Harmless {}
+
+#[tokio::test]
+async fn a_fault_of_ones_own_changes_its_hooks_and_passes_the_rest_through() {
+    let sim = two_nodes();
+    let runtime: Arc<dyn ActorRuntime> = Arc::new(Faulty::wrap(Arc::new(sim.clone()), NoSpawns));
+    let err = runtime.spawn(spec("w0", "1")).await.unwrap_err();
+    assert!(matches!(err, RuntimeError::SpawnFailed { .. }), "{err}");
+    let f = PlacementGroupFactory {
+        bundles: vec!["CPU=1".parse().expect("valid")],
+        strategy: PlacementStrategy::Pack,
+    };
+    let pg = runtime.create_placement_group(&f).await.expect("feasible");
+    runtime
+        .wait_placement_group_ready(pg, Duration::from_secs(1))
+        .await
+        .expect("ready");
+    assert_eq!(
+        runtime.cluster().await.expect("cluster").available(),
+        "CPU=3".parse().expect("valid")
+    );
+    runtime.remove_placement_group(pg).await.expect("removed");
+    assert_eq!(sim.placement_group_count(), 0);
+
+    let runtime: Arc<dyn ActorRuntime> = Arc::new(Faulty::wrap(Arc::new(sim.clone()), Harmless));
+    let actor = runtime.spawn(spec("w0", "1")).await.expect("spawn");
+    runtime.node_info(actor).await.expect("call");
+    runtime.kill(actor, Duration::ZERO).await.expect("kill");
+    assert!(sim.live_actors().is_empty());
 }

@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
 use trainyard_resources::{ResourceAmount, Resources};
-use trainyard_runtime::placement::{AcceleratorPool, PlacementError, check_feasible, place};
+use trainyard_runtime::placement::{
+    AcceleratorPool, EXACT_SEARCH_BUNDLES, PlacementError, check_feasible, place,
+};
 
 fn res(text: &str) -> Resources {
     text.parse().expect("valid resources")
@@ -49,6 +51,22 @@ fn bundle() -> impl Strategy<Value = Resources> {
         })
 }
 
+/// Nodes and bundles in whole units of few resources, so that groups often fill the cluster
+/// to the brim and the heuristics' mistakes show.
+fn tight_node() -> impl Strategy<Value = Resources> {
+    (1u64..=10, 0u64..=2).prop_map(|(cpu, gpu)| Resources::new().with("CPU", cpu).with("GPU", gpu))
+}
+
+fn tight_bundle() -> impl Strategy<Value = Resources> {
+    (1u64..=6, prop::option::of(0u64..=1)).prop_map(|(cpu, gpu)| {
+        let mut r = Resources::new().with("CPU", cpu);
+        if let Some(g) = gpu {
+            r.insert("GPU", ResourceAmount::from_units(g));
+        }
+        r
+    })
+}
+
 fn strategy() -> impl Strategy<Value = PlacementStrategy> {
     prop::sample::select(PlacementStrategy::ALL.to_vec())
 }
@@ -83,6 +101,35 @@ fn distinct_layout_exists(nodes: &[Resources], bundles: &[Resources]) -> bool {
         false
     }
     go(nodes, bundles, &mut vec![false; nodes.len()])
+}
+
+/// Whether some layout, any at all, fits every bundle (brute force, small inputs).
+fn any_layout_exists(nodes: &[Resources], bundles: &[Resources]) -> bool {
+    fn go(left: &mut [Resources], bundles: &[Resources]) -> bool {
+        let Some((first, rest)) = bundles.split_first() else {
+            return true;
+        };
+        for n in 0..left.len() {
+            if left[n].try_take(first).is_ok() {
+                let found = go(left, rest);
+                left[n].checked_add_assign(first).expect("small sums");
+                if found {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+    go(&mut nodes.to_vec(), bundles)
+}
+
+/// Whether the group can be placed by its strategy's rule on an empty cluster, by brute force.
+fn oracle(nodes: &[Resources], bundles: &[Resources], strategy: PlacementStrategy) -> bool {
+    match strategy {
+        PlacementStrategy::StrictPack => nodes.iter().any(|n| n.covers(&sum(bundles))),
+        PlacementStrategy::StrictSpread => distinct_layout_exists(nodes, bundles),
+        _ => any_layout_exists(nodes, bundles),
+    }
 }
 
 fn sum(bundles: &[Resources]) -> Resources {
@@ -153,14 +200,45 @@ proptest! {
     }
 
     #[test]
-    fn a_group_is_feasible_exactly_when_it_can_be_placed_on_an_empty_cluster(
+    fn a_small_group_is_feasible_exactly_when_it_can_be_placed_on_an_empty_cluster(
         nodes in prop::collection::vec(node(), 1..8),
-        bundles in prop::collection::vec(bundle(), 1..12),
+        bundles in prop::collection::vec(bundle(), 1..=EXACT_SEARCH_BUNDLES),
         strategy in strategy(),
     ) {
         let factory = group(bundles, strategy);
         let feasible = check_feasible(&nodes, &factory);
         prop_assert_eq!(feasible.is_ok(), place(&nodes, &factory).is_some(), "{:?}", feasible);
+    }
+
+    #[test]
+    fn a_group_that_can_be_placed_on_an_empty_cluster_is_feasible(
+        nodes in prop::collection::vec(node(), 1..24),
+        bundles in prop::collection::vec(bundle(), 1..40),
+        strategy in strategy(),
+    ) {
+        let factory = group(bundles, strategy);
+        if place(&nodes, &factory).is_some() {
+            prop_assert_eq!(check_feasible(&nodes, &factory), Ok(()));
+        }
+    }
+
+    #[test]
+    fn check_feasible_and_place_agree_with_a_brute_force_search_on_small_groups(
+        nodes in prop::collection::vec(tight_node(), 1..=4),
+        bundles in prop::collection::vec(tight_bundle(), 1..=7),
+        strategy in strategy(),
+    ) {
+        let factory = group(bundles.clone(), strategy);
+        let possible = oracle(&nodes, &bundles, strategy);
+        let feasible = check_feasible(&nodes, &factory);
+        prop_assert_eq!(feasible.is_ok(), possible, "check_feasible says {:?}", feasible);
+        match place(&nodes, &factory) {
+            Some(layout) => {
+                prop_assert!(possible, "placed although no layout exists: {:?}", layout);
+                prop_assert!(within_capacity(&nodes, &bundles, &layout), "over-committed: {:?}", layout);
+            }
+            None => prop_assert!(!possible, "a layout exists but place found none"),
+        }
     }
 
     #[test]

@@ -693,3 +693,161 @@ async fn clones_share_one_cluster_and_debug_names_it() {
     let text = format!("{sim:?}");
     assert!(text.contains("SimRuntime") && text.contains('a'), "{text}");
 }
+
+/// Runs `rounds` on a thread of its own and fails when it does not finish within `limit`
+/// (a hung call cannot be cancelled, so the thread is left behind then).
+fn finishes_within(limit: Duration, what: &str, rounds: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        rounds();
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(limit) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what} did not finish within {limit:?}")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+    }
+}
+
+/// A multi-threaded runtime for races between threads that call into the simulated cluster.
+fn threaded_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+#[test]
+fn calls_racing_a_kill_of_their_actor_all_return_ok_or_actor_died() {
+    use std::sync::{Arc, Barrier};
+
+    let runtime = threaded_runtime();
+    let handle = runtime.handle().clone();
+    let sim = SimRuntime::new([SimNode::new("a").cpus(1)]);
+    let live = sim.clone();
+    finishes_within(Duration::from_secs(30), "calls racing kills", move || {
+        for round in 0..4_000u32 {
+            let actor = handle
+                .block_on(sim.spawn(spec("w", "CPU=1", None)))
+                .expect("spawn");
+            let start = Arc::new(Barrier::new(4));
+            // Each caller keeps calling until the actor is gone, so calls are in flight at
+            // every moment of the kill.
+            let callers: Vec<_> = (0..3)
+                .map(|i| {
+                    let (sim, handle, start) = (sim.clone(), handle.clone(), Arc::clone(&start));
+                    std::thread::spawn(move || {
+                        start.wait();
+                        loop {
+                            let answer = if i % 2 == 0 {
+                                handle.block_on(sim.node_info(actor)).map(drop)
+                            } else {
+                                handle.block_on(sim.poll(actor)).map(drop)
+                            };
+                            match answer {
+                                Ok(()) => {}
+                                Err(RuntimeError::ActorDied { .. }) => return,
+                                Err(other) => panic!("a call racing a kill failed with {other}"),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            start.wait();
+            for _ in 0..(round % 64) * 50 {
+                std::hint::spin_loop();
+            }
+            handle
+                .block_on(sim.kill(actor, Duration::ZERO))
+                .expect("kill");
+            for caller in callers {
+                caller.join().expect("the caller does not panic");
+            }
+        }
+    });
+    assert!(live.live_actors().is_empty());
+}
+
+#[test]
+fn a_task_started_just_before_a_kill_stops_running_once_the_kill_returns() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Barrier};
+
+    let ticks = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&ticks);
+    let registry = FunctionRegistry::new().register("tick", move |_| {
+        let counter = Arc::clone(&counter);
+        async move {
+            loop {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    });
+    let runtime = threaded_runtime();
+    let handle = runtime.handle().clone();
+    let sim = SimRuntime::new([SimNode::new("a").cpus(1)]).with_functions(registry);
+    finishes_within(Duration::from_secs(60), "tasks racing kills", move || {
+        for round in 0..1_000u32 {
+            let actor = handle
+                .block_on(sim.spawn(spec("w", "CPU=1", None)))
+                .expect("spawn");
+            let start = Arc::new(Barrier::new(2));
+            let runner = {
+                let (sim, handle, start) = (sim.clone(), handle.clone(), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    handle.block_on(sim.run_task(actor, function("tick", Value::Null)))
+                })
+            };
+            start.wait();
+            for _ in 0..(round % 64) * 50 {
+                std::hint::spin_loop();
+            }
+            handle
+                .block_on(sim.kill(actor, Duration::ZERO))
+                .expect("kill");
+            match runner.join().expect("join") {
+                Ok(()) | Err(RuntimeError::ActorDied { .. }) => {}
+                Err(other) => panic!("run_task racing a kill failed with {other}"),
+            }
+        }
+    });
+    // Every kill has returned. A tick in progress on another thread at the last kill may
+    // still land; after that the count must stand still.
+    std::thread::sleep(Duration::from_millis(10));
+    let before = ticks.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        ticks.load(Ordering::SeqCst),
+        before,
+        "a task of a killed actor is still ticking"
+    );
+    drop(runtime);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_with_the_largest_timeout_waits_without_a_deadline() {
+    let sim = SimRuntime::new([SimNode::new("a").cpus(1)]);
+    let (first, _) = ready_group(&sim, &factory(&["CPU=1"], PlacementStrategy::Pack)).await;
+    let second = sim
+        .create_placement_group(&factory(&["CPU=1"], PlacementStrategy::Pack))
+        .await
+        .expect("feasible");
+    let remover = {
+        let sim = sim.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3_600)).await;
+            sim.remove_placement_group(first).await
+        })
+    };
+    let placed = sim
+        .wait_placement_group_ready(second, Duration::MAX)
+        .await
+        .expect("ready once the first group is removed");
+    assert_eq!(placed.bundle_nodes, [NodeId::from("a")]);
+    remover.await.expect("join").expect("remove");
+}

@@ -29,8 +29,37 @@ pub(super) type Mailbox = mpsc::UnboundedSender<Envelope>;
 pub(super) struct ActorShared {
     /// The spawn environment with every `SetEnv` merged in.
     pub(super) env: Mutex<BTreeMap<String, String>>,
-    /// The running function task, to abort when the actor ends.
-    pub(super) running: Mutex<Option<AbortHandle>>,
+    /// The running function task and whether the actor has ended, under one lock: a task
+    /// starts only while the actor lives, and ending the actor aborts whatever started.
+    task: Mutex<TaskSlot>,
+}
+
+#[derive(Default)]
+struct TaskSlot {
+    running: Option<AbortHandle>,
+    closed: bool,
+}
+
+impl ActorShared {
+    pub(super) fn new(env: BTreeMap<String, String>) -> Self {
+        Self {
+            env: Mutex::new(env),
+            task: Mutex::new(TaskSlot::default()),
+        }
+    }
+
+    /// Ends the actor: aborts its running task, and no task starts from now on.
+    pub(super) fn close(&self) {
+        let mut slot = lock(&self.task);
+        slot.closed = true;
+        if let Some(task) = slot.running.take() {
+            task.abort();
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        lock(&self.task).closed
+    }
 }
 
 /// The state of one actor's request loop.
@@ -110,6 +139,15 @@ impl Serving {
         arg: serde_json::Value,
         env: BTreeMap<String, String>,
     ) -> Result<(), RuntimeError> {
+        // Held until the task's handle is stored, so that `close` either comes first and
+        // nothing starts, or comes after and aborts the task.
+        let mut slot = lock(&self.shared.task);
+        if slot.closed {
+            return Err(RuntimeError::ActorDied {
+                actor: self.id,
+                reason: "it ended before the task could start".to_owned(),
+            });
+        }
         if *lock(&self.status) == TaskStatus::Running {
             return Err(RuntimeError::TaskAlreadyRunning { actor: self.id });
         }
@@ -140,7 +178,7 @@ impl Serving {
                 },
             };
         });
-        *lock(&self.shared.running) = Some(task.abort_handle());
+        slot.running = Some(task.abort_handle());
         tracing::debug!(actor = %self.id, function = name, "task started");
         Ok(())
     }
@@ -155,11 +193,112 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
     format!("the task panicked: {text}")
 }
 
-/// Answers requests until the mailbox closes or the task is aborted.
+/// Answers requests until the mailbox closes, the actor ends or the task is aborted.
 pub(super) async fn serve(mut inbox: mpsc::UnboundedReceiver<Envelope>, mut actor: Serving) {
     while let Some((request, reply)) = inbox.recv().await {
+        // An aborted task runs on until its next pause; requests still queued then are
+        // dropped unanswered, which their callers see as the actor's death.
+        if actor.shared.is_closed() {
+            break;
+        }
         let answer = actor.handle(request);
         // The caller may have given up waiting; the answer is moot then.
         let _ = reply.send(answer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::NodeId;
+
+    fn serving(shared: &Arc<ActorShared>, functions: FunctionRegistry) -> Serving {
+        let info = WorkerInfo {
+            node_id: NodeId::from("a"),
+            node_ip: "127.0.0.1".to_owned(),
+            hostname: "a".to_owned(),
+            pid: 10_000,
+            accelerator_ids: BTreeMap::new(),
+        };
+        Serving::new(
+            ActorId(0),
+            info,
+            Arc::clone(shared),
+            functions,
+            Arc::new(AtomicU32::new(0)),
+        )
+    }
+
+    fn run(name: &str) -> Request {
+        Request::RunTask(TaskSpec::Function {
+            name: name.to_owned(),
+            arg: serde_json::Value::Null,
+            env: BTreeMap::new(),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_asked_for_after_the_actor_ended_never_starts() {
+        let started = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&started);
+        let functions = FunctionRegistry::new().register("mark", move |_| {
+            let flag = Arc::clone(&flag);
+            async move {
+                flag.store(true, Ordering::SeqCst);
+                Ok(serde_json::Value::Null)
+            }
+        });
+        let shared = Arc::new(ActorShared::new(BTreeMap::new()));
+        let mut actor = serving(&shared, functions);
+        shared.close();
+        let err = actor.handle(run("mark")).unwrap_err();
+        assert!(matches!(err, RuntimeError::ActorDied { .. }), "{err}");
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(!started.load(Ordering::SeqCst), "the task ran");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ending_the_actor_aborts_the_task_it_started() {
+        let ticks = Arc::new(AtomicU32::new(0));
+        let counter = Arc::clone(&ticks);
+        let functions = FunctionRegistry::new().register("tick", move |_| {
+            let counter = Arc::clone(&counter);
+            async move {
+                loop {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
+        });
+        let shared = Arc::new(ActorShared::new(BTreeMap::new()));
+        let mut actor = serving(&shared, functions);
+        actor.handle(run("tick")).expect("started");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        shared.close();
+        tokio::task::yield_now().await;
+        let after = ticks.load(Ordering::SeqCst);
+        assert!(after > 0);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(ticks.load(Ordering::SeqCst), after);
+    }
+
+    #[tokio::test]
+    async fn an_ended_actor_answers_no_more_queued_requests() {
+        let shared = Arc::new(ActorShared::new(BTreeMap::new()));
+        let actor = serving(&shared, FunctionRegistry::with_builtins());
+        let (mailbox, inbox) = mpsc::unbounded_channel();
+        let (reply, answer) = oneshot::channel();
+        mailbox
+            .send((Request::NodeInfo, reply))
+            .expect("the inbox is open");
+        shared.close();
+        // Returns although the mailbox is still open: the actor ended.
+        serve(inbox, actor).await;
+        assert!(
+            answer.await.is_err(),
+            "a request was answered after the end"
+        );
     }
 }

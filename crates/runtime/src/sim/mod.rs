@@ -248,7 +248,8 @@ impl ActorRuntime for SimRuntime {
         pg: PlacementGroupId,
         timeout: Duration,
     ) -> Result<PlacementInfo, RuntimeError> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        // A timeout too large to add to the clock waits without a deadline.
+        let deadline = tokio::time::Instant::now().checked_add(timeout);
         loop {
             let mut phase = {
                 let state = lock(&self.state);
@@ -258,7 +259,11 @@ impl ActorRuntime for SimRuntime {
                 state.subscribe(pg)?
             };
             let changed = phase.wait_for(|p| *p != Phase::Pending);
-            match tokio::time::timeout_at(deadline, changed).await {
+            let outcome = match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, changed).await,
+                None => Ok(changed.await),
+            };
+            match outcome {
                 Err(_) => {
                     return Err(RuntimeError::PlacementTimeout {
                         pg,
@@ -280,18 +285,28 @@ impl ActorRuntime for SimRuntime {
     }
 
     async fn call(&self, actor: ActorId, request: Request) -> Result<Response, RuntimeError> {
-        let mailbox = lock(&self.state).mailbox(actor)?;
+        let (mailbox, mut ended) = lock(&self.state).mailbox(actor)?;
         if request == Request::Stop {
             lock(&self.state).remove_actor(actor, "it was stopped");
             return Ok(Response::Done);
         }
         let (reply, answer) = oneshot::channel();
-        if mailbox.send((request, reply)).is_err() {
+        let sent = mailbox.send((request, reply));
+        // Holding the sender while waiting would keep the queue, and a request that lands in
+        // it as the actor ends, alive: its reply channel would never close.
+        drop(mailbox);
+        if sent.is_err() {
             return Err(lock(&self.state).death(actor));
         }
-        match answer.await {
-            Ok(result) => result,
-            Err(_) => Err(lock(&self.state).death(actor)),
+        tokio::select! {
+            biased;
+            answer = answer => match answer {
+                Ok(result) => result,
+                Err(_) => Err(lock(&self.state).death(actor)),
+            },
+            // Ends when the flag turns or its sender is dropped with the actor: either way
+            // the actor is gone.
+            _ = ended.wait_for(|ended| *ended) => Err(lock(&self.state).death(actor)),
         }
     }
 

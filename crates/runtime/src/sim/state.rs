@@ -2,8 +2,8 @@
 //! the async layer only locks it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
-use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
@@ -75,6 +75,8 @@ struct Actor {
     shared: Arc<ActorShared>,
     mailbox: Mailbox,
     serving: AbortHandle,
+    /// `true` once the actor has ended; callers waiting for an answer watch it.
+    ended: watch::Sender<bool>,
 }
 
 pub(super) struct State {
@@ -93,6 +95,19 @@ fn give(to: &mut Resources, amounts: &Resources) {
     let nonzero = amounts.clone().without_zeros();
     // Amounts given back were taken from `to` before, so the sum stays below its old total.
     let _ = to.checked_add_assign(&nonzero);
+}
+
+/// Gives devices back to `pool`. The bookkeeping returns only what it took, once; a refusal
+/// is a bug in it, reported and otherwise ignored.
+fn return_devices(
+    pool: &mut AcceleratorPool,
+    demand: &Resources,
+    ids: &BTreeMap<String, Vec<String>>,
+) {
+    if let Err(error) = pool.give_back(demand, ids) {
+        tracing::error!(%error, "simulated cluster: the device pool refused what was given back");
+        debug_assert!(false, "simulated cluster: {error}");
+    }
 }
 
 impl State {
@@ -191,10 +206,14 @@ impl State {
         }
     }
 
-    pub(super) fn mailbox(&self, actor: ActorId) -> Result<Mailbox, RuntimeError> {
+    /// Where to send `actor` a request, and a flag that turns `true` when it ends.
+    pub(super) fn mailbox(
+        &self,
+        actor: ActorId,
+    ) -> Result<(Mailbox, watch::Receiver<bool>), RuntimeError> {
         self.actors
             .get(&actor)
-            .map(|a| a.mailbox.clone())
+            .map(|a| (a.mailbox.clone(), a.ended.subscribe()))
             .ok_or_else(|| self.death(actor))
     }
 
@@ -276,7 +295,7 @@ impl State {
                 let node = &mut self.nodes[bundle.node];
                 if node.alive {
                     give(&mut node.available, &bundle.reserved);
-                    node.devices.give_back(&bundle.reserved, &bundle.device_ids);
+                    return_devices(&mut node.devices, &bundle.reserved, &bundle.device_ids);
                 }
             }
             group.phase.send_replace(Phase::Removed);
@@ -343,7 +362,7 @@ impl State {
                 break;
             };
             if node.available.try_take(&demand).is_err() {
-                node.devices.give_back(&demand, &device_ids);
+                return_devices(&mut node.devices, &demand, &device_ids);
                 complete = false;
                 break;
             }
@@ -361,7 +380,7 @@ impl State {
             for (_, bundle) in taken {
                 let node = &mut self.nodes[bundle.node];
                 give(&mut node.available, &bundle.reserved);
-                node.devices.give_back(&bundle.reserved, &bundle.device_ids);
+                return_devices(&mut node.devices, &bundle.reserved, &bundle.device_ids);
             }
             return;
         }
@@ -399,8 +418,8 @@ impl State {
                         pg,
                         index,
                         resource: short.to_owned(),
-                        needed: demand.amount(short).to_string(),
-                        left: bundle.left.amount(short).to_string(),
+                        needed: demand.amount(short),
+                        left: bundle.left.amount(short),
                     });
                 }
                 let Some(ids) = bundle.devices.take(&demand) else {
@@ -455,10 +474,7 @@ impl State {
             pid: u32::try_from(10_000 + id.0).unwrap_or(u32::MAX),
             accelerator_ids,
         };
-        let shared = Arc::new(ActorShared {
-            env: Mutex::new(spec.env),
-            running: Mutex::new(None),
-        });
+        let shared = Arc::new(ActorShared::new(spec.env));
         let (mailbox, inbox) = mpsc::unbounded_channel();
         let serving = tokio::spawn(actor::serve(
             inbox,
@@ -482,6 +498,7 @@ impl State {
                 shared,
                 mailbox,
                 serving,
+                ended: watch::Sender::new(false),
             },
         );
         Ok(id)
@@ -499,18 +516,17 @@ impl State {
         let Some(entry) = self.actors.remove(&actor) else {
             return false;
         };
+        entry.shared.close();
         entry.serving.abort();
-        if let Some(task) = lock(&entry.shared.running).take() {
-            task.abort();
-        }
         self.dead.insert(actor, reason.to_owned());
+        entry.ended.send_replace(true);
         tracing::debug!(%actor, reason, "actor ended");
         match entry.home {
             Home::Node => {
                 let node = &mut self.nodes[entry.node];
                 if node.alive {
                     give(&mut node.available, &entry.demand);
-                    node.devices.give_back(&entry.demand, &entry.device_ids);
+                    return_devices(&mut node.devices, &entry.demand, &entry.device_ids);
                 }
             }
             Home::Bundle(pg, index) => {
@@ -522,7 +538,7 @@ impl State {
                     .filter(|b| b.node == entry.node);
                 if let Some(bundle) = bundle {
                     give(&mut bundle.left, &entry.demand);
-                    bundle.devices.give_back(&entry.demand, &entry.device_ids);
+                    return_devices(&mut bundle.devices, &entry.demand, &entry.device_ids);
                 }
             }
         }
@@ -559,5 +575,50 @@ impl State {
             }
         }
         self.schedule();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use trainyard_resources::ActorOptions;
+
+    use super::*;
+    use crate::sim::SimRuntime;
+    use crate::{ActorRuntime, ActorRuntimeExt};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_whose_request_is_stuck_in_the_queue_answers_actor_died_when_the_actor_ends() {
+        let sim = SimRuntime::new([SimNode::new("a").cpus(1)]);
+        let spec = ActorSpec {
+            name: "w".to_owned(),
+            options: ActorOptions::default(),
+            placement: None,
+            env: BTreeMap::new(),
+        };
+        let actor = sim.spawn(spec).await.expect("spawn");
+        // Requests now go to a queue nobody reads and nobody drops, as one that lands in the
+        // queue just as the actor ends.
+        let (mailbox, _unread) = mpsc::unbounded_channel();
+        lock(&sim.state)
+            .actors
+            .get_mut(&actor)
+            .expect("live")
+            .mailbox = mailbox;
+        let call = tokio::spawn({
+            let sim = sim.clone();
+            async move { sim.node_info(actor).await }
+        });
+        tokio::task::yield_now().await;
+        sim.kill(actor, Duration::ZERO).await.expect("kill");
+        let answer = tokio::time::timeout(Duration::from_secs(5), call)
+            .await
+            .expect("the call returns")
+            .expect("join");
+        assert!(
+            matches!(answer, Err(RuntimeError::ActorDied { actor: a, .. }) if a == actor),
+            "{answer:?}"
+        );
     }
 }
