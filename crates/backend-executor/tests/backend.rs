@@ -746,3 +746,123 @@ async fn starting_twice_is_an_error_that_leaks_nothing() {
     executor.shutdown().await;
     assert_nothing_left(&sim).await;
 }
+
+/// Polls of worker 0 never answer; everything else passes through.
+#[derive(Debug, Default)]
+struct HangWorkerZerosPolls {
+    worker_zero: std::sync::Mutex<Option<trainyard_runtime::ActorId>>,
+}
+
+#[async_trait::async_trait]
+impl trainyard_runtime::sim::faults::Fault for HangWorkerZerosPolls {
+    async fn spawn(
+        &self,
+        inner: &dyn ActorRuntime,
+        spec: trainyard_runtime::ActorSpec,
+    ) -> Result<trainyard_runtime::ActorId, trainyard_runtime::RuntimeError> {
+        let is_zero = spec.name.ends_with("-0");
+        let actor = inner.spawn(spec).await?;
+        if is_zero {
+            *self.worker_zero.lock().expect("lock") = Some(actor);
+        }
+        Ok(actor)
+    }
+
+    async fn call(
+        &self,
+        inner: &dyn ActorRuntime,
+        actor: trainyard_runtime::ActorId,
+        request: trainyard_runtime::Request,
+    ) -> Result<trainyard_runtime::Response, trainyard_runtime::RuntimeError> {
+        let hang = matches!(request, trainyard_runtime::Request::Poll)
+            && *self.worker_zero.lock().expect("lock") == Some(actor);
+        if hang {
+            std::future::pending::<()>().await;
+        }
+        inner.call(actor, request).await
+    }
+}
+
+#[tokio::test]
+async fn a_ranks_failure_is_not_held_up_by_another_ranks_hung_poll() {
+    let functions = functions().register("rank1_fails", |task| async move {
+        let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+        if ctx.world_rank().0 == 1 {
+            return Err("rank 1 fails".to_owned());
+        }
+        tokio::time::sleep(Duration::from_secs(1_000_000)).await;
+        Ok(Value::Null)
+    });
+    let sim = SimRuntime::new([SimNode::new("node-0").cpus(2)]).with_functions(functions);
+    let runtime = trainyard_runtime::sim::faults::Faulty::wrap(
+        Arc::new(sim.clone()),
+        HangWorkerZerosPolls::default(),
+    );
+    // The health check would only give up on rank 0 after a minute.
+    let mut executor = BackendExecutor::new(
+        Arc::new(runtime),
+        Arc::new(NoBackend),
+        ScalingConfig::default().num_workers(2),
+    )
+    .expect("valid")
+    .with_options(ExecutorOptions {
+        shutdown_patience: Duration::from_millis(100),
+        ..fast()
+    });
+    let task = task("rank1_fails");
+    let result = tokio::time::timeout(Duration::from_secs(20), executor.fit(&task))
+        .await
+        .expect("the failure ends the run without waiting for rank 0's poll");
+    match result {
+        Err(ExecutorError::TrainingFailed { report }) => assert_eq!(
+            report.failures,
+            [AttemptFailure::UserError {
+                rank: WorldRank(1),
+                error: "rank 1 fails".into()
+            }]
+        ),
+        other => panic!("expected rank 1's error, got {other:?}"),
+    }
+    assert_nothing_left(&sim).await;
+}
+
+/// Spawns never finish.
+#[derive(Debug)]
+struct SpawnsHang;
+
+#[async_trait::async_trait]
+impl trainyard_runtime::sim::faults::Fault for SpawnsHang {
+    async fn spawn(
+        &self,
+        _inner: &dyn ActorRuntime,
+        _spec: trainyard_runtime::ActorSpec,
+    ) -> Result<trainyard_runtime::ActorId, trainyard_runtime::RuntimeError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn workers_that_do_not_start_in_time_fail_the_attempt_and_leave_nothing_behind() {
+    let sim = one_node(2);
+    let runtime = trainyard_runtime::sim::faults::Faulty::wrap(Arc::new(sim.clone()), SpawnsHang);
+    let mut executor = BackendExecutor::new(
+        Arc::new(runtime),
+        Arc::new(NoBackend),
+        ScalingConfig::default().num_workers(2),
+    )
+    .expect("valid")
+    .with_options(ExecutorOptions {
+        start_timeout: Duration::from_secs(30),
+        ..fast()
+    });
+    match executor.fit(&task("one")).await {
+        Err(ExecutorError::TrainingFailed { report }) => match report.failures.as_slice() {
+            [AttemptFailure::StartFailed { reason }] => {
+                assert_eq!(reason, "the workers did not finish within 30s");
+            }
+            other => panic!("expected a start failure, got {other:?}"),
+        },
+        other => panic!("expected the run to fail, got {other:?}"),
+    }
+    assert_nothing_left(&sim).await;
+}
