@@ -295,6 +295,20 @@ fn gpu_workers(n: u32, gpu: &str) -> ScalingConfig {
         )
 }
 
+/// Runs each case (a number of workers and the expected table) on a fresh cluster.
+async fn check_tables(
+    cluster: impl Fn() -> SimRuntime,
+    workers: impl Fn(u32) -> ScalingConfig,
+    var: &str,
+    rules: Option<Vec<SharingRule>>,
+    cases: &[(u32, Table)],
+) {
+    for &(n, expected) in cases {
+        let got = visible(&cluster(), workers(n), var, rules.clone()).await;
+        assert_eq!(got, table(expected), "{var} with {n} workers");
+    }
+}
+
 #[tokio::test]
 async fn cuda_visible_devices_one_gpu_per_worker() {
     let cases: [(u32, Table); 4] = [
@@ -303,16 +317,14 @@ async fn cuda_visible_devices_one_gpu_per_worker() {
         (3, &[(1, &[0]), (2, &[0, 1])]),
         (4, &[(4, &[0, 1])]),
     ];
-    for (n, expected) in cases {
-        let got = visible(
-            &gpu_cluster(2),
-            gpu_workers(n, "1"),
-            "CUDA_VISIBLE_DEVICES",
-            None,
-        )
-        .await;
-        assert_eq!(got, table(expected), "{n} workers");
-    }
+    check_tables(
+        || gpu_cluster(2),
+        |n| gpu_workers(n, "1"),
+        "CUDA_VISIBLE_DEVICES",
+        None,
+        &cases,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -327,16 +339,14 @@ async fn cuda_visible_devices_half_a_gpu_per_worker() {
         (7, &[(7, &[0, 1])]),
         (8, &[(8, &[0, 1])]),
     ];
-    for (n, expected) in cases {
-        let got = visible(
-            &gpu_cluster(2),
-            gpu_workers(n, "0.5"),
-            "CUDA_VISIBLE_DEVICES",
-            None,
-        )
-        .await;
-        assert_eq!(got, table(expected), "{n} workers");
-    }
+    check_tables(
+        || gpu_cluster(2),
+        |n| gpu_workers(n, "0.5"),
+        "CUDA_VISIBLE_DEVICES",
+        None,
+        &cases,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -347,16 +357,14 @@ async fn cuda_visible_devices_two_gpus_per_worker() {
         (3, &[(1, &[0, 1]), (2, &[0, 1, 2, 3])]),
         (4, &[(4, &[0, 1, 2, 3])]),
     ];
-    for (n, expected) in cases {
-        let got = visible(
-            &gpu_cluster(4),
-            gpu_workers(n, "2"),
-            "CUDA_VISIBLE_DEVICES",
-            None,
-        )
-        .await;
-        assert_eq!(got, table(expected), "{n} workers");
-    }
+    check_tables(
+        || gpu_cluster(4),
+        |n| gpu_workers(n, "2"),
+        "CUDA_VISIBLE_DEVICES",
+        None,
+        &cases,
+    )
+    .await;
 }
 
 fn neuron_cluster() -> SimRuntime {
@@ -387,16 +395,14 @@ async fn neuron_cores_are_shared_per_node_by_default() {
         (3, &[(1, &[0]), (2, &[0, 1])]),
         (4, &[(4, &[0, 1])]),
     ];
-    for (n, expected) in cases {
-        let got = visible(
-            &neuron_cluster(),
-            neuron_workers(n),
-            "NEURON_RT_VISIBLE_CORES",
-            None,
-        )
-        .await;
-        assert_eq!(got, table(expected), "{n} workers");
-    }
+    check_tables(
+        || neuron_cluster(),
+        |n| neuron_workers(n),
+        "NEURON_RT_VISIBLE_CORES",
+        None,
+        &cases,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -412,16 +418,14 @@ async fn neuron_cores_with_sharing_disabled_are_each_workers_own() {
         (3, &[(2, &[0]), (1, &[1])]),
         (4, &[(2, &[0]), (2, &[1])]),
     ];
-    for (n, expected) in cases {
-        let got = visible(
-            &neuron_cluster(),
-            neuron_workers(n),
-            "NEURON_RT_VISIBLE_CORES",
-            Some(rules.clone()),
-        )
-        .await;
-        assert_eq!(got, table(expected), "{n} workers");
-    }
+    check_tables(
+        || neuron_cluster(),
+        |n| neuron_workers(n),
+        "NEURON_RT_VISIBLE_CORES",
+        Some(rules.clone()),
+        &cases,
+    )
+    .await;
 }
 
 #[tokio::test]
