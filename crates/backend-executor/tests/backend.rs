@@ -396,8 +396,8 @@ async fn neuron_cores_are_shared_per_node_by_default() {
         (4, &[(4, &[0, 1])]),
     ];
     check_tables(
-        || neuron_cluster(),
-        |n| neuron_workers(n),
+        neuron_cluster,
+        neuron_workers,
         "NEURON_RT_VISIBLE_CORES",
         None,
         &cases,
@@ -419,8 +419,8 @@ async fn neuron_cores_with_sharing_disabled_are_each_workers_own() {
         (4, &[(2, &[0]), (2, &[1])]),
     ];
     check_tables(
-        || neuron_cluster(),
-        |n| neuron_workers(n),
+        neuron_cluster,
+        neuron_workers,
         "NEURON_RT_VISIBLE_CORES",
         Some(rules.clone()),
         &cases,
