@@ -4,7 +4,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
 use trainyard_backend_executor::{
-    AttemptFailure, BackendConfig, BackendExecutor, ExecutorOptions, FitReport, RunEvent, WorldRank,
+    AttemptFailure, BackendConfig, BackendExecutor, ExecutorError, ExecutorOptions, FitReport,
+    RunEvent, WorldRank,
 };
 use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_runtime::{ActorRuntime, TaskSpec};
@@ -150,13 +151,23 @@ impl Trainer {
     /// [`Error::Executor`](crate::Error::Executor) when the run cannot be scheduled or fails
     /// beyond `max_failures` (its `TrainingFailed` report names the failed ranks).
     pub async fn fit(self) -> Result<TrainResult> {
-        let mut executor = BackendExecutor::new(self.runtime, self.backend, self.scaling)?
-            .with_run_config(self.run)?
+        let config_error = |e| match e {
+            ExecutorError::Config(e) => crate::Error::Config(e),
+            other => crate::Error::Executor(other),
+        };
+        let mut executor = BackendExecutor::new(self.runtime, self.backend, self.scaling)
+            .map_err(config_error)?
+            .with_run_config(self.run)
+            .map_err(config_error)?
             .with_options(self.options);
         if let Some(events) = self.events {
             executor = executor.with_events(events);
         }
-        Ok(executor.fit(&self.task).await?.into())
+        match executor.fit(&self.task).await {
+            Ok(report) => Ok(report.into()),
+            Err(ExecutorError::Config(e)) => Err(e.into()),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

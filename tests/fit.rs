@@ -155,9 +155,10 @@ async fn errors_wrap_the_layer_error_as_their_source() {
     .fit()
     .await
     .expect_err("no workers");
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
     assert!(
         err.source()
-            .is_some_and(|s| s.to_string().contains("invalid scaling config")),
+            .is_some_and(|s| s.to_string().contains("`num_workers`")),
         "{err:?}"
     );
 }

@@ -37,12 +37,13 @@ impl Backend for TensorflowBackend {
             .workers()
             .iter()
             .zip(ports)
-            .map(|(worker, port)| match port {
+            .enumerate()
+            .map(|(i, (worker, port))| match port {
                 Response::Port { port } => Ok(format!("{}:{port}", worker.metadata.node_ip)),
-                _ => Err(BackendError::Config {
+                _ => Err(BackendError::Protocol {
                     backend: "tensorflow".to_owned(),
-                    reason: "a worker answered find_free_port with an unexpected response"
-                        .to_owned(),
+                    worker: i,
+                    reason: "find_free_port was not answered with a port".to_owned(),
                 }),
             })
             .collect::<Result<_, _>>()?;

@@ -41,6 +41,17 @@ pub enum BackendError {
         #[source]
         source: Box<WorkerGroupError>,
     },
+    /// A worker answered a backend's request with something unexpected (counted as a failed
+    /// start and retried).
+    #[error("backend `{backend}` got an unexpected answer from worker {worker}: {reason}")]
+    Protocol {
+        /// The backend.
+        backend: String,
+        /// The worker's index.
+        worker: usize,
+        /// What was wrong.
+        reason: String,
+    },
     /// The backend's own configuration is unusable.
     #[error("backend `{backend}` is misconfigured: {reason}")]
     Config {

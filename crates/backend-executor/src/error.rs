@@ -53,7 +53,7 @@ impl fmt::Display for AttemptFailure {
 #[non_exhaustive]
 pub enum ExecutorError {
     /// The scaling config is invalid.
-    #[error("invalid scaling config")]
+    #[error("invalid configuration")]
     Config(#[from] ConfigError),
     /// The placement group can never fit on the cluster as it is.
     #[error("the workers cannot be scheduled")]
@@ -70,6 +70,14 @@ pub enum ExecutorError {
         requested: Resources,
         /// What the cluster had free when the wait ended.
         available: Resources,
+    },
+    /// A runtime operation outside any worker did not answer in time.
+    #[error("{operation} did not finish within {}s", after.as_secs_f64())]
+    Timeout {
+        /// What was being done.
+        operation: &'static str,
+        /// The limit.
+        after: Duration,
     },
     /// The runtime failed outside any worker (creating or removing a group).
     #[error("the runtime failed")]

@@ -259,10 +259,13 @@ impl BackendExecutor {
             .scaling
             .worker_resources()
             .map_err(ExecutorError::from)?;
-        let pg = self
-            .runtime
-            .create_placement_group(&factory)
+        let limit = self.options.health_check_timeout;
+        let pg = tokio::time::timeout(limit, self.runtime.create_placement_group(&factory))
             .await
+            .map_err(|_| ExecutorError::Timeout {
+                operation: "creating the placement group",
+                after: limit,
+            })?
             .map_err(|e| match e {
                 RuntimeError::Infeasible(_) => ExecutorError::Unschedulable(Box::new(e)),
                 other => ExecutorError::Runtime(Box::new(other)),
@@ -275,10 +278,14 @@ impl BackendExecutor {
         {
             Ok(_) => {}
             Err(RuntimeError::PlacementTimeout { waited, .. }) => {
-                let available = match self.runtime.cluster().await {
-                    Ok(cluster) => cluster.available(),
-                    Err(e) => {
+                let available = match tokio::time::timeout(limit, self.runtime.cluster()).await {
+                    Ok(Ok(cluster)) => cluster.available(),
+                    Ok(Err(e)) => {
                         warn!(error = %e, "cannot read the cluster's free resources");
+                        trainyard_resources::Resources::new()
+                    }
+                    Err(_) => {
+                        warn!("reading the cluster's free resources timed out");
                         trainyard_resources::Resources::new()
                     }
                 };
@@ -295,31 +302,41 @@ impl BackendExecutor {
         }
 
         let n = self.scaling.num_workers as usize;
-        let mut group = WorkerGroup::new(Arc::clone(&self.runtime), pg, vec![worker; n])
+        let group = WorkerGroup::new(Arc::clone(&self.runtime), pg, vec![worker; n])
             .map_err(|e| start_failed(&e))?
             .with_env(self.run.env.clone())
             .with_name_prefix(format!("{}-worker", self.run_name));
+        // Held by the executor from here on, so that `shutdown` releases whatever part of
+        // the start happened, whichever step fails or times out.
+        let active = self.active.insert(Active {
+            group,
+            ranks: Vec::new(),
+            env: Vec::new(),
+            restart_count,
+        });
         let start_timeout = self.options.start_timeout;
-        match tokio::time::timeout(start_timeout, group.start()).await {
+        match tokio::time::timeout(start_timeout, active.group.start()).await {
             Ok(started) => started.map_err(|e| start_failed(&e))?,
             Err(_) => return Err(start_timed_out("the workers", start_timeout)),
         }
-        group.sort_workers_by_node_and_gpu(None);
+        active.group.sort_workers_by_node_and_gpu(None);
 
-        let nodes: Vec<_> = group
+        let nodes: Vec<_> = active
+            .group
             .workers()
             .iter()
             .map(|w| w.metadata.node_id.clone())
             .collect();
-        let ranks = assign_ranks(&nodes);
-        info!("{}", describe_workers(&group, &ranks));
+        active.ranks = assign_ranks(&nodes);
+        info!("{}", describe_workers(&active.group, &active.ranks));
 
         let rules = self
             .options
             .sharing_rules
             .clone()
             .unwrap_or_else(|| default_rules(self.backend.share_accelerator_ids()));
-        let views: Vec<AcceleratorView<_>> = group
+        let views: Vec<AcceleratorView<_>> = active
+            .group
             .workers()
             .iter()
             .map(|w| AcceleratorView {
@@ -333,11 +350,11 @@ impl BackendExecutor {
                 ids: w.metadata.accelerator_ids.clone(),
             })
             .collect();
-        let mut env = accelerator_env(&rules, &views);
+        let mut env = accelerator_env(&rules, &views).map_err(|e| start_failed(&e))?;
 
         let ctx = BackendContext {
-            group: &group,
-            ranks: &ranks,
+            group: &active.group,
+            ranks: &active.ranks,
             restart_count,
             run: &self.run,
         };
@@ -347,15 +364,10 @@ impl BackendExecutor {
                 Err(_) => return Err(start_timed_out("the backend's on_start", start_timeout)),
             };
         merge(&mut env, backend_env);
-        for (worker_env, rank) in env.iter_mut().zip(&ranks) {
+        for (worker_env, rank) in env.iter_mut().zip(&active.ranks) {
             worker_env.extend(rank_env(rank, restart_count, &self.run_name));
         }
-        self.active = Some(Active {
-            group,
-            ranks,
-            env,
-            restart_count,
-        });
+        active.env = env;
         if let Some(events) = &self.events {
             let _ = events.send(RunEvent::AttemptStarted {
                 restart_count,
@@ -373,10 +385,17 @@ impl BackendExecutor {
     /// [`ExecutorError::NotStarted`], or [`ExecutorError::TrainingFailed`] with this attempt's
     /// failure (the workers are left for [`BackendExecutor::shutdown`]).
     pub async fn run_training(&mut self, task: &TaskSpec) -> Result<FitReport, ExecutorError> {
-        single_attempt(self.train(task).await)
+        let mut report = FitReport {
+            attempts: 1,
+            ..FitReport::default()
+        };
+        single_attempt(self.train(task, &mut report).await)?;
+        Ok(report)
     }
 
-    async fn train(&mut self, task: &TaskSpec) -> Result<FitReport, AttemptError> {
+    /// Runs one attempt's training, filling `report` (metrics, last report, returns) as it
+    /// goes, so that a failed attempt still tells what was reported before it failed.
+    async fn train(&mut self, task: &TaskSpec, report: &mut FitReport) -> Result<(), AttemptError> {
         let active = self.active.as_ref().ok_or(ExecutorError::NotStarted)?;
         let group = &active.group;
         let ctx = BackendContext {
@@ -385,10 +404,10 @@ impl BackendExecutor {
             restart_count: active.restart_count,
             run: &self.run,
         };
-        let training_env = self
-            .backend
-            .on_training_start(ctx)
+        let limit = self.options.start_timeout;
+        let training_env = tokio::time::timeout(limit, self.backend.on_training_start(ctx))
             .await
+            .map_err(|_| start_timed_out("the backend's on_training_start", limit))?
             .map_err(backend_failure)?;
         let mut env = active.env.clone();
         merge(&mut env, training_env);
@@ -420,11 +439,7 @@ impl BackendExecutor {
         }
 
         let n = group.len();
-        let mut report = FitReport {
-            attempts: 1,
-            metrics: vec![None; n],
-            ..FitReport::default()
-        };
+        report.metrics = vec![None; n];
         let mut returns: Vec<Option<serde_json::Value>> = vec![None; n];
         let pids: Vec<u32> = group.workers().iter().map(|w| w.metadata.pid).collect();
         loop {
@@ -455,7 +470,7 @@ impl BackendExecutor {
                     Ok(Err(e)) => Some(died(i, chain(&e))),
                     Ok(Ok(Response::Poll(poll))) => {
                         for event in poll.events {
-                            self.forward(rank, pids[i], event, &mut report);
+                            self.forward(rank, pids[i], event, report);
                         }
                         match poll.status {
                             TaskStatus::Running => None,
@@ -485,7 +500,7 @@ impl BackendExecutor {
             }
             if returns.iter().all(Option::is_some) {
                 report.returns = returns.into_iter().flatten().collect();
-                return Ok(report);
+                return Ok(());
             }
         }
     }
@@ -515,10 +530,19 @@ impl BackendExecutor {
     /// Safe to call at any point, and more than once.
     pub async fn shutdown(&mut self) {
         if let Some(mut active) = self.active.take() {
-            if let Err(e) = self.backend.on_shutdown(&active.group).await {
-                warn!(error = %chain(&e), "graceful shutdown of the backend failed; expected when a worker has died");
+            let patience = self.options.shutdown_patience;
+            match tokio::time::timeout(patience, self.backend.on_shutdown(&active.group)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(
+                    error = %chain(&e),
+                    "graceful shutdown of the backend failed; expected when a worker has died"
+                ),
+                Err(_) => warn!(
+                    patience_s = patience.as_secs_f64(),
+                    "the backend's on_shutdown did not finish within the patience"
+                ),
             }
-            if let Err(e) = active.group.shutdown(self.options.shutdown_patience).await {
+            if let Err(e) = active.group.shutdown(patience).await {
                 warn!(error = %chain(&e), "stopping the workers failed");
             }
         }
@@ -527,8 +551,11 @@ impl BackendExecutor {
 
     async fn remove_placement_group(&mut self) {
         if let Some(pg) = self.placement_group.take() {
-            if let Err(e) = self.runtime.remove_placement_group(pg).await {
-                warn!(%pg, error = %e, "removing the placement group failed");
+            let limit = self.options.health_check_timeout;
+            match tokio::time::timeout(limit, self.runtime.remove_placement_group(pg)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(%pg, error = %e, "removing the placement group failed"),
+                Err(_) => warn!(%pg, "removing the placement group timed out"),
             }
         }
     }
@@ -550,15 +577,16 @@ impl BackendExecutor {
         loop {
             let restart_count = u32::try_from(failures.len()).unwrap_or(u32::MAX);
             let span = info_span!("attempt", run = %self.run_name, restart_count);
+            let mut report = FitReport::default();
             let outcome = async {
                 self.start_attempt(restart_count).await?;
-                self.train(task).await
+                self.train(task, &mut report).await
             }
             .instrument(span)
             .await;
             self.shutdown().await;
             match outcome {
-                Ok(mut report) => {
+                Ok(()) => {
                     report.attempts = restart_count + 1;
                     report.failures = failures;
                     return Ok(report);
@@ -568,12 +596,12 @@ impl BackendExecutor {
                     failures.push(failure.clone());
                     let count = u32::try_from(failures.len()).unwrap_or(u32::MAX);
                     if !self.run.failure_config.should_restart(count) {
+                        // What the final attempt reported before it failed stays in the report.
+                        report.attempts = count;
+                        report.failures = failures;
+                        report.returns.clear();
                         return Err(ExecutorError::TrainingFailed {
-                            report: Box::new(FitReport {
-                                attempts: count,
-                                failures,
-                                ..FitReport::default()
-                            }),
+                            report: Box::new(report),
                         });
                     }
                     warn!(%failure, restart_count, "attempt failed; restarting all workers");

@@ -27,4 +27,6 @@ pub use executor::{
     describe_workers,
 };
 pub use ranks::{RankInfo, WorldRank, assign_ranks};
-pub use sharing::{AcceleratorView, SharingRule, accelerator_env, default_rules, shared_ids};
+pub use sharing::{
+    AcceleratorView, MissingAcceleratorIds, SharingRule, accelerator_env, default_rules, shared_ids,
+};

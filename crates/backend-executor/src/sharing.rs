@@ -27,14 +27,14 @@ impl SharingRule {
     }
 }
 
-/// The default rules: GPUs in `CUDA_VISIBLE_DEVICES` and AMD's `ROCR_VISIBLE_DEVICES`,
-/// shared when the backend asks for it (`share_gpus`); Neuron cores in
+/// The default rules, as Ray Train's: GPUs in `CUDA_VISIBLE_DEVICES`, shared when the
+/// backend asks for it (`share_gpus`); AMD GPUs in `ROCR_VISIBLE_DEVICES`, Neuron cores in
 /// `NEURON_RT_VISIBLE_CORES` and Ascend NPUs in `ASCEND_RT_VISIBLE_DEVICES`, shared by default.
 #[must_use]
 pub fn default_rules(share_gpus: bool) -> Vec<SharingRule> {
     vec![
         SharingRule::new("GPU", "CUDA_VISIBLE_DEVICES", share_gpus),
-        SharingRule::new("GPU", "ROCR_VISIBLE_DEVICES", share_gpus),
+        SharingRule::new("GPU", "ROCR_VISIBLE_DEVICES", true),
         SharingRule::new("neuron_cores", "NEURON_RT_VISIBLE_CORES", true),
         SharingRule::new("NPU", "ASCEND_RT_VISIBLE_DEVICES", true),
     ]
@@ -69,16 +69,29 @@ pub fn shared_ids<N: Eq + Hash, S: AsRef<str>>(workers: &[(N, Vec<S>)]) -> Vec<S
         .collect()
 }
 
+/// A worker requests an accelerator but its runtime reports no device ids for it; an empty
+/// `CUDA_VISIBLE_DEVICES` would silently hide every device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("worker {worker} requests {resource} but its runtime reports no {resource} ids for it")]
+pub struct MissingAcceleratorIds {
+    /// The worker's index.
+    pub worker: usize,
+    /// The accelerator resource.
+    pub resource: String,
+}
+
 /// Environment for each worker from `rules`: a rule applies to the workers that request its
 /// resource; shared rules use [`shared_ids`] over those workers, others the worker's own ids.
 ///
 /// `workers` holds, per worker, its node, whether it requests each resource, and its ids per
 /// resource.
-#[must_use]
+///
+/// # Errors
+/// [`MissingAcceleratorIds`] when a worker requests a rule's resource but holds no ids of it.
 pub fn accelerator_env<N: Eq + Hash + Clone>(
     rules: &[SharingRule],
     workers: &[AcceleratorView<N>],
-) -> Vec<BTreeMap<String, String>> {
+) -> Result<Vec<BTreeMap<String, String>>, MissingAcceleratorIds> {
     let mut env = vec![BTreeMap::new(); workers.len()];
     for rule in rules {
         let using: Vec<usize> = (0..workers.len())
@@ -86,6 +99,15 @@ pub fn accelerator_env<N: Eq + Hash + Clone>(
             .collect();
         if using.is_empty() {
             continue;
+        }
+        if let Some(&worker) = using
+            .iter()
+            .find(|&&i| workers[i].ids.get(&rule.resource).is_none_or(Vec::is_empty))
+        {
+            return Err(MissingAcceleratorIds {
+                worker,
+                resource: rule.resource.clone(),
+            });
         }
         let ids = |i: usize| {
             workers[i]
@@ -107,7 +129,7 @@ pub fn accelerator_env<N: Eq + Hash + Clone>(
             env[i].insert(rule.env_var.clone(), value);
         }
     }
-    env
+    Ok(env)
 }
 
 /// One worker as accelerator sharing sees it.
@@ -155,16 +177,28 @@ mod tests {
             view("a", &["CPU"], &[]),
             view("a", &["GPU"], &["0"]),
         ];
-        let env = accelerator_env(&default_rules(true), &workers);
+        let env = accelerator_env(&default_rules(true), &workers).expect("ids");
         assert_eq!(env[0]["CUDA_VISIBLE_DEVICES"], "0,1");
         assert!(env[1].is_empty());
         assert_eq!(env[2]["ROCR_VISIBLE_DEVICES"], "0,1");
     }
 
     #[test]
+    fn a_gpu_worker_without_gpu_ids_is_an_error_not_an_empty_variable() {
+        let workers = [view("a", &["GPU"], &["0"]), view("a", &["GPU"], &[])];
+        assert_eq!(
+            accelerator_env(&default_rules(true), &workers),
+            Err(MissingAcceleratorIds {
+                worker: 1,
+                resource: "GPU".into()
+            })
+        );
+    }
+
+    #[test]
     fn without_sharing_each_worker_sees_its_own_ids() {
         let workers = [view("a", &["GPU"], &["1"]), view("a", &["GPU"], &["0"])];
-        let env = accelerator_env(&default_rules(false), &workers);
+        let env = accelerator_env(&default_rules(false), &workers).expect("ids");
         assert_eq!(env[0]["CUDA_VISIBLE_DEVICES"], "1");
         assert_eq!(env[1]["CUDA_VISIBLE_DEVICES"], "0");
     }

@@ -870,3 +870,106 @@ async fn workers_that_do_not_start_in_time_fail_the_attempt_and_leave_nothing_be
     }
     assert_nothing_left(&sim).await;
 }
+
+#[tokio::test]
+async fn without_gpu_sharing_each_gpu_worker_sees_only_its_own_gpu() {
+    let cases: [(u32, Table); 3] = [
+        (2, &[(1, &[0]), (1, &[1])]),
+        (3, &[(2, &[0]), (1, &[1])]),
+        (4, &[(2, &[0]), (2, &[1])]),
+    ];
+    check_tables(
+        || gpu_cluster(2),
+        |n| gpu_workers(n, "1"),
+        "CUDA_VISIBLE_DEVICES",
+        Some(default_rules(false)),
+        &cases,
+    )
+    .await;
+}
+
+/// A backend whose `on_start` fails as when rank 0 answers a request wrongly.
+#[derive(Debug)]
+struct FailingStart;
+
+#[async_trait::async_trait]
+impl trainyard_backend_executor::Backend for FailingStart {
+    fn name(&self) -> &str {
+        "failing-start"
+    }
+
+    async fn on_start(
+        &self,
+        _ctx: trainyard_backend_executor::BackendContext<'_>,
+    ) -> Result<trainyard_backend_executor::WorkerEnv, trainyard_backend_executor::BackendError>
+    {
+        Err(trainyard_backend_executor::BackendError::Protocol {
+            backend: self.name().to_owned(),
+            worker: 0,
+            reason: "no port".to_owned(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_failing_on_start_is_a_retried_start_failure_that_releases_everything() {
+    let sim = one_node(2);
+    let mut executor = BackendExecutor::new(
+        Arc::new(sim.clone()),
+        Arc::new(FailingStart),
+        ScalingConfig::default().num_workers(2),
+    )
+    .expect("valid")
+    .with_options(fast())
+    .with_run_config(RunConfig::default().failure_config(FailureConfig::restarts(2)))
+    .expect("valid");
+    match executor.fit(&task("one")).await {
+        Err(ExecutorError::TrainingFailed { report }) => {
+            assert_eq!(
+                report.attempts, 3,
+                "two restarts, then the third failure ends it"
+            );
+            assert!(report.failures.iter().all(|f| matches!(
+                f,
+                AttemptFailure::StartFailed { reason } if reason.contains("no port")
+            )));
+        }
+        other => panic!("expected the run to fail, got {other:?}"),
+    }
+    assert_nothing_left(&sim).await;
+}
+
+#[tokio::test]
+async fn a_failed_run_keeps_what_was_reported_before_the_failure() {
+    let functions = functions().register("report_then_fail", |task| async move {
+        let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+        ctx.report(
+            json!({"step": 7, "rank": ctx.world_rank().0})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        if ctx.world_rank().0 == 0 {
+            return Err("diverged".to_owned());
+        }
+        tokio::time::sleep(Duration::from_secs(1_000_000)).await;
+        Ok(Value::Null)
+    });
+    let sim = SimRuntime::new([SimNode::new("node-0").cpus(2)]).with_functions(functions);
+    let err = executor(&sim, ScalingConfig::default().num_workers(2))
+        .fit(&task("report_then_fail"))
+        .await
+        .expect_err("rank 0 fails");
+    match err {
+        ExecutorError::TrainingFailed { report } => {
+            let rank0 = report.metrics[0]
+                .as_ref()
+                .expect("rank 0 reported before failing");
+            assert_eq!(rank0["step"], json!(7));
+            assert!(report.last_report.is_some());
+            assert!(report.returns.is_empty());
+        }
+        other => panic!("expected TrainingFailed, got {other:?}"),
+    }
+    assert_nothing_left(&sim).await;
+}

@@ -4,6 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use trainyard_backend_executor::{assign_ranks, shared_ids};
+use trainyard_runtime::{NodeId, WorkerInfo};
+use trainyard_worker_group::node_and_gpu_order;
 
 /// Workers already grouped by node, as the worker group's sort leaves them.
 fn grouped_nodes() -> impl Strategy<Value = Vec<u8>> {
@@ -21,11 +23,48 @@ fn grouped_nodes() -> impl Strategy<Value = Vec<u8>> {
 
 proptest! {
     #[test]
-    fn world_ranks_are_a_permutation_of_zero_to_n(nodes in prop::collection::vec(0u8..10, 0..200)) {
+    fn sorted_then_ranked_workers_are_grouped_by_node_with_dense_ranks(
+        workers in prop::collection::vec((0u8..6, prop::option::of(0u8..8)), 1..60)
+    ) {
+        // Worker metadata in spawn order, as a runtime reports it.
+        let metadata: Vec<WorkerInfo> = workers
+            .iter()
+            .enumerate()
+            .map(|(i, (node, gpu))| WorkerInfo {
+                node_id: NodeId(format!("node-{node}")),
+                node_ip: "10.0.0.1".to_owned(),
+                hostname: format!("host-{node}"),
+                pid: u32::try_from(i).unwrap(),
+                accelerator_ids: gpu
+                    .map(|g| BTreeMap::from([("GPU".to_owned(), vec![g.to_string()])]))
+                    .unwrap_or_default(),
+            })
+            .collect();
+        let refs: Vec<&WorkerInfo> = metadata.iter().collect();
+        let order = node_and_gpu_order(&refs, None);
+        let nodes: Vec<&NodeId> = order.iter().map(|&i| &metadata[i].node_id).collect();
         let ranks = assign_ranks(&nodes);
-        let world: BTreeSet<u32> = ranks.iter().map(|r| r.world_rank.0).collect();
-        prop_assert_eq!(world, (0..u32::try_from(nodes.len()).unwrap()).collect::<BTreeSet<_>>());
-        prop_assert!(ranks.iter().all(|r| r.world_size as usize == nodes.len()));
+        // Every worker gets exactly one world rank.
+        let mut seen: Vec<usize> = order.clone();
+        seen.sort_unstable();
+        prop_assert_eq!(seen, (0..metadata.len()).collect::<Vec<_>>());
+        // Workers of one node hold contiguous world ranks with local ranks 0..k.
+        for (rank, node) in ranks.iter().zip(&nodes) {
+            let same: Vec<u32> = ranks
+                .iter()
+                .zip(&nodes)
+                .filter(|(_, n)| *n == node)
+                .map(|(r, _)| r.world_rank.0)
+                .collect();
+            let first = same[0];
+            prop_assert!(same.windows(2).all(|w| w[1] == w[0] + 1));
+            prop_assert_eq!(rank.local_rank, rank.world_rank.0 - first);
+            prop_assert_eq!(rank.local_world_size as usize, same.len());
+        }
+        // Node ranks are dense, in order of first appearance.
+        let max_node = ranks.iter().map(|r| r.node_rank).max().unwrap();
+        let distinct: BTreeSet<&NodeId> = nodes.iter().copied().collect();
+        prop_assert_eq!(max_node as usize + 1, distinct.len());
     }
 
     #[test]
@@ -77,22 +116,20 @@ proptest! {
     }
 
     #[test]
-    fn every_worker_of_a_node_sees_the_same_ids_including_its_own(
-        workers in prop::collection::vec((0u8..4, prop::collection::vec(0u8..8, 0..3)), 1..40)
+    fn every_worker_sees_exactly_its_nodes_ids_deduplicated_and_string_sorted(
+        workers in prop::collection::vec((0u8..4, prop::collection::vec(0u8..12, 0..3)), 1..40)
     ) {
         let input: Vec<(u8, Vec<String>)> =
             workers.iter().map(|(n, ids)| (*n, ids.iter().map(ToString::to_string).collect())).collect();
         let shared = shared_ids(&input);
-        for (i, (node, ids)) in input.iter().enumerate() {
-            let seen: BTreeSet<&str> = shared[i].split(',').filter(|s| !s.is_empty()).collect();
-            for id in ids {
-                prop_assert!(seen.contains(id.as_str()));
-            }
-            for (j, (other, _)) in input.iter().enumerate() {
-                if other == node {
-                    prop_assert_eq!(&shared[i], &shared[j]);
-                }
-            }
+        for (i, (node, _)) in input.iter().enumerate() {
+            let union: BTreeSet<&str> = input
+                .iter()
+                .filter(|(n, _)| n == node)
+                .flat_map(|(_, ids)| ids.iter().map(String::as_str))
+                .collect();
+            let expected = union.into_iter().collect::<Vec<_>>().join(",");
+            prop_assert_eq!(&shared[i], &expected);
         }
     }
 }

@@ -3,7 +3,6 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -101,10 +100,9 @@ pub struct TorchConfig {
     pub backend: ProcessGroupBackend,
     /// How workers find each other.
     pub init_method: InitMethod,
-    /// Timeout of process-group operations (1800 s), given to workers in
+    /// Timeout of process-group operations in seconds (1800), given to workers in
     /// `TRAINYARD_TORCH_TIMEOUT_S`.
-    #[serde(with = "seconds")]
-    pub timeout: Duration,
+    pub timeout_s: u64,
 }
 
 impl Default for TorchConfig {
@@ -112,22 +110,8 @@ impl Default for TorchConfig {
         Self {
             backend: ProcessGroupBackend::Auto,
             init_method: InitMethod::Env,
-            timeout: Duration::from_secs(1800),
+            timeout_s: 1800,
         }
-    }
-}
-
-mod seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(d.as_secs())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        u64::deserialize(d).map(Duration::from_secs)
     }
 }
 
@@ -180,6 +164,15 @@ fn host_port(addr: &str, port: u16) -> String {
     }
 }
 
+/// NCCL's error-handling switches (current and pre-2.2 names): when the user set any of
+/// them, `TORCH_NCCL_ASYNC_ERROR_HANDLING` is left alone.
+const NCCL_ERROR_VARS: [&str; 4] = [
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "TORCH_NCCL_BLOCKING_WAIT",
+    "NCCL_ASYNC_ERROR_HANDLING",
+    "NCCL_BLOCKING_WAIT",
+];
+
 /// The variable is one the user set explicitly for the run.
 fn user_set(ctx: &BackendContext<'_>, name: &str) -> bool {
     ctx.run.env.contains_key(name)
@@ -211,9 +204,10 @@ impl Backend for TorchBackend {
         let master_port = match ctx.group.execute_single(0, Request::FindFreePort).await {
             Ok(Response::Port { port }) => port,
             Ok(_) => {
-                return Err(BackendError::Config {
+                return Err(BackendError::Protocol {
                     backend: "torch".to_owned(),
-                    reason: "rank 0 answered find_free_port with an unexpected response".to_owned(),
+                    worker: 0,
+                    reason: "find_free_port was not answered with a port".to_owned(),
                 });
             }
             Err(e) => return Err(self.error(e)),
@@ -232,13 +226,9 @@ impl Backend for TorchBackend {
             }
             vars.insert(INIT_METHOD_VAR.to_owned(), init_method.clone());
             vars.insert(BACKEND_VAR.to_owned(), backend.to_string());
-            vars.insert(
-                TIMEOUT_VAR.to_owned(),
-                self.config.timeout.as_secs().to_string(),
-            );
+            vars.insert(TIMEOUT_VAR.to_owned(), self.config.timeout_s.to_string());
             if backend == ProcessGroupBackend::Nccl
-                && !user_set(&ctx, "TORCH_NCCL_ASYNC_ERROR_HANDLING")
-                && !user_set(&ctx, "TORCH_NCCL_BLOCKING_WAIT")
+                && !NCCL_ERROR_VARS.iter().any(|v| user_set(&ctx, v))
             {
                 vars.insert("TORCH_NCCL_ASYNC_ERROR_HANDLING".to_owned(), "1".to_owned());
             }
@@ -332,6 +322,6 @@ mod tests {
         let config = TorchConfig::default();
         assert_eq!(config.backend, ProcessGroupBackend::Auto);
         assert_eq!(config.init_method, InitMethod::Env);
-        assert_eq!(config.timeout, Duration::from_secs(1800));
+        assert_eq!(config.timeout_s, 1800);
     }
 }

@@ -197,3 +197,58 @@ async fn the_restart_count_reaches_torchelastic_variables() {
         assert_eq!(var(env, "TORCHELASTIC_MAX_RESTARTS"), "2");
     }
 }
+
+/// Collects formatted log output.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn rank_zero_logs_the_process_group_setup_as_ray_does() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .finish();
+    let _guard = tracing_subscriber::util::SubscriberInitExt::set_default(subscriber);
+    let sim = cluster("10.0.0.1", "10.0.0.2", 0);
+    let scaling = ScalingConfig::default().num_workers(2);
+    envs(
+        &sim,
+        TorchConfig::default(),
+        scaling,
+        RunConfig::default(),
+        "trainyard.env",
+    )
+    .await;
+    let text = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("UTF-8");
+    let setup: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Setting up process group"))
+        .collect();
+    assert_eq!(setup.len(), 1, "only rank 0 logs at info level: {text}");
+    assert!(
+        setup[0].contains("Setting up process group for: env:// [rank=0, world_size=2]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Started distributed worker processes:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("world_rank=1, local_rank=1, node_rank=0"),
+        "{text}"
+    );
+}
