@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use trainyard_config::{ConfigError, ScalingConfig};
+use trainyard_config::{ScalingConfig, checked_num_workers};
 
-use crate::Failure;
+use crate::{Failure, escape_newlines};
 
 /// Schedule and run the workers of distributed training jobs.
 #[derive(Debug, Parser)]
@@ -62,9 +62,10 @@ pub(crate) enum OutputFormat {
     Json,
 }
 
-/// A flag whose value is not acceptable.
+/// A flag whose value is not acceptable; the value is shown with its newlines escaped so
+/// that the error stays on one line.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid value `{value}` for `{flag}`")]
+#[error("invalid value `{}` for `{flag}`", escape_newlines(value))]
 pub(crate) struct FlagError {
     flag: &'static str,
     value: String,
@@ -104,10 +105,7 @@ impl ScalingArgs {
             None => ScalingConfig::default(),
         };
         if let Some(n) = self.num_workers {
-            config.num_workers = u32::try_from(n)
-                .ok()
-                .filter(|&n| n >= 1)
-                .ok_or_else(|| Failure::bad_input(ConfigError::NoWorkers(n)))?;
+            config.num_workers = checked_num_workers(n).map_err(Failure::bad_input)?;
         }
         if self.use_gpu {
             config.use_gpu = true;

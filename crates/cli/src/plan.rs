@@ -1,6 +1,7 @@
 //! `trainyard plan`: resolve a scaling config and print it.
 
 use std::fmt::Write as _;
+use std::io::{self, BufWriter, Write as _};
 
 use trainyard_config::Plan;
 use trainyard_config::resources::{ActorOptions, ByteSize};
@@ -11,12 +12,22 @@ use crate::args::{OutputFormat, PlanArgs};
 pub(crate) fn run(args: &PlanArgs) -> Result<(), Failure> {
     let config = args.scaling.to_config()?;
     let plan = config.plan().map_err(Failure::bad_input)?;
-    let out = match args.format {
-        OutputFormat::Json => serde_json::to_string_pretty(&plan).map_err(Failure::bad_input)?,
-        OutputFormat::Text => render_text(&plan),
-    };
-    println!("{out}");
-    Ok(())
+    match write_plan(&plan, args.format) {
+        // A reader that stops early (`| head`) has all it wanted.
+        Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        result => result.map_err(Failure::output),
+    }
+}
+
+/// Writes the plan to stdout in `format`.
+fn write_plan(plan: &Plan, format: OutputFormat) -> io::Result<()> {
+    let mut out = BufWriter::new(io::stdout().lock());
+    match format {
+        OutputFormat::Json => serde_json::to_writer_pretty(&mut out, plan)?,
+        OutputFormat::Text => out.write_all(render_text(plan).as_bytes())?,
+    }
+    writeln!(out)?;
+    out.flush()
 }
 
 fn dict(resources: &trainyard_config::resources::Resources) -> String {

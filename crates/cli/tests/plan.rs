@@ -1,6 +1,8 @@
 //! `trainyard plan` through the built binary.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 
 use assert_cmd::Command;
 use serde_json::{Value, json};
@@ -309,37 +311,50 @@ fn bad_inputs_exit_2_with_one_error_line_and_no_panic() {
     let dir = TempDir::new("bad");
     let unknown_field = dir.file("unknown.toml", "num_workers = 2\nbogus = 1\n");
     let unknown_field = path_arg(&unknown_field);
-    // (arguments after `plan`, a piece of text the error line must contain)
+    let broken_table = dir.file(
+        "broken.toml",
+        "num_workers = 2\nresources_per_worker = { CPU = 1\nuse_gpu = false\n",
+    );
+    let broken_table = path_arg(&broken_table);
+    let multi_line_json = "{\n  \"CPU\": 1,\n  \"custom\": \"lots\"\n}";
+    // (all arguments, a piece of text the error line must contain)
     let cases: &[(&[&str], &str)] = &[
-        (&["-n", "0"], "num_workers"),
-        (&["-n", "-1"], "got -1"),
-        (&["-n", "abc"], "abc"),
-        (&["-r", "CPU=-1"], "negative"),
+        (&["plan", "-n", "0"], "num_workers"),
+        (&["plan", "-n", "-1"], "got -1"),
+        (&["plan", "-n", "abc"], "abc"),
         (
-            &["--use-gpu", "-r", "GPU=1.5"],
+            &["plan", "-n", "4000000000"],
+            "`num_workers` must be between 1 and 1000000, got 4000000000",
+        ),
+        (
+            &["plan", "-n", "99999999999"],
+            "`num_workers` must be between 1 and 1000000, got 99999999999",
+        ),
+        (&["plan", "-r", "CPU=-1"], "negative"),
+        (
+            &["plan", "--use-gpu", "-r", "GPU=1.5"],
             "GPU quantities above 1 must be whole numbers, got 1.5",
         ),
-        (&["-r", r#"{"GPU":1}"#], "`use_gpu` is false"),
+        (&["plan", "-r", r#"{"GPU":1}"#], "`use_gpu` is false"),
         (
-            &["--use-gpu", "-r", r#"{"GPU":0}"#],
+            &["plan", "--use-gpu", "-r", r#"{"GPU":0}"#],
             "`use_gpu` is true but `GPU` is 0",
         ),
-        (&["-r", r#"{"memory":"ten GB"}"#], "ten GB"),
-        (&["-r", r#"{"CPU":0.00001}"#], "0.0001"),
-        (&["-r", "{}"], "at least one resource"),
-        (&["-r", "CPU"], "NAME=AMOUNT"),
-        (&["-s", "RANDOM"], "RANDOM"),
-        (&["--bogus-flag"], "--bogus-flag"),
-        (&["-c", "/nonexistent.toml"], "/nonexistent.toml"),
-        (&["-c", unknown_field], "unknown field `bogus`"),
-        (&["--format", "yaml"], "yaml"),
+        (&["plan", "-r", r#"{"memory":"ten GB"}"#], "ten GB"),
+        (&["plan", "-r", r#"{"CPU":0.00001}"#], "0.0001"),
+        (&["plan", "-r", "{}"], "at least one resource"),
+        (&["plan", "-r", "CPU"], "NAME=AMOUNT"),
+        (&["plan", "-r", multi_line_json], r#"{\n  "CPU": 1,\n"#),
+        (&["plan", "-s", "RANDOM"], "RANDOM"),
+        (&["plan", "--bogus-flag"], "--bogus-flag"),
+        (&["plan", "-c", "/nonexistent.toml"], "/nonexistent.toml"),
+        (&["plan", "-c", unknown_field], "unknown field `bogus`"),
+        (&["plan", "-c", broken_table], "at line 2, column "),
+        (&["plan", "--format", "yaml"], "yaml"),
+        (&[], "a subcommand is required: plan"),
     ];
     for (args, needle) in cases {
-        let output = trainyard()
-            .arg("plan")
-            .args(*args)
-            .output()
-            .expect("trainyard runs");
+        let output = trainyard().args(*args).output().expect("trainyard runs");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(
@@ -359,4 +374,34 @@ fn bad_inputs_exit_2_with_one_error_line_and_no_panic() {
             "{args:?}: {stderr}"
         );
     }
+}
+
+#[test]
+fn a_reader_that_closes_the_pipe_early_is_not_an_error() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_trainyard"))
+        .args(["plan", "-n", "200000", "--format", "json"])
+        .env("RUST_BACKTRACE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trainyard starts");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
+    let mut first = String::new();
+    stdout.read_line(&mut first).expect("one line arrives");
+    assert_eq!(first.trim_end(), "{");
+    drop(stdout);
+    let output = child.wait_with_output().expect("trainyard exits");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn fractional_amounts_in_json_output_parse_back_exactly() {
+    let plan = plan_json(&["-r", "CPU=1.5014"]);
+    assert_eq!(plan["total_resources"]["CPU"].to_string(), "1.5014");
+    let dir = TempDir::new("round-trip");
+    let file = dir.file("plan.json", &plan["scaling_config"].to_string());
+    let again = plan_json(&["-c", path_arg(&file)]);
+    assert_eq!(again, plan);
 }

@@ -6,9 +6,9 @@ use trainyard_resources::{ResourceError, Resources};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// `num_workers` is zero.
-    #[error("`num_workers` must be at least 1, got {0}")]
-    NoWorkers(i64),
+    /// `num_workers` is outside `1..=MAX_WORKERS`.
+    #[error("`num_workers` must be between 1 and {max}, got {0}", max = crate::MAX_WORKERS)]
+    NumWorkersOutOfRange(i64),
     /// `GPU` requested without `use_gpu`.
     #[error(
         "`use_gpu` is false but `GPU` is {amount} in `resources_per_worker`: set `use_gpu` to true or remove `GPU` from `resources_per_worker`"

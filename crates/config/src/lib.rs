@@ -34,7 +34,8 @@ pub use load::Format;
 pub use plan::{Plan, WorkerPlan};
 pub use run::{FailureConfig, RunConfig};
 pub use scaling::{
-    ACCELERATOR_TYPE_AMOUNT, ACCELERATOR_TYPE_PREFIX, PlacementGroupFactory, ScalingConfig,
+    ACCELERATOR_TYPE_AMOUNT, ACCELERATOR_TYPE_PREFIX, MAX_WORKERS, PlacementGroupFactory,
+    ScalingConfig, checked_num_workers,
 };
 pub use strategy::{PlacementStrategy, UnknownStrategy};
 pub use trainyard_resources as resources;

@@ -43,7 +43,7 @@ impl Format {
         origin: Option<&Path>,
     ) -> Result<T, ConfigError> {
         let result = match self {
-            Self::Toml => toml::from_str(text).map_err(|e| e.message().to_owned()),
+            Self::Toml => toml::from_str(text).map_err(|e| toml_reason(&e, text)),
             Self::Json => serde_json::from_str(text).map_err(|e| e.to_string()),
         };
         result.map_err(|reason| ConfigError::Parse {
@@ -52,6 +52,36 @@ impl Format {
             reason,
         })
     }
+}
+
+/// The TOML parser's message on one line, with the position it points at.
+fn toml_reason(error: &toml::de::Error, text: &str) -> String {
+    let message = one_line(error.message());
+    match error.span() {
+        Some(span) => {
+            let (line, column) = line_and_column(text, span.start);
+            format!("{message} at line {line}, column {column}")
+        }
+        None => message,
+    }
+}
+
+/// The non-empty lines of `text`, trimmed and joined with `, `.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The 1-based line and column (in characters) of byte `offset` in `text`.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset.min(text.len())).unwrap_or(text);
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = before.matches('\n').count() + 1;
+    let column = before[line_start..].chars().count() + 1;
+    (line, column)
 }
 
 fn read(path: &Path) -> Result<String, ConfigError> {
@@ -113,5 +143,19 @@ impl RunConfig {
         let config: Self = Format::of_path(path).parse(&read(path)?, Some(path))?;
         config.validate()?;
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_count_lines_and_characters_from_one() {
+        let text = "a = 1\nbé = { x = \n";
+        assert_eq!(line_and_column(text, 0), (1, 1));
+        assert_eq!(line_and_column(text, 6), (2, 1));
+        assert_eq!(line_and_column(text, text.find('{').unwrap()), (2, 6));
+        assert_eq!(line_and_column(text, text.len() + 5), (3, 1));
     }
 }

@@ -3,6 +3,7 @@
 use serde::Serialize;
 use trainyard_resources::{ActorOptions, Resources};
 
+use crate::scaling::total_of;
 use crate::{ConfigError, PlacementGroupFactory, ScalingConfig};
 
 /// What a scaling config resolves to: the normalised config, the total reservation, the
@@ -35,9 +36,11 @@ impl ScalingConfig {
     /// As [`ScalingConfig::validate`].
     pub fn plan(&self) -> Result<Plan, ConfigError> {
         let worker = self.worker_resources()?;
+        let trainer = self.trainer_bundle()?;
         let actor_options = ActorOptions::try_from(&worker)
             .map_err(ConfigError::resources("resources_per_worker"))?;
-        let placement_group_factory = self.placement_group_factory()?;
+        let total_resources = total_of(&worker, trainer.clone(), self.num_workers)?;
+        let placement_group_factory = self.factory_of(worker.clone(), trainer.clone())?;
         let workers = (0..placement_group_factory.bundles.len())
             .map(|bundle_index| WorkerPlan {
                 bundle_index,
@@ -45,8 +48,12 @@ impl ScalingConfig {
             })
             .collect();
         Ok(Plan {
-            scaling_config: self.normalized()?,
-            total_resources: self.total_resources()?,
+            scaling_config: Self {
+                resources_per_worker: Some(worker),
+                trainer_resources: Some(trainer),
+                ..self.clone()
+            },
+            total_resources,
             placement_group_factory,
             workers,
         })

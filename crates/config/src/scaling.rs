@@ -32,7 +32,7 @@ pub const ACCELERATOR_TYPE_AMOUNT: ResourceAmount = ResourceAmount::from_steps(1
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScalingConfig {
-    /// Number of workers, at least 1.
+    /// Number of workers, from 1 to [`MAX_WORKERS`].
     #[serde(deserialize_with = "deserialize_num_workers")]
     pub num_workers: u32,
     /// Whether each worker gets a GPU (1 unless `resources_per_worker` says otherwise).
@@ -60,16 +60,34 @@ impl Default for ScalingConfig {
     }
 }
 
-fn deserialize_num_workers<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
-    let value = i64::deserialize(deserializer)?;
+/// The largest accepted `num_workers`: far beyond any real cluster, and small enough that
+/// a plan with one bundle per worker fits in memory.
+pub const MAX_WORKERS: u32 = 1_000_000;
+
+/// `value` as a number of workers, when it is in `1..=MAX_WORKERS`.
+///
+/// ```
+/// use trainyard_config::{ConfigError, checked_num_workers};
+///
+/// assert_eq!(checked_num_workers(4)?, 4);
+/// assert!(matches!(
+///     checked_num_workers(4_000_000_000),
+///     Err(ConfigError::NumWorkersOutOfRange(4_000_000_000))
+/// ));
+/// # Ok::<(), ConfigError>(())
+/// ```
+///
+/// # Errors
+/// [`ConfigError::NumWorkersOutOfRange`] naming the value.
+pub fn checked_num_workers(value: i64) -> Result<u32, ConfigError> {
     u32::try_from(value)
         .ok()
-        .filter(|&n| n >= 1)
-        .ok_or_else(|| {
-            serde::de::Error::custom(format_args!(
-                "`num_workers` must be at least 1, got {value}"
-            ))
-        })
+        .filter(|n| (1..=MAX_WORKERS).contains(n))
+        .ok_or(ConfigError::NumWorkersOutOfRange(value))
+}
+
+fn deserialize_num_workers<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    checked_num_workers(i64::deserialize(deserializer)?).map_err(serde::de::Error::custom)
 }
 
 /// The bundles of a placement group and how to lay them over nodes.
@@ -96,6 +114,22 @@ impl PlacementGroupFactory {
         }
         Ok(total)
     }
+}
+
+/// Trainer + `num_workers` × worker, for an already normalised worker and trainer: the sum
+/// of the bundles, without building them.
+pub(crate) fn total_of(
+    worker: &Resources,
+    mut trainer: Resources,
+    num_workers: u32,
+) -> Result<Resources, ConfigError> {
+    let workers = worker
+        .checked_mul(u64::from(num_workers))
+        .map_err(ConfigError::resources("resources_per_worker"))?;
+    trainer
+        .checked_add_assign(&workers)
+        .map_err(ConfigError::resources("resources_per_worker"))?;
+    Ok(trainer)
 }
 
 impl ScalingConfig {
@@ -153,12 +187,10 @@ impl ScalingConfig {
     /// The normalised dictionary of one worker.
     ///
     /// # Errors
-    /// `num_workers` of 0, contradictory GPU settings, an empty accelerator type, invalid
-    /// amounts, or a worker that normalises to an empty dictionary.
+    /// `num_workers` outside `1..=MAX_WORKERS`, contradictory GPU settings, an empty
+    /// accelerator type, invalid amounts, or a worker that normalises to an empty dictionary.
     pub fn worker_resources(&self) -> Result<Resources, ConfigError> {
-        if self.num_workers == 0 {
-            return Err(ConfigError::NoWorkers(i64::from(self.num_workers)));
-        }
+        checked_num_workers(i64::from(self.num_workers))?;
         let mut worker = match &self.resources_per_worker {
             None if self.use_gpu => Resources::new().with(GPU, ResourceAmount::ONE),
             None => Resources::new().with(CPU, ResourceAmount::ONE),
@@ -219,8 +251,27 @@ impl ScalingConfig {
     /// # Errors
     /// As [`ScalingConfig::worker_resources`] and [`ScalingConfig::trainer_bundle`].
     pub fn placement_group_factory(&self) -> Result<PlacementGroupFactory, ConfigError> {
-        let worker = self.worker_resources()?;
-        let trainer = self.trainer_bundle()?;
+        self.factory_of(self.worker_resources()?, self.trainer_bundle()?)
+    }
+
+    /// Everything the run reserves: trainer + `num_workers` × worker.
+    ///
+    /// # Errors
+    /// As [`ScalingConfig::placement_group_factory`], and overflow.
+    pub fn total_resources(&self) -> Result<Resources, ConfigError> {
+        total_of(
+            &self.worker_resources()?,
+            self.trainer_bundle()?,
+            self.num_workers,
+        )
+    }
+
+    /// The placement group for an already normalised worker and trainer.
+    pub(crate) fn factory_of(
+        &self,
+        worker: Resources,
+        trainer: Resources,
+    ) -> Result<PlacementGroupFactory, ConfigError> {
         let n = self.num_workers as usize;
         let mut bundles = Vec::with_capacity(n);
         let mut first = trainer;
@@ -233,22 +284,6 @@ impl ScalingConfig {
             bundles,
             strategy: self.placement_strategy,
         })
-    }
-
-    /// Everything the run reserves: trainer + `num_workers` × worker.
-    ///
-    /// # Errors
-    /// As [`ScalingConfig::placement_group_factory`], and overflow.
-    pub fn total_resources(&self) -> Result<Resources, ConfigError> {
-        let mut total = self.trainer_bundle()?;
-        let workers = self
-            .worker_resources()?
-            .checked_mul(u64::from(self.num_workers))
-            .map_err(ConfigError::resources("resources_per_worker"))?;
-        total
-            .checked_add_assign(&workers)
-            .map_err(ConfigError::resources("resources_per_worker"))?;
-        Ok(total)
     }
 
     /// The same configuration with both dictionaries normalised and made explicit.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use trainyard_config::resources::{ResourceAmount, Resources};
-use trainyard_config::{ConfigError, PlacementStrategy, ScalingConfig};
+use trainyard_config::{ConfigError, MAX_WORKERS, PlacementStrategy, ScalingConfig};
 
 fn res(text: &str) -> Resources {
     text.parse()
@@ -393,8 +393,14 @@ fn accelerator_type_a100_with_gpus_on_two_workers() {
 #[test]
 fn zero_workers_is_an_error() {
     let err = config(0, false, None).validate().unwrap_err();
-    assert!(matches!(err, ConfigError::NoWorkers(0)), "{err:?}");
-    assert_eq!(err.to_string(), "`num_workers` must be at least 1, got 0");
+    assert!(
+        matches!(err, ConfigError::NumWorkersOutOfRange(0)),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "`num_workers` must be between 1 and 1000000, got 0"
+    );
     assert!(config(0, false, None).placement_group_factory().is_err());
     assert!(config(0, false, None).total_resources().is_err());
 }
@@ -620,9 +626,51 @@ fn zero_or_negative_num_workers_in_a_file_is_an_error_naming_num_workers() {
         (ScalingConfig::from_json_str(r#"{"num_workers": -1}"#), "-1"),
     ] {
         let text = parse_error_text(result);
-        assert!(text.contains("`num_workers` must be at least 1"), "{text}");
+        assert!(
+            text.contains("`num_workers` must be between 1 and 1000000"),
+            "{text}"
+        );
         assert!(text.contains(&format!("got {value}")), "{text}");
     }
+}
+
+#[test]
+fn more_workers_than_the_maximum_is_an_error_naming_the_field_value_and_range() {
+    let err = config(MAX_WORKERS + 1, false, None).validate().unwrap_err();
+    assert!(
+        matches!(err, ConfigError::NumWorkersOutOfRange(1_000_001)),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "`num_workers` must be between 1 and 1000000, got 1000001"
+    );
+    assert!(config(MAX_WORKERS + 1, false, None).plan().is_err());
+    assert!(
+        config(u32::MAX, false, None)
+            .placement_group_factory()
+            .is_err()
+    );
+    assert!(config(MAX_WORKERS, false, None).validate().is_ok());
+    for result in [
+        ScalingConfig::from_toml_str("num_workers = 4000000000"),
+        ScalingConfig::from_json_str(r#"{"num_workers": 99999999999}"#),
+    ] {
+        let text = parse_error_text(result);
+        assert!(
+            text.contains("`num_workers` must be between 1 and 1000000, got"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn a_toml_syntax_error_is_one_line_with_its_position() {
+    let text = parse_error_text(ScalingConfig::from_toml_str(
+        "num_workers = 2\nresources_per_worker = { CPU = 1\n",
+    ));
+    assert!(!text.contains('\n'), "{text:?}");
+    assert!(text.contains("at line 2, column "), "{text}");
 }
 
 #[test]

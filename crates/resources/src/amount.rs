@@ -104,12 +104,16 @@ impl ResourceAmount {
         }
     }
 
-    /// The nearest `f64` (exact for amounts below 2⁵³ steps).
+    /// The `f64` nearest to the amount, correctly rounded once, so that
+    /// `ResourceAmount::try_from(a.as_f64())` gives `a` back for amounts of up to 15
+    /// significant digits.
     #[must_use]
     pub fn as_f64(self) -> f64 {
-        let whole = self.whole_units() as f64;
-        let frac = (self.0 % STEPS_PER_UNIT) as f64 / STEPS_PER_UNIT as f64;
-        whole + frac
+        // The decimal text is parsed with a single correct rounding; computing
+        // `whole + frac` in floating point would round twice.
+        self.to_string()
+            .parse()
+            .unwrap_or(self.0 as f64 / STEPS_PER_UNIT as f64)
     }
 
     /// `self + other`, or `None` on overflow.
@@ -363,6 +367,20 @@ mod tests {
         );
         assert_eq!(amount("0.001").checked_mul(2), Some(amount("0.002")));
         assert_eq!(amount("4").times_fits(amount("1.5")), Some(2));
+    }
+
+    #[test]
+    fn amounts_with_a_small_whole_part_survive_json_and_f64() {
+        for text in ["1.5014", "0.3", "12.0001", "999.9999"] {
+            let original = amount(text);
+            let json = serde_json::to_string(&original).unwrap();
+            assert_eq!(json, text);
+            assert_eq!(
+                serde_json::from_str::<ResourceAmount>(&json).unwrap(),
+                original
+            );
+            assert_eq!(ResourceAmount::try_from(original.as_f64()), Ok(original));
+        }
     }
 
     #[test]
