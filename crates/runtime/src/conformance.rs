@@ -276,14 +276,7 @@ pub async fn pinned_actor_uses_its_bundle(runtime: &dyn ActorRuntime) {
             node.available
         );
     }
-    kill(runtime, actor, CHECK).await;
-    remove(runtime, pg, CHECK).await;
-    settle(
-        runtime,
-        &before,
-        &format!("{CHECK}: after killing the actor and removing the group"),
-    )
-    .await;
+    release(runtime, actor, pg, &before, CHECK).await;
 }
 
 /// A bundle whose resources an actor holds refuses a second actor that needs them too, with
@@ -323,14 +316,7 @@ pub async fn full_bundle_refuses_another_actor(runtime: &dyn ActorRuntime) {
     runtime.node_info(first).await.unwrap_or_else(|e| {
         panic!("{CHECK}: the first actor no longer answers after the refused spawn: {e}")
     });
-    kill(runtime, first, CHECK).await;
-    remove(runtime, pg, CHECK).await;
-    settle(
-        runtime,
-        &before,
-        &format!("{CHECK}: after killing the actor and removing the group"),
-    )
-    .await;
+    release(runtime, first, pg, &before, CHECK).await;
 }
 
 /// Calls in flight while their actor is killed all return promptly, each with an answer or
@@ -640,4 +626,22 @@ async fn remove(runtime: &dyn ActorRuntime, pg: PlacementGroupId, check: &str) {
             panic!("{check}: remove_placement_group did not answer within {ANSWER_TIMEOUT:?}")
         }
     }
+}
+
+/// Kills `actor`, removes `pg`, and waits until the cluster is back to `before`.
+async fn release(
+    runtime: &dyn ActorRuntime,
+    actor: ActorId,
+    pg: PlacementGroupId,
+    before: &ClusterSnapshot,
+    check: &str,
+) {
+    kill(runtime, actor, check).await;
+    remove(runtime, pg, check).await;
+    settle(
+        runtime,
+        before,
+        &format!("{check}: after killing the actor and removing the group"),
+    )
+    .await;
 }
