@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use trainyard::backend::{AttemptFailure, ExecutorError};
 use trainyard::prelude::*;
+use trainyard::runtime::TaskFailure;
 use trainyard::runtime::sim::{SimNode, SimRuntime};
 
 fn functions() -> FunctionRegistry {
@@ -49,6 +50,7 @@ fn cluster() -> SimRuntime {
 fn options() -> ExecutorOptions {
     ExecutorOptions {
         poll_interval: Duration::from_millis(2),
+        restart_backoff: trainyard::backend::Backoff::NONE,
         ..ExecutorOptions::default()
     }
 }
@@ -114,9 +116,16 @@ async fn a_failed_attempt_is_restarted_and_recorded() {
     assert_eq!(result.attempts, 2);
     assert_eq!(
         result.errors,
-        [AttemptFailure::UserError {
+        [AttemptFailure::TaskFailed {
             rank: WorldRank(1),
-            error: "rank 1 lost its data loader".into()
+            failure: TaskFailure::Error {
+                message: "rank 1 lost its data loader".into()
+            },
+            last_lines: vec![
+                "epoch 0 done".into(),
+                "epoch 1 done".into(),
+                "epoch 2 done".into()
+            ],
         }]
     );
 }

@@ -1,52 +1,10 @@
-use std::fmt;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use trainyard_config::ConfigError;
 use trainyard_resources::Resources;
 use trainyard_runtime::RuntimeError;
 
-use crate::{FitReport, WorldRank};
-
-/// Why one attempt of a run failed. Every kind counts against `max_failures`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum AttemptFailure {
-    /// The user's training code failed on this rank (an error, a panic, a non-zero exit).
-    UserError {
-        /// The rank whose code failed first.
-        rank: WorldRank,
-        /// What the code reported.
-        error: String,
-    },
-    /// A worker died or stopped answering (its process or node is gone).
-    WorkerDied {
-        /// The rank of the worker, when the failure could be tied to one.
-        rank: Option<WorldRank>,
-        /// What is known about the death.
-        reason: String,
-    },
-    /// The workers could not be started or set up.
-    StartFailed {
-        /// What went wrong.
-        reason: String,
-    },
-}
-
-impl fmt::Display for AttemptFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::UserError { rank, error } => write!(f, "rank {rank} failed: {error}"),
-            Self::WorkerDied {
-                rank: Some(rank),
-                reason,
-            } => write!(f, "rank {rank} died: {reason}"),
-            Self::WorkerDied { rank: None, reason } => write!(f, "a worker died: {reason}"),
-            Self::StartFailed { reason } => write!(f, "workers failed to start: {reason}"),
-        }
-    }
-}
+use crate::FitReport;
 
 /// Why a backend executor could not run the job.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +43,8 @@ pub enum ExecutorError {
     /// A backend is misconfigured (not retried).
     #[error("backend setup failed")]
     Backend(#[source] Box<crate::BackendError>),
-    /// The training failed more often than `max_failures` allows.
+    /// The training failed more often than `max_failures` allows, or in a way no restart
+    /// can cure ([`crate::classify`] says [`crate::Disposition::Fatal`]).
     #[error("training failed after {} attempt(s): {}", report.attempts, report.failures.last().map(ToString::to_string).unwrap_or_default())]
     TrainingFailed {
         /// What happened, including every attempt's failure.
@@ -104,16 +63,21 @@ pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     trainyard_resources::ErrorChain(error).to_string()
 }
 
-/// Whether a runtime error somewhere in `error`'s chain is an actor's death.
-pub(crate) fn is_death(error: &(dyn std::error::Error + 'static)) -> bool {
+/// The first runtime error in `error`'s chain, if any.
+pub(crate) fn runtime_error_in<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a RuntimeError> {
     let mut current = Some(error);
     while let Some(e) = current {
-        if e.downcast_ref::<RuntimeError>()
-            .is_some_and(RuntimeError::is_actor_death)
-        {
-            return true;
+        if let Some(found) = e.downcast_ref::<RuntimeError>() {
+            return Some(found);
         }
         current = e.source();
     }
-    false
+    None
+}
+
+/// Whether a runtime error somewhere in `error`'s chain is an actor's death.
+pub(crate) fn is_death(error: &(dyn std::error::Error + 'static)) -> bool {
+    runtime_error_in(error).is_some_and(RuntimeError::is_actor_death)
 }

@@ -1,32 +1,37 @@
-//! [`BackendExecutor`]: reserve → start → sort → share accelerators → backend setup → train
-//! → shut down, with Ray Train v2's restart policy around it.
+//! [`BackendExecutor`]: reserve → launch → environment → train → shut down, with Ray Train
+//! v2's restart policy around it. Each step is a small method; the run's state is one
+//! [`State`] value.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use futures::future::join_all;
-use futures::stream::{FuturesUnordered, StreamExt};
+use futures::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{Instrument, info, info_span, warn};
 use trainyard_config::{RunConfig, ScalingConfig};
+use trainyard_resources::Resources;
+use trainyard_runtime::events::{self, ActorEvent, TaskEvents};
 use trainyard_runtime::{
-    ActorRuntime, PlacementGroupId, Request, Response, RuntimeError, Stream, TaskEvent, TaskSpec,
-    TaskStatus,
+    ActorRuntime, DeathCause, PlacementGroupId, Request, Response, RuntimeError, Stream, TaskEvent,
+    TaskExit, TaskSpec,
 };
 use trainyard_worker_group::WorkerGroup;
 
-use crate::error::{chain, is_death};
+use crate::error::{chain, is_death, runtime_error_in};
 use crate::{
-    AcceleratorView, AttemptFailure, Backend, BackendContext, BackendError, ExecutorError,
-    RankInfo, SharingRule, WorkerEnv, WorldRank, accelerator_env, assign_ranks, default_rules,
-    rank_env,
+    AcceleratorView, AttemptFailure, Backend, BackendContext, BackendError, Backoff, Disposition,
+    ExecutorError, RankInfo, SharingRule, WorkerEnv, WorldRank, accelerator_env, assign_ranks,
+    classify, default_rules, rank_env,
 };
 
 /// Ray Train's default wait for a placement group (`TRAIN_PLACEMENT_GROUP_TIMEOUT_S`).
 pub const DEFAULT_PLACEMENT_TIMEOUT: Duration = Duration::from_secs(100);
+
+/// How many of a rank's last output lines a failure keeps.
+pub const LAST_LINES: usize = 20;
 
 /// Knobs of a [`BackendExecutor`], with Ray Train's defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,13 +40,15 @@ pub struct ExecutorOptions {
     pub placement_timeout: Duration,
     /// How long workers get to stop gracefully before they are killed (5 s).
     pub shutdown_patience: Duration,
-    /// How often running workers are polled for reports, logs and status (50 ms).
+    /// How often workers are polled, on runtimes that cannot push their task events (50 ms).
     pub poll_interval: Duration,
-    /// How long one poll, or starting the task, may take before the worker counts as
-    /// dead (60 s).
+    /// How long starting the task, or a runtime operation outside any worker, may take before
+    /// it counts as failed (60 s).
     pub health_check_timeout: Duration,
     /// How long starting the workers, and the backend's `on_start`, may each take (60 s).
     pub start_timeout: Duration,
+    /// The wait before each restart (1 s, doubling up to 30 s).
+    pub restart_backoff: Backoff,
     /// Accelerator sharing rules; `None` uses [`default_rules`] with the backend's GPU choice.
     pub sharing_rules: Option<Vec<SharingRule>>,
 }
@@ -54,21 +61,58 @@ impl Default for ExecutorOptions {
             poll_interval: Duration::from_millis(50),
             health_check_timeout: Duration::from_secs(60),
             start_timeout: Duration::from_secs(60),
+            restart_backoff: Backoff::default(),
             sharing_rules: None,
         }
     }
+}
+
+/// One started worker, as [`RunEvent::AttemptStarted`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartedWorker {
+    /// Its ranks.
+    pub rank: RankInfo,
+    /// Its node.
+    pub node_id: String,
+    /// Its node's IP address.
+    pub node_ip: String,
+    /// Its process id.
+    pub pid: u32,
 }
 
 /// Something that happened during a run, streamed as it happens.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum RunEvent {
+    /// The placement group is asked for; the run waits until it is reserved.
+    Placing {
+        /// Restarts before this attempt.
+        restart_count: u32,
+        /// How many bundles.
+        bundles: usize,
+        /// Everything the group asks for.
+        requested: Resources,
+    },
+    /// The placement group is reserved; the workers are starting.
+    Placed {
+        /// The node of each bundle.
+        bundle_nodes: Vec<String>,
+    },
     /// An attempt's workers are started and ranked.
     AttemptStarted {
         /// Restarts before this attempt.
         restart_count: u32,
         /// Number of workers.
         world_size: u32,
+        /// The workers, in world-rank order.
+        workers: Vec<StartedWorker>,
+    },
+    /// A worker's task started.
+    TaskStarted {
+        /// The worker's rank.
+        rank: WorldRank,
+        /// The task's process id (the worker's when the task runs inside it).
+        pid: u32,
     },
     /// A worker reported metrics.
     Report {
@@ -81,19 +125,28 @@ pub enum RunEvent {
     Log {
         /// The worker's rank.
         rank: WorldRank,
-        /// The worker's process id.
+        /// The process that printed it.
         pid: u32,
         /// Which stream.
         stream: Stream,
         /// The line.
         line: String,
     },
-    /// An attempt failed; the run restarts.
+    /// Lines of a worker's output were dropped because the driver did not keep up.
+    LogsDropped {
+        /// The worker's rank.
+        rank: WorldRank,
+        /// How many.
+        count: u64,
+    },
+    /// An attempt failed; the run restarts after `backoff_ms`.
     Restarting {
         /// Restarts before the failed attempt.
         restart_count: u32,
         /// Why it failed.
         failure: AttemptFailure,
+        /// The wait before the next attempt, in milliseconds.
+        backoff_ms: u64,
     },
 }
 
@@ -110,14 +163,17 @@ pub struct FitReport {
     pub last_report: Option<(WorldRank, serde_json::Map<String, serde_json::Value>)>,
     /// What each rank's task returned (empty when the final attempt failed).
     pub returns: Vec<serde_json::Value>,
+    /// Output lines dropped because the driver did not keep up, over the final attempt.
+    pub dropped_lines: u64,
 }
 
 /// How an attempt ended badly.
 #[derive(Debug)]
 enum AttemptError {
-    /// Not worth retrying (bad config, cannot be scheduled, backend misconfigured).
+    /// Not an attempt's failure: the run cannot go on (bad config, cannot be scheduled,
+    /// backend misconfigured).
     Fatal(ExecutorError),
-    /// Counts against `max_failures`.
+    /// A failure of this attempt, for [`classify`] to judge.
     Failed(AttemptFailure),
 }
 
@@ -143,12 +199,35 @@ impl From<ExecutorError> for AttemptError {
 
 /// A started attempt.
 #[derive(Debug)]
-struct Active {
+struct Attempt {
+    placement_group: PlacementGroupId,
     group: WorkerGroup,
     ranks: Vec<RankInfo>,
     /// Accelerator, backend and rank environment per worker.
     env: Vec<BTreeMap<String, String>>,
     restart_count: u32,
+}
+
+/// Where an executor is.
+#[derive(Debug, Default)]
+enum State {
+    /// Nothing reserved or running.
+    #[default]
+    Idle,
+    /// The placement group is asked for or reserved; no worker exists.
+    Reserved(PlacementGroupId),
+    /// Workers exist (started fully, or part way: `shutdown` releases them either way).
+    Started(Box<Attempt>),
+}
+
+impl State {
+    fn placement_group(&self) -> Option<PlacementGroupId> {
+        match self {
+            Self::Idle => None,
+            Self::Reserved(pg) => Some(*pg),
+            Self::Started(attempt) => Some(attempt.placement_group),
+        }
+    }
 }
 
 /// Runs a job's workers through one [`Backend`] on one [`ActorRuntime`].
@@ -161,12 +240,33 @@ pub struct BackendExecutor {
     run_name: String,
     options: ExecutorOptions,
     events: Option<UnboundedSender<RunEvent>>,
-    placement_group: Option<PlacementGroupId>,
-    active: Option<Active>,
+    state: State,
+}
+
+/// A run name that no other run on the same machine or cluster has: `trainyard-`, the time
+/// of day in UTC and a random suffix.
+#[must_use]
+pub fn unique_run_name() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() % 86_400;
+    // A freshly seeded hasher is a random number; the pid and the clock make clashes
+    // between processes even less likely.
+    let random = RandomState::new().hash_one((std::process::id(), now.as_nanos()));
+    format!(
+        "trainyard-{:02}{:02}{:02}-{:06x}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        random & 0xff_ffff
+    )
 }
 
 impl BackendExecutor {
-    /// An executor for `scaling`; nothing is reserved until [`BackendExecutor::start`].
+    /// An executor for `scaling`; nothing is reserved until [`BackendExecutor::start`]. The
+    /// run gets a [unique name](unique_run_name) unless its run config names it.
     ///
     /// # Errors
     /// [`ExecutorError::Config`] when the scaling config is invalid.
@@ -181,11 +281,10 @@ impl BackendExecutor {
             backend,
             scaling,
             run: RunConfig::default(),
-            run_name: "trainyard-run".to_owned(),
+            run_name: unique_run_name(),
             options: ExecutorOptions::default(),
             events: None,
-            placement_group: None,
-            active: None,
+            state: State::Idle,
         })
     }
 
@@ -216,22 +315,42 @@ impl BackendExecutor {
         self
     }
 
+    /// The run's name: the run config's, or a generated one.
+    #[must_use]
+    pub fn run_name(&self) -> &str {
+        &self.run_name
+    }
+
+    fn attempt(&self) -> Option<&Attempt> {
+        match &self.state {
+            State::Started(attempt) => Some(attempt),
+            State::Idle | State::Reserved(_) => None,
+        }
+    }
+
     /// The started worker group, in world-rank order.
     #[must_use]
     pub fn worker_group(&self) -> Option<&WorkerGroup> {
-        self.active.as_ref().map(|a| &a.group)
+        self.attempt().map(|a| &a.group)
     }
 
     /// The ranks of the started workers.
     #[must_use]
     pub fn ranks(&self) -> Option<&[RankInfo]> {
-        self.active.as_ref().map(|a| a.ranks.as_slice())
+        self.attempt().map(|a| a.ranks.as_slice())
     }
 
     /// Whether workers are started.
     #[must_use]
     pub fn is_started(&self) -> bool {
-        self.active.is_some()
+        self.attempt().is_some()
+    }
+
+    fn emit(&self, event: RunEvent) {
+        if let Some(events) = &self.events {
+            // A dropped receiver means nobody is listening any more; the run goes on.
+            let _ = events.send(event);
+        }
     }
 
     /// Starts one attempt: reserves the placement group, starts and sorts the workers,
@@ -248,17 +367,46 @@ impl BackendExecutor {
     }
 
     async fn start_attempt(&mut self, restart_count: u32) -> Result<(), AttemptError> {
-        if self.active.is_some() || self.placement_group.is_some() {
+        if !matches!(self.state, State::Idle) {
             return Err(ExecutorError::AlreadyStarted.into());
         }
+        let pg = self.reserve(restart_count).await?;
+        self.launch(pg, restart_count).await?;
+        self.prepare_environment().await?;
+        if let Some(attempt) = self.attempt() {
+            let workers = attempt
+                .group
+                .workers()
+                .iter()
+                .zip(&attempt.ranks)
+                .map(|(w, rank)| StartedWorker {
+                    rank: *rank,
+                    node_id: w.metadata.node_id.to_string(),
+                    node_ip: w.metadata.node_ip.clone(),
+                    pid: w.metadata.pid,
+                })
+                .collect::<Vec<_>>();
+            self.emit(RunEvent::AttemptStarted {
+                restart_count,
+                world_size: u32::try_from(workers.len()).unwrap_or(u32::MAX),
+                workers,
+            });
+        }
+        Ok(())
+    }
+
+    /// Asks for the placement group and waits until it is reserved.
+    async fn reserve(&mut self, restart_count: u32) -> Result<PlacementGroupId, AttemptError> {
         let factory = self
             .scaling
             .placement_group_factory()
             .map_err(ExecutorError::from)?;
-        let worker = self
-            .scaling
-            .worker_resources()
-            .map_err(ExecutorError::from)?;
+        let requested = factory.total_resources().map_err(ExecutorError::from)?;
+        self.emit(RunEvent::Placing {
+            restart_count,
+            bundles: factory.bundles.len(),
+            requested: requested.clone(),
+        });
         let limit = self.options.health_check_timeout;
         let pg = tokio::time::timeout(limit, self.runtime.create_placement_group(&factory))
             .await
@@ -270,72 +418,107 @@ impl BackendExecutor {
                 RuntimeError::Infeasible(_) => ExecutorError::Unschedulable(Box::new(e)),
                 other => ExecutorError::Runtime(Box::new(other)),
             })?;
-        self.placement_group = Some(pg);
+        self.state = State::Reserved(pg);
         match self
             .runtime
             .wait_placement_group_ready(pg, self.options.placement_timeout)
             .await
         {
-            Ok(_) => {}
+            Ok(placed) => {
+                self.emit(RunEvent::Placed {
+                    bundle_nodes: placed
+                        .bundle_nodes
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect(),
+                });
+                Ok(pg)
+            }
             Err(RuntimeError::PlacementTimeout { waited, .. }) => {
-                let available = match tokio::time::timeout(limit, self.runtime.cluster()).await {
-                    Ok(Ok(cluster)) => cluster.available(),
-                    Ok(Err(e)) => {
-                        warn!(error = %e, "cannot read the cluster's free resources");
-                        trainyard_resources::Resources::new()
-                    }
-                    Err(_) => {
-                        warn!("reading the cluster's free resources timed out");
-                        trainyard_resources::Resources::new()
-                    }
-                };
+                let available = self.free_resources().await;
                 self.remove_placement_group().await;
-                let requested = factory.total_resources().map_err(ExecutorError::from)?;
-                return Err(ExecutorError::PlacementTimeout {
+                Err(ExecutorError::PlacementTimeout {
                     waited,
                     requested,
                     available,
                 }
-                .into());
+                .into())
             }
-            Err(e) => return Err(ExecutorError::Runtime(Box::new(e)).into()),
+            Err(e) => Err(ExecutorError::Runtime(Box::new(e)).into()),
         }
+    }
 
+    /// What the cluster has free, for an explanation; empty when it cannot be read.
+    async fn free_resources(&self) -> Resources {
+        let limit = self.options.health_check_timeout;
+        match tokio::time::timeout(limit, self.runtime.cluster()).await {
+            Ok(Ok(cluster)) => cluster.available(),
+            Ok(Err(e)) => {
+                warn!(error = %e, "cannot read the cluster's free resources");
+                Resources::new()
+            }
+            Err(_) => {
+                warn!("reading the cluster's free resources timed out");
+                Resources::new()
+            }
+        }
+    }
+
+    /// Starts one worker per bundle, sorts them by node and GPU and assigns ranks.
+    async fn launch(
+        &mut self,
+        pg: PlacementGroupId,
+        restart_count: u32,
+    ) -> Result<(), AttemptError> {
+        let worker = self
+            .scaling
+            .worker_resources()
+            .map_err(ExecutorError::from)?;
         let n = self.scaling.num_workers as usize;
         let group = WorkerGroup::new(Arc::clone(&self.runtime), pg, vec![worker; n])
             .map_err(|e| start_failed(&e))?
             .with_env(self.run.env.clone())
             .with_name_prefix(format!("{}-worker", self.run_name));
-        // Held by the executor from here on, so that `shutdown` releases whatever part of
-        // the start happened, whichever step fails or times out.
-        let active = self.active.insert(Active {
+        // Held from here on, so that `shutdown` releases whatever part of the start
+        // happened, whichever step fails or times out.
+        self.state = State::Started(Box::new(Attempt {
+            placement_group: pg,
             group,
             ranks: Vec::new(),
             env: Vec::new(),
             restart_count,
-        });
+        }));
+        let State::Started(attempt) = &mut self.state else {
+            unreachable!("the state was set just above");
+        };
         let start_timeout = self.options.start_timeout;
-        match tokio::time::timeout(start_timeout, active.group.start()).await {
+        match tokio::time::timeout(start_timeout, attempt.group.start()).await {
             Ok(started) => started.map_err(|e| start_failed(&e))?,
             Err(_) => return Err(start_timed_out("the workers", start_timeout)),
         }
-        active.group.sort_workers_by_node_and_gpu(None);
-
-        let nodes: Vec<_> = active
+        attempt.group.sort_workers_by_node_and_gpu(None);
+        let nodes: Vec<_> = attempt
             .group
             .workers()
             .iter()
             .map(|w| w.metadata.node_id.clone())
             .collect();
-        active.ranks = assign_ranks(&nodes);
-        info!("{}", describe_workers(&active.group, &active.ranks));
+        attempt.ranks = assign_ranks(&nodes);
+        info!("{}", describe_workers(&attempt.group, &attempt.ranks));
+        Ok(())
+    }
 
+    /// Each worker's environment: shared accelerator ids, the backend's `on_start`, ranks.
+    async fn prepare_environment(&mut self) -> Result<(), AttemptError> {
         let rules = self
             .options
             .sharing_rules
             .clone()
             .unwrap_or_else(|| default_rules(self.backend.share_accelerator_ids()));
-        let views: Vec<AcceleratorView<_>> = active
+        let State::Started(attempt) = &mut self.state else {
+            return Err(ExecutorError::NotStarted.into());
+        };
+        let views: Vec<AcceleratorView<_>> = attempt
             .group
             .workers()
             .iter()
@@ -351,29 +534,22 @@ impl BackendExecutor {
             })
             .collect();
         let mut env = accelerator_env(&rules, &views).map_err(|e| start_failed(&e))?;
-
         let ctx = BackendContext {
-            group: &active.group,
-            ranks: &active.ranks,
-            restart_count,
+            group: &attempt.group,
+            ranks: &attempt.ranks,
+            restart_count: attempt.restart_count,
             run: &self.run,
         };
-        let backend_env =
-            match tokio::time::timeout(start_timeout, self.backend.on_start(ctx)).await {
-                Ok(env) => env.map_err(backend_failure)?,
-                Err(_) => return Err(start_timed_out("the backend's on_start", start_timeout)),
-            };
+        let limit = self.options.start_timeout;
+        let backend_env = match tokio::time::timeout(limit, self.backend.on_start(ctx)).await {
+            Ok(env) => env.map_err(backend_failure)?,
+            Err(_) => return Err(start_timed_out("the backend's on_start", limit)),
+        };
         merge(&mut env, backend_env);
-        for (worker_env, rank) in env.iter_mut().zip(&active.ranks) {
-            worker_env.extend(rank_env(rank, restart_count, &self.run_name));
+        for (worker_env, rank) in env.iter_mut().zip(&attempt.ranks) {
+            worker_env.extend(rank_env(rank, attempt.restart_count, &self.run_name));
         }
-        active.env = env;
-        if let Some(events) = &self.events {
-            let _ = events.send(RunEvent::AttemptStarted {
-                restart_count,
-                world_size: u32::try_from(n).unwrap_or(u32::MAX),
-            });
-        }
+        attempt.env = env;
         Ok(())
     }
 
@@ -395,13 +571,45 @@ impl BackendExecutor {
 
     /// Runs one attempt's training, filling `report` (metrics, last report, returns) as it
     /// goes, so that a failed attempt still tells what was reported before it failed.
-    async fn train(&mut self, task: &TaskSpec, report: &mut FitReport) -> Result<(), AttemptError> {
-        let active = self.active.as_ref().ok_or(ExecutorError::NotStarted)?;
-        let group = &active.group;
+    async fn train(&self, task: &TaskSpec, report: &mut FitReport) -> Result<(), AttemptError> {
+        let attempt = self.attempt().ok_or(ExecutorError::NotStarted)?;
+        let streams = self.subscribe(attempt).await?;
+        let pids = self.start_tasks(attempt, task).await?;
+        self.follow(streams, &pids, report).await
+    }
+
+    /// One event stream per worker, in world-rank order.
+    async fn subscribe(&self, attempt: &Attempt) -> Result<Vec<TaskEvents>, AttemptError> {
+        let limit = self.options.health_check_timeout;
+        let subscriptions = attempt.group.workers().iter().map(|w| {
+            tokio::time::timeout(
+                limit,
+                events::subscribe(&self.runtime, w.actor, self.options.poll_interval),
+            )
+        });
+        let mut streams = Vec::with_capacity(attempt.group.len());
+        for (i, subscribed) in join_all(subscriptions).await.into_iter().enumerate() {
+            match subscribed {
+                Ok(Ok(stream)) => streams.push(stream),
+                Ok(Err(e)) => return Err(call_failed(i, &e)),
+                Err(_) => return Err(start_timed_out("subscribing to task events", limit)),
+            }
+        }
+        Ok(streams)
+    }
+
+    /// Starts the task on every worker at once, each with its own environment; the process
+    /// id of each task (the worker's own when the task runs inside it).
+    async fn start_tasks(
+        &self,
+        attempt: &Attempt,
+        task: &TaskSpec,
+    ) -> Result<Vec<u32>, AttemptError> {
+        let group = &attempt.group;
         let ctx = BackendContext {
             group,
-            ranks: &active.ranks,
-            restart_count: active.restart_count,
+            ranks: &attempt.ranks,
+            restart_count: attempt.restart_count,
             run: &self.run,
         };
         let limit = self.options.start_timeout;
@@ -409,9 +617,8 @@ impl BackendExecutor {
             .await
             .map_err(|_| start_timed_out("the backend's on_training_start", limit))?
             .map_err(backend_failure)?;
-        let mut env = active.env.clone();
+        let mut env = attempt.env.clone();
         merge(&mut env, training_env);
-
         let starts: Vec<_> = env
             .into_iter()
             .enumerate()
@@ -422,116 +629,106 @@ impl BackendExecutor {
                     .map_err(|e| start_failed(&e))
             })
             .collect::<Result<_, _>>()?;
-        let started = tokio::time::timeout(self.options.health_check_timeout, join_all(starts))
+        let limit = self.options.health_check_timeout;
+        let started = tokio::time::timeout(limit, join_all(starts))
             .await
-            .map_err(|_| start_timed_out("starting the task", self.options.health_check_timeout))?;
-        for (i, started) in started.into_iter().enumerate() {
-            match started {
-                Ok(Response::Done) => {}
+            .map_err(|_| start_timed_out("starting the task", limit))?;
+        let mut pids = Vec::with_capacity(started.len());
+        for (i, (started, worker)) in started.into_iter().zip(group.workers()).enumerate() {
+            let pid = match started {
+                Ok(Response::TaskStarted { pid }) => pid.unwrap_or(worker.metadata.pid),
                 Ok(_) => {
                     return Err(died(
                         i,
-                        "answered run_task with an unexpected response".to_owned(),
+                        DeathCause::Unreachable {
+                            error: "it answered run_task with an unexpected response".to_owned(),
+                        },
                     ));
                 }
-                Err(e) => return Err(died(i, chain(&e))),
-            }
+                Err(e) => return Err(call_failed(i, &e)),
+            };
+            self.emit(RunEvent::TaskStarted {
+                rank: rank_of(i),
+                pid,
+            });
+            pids.push(pid);
         }
-
-        let n = group.len();
-        report.metrics = vec![None; n];
-        let mut returns: Vec<Option<serde_json::Value>> = vec![None; n];
-        let pids: Vec<u32> = group.workers().iter().map(|w| w.metadata.pid).collect();
-        loop {
-            tokio::time::sleep(self.options.poll_interval).await;
-            let pending: Vec<usize> = (0..n).filter(|&i| returns[i].is_none()).collect();
-            let mut polls: FuturesUnordered<_> = pending
-                .iter()
-                .map(|&i| {
-                    let poll = group
-                        .execute_single_async(i, Request::Poll)
-                        .map_err(|e| start_failed(&e))?;
-                    let bounded = tokio::time::timeout(self.options.health_check_timeout, poll);
-                    Ok(bounded.map(move |outcome| (i, outcome)))
-                })
-                .collect::<Result<_, AttemptError>>()?;
-            // Answers are handled as they arrive, so one rank's failure ends the attempt
-            // without waiting for a slow or hung poll of another rank.
-            while let Some((i, outcome)) = polls.next().await {
-                let rank = WorldRank(u32::try_from(i).unwrap_or(u32::MAX));
-                let failure = match outcome {
-                    Err(_) => Some(died(
-                        i,
-                        format!(
-                            "no answer to a health check within {}s",
-                            self.options.health_check_timeout.as_secs_f64()
-                        ),
-                    )),
-                    Ok(Err(e)) => Some(died(i, chain(&e))),
-                    Ok(Ok(Response::Poll(poll))) => {
-                        for event in poll.events {
-                            self.forward(rank, pids[i], event, report);
-                        }
-                        match poll.status {
-                            TaskStatus::Running => None,
-                            TaskStatus::Succeeded { value } => {
-                                returns[i] = Some(value);
-                                None
-                            }
-                            TaskStatus::Failed { error } => {
-                                Some(AttemptError::Failed(AttemptFailure::UserError {
-                                    rank,
-                                    error,
-                                }))
-                            }
-                            TaskStatus::Idle => {
-                                Some(died(i, "its task is no longer running".to_owned()))
-                            }
-                        }
-                    }
-                    Ok(Ok(_)) => Some(died(
-                        i,
-                        "answered poll with an unexpected response".to_owned(),
-                    )),
-                };
-                if let Some(failure) = failure {
-                    return Err(failure);
-                }
-            }
-            if returns.iter().all(Option::is_some) {
-                report.returns = returns.into_iter().flatten().collect();
-                return Ok(());
-            }
-        }
+        Ok(pids)
     }
 
-    fn forward(&self, rank: WorldRank, pid: u32, event: TaskEvent, report: &mut FitReport) {
-        let event = match event {
-            TaskEvent::Report { metrics } => {
-                report.metrics[rank.0 as usize] = Some(metrics.clone());
-                report.last_report = Some((rank, metrics.clone()));
-                RunEvent::Report { rank, metrics }
+    /// Follows every rank's events until all tasks succeed or one fails. A rank that stalls
+    /// holds back no other rank: the streams are merged as their events arrive.
+    async fn follow(
+        &self,
+        streams: Vec<TaskEvents>,
+        pids: &[u32],
+        report: &mut FitReport,
+    ) -> Result<(), AttemptError> {
+        let n = streams.len();
+        report.metrics = vec![None; n];
+        let mut returns: Vec<Option<serde_json::Value>> = vec![None; n];
+        let mut tails: Vec<VecDeque<String>> = vec![VecDeque::new(); n];
+        // Each stream ends with a `None` marker, so that a stream closing early is seen.
+        let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, events)| {
+            events
+                .map(move |event| (i, Some(event)))
+                .chain(stream::once(async move { (i, None) }))
+                .boxed()
+        }));
+        while let Some((i, event)) = merged.next().await {
+            let rank = rank_of(i);
+            match event {
+                Some(ActorEvent::Task(TaskEvent::Report { metrics })) => {
+                    report.metrics[i] = Some(metrics.clone());
+                    report.last_report = Some((rank, metrics.clone()));
+                    self.emit(RunEvent::Report { rank, metrics });
+                }
+                Some(ActorEvent::Task(TaskEvent::Log { stream, line })) => {
+                    if tails[i].len() == LAST_LINES {
+                        tails[i].pop_front();
+                    }
+                    tails[i].push_back(line.clone());
+                    self.emit(RunEvent::Log {
+                        rank,
+                        pid: pids[i],
+                        stream,
+                        line,
+                    });
+                }
+                Some(ActorEvent::Task(TaskEvent::LogsDropped { count })) => {
+                    report.dropped_lines += count;
+                    self.emit(RunEvent::LogsDropped { rank, count });
+                }
+                Some(ActorEvent::TaskExited(TaskExit::Succeeded { value })) => {
+                    returns[i] = Some(value);
+                    if returns.iter().all(Option::is_some) {
+                        report.returns = returns.into_iter().flatten().collect();
+                        return Ok(());
+                    }
+                }
+                Some(ActorEvent::TaskExited(TaskExit::Failed { failure })) => {
+                    return Err(AttemptError::Failed(AttemptFailure::TaskFailed {
+                        rank,
+                        failure,
+                        last_lines: std::mem::take(&mut tails[i]).into(),
+                    }));
+                }
+                // A worker whose task finished may go; the others carry on.
+                Some(ActorEvent::Died(_)) | None if returns[i].is_some() => {}
+                Some(ActorEvent::Died(cause)) => return Err(died(i, cause)),
+                None => return Err(died(i, DeathCause::ConnectionLost)),
             }
-            TaskEvent::Log { stream, line } => RunEvent::Log {
-                rank,
-                pid,
-                stream,
-                line,
-            },
-        };
-        if let Some(events) = &self.events {
-            // A dropped receiver means nobody is listening any more; the run goes on.
-            let _ = events.send(event);
         }
+        Err(ExecutorError::NotStarted.into())
     }
 
     /// Releases everything: the backend's `on_shutdown` (errors from dead workers are logged
     /// and swallowed), a graceful stop with patience, then kills, then the placement group.
     /// Safe to call at any point, and more than once.
     pub async fn shutdown(&mut self) {
-        if let Some(mut active) = self.active.take() {
+        if let State::Started(attempt) = &mut self.state {
             let patience = self.options.shutdown_patience;
-            match tokio::time::timeout(patience, self.backend.on_shutdown(&active.group)).await {
+            match tokio::time::timeout(patience, self.backend.on_shutdown(&attempt.group)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => warn!(
                     error = %chain(&e),
@@ -542,7 +739,7 @@ impl BackendExecutor {
                     "the backend's on_shutdown did not finish within the patience"
                 ),
             }
-            if let Err(e) = active.group.shutdown(patience).await {
+            if let Err(e) = attempt.group.shutdown(patience).await {
                 warn!(error = %chain(&e), "stopping the workers failed");
             }
         }
@@ -550,7 +747,7 @@ impl BackendExecutor {
     }
 
     async fn remove_placement_group(&mut self) {
-        if let Some(pg) = self.placement_group.take() {
+        if let Some(pg) = std::mem::take(&mut self.state).placement_group() {
             let limit = self.options.health_check_timeout;
             match tokio::time::timeout(limit, self.runtime.remove_placement_group(pg)).await {
                 Ok(Ok(())) => {}
@@ -562,15 +759,17 @@ impl BackendExecutor {
 
     /// Runs `task` to completion with the run's failure policy (Ray Train v2's
     /// `max_failures`: N restarts, unlimited with `None`): a failed attempt shuts everything
-    /// down, releases the placement group and starts again from scratch, with
-    /// `TRAINYARD_RESTART_COUNT` one higher.
+    /// down, releases the placement group, waits out the [restart
+    /// backoff](ExecutorOptions::restart_backoff) and starts again from scratch, with
+    /// `TRAINYARD_RESTART_COUNT` one higher. A failure that [`classify`] calls fatal ends the
+    /// run at once, whatever the budget.
     ///
     /// # Errors
-    /// [`ExecutorError::TrainingFailed`] when failures exceed the policy, or a fatal error
-    /// (invalid config, cannot be scheduled, backend misconfigured) at once;
+    /// [`ExecutorError::TrainingFailed`] when failures exceed the policy or one is fatal, or a
+    /// fatal error (invalid config, cannot be scheduled, backend misconfigured) at once;
     /// [`ExecutorError::AlreadyStarted`] when workers of an earlier `start` still run.
     pub async fn fit(&mut self, task: &TaskSpec) -> Result<FitReport, ExecutorError> {
-        if self.active.is_some() || self.placement_group.is_some() {
+        if !matches!(self.state, State::Idle) {
             return Err(ExecutorError::AlreadyStarted);
         }
         let mut failures: Vec<AttemptFailure> = Vec::new();
@@ -585,34 +784,36 @@ impl BackendExecutor {
             .instrument(span)
             .await;
             self.shutdown().await;
-            match outcome {
+            let failure = match outcome {
                 Ok(()) => {
                     report.attempts = restart_count + 1;
                     report.failures = failures;
                     return Ok(report);
                 }
                 Err(AttemptError::Fatal(error)) => return Err(error),
-                Err(AttemptError::Failed(failure)) => {
-                    failures.push(failure.clone());
-                    let count = u32::try_from(failures.len()).unwrap_or(u32::MAX);
-                    if !self.run.failure_config.should_restart(count) {
-                        // What the final attempt reported before it failed stays in the report.
-                        report.attempts = count;
-                        report.failures = failures;
-                        report.returns.clear();
-                        return Err(ExecutorError::TrainingFailed {
-                            report: Box::new(report),
-                        });
-                    }
-                    warn!(%failure, restart_count, "attempt failed; restarting all workers");
-                    if let Some(events) = &self.events {
-                        let _ = events.send(RunEvent::Restarting {
-                            restart_count,
-                            failure,
-                        });
-                    }
-                }
+                Err(AttemptError::Failed(failure)) => failure,
+            };
+            failures.push(failure.clone());
+            let count = u32::try_from(failures.len()).unwrap_or(u32::MAX);
+            if classify(&failure) == Disposition::Fatal
+                || !self.run.failure_config.should_restart(count)
+            {
+                // What the final attempt reported before it failed stays in the report.
+                report.attempts = count;
+                report.failures = failures;
+                report.returns.clear();
+                return Err(ExecutorError::TrainingFailed {
+                    report: Box::new(report),
+                });
             }
+            let backoff = self.options.restart_backoff.delay(count);
+            warn!(%failure, restart_count, backoff_s = backoff.as_secs_f64(), "attempt failed; restarting all workers");
+            self.emit(RunEvent::Restarting {
+                restart_count,
+                failure,
+                backoff_ms: u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX),
+            });
+            tokio::time::sleep(backoff).await;
         }
     }
 }
@@ -652,9 +853,35 @@ fn with_env(task: &TaskSpec, mut env: BTreeMap<String, String>) -> TaskSpec {
     task
 }
 
-fn died(worker: usize, reason: String) -> AttemptError {
-    let rank = u32::try_from(worker).ok().map(WorldRank);
-    AttemptError::Failed(AttemptFailure::WorkerDied { rank, reason })
+fn rank_of(worker: usize) -> WorldRank {
+    WorldRank(u32::try_from(worker).unwrap_or(u32::MAX))
+}
+
+fn died(worker: usize, cause: DeathCause) -> AttemptError {
+    AttemptError::Failed(AttemptFailure::WorkerDied {
+        rank: Some(rank_of(worker)),
+        cause,
+    })
+}
+
+/// A failed call to the worker at `worker`: the runtime's refusal of the task, the worker's
+/// death, or another failure of the start.
+fn call_failed(worker: usize, error: &RuntimeError) -> AttemptError {
+    match error {
+        RuntimeError::TaskRejected { rejection, .. } => {
+            AttemptError::Failed(AttemptFailure::TaskRejected {
+                rank: rank_of(worker),
+                rejection: rejection.clone(),
+            })
+        }
+        RuntimeError::ActorDied { cause, .. } => died(worker, cause.clone()),
+        other => died(
+            worker,
+            DeathCause::Unreachable {
+                error: chain(other),
+            },
+        ),
+    }
 }
 
 fn start_timed_out(what: &str, limit: Duration) -> AttemptError {
@@ -672,10 +899,15 @@ fn start_failed(error: &(dyn std::error::Error + 'static)) -> AttemptError {
 fn backend_failure(error: BackendError) -> AttemptError {
     match error {
         BackendError::Config { .. } => AttemptError::Fatal(ExecutorError::Backend(Box::new(error))),
-        other if is_death(&other) => AttemptError::Failed(AttemptFailure::WorkerDied {
-            rank: None,
-            reason: chain(&other),
-        }),
+        other if is_death(&other) => {
+            let cause = match runtime_error_in(&other) {
+                Some(RuntimeError::ActorDied { cause, .. }) => cause.clone(),
+                _ => DeathCause::Unreachable {
+                    error: chain(&other),
+                },
+            };
+            AttemptError::Failed(AttemptFailure::WorkerDied { rank: None, cause })
+        }
         other => AttemptError::Failed(AttemptFailure::StartFailed {
             reason: chain(&other),
         }),

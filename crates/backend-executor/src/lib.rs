@@ -13,6 +13,7 @@ mod backend;
 mod context;
 mod error;
 mod executor;
+mod failure;
 mod ranks;
 mod sharing;
 
@@ -21,11 +22,12 @@ pub use context::{
     ContextError, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, RESTART_COUNT, RUN_NAME, TrainContext,
     WORLD_RANK, WORLD_SIZE, rank_env,
 };
-pub use error::{AttemptFailure, ExecutorError};
+pub use error::ExecutorError;
 pub use executor::{
-    BackendExecutor, DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, FitReport, RunEvent,
-    describe_workers,
+    BackendExecutor, DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, FitReport, LAST_LINES, RunEvent,
+    StartedWorker, describe_workers, unique_run_name,
 };
+pub use failure::{AttemptFailure, Backoff, Disposition, classify};
 pub use ranks::{RankInfo, WorldRank, assign_ranks};
 pub use sharing::{
     AcceleratorView, MissingAcceleratorIds, SharingRule, accelerator_env, default_rules, shared_ids,

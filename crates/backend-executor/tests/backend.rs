@@ -13,7 +13,7 @@ use trainyard_config::{FailureConfig, PlacementStrategy, RunConfig, ScalingConfi
 use trainyard_resources::Resources;
 use trainyard_runtime::sim::faults::KillActorAfterCalls;
 use trainyard_runtime::sim::{SimNode, SimRuntime};
-use trainyard_runtime::{ActorRuntime, FunctionRegistry, TaskSpec};
+use trainyard_runtime::{ActorRuntime, FunctionRegistry, TaskFailure, TaskSpec};
 
 fn functions() -> FunctionRegistry {
     FunctionRegistry::with_builtins()
@@ -73,6 +73,7 @@ fn task_with_arg(name: &str, arg: Value) -> TaskSpec {
 fn fast() -> ExecutorOptions {
     ExecutorOptions {
         poll_interval: Duration::from_millis(2),
+        restart_backoff: trainyard_backend_executor::Backoff::NONE,
         placement_timeout: Duration::from_secs(5),
         ..ExecutorOptions::default()
     }
@@ -523,7 +524,7 @@ async fn max_failures_allows_exactly_that_many_restarts() {
                 assert_eq!(report.failures.len(), n as usize + 1);
                 assert!(report.failures.iter().all(|f| matches!(
                     f,
-                    AttemptFailure::UserError {
+                    AttemptFailure::TaskFailed {
                         rank: WorldRank(0),
                         ..
                     }
@@ -559,9 +560,12 @@ async fn a_user_error_on_one_rank_ends_the_run_while_others_block() {
     match result {
         Err(ExecutorError::TrainingFailed { report }) => assert_eq!(
             report.failures,
-            [AttemptFailure::UserError {
+            [AttemptFailure::TaskFailed {
                 rank: WorldRank(0),
-                error: "user error on rank 0".into()
+                failure: TaskFailure::Error {
+                    message: "user error on rank 0".into()
+                },
+                last_lines: vec![],
             }]
         ),
         other => panic!("expected a user error, got {other:?}"),
@@ -572,9 +576,9 @@ async fn a_user_error_on_one_rank_ends_the_run_while_others_block() {
 #[tokio::test]
 async fn a_worker_death_is_told_apart_from_a_user_error_and_restarts() {
     let sim = one_node(2);
-    // The first actor dies once it has answered its metadata and run_task calls.
+    // The first actor dies once it has answered its metadata call, as its task starts.
     let flaky: Arc<dyn ActorRuntime> =
-        Arc::new(KillActorAfterCalls::new(Arc::new(sim.clone()), 0, 2));
+        Arc::new(KillActorAfterCalls::new(Arc::new(sim.clone()), 0, 1));
     let mut executor = BackendExecutor::new(
         flaky,
         Arc::new(NoBackend),
@@ -820,9 +824,12 @@ async fn a_ranks_failure_is_not_held_up_by_another_ranks_hung_poll() {
     match result {
         Err(ExecutorError::TrainingFailed { report }) => assert_eq!(
             report.failures,
-            [AttemptFailure::UserError {
+            [AttemptFailure::TaskFailed {
                 rank: WorldRank(1),
-                error: "rank 1 fails".into()
+                failure: TaskFailure::Error {
+                    message: "rank 1 fails".into()
+                },
+                last_lines: vec![],
             }]
         ),
         other => panic!("expected rank 1's error, got {other:?}"),

@@ -23,10 +23,12 @@ use tokio::time::{Instant, sleep, timeout};
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
 use trainyard_resources::{ActorOptions, CPU, ResourceAmount, Resources};
 
+use crate::events::ActorEvent;
 use crate::{
     ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, ClusterSnapshot, NodeId, PlacementGroupId,
-    PlacementInfo, RuntimeError, TaskSpec, TaskStatus, builtins,
+    PlacementInfo, RuntimeError, TaskEvent, TaskExit, TaskSpec, TaskStatus, builtins,
 };
+use futures::StreamExt;
 
 /// How long a feasible group may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -436,33 +438,12 @@ pub async fn env_reaches_actor(runtime: &dyn ActorRuntime) {
         arg: serde_json::Value::Null,
         env: vars(&[(TASK, "task"), (TASK_WINS, "task")]),
     };
-    runtime
-        .run_task(actor, task)
-        .await
-        .unwrap_or_else(|e| panic!("env_reaches_actor: run_task({}) failed: {e}", builtins::ENV));
-
-    let deadline = Instant::now() + ANSWER_TIMEOUT;
-    let value = loop {
-        let poll = runtime
-            .poll(actor)
-            .await
-            .unwrap_or_else(|e| panic!("env_reaches_actor: poll failed: {e}"));
-        match poll.status {
-            TaskStatus::Succeeded { value } => break value,
-            TaskStatus::Failed { error } => {
-                panic!(
-                    "env_reaches_actor: the {} task failed: {error}",
-                    builtins::ENV
-                )
-            }
-            TaskStatus::Idle | TaskStatus::Running => {}
+    let (_, exit) = run_to_end(runtime, actor, task, "env_reaches_actor").await;
+    let value = match exit {
+        TaskExit::Succeeded { value } => value,
+        TaskExit::Failed { failure } => {
+            panic!("env_reaches_actor: the {} task {failure}", builtins::ENV)
         }
-        assert!(
-            Instant::now() < deadline,
-            "env_reaches_actor: the {} task did not finish within {ANSWER_TIMEOUT:?}",
-            builtins::ENV
-        );
-        sleep(POLL_INTERVAL).await;
     };
     for (key, want) in [
         (SPAWN, "spawn"),
@@ -644,4 +625,54 @@ async fn release(
         &format!("{check}: after killing the actor and removing the group"),
     )
     .await;
+}
+
+/// Starts `task` on `actor` and follows it to its end: the task events it produced, in
+/// order, and how it ended. Uses the runtime's pushed events, or polls when it has none.
+pub async fn run_to_end(
+    runtime: &dyn ActorRuntime,
+    actor: ActorId,
+    task: TaskSpec,
+    check: &str,
+) -> (Vec<TaskEvent>, TaskExit) {
+    let events = runtime
+        .task_events(actor)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: task_events failed: {e}"));
+    runtime
+        .run_task(actor, task)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: run_task failed: {e}"));
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
+    if let Some(mut events) = events {
+        loop {
+            let Ok(next) = tokio::time::timeout_at(deadline, events.next()).await else {
+                panic!("{check}: the task did not finish within {ANSWER_TIMEOUT:?}");
+            };
+            match next {
+                Some(ActorEvent::Task(event)) => seen.push(event),
+                Some(ActorEvent::TaskExited(exit)) => return (seen, exit),
+                Some(ActorEvent::Died(cause)) => {
+                    panic!("{check}: the actor died while running the task: {cause}")
+                }
+                None => panic!("{check}: the event stream ended before the task did"),
+            }
+        }
+    }
+    loop {
+        let poll = runtime
+            .poll(actor)
+            .await
+            .unwrap_or_else(|e| panic!("{check}: poll failed: {e}"));
+        seen.extend(poll.events);
+        if let TaskStatus::Exited { exit } = poll.status {
+            return (seen, exit);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{check}: the task did not finish within {ANSWER_TIMEOUT:?}"
+        );
+        sleep(POLL_INTERVAL).await;
+    }
 }

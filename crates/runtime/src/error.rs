@@ -3,7 +3,7 @@ use std::time::Duration;
 use trainyard_resources::ResourceAmount;
 
 use crate::placement::PlacementError;
-use crate::{ActorId, PlacementGroupId};
+use crate::{ActorId, DeathCause, PlacementGroupId, TaskRejection};
 
 /// Why a runtime operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -64,18 +64,20 @@ pub enum RuntimeError {
     #[error("unknown actor {0}")]
     UnknownActor(ActorId),
     /// The actor died (its process or node is gone): a system failure, not a user error.
-    #[error("{actor} died: {reason}")]
+    #[error("{actor} died: {cause}")]
     ActorDied {
         /// The actor.
         actor: ActorId,
-        /// What is known about its death.
-        reason: String,
+        /// Why.
+        cause: DeathCause,
     },
-    /// The actor is still running its previous task.
-    #[error("{actor} is already running a task")]
-    TaskAlreadyRunning {
+    /// The actor refused to start a task.
+    #[error("{actor} cannot start the task: {rejection}")]
+    TaskRejected {
         /// The actor.
         actor: ActorId,
+        /// Why.
+        rejection: TaskRejection,
     },
     /// The actor answered a request with the wrong kind of response.
     #[error("{actor} answered `{request}` with an unexpected response")]

@@ -12,9 +12,12 @@ mod cluster;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;
+pub mod events;
 mod ids;
+mod outcome;
 pub mod placement;
 mod protocol;
+pub mod reservations;
 mod runtime;
 #[cfg(feature = "sim")]
 pub mod sim;
@@ -23,6 +26,7 @@ mod task;
 pub use cluster::{ACCELERATOR_RESOURCES, ClusterSnapshot, NodeInfo};
 pub use error::RuntimeError;
 pub use ids::{ActorId, NodeId, PlacementGroupId};
+pub use outcome::{DeathCause, TaskExit, TaskFailure, TaskRejection, signal_name};
 pub use protocol::{
     PollResult, Request, Response, Stream, TaskEvent, TaskSpec, TaskStatus, WorkerInfo,
 };

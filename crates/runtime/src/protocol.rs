@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::NodeId;
+use crate::{NodeId, TaskExit};
 
 /// A request to one actor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -20,7 +20,8 @@ pub enum Request {
         /// Variables to add or replace.
         vars: BTreeMap<String, String>,
     },
-    /// Starts a task; it runs in the background → [`Response::Done`].
+    /// Starts a task; it runs in the background → [`Response::TaskStarted`]. Its events
+    /// arrive through [`crate::ActorRuntime::task_events`] (or [`Request::Poll`]).
     RunTask(TaskSpec),
     /// Drains what the task reported and logged since the last poll → [`Response::Poll`].
     Poll,
@@ -39,8 +40,14 @@ pub enum Response {
         /// The free port.
         port: u16,
     },
-    /// Answer to [`Request::SetEnv`], [`Request::RunTask`] and [`Request::Stop`].
+    /// Answer to [`Request::SetEnv`] and [`Request::Stop`].
     Done,
+    /// Answer to [`Request::RunTask`].
+    TaskStarted {
+        /// The task's own process id, when it runs in a process of its own (a command):
+        /// the process a user would signal.
+        pid: Option<u32>,
+    },
     /// Answer to [`Request::Poll`].
     Poll(PollResult),
 }
@@ -54,7 +61,7 @@ pub struct WorkerInfo {
     pub node_ip: String,
     /// The node's host name.
     pub hostname: String,
-    /// The actor's process id.
+    /// The actor's process id (the worker agent's, for real runtimes).
     pub pid: u32,
     /// Device ids the actor holds, for every accelerator resource the runtime knows
     /// (an empty list when it holds none of that kind).
@@ -111,6 +118,11 @@ pub enum TaskEvent {
         /// The line, without its newline.
         line: String,
     },
+    /// Lines of output were dropped because the driver did not keep up.
+    LogsDropped {
+        /// How many.
+        count: u64,
+    },
 }
 
 /// Where a task is in its life.
@@ -121,23 +133,18 @@ pub enum TaskStatus {
     Idle,
     /// The task is running.
     Running,
-    /// The task returned this value (a command's is its exit code, 0).
-    Succeeded {
-        /// The returned value.
-        value: serde_json::Value,
-    },
-    /// The task failed: the user's code returned an error, panicked or exited non-zero.
-    Failed {
-        /// What went wrong, as the user's code reported it.
-        error: String,
+    /// The task has ended.
+    Exited {
+        /// How.
+        exit: TaskExit,
     },
 }
 
 impl TaskStatus {
-    /// Whether the task has ended (succeeded or failed).
+    /// Whether the task has ended.
     #[must_use]
     pub const fn is_finished(&self) -> bool {
-        matches!(self, Self::Succeeded { .. } | Self::Failed { .. })
+        matches!(self, Self::Exited { .. })
     }
 }
 

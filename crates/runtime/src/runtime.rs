@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use trainyard_config::PlacementGroupFactory;
 use trainyard_resources::ActorOptions;
 
+use crate::events::TaskEvents;
 use crate::{
     ActorId, ClusterSnapshot, NodeId, PlacementGroupId, PollResult, Request, Response,
     RuntimeError, TaskSpec, WorkerInfo,
@@ -72,6 +73,18 @@ pub trait ActorRuntime: Send + Sync + Debug + 'static {
     /// Stops an actor: asks it to exit, and kills it after `grace`. Killing an actor that is
     /// already dead succeeds.
     async fn kill(&self, actor: ActorId, grace: Duration) -> Result<(), RuntimeError>;
+
+    /// The actor's task events, pushed as they happen: reports, output lines, the end of
+    /// each task, and the actor's death. Events from before the call are kept (in a bounded
+    /// buffer) for it. One stream per actor: a second call may fail.
+    ///
+    /// A runtime that can only be polled returns `Ok(None)` (the default), and callers use
+    /// [`events::polled_events`](crate::events::polled_events) instead, as
+    /// [`events::subscribe`](crate::events::subscribe) does.
+    async fn task_events(&self, actor: ActorId) -> Result<Option<TaskEvents>, RuntimeError> {
+        let _ = actor;
+        Ok(None)
+    }
 }
 
 /// Typed helpers over [`ActorRuntime::call`], for every runtime.
@@ -112,13 +125,15 @@ pub trait ActorRuntimeExt: ActorRuntime {
         )
     }
 
-    /// [`Request::RunTask`].
-    async fn run_task(&self, actor: ActorId, task: TaskSpec) -> Result<(), RuntimeError> {
-        expect_done(
-            actor,
-            "run_task",
-            self.call(actor, Request::RunTask(task)).await?,
-        )
+    /// [`Request::RunTask`]; the task's process id when it has one of its own.
+    async fn run_task(&self, actor: ActorId, task: TaskSpec) -> Result<Option<u32>, RuntimeError> {
+        match self.call(actor, Request::RunTask(task)).await? {
+            Response::TaskStarted { pid } => Ok(pid),
+            _ => Err(RuntimeError::UnexpectedResponse {
+                actor,
+                request: "run_task",
+            }),
+        }
     }
 
     /// [`Request::Poll`].

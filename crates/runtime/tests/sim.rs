@@ -10,8 +10,9 @@ use trainyard_resources::{ActorOptions, Resources};
 use trainyard_runtime::placement::PlacementError;
 use trainyard_runtime::sim::{SimNode, SimRuntime};
 use trainyard_runtime::{
-    ACCELERATOR_RESOURCES, ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, FunctionRegistry,
-    NodeId, PlacementGroupId, Request, RuntimeError, Stream, TaskEvent, TaskSpec, TaskStatus,
+    ACCELERATOR_RESOURCES, ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, DeathCause,
+    FunctionRegistry, NodeId, PlacementGroupId, Request, RuntimeError, Stream, TaskEvent, TaskExit,
+    TaskFailure, TaskRejection, TaskSpec, TaskStatus,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -446,8 +447,10 @@ async fn spawn_env_set_env_and_task_env_reach_the_task_later_ones_winning() {
     let (_, status) = finish(&sim, actor).await;
     assert_eq!(
         status,
-        TaskStatus::Succeeded {
-            value: json!({"A": "spawn", "B": "set", "C": "task"})
+        TaskStatus::Exited {
+            exit: TaskExit::Succeeded {
+                value: json!({"A": "spawn", "B": "set", "C": "task"})
+            }
         }
     );
 }
@@ -475,7 +478,12 @@ async fn reports_and_log_lines_are_drained_in_order_by_poll() {
         .await
         .expect("run");
     let (events, status) = finish(&sim, actor).await;
-    assert_eq!(status, TaskStatus::Succeeded { value: json!(7) });
+    assert_eq!(
+        status,
+        TaskStatus::Exited {
+            exit: TaskExit::Succeeded { value: json!(7) }
+        }
+    );
     assert_eq!(
         events,
         [
@@ -505,14 +513,16 @@ async fn reports_and_log_lines_are_drained_in_order_by_poll() {
         .expect("run");
     assert_eq!(
         finish(&sim, actor).await.1,
-        TaskStatus::Succeeded {
-            value: json!([1, 2])
+        TaskStatus::Exited {
+            exit: TaskExit::Succeeded {
+                value: json!([1, 2])
+            }
         }
     );
 }
 
 #[tokio::test]
-async fn failing_panicking_and_unknown_functions_end_as_failed_tasks() {
+async fn failing_and_panicking_functions_end_as_failed_tasks_and_unknown_ones_are_rejected() {
     let functions = FunctionRegistry::new().register("boom", |_| async { panic!("kaboom") });
     let sim = SimRuntime::new([SimNode::new("a").cpus(1)]).with_functions(functions);
     let actor = sim.spawn(spec("w", "", None)).await.expect("spawn");
@@ -522,28 +532,43 @@ async fn failing_panicking_and_unknown_functions_end_as_failed_tasks() {
         .expect("run");
     assert_eq!(
         finish(&sim, actor).await.1,
-        TaskStatus::Failed {
-            error: "bad input".into()
+        TaskStatus::Exited {
+            exit: TaskExit::Failed {
+                failure: TaskFailure::Error {
+                    message: "bad input".into()
+                }
+            }
         }
     );
 
     sim.run_task(actor, function("boom", Value::Null))
         .await
         .expect("run");
-    let TaskStatus::Failed { error } = finish(&sim, actor).await.1 else {
+    let TaskStatus::Exited {
+        exit: TaskExit::Failed {
+            failure: TaskFailure::Error { message },
+        },
+    } = finish(&sim, actor).await.1
+    else {
         panic!("expected a failure")
     };
-    assert!(error.contains("kaboom"), "{error}");
+    assert!(message.contains("kaboom"), "{message}");
 
-    sim.run_task(actor, function("nope", Value::Null))
+    let err = sim
+        .run_task(actor, function("nope", Value::Null))
         .await
-        .expect("run");
-    let TaskStatus::Failed { error } = finish(&sim, actor).await.1 else {
-        panic!("expected a failure")
+        .unwrap_err();
+    let RuntimeError::TaskRejected {
+        rejection: TaskRejection::UnknownFunction { name, registered },
+        ..
+    } = &err
+    else {
+        panic!("expected a rejection, got {err}")
     };
+    assert_eq!(name, "nope");
     assert!(
-        error.contains("`nope`") && error.contains("boom") && error.contains("trainyard.env"),
-        "{error}"
+        registered.iter().any(|n| n == "boom") && registered.iter().any(|n| n == "trainyard.env"),
+        "{err}"
     );
 }
 
@@ -559,7 +584,7 @@ async fn a_second_task_while_one_runs_is_refused_and_commands_are_unsupported() 
         .await
         .unwrap_err();
     assert!(
-        matches!(err, RuntimeError::TaskAlreadyRunning { actor: a } if a == actor),
+        matches!(err, RuntimeError::TaskRejected { actor: a, rejection: TaskRejection::AlreadyRunning } if a == actor),
         "{err}"
     );
     assert_eq!(
@@ -569,7 +594,9 @@ async fn a_second_task_while_one_runs_is_refused_and_commands_are_unsupported() 
     let started = Instant::now();
     assert_eq!(
         finish(&sim, actor).await.1,
-        TaskStatus::Succeeded { value: Value::Null }
+        TaskStatus::Exited {
+            exit: TaskExit::Succeeded { value: Value::Null }
+        }
     );
     assert!(
         started.elapsed() >= Duration::from_secs(4),
@@ -586,8 +613,8 @@ async fn a_second_task_while_one_runs_is_refused_and_commands_are_unsupported() 
     assert!(
         matches!(
             err,
-            RuntimeError::Unsupported {
-                request: "run_task",
+            RuntimeError::TaskRejected {
+                rejection: TaskRejection::Unsupported { .. },
                 ..
             }
         ),
@@ -649,7 +676,7 @@ async fn losing_a_node_kills_its_actors_removes_its_resources_and_replaces_lost_
     sim.lose_node(&NodeId::from("b"));
     let err = sim.node_info(on_b).await.unwrap_err();
     assert!(
-        matches!(&err, RuntimeError::ActorDied { reason, .. } if reason.contains("node b")),
+        matches!(&err, RuntimeError::ActorDied { cause: DeathCause::NodeLost { node }, .. } if node.as_str() == "b"),
         "{err}"
     );
     assert_eq!(sim.live_actors(), [on_a]);
@@ -811,7 +838,7 @@ fn a_task_started_just_before_a_kill_stops_running_once_the_kill_returns() {
                 .block_on(sim.kill(actor, Duration::ZERO))
                 .expect("kill");
             match runner.join().expect("join") {
-                Ok(()) | Err(RuntimeError::ActorDied { .. }) => {}
+                Ok(_) | Err(RuntimeError::ActorDied { .. }) => {}
                 Err(other) => panic!("run_task racing a kill failed with {other}"),
             }
         }
@@ -850,4 +877,46 @@ async fn waiting_with_the_largest_timeout_waits_without_a_deadline() {
         .expect("ready once the first group is removed");
     assert_eq!(placed.bundle_nodes, [NodeId::from("a")]);
     remover.await.expect("join").expect("remove");
+}
+
+#[tokio::test(start_paused = true)]
+async fn task_events_are_pushed_as_they_happen_and_end_with_the_actors_death() {
+    use futures::StreamExt;
+    use trainyard_runtime::events::ActorEvent;
+
+    let functions = FunctionRegistry::new().register("slow", |ctx| async move {
+        ctx.log(Stream::Stdout, "first");
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        Ok(Value::Null)
+    });
+    let sim = SimRuntime::new([SimNode::new("a").cpus(1)]).with_functions(functions);
+    let actor = sim.spawn(spec("w", "CPU=1", None)).await.expect("spawn");
+    let mut events = sim
+        .task_events(actor)
+        .await
+        .expect("subscribe")
+        .expect("the sim pushes");
+    assert!(
+        sim.task_events(actor).await.is_err(),
+        "a second subscription is refused"
+    );
+    sim.run_task(actor, function("slow", Value::Null))
+        .await
+        .expect("run");
+    let started = Instant::now();
+    assert!(matches!(
+        events.next().await,
+        Some(ActorEvent::Task(TaskEvent::Log { line, .. })) if line == "first"
+    ));
+    assert!(
+        started.elapsed() < Duration::from_millis(1),
+        "pushed, not polled"
+    );
+    sim.lose_node(&NodeId::from("a"));
+    assert_eq!(
+        events.next().await,
+        Some(ActorEvent::Died(DeathCause::NodeLost {
+            node: NodeId::from("a")
+        }))
+    );
 }

@@ -36,6 +36,7 @@ async fn envs(
 ) -> FitReport {
     let options = ExecutorOptions {
         poll_interval: Duration::from_millis(2),
+        restart_backoff: trainyard_backend_executor::Backoff::NONE,
         ..ExecutorOptions::default()
     };
     BackendExecutor::new(Arc::new(sim.clone()), config.build(), scaling)

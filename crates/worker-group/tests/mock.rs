@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use mockall::predicate::{always, eq};
 use trainyard_resources::{ActorOptions, ResourceAmount, ResourceError, Resources};
 use trainyard_runtime::{
-    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, MockActorRuntime, NodeId,
+    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, MockActorRuntime, NodeId,
     PlacementGroupFactory, PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
     WorkerInfo,
 };
@@ -176,7 +176,9 @@ impl ActorRuntime for Holding {
 fn died(actor: ActorId) -> RuntimeError {
     RuntimeError::ActorDied {
         actor,
-        reason: "node lost".into(),
+        cause: DeathCause::NodeLost {
+            node: NodeId::from("node-0"),
+        },
     }
 }
 

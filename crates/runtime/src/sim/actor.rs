@@ -7,14 +7,15 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
 use super::lock;
+use crate::events::{ActorEvent, EventSender, TaskEvents};
 use crate::{
-    ActorId, FunctionRegistry, PollResult, Request, Response, RuntimeError, TaskContext, TaskEvent,
-    TaskSpec, TaskStatus, WorkerInfo,
+    ActorId, DeathCause, FunctionRegistry, PollResult, Request, Response, RuntimeError,
+    TaskContext, TaskEvent, TaskExit, TaskFailure, TaskRejection, TaskSpec, TaskStatus, WorkerInfo,
 };
 
 /// The first port handed out on each node.
@@ -32,6 +33,8 @@ pub(super) struct ActorShared {
     /// The running function task and whether the actor has ended, under one lock: a task
     /// starts only while the actor lives, and ending the actor aborts whatever started.
     task: Mutex<TaskSlot>,
+    /// The actor's event stream until a subscriber takes it; `Poll` drains it meanwhile.
+    events: Mutex<Option<TaskEvents>>,
 }
 
 #[derive(Default)]
@@ -41,11 +44,31 @@ struct TaskSlot {
 }
 
 impl ActorShared {
-    pub(super) fn new(env: BTreeMap<String, String>) -> Self {
+    pub(super) fn new(env: BTreeMap<String, String>, events: TaskEvents) -> Self {
         Self {
             env: Mutex::new(env),
             task: Mutex::new(TaskSlot::default()),
+            events: Mutex::new(Some(events)),
         }
+    }
+
+    /// The event stream, for its one subscriber.
+    pub(super) fn take_events(&self) -> Option<TaskEvents> {
+        lock(&self.events).take()
+    }
+
+    /// The task events buffered so far, while nobody subscribed.
+    fn drain_events(&self) -> Vec<TaskEvent> {
+        let mut slot = lock(&self.events);
+        let mut out = Vec::new();
+        if let Some(stream) = slot.as_mut() {
+            while let Some(Some(event)) = stream.next().now_or_never() {
+                if let ActorEvent::Task(event) = event {
+                    out.push(event);
+                }
+            }
+        }
+        out
     }
 
     /// Ends the actor: aborts its running task, and no task starts from now on.
@@ -69,8 +92,7 @@ pub(super) struct Serving {
     shared: Arc<ActorShared>,
     functions: FunctionRegistry,
     ports: Arc<AtomicU32>,
-    events: mpsc::UnboundedSender<TaskEvent>,
-    pending: mpsc::UnboundedReceiver<TaskEvent>,
+    events: EventSender,
     status: Arc<Mutex<TaskStatus>>,
 }
 
@@ -81,8 +103,8 @@ impl Serving {
         shared: Arc<ActorShared>,
         functions: FunctionRegistry,
         ports: Arc<AtomicU32>,
+        events: EventSender,
     ) -> Self {
-        let (events, pending) = mpsc::unbounded_channel();
         Self {
             id,
             info,
@@ -90,7 +112,6 @@ impl Serving {
             functions,
             ports,
             events,
-            pending,
             status: Arc::new(Mutex::new(TaskStatus::Idle)),
         }
     }
@@ -109,23 +130,21 @@ impl Serving {
                 lock(&self.shared.env).extend(vars);
                 Ok(Response::Done)
             }
-            Request::RunTask(TaskSpec::Command { .. }) => Err(RuntimeError::Unsupported {
+            Request::RunTask(TaskSpec::Command { .. }) => Err(RuntimeError::TaskRejected {
                 actor: self.id,
-                request: "run_task",
-                reason: "the simulated runtime runs registered functions only, not commands"
-                    .to_owned(),
+                rejection: TaskRejection::Unsupported {
+                    kind: "command".to_owned(),
+                    reason: "the simulated runtime runs registered functions only".to_owned(),
+                },
             }),
             Request::RunTask(TaskSpec::Function { name, arg, env }) => {
                 self.run_function(&name, arg, env)?;
-                Ok(Response::Done)
+                Ok(Response::TaskStarted { pid: None })
             }
             Request::Poll => {
                 // The status first: a finished task sent all its events before finishing.
                 let status = lock(&self.status).clone();
-                let mut events = Vec::new();
-                while let Ok(event) = self.pending.try_recv() {
-                    events.push(event);
-                }
+                let events = self.shared.drain_events();
                 Ok(Response::Poll(PollResult { events, status }))
             }
             // The runtime ends the actor itself on `Stop`; answering is all that is left.
@@ -145,42 +164,69 @@ impl Serving {
         if slot.closed {
             return Err(RuntimeError::ActorDied {
                 actor: self.id,
-                reason: "it ended before the task could start".to_owned(),
+                cause: DeathCause::Stopped,
             });
         }
         if *lock(&self.status) == TaskStatus::Running {
-            return Err(RuntimeError::TaskAlreadyRunning { actor: self.id });
+            return Err(RuntimeError::TaskRejected {
+                actor: self.id,
+                rejection: TaskRejection::AlreadyRunning,
+            });
         }
         let mut task_env = lock(&self.shared.env).clone();
         task_env.extend(env);
-        let ctx = TaskContext::new(arg, task_env, self.events.clone());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let ctx = TaskContext::new(arg, task_env, tx);
         let Some(future) = self.functions.call(name, ctx) else {
-            let names = self.functions.names();
-            let registered = if names.is_empty() {
-                "none".to_owned()
-            } else {
-                names.join(", ")
-            };
-            *lock(&self.status) = TaskStatus::Failed {
-                error: format!("no function is registered as `{name}`; registered: {registered}"),
-            };
-            return Ok(());
+            return Err(RuntimeError::TaskRejected {
+                actor: self.id,
+                rejection: TaskRejection::UnknownFunction {
+                    name: name.to_owned(),
+                    registered: self.functions.names(),
+                },
+            });
         };
         *lock(&self.status) = TaskStatus::Running;
         let status = Arc::clone(&self.status);
+        let events = self.events.clone();
         let task = tokio::spawn(async move {
-            let outcome = AssertUnwindSafe(future).catch_unwind().await;
-            *lock(&status) = match outcome {
-                Ok(Ok(value)) => TaskStatus::Succeeded { value },
-                Ok(Err(error)) => TaskStatus::Failed { error },
-                Err(panic) => TaskStatus::Failed {
-                    error: panic_message(panic.as_ref()),
+            let outcome = AssertUnwindSafe(future).catch_unwind();
+            tokio::pin!(outcome);
+            let outcome = loop {
+                tokio::select! {
+                    biased;
+                    Some(event) = rx.recv() => forward(&events, event).await,
+                    outcome = &mut outcome => break outcome,
+                }
+            };
+            while let Ok(event) = rx.try_recv() {
+                forward(&events, event).await;
+            }
+            let exit = match outcome {
+                Ok(Ok(value)) => TaskExit::Succeeded { value },
+                Ok(Err(message)) => TaskExit::Failed {
+                    failure: TaskFailure::Error { message },
+                },
+                Err(panic) => TaskExit::Failed {
+                    failure: TaskFailure::Error {
+                        message: panic_message(panic.as_ref()),
+                    },
                 },
             };
+            *lock(&status) = TaskStatus::Exited { exit: exit.clone() };
+            events.send(ActorEvent::TaskExited(exit)).await;
         });
         slot.running = Some(task.abort_handle());
         tracing::debug!(actor = %self.id, function = name, "task started");
         Ok(())
+    }
+}
+
+/// Passes one event of a function task on: reports wait for room, lines may be dropped.
+async fn forward(events: &EventSender, event: TaskEvent) {
+    match event {
+        TaskEvent::Log { stream, line } => events.log(stream, line),
+        other => events.send(ActorEvent::Task(other)).await,
     }
 }
 
@@ -222,13 +268,20 @@ mod tests {
             pid: 10_000,
             accelerator_ids: BTreeMap::new(),
         };
+        let (events, _stream) = crate::events::event_channel(16);
         Serving::new(
             ActorId(0),
             info,
             Arc::clone(shared),
             functions,
             Arc::new(AtomicU32::new(0)),
+            events,
         )
+    }
+
+    fn shared() -> Arc<ActorShared> {
+        let (_events, stream) = crate::events::event_channel(16);
+        Arc::new(ActorShared::new(BTreeMap::new(), stream))
     }
 
     fn run(name: &str) -> Request {
@@ -250,7 +303,7 @@ mod tests {
                 Ok(serde_json::Value::Null)
             }
         });
-        let shared = Arc::new(ActorShared::new(BTreeMap::new()));
+        let shared = shared();
         let mut actor = serving(&shared, functions);
         shared.close();
         let err = actor.handle(run("mark")).unwrap_err();
@@ -272,7 +325,7 @@ mod tests {
                 }
             }
         });
-        let shared = Arc::new(ActorShared::new(BTreeMap::new()));
+        let shared = shared();
         let mut actor = serving(&shared, functions);
         actor.handle(run("tick")).expect("started");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -286,7 +339,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_ended_actor_answers_no_more_queued_requests() {
-        let shared = Arc::new(ActorShared::new(BTreeMap::new()));
+        let shared = shared();
         let actor = serving(&shared, FunctionRegistry::with_builtins());
         let (mailbox, inbox) = mpsc::unbounded_channel();
         let (reply, answer) = oneshot::channel();

@@ -28,7 +28,7 @@
 //! use async_trait::async_trait;
 //! use trainyard_runtime::sim::faults::{Fault, Faulty};
 //! use trainyard_runtime::sim::{SimNode, SimRuntime};
-//! use trainyard_runtime::{ActorId, ActorRuntime, Request, Response, RuntimeError};
+//! use trainyard_runtime::{ActorId, ActorRuntime, DeathCause, Request, Response, RuntimeError};
 //!
 //! /// Every `n`-th call is lost, as on a flaky network.
 //! #[derive(Debug)]
@@ -46,7 +46,7 @@
 //!         request: Request,
 //!     ) -> Result<Response, RuntimeError> {
 //!         if (self.made.fetch_add(1, Ordering::SeqCst) + 1) % self.n == 0 {
-//!             return Err(RuntimeError::ActorDied { actor, reason: "the call was lost".into() });
+//!             return Err(RuntimeError::ActorDied { actor, cause: DeathCause::ConnectionLost });
 //!         }
 //!         inner.call(actor, request).await
 //!     }
@@ -67,9 +67,10 @@ use async_trait::async_trait;
 use trainyard_config::PlacementGroupFactory;
 
 use super::{SimRuntime, lock};
+use crate::events::TaskEvents;
 use crate::{
-    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, NodeId, PlacementGroupId, PlacementInfo,
-    Request, Response, RuntimeError,
+    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, NodeId, PlacementGroupId,
+    PlacementInfo, Request, Response, RuntimeError,
 };
 
 /// One way for a runtime to break, applied by [`Faulty`].
@@ -139,6 +140,15 @@ pub trait Fault: Send + Sync + Debug + 'static {
     ) -> Result<(), RuntimeError> {
         inner.kill(actor, grace).await
     }
+
+    /// [`ActorRuntime::task_events`].
+    async fn task_events(
+        &self,
+        inner: &dyn ActorRuntime,
+        actor: ActorId,
+    ) -> Result<Option<TaskEvents>, RuntimeError> {
+        inner.task_events(actor).await
+    }
 }
 
 /// A runtime that sends every call through `fault` to `inner`; see the
@@ -199,6 +209,10 @@ impl<F: Fault> ActorRuntime for Faulty<F> {
     async fn kill(&self, actor: ActorId, grace: Duration) -> Result<(), RuntimeError> {
         self.fault.kill(&*self.inner, actor, grace).await
     }
+
+    async fn task_events(&self, actor: ActorId) -> Result<Option<TaskEvents>, RuntimeError> {
+        self.fault.task_events(&*self.inner, actor).await
+    }
 }
 
 /// Kills the `spawn_index`-th actor spawned through this wrapper (counting successful spawns
@@ -242,7 +256,7 @@ impl KillAfterCalls {
     fn died(&self, actor: ActorId) -> RuntimeError {
         RuntimeError::ActorDied {
             actor,
-            reason: format!("killed by fault injection after {} calls", self.calls),
+            cause: DeathCause::Killed,
         }
     }
 

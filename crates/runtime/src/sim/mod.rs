@@ -60,11 +60,12 @@ use tokio::sync::oneshot;
 use trainyard_config::PlacementGroupFactory;
 use trainyard_resources::{ResourceAmount, Resources};
 
+use crate::events::TaskEvents;
 use crate::{
-    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, FunctionRegistry, NodeId, PlacementGroupId,
-    PlacementInfo, Request, Response, RuntimeError,
+    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, FunctionRegistry, NodeId,
+    PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
 };
-use state::{Phase, State};
+use state::State;
 
 /// One node of a [`SimRuntime`], built step by step.
 ///
@@ -248,32 +249,8 @@ impl ActorRuntime for SimRuntime {
         pg: PlacementGroupId,
         timeout: Duration,
     ) -> Result<PlacementInfo, RuntimeError> {
-        // A timeout too large to add to the clock waits without a deadline.
-        let deadline = tokio::time::Instant::now().checked_add(timeout);
-        loop {
-            let mut phase = {
-                let state = lock(&self.state);
-                if let Some(info) = state.placement_info(pg)? {
-                    return Ok(info);
-                }
-                state.subscribe(pg)?
-            };
-            let changed = phase.wait_for(|p| *p != Phase::Pending);
-            let outcome = match deadline {
-                Some(deadline) => tokio::time::timeout_at(deadline, changed).await,
-                None => Ok(changed.await),
-            };
-            match outcome {
-                Err(_) => {
-                    return Err(RuntimeError::PlacementTimeout {
-                        pg,
-                        waited: timeout,
-                    });
-                }
-                Ok(Err(_)) => return Err(RuntimeError::UnknownPlacementGroup(pg)),
-                Ok(Ok(_)) => {}
-            }
-        }
+        crate::reservations::wait_ready(pg, timeout, || lock(&self.state).ready_or_subscribe(pg))
+            .await
     }
 
     async fn remove_placement_group(&self, pg: PlacementGroupId) -> Result<(), RuntimeError> {
@@ -287,7 +264,7 @@ impl ActorRuntime for SimRuntime {
     async fn call(&self, actor: ActorId, request: Request) -> Result<Response, RuntimeError> {
         let (mailbox, mut ended) = lock(&self.state).mailbox(actor)?;
         if request == Request::Stop {
-            lock(&self.state).remove_actor(actor, "it was stopped");
+            lock(&self.state).remove_actor(actor, DeathCause::Stopped);
             return Ok(Response::Done);
         }
         let (reply, answer) = oneshot::channel();
@@ -311,7 +288,18 @@ impl ActorRuntime for SimRuntime {
     }
 
     async fn kill(&self, actor: ActorId, _grace: Duration) -> Result<(), RuntimeError> {
-        lock(&self.state).remove_actor(actor, "it was killed");
+        lock(&self.state).remove_actor(actor, DeathCause::Killed);
         Ok(())
+    }
+
+    async fn task_events(&self, actor: ActorId) -> Result<Option<TaskEvents>, RuntimeError> {
+        lock(&self.state)
+            .take_events(actor)?
+            .map(Some)
+            .ok_or(RuntimeError::Unsupported {
+                actor,
+                request: "task_events",
+                reason: "the actor's events are already taken".to_owned(),
+            })
     }
 }

@@ -1,5 +1,6 @@
-//! The bookkeeping of a simulated cluster: nodes, placement groups, actors. Synchronous;
-//! the async layer only locks it.
+//! The bookkeeping of a simulated cluster: [`Reservations`] for nodes, placement groups and
+//! what actors hold, plus the simulated actors themselves. Synchronous; the async layer only
+//! locks it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -12,130 +13,52 @@ use trainyard_resources::Resources;
 
 use super::actor::{self, ActorShared, Mailbox};
 use super::{SimNode, lock};
-use crate::placement::{self, AcceleratorPool};
+use crate::events::{ActorEvent, EVENT_BUFFER, EventSender, TaskEvents, event_channel};
+use crate::reservations::{NodeSpec, Phase, Reservations};
 use crate::{
-    ACCELERATOR_RESOURCES, ActorId, ActorSpec, ClusterSnapshot, FunctionRegistry, NodeId, NodeInfo,
-    PlacementGroupId, PlacementInfo, PlacementStrategy, RuntimeError, WorkerInfo,
+    ActorId, ActorSpec, ClusterSnapshot, DeathCause, FunctionRegistry, NodeId, PlacementGroupId,
+    PlacementInfo, RuntimeError, WorkerInfo,
 };
 
-/// Where a placement group is in its life, as seen by waiters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Phase {
-    /// Some bundle is not reserved.
-    Pending,
-    /// Every bundle is reserved.
-    Ready,
-    /// The group was removed.
-    Removed,
-}
-
-struct Node {
-    id: NodeId,
-    ip: String,
-    hostname: String,
-    total: Resources,
-    available: Resources,
-    device_ids: BTreeMap<String, Vec<String>>,
-    devices: AcceleratorPool,
-    alive: bool,
-    ports: Arc<AtomicU32>,
-}
-
-struct Bundle {
-    node: usize,
-    reserved: Resources,
-    left: Resources,
-    device_ids: BTreeMap<String, Vec<String>>,
-    devices: AcceleratorPool,
-}
-
-struct Group {
-    factory: PlacementGroupFactory,
-    bundles: Vec<Option<Bundle>>,
-    phase: watch::Sender<Phase>,
-}
-
-impl Group {
-    fn is_ready(&self) -> bool {
-        self.bundles.iter().all(Option::is_some)
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Home {
-    Node,
-    Bundle(PlacementGroupId, usize),
-}
-
 struct Actor {
-    node: usize,
-    demand: Resources,
-    home: Home,
-    device_ids: BTreeMap<String, Vec<String>>,
     shared: Arc<ActorShared>,
     mailbox: Mailbox,
     serving: AbortHandle,
+    events: EventSender,
     /// `true` once the actor has ended; callers waiting for an answer watch it.
     ended: watch::Sender<bool>,
 }
 
 pub(super) struct State {
-    nodes: Vec<Node>,
-    groups: BTreeMap<PlacementGroupId, Group>,
+    book: Reservations,
+    ports: HashMap<NodeId, Arc<AtomicU32>>,
     actors: BTreeMap<ActorId, Actor>,
-    dead: HashMap<ActorId, String>,
-    next_group: u64,
+    dead: HashMap<ActorId, DeathCause>,
     next_actor: u64,
     functions: FunctionRegistry,
 }
 
-/// Adds the nonzero amounts of `amounts` back to `to` (zero entries would make a dictionary
-/// differ from the one it was taken from).
-fn give(to: &mut Resources, amounts: &Resources) {
-    let nonzero = amounts.clone().without_zeros();
-    // Amounts given back were taken from `to` before, so the sum stays below its old total.
-    let _ = to.checked_add_assign(&nonzero);
-}
-
-/// Gives devices back to `pool`. The bookkeeping returns only what it took, once; a refusal
-/// is a bug in it, reported and otherwise ignored.
-fn return_devices(
-    pool: &mut AcceleratorPool,
-    demand: &Resources,
-    ids: &BTreeMap<String, Vec<String>>,
-) {
-    if let Err(error) = pool.give_back(demand, ids) {
-        tracing::error!(%error, "simulated cluster: the device pool refused what was given back");
-        debug_assert!(false, "simulated cluster: {error}");
-    }
-}
-
 impl State {
     pub(super) fn new(nodes: impl IntoIterator<Item = SimNode>) -> Self {
-        let mut list: Vec<Node> = Vec::new();
-        for node in nodes {
-            if list.iter().any(|n| n.id == node.id) {
-                tracing::warn!(node = %node.id, "a simulated node repeats an earlier id; left out");
-                continue;
-            }
-            list.push(Node {
-                devices: AcceleratorPool::new(&node.devices),
-                available: node.resources.clone(),
-                total: node.resources,
-                device_ids: node.devices,
+        let specs: Vec<NodeSpec> = nodes
+            .into_iter()
+            .map(|node| NodeSpec {
                 id: node.id,
                 ip: node.ip,
                 hostname: node.hostname,
-                alive: true,
-                ports: Arc::new(AtomicU32::new(0)),
-            });
-        }
+                resources: node.resources,
+                devices: node.devices,
+            })
+            .collect();
+        let ports = specs
+            .iter()
+            .map(|n| (n.id.clone(), Arc::new(AtomicU32::new(0))))
+            .collect();
         Self {
-            nodes: list,
-            groups: BTreeMap::new(),
+            book: Reservations::new(specs),
+            ports,
             actors: BTreeMap::new(),
             dead: HashMap::new(),
-            next_group: 0,
             next_actor: 0,
             functions: FunctionRegistry::with_builtins(),
         }
@@ -145,18 +68,12 @@ impl State {
         self.functions = functions;
     }
 
-    fn alive_nodes(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.nodes.len()).filter(|&n| self.nodes[n].alive)
-    }
-
     pub(super) fn alive_node_ids(&self) -> Vec<NodeId> {
-        self.alive_nodes()
-            .map(|n| self.nodes[n].id.clone())
-            .collect()
+        self.book.alive_node_ids()
     }
 
     pub(super) fn group_count(&self) -> usize {
-        self.groups.len()
+        self.book.group_count()
     }
 
     pub(super) fn actor_ids(&self) -> Vec<ActorId> {
@@ -164,13 +81,11 @@ impl State {
     }
 
     pub(super) fn actor_node(&self, actor: ActorId) -> Option<NodeId> {
-        self.actors
-            .get(&actor)
-            .map(|a| self.nodes[a.node].id.clone())
+        self.book.held_node(actor).map(|n| n.id.clone())
     }
 
     pub(super) fn assigned_resources(&self, actor: ActorId) -> Option<Resources> {
-        self.actors.get(&actor).map(|a| a.demand.clone())
+        self.book.held_resources(actor)
     }
 
     pub(super) fn actor_env(&self, actor: ActorId) -> Option<BTreeMap<String, String>> {
@@ -178,29 +93,15 @@ impl State {
     }
 
     pub(super) fn snapshot(&self) -> ClusterSnapshot {
-        let nodes = self
-            .alive_nodes()
-            .map(|n| {
-                let node = &self.nodes[n];
-                NodeInfo {
-                    id: node.id.clone(),
-                    ip: node.ip.clone(),
-                    hostname: node.hostname.clone(),
-                    total: node.total.clone(),
-                    available: node.available.clone(),
-                    accelerator_ids: node.device_ids.clone(),
-                }
-            })
-            .collect();
-        ClusterSnapshot { nodes }
+        self.book.snapshot()
     }
 
     /// Why `actor` cannot be called.
     pub(super) fn death(&self, actor: ActorId) -> RuntimeError {
         match self.dead.get(&actor) {
-            Some(reason) => RuntimeError::ActorDied {
+            Some(cause) => RuntimeError::ActorDied {
                 actor,
-                reason: reason.clone(),
+                cause: cause.clone(),
             },
             None => RuntimeError::UnknownActor(actor),
         }
@@ -217,264 +118,55 @@ impl State {
             .ok_or_else(|| self.death(actor))
     }
 
+    /// The actor's event stream, once.
+    pub(super) fn take_events(&self, actor: ActorId) -> Result<Option<TaskEvents>, RuntimeError> {
+        let entry = self.actors.get(&actor).ok_or_else(|| self.death(actor))?;
+        Ok(entry.shared.take_events())
+    }
+
     // ---- placement groups ----
 
     pub(super) fn create_group(
         &mut self,
         factory: &PlacementGroupFactory,
     ) -> Result<PlacementGroupId, RuntimeError> {
-        let totals: Vec<&Resources> = self.alive_nodes().map(|n| &self.nodes[n].total).collect();
-        if let Err(error) = placement::check_feasible(&totals, factory) {
-            tracing::debug!(%error, "placement group is infeasible");
-            return Err(error.into());
-        }
-        let pg = PlacementGroupId(self.next_group);
-        self.next_group += 1;
-        let (phase, _) = watch::channel(Phase::Pending);
-        let bundles = factory.bundles.iter().map(|_| None).collect();
-        self.groups.insert(
-            pg,
-            Group {
-                factory: factory.clone(),
-                bundles,
-                phase,
-            },
-        );
-        tracing::debug!(%pg, bundles = factory.bundles.len(), strategy = %factory.strategy, "placement group created");
-        self.schedule();
-        Ok(pg)
+        self.book.create_group(factory)
     }
 
-    pub(super) fn subscribe(
+    pub(super) fn ready_or_subscribe(
         &self,
         pg: PlacementGroupId,
-    ) -> Result<watch::Receiver<Phase>, RuntimeError> {
-        self.groups
-            .get(&pg)
-            .map(|g| g.phase.subscribe())
-            .ok_or(RuntimeError::UnknownPlacementGroup(pg))
-    }
-
-    /// Where the group's bundles are, when it is ready.
-    pub(super) fn placement_info(
-        &self,
-        pg: PlacementGroupId,
-    ) -> Result<Option<PlacementInfo>, RuntimeError> {
-        let group = self
-            .groups
-            .get(&pg)
-            .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
-        let nodes: Option<Vec<NodeId>> = group
-            .bundles
-            .iter()
-            .map(|b| b.as_ref().map(|b| self.nodes[b.node].id.clone()))
-            .collect();
-        Ok(nodes.map(|bundle_nodes| PlacementInfo { bundle_nodes }))
+    ) -> Result<Result<PlacementInfo, watch::Receiver<Phase>>, RuntimeError> {
+        self.book.ready_or_subscribe(pg)
     }
 
     pub(super) fn remove_group(&mut self, pg: PlacementGroupId) -> Result<(), RuntimeError> {
-        if !self.groups.contains_key(&pg) {
-            // Removing a group twice is harmless; an id never handed out is a caller's bug.
-            return if pg.0 < self.next_group {
-                Ok(())
-            } else {
-                Err(RuntimeError::UnknownPlacementGroup(pg))
-            };
+        for actor in self.book.remove_group(pg)? {
+            self.end_actor(actor, DeathCause::PlacementGroupRemoved);
         }
-        let inside: Vec<ActorId> = self
-            .actors
-            .iter()
-            .filter(|(_, a)| matches!(a.home, Home::Bundle(g, _) if g == pg))
-            .map(|(&id, _)| id)
-            .collect();
-        for actor in inside {
-            self.drop_actor(actor, "its placement group was removed");
-        }
-        if let Some(group) = self.groups.remove(&pg) {
-            for bundle in group.bundles.into_iter().flatten() {
-                let node = &mut self.nodes[bundle.node];
-                if node.alive {
-                    give(&mut node.available, &bundle.reserved);
-                    return_devices(&mut node.devices, &bundle.reserved, &bundle.device_ids);
-                }
-            }
-            group.phase.send_replace(Phase::Removed);
-        }
-        tracing::debug!(%pg, "placement group removed");
-        self.schedule();
         Ok(())
-    }
-
-    /// Reserves every pending group that fits now, in creation order.
-    fn schedule(&mut self) {
-        let pending: Vec<PlacementGroupId> = self
-            .groups
-            .iter()
-            .filter(|(_, g)| !g.is_ready())
-            .map(|(&pg, _)| pg)
-            .collect();
-        for pg in pending {
-            self.try_reserve(pg);
-        }
-    }
-
-    /// Reserves the missing bundles of `pg`, all or nothing.
-    fn try_reserve(&mut self, pg: PlacementGroupId) {
-        let Some(group) = self.groups.get(&pg) else {
-            return;
-        };
-        let missing: Vec<usize> = (0..group.bundles.len())
-            .filter(|&i| group.bundles[i].is_none())
-            .collect();
-        let strategy = group.factory.strategy;
-        let held: Vec<usize> = group.bundles.iter().flatten().map(|b| b.node).collect();
-        let candidates: Vec<usize> = self
-            .alive_nodes()
-            .filter(|n| match strategy {
-                PlacementStrategy::StrictSpread => !held.contains(n),
-                PlacementStrategy::StrictPack => held.first().is_none_or(|h| h == n),
-                PlacementStrategy::Pack | PlacementStrategy::Spread => true,
-            })
-            .collect();
-        let wanted = PlacementGroupFactory {
-            bundles: missing
-                .iter()
-                .map(|&i| group.factory.bundles[i].clone())
-                .collect(),
-            strategy,
-        };
-        let available: Vec<&Resources> = candidates
-            .iter()
-            .map(|&n| &self.nodes[n].available)
-            .collect();
-        let Some(layout) = placement::place(&available, &wanted) else {
-            return;
-        };
-
-        let mut taken: Vec<(usize, Bundle)> = Vec::with_capacity(missing.len());
-        let mut complete = true;
-        for (k, &index) in missing.iter().enumerate() {
-            let node_index = candidates[layout[k]];
-            let demand = wanted.bundles[k].clone().without_zeros();
-            let node = &mut self.nodes[node_index];
-            let Some(device_ids) = node.devices.take(&demand) else {
-                complete = false;
-                break;
-            };
-            if node.available.try_take(&demand).is_err() {
-                return_devices(&mut node.devices, &demand, &device_ids);
-                complete = false;
-                break;
-            }
-            let bundle = Bundle {
-                node: node_index,
-                left: demand.clone(),
-                devices: AcceleratorPool::for_holder(&demand, &device_ids),
-                device_ids,
-                reserved: demand,
-            };
-            taken.push((index, bundle));
-        }
-        if !complete {
-            // The devices are too fragmented for this layout; undo and wait for more room.
-            for (_, bundle) in taken {
-                let node = &mut self.nodes[bundle.node];
-                give(&mut node.available, &bundle.reserved);
-                return_devices(&mut node.devices, &bundle.reserved, &bundle.device_ids);
-            }
-            return;
-        }
-        let Some(group) = self.groups.get_mut(&pg) else {
-            return;
-        };
-        for (index, bundle) in taken {
-            group.bundles[index] = Some(bundle);
-        }
-        group.phase.send_replace(Phase::Ready);
-        tracing::debug!(%pg, "placement group ready");
     }
 
     // ---- actors ----
 
     pub(super) fn spawn(&mut self, spec: ActorSpec) -> Result<ActorId, RuntimeError> {
-        let demand = Resources::from(&spec.options);
-        let (node, home, device_ids) = match spec.placement {
-            Some((pg, index)) => {
-                let group = self
-                    .groups
-                    .get_mut(&pg)
-                    .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
-                let bundles = group.bundles.len();
-                let slot = group
-                    .bundles
-                    .get_mut(index)
-                    .ok_or(RuntimeError::NoSuchBundle { pg, index, bundles })?;
-                let bundle = slot
-                    .as_mut()
-                    .ok_or(RuntimeError::PlacementGroupNotReady(pg))?;
-                if let Some(short) = bundle.left.first_shortfall(&demand) {
-                    return Err(RuntimeError::BundleTooSmall {
-                        name: spec.name,
-                        pg,
-                        index,
-                        resource: short.to_owned(),
-                        needed: demand.amount(short),
-                        left: bundle.left.amount(short),
-                    });
-                }
-                let Some(ids) = bundle.devices.take(&demand) else {
-                    return Err(RuntimeError::SpawnFailed {
-                        name: spec.name,
-                        reason: format!(
-                            "no device of bundle {index} of {pg} has room for {demand}"
-                        ),
-                    });
-                };
-                // `first_shortfall` found nothing missing, so the take succeeds.
-                let _ = bundle.left.try_take(&demand);
-                (bundle.node, Home::Bundle(pg, index), ids)
-            }
-            None => {
-                let alive: Vec<usize> = self.alive_nodes().collect();
-                let found = alive.into_iter().find_map(|n| {
-                    let node = &mut self.nodes[n];
-                    if !node.available.covers(&demand) {
-                        return None;
-                    }
-                    let ids = node.devices.take(&demand)?;
-                    let _ = node.available.try_take(&demand);
-                    Some((n, ids))
-                });
-                let Some((n, ids)) = found else {
-                    return Err(RuntimeError::SpawnFailed {
-                        name: spec.name,
-                        reason: format!("no node has {demand} available"),
-                    });
-                };
-                (n, Home::Node, ids)
-            }
-        };
-
         let id = ActorId(self.next_actor);
+        let held = self.book.hold(id, &spec)?;
         self.next_actor += 1;
-        let host = &self.nodes[node];
-        let accelerator_ids = ACCELERATOR_RESOURCES
-            .iter()
-            .map(|&name| {
-                (
-                    (*name).to_owned(),
-                    device_ids.get(name).cloned().unwrap_or_default(),
-                )
-            })
-            .collect();
+        let ports = Arc::clone(
+            self.ports
+                .entry(held.node.id.clone())
+                .or_insert_with(|| Arc::new(AtomicU32::new(0))),
+        );
         let info = WorkerInfo {
-            node_id: host.id.clone(),
-            node_ip: host.ip.clone(),
-            hostname: host.hostname.clone(),
+            node_id: held.node.id.clone(),
+            node_ip: held.node.ip.clone(),
+            hostname: held.node.hostname.clone(),
             pid: u32::try_from(10_000 + id.0).unwrap_or(u32::MAX),
-            accelerator_ids,
+            accelerator_ids: held.accelerator_ids,
         };
-        let shared = Arc::new(ActorShared::new(spec.env));
+        let (events, stream) = event_channel(EVENT_BUFFER);
+        let shared = Arc::new(ActorShared::new(spec.env, stream));
         let (mailbox, inbox) = mpsc::unbounded_channel();
         let serving = tokio::spawn(actor::serve(
             inbox,
@@ -483,21 +175,19 @@ impl State {
                 info,
                 Arc::clone(&shared),
                 self.functions.clone(),
-                Arc::clone(&host.ports),
+                ports,
+                events.clone(),
             ),
         ))
         .abort_handle();
-        tracing::debug!(actor = %id, name = %spec.name, node = %host.id, "actor spawned");
+        tracing::debug!(actor = %id, name = %spec.name, node = %held.node.id, "actor spawned");
         self.actors.insert(
             id,
             Actor {
-                node,
-                demand,
-                home,
-                device_ids,
                 shared,
                 mailbox,
                 serving,
+                events,
                 ended: watch::Sender::new(false),
             },
         );
@@ -505,76 +195,35 @@ impl State {
     }
 
     /// Ends a live actor and gives its resources back; does nothing for other ids.
-    pub(super) fn remove_actor(&mut self, actor: ActorId, reason: &str) {
-        if self.drop_actor(actor, reason) {
-            self.schedule();
+    pub(super) fn remove_actor(&mut self, actor: ActorId, cause: DeathCause) {
+        if self.actors.contains_key(&actor) {
+            self.book.release(actor);
+            self.end_actor(actor, cause);
         }
     }
 
-    /// Ends a live actor and gives its resources back, without scheduling.
-    fn drop_actor(&mut self, actor: ActorId, reason: &str) -> bool {
+    /// Ends a live actor whose hold is already released.
+    fn end_actor(&mut self, actor: ActorId, cause: DeathCause) {
         let Some(entry) = self.actors.remove(&actor) else {
-            return false;
+            return;
         };
         entry.shared.close();
         entry.serving.abort();
-        self.dead.insert(actor, reason.to_owned());
-        entry.ended.send_replace(true);
-        tracing::debug!(%actor, reason, "actor ended");
-        match entry.home {
-            Home::Node => {
-                let node = &mut self.nodes[entry.node];
-                if node.alive {
-                    give(&mut node.available, &entry.demand);
-                    return_devices(&mut node.devices, &entry.demand, &entry.device_ids);
-                }
-            }
-            Home::Bundle(pg, index) => {
-                let bundle = self
-                    .groups
-                    .get_mut(&pg)
-                    .and_then(|g| g.bundles.get_mut(index))
-                    .and_then(Option::as_mut)
-                    .filter(|b| b.node == entry.node);
-                if let Some(bundle) = bundle {
-                    give(&mut bundle.left, &entry.demand);
-                    return_devices(&mut bundle.devices, &entry.demand, &entry.device_ids);
-                }
-            }
+        tracing::debug!(%actor, %cause, "actor ended");
+        // The death is the stream's last event and is never dropped: when the buffer is
+        // full it is sent as soon as there is room.
+        if let Err(event) = entry.events.try_send(ActorEvent::Died(cause.clone())) {
+            let events = entry.events.clone();
+            tokio::spawn(async move { events.send(event).await });
         }
-        true
+        self.dead.insert(actor, cause);
+        entry.ended.send_replace(true);
     }
 
     pub(super) fn lose_node(&mut self, id: &NodeId) {
-        let Some(lost) = self.alive_nodes().find(|&n| &self.nodes[n].id == id) else {
-            tracing::debug!(node = %id, "lose_node: no such live node");
-            return;
-        };
-        tracing::debug!(node = %id, "node lost");
-        let on_node: Vec<ActorId> = self
-            .actors
-            .iter()
-            .filter(|(_, a)| a.node == lost)
-            .map(|(&a, _)| a)
-            .collect();
-        let reason = format!("node {id} was lost");
-        for actor in on_node {
-            self.drop_actor(actor, &reason);
+        for actor in self.book.lose_node(id) {
+            self.end_actor(actor, DeathCause::NodeLost { node: id.clone() });
         }
-        self.nodes[lost].alive = false;
-        for group in self.groups.values_mut() {
-            let mut hit = false;
-            for slot in &mut group.bundles {
-                if slot.as_ref().is_some_and(|b| b.node == lost) {
-                    *slot = None;
-                    hit = true;
-                }
-            }
-            if hit {
-                group.phase.send_replace(Phase::Pending);
-            }
-        }
-        self.schedule();
     }
 }
 

@@ -1,0 +1,307 @@
+//! What went wrong in an attempt, whether it is worth another one ([`classify`]), and how
+//! long to wait before it ([`Backoff`]). Pure functions over plain data.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use trainyard_runtime::{DeathCause, TaskFailure, TaskRejection};
+
+use crate::WorldRank;
+
+/// Why one attempt of a run failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AttemptFailure {
+    /// The user's task failed on this rank: an error, a panic, a non-zero exit, a signal, or
+    /// its memory limit.
+    TaskFailed {
+        /// The rank whose task failed first.
+        rank: WorldRank,
+        /// How it failed.
+        failure: TaskFailure,
+        /// Its last lines of output, oldest first.
+        last_lines: Vec<String>,
+    },
+    /// A worker refused the task (its program does not exist, say).
+    TaskRejected {
+        /// The rank that refused it.
+        rank: WorldRank,
+        /// Why.
+        rejection: TaskRejection,
+    },
+    /// A worker died or stopped answering (its process or node is gone).
+    WorkerDied {
+        /// The rank of the worker, when the failure could be tied to one.
+        rank: Option<WorldRank>,
+        /// Why.
+        cause: DeathCause,
+    },
+    /// The workers could not be started or set up.
+    StartFailed {
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+impl AttemptFailure {
+    /// The rank the failure belongs to, when it belongs to one.
+    #[must_use]
+    pub const fn rank(&self) -> Option<WorldRank> {
+        match self {
+            Self::TaskFailed { rank, .. } | Self::TaskRejected { rank, .. } => Some(*rank),
+            Self::WorkerDied { rank, .. } => *rank,
+            Self::StartFailed { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for AttemptFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TaskFailed { rank, failure, .. } => write!(f, "rank {rank} {failure}"),
+            Self::TaskRejected { rank, rejection } => {
+                write!(f, "rank {rank} cannot start its task: {rejection}")
+            }
+            Self::WorkerDied {
+                rank: Some(rank),
+                cause,
+            } => write!(f, "rank {rank} died: {cause}"),
+            Self::WorkerDied { rank: None, cause } => write!(f, "a worker died: {cause}"),
+            Self::StartFailed { reason } => write!(f, "workers failed to start: {reason}"),
+        }
+    }
+}
+
+/// What to do about a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Disposition {
+    /// Counts against `max_failures`; start again from scratch if the budget allows.
+    Restart,
+    /// Another attempt would fail the same way: end the run now.
+    Fatal,
+}
+
+/// Whether a failure counts against `max_failures` and restarts, or ends the run at once.
+///
+/// The user's code failing in any way (an error, a non-zero exit, a signal, its memory
+/// limit) and a worker dying are worth a restart, as in Ray Train and torchrun. A program
+/// that does not exist, a function nobody registered, or a task kind the runtime cannot run
+/// would be refused again by every restart, so they are fatal. Infeasible placement and bad
+/// configuration never reach here: they are errors before any attempt starts.
+///
+/// ```
+/// use trainyard_backend_executor::{AttemptFailure, Disposition, WorldRank, classify};
+/// use trainyard_runtime::{TaskFailure, TaskRejection};
+///
+/// let oom = AttemptFailure::TaskFailed {
+///     rank: WorldRank(3),
+///     failure: TaskFailure::MemoryLimit { limit: 1 << 30 },
+///     last_lines: vec![],
+/// };
+/// assert_eq!(classify(&oom), Disposition::Restart);
+/// let typo = AttemptFailure::TaskRejected {
+///     rank: WorldRank(0),
+///     rejection: TaskRejection::ProgramNotFound { program: "pyhton".into() },
+/// };
+/// assert_eq!(classify(&typo), Disposition::Fatal);
+/// ```
+#[must_use]
+pub fn classify(failure: &AttemptFailure) -> Disposition {
+    match failure {
+        AttemptFailure::TaskFailed { .. }
+        | AttemptFailure::WorkerDied { .. }
+        | AttemptFailure::StartFailed { .. } => Disposition::Restart,
+        AttemptFailure::TaskRejected { rejection, .. } => match rejection {
+            TaskRejection::SpawnFailed { .. } | TaskRejection::AlreadyRunning => {
+                Disposition::Restart
+            }
+            _ => Disposition::Fatal,
+        },
+    }
+}
+
+/// How long to wait before each restart: `initial`, doubling up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Backoff {
+    /// The wait before the first restart.
+    pub initial: Duration,
+    /// The longest wait.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Backoff {
+    /// No wait at all.
+    pub const NONE: Self = Self {
+        initial: Duration::ZERO,
+        max: Duration::ZERO,
+    };
+
+    /// The wait before restart number `restart` (counting from 1).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use trainyard_backend_executor::Backoff;
+    ///
+    /// let b = Backoff { initial: Duration::from_secs(1), max: Duration::from_secs(5) };
+    /// let waits: Vec<u64> = (1..=5).map(|n| b.delay(n).as_secs()).collect();
+    /// assert_eq!(waits, [1, 2, 4, 5, 5]);
+    /// ```
+    #[must_use]
+    pub fn delay(&self, restart: u32) -> Duration {
+        let doublings = restart.saturating_sub(1).min(31);
+        self.initial
+            .checked_mul(1 << doublings)
+            .unwrap_or(self.max)
+            .min(self.max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use trainyard_runtime::NodeId;
+
+    use super::*;
+
+    #[test]
+    fn failures_are_classified_as_a_table() {
+        let rank = WorldRank(1);
+        let task = |failure| AttemptFailure::TaskFailed {
+            rank,
+            failure,
+            last_lines: Vec::new(),
+        };
+        let rejected = |rejection| AttemptFailure::TaskRejected { rank, rejection };
+        let died = |cause| AttemptFailure::WorkerDied {
+            rank: Some(rank),
+            cause,
+        };
+        let table = [
+            (
+                task(TaskFailure::Error {
+                    message: "boom".into(),
+                }),
+                Disposition::Restart,
+            ),
+            (
+                task(TaskFailure::ExitCode { code: 1 }),
+                Disposition::Restart,
+            ),
+            (
+                task(TaskFailure::Signal {
+                    signal: 9,
+                    core_dumped: false,
+                }),
+                Disposition::Restart,
+            ),
+            (
+                task(TaskFailure::MemoryLimit { limit: 1 << 30 }),
+                Disposition::Restart,
+            ),
+            (died(DeathCause::ConnectionLost), Disposition::Restart),
+            (
+                died(DeathCause::ProcessExited {
+                    code: Some(1),
+                    signal: None,
+                }),
+                Disposition::Restart,
+            ),
+            (
+                died(DeathCause::MemoryLimit { limit: 1 << 30 }),
+                Disposition::Restart,
+            ),
+            (
+                died(DeathCause::NodeLost {
+                    node: NodeId::from("a"),
+                }),
+                Disposition::Restart,
+            ),
+            (
+                AttemptFailure::StartFailed {
+                    reason: "timeout".into(),
+                },
+                Disposition::Restart,
+            ),
+            (
+                rejected(TaskRejection::ProgramNotFound {
+                    program: "pyhton".into(),
+                }),
+                Disposition::Fatal,
+            ),
+            (
+                rejected(TaskRejection::NotExecutable {
+                    program: "./x".into(),
+                    error: "permission denied".into(),
+                }),
+                Disposition::Fatal,
+            ),
+            (
+                rejected(TaskRejection::UnknownFunction {
+                    name: "f".into(),
+                    registered: vec![],
+                }),
+                Disposition::Fatal,
+            ),
+            (
+                rejected(TaskRejection::Unsupported {
+                    kind: "command".into(),
+                    reason: "sim".into(),
+                }),
+                Disposition::Fatal,
+            ),
+            (
+                rejected(TaskRejection::SpawnFailed {
+                    program: "python".into(),
+                    error: "resource temporarily unavailable".into(),
+                }),
+                Disposition::Restart,
+            ),
+        ];
+        for (failure, want) in table {
+            assert_eq!(classify(&failure), want, "{failure}");
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_and_never_overflows() {
+        let b = Backoff::default();
+        assert_eq!(b.delay(1), Duration::from_secs(1));
+        assert_eq!(b.delay(2), Duration::from_secs(2));
+        assert_eq!(b.delay(6), Duration::from_secs(30));
+        assert_eq!(b.delay(u32::MAX), Duration::from_secs(30));
+        assert_eq!(Backoff::NONE.delay(7), Duration::ZERO);
+    }
+
+    #[test]
+    fn failures_read_as_one_line_naming_the_rank() {
+        let oom = AttemptFailure::TaskFailed {
+            rank: WorldRank(3),
+            failure: TaskFailure::MemoryLimit { limit: 1 << 30 },
+            last_lines: vec!["allocating".into()],
+        };
+        assert_eq!(oom.to_string(), "rank 3 exceeded its memory limit of 1GiB");
+        let signal = AttemptFailure::TaskFailed {
+            rank: WorldRank(1),
+            failure: TaskFailure::Signal {
+                signal: 11,
+                core_dumped: true,
+            },
+            last_lines: vec![],
+        };
+        assert_eq!(
+            signal.to_string(),
+            "rank 1 was killed by signal 11 (SIGSEGV), core dumped"
+        );
+    }
+}

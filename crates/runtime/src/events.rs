@@ -1,0 +1,264 @@
+//! Task events pushed from a worker to the driver as they happen.
+//!
+//! A runtime hands the executor one [`TaskEvents`] stream per actor
+//! ([`ActorRuntime::task_events`](crate::ActorRuntime::task_events)). Every stream is fed
+//! through a bounded [`event_channel`]: log lines that find it full are dropped and counted
+//! (the count arrives as [`TaskEvent::LogsDropped`]), while reports, the task's end and the
+//! actor's death wait for room and are never dropped. A runtime that can only answer
+//! [`Request::Poll`] is turned into a stream by [`polled_events`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::stream::{self, BoxStream, StreamExt};
+use tokio::sync::mpsc;
+
+use crate::{
+    ActorId, ActorRuntime, DeathCause, Request, Response, RuntimeError, Stream, TaskEvent,
+    TaskExit, TaskStatus,
+};
+
+/// How many events an actor's stream buffers before log lines are dropped.
+pub const EVENT_BUFFER: usize = 4096;
+
+/// Something that happened to an actor or its task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ActorEvent {
+    /// A report, a line of output, or a count of dropped lines.
+    Task(TaskEvent),
+    /// The task ended; the actor lives on.
+    TaskExited(TaskExit),
+    /// The actor is gone; nothing follows.
+    Died(DeathCause),
+}
+
+/// The events of one actor, in the order they happened. The stream ends after
+/// [`ActorEvent::Died`], or when the runtime lets go of the actor (killed or stopped).
+pub type TaskEvents = BoxStream<'static, ActorEvent>;
+
+/// The sending half of an actor's event buffer; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EventSender {
+    tx: mpsc::Sender<ActorEvent>,
+    dropped: Arc<AtomicU64>,
+}
+
+/// A bounded buffer of `capacity` events and the stream that drains it.
+///
+/// ```
+/// use trainyard_runtime::events::{ActorEvent, event_channel};
+/// use trainyard_runtime::{Stream, TaskEvent};
+/// use futures::StreamExt;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let (tx, mut events) = event_channel(1);
+/// tx.log(Stream::Stdout, "kept");
+/// tx.log(Stream::Stdout, "dropped: the buffer is full");
+/// assert!(matches!(events.next().await, Some(ActorEvent::Task(TaskEvent::Log { .. }))));
+/// tx.report(serde_json::Map::new()).await;
+/// assert_eq!(events.next().await, Some(ActorEvent::Task(TaskEvent::LogsDropped { count: 1 })));
+/// assert!(matches!(events.next().await, Some(ActorEvent::Task(TaskEvent::Report { .. }))));
+/// # }
+/// ```
+#[must_use]
+pub fn event_channel(capacity: usize) -> (EventSender, TaskEvents) {
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    let events = stream::unfold(rx, |mut rx| async move {
+        let event = rx.recv().await?;
+        Some((event, rx))
+    });
+    (
+        EventSender {
+            tx,
+            dropped: Arc::new(AtomicU64::new(0)),
+        },
+        events.boxed(),
+    )
+}
+
+impl EventSender {
+    /// Sends a line of output without waiting: when the buffer is full the line is dropped
+    /// and counted, and the count goes out before the next event that finds room.
+    pub fn log(&self, stream: Stream, line: impl Into<String>) {
+        if !self.flush_dropped() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let event = ActorEvent::Task(TaskEvent::Log {
+            stream,
+            line: line.into(),
+        });
+        if self.tx.try_send(event).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends a report, waiting for room: reports are never dropped.
+    pub async fn report(&self, metrics: serde_json::Map<String, serde_json::Value>) {
+        self.send(ActorEvent::Task(TaskEvent::Report { metrics }))
+            .await;
+    }
+
+    /// Sends any event, waiting for room; a count of dropped lines goes first.
+    pub async fn send(&self, event: ActorEvent) {
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            let _ = self
+                .tx
+                .send(ActorEvent::Task(TaskEvent::LogsDropped { count: dropped }))
+                .await;
+        }
+        // A closed stream means nobody listens any more; the event is moot then.
+        let _ = self.tx.send(event).await;
+    }
+
+    /// Sends an event without waiting, as `log` does, for callers that cannot wait. Returns
+    /// the event when the buffer is full.
+    ///
+    /// # Errors
+    /// The event back, when there is no room for it.
+    pub fn try_send(&self, event: ActorEvent) -> Result<(), ActorEvent> {
+        if !self.flush_dropped() {
+            return Err(event);
+        }
+        self.tx.try_send(event).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(event) | mpsc::error::TrySendError::Closed(event) => {
+                event
+            }
+        })
+    }
+
+    /// Whether nobody listens any more.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Sends the count of dropped lines if there is one; `false` when it did not fit.
+    fn flush_dropped(&self) -> bool {
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        if dropped == 0 {
+            return true;
+        }
+        match self
+            .tx
+            .try_send(ActorEvent::Task(TaskEvent::LogsDropped { count: dropped }))
+        {
+            Ok(()) => true,
+            Err(_) => {
+                self.dropped.fetch_add(dropped, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+}
+
+/// The events of `actor` from a runtime that can only be polled: asks
+/// [`Request::Poll`] every `interval` and turns the answers into a stream. A call that fails
+/// ends the stream with [`ActorEvent::Died`].
+#[must_use]
+pub fn polled_events(
+    runtime: Arc<dyn ActorRuntime>,
+    actor: ActorId,
+    interval: Duration,
+) -> TaskEvents {
+    let (tx, events) = event_channel(EVENT_BUFFER);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(interval).await;
+            if tx.is_closed() {
+                return;
+            }
+            match runtime.call(actor, Request::Poll).await {
+                Ok(Response::Poll(poll)) => {
+                    for event in poll.events {
+                        tx.send(ActorEvent::Task(event)).await;
+                    }
+                    match poll.status {
+                        TaskStatus::Exited { exit } => tx.send(ActorEvent::TaskExited(exit)).await,
+                        TaskStatus::Idle | TaskStatus::Running => {}
+                    }
+                }
+                Ok(_) => {
+                    let error = RuntimeError::UnexpectedResponse {
+                        actor,
+                        request: "poll",
+                    };
+                    tx.send(ActorEvent::Died(death_of(error))).await;
+                    return;
+                }
+                Err(error) => {
+                    tx.send(ActorEvent::Died(death_of(error))).await;
+                    return;
+                }
+            }
+        }
+    });
+    events
+}
+
+/// The events of `actor`, pushed when its runtime can push them and polled every
+/// `poll_interval` when it cannot.
+///
+/// # Errors
+/// What [`ActorRuntime::task_events`] returns.
+pub async fn subscribe(
+    runtime: &Arc<dyn ActorRuntime>,
+    actor: ActorId,
+    poll_interval: Duration,
+) -> Result<TaskEvents, RuntimeError> {
+    match runtime.task_events(actor).await? {
+        Some(events) => Ok(events),
+        None => Ok(polled_events(Arc::clone(runtime), actor, poll_interval)),
+    }
+}
+
+/// What a failed call says about the actor.
+#[must_use]
+pub fn death_of(error: RuntimeError) -> DeathCause {
+    match error {
+        RuntimeError::ActorDied { cause, .. } => cause,
+        other => DeathCause::Unreachable {
+            error: trainyard_resources::ErrorChain(&other).to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reports_wait_for_room_while_lines_are_dropped_and_counted() {
+        let (tx, mut events) = event_channel(2);
+        for i in 0..10 {
+            tx.log(Stream::Stdout, format!("line {i}"));
+        }
+        let sender = tx.clone();
+        let report = tokio::spawn(async move {
+            let mut metrics = serde_json::Map::new();
+            metrics.insert("step".into(), 1.into());
+            sender.report(metrics).await;
+        });
+        let mut seen = Vec::new();
+        while seen.len() < 4 {
+            seen.push(events.next().await.expect("open"));
+        }
+        report.await.expect("join");
+        assert!(
+            matches!(&seen[0], ActorEvent::Task(TaskEvent::Log { line, .. }) if line == "line 0")
+        );
+        assert!(
+            matches!(&seen[1], ActorEvent::Task(TaskEvent::Log { line, .. }) if line == "line 1")
+        );
+        assert_eq!(
+            seen[2],
+            ActorEvent::Task(TaskEvent::LogsDropped { count: 8 })
+        );
+        assert!(matches!(
+            &seen[3],
+            ActorEvent::Task(TaskEvent::Report { .. })
+        ));
+    }
+}
