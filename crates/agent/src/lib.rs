@@ -1,0 +1,1 @@
+//! The trainyard worker agent.

@@ -1,0 +1,4 @@
+//! The embedded local runtime.
+
+pub mod cgroup;
+pub mod detect;
