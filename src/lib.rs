@@ -32,7 +32,12 @@ pub use error::{Error, Result};
 #[cfg(feature = "torch")]
 pub use trainer::TorchTrainer;
 pub use trainer::{TrainResult, Trainer, command_task, function_task};
+#[cfg(feature = "local")]
+pub use trainyard_agent::run_if_agent;
 
+#[cfg(feature = "local")]
+#[doc(inline)]
+pub use trainyard_agent as agent;
 #[doc(inline)]
 pub use trainyard_backend_executor as backend;
 #[doc(inline)]
@@ -41,6 +46,9 @@ pub use trainyard_config as config;
 pub use trainyard_resources as resources;
 #[doc(inline)]
 pub use trainyard_runtime as runtime;
+#[cfg(feature = "local")]
+#[doc(inline)]
+pub use trainyard_runtime_local as local;
 #[cfg(feature = "torch")]
 #[doc(inline)]
 pub use trainyard_torch_backend as torch;
@@ -62,5 +70,9 @@ pub mod prelude {
 
     #[cfg(feature = "torch")]
     pub use crate::TorchTrainer;
+    #[cfg(feature = "local")]
+    pub use crate::run_if_agent;
     pub use crate::{Error, Result, TrainResult, Trainer, command_task, function_task};
+    #[cfg(feature = "local")]
+    pub use trainyard_runtime_local::{LocalConfig, LocalRuntime};
 }

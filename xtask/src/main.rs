@@ -1,19 +1,22 @@
 //! Project automation: `cargo xtask ci` runs what CI runs; `cargo xtask tidy` checks the
 //! workspace's layering.
 
+mod bench_e2e;
 mod tidy;
 
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <ci|tidy>
-  ci     fmt check, clippy -D warnings, tests (nextest when installed), doc tests, benches compile
-  tidy   fail on a workspace dependency that points up a layer";
+const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e>
+  ci         fmt check, clippy -D warnings, tests (nextest when installed), doc tests, benches compile
+  tidy       fail on a workspace dependency that points up a layer
+  bench-e2e  time whole runs: trainyard run vs torchrun vs processes by hand, crash-to-stop, 64 workers";
 
 fn main() -> ExitCode {
     let task = std::env::args().nth(1);
     let result = match task.as_deref() {
         Some("ci") => ci(),
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
+        Some("bench-e2e") => bench_e2e::run(),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -28,7 +31,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn cargo(args: &[&str]) -> Result<(), String> {
+pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     eprintln!("$ cargo {}", args.join(" "));
     let status = Command::new(&cargo)

@@ -19,6 +19,100 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Show what a scaling config resolves to: bundles, totals and each worker's options.
     Plan(PlanArgs),
+    /// Run a program on every worker, with its rank and its framework's environment.
+    Run(Box<RunArgs>),
+    /// Show the nodes and resources of the runtime.
+    Cluster(ClusterArgs),
+}
+
+/// The RUN flags.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) scaling: ScalingArgs,
+    #[command(flatten)]
+    pub(crate) local: LocalArgs,
+    /// Where the workers run: local (this machine) or ray
+    #[arg(long, value_enum, default_value_t = RuntimeKind::Local)]
+    pub(crate) runtime: RuntimeKind,
+    /// Ray cluster address (runtime ray)
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) address: Option<String>,
+    /// The framework whose environment the workers get
+    #[arg(long, value_enum, default_value_t = BackendKind::Torch)]
+    pub(crate) backend: BackendKind,
+    /// Restarts allowed after a failure; -1 is unlimited [default: 0]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub(crate) max_failures: Option<i64>,
+    /// An environment variable for every worker (repeatable)
+    #[arg(long = "env", value_name = "K=V")]
+    pub(crate) env: Vec<String>,
+    /// Driver variables a remote runtime copies to the workers (repeatable; the local runtime passes the whole environment)
+    #[arg(long, value_name = "PATTERN")]
+    pub(crate) env_from_driver: Vec<String>,
+    /// Seconds to wait for the placement group [default: 100]
+    #[arg(long, value_name = "SECS")]
+    pub(crate) placement_timeout: Option<String>,
+    /// Log format: text, or json for one structured event per line
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+    /// The program to run on every worker, and its arguments
+    #[arg(last = true, value_name = "PROGRAM", required = true, num_args = 1..)]
+    pub(crate) program: Vec<String>,
+}
+
+/// `cluster`'s flags.
+#[derive(Debug, Args)]
+pub(crate) struct ClusterArgs {
+    #[command(flatten)]
+    pub(crate) local: LocalArgs,
+    /// Where the workers run: local (this machine) or ray
+    #[arg(long, value_enum, default_value_t = RuntimeKind::Local)]
+    pub(crate) runtime: RuntimeKind,
+    /// Output format
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub(crate) format: OutputFormat,
+}
+
+/// The LOCAL flags: what this machine offers, detected unless given.
+#[derive(Debug, Args)]
+pub(crate) struct LocalArgs {
+    /// CPUs the workers may use [default: detected]
+    #[arg(long, value_name = "N")]
+    pub(crate) num_cpus: Option<String>,
+    /// GPUs the workers may use [default: detected]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub(crate) num_gpus: Option<i64>,
+    /// Memory the workers may use, e.g. 16GB [default: detected]
+    #[arg(long, value_name = "SIZE")]
+    pub(crate) memory: Option<String>,
+    /// Custom resources of this machine: JSON object or K=V list
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) resources: Option<String>,
+    /// Split this machine into N virtual nodes [default: 1]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub(crate) nodes: Option<i64>,
+    /// Give each worker a hard memory limit (its `memory`): a cgroup, else RLIMIT_AS
+    #[arg(long)]
+    pub(crate) enforce_memory: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum RuntimeKind {
+    Local,
+    Ray,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BackendKind {
+    Torch,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
 }
 
 /// The SCALING flags shared by `plan` and `run`.
@@ -74,7 +168,7 @@ pub(crate) struct FlagError {
 }
 
 impl FlagError {
-    fn new(
+    pub(crate) fn new(
         flag: &'static str,
         value: &str,
     ) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Self + use<> {
@@ -87,7 +181,7 @@ impl FlagError {
     }
 }
 
-fn parse_flag<T>(flag: &'static str, value: &str) -> Result<T, FlagError>
+pub(crate) fn parse_flag<T>(flag: &'static str, value: &str) -> Result<T, FlagError>
 where
     T: std::str::FromStr,
     T::Err: std::error::Error + Send + Sync + 'static,

@@ -1,7 +1,11 @@
 //! The `trainyard` command line.
 
 mod args;
+mod cluster;
+mod local;
+mod output;
 mod plan;
+mod run;
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -12,13 +16,24 @@ use trainyard_config::resources::ErrorChain;
 
 use crate::args::{Cli, Command};
 
-/// Exit code for a failure that is not the input's fault, such as an unwritable stdout.
+/// Exit code for a failure that is not the input's fault: the training failed, or stdout
+/// cannot be written.
 const EXIT_FAILURE: u8 = 1;
 
-/// Exit code for bad input: flags, config files, resources.
+/// Exit code for bad input: flags, config files, resources, a program that does not exist.
 const EXIT_BAD_INPUT: u8 = 2;
 
+/// Exit code for a run that cannot be scheduled (infeasible, or the placement timed out).
+const EXIT_UNSCHEDULABLE: u8 = 3;
+
+/// Exit code for a run interrupted by SIGINT or SIGTERM.
+const EXIT_INTERRUPTED: u8 = 130;
+
 fn main() -> ExitCode {
+    // The runtime starts this binary again as each worker's agent (and task trampoline).
+    if let Some(code) = trainyard::run_if_agent(trainyard::runtime::FunctionRegistry::new()) {
+        return code;
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err)
@@ -47,6 +62,8 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Plan(args) => plan::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Cluster(args) => cluster::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -92,6 +109,24 @@ impl Failure {
             code: EXIT_FAILURE,
             error: Box::new(OutputError(error)),
         }
+    }
+
+    /// A failure with its own exit code.
+    pub(crate) fn new(code: u8, error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        Self {
+            code,
+            error: error.into(),
+        }
+    }
+
+    /// A failure that is nobody's input (exit code 1).
+    pub(crate) fn other(error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        Self::new(EXIT_FAILURE, error)
+    }
+
+    /// An interrupted run (exit code 130).
+    pub(crate) fn interrupted() -> Self {
+        Self::new(EXIT_INTERRUPTED, "interrupted; the workers were stopped")
     }
 
     /// Bad input (exit code 2).

@@ -53,6 +53,187 @@ pub async fn run_all(runtime: &dyn ActorRuntime) {
     kill_racing_calls_returns_promptly(runtime).await;
 }
 
+/// Runs every check of command tasks, for runtimes that run programs (not the simulated
+/// cluster): environment, output order, exit codes, signals, stop and kill. They use `sh`.
+pub async fn run_commands(runtime: &dyn ActorRuntime) {
+    command_sees_its_environment(runtime).await;
+    command_output_arrives_line_by_line_in_order(runtime).await;
+    command_exit_codes_and_signals_are_kept(runtime).await;
+    a_missing_program_is_rejected_as_data(runtime).await;
+    stop_ends_a_running_command(runtime).await;
+    kill_ends_a_running_command(runtime).await;
+}
+
+fn sh(script: &str, env: BTreeMap<String, String>) -> TaskSpec {
+    TaskSpec::Command {
+        program: "sh".to_owned(),
+        args: vec!["-c".to_owned(), script.to_owned()],
+        env,
+    }
+}
+
+fn lines(events: &[TaskEvent], stream: crate::Stream) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            TaskEvent::Log { stream: s, line } if *s == stream => Some(line.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The spawn environment, `SetEnv` variables and the task's own variables reach the
+/// command's process, later ones winning; the runtime's own secrets do not.
+pub async fn command_sees_its_environment(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "command_sees_its_environment";
+    let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+    let env = BTreeMap::from([pair("TY_SPAWN", "spawn"), pair("TY_WINS", "spawn")]);
+    let actor = spawn(runtime, Resources::new(), None, env, CHECK).await;
+    runtime
+        .set_env(
+            actor,
+            BTreeMap::from([pair("TY_SET", "set"), pair("TY_WINS", "set")]),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{CHECK}: set_env failed: {e}"));
+    let task = sh(
+        "echo spawn=$TY_SPAWN set=$TY_SET task=$TY_TASK wins=$TY_WINS secret=${TRAINYARD_AGENT_TOKEN:-none}",
+        BTreeMap::from([pair("TY_TASK", "task"), pair("TY_WINS", "task")]),
+    );
+    let (events, exit) = run_to_end(runtime, actor, task, CHECK).await;
+    assert!(
+        matches!(exit, TaskExit::Succeeded { .. }),
+        "{CHECK}: the command failed: {exit:?}"
+    );
+    assert_eq!(
+        lines(&events, crate::Stream::Stdout),
+        ["spawn=spawn set=set task=task wins=task secret=none"],
+        "{CHECK}: the command saw the wrong environment"
+    );
+    kill(runtime, actor, CHECK).await;
+}
+
+/// Every line a command prints arrives, stdout and stderr apart, each in order.
+pub async fn command_output_arrives_line_by_line_in_order(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "command_output_arrives_line_by_line_in_order";
+    let actor = spawn(runtime, Resources::new(), None, BTreeMap::new(), CHECK).await;
+    let task = sh(
+        "i=1; while [ $i -le 500 ]; do echo out $i; echo err $i >&2; i=$((i+1)); done",
+        BTreeMap::new(),
+    );
+    let (events, exit) = run_to_end(runtime, actor, task, CHECK).await;
+    assert!(
+        matches!(exit, TaskExit::Succeeded { .. }),
+        "{CHECK}: the command failed: {exit:?}"
+    );
+    for (stream, word) in [
+        (crate::Stream::Stdout, "out"),
+        (crate::Stream::Stderr, "err"),
+    ] {
+        let want: Vec<String> = (1..=500).map(|i| format!("{word} {i}")).collect();
+        assert_eq!(
+            lines(&events, stream),
+            want,
+            "{CHECK}: the {word} lines arrived wrong"
+        );
+    }
+    kill(runtime, actor, CHECK).await;
+}
+
+/// A command's exit code, and the signal that killed one, are kept as data.
+pub async fn command_exit_codes_and_signals_are_kept(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "command_exit_codes_and_signals_are_kept";
+    let actor = spawn(runtime, Resources::new(), None, BTreeMap::new(), CHECK).await;
+    let cases = [
+        ("exit 0", TaskExit::from_code(0)),
+        ("exit 7", TaskExit::from_code(7)),
+        (
+            "kill -TERM $$",
+            TaskExit::Failed {
+                failure: crate::TaskFailure::Signal {
+                    signal: 15,
+                    core_dumped: false,
+                },
+            },
+        ),
+    ];
+    for (script, want) in cases {
+        let (_, exit) = run_to_end(runtime, actor, sh(script, BTreeMap::new()), CHECK).await;
+        assert_eq!(exit, want, "{CHECK}: `{script}` ended wrong");
+    }
+    kill(runtime, actor, CHECK).await;
+}
+
+/// A program that does not exist is refused with [`crate::TaskRejection::ProgramNotFound`].
+pub async fn a_missing_program_is_rejected_as_data(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "a_missing_program_is_rejected_as_data";
+    let actor = spawn(runtime, Resources::new(), None, BTreeMap::new(), CHECK).await;
+    let task = TaskSpec::Command {
+        program: "trainyard-conformance-no-such-program".to_owned(),
+        args: Vec::new(),
+        env: BTreeMap::new(),
+    };
+    match timeout(ANSWER_TIMEOUT, runtime.run_task(actor, task)).await {
+        Ok(Err(RuntimeError::TaskRejected {
+            rejection: crate::TaskRejection::ProgramNotFound { program },
+            ..
+        })) => assert_eq!(program, "trainyard-conformance-no-such-program"),
+        other => panic!("{CHECK}: expected a ProgramNotFound rejection, got {other:?}"),
+    }
+    kill(runtime, actor, CHECK).await;
+}
+
+/// `Stop` ends a running command and its actor promptly.
+pub async fn stop_ends_a_running_command(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "stop_ends_a_running_command";
+    let before = snapshot(runtime, CHECK).await;
+    let actor = spawn(runtime, Resources::new(), None, BTreeMap::new(), CHECK).await;
+    runtime
+        .run_task(actor, sh("exec sleep 300", BTreeMap::new()))
+        .await
+        .unwrap_or_else(|e| panic!("{CHECK}: run_task failed: {e}"));
+    match timeout(ANSWER_TIMEOUT, runtime.stop(actor)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("{CHECK}: stop failed: {e}"),
+        Err(_) => panic!("{CHECK}: stop did not answer within {ANSWER_TIMEOUT:?}"),
+    }
+    let deadline = Instant::now() + FAST;
+    loop {
+        match runtime.node_info(actor).await {
+            Err(e) if e.is_actor_death() => break,
+            _ if Instant::now() > deadline => {
+                panic!("{CHECK}: the actor still answers {FAST:?} after it was stopped")
+            }
+            _ => sleep(POLL_INTERVAL).await,
+        }
+    }
+    kill(runtime, actor, CHECK).await;
+    settle(runtime, &before, CHECK).await;
+}
+
+/// `kill` ends a running command and its actor promptly, and frees what it held.
+pub async fn kill_ends_a_running_command(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "kill_ends_a_running_command";
+    let before = snapshot(runtime, CHECK).await;
+    let actor = spawn(runtime, one_cpu(), None, BTreeMap::new(), CHECK).await;
+    runtime
+        .run_task(actor, sh("trap '' TERM; exec sleep 300", BTreeMap::new()))
+        .await
+        .unwrap_or_else(|e| panic!("{CHECK}: run_task failed: {e}"));
+    let started = Instant::now();
+    kill(runtime, actor, CHECK).await;
+    assert!(
+        started.elapsed() < FAST,
+        "{CHECK}: kill with no grace took {:?}",
+        started.elapsed()
+    );
+    match runtime.node_info(actor).await {
+        Err(e) if e.is_actor_death() => {}
+        other => panic!("{CHECK}: a killed actor answered {other:?}"),
+    }
+    settle(runtime, &before, CHECK).await;
+}
+
 /// A feasible group becomes ready, and the available resources of the cluster (and of each
 /// node) shrink by exactly what its bundles hold; removing it gives them back.
 pub async fn reservation(runtime: &dyn ActorRuntime) {

@@ -33,5 +33,5 @@ pub use protocol::{
 #[cfg(any(test, feature = "mocks"))]
 pub use runtime::MockActorRuntime;
 pub use runtime::{ActorRuntime, ActorRuntimeExt, ActorSpec, PlacementInfo};
-pub use task::{FunctionRegistry, TaskContext, TaskResult, builtins};
+pub use task::{FunctionRegistry, TaskContext, TaskResult, builtins, drive};
 pub use trainyard_config::{PlacementGroupFactory, PlacementStrategy};

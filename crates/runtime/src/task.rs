@@ -4,10 +4,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
-use crate::{Stream, TaskEvent};
+use crate::events::{ActorEvent, EventSender};
+use crate::{Stream, TaskEvent, TaskExit, TaskFailure};
 
 /// What a task function returns: a value on success, the user's error text on failure.
 pub type TaskResult = Result<serde_json::Value, String>;
@@ -188,4 +193,54 @@ impl TaskContext {
             line: line.into(),
         });
     }
+}
+
+/// Runs a function task to its end, passing what it reports and prints to `events` as it
+/// goes (reports wait for room, lines may be dropped); how it ended. A panic is the task's
+/// failure, not the caller's.
+pub async fn drive(
+    future: BoxFuture<'static, TaskResult>,
+    mut produced: mpsc::UnboundedReceiver<TaskEvent>,
+    events: &EventSender,
+) -> TaskExit {
+    let outcome = AssertUnwindSafe(future).catch_unwind();
+    tokio::pin!(outcome);
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            Some(event) = produced.recv() => forward(events, event).await,
+            outcome = &mut outcome => break outcome,
+        }
+    };
+    while let Ok(event) = produced.try_recv() {
+        forward(events, event).await;
+    }
+    match outcome {
+        Ok(Ok(value)) => TaskExit::Succeeded { value },
+        Ok(Err(message)) => TaskExit::Failed {
+            failure: TaskFailure::Error { message },
+        },
+        Err(panic) => TaskExit::Failed {
+            failure: TaskFailure::Error {
+                message: panic_message(panic.as_ref()),
+            },
+        },
+    }
+}
+
+/// Passes one event of a function task on: reports wait for room, lines may be dropped.
+async fn forward(events: &EventSender, event: TaskEvent) {
+    match event {
+        TaskEvent::Log { stream, line } => events.log(stream, line),
+        other => events.send(ActorEvent::Task(other)).await,
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-text panic payload".to_owned());
+    format!("the task panicked: {text}")
 }

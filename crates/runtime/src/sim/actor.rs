@@ -1,9 +1,7 @@
 //! A simulated actor: a tokio task that answers requests one at a time and runs registered
 //! functions as tasks of their own.
 
-use std::any::Any;
 use std::collections::BTreeMap;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,7 +13,7 @@ use super::lock;
 use crate::events::{ActorEvent, EventSender, TaskEvents};
 use crate::{
     ActorId, DeathCause, FunctionRegistry, PollResult, Request, Response, RuntimeError,
-    TaskContext, TaskEvent, TaskExit, TaskFailure, TaskRejection, TaskSpec, TaskStatus, WorkerInfo,
+    TaskContext, TaskEvent, TaskRejection, TaskSpec, TaskStatus, WorkerInfo,
 };
 
 /// The first port handed out on each node.
@@ -175,7 +173,7 @@ impl Serving {
         }
         let mut task_env = lock(&self.shared.env).clone();
         task_env.extend(env);
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         let ctx = TaskContext::new(arg, task_env, tx);
         let Some(future) = self.functions.call(name, ctx) else {
             return Err(RuntimeError::TaskRejected {
@@ -190,29 +188,7 @@ impl Serving {
         let status = Arc::clone(&self.status);
         let events = self.events.clone();
         let task = tokio::spawn(async move {
-            let outcome = AssertUnwindSafe(future).catch_unwind();
-            tokio::pin!(outcome);
-            let outcome = loop {
-                tokio::select! {
-                    biased;
-                    Some(event) = rx.recv() => forward(&events, event).await,
-                    outcome = &mut outcome => break outcome,
-                }
-            };
-            while let Ok(event) = rx.try_recv() {
-                forward(&events, event).await;
-            }
-            let exit = match outcome {
-                Ok(Ok(value)) => TaskExit::Succeeded { value },
-                Ok(Err(message)) => TaskExit::Failed {
-                    failure: TaskFailure::Error { message },
-                },
-                Err(panic) => TaskExit::Failed {
-                    failure: TaskFailure::Error {
-                        message: panic_message(panic.as_ref()),
-                    },
-                },
-            };
+            let exit = crate::task::drive(future, rx, &events).await;
             *lock(&status) = TaskStatus::Exited { exit: exit.clone() };
             events.send(ActorEvent::TaskExited(exit)).await;
         });
@@ -220,23 +196,6 @@ impl Serving {
         tracing::debug!(actor = %self.id, function = name, "task started");
         Ok(())
     }
-}
-
-/// Passes one event of a function task on: reports wait for room, lines may be dropped.
-async fn forward(events: &EventSender, event: TaskEvent) {
-    match event {
-        TaskEvent::Log { stream, line } => events.log(stream, line),
-        other => events.send(ActorEvent::Task(other)).await,
-    }
-}
-
-fn panic_message(panic: &(dyn Any + Send)) -> String {
-    let text = panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-text panic payload".to_owned());
-    format!("the task panicked: {text}")
 }
 
 /// Answers requests until the mailbox closes, the actor ends or the task is aborted.

@@ -13,7 +13,7 @@
 //! to [`limit_address_space`], a weak per-process limit on virtual memory.
 //!
 //! ```no_run
-//! use trainyard_runtime_local::cgroup::{MemoryEnforcement, join_self, sweep_stale};
+//! use trainyard_agent::cgroup::{MemoryEnforcement, join_self, sweep_stale};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let enforcement = MemoryEnforcement::probe();
@@ -214,6 +214,23 @@ pub struct WorkerCgroup {
 }
 
 impl WorkerCgroup {
+    /// A worker cgroup made by [`RunCgroup::create_worker`], perhaps in another process,
+    /// found again by its directory; `None` when `path` is no memory cgroup.
+    pub fn open(path: &Path, limit: u64) -> Option<Self> {
+        let hierarchy = if path.join("memory.oom_control").exists() {
+            Hierarchy::V1
+        } else if path.join("memory.events").exists() {
+            Hierarchy::V2
+        } else {
+            return None;
+        };
+        Some(Self {
+            path: path.to_owned(),
+            limit,
+            hierarchy,
+        })
+    }
+
     /// The worker's cgroup directory.
     pub fn path(&self) -> &Path {
         &self.path

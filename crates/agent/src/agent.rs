@@ -1,0 +1,361 @@
+//! The agent process: connects to the driver, serves its requests, runs one task at a time
+//! and pushes the task's events; it exits when told to stop, when the driver's connection
+//! ends, or on SIGTERM, stopping its task gracefully first.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use futures::{SinkExt as _, StreamExt as _};
+use tokio::net::TcpStream;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use trainyard_runtime::events::{ActorEvent, EVENT_BUFFER, EventSender, TaskEvents, event_channel};
+use trainyard_runtime::{
+    FunctionRegistry, PollResult, Request, Response, TaskContext, TaskRejection, TaskSpec,
+    TaskStatus, WorkerInfo,
+};
+
+use crate::config::{AgentConfig, CONFIG, MemoryLimit, PRIVATE, TOKEN};
+use crate::process::{self, RunningCommand};
+use crate::wire::{self, AgentMessage, DriverMessage, Token, WireError};
+
+/// Exit code of an agent that could not start (bad configuration, no driver).
+pub const AGENT_FAILED: u8 = 2;
+
+/// How long the agent waits to reach the driver.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the agent stops.
+enum Stop {
+    /// The driver asked; the reply goes out once the task is stopped.
+    Asked(u64),
+    /// The driver is gone, or the agent got SIGTERM.
+    Lost,
+}
+
+/// The task the agent runs.
+enum Running {
+    Command(RunningCommand),
+    Function(AbortHandle, tokio::sync::watch::Receiver<bool>),
+}
+
+impl Running {
+    fn is_done(&self) -> bool {
+        match self {
+            Self::Command(command) => *command.done.borrow(),
+            Self::Function(_, done) => *done.borrow(),
+        }
+    }
+
+    async fn terminate(&mut self, grace: Duration) {
+        match self {
+            Self::Command(command) => command.terminate(grace).await,
+            Self::Function(task, _) => task.abort(),
+        }
+    }
+}
+
+struct Agent {
+    config: AgentConfig,
+    functions: FunctionRegistry,
+    /// The variables every task gets: the agent's own, less its private ones, plus `SetEnv`.
+    env: BTreeMap<String, String>,
+    events: EventSender,
+    task: Option<Running>,
+    joined_cgroup: bool,
+}
+
+/// Runs the agent configured by this process's environment until it stops.
+pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
+    let config: AgentConfig = match std::env::var(CONFIG)
+        .map_err(|e| e.to_string())
+        .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
+    {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("trainyard agent: no valid {CONFIG}: {error}");
+            return ExitCode::from(AGENT_FAILED);
+        }
+    };
+    let Some(token) = std::env::var(TOKEN).ok().and_then(|t| Token::from_hex(&t)) else {
+        eprintln!("trainyard agent: no valid {TOKEN}");
+        return ExitCode::from(AGENT_FAILED);
+    };
+    // SIGTERM when the driver dies; and if it died before this line, exit now.
+    if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM).is_err()
+        || nix::unistd::getppid().as_raw() != i32::try_from(config.parent).unwrap_or(-1)
+    {
+        eprintln!("trainyard agent: the driver is gone");
+        return ExitCode::from(AGENT_FAILED);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("trainyard agent: cannot start: {error}");
+            return ExitCode::from(AGENT_FAILED);
+        }
+    };
+    let code = runtime.block_on(serve(config, token, functions));
+    // Tasks still running belong to a driver that is gone; do not wait for them.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    code
+}
+
+async fn serve(config: AgentConfig, token: Token, functions: FunctionRegistry) -> ExitCode {
+    let socket =
+        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&config.driver)).await {
+            Ok(Ok(socket)) => socket,
+            Ok(Err(error)) => {
+                eprintln!(
+                    "trainyard agent: cannot reach the driver at {}: {error}",
+                    config.driver
+                );
+                return ExitCode::from(AGENT_FAILED);
+            }
+            Err(_) => {
+                eprintln!(
+                    "trainyard agent: the driver at {} did not answer",
+                    config.driver
+                );
+                return ExitCode::from(AGENT_FAILED);
+            }
+        };
+    let _ = socket.set_nodelay(true);
+    let mut framed = wire::framed(socket);
+    let hello = AgentMessage::Hello {
+        protocol: wire::PROTOCOL,
+        token: token.to_hex(),
+        actor: config.actor,
+        pid: std::process::id(),
+    };
+    let sent = match wire::encode(&hello) {
+        Ok(frame) => framed.send(frame).await.map_err(|e| e.to_string()),
+        Err(error) => Err(error.to_string()),
+    };
+    if let Err(error) = sent {
+        eprintln!("trainyard agent: cannot greet the driver: {error}");
+        return ExitCode::from(AGENT_FAILED);
+    }
+    wire::authenticated(&mut framed);
+    let (mut sink, mut requests) = framed.split();
+
+    let (events, stream) = event_channel(EVENT_BUFFER);
+    let (replies, replies_rx) = mpsc::channel::<AgentMessage>(64);
+    let writer = tokio::spawn(async move {
+        let mut outgoing = std::pin::pin!(outgoing(replies_rx, stream));
+        while let Some(message) = outgoing.next().await {
+            let Ok(frame) = wire::encode(&message) else {
+                continue;
+            };
+            if sink.send(frame).await.is_err() {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    });
+
+    let env = std::env::vars()
+        .filter(|(key, _)| !PRIVATE.contains(&key.as_str()))
+        .collect();
+    let grace = Duration::from_millis(config.grace_ms);
+    let mut agent = Agent {
+        config,
+        functions,
+        env,
+        events,
+        task: None,
+        joined_cgroup: false,
+    };
+    let mut terminate = signal(SignalKind::terminate()).ok();
+    let stop = loop {
+        let frame = tokio::select! {
+            frame = requests.next() => frame,
+            () = async {
+                match terminate.as_mut() {
+                    Some(terminate) => { terminate.recv().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => break Stop::Lost,
+        };
+        let Some(Ok(frame)) = frame else {
+            break Stop::Lost;
+        };
+        let DriverMessage::Request { id, request } = match wire::decode(&frame) {
+            Ok(message) => message,
+            Err(error) => {
+                eprintln!("trainyard agent: a message from the driver is not understood: {error}");
+                break Stop::Lost;
+            }
+        };
+        if request == Request::Stop {
+            break Stop::Asked(id);
+        }
+        let result = agent.handle(request).await;
+        if replies
+            .send(AgentMessage::Reply { id, result })
+            .await
+            .is_err()
+        {
+            break Stop::Lost;
+        }
+    };
+    if let Some(task) = agent.task.as_mut() {
+        task.terminate(grace).await;
+    }
+    if let Stop::Asked(id) = stop {
+        let _ = replies
+            .send(AgentMessage::Reply {
+                id,
+                result: Ok(Response::Done),
+            })
+            .await;
+    }
+    drop(replies);
+    drop(agent);
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    ExitCode::SUCCESS
+}
+
+/// Replies and task events, merged for the one connection; replies first.
+fn outgoing(
+    replies: mpsc::Receiver<AgentMessage>,
+    events: TaskEvents,
+) -> impl futures::Stream<Item = AgentMessage> {
+    let replies =
+        futures::stream::unfold(
+            replies,
+            |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+        );
+    let events = events.filter_map(|event| async move {
+        match event {
+            ActorEvent::Task(event) => Some(AgentMessage::Event { event }),
+            ActorEvent::TaskExited(exit) => Some(AgentMessage::TaskExited { exit }),
+            ActorEvent::Died(_) => None,
+        }
+    });
+    futures::stream::select_with_strategy(replies, events, |_: &mut ()| {
+        futures::stream::PollNext::Left
+    })
+}
+
+impl Agent {
+    async fn handle(&mut self, request: Request) -> Result<Response, WireError> {
+        match request {
+            Request::NodeInfo => Ok(Response::NodeInfo(self.info())),
+            Request::FindFreePort => {
+                let listener = tokio::net::TcpListener::bind((self.config.node_ip.as_str(), 0))
+                    .await
+                    .map_err(|e| unsupported("find_free_port", &e))?;
+                let port = listener
+                    .local_addr()
+                    .map_err(|e| unsupported("find_free_port", &e))?
+                    .port();
+                Ok(Response::Port { port })
+            }
+            Request::SetEnv { vars } => {
+                self.env.extend(vars);
+                Ok(Response::Done)
+            }
+            Request::RunTask(task) => self.run(task).await,
+            Request::Poll => Ok(Response::Poll(PollResult {
+                events: Vec::new(),
+                status: match &self.task {
+                    None => TaskStatus::Idle,
+                    Some(_) => TaskStatus::Running,
+                },
+            })),
+            Request::Stop => Ok(Response::Done),
+        }
+    }
+
+    fn info(&self) -> WorkerInfo {
+        WorkerInfo {
+            node_id: self.config.node_id.clone(),
+            node_ip: self.config.node_ip.clone(),
+            hostname: nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "localhost".to_owned()),
+            pid: std::process::id(),
+            accelerator_ids: self.config.accelerator_ids.clone(),
+        }
+    }
+
+    async fn run(&mut self, task: TaskSpec) -> Result<Response, WireError> {
+        if self.task.as_ref().is_some_and(|t| !t.is_done()) {
+            return Err(rejected(TaskRejection::AlreadyRunning));
+        }
+        match task {
+            TaskSpec::Command { program, args, env } => {
+                let mut task_env = self.env.clone();
+                task_env.extend(env);
+                let running = process::start(
+                    &program,
+                    args,
+                    task_env,
+                    self.config.memory.clone(),
+                    self.events.clone(),
+                )
+                .await
+                .map_err(rejected)?;
+                let pid = running.pid;
+                self.task = Some(Running::Command(running));
+                Ok(Response::TaskStarted { pid: Some(pid) })
+            }
+            TaskSpec::Function { name, arg, env } => {
+                let mut task_env = self.env.clone();
+                task_env.extend(env);
+                let (tx, rx) = mpsc::unbounded_channel();
+                let ctx = TaskContext::new(arg, task_env, tx);
+                let Some(future) = self.functions.call(&name, ctx) else {
+                    return Err(rejected(TaskRejection::UnknownFunction {
+                        name,
+                        registered: self.functions.names(),
+                    }));
+                };
+                self.limit_own_memory();
+                let events = self.events.clone();
+                let (done_tx, done) = tokio::sync::watch::channel(false);
+                let handle = tokio::spawn(async move {
+                    let exit = trainyard_runtime::drive(future, rx, &events).await;
+                    events.send(ActorEvent::TaskExited(exit)).await;
+                    done_tx.send_replace(true);
+                });
+                self.task = Some(Running::Function(handle.abort_handle(), done));
+                Ok(Response::TaskStarted { pid: None })
+            }
+        }
+    }
+
+    /// A function task runs inside the agent: the agent itself enters the worker's cgroup.
+    fn limit_own_memory(&mut self) {
+        if self.joined_cgroup {
+            return;
+        }
+        if let Some(MemoryLimit::Cgroup { path, .. }) = &self.config.memory {
+            match crate::cgroup::join_self(&path.join("cgroup.procs")) {
+                Ok(()) => self.joined_cgroup = true,
+                Err(error) => {
+                    eprintln!("trainyard agent: cannot enter the worker's memory cgroup: {error}");
+                }
+            }
+        }
+    }
+}
+
+fn rejected(rejection: TaskRejection) -> WireError {
+    WireError::TaskRejected { rejection }
+}
+
+fn unsupported(request: &str, error: &dyn std::fmt::Display) -> WireError {
+    WireError::Unsupported {
+        request: request.to_owned(),
+        reason: error.to_string(),
+    }
+}

@@ -1,0 +1,103 @@
+//! What a runtime tells the agent it starts, through the agent's environment (never argv,
+//! which every user of the machine can read).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use trainyard_runtime::{ActorId, NodeId};
+
+use crate::wire::Token;
+
+/// Selects what a binary that calls [`crate::run_if_agent`] does: [`ROLE_AGENT`] or
+/// [`ROLE_EXEC`].
+pub const ROLE: &str = "TRAINYARD_ROLE";
+/// Serve as a worker agent.
+pub const ROLE_AGENT: &str = "agent";
+/// Be the trampoline that sets up a task's process and executes its program.
+pub const ROLE_EXEC: &str = "exec";
+/// The agent's [`AgentConfig`], as JSON.
+pub const CONFIG: &str = "TRAINYARD_AGENT_CONFIG";
+/// The run's token, as hex.
+pub const TOKEN: &str = "TRAINYARD_AGENT_TOKEN";
+/// The trampoline's [`ExecSpec`], as JSON.
+pub const EXEC: &str = "TRAINYARD_EXEC_SPEC";
+
+/// Every variable of the agent's own: none reaches a task.
+pub const PRIVATE: [&str; 4] = [ROLE, CONFIG, TOKEN, EXEC];
+
+/// How the agent enforces its worker's memory limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MemoryLimit {
+    /// The worker's cgroup, made by the runtime: the task joins it.
+    Cgroup {
+        /// Its directory.
+        path: PathBuf,
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// No cgroup could be had: each task process's address space is capped (weak).
+    AddressSpace {
+        /// The limit, in bytes.
+        limit: u64,
+    },
+}
+
+impl MemoryLimit {
+    /// The limit, in bytes.
+    #[must_use]
+    pub const fn bytes(&self) -> u64 {
+        match self {
+            Self::Cgroup { limit, .. } | Self::AddressSpace { limit } => *limit,
+        }
+    }
+}
+
+/// What the runtime tells an agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentConfig {
+    /// The driver's address (`127.0.0.1:PORT`).
+    pub driver: String,
+    /// The actor this agent serves.
+    pub actor: ActorId,
+    /// The driver's process id: the agent exits when its parent is another.
+    pub parent: u32,
+    /// The node the worker runs on.
+    pub node_id: NodeId,
+    /// That node's address.
+    pub node_ip: String,
+    /// The device ids the worker holds, per accelerator resource.
+    pub accelerator_ids: BTreeMap<String, Vec<String>>,
+    /// The worker's memory limit, when enforced.
+    pub memory: Option<MemoryLimit>,
+    /// How long a task gets between SIGTERM and SIGKILL when it is stopped, in ms.
+    pub grace_ms: u64,
+}
+
+impl AgentConfig {
+    /// The variables that start an agent with this configuration and `token`.
+    ///
+    /// # Errors
+    /// When the configuration cannot be serialised (it always can: plain data).
+    pub fn to_env(&self, token: &Token) -> Result<Vec<(String, String)>, serde_json::Error> {
+        Ok(vec![
+            (ROLE.to_owned(), ROLE_AGENT.to_owned()),
+            (CONFIG.to_owned(), serde_json::to_string(self)?),
+            (TOKEN.to_owned(), token.to_hex()),
+        ])
+    }
+}
+
+/// What the trampoline sets up before it executes the task's program.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// The program, resolved to a path.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// The agent's pid: the task dies with it.
+    pub parent: u32,
+    /// The memory limit to put on the task.
+    pub memory: Option<MemoryLimit>,
+}

@@ -1,0 +1,68 @@
+//! The trampoline: the agent's own binary, started with [`ROLE_EXEC`](crate::config::ROLE_EXEC),
+//! sets up the task's process and then becomes the task's program.
+//!
+//! Everything here runs in a freshly started process before `exec`, so it may allocate and
+//! log freely (no `pre_exec`, which the workspace forbids): it asks for SIGKILL when the
+//! agent dies, checks the agent is still its parent, joins the worker's memory cgroup (or
+//! caps its address space), and executes the program. The process group was set by the
+//! agent when it started the trampoline, and it survives `exec`.
+
+use std::os::unix::process::CommandExt as _;
+use std::process::{Command, ExitCode};
+
+use nix::sys::signal::Signal;
+
+use crate::cgroup;
+use crate::config::{EXEC, ExecSpec, MemoryLimit, PRIVATE};
+
+/// The exit code of a trampoline that could not execute its program (as shells use).
+pub const CANNOT_EXECUTE: u8 = 127;
+
+/// Sets up this process as `spec` says and executes its program; returns only on failure.
+pub(crate) fn run() -> ExitCode {
+    let spec: ExecSpec = match std::env::var(EXEC)
+        .map_err(|e| e.to_string())
+        .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
+    {
+        Ok(spec) => spec,
+        Err(error) => {
+            eprintln!("trainyard: the task's trampoline has no valid {EXEC}: {error}");
+            return ExitCode::from(CANNOT_EXECUTE);
+        }
+    };
+    // The parent may have died before the signal was asked for: then nobody would send it.
+    if let Err(error) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        eprintln!("trainyard: cannot tie the task to its agent: {error}");
+        return ExitCode::from(CANNOT_EXECUTE);
+    }
+    if nix::unistd::getppid().as_raw() != i32::try_from(spec.parent).unwrap_or(-1) {
+        eprintln!("trainyard: the task's agent is gone; not starting it");
+        return ExitCode::from(CANNOT_EXECUTE);
+    }
+    match &spec.memory {
+        Some(MemoryLimit::Cgroup { path, .. }) => {
+            if let Err(error) = cgroup::join_self(&path.join("cgroup.procs")) {
+                eprintln!("trainyard: cannot enter the worker's memory cgroup: {error}");
+                return ExitCode::from(CANNOT_EXECUTE);
+            }
+        }
+        Some(MemoryLimit::AddressSpace { limit }) => {
+            if let Err(error) = cgroup::limit_address_space(*limit) {
+                eprintln!("trainyard: cannot limit the task's memory: {error}");
+                return ExitCode::from(CANNOT_EXECUTE);
+            }
+        }
+        None => {}
+    }
+    let mut command = Command::new(&spec.program);
+    command.args(&spec.args);
+    for private in PRIVATE {
+        command.env_remove(private);
+    }
+    let error = command.exec();
+    eprintln!(
+        "trainyard: cannot execute {}: {error}",
+        spec.program.display()
+    );
+    ExitCode::from(CANNOT_EXECUTE)
+}

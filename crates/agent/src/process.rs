@@ -1,0 +1,318 @@
+//! A command task: resolved, started through the trampoline in a process group of its own,
+//! its output streamed line by line, its reports taken from a socket, and its end turned
+//! into a [`TaskExit`] that says what happened.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt as _};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use trainyard_runtime::events::{ActorEvent, EventSender};
+use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
+
+use crate::cgroup::WorkerCgroup;
+use crate::config::{EXEC, ExecSpec, MemoryLimit, ROLE, ROLE_EXEC};
+use crate::report::ReportSocket;
+
+/// The longest output line passed on; longer ones are cut into pieces of this size.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// How long output and report connections may stay open after the task's process exited
+/// (grandchildren can hold them).
+const DRAIN: Duration = Duration::from_millis(500);
+
+/// A started command task.
+#[derive(Debug)]
+pub(crate) struct RunningCommand {
+    /// The task's process id, also its process group's.
+    pub(crate) pid: u32,
+    /// Turns `true` when the task has ended and its exit was sent.
+    pub(crate) done: watch::Receiver<bool>,
+}
+
+impl RunningCommand {
+    /// Stops the task: SIGTERM to its process group, SIGKILL after `grace`, then waits
+    /// (bounded) for its end to be sent.
+    pub(crate) async fn terminate(&mut self, grace: Duration) {
+        if *self.done.borrow() {
+            return;
+        }
+        signal_group(self.pid, Signal::SIGTERM);
+        if tokio::time::timeout(grace, self.done.wait_for(|d| *d))
+            .await
+            .is_err()
+        {
+            signal_group(self.pid, Signal::SIGKILL);
+            let _ = tokio::time::timeout(Duration::from_secs(5), self.done.wait_for(|d| *d)).await;
+        }
+    }
+}
+
+fn signal_group(pid: u32, signal: Signal) {
+    if let Ok(pid) = i32::try_from(pid) {
+        // The group is gone when the task has ended: nothing to signal then.
+        let _ = killpg(Pid::from_raw(pid), signal);
+    }
+}
+
+/// Finds `program` the way `execvp` would, on the task's own `PATH`.
+///
+/// # Errors
+/// [`TaskRejection::ProgramNotFound`] or [`TaskRejection::NotExecutable`].
+pub(crate) fn resolve(
+    program: &str,
+    env: &BTreeMap<String, String>,
+) -> Result<PathBuf, TaskRejection> {
+    let not_found = || TaskRejection::ProgramNotFound {
+        program: program.to_owned(),
+    };
+    if program.is_empty() {
+        return Err(not_found());
+    }
+    let path = if program.contains('/') {
+        PathBuf::from(program)
+    } else {
+        let search = env.get("PATH").map_or("", String::as_str);
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        which::which_in(program, Some(search), cwd).map_err(|_| not_found())?
+    };
+    let metadata = std::fs::metadata(&path).map_err(|_| not_found())?;
+    if metadata.is_dir() || metadata.permissions().mode() & 0o111 == 0 {
+        return Err(TaskRejection::NotExecutable {
+            program: program.to_owned(),
+            error: if metadata.is_dir() {
+                "it is a directory".to_owned()
+            } else {
+                "it has no execute permission".to_owned()
+            },
+        });
+    }
+    Ok(path)
+}
+
+/// The trampoline: this very program, with the agent's own arguments.
+fn trampoline() -> Result<(PathBuf, Vec<String>), std::io::Error> {
+    Ok((std::env::current_exe()?, std::env::args().skip(1).collect()))
+}
+
+/// Starts `program` with `args` and `env` as a task; its events go to `events`, ending
+/// with [`ActorEvent::TaskExited`].
+///
+/// # Errors
+/// The rejection when the program cannot be found or started.
+pub(crate) async fn start(
+    program: &str,
+    args: Vec<String>,
+    mut env: BTreeMap<String, String>,
+    memory: Option<MemoryLimit>,
+    events: EventSender,
+) -> Result<RunningCommand, TaskRejection> {
+    let resolved = resolve(program, &env)?;
+    let spawn_failed = |error: &dyn std::fmt::Display| TaskRejection::SpawnFailed {
+        program: program.to_owned(),
+        error: error.to_string(),
+    };
+    let reports = ReportSocket::bind().await.map_err(|e| spawn_failed(&e))?;
+    env.extend(reports.env());
+    let spec = ExecSpec {
+        program: resolved,
+        args,
+        parent: std::process::id(),
+        memory: memory.clone(),
+    };
+    let (exe, exe_args) = trampoline().map_err(|e| spawn_failed(&e))?;
+    let spec = serde_json::to_string(&spec).map_err(|e| spawn_failed(&e))?;
+    let cgroup = match &memory {
+        Some(MemoryLimit::Cgroup { path, limit }) => WorkerCgroup::open(path, *limit),
+        _ => None,
+    };
+    let oom_before = cgroup.as_ref().map_or(0, WorkerCgroup::oom_kills);
+    let mut child = Command::new(exe)
+        .args(exe_args)
+        .env_clear()
+        .envs(&env)
+        .env(ROLE, ROLE_EXEC)
+        .env(EXEC, spec)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| spawn_failed(&e))?;
+    let pid = child
+        .id()
+        .ok_or_else(|| spawn_failed(&"the process ended at once"))?;
+    let (done_tx, done) = watch::channel(false);
+    let outputs = [
+        child.stdout.take().map(|out| {
+            (
+                Stream::Stdout,
+                Box::new(out) as Box<dyn AsyncRead + Send + Unpin>,
+            )
+        }),
+        child.stderr.take().map(|err| {
+            (
+                Stream::Stderr,
+                Box::new(err) as Box<dyn AsyncRead + Send + Unpin>,
+            )
+        }),
+    ];
+    tokio::spawn(async move {
+        let mut readers = JoinSet::new();
+        for (stream, output) in outputs.into_iter().flatten() {
+            readers.spawn(read_lines(output, stream, events.clone()));
+        }
+        let reporting = reports.serve(events.clone());
+        let exit = follow(child, readers, reporting, cgroup.as_ref(), oom_before).await;
+        events.send(ActorEvent::TaskExited(exit)).await;
+        done_tx.send_replace(true);
+    });
+    Ok(RunningCommand { pid, done })
+}
+
+/// Waits for the process, then (bounded) for its output and reports to end; how it ended.
+async fn follow(
+    mut child: Child,
+    mut readers: JoinSet<()>,
+    reporting: crate::report::Serving,
+    cgroup: Option<&WorkerCgroup>,
+    oom_before: u64,
+) -> TaskExit {
+    let status = child.wait().await;
+    let drained = async { while readers.join_next().await.is_some() {} };
+    if tokio::time::timeout(DRAIN, drained).await.is_err() {
+        readers.abort_all();
+    }
+    reporting.finish(DRAIN).await;
+    if let Some(cgroup) = cgroup {
+        if cgroup.oom_kills() > oom_before {
+            return TaskExit::Failed {
+                failure: TaskFailure::MemoryLimit {
+                    limit: cgroup.limit(),
+                },
+            };
+        }
+    }
+    match status {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => TaskExit::from_code(code),
+            (None, Some(signal)) => TaskExit::Failed {
+                failure: TaskFailure::Signal {
+                    signal,
+                    core_dumped: status.core_dumped(),
+                },
+            },
+            (None, None) => TaskExit::from_code(-1),
+        },
+        Err(error) => TaskExit::Failed {
+            failure: TaskFailure::Error {
+                message: format!("waiting for the task's process failed: {error}"),
+            },
+        },
+    }
+}
+
+/// Passes `output` on line by line (without line ends; invalid UTF-8 replaced; lines
+/// longer than [`MAX_LINE`] cut into pieces) until it closes.
+async fn read_lines(mut output: impl AsyncRead + Unpin, stream: Stream, events: EventSender) {
+    let mut pending: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        let read = match output.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        pending.extend_from_slice(&chunk[..read]);
+        let mut start = 0;
+        while let Some(end) = pending[start..].iter().position(|&b| b == b'\n') {
+            emit(&events, stream, &pending[start..start + end]);
+            start += end + 1;
+        }
+        pending.drain(..start);
+        while pending.len() >= MAX_LINE {
+            emit(&events, stream, &pending[..MAX_LINE]);
+            pending.drain(..MAX_LINE);
+        }
+    }
+    if !pending.is_empty() {
+        emit(&events, stream, &pending);
+    }
+}
+
+fn emit(events: &EventSender, stream: Stream, line: &[u8]) {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    for piece in line.chunks(MAX_LINE) {
+        events.log(stream, String::from_utf8_lossy(piece));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use trainyard_runtime::TaskEvent;
+    use trainyard_runtime::events::event_channel;
+
+    use super::*;
+
+    fn path_env() -> BTreeMap<String, String> {
+        BTreeMap::from([("PATH".to_owned(), std::env::var("PATH").unwrap_or_default())])
+    }
+
+    #[test]
+    fn programs_are_found_on_the_tasks_path_or_rejected_as_data() {
+        assert!(resolve("sh", &path_env()).is_ok());
+        assert_eq!(
+            resolve("no-such-program-here", &path_env()),
+            Err(TaskRejection::ProgramNotFound {
+                program: "no-such-program-here".into()
+            })
+        );
+        assert!(matches!(
+            resolve("/tmp", &path_env()),
+            Err(TaskRejection::NotExecutable { .. })
+        ));
+        assert!(matches!(
+            resolve("", &path_env()),
+            Err(TaskRejection::ProgramNotFound { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn output_is_split_into_lines_and_long_lines_are_cut() {
+        let (tx, events) = event_channel(1024);
+        let mut text = b"one\r\ntwo\n".to_vec();
+        text.extend(vec![b'x'; MAX_LINE + 10]);
+        text.extend(b"\n\xffbad\nlast");
+        read_lines(&text[..], Stream::Stdout, tx).await;
+        let lines: Vec<String> = events
+            .filter_map(|e| async move {
+                match e {
+                    ActorEvent::Task(TaskEvent::Log { line, .. }) => Some(line),
+                    _ => None,
+                }
+            })
+            .collect()
+            .await;
+        assert_eq!(
+            lines.len(),
+            6,
+            "{:?}",
+            lines.iter().map(String::len).collect::<Vec<_>>()
+        );
+        assert_eq!(lines[0], "one");
+        assert_eq!(lines[1], "two");
+        assert_eq!(lines[2].len(), MAX_LINE);
+        assert_eq!(lines[3], "x".repeat(10));
+        assert_eq!(lines[4], "\u{fffd}bad");
+        assert_eq!(lines[5], "last");
+    }
+}

@@ -1,0 +1,67 @@
+//! The LOCAL flags turned into the local runtime's nodes.
+
+use trainyard::local::detect::{Machine, Overrides, plan_nodes};
+use trainyard::local::{LocalConfig, LocalNode};
+use trainyard_config::resources::{ByteSize, ResourceAmount, Resources};
+
+use crate::Failure;
+use crate::args::{FlagError, LocalArgs, parse_flag};
+
+impl LocalArgs {
+    /// What the user set on the command line, checked.
+    fn overrides(&self) -> Result<Overrides, Failure> {
+        let mut overrides = Overrides::default();
+        if let Some(cpus) = &self.num_cpus {
+            let amount: ResourceAmount =
+                parse_flag("--num-cpus", cpus).map_err(Failure::bad_input)?;
+            overrides.num_cpus = Some(amount);
+        }
+        if let Some(gpus) = self.num_gpus {
+            let gpus = u32::try_from(gpus).map_err(|e| {
+                Failure::bad_input(FlagError::new("--num-gpus", &gpus.to_string())(
+                    format!("must be a whole number from 0 to {} ({e})", u32::MAX).into(),
+                ))
+            })?;
+            overrides.num_gpus = Some(gpus);
+        }
+        if let Some(memory) = &self.memory {
+            let size: ByteSize = parse_flag("--memory", memory).map_err(Failure::bad_input)?;
+            overrides.memory = Some(size.bytes());
+        }
+        if let Some(spec) = &self.resources {
+            let resources: Resources =
+                parse_flag("--resources", spec).map_err(Failure::bad_input)?;
+            overrides.resources = resources;
+        }
+        Ok(overrides)
+    }
+
+    /// The number of virtual nodes.
+    fn node_count(&self) -> Result<u32, Failure> {
+        let nodes = self.nodes.unwrap_or(1);
+        u32::try_from(nodes)
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| {
+                Failure::bad_input(FlagError::new("--nodes", &nodes.to_string())(
+                    "must be a whole number of at least 1".into(),
+                ))
+            })
+    }
+
+    /// This machine as the flags describe it, split into its virtual nodes.
+    pub(crate) fn nodes(&self) -> Result<Vec<LocalNode>, Failure> {
+        let overrides = self.overrides()?;
+        let count = self.node_count()?;
+        let machine = Machine::detect();
+        plan_nodes(&machine, &overrides, count).map_err(Failure::bad_input)
+    }
+
+    /// The local runtime's configuration for a run named `run_name`.
+    pub(crate) fn config(&self, run_name: &str) -> Result<LocalConfig, Failure> {
+        let nodes = self.nodes()?;
+        let mut config = LocalConfig::new(nodes, run_name).map_err(Failure::other)?;
+        config.enforce_memory = self.enforce_memory;
+        Ok(config)
+    }
+}

@@ -1,0 +1,166 @@
+//! What the driver shows while it waits, and its logs: a spinner on an interactive terminal,
+//! plain lines otherwise; `tracing` to stderr as text or JSON, filtered by `RUST_LOG`.
+
+use std::io::{self, IsTerminal as _, Write as _};
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tracing::Level;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::{self, FormatEvent, FormatFields};
+use tracing_subscriber::fmt::{FmtContext, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
+
+use crate::args::LogFormat;
+
+/// The log filter unless `RUST_LOG` says otherwise: warnings, and the lines a user of Ray
+/// Train expects to see (the workers' ranks, rank 0's process-group setup).
+const DEFAULT_FILTER: &str = "warn,trainyard_backend_executor=info,trainyard_torch_backend=info";
+
+/// The waiting indicator: a spinner with the elapsed time on a terminal, plain lines
+/// elsewhere. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Progress {
+    bar: Option<ProgressBar>,
+    plain: bool,
+}
+
+impl Progress {
+    /// A spinner when stderr is an interactive terminal outside CI and the log format is
+    /// text; plain lines for text otherwise; nothing for JSON (events say it all).
+    pub(crate) fn new(format: LogFormat) -> Self {
+        let interactive = io::stderr().is_terminal() && std::env::var_os("CI").is_none();
+        let bar = (interactive && format == LogFormat::Text).then(|| {
+            let bar = ProgressBar::new_spinner();
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
+            bar
+        });
+        Self {
+            bar,
+            plain: format == LogFormat::Text,
+        }
+    }
+
+    /// Shows that the run waits for `what`.
+    pub(crate) fn wait(&self, what: &str) {
+        match &self.bar {
+            Some(bar) => {
+                bar.set_message(what.to_owned());
+                bar.reset_elapsed();
+                bar.enable_steady_tick(Duration::from_millis(100));
+            }
+            None => self.line(&format!("trainyard: {what}")),
+        }
+    }
+
+    /// The wait is over.
+    pub(crate) fn clear(&self) {
+        if let Some(bar) = &self.bar {
+            bar.disable_steady_tick();
+            bar.set_message("");
+            bar.finish_and_clear();
+            bar.reset();
+        }
+    }
+
+    /// One line to stderr (in text mode), above the spinner.
+    pub(crate) fn line(&self, text: &str) {
+        if self.plain {
+            let _ = self.suspend(|| writeln!(io::stderr(), "{text}"));
+        }
+    }
+
+    /// A driver message.
+    pub(crate) fn message(&self, text: &str) {
+        self.line(&format!("trainyard: {text}"));
+    }
+
+    /// Runs `write` with the spinner out of the way.
+    pub(crate) fn suspend<T>(&self, write: impl FnOnce() -> T) -> T {
+        match &self.bar {
+            Some(bar) => bar.suspend(write),
+            None => write(),
+        }
+    }
+
+    /// Removes the spinner for good.
+    pub(crate) fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Stderr, written with the spinner out of the way.
+#[derive(Debug, Clone)]
+struct Stderr(Progress);
+
+impl io::Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.suspend(|| io::stderr().write(buf))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        io::stderr().flush()
+    }
+}
+
+impl<'a> MakeWriter<'a> for Stderr {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// Log lines as a user reads them: an info line is its message and fields; a warning or an
+/// error says so first. Spans and targets are for `RUST_LOG` debugging and JSON output.
+#[derive(Debug, Clone, Copy)]
+struct Plain;
+
+impl<S, N> FormatEvent<S, N> for Plain
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        match *event.metadata().level() {
+            Level::ERROR => write!(writer, "error: ")?,
+            Level::WARN => write!(writer, "warning: ")?,
+            Level::INFO => {}
+            level => write!(writer, "{level}: ")?,
+        }
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
+}
+
+/// Installs the driver's log output (once; later calls do nothing).
+pub(crate) fn init_logging(format: LogFormat, progress: &Progress) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let installed = match format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(Stderr(progress.clone()))
+            .with_ansi(io::stderr().is_terminal())
+            .event_format(Plain)
+            .try_init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(io::stderr)
+            .json()
+            .flatten_event(true)
+            .try_init(),
+    };
+    // Installed already (only in tests that run twice in one process): keep the first.
+    let _ = installed;
+}

@@ -1,0 +1,276 @@
+//! `trainyard run`: start one worker per bundle on the local runtime, run a program on each
+//! with its rank and its framework's environment, stream their output, and stop everything
+//! on failure or interruption.
+
+use std::io::{self, Write as _};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+use trainyard::backend::{
+    AttemptFailure, ExecutorError, ExecutorOptions, NoBackend, RunEvent, unique_run_name,
+};
+use trainyard::local::LocalRuntime;
+use trainyard::runtime::{Stream, TaskRejection};
+use trainyard::torch::TorchConfig;
+use trainyard::{Trainer, command_task};
+use trainyard_config::{FailureConfig, RunConfig};
+
+use crate::args::{BackendKind, FlagError, LogFormat, RunArgs, RuntimeKind};
+use crate::output::{Progress, init_logging};
+use crate::{EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_UNSCHEDULABLE, Failure};
+
+/// How long stopping the workers may take after an interruption before the driver gives up
+/// waiting (its own exit still kills them).
+const STOP_LIMIT: Duration = Duration::from_secs(30);
+
+/// The RUN flags turned into the run's configuration.
+fn run_config(args: &RunArgs) -> Result<RunConfig, Failure> {
+    let mut run = RunConfig::default();
+    if let Some(n) = args.max_failures {
+        run.failure_config = FailureConfig::from_max_failures(n).map_err(Failure::bad_input)?;
+    }
+    for pair in &args.env {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(Failure::bad_input(FlagError::new("--env", pair)(
+                "expected KEY=VALUE".into(),
+            )));
+        };
+        run.env.insert(key.to_owned(), value.to_owned());
+    }
+    run.validate().map_err(Failure::bad_input)?;
+    Ok(run)
+}
+
+fn placement_timeout(args: &RunArgs) -> Result<Duration, Failure> {
+    let Some(text) = &args.placement_timeout else {
+        return Ok(trainyard::backend::DEFAULT_PLACEMENT_TIMEOUT);
+    };
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| {
+            Failure::bad_input(FlagError::new("--placement-timeout", text)(
+                "expected a positive number of seconds".into(),
+            ))
+        })
+}
+
+pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
+    if args.runtime == RuntimeKind::Ray {
+        return Err(Failure::bad_input(FlagError::new("--runtime", "ray")(
+            "the Ray runtime is not part of this build yet; use --runtime local".into(),
+        )));
+    }
+    let scaling = args.scaling.to_config()?;
+    let run = run_config(args)?;
+    let options = ExecutorOptions {
+        placement_timeout: placement_timeout(args)?,
+        ..ExecutorOptions::default()
+    };
+    let name = unique_run_name();
+    let local = args.local.config(&name)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(Failure::other)?;
+    runtime.block_on(drive(args, scaling, run.name(name), options, local))
+}
+
+async fn drive(
+    args: &RunArgs,
+    scaling: trainyard_config::ScalingConfig,
+    run: RunConfig,
+    options: ExecutorOptions,
+    local: trainyard::local::LocalConfig,
+) -> Result<(), Failure> {
+    let progress = Progress::new(args.log_format);
+    init_logging(args.log_format, &progress);
+    let runtime = LocalRuntime::start(local).await.map_err(Failure::other)?;
+    let (program, program_args) = args
+        .program
+        .split_first()
+        .ok_or_else(|| Failure::bad_input("a program to run is required after --"))?;
+    let task = command_task(program.clone(), program_args.iter().cloned());
+    let (events, received) = mpsc::unbounded_channel();
+    let backend: &dyn trainyard::backend::BackendConfig = match args.backend {
+        BackendKind::Torch => &TorchConfig::default(),
+        BackendKind::None => &NoBackend,
+    };
+    let trainer = Trainer::new(Arc::new(runtime.clone()), backend, task)
+        .scaling_config(scaling)
+        .run_config(run)
+        .executor_options(options)
+        .events(events);
+    let printer = tokio::spawn(print_events(received, args.log_format, progress.clone()));
+    let started = Instant::now();
+    let mut interrupt = Interrupts::new()?;
+    let outcome = tokio::select! {
+        result = trainer.fit() => Some(result),
+        () = interrupt.next() => None,
+    };
+    let stopping = runtime.shutdown();
+    match &outcome {
+        Some(_) => stopping.await,
+        None => {
+            progress.message("interrupted: stopping the workers");
+            tokio::select! {
+                _ = tokio::time::timeout(STOP_LIMIT, stopping) => {}
+                () = interrupt.next() => progress.message("interrupted again: killing the workers"),
+            }
+        }
+    }
+    let _ = printer.await;
+    progress.finish();
+    match outcome {
+        None => Err(Failure::interrupted()),
+        Some(Ok(result)) => {
+            if args.log_format == LogFormat::Text {
+                eprintln!(
+                    "trainyard: the run succeeded in {:.2}s ({} attempt{})",
+                    started.elapsed().as_secs_f64(),
+                    result.attempts,
+                    if result.attempts == 1 { "" } else { "s" }
+                );
+            }
+            Ok(())
+        }
+        Some(Err(error)) => Err(failure_of(error)),
+    }
+}
+
+/// The exit code and message of a failed run; the failed rank's last lines go to stderr
+/// first.
+fn failure_of(error: trainyard::Error) -> Failure {
+    let code = match &error {
+        trainyard::Error::Config(_) | trainyard::Error::Resources(_) => EXIT_BAD_INPUT,
+        trainyard::Error::Executor(
+            ExecutorError::Unschedulable(_) | ExecutorError::PlacementTimeout { .. },
+        ) => EXIT_UNSCHEDULABLE,
+        trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) => {
+            match report.failures.last() {
+                Some(AttemptFailure::TaskFailed {
+                    rank, last_lines, ..
+                }) if !last_lines.is_empty() => {
+                    eprintln!("trainyard: the last lines of rank {rank}:");
+                    for line in last_lines {
+                        eprintln!("  (rank={rank}) {line}");
+                    }
+                    EXIT_FAILURE
+                }
+                Some(AttemptFailure::TaskRejected {
+                    rejection:
+                        TaskRejection::ProgramNotFound { .. }
+                        | TaskRejection::NotExecutable { .. }
+                        | TaskRejection::UnknownFunction { .. },
+                    ..
+                }) => EXIT_BAD_INPUT,
+                _ => EXIT_FAILURE,
+            }
+        }
+        _ => EXIT_FAILURE,
+    };
+    Failure::new(code, error)
+}
+
+/// Prints what the run streams: worker output with its rank prefix (stdout lines to stdout,
+/// stderr lines to stderr), and in JSON mode every event as one line.
+async fn print_events(
+    mut events: mpsc::UnboundedReceiver<RunEvent>,
+    format: LogFormat,
+    progress: Progress,
+) {
+    let mut out = io::stdout();
+    while let Some(event) = events.recv().await {
+        let written = match format {
+            LogFormat::Json => serde_json::to_string(&event)
+                .map_err(io::Error::other)
+                .and_then(|line| progress.suspend(|| writeln!(out, "{line}"))),
+            LogFormat::Text => print_text(&event, &progress, &mut out),
+        };
+        if let Err(error) = written {
+            if error.kind() != io::ErrorKind::BrokenPipe {
+                tracing::warn!(%error, "cannot write the workers' output");
+            }
+        }
+    }
+}
+
+fn print_text(event: &RunEvent, progress: &Progress, out: &mut io::Stdout) -> io::Result<()> {
+    match event {
+        RunEvent::Log {
+            rank,
+            pid,
+            stream: Stream::Stdout,
+            line,
+        } => progress.suspend(|| writeln!(out, "(rank={rank}, pid={pid}) {line}")),
+        RunEvent::Log {
+            rank,
+            pid,
+            stream: Stream::Stderr,
+            line,
+        } => progress.suspend(|| writeln!(io::stderr(), "(rank={rank}, pid={pid}) {line}")),
+        RunEvent::LogsDropped { rank, count } => {
+            progress.line(&format!(
+                "trainyard: {count} lines of rank {rank}'s output were dropped (the driver did not keep up)"
+            ));
+            Ok(())
+        }
+        RunEvent::Placing {
+            bundles, requested, ..
+        } => {
+            progress.wait(&format!(
+                "waiting for the placement group: {bundles} bundle{} ({requested:#})",
+                if *bundles == 1 { "" } else { "s" }
+            ));
+            Ok(())
+        }
+        RunEvent::Placed { bundle_nodes } => {
+            progress.wait(&format!("starting {} workers", bundle_nodes.len()));
+            Ok(())
+        }
+        RunEvent::AttemptStarted { .. } => {
+            progress.clear();
+            Ok(())
+        }
+        RunEvent::Restarting {
+            failure,
+            backoff_ms,
+            restart_count,
+        } => {
+            progress.wait(&format!(
+                "attempt {} failed ({failure}); restarting in {:.1}s",
+                restart_count + 1,
+                *backoff_ms as f64 / 1000.0
+            ));
+            Ok(())
+        }
+        RunEvent::TaskStarted { .. } | RunEvent::Report { .. } => Ok(()),
+    }
+}
+
+/// SIGINT and SIGTERM.
+struct Interrupts {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    fn new() -> Result<Self, Failure> {
+        Ok(Self {
+            int: signal(SignalKind::interrupt()).map_err(Failure::other)?,
+            term: signal(SignalKind::terminate()).map_err(Failure::other)?,
+        })
+    }
+
+    /// The next interruption.
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
+}

@@ -1,0 +1,467 @@
+//! `trainyard run` and `trainyard cluster` through the built binary, with real worker
+//! processes on this machine. Every run carries a marker in its workers' environment, and
+//! each test checks afterwards that no process with that marker is left.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// The variable that marks a test's processes.
+const MARKER: &str = "TRAINYARD_TEST_MARKER";
+
+fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_trainyard"))
+}
+
+/// A marker no other test uses.
+fn marker(test: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{test}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `trainyard run` with `args` before `--` and `program` after, marked with `mark`.
+fn run_command(mark: &str, args: &[&str], program: &[&str]) -> Command {
+    let mut command = Command::new(binary());
+    command
+        .arg("run")
+        .args(["--env", &format!("{MARKER}={mark}")])
+        .args(args)
+        .arg("--")
+        .args(program)
+        .env("CI", "1")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    command
+}
+
+/// Runs to the end, bounded by `limit`.
+fn run(mark: &str, args: &[&str], program: &[&str], limit: Duration) -> Output {
+    let child = run_command(mark, args, program)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trainyard starts");
+    wait_bounded(child, limit)
+}
+
+fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("output");
+            panic!(
+                "trainyard did not finish within {limit:?}; stdout: {} stderr: {}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Processes whose environment holds `mark`.
+fn marked(mark: &str) -> Vec<u32> {
+    let needle = format!("{MARKER}={mark}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+                && !is_zombie(*pid)
+        })
+        .collect()
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// Waits up to `limit` for every marked process to be gone.
+fn assert_nothing_left(mark: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = marked(mark);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes left behind after {limit:?}: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn every_rank_gets_the_torch_environment_through_a_real_process() {
+    let mark = marker("env");
+    let out = run(
+        &mark,
+        &["-n", "2", "-r", "CPU=0.5,memory=64MiB"],
+        &[
+            "sh",
+            "-c",
+            "echo RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT TRAINYARD_WORLD_RANK=$TRAINYARD_WORLD_RANK TOKEN=${TRAINYARD_AGENT_TOKEN:-none}",
+        ],
+        Duration::from_secs(60),
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout: {stdout} stderr: {stderr}");
+    let mut port = None;
+    for rank in 0..2 {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&format!(" RANK={rank} ")))
+            .unwrap_or_else(|| panic!("no line of rank {rank} in {stdout}"));
+        assert!(
+            line.starts_with(&format!("(rank={rank}, pid=")),
+            "the line has the rank prefix: {line}"
+        );
+        for want in [
+            format!("LOCAL_RANK={rank}"),
+            "WORLD_SIZE=2".to_owned(),
+            "LOCAL_WORLD_SIZE=2".to_owned(),
+            "GROUP_RANK=0".to_owned(),
+            "MASTER_ADDR=127.0.0.1".to_owned(),
+            format!("TRAINYARD_WORLD_RANK={rank}"),
+            "TOKEN=none".to_owned(),
+        ] {
+            assert!(line.contains(&want), "{want} missing in {line}");
+        }
+        let this_port = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("MASTER_PORT="))
+            .expect("a port");
+        assert!(this_port.parse::<u16>().is_ok_and(|p| p > 0), "{line}");
+        assert!(
+            port.is_none_or(|p| p == this_port),
+            "both ranks share one port"
+        );
+        port = Some(this_port);
+    }
+    assert!(
+        stderr.contains("Started distributed worker processes:"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("world_rank=").count(), 2, "{stderr}");
+    assert!(
+        stderr.contains("Setting up process group for: env:// [rank=0, world_size=2]"),
+        "{stderr}"
+    );
+    assert_nothing_left(&mark, Duration::from_secs(5));
+}
+
+#[test]
+fn a_rank_that_exits_non_zero_fails_the_run_naming_it_its_code_and_its_last_lines() {
+    let mark = marker("exit");
+    let started = Instant::now();
+    let out = run(
+        &mark,
+        &["-n", "2", "-r", "CPU=0.5"],
+        &[
+            "sh",
+            "-c",
+            "if [ $RANK = 1 ]; then echo preparing; echo giving up >&2; exit 3; fi; exec sleep 60",
+        ],
+        Duration::from_secs(60),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("rank 1 exited with code 3"), "{stderr}");
+    assert!(
+        stderr.contains("(rank=1) giving up"),
+        "last lines: {stderr}"
+    );
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: "), "one error line last: {stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "rank 0's sleep was not waited for: {:?}",
+        started.elapsed()
+    );
+    assert_nothing_left(&mark, Duration::from_secs(5));
+}
+
+#[test]
+fn a_rank_killed_by_a_signal_is_reported_with_the_signal() {
+    let mark = marker("signal");
+    let out = run(
+        &mark,
+        &["-n", "1", "-r", "CPU=0.5"],
+        &["sh", "-c", "kill -9 $$"],
+        Duration::from_secs(60),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("rank 0 was killed by signal 9 (SIGKILL)"),
+        "{stderr}"
+    );
+    assert_nothing_left(&mark, Duration::from_secs(5));
+}
+
+#[test]
+fn a_rank_over_its_memory_limit_is_reported_as_such() {
+    let mark = marker("memory");
+    let out = run(
+        &mark,
+        &[
+            "-n",
+            "1",
+            "-r",
+            r#"{"CPU": 0.5, "memory": "64MiB"}"#,
+            "--enforce-memory",
+        ],
+        &[
+            "python3",
+            "-c",
+            "b = bytearray(512 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')",
+        ],
+        Duration::from_secs(60),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let cgroup = stderr.contains("rank 0 exceeded its memory limit of 64MiB");
+    let rlimit = stderr.contains("MemoryError");
+    assert!(
+        cgroup || rlimit,
+        "neither the cgroup nor the address-space limit stopped the worker: {stderr}"
+    );
+    assert!(!text(&out.stdout).contains("survived"));
+    assert_nothing_left(&mark, Duration::from_secs(5));
+}
+
+#[test]
+fn a_rank_that_ignores_sigterm_is_killed_after_the_patience_when_another_fails() {
+    let mark = marker("hang");
+    let started = Instant::now();
+    let out = run(
+        &mark,
+        &["-n", "2", "-r", "CPU=0.5"],
+        &[
+            "sh",
+            "-c",
+            "if [ $RANK = 0 ]; then sleep 0.5; exit 1; fi; trap '' TERM; while true; do sleep 1; done",
+        ],
+        Duration::from_secs(60),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("rank 0 exited with code 1"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "stopping the hung rank took {:?}",
+        started.elapsed()
+    );
+    assert_nothing_left(&mark, Duration::from_secs(5));
+}
+
+#[test]
+fn max_failures_restarts_once_and_a_transient_fault_then_succeeds() {
+    let mark = marker("restart");
+    let out = run(
+        &mark,
+        &["-n", "2", "-r", "CPU=0.5", "--max-failures", "1"],
+        &[
+            "sh",
+            "-c",
+            "if [ $TRAINYARD_RESTART_COUNT = 0 ] && [ $RANK = 0 ]; then exit 1; fi; echo attempt $TRAINYARD_RESTART_COUNT ok",
+        ],
+        Duration::from_secs(60),
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout.matches("attempt 1 ok").count(), 2, "{stdout}");
+    assert!(stderr.contains("(2 attempts)"), "{stderr}");
+    assert_nothing_left(&mark, Duration::from_secs(5));
+}
+
+#[test]
+fn a_program_that_does_not_exist_fails_once_not_once_per_restart() {
+    let mark = marker("missing");
+    let started = Instant::now();
+    let out = run(
+        &mark,
+        &["-n", "2", "-r", "CPU=0.5", "--max-failures", "5"],
+        &["no-such-program-anywhere", "--flag"],
+        Duration::from_secs(60),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("program `no-such-program-anywhere` was not found"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("after 1 attempt"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert_nothing_left(&mark, Duration::from_secs(5));
+}
+
+#[test]
+fn a_request_no_node_can_hold_fails_at_once_with_exit_3() {
+    let mark = marker("infeasible");
+    let started = Instant::now();
+    let out = run(
+        &mark,
+        &["-n", "1", "-r", "CPU=1000"],
+        &["true"],
+        Duration::from_secs(30),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("CPU"), "{stderr}");
+    assert!(stderr.contains("bundle 0"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// Starts a run whose ranks print `started` and then sleep, and waits for both lines.
+fn start_sleeping_run(mark: &str) -> (Child, Vec<u32>) {
+    let mut child = run_command(
+        mark,
+        &["-n", "2", "-r", "CPU=0.5"],
+        &["sh", "-c", "echo started; exec sleep 120"],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("trainyard starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.ends_with(" started") => seen += 1,
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the workers did not start within a minute");
+            }
+        }
+    }
+    let workers = marked(mark);
+    assert!(workers.len() >= 4, "two agents and two tasks: {workers:?}");
+    (child, workers)
+}
+
+#[test]
+fn sigint_and_sigterm_stop_the_workers_and_exit_130() {
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        let mark = marker("interrupt");
+        let (child, _) = start_sleeping_run(&mark);
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        let sent = Instant::now();
+        kill(pid, signal).expect("signal the driver");
+        let out = wait_bounded(child, Duration::from_secs(30));
+        assert_eq!(out.status.code(), Some(130), "{signal}");
+        assert!(
+            sent.elapsed() < Duration::from_secs(10),
+            "{signal}: stopping took {:?}",
+            sent.elapsed()
+        );
+        assert_nothing_left(&mark, Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn the_workers_die_with_a_driver_killed_by_sigkill() {
+    let mark = marker("sigkill");
+    let (mut child, _) = start_sleeping_run(&mark);
+    child.kill().expect("SIGKILL the driver");
+    let _ = child.wait();
+    assert_nothing_left(&mark, Duration::from_secs(5));
+}
+
+#[test]
+fn bad_run_input_exits_2_with_one_line() {
+    let cases: &[&[&str]] = &[
+        &["run"],
+        &["run", "-n", "0", "--", "true"],
+        &["run", "--nodes", "0", "--", "true"],
+        &["run", "--num-gpus", "-1", "--", "true"],
+        &["run", "--memory", "lots", "--", "true"],
+        &["run", "--max-failures", "-2", "--", "true"],
+        &["run", "--env", "NOEQUALS", "--", "true"],
+        &["run", "--placement-timeout", "0", "--", "true"],
+        &["run", "--runtime", "ray", "--", "true"],
+        &["run", "--resources", "CPU=4", "--", "true"],
+    ];
+    for args in cases {
+        let out = Command::new(binary())
+            .args(*args)
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .expect("trainyard runs");
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn cluster_shows_the_nodes_as_text_and_json() {
+    let out = Command::new(binary())
+        .args([
+            "cluster",
+            "--nodes",
+            "2",
+            "--num-cpus",
+            "4",
+            "--memory",
+            "8GiB",
+            "--num-gpus",
+            "2",
+            "--format",
+            "json",
+        ])
+        .output()
+        .expect("trainyard runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let nodes = json["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(nodes[0]["resources"]["CPU"], 2);
+    assert_eq!(nodes[1]["gpu_ids"], serde_json::json!(["1"]));
+    let out = Command::new(binary())
+        .args(["cluster", "--num-cpus", "3"])
+        .output()
+        .expect("trainyard runs");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        stdout.contains("local-0") && stdout.contains("CPU=3"),
+        "{stdout}"
+    );
+}

@@ -1,0 +1,124 @@
+//! Real PyTorch through `trainyard run`: `examples/torch_ddp.py` all-reduces across 2 and 3
+//! workers with gloo. The interpreter comes from `TRAINYARD_TORCH_PYTHON`, or from
+//! `scripts/python-env.sh`, which installs CPU-usable torch into a venv cached outside the
+//! repository. When the package registry cannot be reached the test says so loudly and
+//! skips.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The venv's python, or `None` (after saying why) when torch cannot be installed here.
+fn torch_python() -> Option<PathBuf> {
+    if let Ok(python) = std::env::var("TRAINYARD_TORCH_PYTHON") {
+        return Some(PathBuf::from(python));
+    }
+    let out = Command::new("bash")
+        .arg(root().join("scripts/python-env.sh"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs scripts/python-env.sh");
+    match out.status.code() {
+        Some(0) => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .map(|line| PathBuf::from(line.trim())),
+        Some(3) => {
+            eprintln!(
+                "SKIP: the torch tests cannot run: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            None
+        }
+        _ => panic!(
+            "scripts/python-env.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+fn run_ddp(python: &Path, workers: u32, format: &str) -> (String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trainyard"))
+        .current_dir(root())
+        .args([
+            "run",
+            "-n",
+            &workers.to_string(),
+            "-r",
+            "CPU=0.5",
+            "--log-format",
+            format,
+            "--",
+        ])
+        .arg(python)
+        .arg("examples/torch_ddp.py")
+        .env("CI", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trainyard starts");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the DDP example did not finish within 5 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(
+        out.status.success(),
+        "{workers} workers: {stdout}\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
+#[test]
+fn torch_ddp_all_reduces_across_two_and_three_workers() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    for workers in [2u32, 3] {
+        let (stdout, _) = run_ddp(&python, workers, "text");
+        let sum = workers * (workers + 1) / 2;
+        for rank in 0..workers {
+            let want = format!("rank {rank}: all_reduce sum = {sum} (expected {sum})");
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.starts_with(&format!("(rank={rank}, pid=")) && l.ends_with(&want)),
+                "{workers} workers: no `{want}` from rank {rank} in {stdout}"
+            );
+        }
+    }
+}
+
+#[test]
+fn torch_ddp_reports_reach_the_driver_as_json_events() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let (stdout, _) = run_ddp(&python, 2, "json");
+    let events: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON event per line"))
+        .collect();
+    for rank in 0..2 {
+        let steps: Vec<u64> = events
+            .iter()
+            .filter(|e| e["event"] == "report" && e["rank"] == rank)
+            .filter_map(|e| e["metrics"]["step"].as_u64())
+            .collect();
+        assert_eq!(steps, [0, 1, 2, 3, 4], "rank {rank}'s reports, in order");
+    }
+    assert!(events.iter().any(|e| e["event"] == "attempt_started"));
+}

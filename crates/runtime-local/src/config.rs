@@ -1,0 +1,236 @@
+//! What a [`LocalRuntime`](crate::LocalRuntime) is started with.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use trainyard_resources::GPU;
+use trainyard_runtime::reservations::NodeSpec;
+
+use crate::LocalError;
+use crate::detect::{LocalNode, Machine, Overrides, plan_nodes};
+
+/// The default of [`LocalConfig::stop_grace`].
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
+/// The default of [`LocalConfig::connect_timeout`].
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default of [`LocalConfig::call_timeout`].
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The IP address every local node reports.
+const NODE_IP: &str = "127.0.0.1";
+
+/// The program an agent is started with: by default this very binary
+/// ([`std::env::current_exe`]), which calls `trainyard_agent::run_if_agent` first thing in
+/// `main`.
+///
+/// The agent must be a direct child of the driver (it checks its parent's pid), so the
+/// program must not be a wrapper that starts the agent as a grandchild.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AgentCommand {
+    /// The executable.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+}
+
+impl AgentCommand {
+    /// This very binary, without arguments.
+    ///
+    /// # Errors
+    /// When the path of the running executable cannot be found.
+    pub fn current_exe() -> std::io::Result<Self> {
+        Ok(Self::new(std::env::current_exe()?, Vec::<String>::new()))
+    }
+
+    /// `program` with `args`.
+    #[must_use]
+    pub fn new(
+        program: impl Into<PathBuf>,
+        args: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        Self {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+/// How a [`LocalRuntime`](crate::LocalRuntime) runs: its nodes, how agents are started, and
+/// its limits.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use trainyard_runtime_local::LocalConfig;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = LocalConfig::detect("my-run")?.stop_grace(Duration::from_secs(10));
+/// # let _ = config;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalConfig {
+    /// The (virtual) nodes, from [`plan_nodes`].
+    pub nodes: Vec<LocalNode>,
+    /// How agents are started.
+    pub agent: AgentCommand,
+    /// Names the run's memory cgroups and appears in its logs.
+    pub run_name: String,
+    /// The host name every node reports.
+    pub hostname: String,
+    /// Whether a worker's `memory` option is a hard limit: a memory cgroup per worker, or,
+    /// where none can be made, an `RLIMIT_AS` on each of its processes (with a warning).
+    pub enforce_memory: bool,
+    /// How long an agent gets between SIGTERM and SIGKILL when the runtime shuts down, and
+    /// how long it gives its task when it is stopped.
+    pub stop_grace: Duration,
+    /// How long an agent may take to connect back after it is started.
+    pub connect_timeout: Duration,
+    /// How long an agent may take to answer a request (a stop gets `stop_grace` more)
+    /// before it is taken to be hung, killed, and reported dead as unresponsive.
+    pub call_timeout: Duration,
+    /// The address the control plane listens on; agents connect to it (to loopback when it
+    /// is unspecified, such as `0.0.0.0`).
+    pub bind: IpAddr,
+}
+
+impl LocalConfig {
+    /// A configuration for `nodes` whose agents are this very binary, with the defaults:
+    /// no memory enforcement, [`DEFAULT_STOP_GRACE`], [`DEFAULT_CONNECT_TIMEOUT`],
+    /// [`DEFAULT_CALL_TIMEOUT`], listening on `127.0.0.1`.
+    ///
+    /// # Errors
+    /// [`LocalError::CurrentExe`] when the running executable cannot be found.
+    pub fn new(nodes: Vec<LocalNode>, run_name: impl Into<String>) -> Result<Self, LocalError> {
+        let agent = AgentCommand::current_exe().map_err(LocalError::CurrentExe)?;
+        Ok(Self {
+            nodes,
+            agent,
+            run_name: run_name.into(),
+            hostname: own_hostname(),
+            enforce_memory: false,
+            stop_grace: DEFAULT_STOP_GRACE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        })
+    }
+
+    /// This machine as one node ([`Machine::detect`], no overrides), agents being this very
+    /// binary. Blocks while the GPUs are detected (a few seconds at most).
+    ///
+    /// # Errors
+    /// [`LocalError::CurrentExe`], or [`LocalError::Detect`] (which does not happen for one
+    /// node without overrides).
+    pub fn detect(run_name: impl Into<String>) -> Result<Self, LocalError> {
+        let machine = Machine::detect();
+        let nodes = plan_nodes(&machine, &Overrides::default(), 1)?;
+        let mut config = Self::new(nodes, run_name)?;
+        config.hostname = machine.hostname;
+        Ok(config)
+    }
+
+    /// Sets [`LocalConfig::agent`].
+    #[must_use]
+    pub fn with_agent(mut self, agent: AgentCommand) -> Self {
+        self.agent = agent;
+        self
+    }
+
+    /// Sets [`LocalConfig::enforce_memory`].
+    #[must_use]
+    pub fn enforce_memory(mut self, enforce: bool) -> Self {
+        self.enforce_memory = enforce;
+        self
+    }
+
+    /// Sets [`LocalConfig::stop_grace`].
+    #[must_use]
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
+    }
+
+    /// Sets [`LocalConfig::connect_timeout`].
+    #[must_use]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets [`LocalConfig::call_timeout`].
+    #[must_use]
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// Sets [`LocalConfig::bind`].
+    #[must_use]
+    pub fn bind(mut self, address: IpAddr) -> Self {
+        self.bind = address;
+        self
+    }
+
+    /// The nodes as the reservation bookkeeping describes them.
+    pub(crate) fn node_specs(&self) -> Vec<NodeSpec> {
+        self.nodes
+            .iter()
+            .map(|node| {
+                let mut devices = BTreeMap::new();
+                if !node.gpu_ids.is_empty() {
+                    devices.insert(GPU.to_owned(), node.gpu_ids.clone());
+                }
+                NodeSpec {
+                    id: node.id.clone(),
+                    ip: NODE_IP.to_owned(),
+                    hostname: self.hostname.clone(),
+                    resources: node.resources.clone(),
+                    devices,
+                }
+            })
+            .collect()
+    }
+}
+
+fn own_hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use trainyard_runtime::NodeId;
+
+    use super::*;
+
+    #[test]
+    fn gpu_ids_become_devices_and_every_node_is_on_loopback() {
+        let nodes = vec![
+            LocalNode {
+                id: NodeId::from("local-0"),
+                resources: "CPU=2,GPU=2".parse().expect("resources"),
+                gpu_ids: vec!["0".into(), "1".into()],
+            },
+            LocalNode {
+                id: NodeId::from("local-1"),
+                resources: "CPU=2".parse().expect("resources"),
+                gpu_ids: Vec::new(),
+            },
+        ];
+        let mut config = LocalConfig::new(nodes, "run")
+            .expect("the test binary's path")
+            .with_agent(AgentCommand::new("agent", ["x"]));
+        config.hostname = "box".into();
+        let specs = config.node_specs();
+        assert_eq!(specs[0].devices[GPU], ["0", "1"]);
+        assert!(specs[1].devices.is_empty());
+        assert!(specs.iter().all(|s| s.ip == NODE_IP && s.hostname == "box"));
+        assert_eq!(config.agent.args, ["x"]);
+    }
+}

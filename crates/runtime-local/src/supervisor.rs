@@ -1,0 +1,605 @@
+//! One task per agent: it owns the agent's process and connection from the spawn to the
+//! end, sends it requests, routes its replies and events, and turns its end into a death
+//! with a cause.
+
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::{SplitSink, SplitStream};
+use futures::{SinkExt as _, StreamExt as _};
+use tokio::net::TcpStream;
+use tokio::process::Child;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::bytes::Bytes;
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use trainyard_agent::cgroup::WorkerCgroup;
+use trainyard_agent::wire::{self, AgentMessage, DriverMessage};
+use trainyard_runtime::events::{ActorEvent, EventSender};
+use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError, TaskEvent};
+
+use crate::calls::{Pending, Reply, reply_result, request_name};
+use crate::death::{Seen, cause_of_death};
+use crate::process::{self, REAP_TIMEOUT};
+use crate::runtime::Core;
+
+/// How long a dead connection's agent gets to be reaped for its exit status, and how long
+/// what it sent before it died is read.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
+/// An agent's authenticated connection.
+pub(crate) type Link = Framed<TcpStream, LengthDelimitedCodec>;
+
+/// A connection whose hello named a waiting actor.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    /// The framed connection, past its hello.
+    pub(crate) link: Link,
+    /// The pid the agent said it has.
+    pub(crate) pid: u32,
+}
+
+/// What the runtime asks of an actor's supervisor.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Send a request and answer `reply` with the agent's reply.
+    Call {
+        /// The request.
+        request: Request,
+        /// The caller.
+        reply: Reply,
+    },
+    /// End the actor: SIGTERM, up to `grace` to exit, then SIGKILL; `done` once it is gone.
+    Kill {
+        /// Patience between SIGTERM and SIGKILL.
+        grace: Duration,
+        /// What the death is recorded as.
+        cause: DeathCause,
+        /// Told when the actor is gone and its resources are free.
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// How an actor's service ended.
+enum End {
+    /// The runtime ended it.
+    Killed {
+        cause: DeathCause,
+        grace: Duration,
+        done: Option<oneshot::Sender<()>>,
+    },
+    /// It stopped when asked; `reply` waits for the process to be gone.
+    Stopped { reply: Reply },
+    /// Its connection ended or its process exited, by itself.
+    Lost,
+}
+
+/// What a connection's service keeps track of.
+struct Serving {
+    frames: SplitStream<Link>,
+    eof: bool,
+    outgoing: mpsc::UnboundedSender<Bytes>,
+    writer: JoinHandle<()>,
+    pending: Pending,
+    /// An event waiting for room in the actor's event buffer; frames are not read meanwhile.
+    forwarding: Option<BoxFuture<'static, ()>>,
+    /// Events read after the agent died, sent after the cleanup.
+    backlog: Vec<ActorEvent>,
+    /// The running task's process id (its group's leader), until it exits.
+    task: Option<u32>,
+    exited: Option<ExitStatus>,
+    child_done: bool,
+}
+
+/// Owns one agent; see the [module docs](self).
+pub(crate) struct Supervisor {
+    pub(crate) core: Arc<Core>,
+    pub(crate) actor: ActorId,
+    pub(crate) name: String,
+    pub(crate) child: Child,
+    pub(crate) cgroup: Option<WorkerCgroup>,
+    pub(crate) memory_limit: Option<u64>,
+    pub(crate) events: EventSender,
+    pub(crate) commands: mpsc::UnboundedReceiver<Command>,
+}
+
+/// A spawn that did not finish: why, whom to tell, and a kill to answer.
+struct Abandoned {
+    reason: String,
+    ready: Option<oneshot::Sender<Result<(), RuntimeError>>>,
+    done: Option<oneshot::Sender<()>>,
+}
+
+/// What ended the wait for the agent's hello.
+enum Connect {
+    Connected(Connection),
+    Failed(String),
+    Killed(DeathCause, oneshot::Sender<()>),
+    Ignored,
+}
+
+impl Supervisor {
+    /// Waits for the agent to connect (telling the spawn through `ready`), serves it, and
+    /// cleans up after it.
+    pub(crate) async fn run(
+        mut self,
+        hello: oneshot::Receiver<Connection>,
+        ready: oneshot::Sender<Result<(), RuntimeError>>,
+    ) {
+        let connection = match self.connect(hello, ready).await {
+            Ok(connection) => connection,
+            Err(abandoned) => {
+                self.abandon(abandoned).await;
+                return;
+            }
+        };
+        let (sink, frames) = connection.link.split();
+        let (outgoing, outgoing_rx) = mpsc::unbounded_channel();
+        let mut serving = Serving {
+            frames,
+            eof: false,
+            outgoing,
+            writer: tokio::spawn(write_frames(sink, outgoing_rx)),
+            pending: Pending::default(),
+            forwarding: None,
+            backlog: Vec::new(),
+            task: None,
+            exited: None,
+            child_done: false,
+        };
+        let end = self.serve(&mut serving).await;
+        self.finish(end, serving).await;
+    }
+
+    // ---- starting ----
+
+    async fn connect(
+        &mut self,
+        mut hello: oneshot::Receiver<Connection>,
+        mut ready: oneshot::Sender<Result<(), RuntimeError>>,
+    ) -> Result<Connection, Abandoned> {
+        let limit = self.core.config.connect_timeout;
+        let deadline = Instant::now() + limit;
+        loop {
+            let outcome = tokio::select! {
+                connection = &mut hello => match connection {
+                    Ok(connection) => Connect::Connected(connection),
+                    Err(_) => {
+                        Connect::Failed("the runtime stopped waiting for the agent".to_owned())
+                    }
+                },
+                status = self.child.wait() => Connect::Failed(match status {
+                    Ok(status) => format!("the agent exited before it connected ({status})"),
+                    Err(error) => format!("cannot wait for the agent: {error}"),
+                }),
+                () = tokio::time::sleep_until(deadline) => {
+                    Connect::Failed(format!("the agent did not connect within {limit:?}"))
+                }
+                () = ready.closed() => Connect::Failed("the spawn was given up".to_owned()),
+                command = self.commands.recv() => match command {
+                    Some(Command::Kill { cause, done, .. }) => Connect::Killed(cause, done),
+                    Some(Command::Call { reply, .. }) => {
+                        let _ = reply.send(Err(RuntimeError::UnknownActor(self.actor)));
+                        Connect::Ignored
+                    }
+                    None => Connect::Failed("the runtime let go of the actor".to_owned()),
+                },
+            };
+            match outcome {
+                Connect::Ignored => {}
+                Connect::Connected(connection) => {
+                    if connection.pid != self.child.id().unwrap_or(0) {
+                        tracing::debug!(
+                            hello_pid = connection.pid,
+                            "the agent's hello names another pid than the process started"
+                        );
+                    }
+                    if ready.send(Ok(())).is_ok() {
+                        tracing::debug!("agent connected");
+                        return Ok(connection);
+                    }
+                    return Err(Abandoned {
+                        reason: "the spawn was given up".to_owned(),
+                        ready: None,
+                        done: None,
+                    });
+                }
+                Connect::Failed(reason) => {
+                    return Err(Abandoned {
+                        reason,
+                        ready: Some(ready),
+                        done: None,
+                    });
+                }
+                Connect::Killed(cause, done) => {
+                    return Err(Abandoned {
+                        reason: format!("{cause} while it started"),
+                        ready: Some(ready),
+                        done: Some(done),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Undoes a spawn that did not finish: the actor never existed for the caller.
+    async fn abandon(mut self, abandoned: Abandoned) {
+        let Abandoned {
+            reason,
+            ready,
+            done,
+        } = abandoned;
+        tracing::debug!(%reason, "agent start abandoned");
+        {
+            let mut state = self.core.lock();
+            state.waiting.remove(&self.actor);
+            state.callable.remove(&self.actor);
+            state.streams.remove(&self.actor);
+            state.book.release(self.actor);
+        }
+        let mut kills: Vec<oneshot::Sender<()>> = done.into_iter().collect();
+        self.commands.close();
+        while let Ok(command) = self.commands.try_recv() {
+            match command {
+                Command::Call { reply, .. } => {
+                    let _ = reply.send(Err(RuntimeError::UnknownActor(self.actor)));
+                }
+                Command::Kill { done, .. } => kills.push(done),
+            }
+        }
+        process::kill_hard(&mut self.child, None);
+        process::reap(&mut self.child, REAP_TIMEOUT).await;
+        self.remove_cgroup().await;
+        self.core.forget_process(self.actor);
+        if let Some(ready) = ready {
+            let _ = ready.send(Err(RuntimeError::SpawnFailed {
+                name: self.name.clone(),
+                reason,
+            }));
+        }
+        for done in kills {
+            let _ = done.send(());
+        }
+    }
+
+    // ---- serving ----
+
+    async fn serve(&mut self, serving: &mut Serving) -> End {
+        loop {
+            let busy = serving.forwarding.is_some();
+            tokio::select! {
+                biased;
+                command = self.commands.recv() => match command {
+                    Some(Command::Call { request, reply }) => self.send(serving, request, reply),
+                    Some(Command::Kill { grace, cause, done }) => {
+                        return End::Killed { cause, grace, done: Some(done) };
+                    }
+                    None => {
+                        return End::Killed {
+                            cause: DeathCause::Killed,
+                            grace: Duration::ZERO,
+                            done: None,
+                        };
+                    }
+                },
+                () = until_forwarded(&mut serving.forwarding) => serving.forwarding = None,
+                frame = serving.frames.next(), if !busy => match frame {
+                    Some(Ok(frame)) => match wire::decode::<AgentMessage>(&frame) {
+                        Ok(message) => {
+                            if let Some(end) = self.on_message(serving, message) {
+                                return end;
+                            }
+                        }
+                        Err(error) => {
+                            tracing::warn!(
+                                %error,
+                                "the agent sent a message that is not of this protocol; dropping it"
+                            );
+                            serving.eof = true;
+                            return End::Lost;
+                        }
+                    },
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "the agent's connection failed");
+                        serving.eof = true;
+                        return End::Lost;
+                    }
+                    None => {
+                        serving.eof = true;
+                        return End::Lost;
+                    }
+                },
+                // After the frames: what the agent sent before it exited comes first.
+                status = self.child.wait(), if !serving.child_done => {
+                    serving.child_done = true;
+                    match status {
+                        Ok(status) => serving.exited = Some(status),
+                        Err(error) => tracing::warn!(%error, "cannot wait for the agent"),
+                    }
+                    return End::Lost;
+                }
+            }
+        }
+    }
+
+    fn send(&self, serving: &mut Serving, request: Request, reply: Reply) {
+        let name = request_name(&request);
+        let id = serving.pending.add(name, reply);
+        let message = DriverMessage::Request { id, request };
+        let error = match wire::encode(&message) {
+            // A writer that is gone means a dead connection, which the reader sees too.
+            Ok(frame) => {
+                let _ = serving.outgoing.send(frame);
+                return;
+            }
+            Err(error) => error,
+        };
+        if let Some(call) = serving.pending.take(id) {
+            let _ = call.reply.send(Err(RuntimeError::Unsupported {
+                actor: self.actor,
+                request: name,
+                reason: format!("the request cannot be encoded: {error}"),
+            }));
+        }
+    }
+
+    fn on_message(&self, serving: &mut Serving, message: AgentMessage) -> Option<End> {
+        match message {
+            AgentMessage::Reply { id, result } => {
+                let Some(call) = serving.pending.take(id) else {
+                    tracing::warn!(id, "the agent answered a request that is not in flight");
+                    return None;
+                };
+                if call.request == request_name(&Request::Stop)
+                    && matches!(result, Ok(Response::Done))
+                {
+                    return Some(End::Stopped { reply: call.reply });
+                }
+                if let Ok(Response::TaskStarted { pid: Some(pid) }) = &result {
+                    self.set_task(serving, Some(*pid));
+                }
+                let _ = call
+                    .reply
+                    .send(reply_result(self.actor, call.request, result));
+            }
+            AgentMessage::Event {
+                event: TaskEvent::Log { stream, line },
+            } => self.events.log(stream, line),
+            AgentMessage::Event { event } => {
+                serving.forwarding = Some(forward(&self.events, ActorEvent::Task(event)));
+            }
+            AgentMessage::TaskExited { exit } => {
+                self.set_task(serving, None);
+                serving.forwarding = Some(forward(&self.events, ActorEvent::TaskExited(exit)));
+            }
+            AgentMessage::Hello { .. } => {
+                tracing::warn!("the agent said hello twice; ignored");
+            }
+        }
+        None
+    }
+
+    fn set_task(&self, serving: &mut Serving, task: Option<u32>) {
+        serving.task = task;
+        if let Some(agent) = self.core.lock().agents.get_mut(&self.actor) {
+            agent.task = task;
+        }
+    }
+
+    // ---- ending ----
+
+    async fn finish(mut self, end: End, mut serving: Serving) {
+        let mut kills = Vec::new();
+        let mut stop_replies = Vec::new();
+        let cause = match end {
+            End::Killed { cause, grace, done } => {
+                kills.extend(done);
+                self.declare_dead(&cause, &mut serving, &mut kills);
+                process::terminate(&self.child);
+                self.reap_within(grace, &mut serving).await;
+                cause
+            }
+            End::Stopped { reply } => {
+                stop_replies.push(reply);
+                let cause = DeathCause::Stopped;
+                self.declare_dead(&cause, &mut serving, &mut kills);
+                self.reap_within(self.core.config.stop_grace, &mut serving)
+                    .await;
+                cause
+            }
+            End::Lost => {
+                if !serving.child_done {
+                    self.reap_within(EXIT_WAIT, &mut serving).await;
+                }
+                let mut stops = self.read_remains(&mut serving).await;
+                stops.extend(
+                    serving
+                        .pending
+                        .take_all(request_name(&Request::Stop))
+                        .into_iter()
+                        .map(|call| call.reply),
+                );
+                let cause = if stops.is_empty() {
+                    cause_of_death(&Seen {
+                        by_driver: None,
+                        exit: serving.exited,
+                        oom_kills: self.oom_kills().await,
+                        memory_limit: self.memory_limit,
+                    })
+                } else {
+                    DeathCause::Stopped
+                };
+                stop_replies.extend(stops);
+                self.declare_dead(&cause, &mut serving, &mut kills);
+                cause
+            }
+        };
+        serving.writer.abort();
+        if let Some(task) = serving.task {
+            process::kill_task_group(task);
+        }
+        let let_go = matches!(cause, DeathCause::Killed | DeathCause::Stopped);
+        {
+            let mut state = self.core.lock();
+            state.book.release(self.actor);
+            if let_go {
+                state.streams.remove(&self.actor);
+            }
+        }
+        self.remove_cgroup().await;
+        self.core.forget_process(self.actor);
+        tracing::debug!(%cause, "actor ended");
+        for reply in stop_replies {
+            let _ = reply.send(Ok(Response::Done));
+        }
+        for done in kills {
+            let _ = done.send(());
+        }
+        if let_go {
+            return;
+        }
+        // Last, as they may wait for a slow reader: what the agent sent, then its death.
+        if let Some(forwarding) = serving.forwarding.take() {
+            forwarding.await;
+        }
+        for event in serving.backlog.drain(..) {
+            match event {
+                ActorEvent::Task(TaskEvent::Log { stream, line }) => self.events.log(stream, line),
+                event => self.events.send(event).await,
+            }
+        }
+        self.events.send(ActorEvent::Died(cause)).await;
+    }
+
+    /// Records the death, so that calls fail with it from now on, and answers every call
+    /// in flight or queued; queued kills are answered once the actor is gone.
+    fn declare_dead(
+        &mut self,
+        cause: &DeathCause,
+        serving: &mut Serving,
+        kills: &mut Vec<oneshot::Sender<()>>,
+    ) {
+        {
+            let mut state = self.core.lock();
+            state.callable.remove(&self.actor);
+            state.dead.insert(self.actor, cause.clone());
+        }
+        self.commands.close();
+        while let Ok(command) = self.commands.try_recv() {
+            match command {
+                Command::Call { reply, .. } => {
+                    let _ = reply.send(Err(RuntimeError::ActorDied {
+                        actor: self.actor,
+                        cause: cause.clone(),
+                    }));
+                }
+                Command::Kill { done, .. } => kills.push(done),
+            }
+        }
+        serving.pending.fail_all(self.actor, cause);
+    }
+
+    /// Waits up to `limit` for the agent to exit, then SIGKILLs it and its task's group.
+    async fn reap_within(&mut self, limit: Duration, serving: &mut Serving) {
+        if serving.child_done {
+            return;
+        }
+        if let Some(status) = process::reap(&mut self.child, limit).await {
+            serving.exited = Some(status);
+            serving.child_done = true;
+            return;
+        }
+        process::kill_hard(&mut self.child, serving.task);
+        if process::reap(&mut self.child, REAP_TIMEOUT).await.is_none() {
+            tracing::warn!("the agent did not exit after SIGKILL");
+        }
+        serving.child_done = true;
+    }
+
+    /// Reads what a dead agent sent before its end: replies reach their callers, events
+    /// wait in the backlog. Returns the callers of a stop that was answered, who are told
+    /// once the actor is gone.
+    async fn read_remains(&mut self, serving: &mut Serving) -> Vec<Reply> {
+        let mut stopped = Vec::new();
+        if serving.eof {
+            return stopped;
+        }
+        let deadline = Instant::now() + EXIT_WAIT;
+        while let Ok(Some(Ok(frame))) =
+            tokio::time::timeout_at(deadline, serving.frames.next()).await
+        {
+            let Ok(message) = wire::decode::<AgentMessage>(&frame) else {
+                break;
+            };
+            match message {
+                AgentMessage::Reply { id, result } => {
+                    let Some(call) = serving.pending.take(id) else {
+                        continue;
+                    };
+                    if call.request == request_name(&Request::Stop)
+                        && matches!(result, Ok(Response::Done))
+                    {
+                        stopped.push(call.reply);
+                    } else {
+                        let _ = call
+                            .reply
+                            .send(reply_result(self.actor, call.request, result));
+                    }
+                }
+                AgentMessage::Event { event } => serving.backlog.push(ActorEvent::Task(event)),
+                AgentMessage::TaskExited { exit } => {
+                    serving.task = None;
+                    serving.backlog.push(ActorEvent::TaskExited(exit));
+                }
+                AgentMessage::Hello { .. } => {}
+            }
+        }
+        serving.eof = true;
+        stopped
+    }
+
+    async fn oom_kills(&self) -> u64 {
+        let Some(cgroup) = self.cgroup.clone() else {
+            return 0;
+        };
+        tokio::task::spawn_blocking(move || cgroup.oom_kills())
+            .await
+            .unwrap_or(0)
+    }
+
+    async fn remove_cgroup(&mut self) {
+        if let Some(cgroup) = self.cgroup.take() {
+            let _ = tokio::task::spawn_blocking(move || cgroup.remove()).await;
+        }
+    }
+}
+
+/// Writes frames to the agent until the channel closes or the connection fails.
+async fn write_frames(
+    mut sink: SplitSink<Link, Bytes>,
+    mut frames: mpsc::UnboundedReceiver<Bytes>,
+) {
+    while let Some(frame) = frames.recv().await {
+        if let Err(error) = sink.send(frame).await {
+            tracing::debug!(%error, "cannot write to the agent");
+            return;
+        }
+    }
+}
+
+/// Sends `event`, waiting for room in the actor's buffer.
+fn forward(events: &EventSender, event: ActorEvent) -> BoxFuture<'static, ()> {
+    let events = events.clone();
+    Box::pin(async move { events.send(event).await })
+}
+
+/// Completes when the event being forwarded has found room; never without one.
+async fn until_forwarded(forwarding: &mut Option<BoxFuture<'static, ()>>) {
+    match forwarding {
+        Some(forwarding) => forwarding.await,
+        None => std::future::pending().await,
+    }
+}

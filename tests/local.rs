@@ -1,0 +1,199 @@
+//! End-to-end runs of the facade on the local runtime: real agent processes that run Rust
+//! functions registered in this very test binary. The binary re-executes itself as each
+//! worker's agent by running only the test `agent_entry`, which hands over to
+//! `trainyard::run_if_agent` when the runtime started it as an agent.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use trainyard::backend::{AttemptFailure, Backoff, ExecutorError};
+use trainyard::local::AgentCommand;
+use trainyard::local::detect::{Machine, Overrides, plan_nodes};
+use trainyard::prelude::*;
+use trainyard::resources::ResourceAmount;
+use trainyard::runtime::{DeathCause, TaskFailure};
+
+fn functions() -> FunctionRegistry {
+    FunctionRegistry::new()
+        .register("train", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            for step in 0..3u32 {
+                let metrics = json!({"step": step, "rank": ctx.world_rank().0});
+                ctx.report(metrics.as_object().cloned().unwrap_or_default());
+            }
+            ctx.print(format!("rank {} done", ctx.world_rank()));
+            Ok(json!({
+                "rank": ctx.world_rank().0,
+                "master": ctx.var("MASTER_ADDR"),
+                "port": ctx.var("MASTER_PORT"),
+                "pid": std::process::id(),
+            }))
+        })
+        .register("fail_on_rank_1", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            if ctx.world_rank().0 == 1 && ctx.restart_count() == 0 {
+                return Err("rank 1 lost its data loader".to_owned());
+            }
+            Ok(json!(ctx.restart_count()))
+        })
+        .register("exit_abruptly", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            if ctx.world_rank().0 == 0 {
+                std::process::exit(9);
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(Value::Null)
+        })
+}
+
+/// Not a test of its own: the entry point of this binary's agents.
+#[test]
+fn agent_entry() {
+    if let Some(code) = trainyard::run_if_agent(functions()) {
+        std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
+    }
+}
+
+async fn local(cpus: u32, nodes: u32) -> LocalRuntime {
+    let overrides = Overrides {
+        num_cpus: Some(ResourceAmount::from(cpus)),
+        memory: Some(8 << 30),
+        ..Overrides::default()
+    };
+    let nodes = plan_nodes(&Machine::detect(), &overrides, nodes).expect("nodes");
+    let exe = std::env::current_exe().expect("this test binary");
+    let agent = AgentCommand::new(
+        exe,
+        [
+            "--exact",
+            "agent_entry",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ],
+    );
+    let config = LocalConfig::new(nodes, "facade-local")
+        .expect("config")
+        .with_agent(agent);
+    LocalRuntime::start(config)
+        .await
+        .expect("the local runtime starts")
+}
+
+fn options() -> ExecutorOptions {
+    ExecutorOptions {
+        restart_backoff: Backoff::NONE,
+        shutdown_patience: Duration::from_secs(2),
+        ..ExecutorOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn the_seed_scenario_runs_torch_workers_with_memory_per_worker_as_processes() {
+    let runtime = local(4, 2).await;
+    let (events, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let result = TorchTrainer::new(
+        Arc::new(runtime.clone()),
+        function_task("train", Value::Null),
+    )
+    .scaling_config(
+        ScalingConfig::default()
+            .num_workers(2)
+            .resources_per_worker(r#"{"memory": 10000}"#.parse().expect("dict")),
+    )
+    .executor_options(options())
+    .events(events)
+    .fit()
+    .await
+    .expect("the run succeeds");
+    assert_eq!(result.returns.len(), 2);
+    let pids: Vec<u64> = result
+        .returns
+        .iter()
+        .map(|r| r["pid"].as_u64().expect("pid"))
+        .collect();
+    assert_ne!(pids[0], pids[1], "each rank is its own process");
+    assert!(!pids.contains(&u64::from(std::process::id())));
+    for (rank, value) in result.returns.iter().enumerate() {
+        assert_eq!(value["rank"], json!(rank));
+        assert_eq!(value["master"], json!("127.0.0.1"));
+    }
+    assert_eq!(result.returns[0]["port"], result.returns[1]["port"]);
+    let mut reports = 0;
+    let mut lines = Vec::new();
+    while let Ok(event) = received.try_recv() {
+        match event {
+            RunEvent::Report { .. } => reports += 1,
+            RunEvent::Log { line, .. } => lines.push(line),
+            _ => {}
+        }
+    }
+    assert_eq!(reports, 6, "every report of both ranks arrives");
+    lines.sort();
+    assert_eq!(lines, ["rank 0 done", "rank 1 done"]);
+    runtime.shutdown().await;
+    assert!(runtime.agent_pids().is_empty());
+}
+
+#[tokio::test]
+async fn a_user_error_restarts_and_the_retry_succeeds() {
+    let runtime = local(2, 1).await;
+    let result = Trainer::new(
+        Arc::new(runtime.clone()),
+        &NoBackend,
+        function_task("fail_on_rank_1", Value::Null),
+    )
+    .scaling_config(ScalingConfig::default().num_workers(2))
+    .run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
+    .executor_options(options())
+    .fit()
+    .await
+    .expect("the second attempt succeeds");
+    assert_eq!(result.attempts, 2);
+    assert!(
+        matches!(
+            &result.errors[..],
+            [AttemptFailure::TaskFailed {
+                rank: WorldRank(1),
+                failure: TaskFailure::Error { message },
+                ..
+            }] if message == "rank 1 lost its data loader"
+        ),
+        "{:?}",
+        result.errors
+    );
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_process_that_exits_is_a_death_with_its_exit_code() {
+    let runtime = local(2, 1).await;
+    let error = Trainer::new(
+        Arc::new(runtime.clone()),
+        &NoBackend,
+        function_task("exit_abruptly", Value::Null),
+    )
+    .scaling_config(ScalingConfig::default().num_workers(2))
+    .executor_options(options())
+    .fit()
+    .await
+    .expect_err("rank 0's process exits");
+    let trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) = &error else {
+        panic!("expected a failed run, got {error:?}");
+    };
+    assert!(
+        matches!(
+            &report.failures[..],
+            [AttemptFailure::WorkerDied {
+                rank: Some(WorldRank(0)),
+                cause: DeathCause::ProcessExited { code: Some(9), .. }
+            }]
+        ),
+        "{:?}",
+        report.failures
+    );
+    runtime.shutdown().await;
+    assert!(runtime.agent_pids().is_empty());
+}

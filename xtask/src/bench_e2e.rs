@@ -1,0 +1,219 @@
+//! `cargo xtask bench-e2e`: whole runs timed side by side, interleaved round by round so that
+//! a busy machine slows every contender alike.
+//!
+//! 1. `examples/torch_ddp.py` on 2 workers: `trainyard run -n 2` vs `torchrun
+//!    --nproc-per-node 2` vs two processes started by hand with the environment set.
+//! 2. From one rank's crash to every rank stopped (`trainyard run` exits).
+//! 3. Start and stop of 64 workers of `true`, against 64 `true` processes spawned by hand.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const ROUNDS: usize = 5;
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Runs `command` to its end, quietly; its wall time, or why it failed.
+fn timed(command: &mut Command) -> Result<Duration, String> {
+    let started = Instant::now();
+    let out = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("cannot run {command:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{command:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(started.elapsed())
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+/// Two ranks of the example started by hand with torchrun's environment.
+fn by_hand(python: &Path, root: &Path) -> Result<Duration, String> {
+    let port = free_port()?.to_string();
+    let started = Instant::now();
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            Command::new(python)
+                .arg("examples/torch_ddp.py")
+                .current_dir(root)
+                .envs([
+                    ("MASTER_ADDR", "127.0.0.1"),
+                    ("MASTER_PORT", port.as_str()),
+                    ("RANK", &rank.to_string()),
+                    ("LOCAL_RANK", &rank.to_string()),
+                    ("WORLD_SIZE", "2"),
+                    ("LOCAL_WORLD_SIZE", "2"),
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("cannot start {}: {e}", python.display()))
+        })
+        .collect::<Result<_, _>>()?;
+    for mut child in children {
+        let status = child.wait().map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("a hand-started rank failed: {status}"));
+        }
+    }
+    Ok(started.elapsed())
+}
+
+fn python_env(root: &Path) -> Result<PathBuf, String> {
+    let out = Command::new("bash")
+        .arg(root.join("scripts/python-env.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run scripts/python-env.sh: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("scripts/python-env.sh failed ({})", out.status));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .map(|l| PathBuf::from(l.trim()))
+        .ok_or_else(|| "scripts/python-env.sh printed no interpreter".to_owned())
+}
+
+fn now_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// One rank crashes; the time from its crash to `trainyard run` having stopped every rank.
+fn crash_to_stop(trainyard: &Path) -> Result<Duration, String> {
+    let out = Command::new(trainyard)
+        .args(["run", "-n", "2", "-r", "CPU=0.5", "--backend", "none", "--"])
+        .args([
+            "sh",
+            "-c",
+            "if [ $RANK = 0 ]; then sleep 1; date +%s.%N; kill -9 $$; fi; exec sleep 60",
+        ])
+        .env("CI", "1")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let ended = now_secs();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let crashed: f64 = stdout
+        .lines()
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .ok_or_else(|| format!("no crash time in {stdout}"))?;
+    Ok(Duration::from_secs_f64((ended - crashed).max(0.0)))
+}
+
+fn many_true(trainyard: &Path) -> Result<Duration, String> {
+    timed(
+        Command::new(trainyard)
+            .args([
+                "run",
+                "-n",
+                "64",
+                "-r",
+                "CPU=0.01",
+                "--backend",
+                "none",
+                "--",
+                "true",
+            ])
+            .env("CI", "1"),
+    )
+}
+
+fn many_true_by_hand() -> Result<Duration, String> {
+    let started = Instant::now();
+    let children: Vec<_> = (0..64)
+        .map(|_| Command::new("true").spawn().map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    for mut child in children {
+        child.wait().map_err(|e| e.to_string())?;
+    }
+    Ok(started.elapsed())
+}
+
+pub(crate) fn run() -> Result<(), String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    crate::cargo(&["build", "--release", "-p", "trainyard-cli"])?;
+    let trainyard = root.join("target/release/trainyard");
+    let python = python_env(&root)?;
+    let torchrun = python.with_file_name("torchrun");
+
+    let (mut ours, mut theirs, mut hand) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=ROUNDS {
+        ours.push(timed(
+            Command::new(&trainyard)
+                .current_dir(&root)
+                .args(["run", "-n", "2", "-r", "CPU=0.5", "--"])
+                .arg(&python)
+                .arg("examples/torch_ddp.py")
+                .env("CI", "1"),
+        )?);
+        theirs.push(timed(Command::new(&torchrun).current_dir(&root).args([
+            "--nproc-per-node",
+            "2",
+            "examples/torch_ddp.py",
+        ]))?);
+        hand.push(by_hand(&python, &root)?);
+        eprintln!(
+            "round {round}: trainyard {:.2}s  torchrun {:.2}s  by hand {:.2}s",
+            secs(ours[round - 1]),
+            secs(theirs[round - 1]),
+            secs(hand[round - 1])
+        );
+    }
+    let (ours, theirs, hand) = (median(ours), median(theirs), median(hand));
+    println!("torch_ddp.py, 2 workers, median of {ROUNDS} interleaved rounds:");
+    println!("  trainyard run -n 2          {:.2}s", secs(ours));
+    println!("  torchrun --nproc-per-node 2 {:.2}s", secs(theirs));
+    println!("  two processes by hand       {:.2}s", secs(hand));
+    println!(
+        "  trainyard / by hand = {:.2} (target <= 1.05); trainyard / torchrun = {:.2} (target <= 0.65)",
+        secs(ours) / secs(hand),
+        secs(ours) / secs(theirs)
+    );
+
+    let crashes: Vec<Duration> = (0..ROUNDS)
+        .map(|_| crash_to_stop(&trainyard))
+        .collect::<Result<_, _>>()?;
+    println!(
+        "crash of one rank to every rank stopped and the driver exited: median {:.0} ms (target < 100 ms plus the SIGTERM patience, which `exec sleep` does not use)",
+        median(crashes).as_secs_f64() * 1000.0
+    );
+
+    let (mut runs, mut spawns) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        runs.push(many_true(&trainyard)?);
+        spawns.push(many_true_by_hand()?);
+    }
+    let (run, spawn) = (median(runs), median(spawns));
+    println!(
+        "64 workers of `true`: trainyard {:.0} ms, 64 spawns by hand {:.0} ms: {:.2} ms per worker beyond process spawn (target < 5 ms)",
+        run.as_secs_f64() * 1000.0,
+        spawn.as_secs_f64() * 1000.0,
+        (run.saturating_sub(spawn)).as_secs_f64() * 1000.0 / 64.0
+    );
+    Ok(())
+}
