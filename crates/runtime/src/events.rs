@@ -52,9 +52,11 @@ pub struct EventSender {
 /// use futures::StreamExt;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let (tx, mut events) = event_channel(1);
+/// let (tx, mut events) = event_channel(2);
 /// tx.log(Stream::Stdout, "kept");
+/// tx.log(Stream::Stdout, "kept too");
 /// tx.log(Stream::Stdout, "dropped: the buffer is full");
+/// assert!(matches!(events.next().await, Some(ActorEvent::Task(TaskEvent::Log { .. }))));
 /// assert!(matches!(events.next().await, Some(ActorEvent::Task(TaskEvent::Log { .. }))));
 /// tx.report(serde_json::Map::new()).await;
 /// assert_eq!(events.next().await, Some(ActorEvent::Task(TaskEvent::LogsDropped { count: 1 })));
