@@ -84,7 +84,7 @@ fn main() -> ExitCode {
 
 async fn train(workers: u32) -> Result<(), Box<dyn std::error::Error>> {
     let local = LocalRuntime::start(LocalConfig::detect("data-parallel")?).await?;
-    let (events, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let (events, mut received) = tokio::sync::mpsc::channel(1024);
     let printer = tokio::spawn(async move {
         while let Some(event) = received.recv().await {
             match event {

@@ -63,7 +63,7 @@ async fn train() -> Result<(), Box<dyn std::error::Error>> {
     let scaling = ScalingConfig::default()
         .num_workers(2)
         .resources_per_worker(r#"{"memory": 10000}"#.parse()?);
-    let (events, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let (events, mut received) = tokio::sync::mpsc::channel(1024);
     let printer = tokio::spawn(async move {
         while let Some(event) = received.recv().await {
             if let RunEvent::Log {

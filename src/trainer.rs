@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::Sender;
 use trainyard_backend_executor::{
     AttemptFailure, BackendConfig, BackendExecutor, ExecutorError, ExecutorOptions, FitReport,
     RunEvent, WorldRank,
@@ -93,7 +93,7 @@ pub struct Trainer {
     scaling: ScalingConfig,
     run: RunConfig,
     options: ExecutorOptions,
-    events: Option<UnboundedSender<RunEvent>>,
+    events: Option<Sender<RunEvent>>,
 }
 
 impl Trainer {
@@ -136,9 +136,11 @@ impl Trainer {
         self
     }
 
-    /// Streams reports, log lines and restarts to `events` as they happen.
+    /// Streams reports, log lines and restarts to `events` as they happen (see
+    /// [`BackendExecutor::with_events`]: lines are dropped and counted when the channel is
+    /// full; everything else waits for room).
     #[must_use]
-    pub fn events(mut self, events: UnboundedSender<RunEvent>) -> Self {
+    pub fn events(mut self, events: Sender<RunEvent>) -> Self {
         self.events = Some(events);
         self
     }
@@ -228,7 +230,7 @@ impl TorchTrainer {
 
     /// Streams run events to `events`.
     #[must_use]
-    pub fn events(self, events: UnboundedSender<RunEvent>) -> Self {
+    pub fn events(self, events: Sender<RunEvent>) -> Self {
         Self {
             trainer: self.trainer.events(events),
         }

@@ -58,7 +58,7 @@ fn options() -> ExecutorOptions {
 #[tokio::test]
 async fn torch_trainer_fits_with_memory_per_worker_and_streams_reports() {
     let sim = cluster();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let result = TorchTrainer::new(Arc::new(sim.clone()), function_task("train", Value::Null))
         .scaling_config(
             ScalingConfig::default()

@@ -93,7 +93,7 @@ fn options() -> ExecutorOptions {
 #[tokio::test]
 async fn the_seed_scenario_runs_torch_workers_with_memory_per_worker_as_processes() {
     let runtime = local(4, 2).await;
-    let (events, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let (events, mut received) = tokio::sync::mpsc::channel(1024);
     let result = TorchTrainer::new(
         Arc::new(runtime.clone()),
         function_task("train", Value::Null),

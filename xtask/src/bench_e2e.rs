@@ -110,7 +110,7 @@ fn crash_to_stop(trainyard: &Path) -> Result<Duration, String> {
         .args([
             "sh",
             "-c",
-            "if [ $RANK = 0 ]; then sleep 1; date +%s.%N; kill -9 $$; fi; exec sleep 60",
+            "if [ $TRAINYARD_WORLD_RANK = 0 ]; then sleep 1; date +%s.%N; kill -9 $$; fi; exec sleep 60",
         ])
         .env("CI", "1")
         .stdin(Stdio::null())

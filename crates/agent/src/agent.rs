@@ -17,7 +17,7 @@ use trainyard_runtime::{
     TaskStatus, WorkerInfo,
 };
 
-use crate::config::{AgentConfig, CONFIG, MemoryLimit, PRIVATE, TOKEN};
+use crate::config::{AgentConfig, CONFIG, MemoryLimit, PRIVATE};
 use crate::process::{self, RunningCommand};
 use crate::wire::{self, AgentMessage, DriverMessage, Token, WireError};
 
@@ -79,8 +79,13 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
             return ExitCode::from(AGENT_FAILED);
         }
     };
-    let Some(token) = std::env::var(TOKEN).ok().and_then(|t| Token::from_hex(&t)) else {
-        eprintln!("trainyard agent: no valid {TOKEN}");
+    let mut line = String::new();
+    let token = std::io::stdin()
+        .read_line(&mut line)
+        .ok()
+        .and_then(|_| Token::from_hex(&line));
+    let Some(token) = token else {
+        eprintln!("trainyard agent: no valid token on stdin");
         return ExitCode::from(AGENT_FAILED);
     };
     // SIGTERM when the driver dies; and if it died before this line, exit now.

@@ -1,5 +1,7 @@
-//! What a runtime tells the agent it starts, through the agent's environment (never argv,
-//! which every user of the machine can read).
+//! What a runtime tells the agent it starts: its configuration through the agent's
+//! environment, and the run's token as one line of hex on its stdin (never argv, which every
+//! user of the machine can read, nor the environment, which the tasks the agent runs in its
+//! own process would inherit).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,13 +20,11 @@ pub const ROLE_AGENT: &str = "agent";
 pub const ROLE_EXEC: &str = "exec";
 /// The agent's [`AgentConfig`], as JSON.
 pub const CONFIG: &str = "TRAINYARD_AGENT_CONFIG";
-/// The run's token, as hex.
-pub const TOKEN: &str = "TRAINYARD_AGENT_TOKEN";
 /// The trampoline's [`ExecSpec`], as JSON.
 pub const EXEC: &str = "TRAINYARD_EXEC_SPEC";
 
 /// Every variable of the agent's own: none reaches a task.
-pub const PRIVATE: [&str; 4] = [ROLE, CONFIG, TOKEN, EXEC];
+pub const PRIVATE: [&str; 3] = [ROLE, CONFIG, EXEC];
 
 /// How the agent enforces its worker's memory limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,17 +76,25 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// The variables that start an agent with this configuration and `token`.
+    /// The variables that start an agent with this configuration. The run's token goes to
+    /// the agent's stdin ([`token_line`]).
     ///
     /// # Errors
     /// When the configuration cannot be serialised (it always can: plain data).
-    pub fn to_env(&self, token: &Token) -> Result<Vec<(String, String)>, serde_json::Error> {
+    pub fn to_env(&self) -> Result<Vec<(String, String)>, serde_json::Error> {
         Ok(vec![
             (ROLE.to_owned(), ROLE_AGENT.to_owned()),
             (CONFIG.to_owned(), serde_json::to_string(self)?),
-            (TOKEN.to_owned(), token.to_hex()),
         ])
     }
+}
+
+/// What a runtime writes to a new agent's stdin: the run's token as hex, and a line end.
+#[must_use]
+pub fn token_line(token: &Token) -> String {
+    let mut line = token.to_hex();
+    line.push('\n');
+    line
 }
 
 /// What the trampoline sets up before it executes the task's program.

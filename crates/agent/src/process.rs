@@ -10,6 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::process::{Child, Command};
@@ -187,6 +188,19 @@ async fn follow(
     cgroup: Option<&WorkerCgroup>,
     oom_before: u64,
 ) -> TaskExit {
+    // Peek at the exit without reaping, so that the group id stays taken, then kill what the
+    // task left running in its group (background children would outlive it and hold its
+    // output open), then reap.
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let pid = Pid::from_raw(pid);
+        let exited = tokio::task::spawn_blocking(move || {
+            waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
+        })
+        .await;
+        if matches!(exited, Ok(Ok(_))) {
+            let _ = killpg(pid, Signal::SIGKILL);
+        }
+    }
     let status = child.wait().await;
     let drained = async { while readers.join_next().await.is_some() {} };
     if tokio::time::timeout(DRAIN, drained).await.is_err() {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use trainyard_runtime::Stream;
 use trainyard_runtime::events::EventSender;
@@ -20,6 +21,13 @@ pub const REPORT_TOKEN: &str = "TRAINYARD_REPORT_TOKEN";
 /// The longest report line accepted.
 pub const MAX_REPORT: usize = 1024 * 1024;
 
+/// How many report clients may be connected at once.
+const MAX_CLIENTS: usize = 64;
+
+/// How long a client has to send the token, and how long that line may be.
+const TOKEN_TIMEOUT: Duration = Duration::from_secs(2);
+const TOKEN_LINE: usize = 128;
+
 /// A bound report socket, not serving yet.
 #[derive(Debug)]
 pub(crate) struct ReportSocket {
@@ -32,6 +40,8 @@ pub(crate) struct ReportSocket {
 pub(crate) struct Serving {
     accept: JoinHandle<JoinSet<()>>,
     stop: tokio::sync::oneshot::Sender<()>,
+    /// Turns `true` when clients must stop reading (what they read is still passed on).
+    closing: watch::Sender<bool>,
 }
 
 impl ReportSocket {
@@ -58,6 +68,7 @@ impl ReportSocket {
     /// Accepts clients and passes their reports to `events`.
     pub(crate) fn serve(self, events: EventSender) -> Serving {
         let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let (closing, closed) = watch::channel(false);
         let accept = tokio::spawn(async move {
             let mut clients = JoinSet::new();
             loop {
@@ -65,7 +76,17 @@ impl ReportSocket {
                     _ = &mut stopped => break,
                     accepted = self.listener.accept() => match accepted {
                         Ok((socket, _)) => {
-                            clients.spawn(client(socket, self.token.clone(), events.clone()));
+                            while clients.try_join_next().is_some() {}
+                            if clients.len() >= MAX_CLIENTS {
+                                tracing::warn!("too many report clients; one was dropped");
+                                continue;
+                            }
+                            clients.spawn(client(
+                                socket,
+                                self.token.clone(),
+                                events.clone(),
+                                closed.clone(),
+                            ));
                         }
                         Err(error) => tracing::debug!(%error, "accepting a report client failed"),
                     },
@@ -73,12 +94,17 @@ impl ReportSocket {
             }
             clients
         });
-        Serving { accept, stop }
+        Serving {
+            accept,
+            stop,
+            closing,
+        }
     }
 }
 
 impl Serving {
-    /// Stops accepting and gives connected clients up to `drain` to send their last lines.
+    /// Stops accepting and gives connected clients up to `drain` to send their last lines;
+    /// every report read by then is passed on, none is cut off half way.
     pub(crate) async fn finish(self, drain: Duration) {
         let _ = self.stop.send(());
         let Ok(mut clients) = self.accept.await else {
@@ -86,23 +112,38 @@ impl Serving {
         };
         let drained = async { while clients.join_next().await.is_some() {} };
         if tokio::time::timeout(drain, drained).await.is_err() {
-            clients.abort_all();
+            self.closing.send_replace(true);
+            while clients.join_next().await.is_some() {}
         }
     }
 }
 
-/// Serves one client: its token, then its reports, until it closes.
-async fn client(socket: TcpStream, token: Token, events: EventSender) {
+/// Serves one client: its token, then its reports, until it closes or `closing` turns.
+async fn client(
+    socket: TcpStream,
+    token: Token,
+    events: EventSender,
+    mut closing: watch::Receiver<bool>,
+) {
     let _ = socket.set_nodelay(true);
     let mut lines = BufReader::new(socket);
-    match next_line(&mut lines).await {
-        Some(first) if token.matches(&first) => {}
+    // Little is read, for little time, before the client has shown the token.
+    match tokio::time::timeout(TOKEN_TIMEOUT, next_line(&mut lines, TOKEN_LINE)).await {
+        Ok(Some(first)) if token.matches(&first) => {}
         _ => {
             tracing::warn!("a report client without the task's token was dropped");
             return;
         }
     }
-    while let Some(line) = next_line(&mut lines).await {
+    loop {
+        let line = tokio::select! {
+            biased;
+            line = next_line(&mut lines, MAX_REPORT) => line,
+            _ = closing.wait_for(|closing| *closing) => None,
+        };
+        let Some(line) = line else {
+            break;
+        };
         if line.trim().is_empty() {
             continue;
         }
@@ -119,13 +160,14 @@ async fn client(socket: TcpStream, token: Token, events: EventSender) {
     }
 }
 
-/// The next line (bounded by [`MAX_REPORT`]), or `None` at the end or on an error.
-async fn next_line(reader: &mut (impl AsyncBufRead + Unpin)) -> Option<String> {
+/// The next line of at most `max` bytes, or `None` at the end, on an error or for a longer
+/// line.
+async fn next_line(reader: &mut (impl AsyncBufRead + Unpin), max: usize) -> Option<String> {
     let mut buffer = Vec::new();
-    let mut limited = reader.take(MAX_REPORT as u64 + 1);
+    let mut limited = reader.take(max as u64 + 1);
     match limited.read_until(b'\n', &mut buffer).await {
         Ok(0) | Err(_) => None,
-        Ok(_) if buffer.len() > MAX_REPORT => None,
+        Ok(_) if buffer.len() > max => None,
         Ok(_) => Some(String::from_utf8_lossy(&buffer).trim_end().to_owned()),
     }
 }

@@ -40,6 +40,10 @@ pub enum ExecutorError {
     /// The runtime failed outside any worker (creating or removing a group).
     #[error("the runtime failed")]
     Runtime(#[source] Box<RuntimeError>),
+    /// A worker asks for an accelerator its runtime gives it no device ids of (not retried:
+    /// every attempt would meet the same runtime).
+    #[error("the workers' accelerators cannot be set up")]
+    Accelerators(#[source] crate::MissingAcceleratorIds),
     /// A backend is misconfigured (not retried).
     #[error("backend setup failed")]
     Backend(#[source] Box<crate::BackendError>),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use futures::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::{self, Sender};
 use tracing::{Instrument, info, info_span, warn};
 use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_resources::Resources;
@@ -239,7 +239,7 @@ pub struct BackendExecutor {
     run: RunConfig,
     run_name: String,
     options: ExecutorOptions,
-    events: Option<UnboundedSender<RunEvent>>,
+    events: Option<Sender<RunEvent>>,
     state: State,
 }
 
@@ -308,9 +308,11 @@ impl BackendExecutor {
         self
     }
 
-    /// Streams [`RunEvent`]s to `events` as they happen.
+    /// Streams [`RunEvent`]s to `events` as they happen. The channel is bounded: when it is
+    /// full, output lines are dropped and counted ([`RunEvent::LogsDropped`]); every other
+    /// event waits for room, so a listener that stops reading holds the run back.
     #[must_use]
-    pub fn with_events(mut self, events: UnboundedSender<RunEvent>) -> Self {
+    pub fn with_events(mut self, events: Sender<RunEvent>) -> Self {
         self.events = Some(events);
         self
     }
@@ -346,10 +348,21 @@ impl BackendExecutor {
         self.attempt().is_some()
     }
 
-    fn emit(&self, event: RunEvent) {
+    async fn emit(&self, event: RunEvent) {
         if let Some(events) = &self.events {
             // A dropped receiver means nobody is listening any more; the run goes on.
-            let _ = events.send(event);
+            let _ = events.send(event).await;
+        }
+    }
+
+    /// Sends an output line without waiting; `false` when it found no room.
+    fn emit_line(&self, event: RunEvent) -> bool {
+        match &self.events {
+            Some(events) => !matches!(
+                events.try_send(event),
+                Err(mpsc::error::TrySendError::Full(_))
+            ),
+            None => true,
         }
     }
 
@@ -390,7 +403,8 @@ impl BackendExecutor {
                 restart_count,
                 world_size: u32::try_from(workers.len()).unwrap_or(u32::MAX),
                 workers,
-            });
+            })
+            .await;
         }
         Ok(())
     }
@@ -406,7 +420,8 @@ impl BackendExecutor {
             restart_count,
             bundles: factory.bundles.len(),
             requested: requested.clone(),
-        });
+        })
+        .await;
         let limit = self.options.health_check_timeout;
         let pg = tokio::time::timeout(limit, self.runtime.create_placement_group(&factory))
             .await
@@ -431,7 +446,8 @@ impl BackendExecutor {
                         .iter()
                         .map(ToString::to_string)
                         .collect(),
-                });
+                })
+                .await;
                 Ok(pg)
             }
             Err(RuntimeError::PlacementTimeout { waited, .. }) => {
@@ -533,7 +549,7 @@ impl BackendExecutor {
                 ids: w.metadata.accelerator_ids.clone(),
             })
             .collect();
-        let mut env = accelerator_env(&rules, &views).map_err(|e| start_failed(&e))?;
+        let mut env = accelerator_env(&rules, &views).map_err(ExecutorError::Accelerators)?;
         let ctx = BackendContext {
             group: &attempt.group,
             ranks: &attempt.ranks,
@@ -650,7 +666,8 @@ impl BackendExecutor {
             self.emit(RunEvent::TaskStarted {
                 rank: rank_of(i),
                 pid,
-            });
+            })
+            .await;
             pids.push(pid);
         }
         Ok(pids)
@@ -668,6 +685,8 @@ impl BackendExecutor {
         report.metrics = vec![None; n];
         let mut returns: Vec<Option<serde_json::Value>> = vec![None; n];
         let mut tails: Vec<VecDeque<String>> = vec![VecDeque::new(); n];
+        // Lines the listener had no room for, per rank, not yet reported as dropped.
+        let mut dropped: Vec<u64> = vec![0; n];
         // Each stream ends with a `None` marker, so that a stream closing early is seen.
         let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, events)| {
             events
@@ -675,39 +694,58 @@ impl BackendExecutor {
                 .chain(stream::once(async move { (i, None) }))
                 .boxed()
         }));
-        while let Some((i, event)) = merged.next().await {
+        let outcome = loop {
+            // Every stream ends with its marker, and the marker of a rank that has not
+            // finished ends the loop, so the merged stream never runs dry first.
+            let Some((i, event)) = merged.next().await else {
+                break Err(ExecutorError::NotStarted.into());
+            };
             let rank = rank_of(i);
             match event {
                 Some(ActorEvent::Task(TaskEvent::Report { metrics })) => {
                     report.metrics[i] = Some(metrics.clone());
                     report.last_report = Some((rank, metrics.clone()));
-                    self.emit(RunEvent::Report { rank, metrics });
+                    self.emit(RunEvent::Report { rank, metrics }).await;
                 }
                 Some(ActorEvent::Task(TaskEvent::Log { stream, line })) => {
                     if tails[i].len() == LAST_LINES {
                         tails[i].pop_front();
                     }
                     tails[i].push_back(line.clone());
-                    self.emit(RunEvent::Log {
+                    let line = RunEvent::Log {
                         rank,
                         pid: pids[i],
                         stream,
                         line,
-                    });
+                    };
+                    // The count of earlier drops goes first, and while it finds no room the
+                    // line is dropped too, so that the order stays true.
+                    if dropped[i] > 0
+                        && self.emit_line(RunEvent::LogsDropped {
+                            rank,
+                            count: dropped[i],
+                        })
+                    {
+                        report.dropped_lines += dropped[i];
+                        dropped[i] = 0;
+                    }
+                    if dropped[i] > 0 || !self.emit_line(line) {
+                        dropped[i] += 1;
+                    }
                 }
                 Some(ActorEvent::Task(TaskEvent::LogsDropped { count })) => {
                     report.dropped_lines += count;
-                    self.emit(RunEvent::LogsDropped { rank, count });
+                    self.emit(RunEvent::LogsDropped { rank, count }).await;
                 }
                 Some(ActorEvent::TaskExited(TaskExit::Succeeded { value })) => {
                     returns[i] = Some(value);
                     if returns.iter().all(Option::is_some) {
                         report.returns = returns.into_iter().flatten().collect();
-                        return Ok(());
+                        break Ok(());
                     }
                 }
                 Some(ActorEvent::TaskExited(TaskExit::Failed { failure })) => {
-                    return Err(AttemptError::Failed(AttemptFailure::TaskFailed {
+                    break Err(AttemptError::Failed(AttemptFailure::TaskFailed {
                         rank,
                         failure,
                         last_lines: std::mem::take(&mut tails[i]).into(),
@@ -715,11 +753,22 @@ impl BackendExecutor {
                 }
                 // A worker whose task finished may go; the others carry on.
                 Some(ActorEvent::Died(_)) | None if returns[i].is_some() => {}
-                Some(ActorEvent::Died(cause)) => return Err(died(i, cause)),
-                None => return Err(died(i, DeathCause::ConnectionLost)),
+                Some(ActorEvent::Died(cause)) => break Err(died(i, cause)),
+                None => break Err(died(i, DeathCause::ConnectionLost)),
+            }
+        };
+        // Drops not reported yet are reported now, waiting for room.
+        for (i, count) in dropped.into_iter().enumerate() {
+            if count > 0 {
+                report.dropped_lines += count;
+                self.emit(RunEvent::LogsDropped {
+                    rank: rank_of(i),
+                    count,
+                })
+                .await;
             }
         }
-        Err(ExecutorError::NotStarted.into())
+        outcome
     }
 
     /// Releases everything: the backend's `on_shutdown` (errors from dead workers are logged
@@ -812,7 +861,8 @@ impl BackendExecutor {
                 restart_count,
                 failure,
                 backoff_ms: u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX),
-            });
+            })
+            .await;
             tokio::time::sleep(backoff).await;
         }
     }

@@ -21,6 +21,9 @@ use crate::args::{BackendKind, FlagError, LogFormat, RunArgs, RuntimeKind};
 use crate::output::{Progress, init_logging};
 use crate::{EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_UNSCHEDULABLE, Failure};
 
+/// How many run events wait for the printer before output lines are dropped (and counted).
+const EVENT_BUFFER: usize = 4096;
+
 /// How long stopping the workers may take after an interruption before the driver gives up
 /// waiting (its own exit still kills them).
 const STOP_LIMIT: Duration = Duration::from_secs(30);
@@ -65,6 +68,11 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
             "the Ray runtime is not part of this build yet; use --runtime local".into(),
         )));
     }
+    if let Some(address) = &args.address {
+        return Err(Failure::bad_input(FlagError::new("--address", address)(
+            "--address names a Ray cluster and applies to --runtime ray only".into(),
+        )));
+    }
     let scaling = args.scaling.to_config()?;
     let run = run_config(args)?;
     let options = ExecutorOptions {
@@ -95,7 +103,7 @@ async fn drive(
         .split_first()
         .ok_or_else(|| Failure::bad_input("a program to run is required after --"))?;
     let task = command_task(program.clone(), program_args.iter().cloned());
-    let (events, received) = mpsc::unbounded_channel();
+    let (events, received) = mpsc::channel(EVENT_BUFFER);
     let backend: &dyn trainyard::backend::BackendConfig = match args.backend {
         BackendKind::Torch => &TorchConfig::default(),
         BackendKind::None => &NoBackend,
@@ -128,6 +136,13 @@ async fn drive(
     match outcome {
         None => Err(Failure::interrupted()),
         Some(Ok(result)) => {
+            if args.log_format == LogFormat::Json {
+                print_json(&serde_json::json!({
+                    "event": "run_succeeded",
+                    "attempts": result.attempts,
+                    "failures": result.errors,
+                }));
+            }
             if args.log_format == LogFormat::Text {
                 eprintln!(
                     "trainyard: the run succeeded in {:.2}s ({} attempt{})",
@@ -138,13 +153,26 @@ async fn drive(
             }
             Ok(())
         }
-        Some(Err(error)) => Err(failure_of(error)),
+        Some(Err(error)) => Err(failure_of(error, args.log_format)),
     }
 }
 
 /// The exit code and message of a failed run; the failed rank's last lines go to stderr
 /// first.
-fn failure_of(error: trainyard::Error) -> Failure {
+fn failure_of(error: trainyard::Error, format: LogFormat) -> Failure {
+    if format == LogFormat::Json {
+        let report = match &error {
+            trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) => {
+                serde_json::to_value(report).unwrap_or_default()
+            }
+            _ => serde_json::Value::Null,
+        };
+        print_json(&serde_json::json!({
+            "event": "run_failed",
+            "error": trainyard::resources::ErrorChain(&error).to_string(),
+            "report": report,
+        }));
+    }
     let code = match &error {
         trainyard::Error::Config(_) | trainyard::Error::Resources(_) => EXIT_BAD_INPUT,
         trainyard::Error::Executor(
@@ -154,7 +182,7 @@ fn failure_of(error: trainyard::Error) -> Failure {
             match report.failures.last() {
                 Some(AttemptFailure::TaskFailed {
                     rank, last_lines, ..
-                }) if !last_lines.is_empty() => {
+                }) if !last_lines.is_empty() && format == LogFormat::Text => {
                     eprintln!("trainyard: the last lines of rank {rank}:");
                     for line in last_lines {
                         eprintln!("  (rank={rank}) {line}");
@@ -176,13 +204,14 @@ fn failure_of(error: trainyard::Error) -> Failure {
     Failure::new(code, error)
 }
 
+/// One JSON object as one line of stdout (a closed stdout is no error here).
+fn print_json(value: &serde_json::Value) {
+    let _ = writeln!(io::stdout(), "{value}");
+}
+
 /// Prints what the run streams: worker output with its rank prefix (stdout lines to stdout,
 /// stderr lines to stderr), and in JSON mode every event as one line.
-async fn print_events(
-    mut events: mpsc::UnboundedReceiver<RunEvent>,
-    format: LogFormat,
-    progress: Progress,
-) {
+async fn print_events(mut events: mpsc::Receiver<RunEvent>, format: LogFormat, progress: Progress) {
     let mut out = io::stdout();
     while let Some(event) = events.recv().await {
         let written = match format {

@@ -126,7 +126,7 @@ fn every_rank_gets_the_torch_environment_through_a_real_process() {
         &[
             "sh",
             "-c",
-            "echo RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT TRAINYARD_WORLD_RANK=$TRAINYARD_WORLD_RANK TOKEN=${TRAINYARD_AGENT_TOKEN:-none}",
+            "echo RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT TRAINYARD_WORLD_RANK=$TRAINYARD_WORLD_RANK PRIVATE=${TRAINYARD_AGENT_CONFIG:-none}${TRAINYARD_ROLE:-}",
         ],
         Duration::from_secs(60),
     );
@@ -149,7 +149,7 @@ fn every_rank_gets_the_torch_environment_through_a_real_process() {
             "GROUP_RANK=0".to_owned(),
             "MASTER_ADDR=127.0.0.1".to_owned(),
             format!("TRAINYARD_WORLD_RANK={rank}"),
-            "TOKEN=none".to_owned(),
+            "PRIVATE=none".to_owned(),
         ] {
             assert!(line.contains(&want), "{want} missing in {line}");
         }

@@ -26,15 +26,36 @@ pub(crate) fn kill_hard(child: &mut Child, task: Option<u32>) {
     let _ = child.start_kill();
 }
 
-/// SIGKILLs the process group led by `task`, if that process still exists and leads its
-/// group. A zombie counts: its pid cannot be reused until it is reaped.
+/// SIGKILLs the process group led by `task`, while that process still exists and leads its
+/// group (a zombie counts: its pid cannot be reused until it is reaped), or while any
+/// process is still in the group (its id cannot be handed out again while it is in use).
 pub(crate) fn kill_task_group(task: u32) {
     let Ok(raw) = i32::try_from(task) else {
         return;
     };
-    if task_group_alive(task) {
+    if task_group_alive(task) || group_has_members(task) {
         let _ = killpg(Pid::from_raw(raw), Signal::SIGKILL);
     }
+}
+
+/// Whether some process is in process group `group`.
+fn group_has_members(group: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .any(|e| {
+            std::fs::read_to_string(e.path().join("stat"))
+                .ok()
+                .and_then(|stat| parse_stat(&stat))
+                .is_some_and(|(state, g)| g == group && state != 'Z' && state != 'X')
+        })
 }
 
 /// Waits up to `limit` for the agent to exit and reaps it.

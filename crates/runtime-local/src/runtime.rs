@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
@@ -319,18 +320,16 @@ impl LocalRuntime {
         config: &AgentConfig,
     ) -> Result<tokio::process::Command, RuntimeError> {
         let core = self.core();
-        let env = config
-            .to_env(&core.token)
-            .map_err(|error| RuntimeError::SpawnFailed {
-                name: spec.name.clone(),
-                reason: format!("the agent's configuration cannot be encoded: {error}"),
-            })?;
+        let env = config.to_env().map_err(|error| RuntimeError::SpawnFailed {
+            name: spec.name.clone(),
+            reason: format!("the agent's configuration cannot be encoded: {error}"),
+        })?;
         let mut command = tokio::process::Command::new(&core.config.agent.program);
         command
             .args(&core.config.agent.args)
             .envs(&spec.env)
             .envs(env)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .process_group(0)
@@ -457,6 +456,17 @@ impl ActorRuntime for LocalRuntime {
                 core.config.agent.program.display()
             ))
         })?;
+        let mut child = child;
+        // The token travels on the agent's stdin: it fits in the pipe's buffer, so this
+        // write does not wait for the agent.
+        if let Some(mut stdin) = child.stdin.take() {
+            let line = trainyard_agent::config::token_line(&core.token);
+            if let Err(error) = stdin.write_all(line.as_bytes()).await {
+                return Err(refused(&format!(
+                    "cannot hand the agent its token: {error}"
+                )));
+            }
+        }
         let pid = child.id().unwrap_or(0);
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (events, stream) = event_channel(EVENT_BUFFER);

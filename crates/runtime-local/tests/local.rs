@@ -53,7 +53,21 @@ fn functions() -> FunctionRegistry {
 /// A function that allocates as many bytes as its argument says.
 const ALLOCATE: &str = "test.allocate";
 
+/// The stand-alone agent of `examples/agent.rs`, built beside this test binary: its task
+/// trampolines print nothing of their own, unlike a test harness.
 fn agent() -> AgentCommand {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let example = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("examples").join("agent"))
+        .filter(|path| path.exists())
+        .expect("examples/agent is built with the tests (cargo test builds examples)");
+    AgentCommand::new(example, Vec::<String>::new())
+}
+
+/// This test binary as the agent, serving [`functions`] (function tasks need no trampoline).
+fn functions_agent() -> AgentCommand {
     let exe = std::env::current_exe().expect("the test binary's path");
     AgentCommand::new(
         exe,
@@ -183,6 +197,9 @@ async fn the_conformance_suite_passes_on_two_virtual_nodes() {
     timeout(TEST_LIMIT, conformance::run_all(&runtime))
         .await
         .expect("the suite finishes");
+    timeout(TEST_LIMIT, conformance::run_commands(&runtime))
+        .await
+        .expect("the command checks finish");
     runtime.shutdown().await;
     assert!(runtime.agent_pids().is_empty());
 }
@@ -712,7 +729,9 @@ fn memory_cgroup_dirs() -> Vec<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_by_the_oom_killer_dies_of_its_memory_limit() {
     let cgroups = !matches!(MemoryEnforcement::probe(), MemoryEnforcement::Rlimit { .. });
-    let config = two_nodes("oom").enforce_memory(true);
+    let config = two_nodes("oom")
+        .with_agent(functions_agent())
+        .enforce_memory(true);
     let runtime = LocalRuntime::start(config).await.expect("start");
     let limit: u64 = 64 << 20;
     let test = async {
@@ -839,4 +858,64 @@ async fn each_worker_gets_the_gpu_ids_of_its_bundle() {
     };
     timeout(TEST_LIMIT, test).await.expect("in time");
     runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_task_leaves_running_in_its_group_is_killed_when_it_ends() {
+    let runtime = start("leftovers").await;
+    let actor = runtime.spawn(spec("leftovers")).await.expect("spawn");
+    let mut events = runtime
+        .task_events(actor)
+        .await
+        .expect("subscribe")
+        .expect("pushed");
+    let task = trainyard_runtime::TaskSpec::Command {
+        program: "sh".into(),
+        args: vec!["-c".into(), "sleep 300 & echo $!".into()],
+        env: std::collections::BTreeMap::new(),
+    };
+    runtime.run_task(actor, task).await.expect("run");
+    let mut background = None;
+    let started = std::time::Instant::now();
+    loop {
+        match timeout(TEST_LIMIT, events.next()).await.expect("an event") {
+            Some(ActorEvent::Task(trainyard_runtime::TaskEvent::Log { line, .. })) => {
+                background = line.trim().parse::<u32>().ok();
+            }
+            Some(ActorEvent::TaskExited(exit)) => {
+                assert_eq!(exit, trainyard_runtime::TaskExit::from_code(0));
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(400),
+        "the end was not held back by the background child: {:?}",
+        started.elapsed()
+    );
+    let background = background.expect("the background pid");
+    assert!(
+        is_zombie_or_gone(background),
+        "the background sleep outlived its task"
+    );
+    runtime.shutdown().await;
+}
+
+fn is_zombie_or_gone(pid: u32) -> bool {
+    for _ in 0..100 {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            Ok(stat)
+                if stat
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z')) =>
+            {
+                return true;
+            }
+            Ok(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
+    false
 }

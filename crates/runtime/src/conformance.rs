@@ -97,7 +97,7 @@ pub async fn command_sees_its_environment(runtime: &dyn ActorRuntime) {
         .await
         .unwrap_or_else(|e| panic!("{CHECK}: set_env failed: {e}"));
     let task = sh(
-        "echo spawn=$TY_SPAWN set=$TY_SET task=$TY_TASK wins=$TY_WINS secret=${TRAINYARD_AGENT_TOKEN:-none}",
+        "echo spawn=$TY_SPAWN set=$TY_SET task=$TY_TASK wins=$TY_WINS private=${TRAINYARD_AGENT_CONFIG:-none}${TRAINYARD_ROLE:-}",
         BTreeMap::from([pair("TY_TASK", "task"), pair("TY_WINS", "task")]),
     );
     let (events, exit) = run_to_end(runtime, actor, task, CHECK).await;
@@ -107,7 +107,7 @@ pub async fn command_sees_its_environment(runtime: &dyn ActorRuntime) {
     );
     assert_eq!(
         lines(&events, crate::Stream::Stdout),
-        ["spawn=spawn set=set task=task wins=task secret=none"],
+        ["spawn=spawn set=set task=task wins=task private=none"],
         "{CHECK}: the command saw the wrong environment"
     );
     kill(runtime, actor, CHECK).await;
@@ -143,7 +143,6 @@ pub async fn command_output_arrives_line_by_line_in_order(runtime: &dyn ActorRun
 /// A command's exit code, and the signal that killed one, are kept as data.
 pub async fn command_exit_codes_and_signals_are_kept(runtime: &dyn ActorRuntime) {
     const CHECK: &str = "command_exit_codes_and_signals_are_kept";
-    let actor = spawn(runtime, Resources::new(), None, BTreeMap::new(), CHECK).await;
     let cases = [
         ("exit 0", TaskExit::from_code(0)),
         ("exit 7", TaskExit::from_code(7)),
@@ -157,11 +156,13 @@ pub async fn command_exit_codes_and_signals_are_kept(runtime: &dyn ActorRuntime)
             },
         ),
     ];
+    // One actor per task: an actor's event stream has one subscriber.
     for (script, want) in cases {
+        let actor = spawn(runtime, Resources::new(), None, BTreeMap::new(), CHECK).await;
         let (_, exit) = run_to_end(runtime, actor, sh(script, BTreeMap::new()), CHECK).await;
         assert_eq!(exit, want, "{CHECK}: `{script}` ended wrong");
+        kill(runtime, actor, CHECK).await;
     }
-    kill(runtime, actor, CHECK).await;
 }
 
 /// A program that does not exist is refused with [`crate::TaskRejection::ProgramNotFound`].
