@@ -5,7 +5,18 @@ use trainyard_runtime::RuntimeError;
 use trainyard_worker_group::WorkerGroupError;
 
 /// Any error of trainyard; the layer's own error is the [`source`](std::error::Error::source).
-#[derive(Debug, thiserror::Error)]
+///
+/// `Display` says what failed; `Debug` says it with every cause on one line, so that
+/// `fn main() -> trainyard::Result<()>` prints the whole story rather than a nested dump:
+///
+/// ```
+/// use trainyard::config::ScalingConfig;
+///
+/// let error = trainyard::Error::from(ScalingConfig::default().num_workers(0).validate().unwrap_err());
+/// assert_eq!(error.to_string(), "invalid configuration");
+/// assert!(format!("{error:?}").starts_with("invalid configuration: "));
+/// ```
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A resource dictionary is invalid.
@@ -27,3 +38,9 @@ pub enum Error {
 
 /// `Result` with trainyard's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", trainyard_resources::ErrorChain(self))
+    }
+}
