@@ -143,13 +143,21 @@ impl Failure {
 #[error("cannot write to stdout")]
 struct OutputError(#[source] std::io::Error);
 
-/// clap's multi-line usage error folded into one line (the usage hint is dropped).
+/// clap's multi-line usage error folded into one line: the message and its context joined
+/// by spaces, then each `tip:` (where clap says "a similar argument exists: ...") after a
+/// `; `. The usage and the pointer to `--help` are dropped.
 fn one_line(rendered: &str) -> String {
-    rendered
+    let mut line = String::new();
+    let parts = rendered
         .lines()
         .map(str::trim)
-        .take_while(|line| !line.starts_with("Usage:") && !line.starts_with("For more information"))
-        .filter(|line| !line.is_empty() && !line.starts_with("tip:"))
-        .collect::<Vec<_>>()
-        .join(" ")
+        .take_while(|part| !part.starts_with("Usage:") && !part.starts_with("For more information"))
+        .filter(|part| !part.is_empty());
+    for part in parts {
+        if !line.is_empty() {
+            line.push_str(if part.starts_with("tip:") { "; " } else { " " });
+        }
+        line.push_str(part);
+    }
+    escape_newlines(&line)
 }

@@ -249,44 +249,116 @@ fn flags_override_the_config_file() {
     assert_eq!(plan["placement_group_factory"]["strategy"], "SPREAD");
 }
 
-#[test]
-fn text_format_has_a_row_per_bundle() {
+/// Runs `trainyard plan ARGS --format text`, expecting success, and returns stdout.
+fn plan_text(args: &[&str]) -> String {
     let output = trainyard()
-        .args([
-            "plan",
-            "-n",
-            "3",
-            "--trainer-resources",
-            "CPU=1",
-            "-r",
-            "CPU=2,memory=1000",
-            "--format",
-            "text",
-        ])
+        .arg("plan")
+        .args(args)
+        .args(["--format", "text"])
         .output()
         .expect("trainyard runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let stdout = String::from_utf8(output.stdout).expect("UTF-8 output");
-    let rows: Vec<Vec<&str>> = stdout
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "plan {args:?} failed: {stderr}");
+    assert!(stderr.is_empty(), "plan {args:?} wrote to stderr: {stderr}");
+    String::from_utf8(output.stdout).expect("UTF-8 output")
+}
+
+/// The table rows of a text plan, split at whitespace: `[range, "×", count, bundle, options...]`.
+fn text_rows(stdout: &str) -> Vec<Vec<&str>> {
+    stdout
         .lines()
         .map(|line| line.split_whitespace().collect::<Vec<_>>())
-        .filter(|words| words.first().is_some_and(|w| w.parse::<usize>().is_ok()))
-        .collect();
-    let expected = ["CPU=3,memory=1KB", "CPU=2,memory=1KB", "CPU=2,memory=1KB"];
+        .filter(|words| {
+            words
+                .first()
+                .is_some_and(|w| w.split('-').all(|n| n.parse::<usize>().is_ok()))
+        })
+        .collect()
+}
+
+#[test]
+fn text_format_groups_consecutive_identical_bundles_into_one_row() {
+    let stdout = plan_text(&[
+        "-n",
+        "3",
+        "--trainer-resources",
+        "CPU=1",
+        "-r",
+        "CPU=2,memory=1000",
+    ]);
+    let rows = text_rows(&stdout);
+    // (bundles, count, bundle resources)
+    let expected = [
+        ("0", "1", "CPU=3,memory=1KB"),
+        ("1-2", "2", "CPU=2,memory=1KB"),
+    ];
     assert_eq!(rows.len(), expected.len(), "{stdout}");
-    for (i, (row, bundle)) in rows.iter().zip(expected).enumerate() {
-        assert_eq!(row[0], i.to_string(), "{stdout}");
-        assert_eq!(row[1], bundle, "{stdout}");
-        assert!(
-            row.contains(&"num_cpus=2") && row.contains(&"memory=1KB"),
+    for (row, (range, count, bundle)) in rows.iter().zip(expected) {
+        assert_eq!(row[..4], [range, "×", count, bundle], "{stdout}");
+        assert_eq!(
+            row[4..],
+            [
+                "num_cpus=2",
+                "num_gpus=0",
+                "memory=1KB",
+                "object_store_memory=-",
+                "resources=-"
+            ],
             "{stdout}"
         );
     }
     assert!(stdout.contains("PACK"), "{stdout}");
+}
+
+#[test]
+fn a_hundred_thousand_identical_workers_print_one_row_but_every_worker_in_json() {
+    let stdout = plan_text(&["-n", "100000"]);
+    let rows = text_rows(&stdout);
+    assert_eq!(rows.len(), 1, "{stdout}");
+    assert_eq!(
+        rows[0][..4],
+        ["0-99999", "×", "100000", "CPU=1"],
+        "{stdout}"
+    );
+    assert!(stdout.lines().count() < 12, "{stdout}");
+
+    let plan = plan_json(&["-n", "100000"]);
+    assert_eq!(workers(&plan).len(), 100_000);
+    assert_eq!(bundles(&plan).len(), 100_000);
+}
+
+#[test]
+fn text_says_that_bundle_zero_also_holds_the_trainers_resources() {
+    let stdout = plan_text(&["-n", "2", "--trainer-resources", "CPU=1,memory=1GiB"]);
+    let note = "bundle 0 also reserves the trainer's CPU=1,memory=1GiB (not part of worker 0's actor options)";
+    assert_eq!(stdout.lines().last(), Some(note), "{stdout}");
+    // Without trainer resources there is nothing to explain.
+    let stdout = plan_text(&["-n", "2"]);
+    assert!(!stdout.contains("also reserves"), "{stdout}");
+}
+
+#[test]
+fn text_shows_nothing_as_a_dash_and_numbers_as_numbers() {
+    let stdout = plan_text(&["-n", "2"]);
+    assert!(!stdout.contains("{}"), "{stdout}");
+    assert!(
+        stdout.lines().any(|line| line == "trainer             -"),
+        "{stdout}"
+    );
+    let rows = text_rows(&stdout);
+    assert!(
+        rows[0].contains(&"num_gpus=0")
+            && rows[0].contains(&"memory=0")
+            && rows[0].contains(&"object_store_memory=-")
+            && rows[0].contains(&"resources=-"),
+        "{stdout}"
+    );
+    let stdout = plan_text(&["-r", "CPU=1,object_store_memory=512MiB,custom=2"]);
+    let rows = text_rows(&stdout);
+    assert!(
+        rows[0].contains(&"object_store_memory=512MiB") && rows[0].contains(&"resources=custom=2"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -301,7 +373,7 @@ fn text_is_the_default_format() {
     assert!(
         stdout
             .lines()
-            .any(|l| l.starts_with('1') && l.contains("CPU=1")),
+            .any(|l| l.starts_with("0-1 ") && l.contains("CPU=1")),
         "{stdout}"
     );
 }
@@ -347,6 +419,23 @@ fn bad_inputs_exit_2_with_one_error_line_and_no_panic() {
         (&["plan", "-r", multi_line_json], r#"{\n  "CPU": 1,\n"#),
         (&["plan", "-s", "RANDOM"], "RANDOM"),
         (&["plan", "--bogus-flag"], "--bogus-flag"),
+        // clap's "did you mean" hints survive the folding into one line.
+        (
+            &["plan", "--placement_strategy", "SPREAD"],
+            "error: unexpected argument '--placement_strategy' found; tip: a similar argument exists: '--placement-strategy'",
+        ),
+        (
+            &["plann"],
+            "unrecognized subcommand 'plann'; tip: a similar subcommand exists: 'plan'",
+        ),
+        (
+            &["plan", "--format", "jsno"],
+            "[possible values: text, json]; tip: a similar value exists: 'json'",
+        ),
+        (
+            &["run", "-n", "2"],
+            "the following required arguments were not provided: <PROGRAM>",
+        ),
         (&["plan", "-c", "/nonexistent.toml"], "/nonexistent.toml"),
         (&["plan", "-c", unknown_field], "unknown field `bogus`"),
         (&["plan", "-c", broken_table], "at line 2, column "),

@@ -54,6 +54,18 @@ impl PlacementStrategy {
 pub struct UnknownStrategy(pub String);
 
 impl fmt::Display for PlacementStrategy {
+    /// Ray's spelling, as [`PlacementStrategy::as_str`]; [`FromStr`] parses it back.
+    ///
+    /// ```
+    /// use trainyard_config::PlacementStrategy;
+    ///
+    /// assert_eq!(PlacementStrategy::Spread.to_string(), "SPREAD");
+    /// assert_eq!(PlacementStrategy::StrictPack.to_string(), "STRICT_PACK");
+    /// for strategy in PlacementStrategy::ALL {
+    ///     assert_eq!(strategy.to_string().parse::<PlacementStrategy>()?, strategy);
+    /// }
+    /// # Ok::<(), trainyard_config::UnknownStrategy>(())
+    /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }

@@ -1,9 +1,14 @@
 //! [`ActorOptions`] and the one conversion from a resource dictionary into them.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use crate::resources::{CPU, GPU, MEMORY, OBJECT_STORE_MEMORY};
-use crate::{ResourceAmount, ResourceError, Resources};
+use crate::{ByteSize, ResourceAmount, ResourceError, Resources};
+
+/// What text renderings print for a value that is absent (`None`) or an empty dictionary.
+const NOTHING: &str = "-";
 
 /// The options a worker actor is started with, split out of its resource dictionary.
 ///
@@ -63,6 +68,51 @@ impl TryFrom<&Resources> for ActorOptions {
             object_store_memory: bytes(OBJECT_STORE_MEMORY)?,
             resources,
         })
+    }
+}
+
+impl fmt::Display for ActorOptions {
+    /// One line of `name=value` pairs, as `trainyard plan` prints it:
+    /// `num_cpus=1 num_gpus=0 memory=10GB object_store_memory=- resources=custom=2`.
+    ///
+    /// Byte sizes carry units (as [`ByteSize`]'s `{:#}`), custom resources are
+    /// [`Resources`]' `{:#}`. The text mirrors the JSON form: the numbers `num_cpus`,
+    /// `num_gpus` and `memory` are always printed, `0` included (zero is what the actor is
+    /// started with, as in JSON); `-` stands for nothing — an absent `object_store_memory`
+    /// (JSON `null`) and an empty `resources` (JSON `{}`).
+    ///
+    /// ```
+    /// use trainyard_resources::{ActorOptions, Resources};
+    ///
+    /// let dict: Resources = "CPU=1,memory=10GB".parse()?;
+    /// assert_eq!(
+    ///     ActorOptions::try_from(&dict)?.to_string(),
+    ///     "num_cpus=1 num_gpus=0 memory=10GB object_store_memory=- resources=-"
+    /// );
+    /// let dict: Resources = "GPU=0.5,object_store_memory=512MiB,custom=2".parse()?;
+    /// assert_eq!(
+    ///     ActorOptions::try_from(&dict)?.to_string(),
+    ///     "num_cpus=0 num_gpus=0.5 memory=0 object_store_memory=512MiB resources=custom=2"
+    /// );
+    /// # Ok::<(), trainyard_resources::ResourceError>(())
+    /// ```
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "num_cpus={} num_gpus={} memory={:#} object_store_memory=",
+            self.num_cpus,
+            self.num_gpus,
+            ByteSize::new(self.memory),
+        )?;
+        match self.object_store_memory {
+            Some(bytes) => write!(f, "{:#}", ByteSize::new(bytes))?,
+            None => f.write_str(NOTHING)?,
+        }
+        if self.resources.is_empty() {
+            write!(f, " resources={NOTHING}")
+        } else {
+            write!(f, " resources={:#}", self.resources)
+        }
     }
 }
 
@@ -132,6 +182,25 @@ mod tests {
         assert_eq!(
             json,
             serde_json::json!({"num_cpus": 0, "num_gpus": 0, "memory": 10000, "object_store_memory": null, "resources": {}})
+        );
+    }
+
+    #[test]
+    fn display_prints_numbers_as_numbers_and_dash_for_nothing() {
+        assert_eq!(
+            options("custom=1").to_string(),
+            "num_cpus=0 num_gpus=0 memory=0 object_store_memory=- resources=custom=1"
+        );
+        assert_eq!(
+            options(
+                "CPU=2,GPU=1,memory=1536MiB,object_store_memory=1GB,accelerator_type:A100=0.001,b=3"
+            )
+            .to_string(),
+            "num_cpus=2 num_gpus=1 memory=1536MiB object_store_memory=1GB resources=accelerator_type:A100=0.001,b=3"
+        );
+        assert_eq!(
+            ActorOptions::default().to_string(),
+            "num_cpus=0 num_gpus=0 memory=0 object_store_memory=- resources=-"
         );
     }
 
