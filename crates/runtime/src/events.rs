@@ -1,7 +1,7 @@
 //! Task events pushed from a worker to the driver as they happen.
 //!
 //! A runtime hands the executor one [`TaskEvents`] stream per actor
-//! ([`ActorRuntime::task_events`](crate::ActorRuntime::task_events)). Every stream is fed
+//! ([`ActorRuntime::task_events`]). Every stream is fed
 //! through a bounded [`event_channel`]: log lines that find it full are dropped and counted
 //! (the count arrives as [`TaskEvent::LogsDropped`]), while reports, the task's end and the
 //! actor's death wait for room and are never dropped. A runtime that can only answer

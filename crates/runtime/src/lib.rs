@@ -8,8 +8,11 @@
 //! with fault injection by wrapping), `mocks` (mockall's `MockActorRuntime`) and
 //! `conformance` (checks every runtime must pass).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod cluster;
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 mod error;
 pub mod events;
@@ -20,6 +23,7 @@ mod protocol;
 pub mod reservations;
 mod runtime;
 #[cfg(feature = "sim")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub mod sim;
 mod task;
 
@@ -31,6 +35,7 @@ pub use protocol::{
     PollResult, Request, Response, Stream, TaskEvent, TaskSpec, TaskStatus, WorkerInfo,
 };
 #[cfg(any(test, feature = "mocks"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "mocks")))]
 pub use runtime::MockActorRuntime;
 pub use runtime::{ActorRuntime, ActorRuntimeExt, ActorSpec, PlacementInfo};
 pub use task::{FunctionRegistry, TaskContext, TaskResult, builtins, drive};

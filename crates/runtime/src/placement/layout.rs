@@ -1,0 +1,728 @@
+//! The layout search: [`place`] lays a group's bundles over the nodes' available resources by
+//! its strategy's rule, falls back to first-fit and best-fit heuristics, and settles small
+//! groups with an exhaustive search. [`Problem`] is the interned form of the question that
+//! the feasibility check asks as well.
+
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ops::Range;
+
+use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
+use trainyard_resources::Resources;
+
+/// Groups with at most this many bundles get an exhaustive search when the heuristics find
+/// no layout (on clusters of at most [`EXACT_SEARCH_NODES`] nodes).
+pub const EXACT_SEARCH_BUNDLES: usize = 10;
+/// Clusters with at most this many nodes get an exhaustive search for small groups.
+pub const EXACT_SEARCH_NODES: usize = 16;
+/// How many partial layouts the exhaustive search may visit before it gives up undecided.
+const EXACT_SEARCH_STEPS: usize = 200_000;
+
+/// Lays the bundles of `factory` over nodes with these available resources, following its
+/// strategy (see the [module documentation](crate::placement)).
+///
+/// Returns the index (into `nodes_available`) of the node chosen for each bundle, in bundle
+/// order, or `None` when the group does not fit now. All or nothing: a group is never
+/// partly placed.
+#[must_use]
+pub fn place<R: Borrow<Resources>>(
+    nodes_available: &[R],
+    factory: &PlacementGroupFactory,
+) -> Option<Vec<usize>> {
+    if factory.bundles.is_empty() {
+        return Some(Vec::new());
+    }
+    if nodes_available.is_empty() {
+        return None;
+    }
+    Problem::new(nodes_available, &factory.bundles).place(factory.strategy)
+}
+
+/// A bundle demand as `(resource index, steps)` pairs, nonzero only, by resource index.
+type Shape = Vec<(usize, u128)>;
+
+/// The placement problem with resource names interned: nodes' capacities are dense rows,
+/// bundle demands are sparse and deduplicated into shapes. Only resources that some bundle
+/// asks for are kept.
+pub(super) struct Problem {
+    /// The resources some bundle asks for, by index.
+    pub(super) names: Vec<String>,
+    width: usize,
+    nodes: usize,
+    /// One row of `width` capacities per node.
+    cap: Vec<u128>,
+    /// The distinct bundle demands, in the order of their first bundle.
+    pub(super) shapes: Vec<Shape>,
+    /// The shape of each bundle.
+    pub(super) shape_of: Vec<usize>,
+}
+
+/// Why a demand fits no single node.
+pub(super) enum Shortfall {
+    /// No node has enough of this resource.
+    Resource(Missing),
+    /// Every resource exists somewhere, but on no single node all together.
+    Combination { closest: usize },
+}
+
+/// A resource of which some place (the best node, or the whole cluster) has less than is
+/// needed.
+pub(super) struct Missing {
+    pub(super) index: usize,
+    pub(super) needed: u128,
+    pub(super) have: u128,
+}
+
+/// Bundles that cannot each get a node of their own, and how many nodes could host them.
+pub(super) struct Stuck {
+    pub(super) bundles: Vec<usize>,
+    pub(super) hosts: usize,
+}
+
+/// The outcome of a search for a layout.
+pub(super) enum Search {
+    Found(Vec<usize>),
+    /// No layout exists.
+    Impossible,
+    /// The search gave up without an answer.
+    Undecided,
+}
+
+impl Search {
+    fn found(self) -> Option<Vec<usize>> {
+        match self {
+            Self::Found(layout) => Some(layout),
+            Self::Impossible | Self::Undecided => None,
+        }
+    }
+}
+
+impl Problem {
+    pub(super) fn new<R: Borrow<Resources>>(nodes: &[R], bundles: &[Resources]) -> Self {
+        let names: BTreeSet<&str> = bundles
+            .iter()
+            .flat_map(|b| b.iter().filter(|(_, a)| !a.is_zero()).map(|(name, _)| name))
+            .collect();
+        let index: BTreeMap<&str, usize> = names.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+        let width = names.len();
+        let mut cap = Vec::with_capacity(nodes.len() * width);
+        for node in nodes {
+            let node = node.borrow();
+            cap.extend(names.iter().map(|&name| node.amount(name).steps()));
+        }
+        let mut shapes = Vec::new();
+        let mut known: HashMap<Shape, usize> = HashMap::new();
+        let mut shape_of = Vec::with_capacity(bundles.len());
+        for bundle in bundles {
+            let shape: Shape = bundle
+                .iter()
+                .filter(|(_, a)| !a.is_zero())
+                .map(|(name, a)| (index[name], a.steps()))
+                .collect();
+            let id = *known.entry(shape).or_insert_with_key(|shape| {
+                shapes.push(shape.clone());
+                shapes.len() - 1
+            });
+            shape_of.push(id);
+        }
+        Self {
+            names: names.into_iter().map(str::to_owned).collect(),
+            width,
+            nodes: nodes.len(),
+            cap,
+            shapes,
+            shape_of,
+        }
+    }
+
+    /// How many bundles the group has.
+    fn bundles(&self) -> usize {
+        self.shape_of.len()
+    }
+
+    /// Where `node`'s row lies in a capacity table such as `cap`.
+    fn row(&self, node: usize) -> Range<usize> {
+        node * self.width..(node + 1) * self.width
+    }
+
+    /// What `node` has of each resource.
+    pub(super) fn cap_of(&self, node: usize) -> &[u128] {
+        &self.cap[self.row(node)]
+    }
+
+    /// What every node has of resource `index`, in node order.
+    fn column(&self, index: usize) -> impl Iterator<Item = u128> + '_ {
+        (0..self.nodes).map(move |n| self.cap_of(n)[index])
+    }
+
+    /// The most of each resource that any node has.
+    fn biggest(&self) -> Vec<u128> {
+        (0..self.width)
+            .map(|i| self.column(i).max().unwrap_or(0))
+            .collect()
+    }
+
+    /// The demand of `shape` as a dense row.
+    pub(super) fn dense(&self, shape: usize) -> Vec<u128> {
+        let mut out = vec![0; self.width];
+        for &(index, amount) in &self.shapes[shape] {
+            out[index] = amount;
+        }
+        out
+    }
+
+    fn fits(&self, cap: &[u128], node: usize, shape: usize) -> bool {
+        let row = &cap[self.row(node)];
+        self.shapes[shape].iter().all(|&(i, a)| row[i] >= a)
+    }
+
+    fn take(&self, cap: &mut [u128], node: usize, shape: usize) {
+        let row = &mut cap[self.row(node)];
+        for &(i, a) in &self.shapes[shape] {
+            row[i] -= a;
+        }
+    }
+
+    /// Undoes [`Problem::take`].
+    fn give(&self, cap: &mut [u128], node: usize, shape: usize) {
+        let row = &mut cap[self.row(node)];
+        for &(i, a) in &self.shapes[shape] {
+            row[i] += a;
+        }
+    }
+
+    /// What all bundles ask for together, as a dense row.
+    pub(super) fn total_demand(&self) -> Vec<u128> {
+        let mut total = vec![0u128; self.width];
+        for &shape in &self.shape_of {
+            for &(i, a) in &self.shapes[shape] {
+                total[i] = total[i].saturating_add(a);
+            }
+        }
+        total
+    }
+
+    /// The first resource that all bundles together ask more of than all nodes have
+    /// together, if any.
+    pub(super) fn cluster_shortfall(&self) -> Option<Missing> {
+        self.total_demand()
+            .into_iter()
+            .enumerate()
+            .map(|(index, needed)| Missing {
+                index,
+                needed,
+                have: self.column(index).fold(0, u128::saturating_add),
+            })
+            .find(|m| m.have < m.needed)
+    }
+
+    /// The first node (by order) whose capacity covers the dense `demand`, or why none does.
+    pub(super) fn single_node_fit(&self, demand: &[u128]) -> Result<usize, Shortfall> {
+        let covers = |n: usize| self.cap_of(n).iter().zip(demand).all(|(c, d)| c >= d);
+        if let Some(node) = (0..self.nodes).find(|&n| covers(n)) {
+            return Ok(node);
+        }
+        let beyond_every_node = self
+            .biggest()
+            .into_iter()
+            .zip(demand)
+            .enumerate()
+            .find(|&(_, (best, &needed))| best < needed);
+        if let Some((index, (have, &needed))) = beyond_every_node {
+            return Err(Shortfall::Resource(Missing {
+                index,
+                needed,
+                have,
+            }));
+        }
+        let short = |n: usize| {
+            self.cap_of(n)
+                .iter()
+                .zip(demand)
+                .filter(|(c, d)| c < d)
+                .count()
+        };
+        let closest = (0..self.nodes).min_by_key(|&n| (short(n), n)).unwrap_or(0);
+        Err(Shortfall::Combination { closest })
+    }
+
+    /// Every bundle on the first node that can take the whole group.
+    fn one_node(&self) -> Option<Vec<usize>> {
+        let node = self.single_node_fit(&self.total_demand()).ok()?;
+        Some(vec![node; self.bundles()])
+    }
+
+    fn place(&self, strategy: PlacementStrategy) -> Option<Vec<usize>> {
+        match strategy {
+            PlacementStrategy::Pack | PlacementStrategy::Spread => {
+                self.best_effort(strategy).found()
+            }
+            PlacementStrategy::StrictPack => self.one_node(),
+            PlacementStrategy::StrictSpread => self.strict_spread().ok(),
+        }
+    }
+
+    /// `PACK` or `SPREAD`: the strategy's own rule, then first-fit in order, first-fit and
+    /// best-fit with the largest bundles first, then (for small groups) an exhaustive search.
+    pub(super) fn best_effort(&self, strategy: PlacementStrategy) -> Search {
+        if self.cluster_shortfall().is_some() {
+            return Search::Impossible;
+        }
+        let spread = strategy == PlacementStrategy::Spread;
+        let own = if spread {
+            self.spread(0..self.bundles())
+        } else {
+            // PACK: one node for the whole group when one can take it.
+            self.one_node()
+        };
+        if let Some(layout) = own {
+            return Search::Found(layout);
+        }
+        let largest_first = self.largest_first();
+        let own_largest_first = if spread {
+            self.spread(largest_first.iter().copied())
+        } else {
+            None
+        };
+        let found = own_largest_first
+            .or_else(|| self.first_fit(0..self.bundles()))
+            .or_else(|| self.first_fit(largest_first.iter().copied()))
+            .or_else(|| self.best_fit(&largest_first));
+        if let Some(layout) = found {
+            return Search::Found(layout);
+        }
+        if self.bundles() <= EXACT_SEARCH_BUNDLES && self.nodes <= EXACT_SEARCH_NODES {
+            self.exhaustive(strategy, &largest_first)
+        } else {
+            Search::Undecided
+        }
+    }
+
+    /// Bundle indices with the largest bundles first (relative to the largest node), stable.
+    fn largest_first(&self) -> Vec<usize> {
+        let biggest = self.biggest();
+        let size: Vec<f64> = self
+            .shapes
+            .iter()
+            .map(|shape| {
+                shape
+                    .iter()
+                    .map(|&(i, a)| {
+                        if biggest[i] == 0 {
+                            f64::MAX
+                        } else {
+                            a as f64 / biggest[i] as f64
+                        }
+                    })
+                    .sum()
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..self.bundles()).collect();
+        order.sort_by(|&a, &b| size[self.shape_of[b]].total_cmp(&size[self.shape_of[a]]));
+        order
+    }
+
+    /// Each bundle to the first node with room. Capacities only shrink, so a node without
+    /// room for a shape never gets room again: one cursor per shape skips such nodes.
+    fn first_fit(&self, order: impl Iterator<Item = usize>) -> Option<Vec<usize>> {
+        let mut cap = self.cap.clone();
+        let mut cursor = vec![0usize; self.shapes.len()];
+        let mut out = vec![0usize; self.bundles()];
+        for bundle in order {
+            let shape = self.shape_of[bundle];
+            let mut node = cursor[shape];
+            while node < self.nodes && !self.fits(&cap, node, shape) {
+                node += 1;
+            }
+            if node == self.nodes {
+                return None;
+            }
+            cursor[shape] = node;
+            self.take(&mut cap, node, shape);
+            out[bundle] = node;
+        }
+        Some(out)
+    }
+
+    /// Each bundle, in `order`, to the node with room that it fills the most (the least left
+    /// over, relative to the biggest node), ties by node order.
+    fn best_fit(&self, order: &[usize]) -> Option<Vec<usize>> {
+        let scale = self.biggest();
+        let mut cap = self.cap.clone();
+        let mut out = vec![0usize; self.bundles()];
+        for &bundle in order {
+            let shape = self.shape_of[bundle];
+            let demand = self.dense(shape);
+            let slack = |node: usize| -> f64 {
+                let row = &cap[self.row(node)];
+                (0..self.width)
+                    .filter(|&i| scale[i] > 0)
+                    .map(|i| (row[i] - demand[i]) as f64 / scale[i] as f64)
+                    .sum()
+            };
+            let node = (0..self.nodes)
+                .filter(|&n| self.fits(&cap, n, shape))
+                .min_by(|&a, &b| slack(a).total_cmp(&slack(b)).then(a.cmp(&b)))?;
+            self.take(&mut cap, node, shape);
+            out[bundle] = node;
+        }
+        Some(out)
+    }
+
+    /// Every layout, bundles in `order`, until one fits or [`EXACT_SEARCH_STEPS`] partial
+    /// layouts were visited (see [`Walk`]).
+    fn exhaustive(&self, strategy: PlacementStrategy, order: &[usize]) -> Search {
+        let mut walk = Walk {
+            problem: self,
+            strategy,
+            order,
+            cap: self.cap.clone(),
+            held: vec![0; self.nodes],
+            out: vec![0; self.bundles()],
+            steps: 0,
+            dead_ends: HashSet::new(),
+        };
+        match walk.go(0) {
+            Some(true) => Search::Found(walk.out),
+            Some(false) => Search::Impossible,
+            None => Search::Undecided,
+        }
+    }
+
+    /// Each bundle to the node with room that holds the fewest bundles so far, ties by node
+    /// order. Nodes sit in a set ordered by (bundles held, index); a node that has no room
+    /// for any shape still to be placed leaves the set.
+    fn spread(&self, order: impl Iterator<Item = usize>) -> Option<Vec<usize>> {
+        let mut cap = self.cap.clone();
+        let mut remaining = vec![0usize; self.shapes.len()];
+        for &shape in &self.shape_of {
+            remaining[shape] += 1;
+        }
+        let mut queue: BTreeSet<(usize, usize)> = (0..self.nodes).map(|n| (0, n)).collect();
+        // (shape, node) pairs known not to fit; only needed when shapes differ.
+        let mut no_room: BTreeSet<(usize, usize)> = BTreeSet::new();
+        let mut out = vec![0usize; self.bundles()];
+        for bundle in order {
+            let shape = self.shape_of[bundle];
+            let mut chosen = None;
+            let mut full = Vec::new();
+            for &(held, node) in &queue {
+                if no_room.contains(&(shape, node)) {
+                    continue;
+                }
+                if self.fits(&cap, node, shape) {
+                    chosen = Some((held, node));
+                    break;
+                }
+                let room_for_others = (0..self.shapes.len())
+                    .any(|s| s != shape && remaining[s] > 0 && self.fits(&cap, node, s));
+                if room_for_others {
+                    no_room.insert((shape, node));
+                } else {
+                    full.push((held, node));
+                }
+            }
+            for key in full {
+                queue.remove(&key);
+            }
+            let (held, node) = chosen?;
+            self.take(&mut cap, node, shape);
+            remaining[shape] -= 1;
+            queue.remove(&(held, node));
+            queue.insert((held + 1, node));
+            out[bundle] = node;
+        }
+        Some(out)
+    }
+
+    /// A node of its own for every bundle: greedy first, then augmenting paths (Kuhn's
+    /// algorithm) for the bundles left over. On failure, returns a set of bundles whose
+    /// candidate nodes are fewer than the bundles (Hall's condition fails for it).
+    pub(super) fn strict_spread(&self) -> Result<Vec<usize>, Stuck> {
+        const FREE: usize = usize::MAX;
+        let bundles = self.bundles();
+        let candidates: Vec<Vec<usize>> = (0..self.shapes.len())
+            .map(|s| {
+                (0..self.nodes)
+                    .filter(|&n| self.fits(&self.cap, n, s))
+                    .collect()
+            })
+            .collect();
+        if bundles > self.nodes {
+            let hosts = (0..self.nodes)
+                .filter(|&n| candidates.iter().any(|c| c.binary_search(&n).is_ok()))
+                .count();
+            return Err(Stuck {
+                bundles: (0..bundles).collect(),
+                hosts,
+            });
+        }
+        let mut owner = vec![FREE; self.nodes];
+        let mut assigned = vec![FREE; bundles];
+        let mut next = vec![0usize; self.shapes.len()];
+        for (bundle, slot) in assigned.iter_mut().enumerate() {
+            let shape = self.shape_of[bundle];
+            let list = &candidates[shape];
+            while next[shape] < list.len() && owner[list[next[shape]]] != FREE {
+                next[shape] += 1;
+            }
+            if let Some(&node) = list.get(next[shape]) {
+                owner[node] = bundle;
+                *slot = node;
+            }
+        }
+        let mut seen = vec![0u32; self.nodes];
+        let mut stamp = 0u32;
+        for root in 0..bundles {
+            if assigned[root] != FREE {
+                continue;
+            }
+            stamp += 1;
+            // Depth-first search over alternating paths, without recursion.
+            let mut stack: Vec<(usize, usize)> = vec![(root, 0)];
+            let mut path: Vec<usize> = Vec::new();
+            let mut visited_bundles = vec![root];
+            let mut augmented = false;
+            while let Some(top) = stack.last_mut() {
+                let (bundle, cursor) = *top;
+                let list = &candidates[self.shape_of[bundle]];
+                if cursor == list.len() {
+                    stack.pop();
+                    path.pop();
+                    continue;
+                }
+                top.1 += 1;
+                let node = list[cursor];
+                if seen[node] == stamp {
+                    continue;
+                }
+                seen[node] = stamp;
+                path.push(node);
+                if owner[node] == FREE {
+                    for (&(b, _), &n) in stack.iter().zip(&path) {
+                        owner[n] = b;
+                        assigned[b] = n;
+                    }
+                    augmented = true;
+                    break;
+                }
+                visited_bundles.push(owner[node]);
+                stack.push((owner[node], 0));
+            }
+            if !augmented {
+                visited_bundles.sort_unstable();
+                let hosts = seen.iter().filter(|&&s| s == stamp).count();
+                return Err(Stuck {
+                    bundles: visited_bundles,
+                    hosts,
+                });
+            }
+        }
+        Ok(assigned)
+    }
+}
+
+/// The exhaustive search's state. Nodes are tried in the strategy's order of preference
+/// (`PACK`: nodes already used first; `SPREAD`: the fewest bundles first). Two nodes with the
+/// same room left are interchangeable, so only the first is tried; a set of rooms left
+/// already known to be a dead end is not explored again.
+struct Walk<'a> {
+    problem: &'a Problem,
+    strategy: PlacementStrategy,
+    order: &'a [usize],
+    cap: Vec<u128>,
+    held: Vec<usize>,
+    out: Vec<usize>,
+    steps: usize,
+    dead_ends: HashSet<(usize, Vec<u128>)>,
+}
+
+impl Walk<'_> {
+    /// Places `order[depth..]`; `None` when out of steps.
+    fn go(&mut self, depth: usize) -> Option<bool> {
+        let p = self.problem;
+        let Some(&bundle) = self.order.get(depth) else {
+            return Some(true);
+        };
+        self.steps += 1;
+        if self.steps > EXACT_SEARCH_STEPS {
+            return None;
+        }
+        let mut rows: Vec<&[u128]> = self.cap.chunks(p.width.max(1)).collect();
+        rows.sort_unstable();
+        let key = (depth, rows.concat());
+        if self.dead_ends.contains(&key) {
+            return Some(false);
+        }
+        let shape = p.shape_of[bundle];
+        let mut nodes: Vec<usize> = (0..p.nodes).collect();
+        match self.strategy {
+            PlacementStrategy::Spread => nodes.sort_by_key(|&n| self.held[n]),
+            _ => nodes.sort_by_key(|&n| self.held[n] == 0),
+        }
+        let mut tried: Vec<Vec<u128>> = Vec::new();
+        for node in nodes {
+            if !p.fits(&self.cap, node, shape) {
+                continue;
+            }
+            let room = &self.cap[p.row(node)];
+            if tried.iter().any(|t| t[..] == *room) {
+                continue;
+            }
+            tried.push(room.to_vec());
+            p.take(&mut self.cap, node, shape);
+            self.held[node] += 1;
+            self.out[bundle] = node;
+            let placed = self.go(depth + 1);
+            p.give(&mut self.cap, node, shape);
+            self.held[node] -= 1;
+            match placed {
+                Some(false) => {}
+                done => return done,
+            }
+        }
+        self.dead_ends.insert(key);
+        Some(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::{factory, nodes};
+    use super::*;
+
+    #[test]
+    fn pack_prefers_a_node_that_takes_the_whole_group() {
+        let n = nodes(&["CPU=2", "CPU=8"]);
+        let f = factory(&["CPU=1"; 3], PlacementStrategy::Pack);
+        assert_eq!(place(&n, &f), Some(vec![1, 1, 1]));
+    }
+
+    #[test]
+    fn pack_fills_a_node_before_opening_the_next() {
+        let n = nodes(&["CPU=2", "CPU=2", "CPU=2"]);
+        let f = factory(&["CPU=1"; 5], PlacementStrategy::Pack);
+        assert_eq!(place(&n, &f), Some(vec![0, 0, 1, 1, 2]));
+    }
+
+    #[test]
+    fn pack_goes_back_to_an_open_node_for_a_smaller_bundle() {
+        let n = nodes(&["CPU=3", "CPU=4"]);
+        let f = factory(
+            &["CPU=2", "CPU=2", "CPU=1", "CPU=2"],
+            PlacementStrategy::Pack,
+        );
+        assert_eq!(place(&n, &f), Some(vec![0, 1, 0, 1]));
+    }
+
+    #[test]
+    fn best_effort_retries_with_the_largest_bundles_first() {
+        // In order: 1 → node 0, 2 → node 1, then the last 2 finds no room. Largest first fits.
+        let n = nodes(&["CPU=2", "CPU=3"]);
+        let f = factory(&["CPU=1", "CPU=2", "CPU=2"], PlacementStrategy::Pack);
+        let layout = place(&n, &f).unwrap();
+        assert_eq!(layout, vec![1, 0, 1]);
+        let f = factory(&["CPU=1", "CPU=2", "CPU=2"], PlacementStrategy::Spread);
+        assert!(place(&n, &f).is_some());
+    }
+
+    #[test]
+    fn spread_rotates_over_nodes_with_room() {
+        let n = nodes(&["CPU=1", "CPU=4", "CPU=4"]);
+        let f = factory(&["CPU=1"; 5], PlacementStrategy::Spread);
+        assert_eq!(place(&n, &f), Some(vec![0, 1, 2, 1, 2]));
+    }
+
+    #[test]
+    fn spread_skips_a_node_without_room_for_a_big_bundle_but_uses_it_for_small_ones() {
+        let n = nodes(&["CPU=1", "CPU=4"]);
+        let f = factory(&["CPU=2", "CPU=1", "CPU=1"], PlacementStrategy::Spread);
+        assert_eq!(place(&n, &f), Some(vec![1, 0, 1]));
+    }
+
+    #[test]
+    fn strict_pack_is_one_node_or_nothing() {
+        let n = nodes(&["CPU=3", "CPU=3"]);
+        assert_eq!(
+            place(&n, &factory(&["CPU=1"; 3], PlacementStrategy::StrictPack)),
+            Some(vec![0; 3])
+        );
+        assert_eq!(
+            place(&n, &factory(&["CPU=1"; 4], PlacementStrategy::StrictPack)),
+            None
+        );
+    }
+
+    #[test]
+    fn strict_spread_matches_bundles_of_different_sizes() {
+        // Greedy in order would put the small bundle on the only big node.
+        let n = nodes(&["CPU=4", "CPU=1"]);
+        let f = factory(&["CPU=1", "CPU=4"], PlacementStrategy::StrictSpread);
+        assert_eq!(place(&n, &f), Some(vec![1, 0]));
+        let f = factory(&["CPU=4", "CPU=4"], PlacementStrategy::StrictSpread);
+        assert_eq!(place(&n, &f), None);
+    }
+
+    #[test]
+    fn zero_amounts_never_block() {
+        let n = nodes(&["CPU=1"]);
+        let f = factory(&["CPU=1,GPU=0,custom=0"], PlacementStrategy::StrictPack);
+        assert_eq!(place(&n, &f), Some(vec![0]));
+    }
+
+    #[test]
+    fn fractional_amounts_add_up_exactly() {
+        let n = nodes(&["GPU=1"]);
+        let f = factory(
+            &["GPU=0.1", "GPU=0.2", "GPU=0.7"],
+            PlacementStrategy::StrictPack,
+        );
+        assert_eq!(place(&n, &f), Some(vec![0; 3]));
+        let f = factory(
+            &["GPU=0.1", "GPU=0.2", "GPU=0.7001"],
+            PlacementStrategy::StrictPack,
+        );
+        assert_eq!(place(&n, &f), None);
+    }
+
+    #[test]
+    fn a_group_that_first_fit_cannot_lay_out_is_placed() {
+        // In order or largest first, first-fit puts 3 on the 4-CPU node and strands a 2;
+        // 3 on the 3-CPU node and 2 + 2 on the 4-CPU node fits.
+        let n = nodes(&["CPU=4", "CPU=3"]);
+        for strategy in [PlacementStrategy::Pack, PlacementStrategy::Spread] {
+            let f = factory(&["CPU=3", "CPU=2", "CPU=2"], strategy);
+            assert_eq!(place(&n, &f), Some(vec![1, 0, 0]), "{strategy}");
+        }
+    }
+
+    #[test]
+    fn the_exhaustive_search_finds_a_layout_that_every_heuristic_misses() {
+        // First-fit in order strands the 4, first-fit and best-fit largest first strand the
+        // 2; the only layout is {4, 2} and {3, 5}.
+        let n = nodes(&["CPU=6", "CPU=8"]);
+        for strategy in [PlacementStrategy::Pack, PlacementStrategy::Spread] {
+            let f = factory(&["CPU=3", "CPU=5", "CPU=2", "CPU=4"], strategy);
+            let problem = Problem::new(&n, &f.bundles);
+            let order = problem.largest_first();
+            assert_eq!(problem.first_fit(0..4), None);
+            assert_eq!(problem.first_fit(order.iter().copied()), None);
+            assert_eq!(problem.best_fit(&order), None);
+            assert_eq!(place(&n, &f), Some(vec![1, 1, 0, 0]), "{strategy}");
+        }
+    }
+
+    #[test]
+    fn a_large_group_that_the_heuristics_cannot_lay_out_is_left_undecided() {
+        // Twelve 2-CPU bundles on eight 3-CPU nodes: each node holds one, so no layout
+        // exists, but the group is too large to search exhaustively.
+        let n = nodes(&["CPU=3"; 8]);
+        let f = factory(&["CPU=2"; 12], PlacementStrategy::Pack);
+        assert_eq!(place(&n, &f), None);
+        let problem = Problem::new(&n, &f.bundles);
+        assert!(matches!(
+            problem.best_effort(PlacementStrategy::Pack),
+            Search::Undecided
+        ));
+    }
+}
