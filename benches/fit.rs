@@ -35,16 +35,15 @@ fn fit(c: &mut Criterion) {
     let sim = cluster();
     c.bench_function("torch_fit/64_workers", |b| {
         b.to_async(&runtime).iter(|| async {
-            let result =
-                TorchTrainer::new(Arc::new(sim.clone()), function_task("train", Value::Null))
-                    .scaling_config(ScalingConfig::default().num_workers(64))
-                    .executor_options(ExecutorOptions {
-                        poll_interval: Duration::from_millis(1),
-                        ..ExecutorOptions::default()
-                    })
-                    .fit()
-                    .await
-                    .expect("fit");
+            let result = Trainer::torch(Arc::new(sim.clone()), function_task("train", Value::Null))
+                .scaling_config(ScalingConfig::default().num_workers(64))
+                .executor_options(ExecutorOptions {
+                    poll_interval: Duration::from_millis(1),
+                    ..ExecutorOptions::default()
+                })
+                .fit()
+                .await
+                .expect("fit");
             assert_eq!(result.returns.len(), 64);
         });
     });
@@ -52,6 +51,7 @@ fn fit(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
+    // Defaults only: criterion's flags (`cargo bench -- --sample-size 50`) override them.
     config = Criterion::default().sample_size(10).measurement_time(Duration::from_secs(5));
     targets = fit
 }

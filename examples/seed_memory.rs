@@ -1,5 +1,5 @@
 //! The scenario that made `memory` a first-class per-worker resource: two PyTorch workers,
-//! each asking for `{"memory": 10000}` (bytes), trained with `TorchTrainer` on this machine.
+//! each asking for `{"memory": 10000}` (bytes), trained with `Trainer::torch` on this machine.
 //!
 //! Ray once refused `resources_per_worker={"memory": ...}`; here the dictionary goes to the
 //! worker group as it is, `memory` becomes the actor option it is, and each worker sees the
@@ -74,7 +74,7 @@ async fn train() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     });
-    let result = TorchTrainer::new(Arc::new(local.clone()), function_task("train", Value::Null))
+    let result = Trainer::torch(Arc::new(local.clone()), function_task("train", Value::Null))
         .scaling_config(scaling)
         .events(events)
         .fit()

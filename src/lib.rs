@@ -8,6 +8,11 @@
 //! This crate is the facade over the layers underneath: [`resources`] → [`config`] →
 //! [`runtime`] → [`worker_group`] → [`backend`] → [`torch`].
 //!
+//! # 1. Plan
+//!
+//! A scaling config says what each worker needs; its plan is what will be asked of the
+//! runtime, one bundle and one set of actor options per worker:
+//!
 //! ```
 //! use trainyard::prelude::*;
 //!
@@ -22,18 +27,196 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Training runs through a [`Trainer`] (any backend) or a [`TorchTrainer`] on a pluggable
-//! runtime; see [`Trainer::fit`].
+//! # 2. A task
+//!
+//! Every worker runs the same task: a command ([`command_task`], such as `python train.py`)
+//! or a Rust function registered by name ([`function_task`]). A function learns its place
+//! in the run from a [`TrainContext`](backend::TrainContext) and reports metrics:
+//!
+//! ```
+//! use trainyard::prelude::*;
+//!
+//! fn functions() -> FunctionRegistry {
+//!     FunctionRegistry::new().register("train", |task| async move {
+//!         let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+//!         let loss = 1.0 / f64::from(ctx.world_rank().0 + 1);
+//!         ctx.report(serde_json::json!({"loss": loss}).as_object().cloned().unwrap_or_default());
+//!         Ok(serde_json::json!(ctx.world_rank().0))
+//!     })
+//! }
+//! let task = function_task("train", serde_json::Value::Null);
+//! ```
+//!
+//! # 3. Run it on the simulated cluster
+//!
+//! A [`Trainer`] runs the task on a runtime. The in-memory `runtime::sim::SimRuntime`
+//! (feature `sim`) places and runs workers as a real cluster does, without processes, which
+//! makes it the place for tests:
+//!
+//! ```
+//! # use trainyard::prelude::*;
+//! # fn functions() -> FunctionRegistry {
+//! #     FunctionRegistry::new().register("train", |task| async move {
+//! #         let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+//! #         let loss = 1.0 / f64::from(ctx.world_rank().0 + 1);
+//! #         ctx.report(serde_json::json!({"loss": loss}).as_object().cloned().unwrap_or_default());
+//! #         Ok(serde_json::json!(ctx.world_rank().0))
+//! #     })
+//! # }
+//! use std::sync::Arc;
+//! use trainyard::runtime::sim::{SimNode, SimRuntime};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> trainyard::Result<()> {
+//! let cluster = SimRuntime::new([
+//!     SimNode::new("node-a").ip("10.0.0.1").cpus(2),
+//!     SimNode::new("node-b").ip("10.0.0.2").cpus(2),
+//! ])
+//! .with_functions(functions());
+//! let task = function_task("train", serde_json::Value::Null);
+//! let result = Trainer::new(Arc::new(cluster), &NoBackend, task)
+//!     .scaling_config(ScalingConfig::default().num_workers(4))
+//!     .fit()
+//!     .await?;
+//! assert_eq!(result.returns.len(), 4);
+//! assert!(result.metrics.iter().all(Option::is_some));
+//! # Ok(()) }
+//! ```
+//!
+//! # 4. Run it on this machine
+//!
+//! The [`LocalRuntime`](local::LocalRuntime) (feature `local`, on by default) starts every
+//! worker as a process: your own binary, started again as the worker's agent. So
+//! [`run_if_agent`] comes first thing in `main`: in a worker it serves the registered
+//! functions and returns the exit code; in the program you started it returns `None`.
+//! [`Trainer::torch`] gives the workers PyTorch's environment (`MASTER_ADDR`, `RANK`, ...):
+//!
+//! ```no_run
+//! use std::process::ExitCode;
+//! use std::sync::Arc;
+//! use trainyard::prelude::*;
+//! # fn functions() -> FunctionRegistry { FunctionRegistry::new() }
+//! # #[cfg(not(all(feature = "local", feature = "torch")))] fn main() {}
+//!
+//! # #[cfg(all(feature = "local", feature = "torch"))]
+//! fn main() -> ExitCode {
+//!     if let Some(code) = trainyard::run_if_agent(functions()) {
+//!         return code;
+//!     }
+//!     let Ok(tokio) = tokio::runtime::Runtime::new() else {
+//!         return ExitCode::FAILURE;
+//!     };
+//!     match tokio.block_on(train()) {
+//!         Ok(()) => ExitCode::SUCCESS,
+//!         Err(error) => {
+//!             eprintln!("error: {error}");
+//!             ExitCode::FAILURE
+//!         }
+//!     }
+//! }
+//!
+//! # #[cfg(all(feature = "local", feature = "torch"))]
+//! async fn train() -> Result<(), Box<dyn std::error::Error>> {
+//!     let local = LocalRuntime::start(LocalConfig::detect("my-run")?).await?;
+//!     let result = Trainer::torch(Arc::new(local.clone()), function_task("train", serde_json::Value::Null))
+//!         .scaling_config(ScalingConfig::default().num_workers(2))
+//!         .fit()
+//!         .await;
+//!     local.shutdown().await;
+//!     println!("returns: {:?}", result?.returns);
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # 5. The result
+//!
+//! [`fit`](Trainer::fit) returns a [`FitReport`]: what each rank returned (`returns`), the
+//! last metrics of each rank (`metrics`) and the last report of the run (`last_report`),
+//! the attempts made and every failed attempt's failure. A run that fails more often than
+//! its [`FailureConfig`](config::FailureConfig) allows is an [`Error::Executor`] whose
+//! `TrainingFailed` carries the same report:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use trainyard::backend::ExecutorError;
+//! use trainyard::prelude::*;
+//! use trainyard::runtime::sim::{SimNode, SimRuntime};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> trainyard::Result<()> {
+//! let functions = FunctionRegistry::new().register("flaky", |_| async { Err("out of data".to_owned()) });
+//! let cluster = SimRuntime::new([SimNode::new("node-a").cpus(2)]).with_functions(functions);
+//! let error = Trainer::new(Arc::new(cluster), &NoBackend, function_task("flaky", serde_json::Value::Null))
+//!     .run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
+//!     .fit()
+//!     .await
+//!     .expect_err("every attempt fails");
+//! let Error::Executor(ExecutorError::TrainingFailed { report }) = error else {
+//!     return Err(error);
+//! };
+//! assert_eq!(report.attempts, 2);
+//! assert_eq!(report.failures.len(), 2);
+//! # Ok(()) }
+//! ```
+//!
+//! # 6. A backend of your own
+//!
+//! A [`Backend`](backend::Backend) sets up a framework around the workers' lifecycle and
+//! gives them its environment. Implement it under [`#[async_trait]`](macro@async_trait);
+//! the [`BackendContext`](backend::BackendContext) of each hook knows the workers and their
+//! ranks, and finds free ports and addresses on them. A backend that is `Clone` is given to [`Trainer::new`] directly:
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use std::sync::Arc;
+//! use trainyard::async_trait;
+//! use trainyard::backend::{Backend, BackendContext, BackendError, WorkerAddress, WorkerEnv};
+//! use trainyard::prelude::*;
+//! use trainyard::runtime::sim::{SimNode, SimRuntime};
+//!
+//! /// Tells every worker where rank 0 waits for the others.
+//! #[derive(Debug, Clone)]
+//! struct Coordinator;
+//!
+//! #[async_trait]
+//! impl Backend for Coordinator {
+//!     fn name(&self) -> &str {
+//!         "coordinator"
+//!     }
+//!
+//!     async fn on_start(&self, ctx: BackendContext<'_>) -> Result<WorkerEnv, BackendError> {
+//!         let rank_0 = WorkerAddress {
+//!             ip: ctx.group.workers()[0].metadata.node_ip.clone(),
+//!             port: ctx.free_port(0).await?,
+//!         };
+//!         let vars = BTreeMap::from([("COORDINATOR".to_owned(), rank_0.to_string())]);
+//!         Ok(vec![vars; ctx.ranks.len()])
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> trainyard::Result<()> {
+//! let functions = FunctionRegistry::new().register("where", |task| async move {
+//!     Ok(serde_json::json!(task.var("COORDINATOR")))
+//! });
+//! let cluster = SimRuntime::new([SimNode::new("node-a").ip("10.0.0.1").cpus(2)]).with_functions(functions);
+//! let result = Trainer::new(Arc::new(cluster), &Coordinator, function_task("where", serde_json::Value::Null))
+//!     .scaling_config(ScalingConfig::default().num_workers(2))
+//!     .fit()
+//!     .await?;
+//! assert_eq!(result.returns[0], result.returns[1]);
+//! assert!(result.returns[0].as_str().is_some_and(|a| a.starts_with("10.0.0.1:")));
+//! # Ok(()) }
+//! ```
+//!
+//! `examples/tensorflow_backend.rs` does the same for TensorFlow's `TF_CONFIG`, with
+//! [`BackendContext::worker_addresses`](backend::BackendContext::worker_addresses).
 
 mod error;
 mod trainer;
 
 pub use error::{Error, Result};
-#[cfg(feature = "torch")]
-pub use trainer::TorchTrainer;
-pub use trainer::{TrainResult, Trainer, command_task, function_task};
+pub use trainer::{Trainer, command_task, function_task};
 #[cfg(feature = "local")]
 pub use trainyard_agent::run_if_agent;
+pub use trainyard_backend_executor::{FitReport, async_trait};
 
 #[cfg(feature = "local")]
 #[doc(inline)]
@@ -58,7 +241,8 @@ pub use trainyard_worker_group as worker_group;
 /// The names most programs need.
 pub mod prelude {
     pub use trainyard_backend_executor::{
-        Backend, BackendConfig, ExecutorOptions, NoBackend, RunEvent, TrainContext, WorldRank,
+        Backend, BackendConfig, ExecutorOptions, FitReport, NoBackend, RunEvent, TrainContext,
+        WorldRank,
     };
     pub use trainyard_config::{
         FailureConfig, PlacementGroupFactory, PlacementStrategy, Plan, RunConfig, ScalingConfig,
@@ -68,11 +252,9 @@ pub mod prelude {
     #[cfg(feature = "torch")]
     pub use trainyard_torch_backend::{InitMethod, ProcessGroupBackend, TorchConfig};
 
-    #[cfg(feature = "torch")]
-    pub use crate::TorchTrainer;
     #[cfg(feature = "local")]
     pub use crate::run_if_agent;
-    pub use crate::{Error, Result, TrainResult, Trainer, command_task, function_task};
+    pub use crate::{Error, Result, Trainer, command_task, function_task};
     #[cfg(feature = "local")]
     pub use trainyard_runtime_local::{LocalConfig, LocalRuntime};
 }

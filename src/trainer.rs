@@ -1,11 +1,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::Sender;
 use trainyard_backend_executor::{
-    AttemptFailure, BackendConfig, BackendExecutor, ExecutorError, ExecutorOptions, FitReport,
-    RunEvent, WorldRank,
+    Backend, BackendConfig, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, RunEvent,
 };
 use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_runtime::{ActorRuntime, TaskSpec};
@@ -36,34 +34,11 @@ where
     }
 }
 
-/// What a finished run produced.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct TrainResult {
-    /// The last metrics each rank reported (in the final attempt), by world rank.
-    pub metrics: Vec<Option<serde_json::Map<String, serde_json::Value>>>,
-    /// The last report of the run, with its rank.
-    pub last_report: Option<(WorldRank, serde_json::Map<String, serde_json::Value>)>,
-    /// What each rank's task returned, by world rank.
-    pub returns: Vec<serde_json::Value>,
-    /// The failure of every failed attempt, in order (empty when nothing failed).
-    pub errors: Vec<AttemptFailure>,
-    /// Attempts made (1 when nothing failed).
-    pub attempts: u32,
-}
-
-impl From<FitReport> for TrainResult {
-    fn from(report: FitReport) -> Self {
-        Self {
-            metrics: report.metrics,
-            last_report: report.last_report,
-            returns: report.returns,
-            errors: report.failures,
-            attempts: report.attempts,
-        }
-    }
-}
-
-/// A training run with any backend: a task, a scaling config, a run config, a runtime.
+/// A training run: a task, a backend, a scaling config, a run config and a runtime.
+///
+/// Build one with [`Trainer::new`] (any backend, a custom one included) or
+/// [`Trainer::torch`] (PyTorch's environment), set what differs from the defaults, then
+/// [`fit`](Trainer::fit):
 ///
 /// ```
 /// use std::sync::Arc;
@@ -88,7 +63,7 @@ impl From<FitReport> for TrainResult {
 #[derive(Debug)]
 pub struct Trainer {
     runtime: Arc<dyn ActorRuntime>,
-    backend: Arc<dyn trainyard_backend_executor::Backend>,
+    backend: Arc<dyn Backend>,
     task: TaskSpec,
     scaling: ScalingConfig,
     run: RunConfig,
@@ -98,6 +73,10 @@ pub struct Trainer {
 
 impl Trainer {
     /// A trainer running `task` with `backend` on `runtime`, one CPU worker by default.
+    ///
+    /// `backend` is a [`Backend`] that is `Clone` (such as
+    /// [`NoBackend`](trainyard_backend_executor::NoBackend) or your own), or a configuration
+    /// that builds one (such as `TorchConfig`).
     #[must_use]
     pub fn new(
         runtime: Arc<dyn ActorRuntime>,
@@ -113,6 +92,19 @@ impl Trainer {
             options: ExecutorOptions::default(),
             events: None,
         }
+    }
+
+    /// A trainer running `task` on `runtime` with PyTorch's process-group environment (the
+    /// default [`TorchConfig`](trainyard_torch_backend::TorchConfig); pass another one to
+    /// [`Trainer::new`]).
+    #[cfg(feature = "torch")]
+    #[must_use]
+    pub fn torch(runtime: Arc<dyn ActorRuntime>, task: TaskSpec) -> Self {
+        Self::new(
+            runtime,
+            &trainyard_torch_backend::TorchConfig::default(),
+            task,
+        )
     }
 
     /// Sets the scaling config.
@@ -152,7 +144,7 @@ impl Trainer {
     /// [`Error::Config`](crate::Error::Config) for invalid configs, and
     /// [`Error::Executor`](crate::Error::Executor) when the run cannot be scheduled or fails
     /// beyond `max_failures` (its `TrainingFailed` report names the failed ranks).
-    pub async fn fit(self) -> Result<TrainResult> {
+    pub async fn fit(self) -> Result<FitReport> {
         let config_error = |e| match e {
             ExecutorError::Config(e) => crate::Error::Config(e),
             other => crate::Error::Executor(other),
@@ -165,82 +157,6 @@ impl Trainer {
         if let Some(events) = self.events {
             executor = executor.with_events(events);
         }
-        match executor.fit(&self.task).await {
-            Ok(report) => Ok(report.into()),
-            Err(ExecutorError::Config(e)) => Err(e.into()),
-            Err(e) => Err(e.into()),
-        }
-    }
-}
-
-/// A [`Trainer`] with PyTorch's process-group environment ([`trainyard_torch_backend`]).
-#[cfg(feature = "torch")]
-#[derive(Debug)]
-pub struct TorchTrainer {
-    trainer: Trainer,
-}
-
-#[cfg(feature = "torch")]
-impl TorchTrainer {
-    /// A torch trainer running `task` on `runtime` with the default [`TorchConfig`](trainyard_torch_backend::TorchConfig).
-    #[must_use]
-    pub fn new(runtime: Arc<dyn ActorRuntime>, task: TaskSpec) -> Self {
-        Self::with_config(
-            runtime,
-            task,
-            &trainyard_torch_backend::TorchConfig::default(),
-        )
-    }
-
-    /// A torch trainer with an explicit [`TorchConfig`](trainyard_torch_backend::TorchConfig).
-    #[must_use]
-    pub fn with_config(
-        runtime: Arc<dyn ActorRuntime>,
-        task: TaskSpec,
-        config: &trainyard_torch_backend::TorchConfig,
-    ) -> Self {
-        Self {
-            trainer: Trainer::new(runtime, config, task),
-        }
-    }
-
-    /// Sets the scaling config.
-    #[must_use]
-    pub fn scaling_config(self, scaling: ScalingConfig) -> Self {
-        Self {
-            trainer: self.trainer.scaling_config(scaling),
-        }
-    }
-
-    /// Sets the run config.
-    #[must_use]
-    pub fn run_config(self, run: RunConfig) -> Self {
-        Self {
-            trainer: self.trainer.run_config(run),
-        }
-    }
-
-    /// Sets the executor's knobs.
-    #[must_use]
-    pub fn executor_options(self, options: ExecutorOptions) -> Self {
-        Self {
-            trainer: self.trainer.executor_options(options),
-        }
-    }
-
-    /// Streams run events to `events`.
-    #[must_use]
-    pub fn events(self, events: Sender<RunEvent>) -> Self {
-        Self {
-            trainer: self.trainer.events(events),
-        }
-    }
-
-    /// See [`Trainer::fit`].
-    ///
-    /// # Errors
-    /// As [`Trainer::fit`].
-    pub async fn fit(self) -> Result<TrainResult> {
-        self.trainer.fit().await
+        executor.fit(&self.task).await.map_err(config_error)
     }
 }

@@ -59,7 +59,7 @@ fn options() -> ExecutorOptions {
 async fn torch_trainer_fits_with_memory_per_worker_and_streams_reports() {
     let sim = cluster();
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
-    let result = TorchTrainer::new(Arc::new(sim.clone()), function_task("train", Value::Null))
+    let result = Trainer::torch(Arc::new(sim.clone()), function_task("train", Value::Null))
         .scaling_config(
             ScalingConfig::default()
                 .num_workers(4)
@@ -71,7 +71,7 @@ async fn torch_trainer_fits_with_memory_per_worker_and_streams_reports() {
         .await
         .expect("the run succeeds");
     assert_eq!(result.attempts, 1);
-    assert!(result.errors.is_empty());
+    assert!(result.failures.is_empty());
     assert_eq!(result.returns.len(), 4);
     for (rank, value) in result.returns.iter().enumerate() {
         assert_eq!(value["rank"], json!(rank));
@@ -103,7 +103,7 @@ async fn torch_trainer_fits_with_memory_per_worker_and_streams_reports() {
 #[tokio::test]
 async fn a_failed_attempt_is_restarted_and_recorded() {
     let sim = cluster();
-    let result = TorchTrainer::new(
+    let result = Trainer::torch(
         Arc::new(sim.clone()),
         function_task("train", json!("fail first attempt")),
     )
@@ -115,7 +115,7 @@ async fn a_failed_attempt_is_restarted_and_recorded() {
     .expect("the second attempt succeeds");
     assert_eq!(result.attempts, 2);
     assert_eq!(
-        result.errors,
+        result.failures,
         [AttemptFailure::TaskFailed {
             rank: WorldRank(1),
             failure: TaskFailure::Error {

@@ -94,7 +94,7 @@ fn options() -> ExecutorOptions {
 async fn the_seed_scenario_runs_torch_workers_with_memory_per_worker_as_processes() {
     let runtime = local(4, 2).await;
     let (events, mut received) = tokio::sync::mpsc::channel(1024);
-    let result = TorchTrainer::new(
+    let result = Trainer::torch(
         Arc::new(runtime.clone()),
         function_task("train", Value::Null),
     )
@@ -154,7 +154,7 @@ async fn a_user_error_restarts_and_the_retry_succeeds() {
     assert_eq!(result.attempts, 2);
     assert!(
         matches!(
-            &result.errors[..],
+            &result.failures[..],
             [AttemptFailure::TaskFailed {
                 rank: WorldRank(1),
                 failure: TaskFailure::Error { message },
@@ -162,7 +162,7 @@ async fn a_user_error_restarts_and_the_retry_succeeds() {
             }] if message == "rank 1 lost its data loader"
         ),
         "{:?}",
-        result.errors
+        result.failures
     );
     runtime.shutdown().await;
 }

@@ -36,6 +36,7 @@ fn sharing(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
+    // Defaults only: criterion's flags (`cargo bench -- --sample-size 50`) override them.
     config = Criterion::default().sample_size(20);
     targets = ranks, sharing
 }

@@ -2,11 +2,15 @@
 //! the workers' lifecycle, and the environment it gives them.
 
 use std::collections::BTreeMap;
-use std::fmt::Debug;
+use std::fmt::{self, Debug};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures::future::try_join_all;
+use serde::{Deserialize, Serialize};
 use trainyard_config::RunConfig;
+use trainyard_runtime::ActorRuntimeExt;
 use trainyard_worker_group::{WorkerGroup, WorkerGroupError};
 
 use crate::RankInfo;
@@ -28,6 +32,83 @@ pub struct BackendContext<'a> {
     pub run: &'a RunConfig,
 }
 
+impl BackendContext<'_> {
+    /// A port that is free on the node of the worker at `worker` (an index in world-rank
+    /// order), as a rendezvous needs.
+    ///
+    /// # Errors
+    /// [`BackendError::FreePort`] when there is no such worker, or it cannot be reached or
+    /// answers with something other than a port.
+    pub async fn free_port(&self, worker: usize) -> Result<u16, BackendError> {
+        let workers = self.group.workers();
+        let fail = |source| BackendError::FreePort {
+            source: Box::new(source),
+        };
+        let actor = workers
+            .get(worker)
+            .ok_or_else(|| {
+                fail(WorkerGroupError::InvalidWorkerIndex {
+                    index: worker,
+                    len: workers.len(),
+                })
+            })?
+            .actor;
+        self.group
+            .runtime()
+            .find_free_port(actor)
+            .await
+            .map_err(|source| fail(WorkerGroupError::Worker { worker, source }))
+    }
+
+    /// Every worker's address, in world-rank order: its node's IP address (known since the
+    /// workers started) and a port found free there (all workers are asked at once).
+    ///
+    /// # Errors
+    /// [`BackendError::FreePort`] for the first worker that cannot give a port.
+    pub async fn worker_addresses(&self) -> Result<Vec<WorkerAddress>, BackendError> {
+        let ports = try_join_all((0..self.group.len()).map(|i| self.free_port(i))).await?;
+        Ok(self
+            .group
+            .workers()
+            .iter()
+            .zip(ports)
+            .map(|(worker, port)| WorkerAddress {
+                ip: worker.metadata.node_ip.clone(),
+                port,
+            })
+            .collect())
+    }
+}
+
+/// Where a worker can be reached: its node's IP address and a port.
+///
+/// `Display` writes `ip:port`, with an IPv6 address in brackets:
+///
+/// ```
+/// use trainyard_backend_executor::WorkerAddress;
+///
+/// let v4 = WorkerAddress { ip: "10.0.0.1".into(), port: 29500 };
+/// let v6 = WorkerAddress { ip: "::1".into(), port: 29500 };
+/// assert_eq!(v4.to_string(), "10.0.0.1:29500");
+/// assert_eq!(v6.to_string(), "[::1]:29500");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WorkerAddress {
+    /// The IP address of the worker's node (as the runtime reports it).
+    pub ip: String,
+    /// The port.
+    pub port: u16,
+}
+
+impl fmt::Display for WorkerAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ip.parse::<IpAddr>() {
+            Ok(IpAddr::V6(_)) => write!(f, "[{}]:{}", self.ip, self.port),
+            _ => write!(f, "{}:{}", self.ip, self.port),
+        }
+    }
+}
+
 /// Why a backend hook failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -37,6 +118,13 @@ pub enum BackendError {
     Workers {
         /// The backend.
         backend: String,
+        /// The worker group's error (it names the worker).
+        #[source]
+        source: Box<WorkerGroupError>,
+    },
+    /// No free port could be found on a worker ([`BackendContext::free_port`]).
+    #[error("cannot find a free port on a worker")]
+    FreePort {
         /// The worker group's error (it names the worker).
         #[source]
         source: Box<WorkerGroupError>,
@@ -75,12 +163,67 @@ impl BackendError {
     /// Whether the failure comes from a worker that died (a system failure).
     #[must_use]
     pub fn is_worker_death(&self) -> bool {
-        matches!(self, Self::Workers { source, .. } if crate::error::is_death(source.as_ref()))
+        match self {
+            Self::Workers { source, .. } | Self::FreePort { source } => {
+                crate::error::is_death(source.as_ref())
+            }
+            Self::Protocol { .. } | Self::Config { .. } => false,
+        }
     }
 }
 
 /// Hooks around a worker group's life, as Ray Train's `Backend`. Object safe; custom
 /// backends live in the crates that need them.
+///
+/// The hooks are `async`: implement the trait under `#[async_trait]` (the macro is
+/// re-exported as [`trainyard_backend_executor::async_trait`](crate::async_trait) and, by
+/// the facade, as `trainyard::async_trait`), and override only the hooks you need. A
+/// backend that is `Clone` is its own [`BackendConfig`].
+///
+/// A backend that tells every worker where all the others listen, then runs on a
+/// simulated cluster:
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use std::sync::Arc;
+///
+/// use trainyard_backend_executor::{
+///     Backend, BackendContext, BackendError, BackendExecutor, WorkerEnv, async_trait,
+/// };
+/// use trainyard_config::ScalingConfig;
+/// use trainyard_runtime::sim::{SimNode, SimRuntime};
+/// use trainyard_runtime::{FunctionRegistry, TaskSpec};
+///
+/// #[derive(Debug, Clone)]
+/// struct Peers;
+///
+/// #[async_trait]
+/// impl Backend for Peers {
+///     fn name(&self) -> &str {
+///         "peers"
+///     }
+///
+///     async fn on_start(&self, ctx: BackendContext<'_>) -> Result<WorkerEnv, BackendError> {
+///         let peers: Vec<String> = ctx.worker_addresses().await?.iter().map(ToString::to_string).collect();
+///         let vars = BTreeMap::from([("PEERS".to_owned(), peers.join(","))]);
+///         Ok(vec![vars; ctx.ranks.len()])
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let functions = FunctionRegistry::new().register("peers", |task| async move {
+///     Ok(serde_json::json!(task.var("PEERS")))
+/// });
+/// let cluster = SimRuntime::new([SimNode::new("node-a").ip("10.0.0.1").cpus(2)]).with_functions(functions);
+/// let scaling = ScalingConfig::default().num_workers(2);
+/// let mut executor = BackendExecutor::new(Arc::new(cluster), Arc::new(Peers), scaling)?;
+/// let task = TaskSpec::Function { name: "peers".into(), arg: serde_json::Value::Null, env: BTreeMap::new() };
+/// let report = executor.fit(&task).await?;
+/// assert_eq!(report.returns[0], report.returns[1]);
+/// assert!(report.returns[0].as_str().is_some_and(|peers| peers.starts_with("10.0.0.1:")));
+/// # Ok(()) }
+/// ```
 #[async_trait]
 pub trait Backend: Send + Sync + Debug + 'static {
     /// A short name for logs and errors (`torch`).
@@ -114,13 +257,20 @@ pub trait Backend: Send + Sync + Debug + 'static {
     }
 }
 
-/// Configuration that names and builds its backend, as Ray Train's `BackendConfig`.
+/// Configuration that builds its backend, as Ray Train's `BackendConfig`.
+///
+/// Every backend that is `Clone` is its own configuration (it builds a copy of itself), so
+/// a custom backend needs no second type; a configuration such as `TorchConfig` builds a
+/// backend of another type.
 pub trait BackendConfig: Debug + Send + Sync {
-    /// The backend's name (`torch`, `none`).
-    fn backend_name(&self) -> &str;
-
     /// Builds the backend.
     fn build(&self) -> Arc<dyn Backend>;
+}
+
+impl<B: Backend + Clone> BackendConfig for B {
+    fn build(&self) -> Arc<dyn Backend> {
+        Arc::new(self.clone())
+    }
 }
 
 /// A backend that sets nothing up: workers get their ranks and accelerator ids only.
@@ -131,15 +281,5 @@ pub struct NoBackend;
 impl Backend for NoBackend {
     fn name(&self) -> &str {
         "none"
-    }
-}
-
-impl BackendConfig for NoBackend {
-    fn backend_name(&self) -> &str {
-        "none"
-    }
-
-    fn build(&self) -> Arc<dyn Backend> {
-        Arc::new(Self)
     }
 }

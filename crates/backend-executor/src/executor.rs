@@ -157,11 +157,11 @@ pub struct FitReport {
     pub attempts: u32,
     /// The failure of each failed attempt, in order.
     pub failures: Vec<AttemptFailure>,
-    /// The last metrics each rank reported in the final attempt.
+    /// The last metrics each rank reported in the final attempt, by world rank.
     pub metrics: Vec<Option<serde_json::Map<String, serde_json::Value>>>,
     /// The last report of the final attempt, with its rank.
     pub last_report: Option<(WorldRank, serde_json::Map<String, serde_json::Value>)>,
-    /// What each rank's task returned (empty when the final attempt failed).
+    /// What each rank's task returned, by world rank (empty when the final attempt failed).
     pub returns: Vec<serde_json::Value>,
     /// Output lines dropped because the driver did not keep up, over the final attempt.
     pub dropped_lines: u64,
@@ -788,9 +788,7 @@ impl BackendExecutor {
                     "the backend's on_shutdown did not finish within the patience"
                 ),
             }
-            if let Err(e) = attempt.group.shutdown(patience).await {
-                warn!(error = %chain(&e), "stopping the workers failed");
-            }
+            attempt.group.shutdown(patience).await;
         }
         self.remove_placement_group().await;
     }
@@ -870,7 +868,7 @@ impl BackendExecutor {
 
 /// `Started distributed worker processes:` and one line per worker, as Ray Train logs it.
 #[must_use]
-pub fn describe_workers(group: &WorkerGroup, ranks: &[RankInfo]) -> String {
+pub(crate) fn describe_workers(group: &WorkerGroup, ranks: &[RankInfo]) -> String {
     let mut text = String::from("Started distributed worker processes:");
     for (worker, rank) in group.workers().iter().zip(ranks) {
         text.push_str(&format!(

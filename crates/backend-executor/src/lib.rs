@@ -17,7 +17,11 @@ mod failure;
 mod ranks;
 mod sharing;
 
-pub use backend::{Backend, BackendConfig, BackendContext, BackendError, NoBackend, WorkerEnv};
+/// The attribute that [`Backend`] implementations go under (from the `async-trait` crate).
+pub use async_trait::async_trait;
+pub use backend::{
+    Backend, BackendConfig, BackendContext, BackendError, NoBackend, WorkerAddress, WorkerEnv,
+};
 pub use context::{
     ContextError, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, RESTART_COUNT, RUN_NAME, TrainContext,
     WORLD_RANK, WORLD_SIZE, rank_env,
@@ -25,7 +29,7 @@ pub use context::{
 pub use error::ExecutorError;
 pub use executor::{
     BackendExecutor, DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, FitReport, LAST_LINES, RunEvent,
-    StartedWorker, describe_workers, unique_run_name,
+    StartedWorker, unique_run_name,
 };
 pub use failure::{AttemptFailure, Backoff, Disposition, classify};
 pub use ranks::{RankInfo, WorldRank, assign_ranks};

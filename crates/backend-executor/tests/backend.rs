@@ -663,34 +663,44 @@ async fn a_placement_timeout_lists_what_was_asked_and_what_is_free_and_removes_t
 }
 
 #[tokio::test]
-async fn ranks_are_logged_in_rays_format() {
+async fn a_started_attempt_lists_each_worker_with_its_node_and_ranks() {
+    use trainyard_backend_executor::{RankInfo, RunEvent};
+
     let sim = SimRuntime::new([SimNode::new("node-a").ip("10.0.0.1").cpus(2)])
         .with_functions(functions());
-    let mut executor = executor(&sim, ScalingConfig::default().num_workers(2));
+    let (events, mut received) = tokio::sync::mpsc::channel(64);
+    let mut executor = executor(&sim, ScalingConfig::default().num_workers(2)).with_events(events);
     executor.start(0).await.expect("start");
-    let text = trainyard_backend_executor::describe_workers(
-        executor.worker_group().expect("started"),
-        executor.ranks().expect("ranks"),
-    );
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines[0], "Started distributed worker processes:");
-    assert_eq!(lines.len(), 3);
-    assert!(
-        lines[1].starts_with("- (node_id=node-a, ip=10.0.0.1, pid="),
-        "{}",
-        lines[1]
-    );
-    assert!(
-        lines[1].ends_with(") world_rank=0, local_rank=0, node_rank=0"),
-        "{}",
-        lines[1]
-    );
-    assert!(
-        lines[2].ends_with(") world_rank=1, local_rank=1, node_rank=0"),
-        "{}",
-        lines[2]
-    );
     executor.shutdown().await;
+    let mut started = Vec::new();
+    while let Ok(event) = received.try_recv() {
+        if let RunEvent::AttemptStarted {
+            restart_count,
+            world_size,
+            workers,
+        } = event
+        {
+            started.push((restart_count, world_size, workers));
+        }
+    }
+    assert_eq!(started.len(), 1, "{started:?}");
+    let (restart_count, world_size, workers) = &started[0];
+    assert_eq!((*restart_count, *world_size), (0, 2));
+    let rank = |r: u32| RankInfo {
+        world_rank: WorldRank(r),
+        world_size: 2,
+        local_rank: r,
+        local_world_size: 2,
+        node_rank: 0,
+    };
+    assert_eq!(workers.len(), 2);
+    for (r, worker) in (0..).zip(workers) {
+        assert_eq!(worker.rank, rank(r));
+        assert_eq!(
+            (worker.node_id.as_str(), worker.node_ip.as_str()),
+            ("node-a", "10.0.0.1")
+        );
+    }
 }
 
 /// A backend whose shutdown hook always fails, as when it calls workers that have died.
@@ -716,6 +726,29 @@ impl trainyard_backend_executor::Backend for FailingShutdown {
 
 #[tokio::test]
 async fn a_failing_backend_shutdown_is_logged_and_everything_is_still_released() {
+    /// Everything the test's subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .finish();
+    let _guard = tracing_subscriber::util::SubscriberInitExt::set_default(subscriber);
     let sim = one_node(2);
     let mut executor = BackendExecutor::new(
         Arc::new(sim.clone()),
@@ -730,6 +763,17 @@ async fn a_failing_backend_shutdown_is_logged_and_everything_is_still_released()
         .expect("training itself succeeds");
     assert_eq!(report.returns, [json!(1), json!(1)]);
     assert_nothing_left(&sim).await;
+    let text = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("UTF-8");
+    let warning: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("graceful shutdown of the backend failed"))
+        .collect();
+    assert_eq!(warning.len(), 1, "logged once: {text}");
+    assert!(warning[0].contains("WARN"), "{text}");
+    assert!(
+        warning[0].contains("backend `failing-shutdown` is misconfigured: 2 workers are gone"),
+        "the backend's error is in the log: {text}"
+    );
 }
 
 #[tokio::test]

@@ -13,7 +13,6 @@ use trainyard::backend::{
 };
 use trainyard::local::LocalRuntime;
 use trainyard::runtime::{Stream, TaskRejection};
-use trainyard::torch::TorchConfig;
 use trainyard::{Trainer, command_task};
 use trainyard_config::{FailureConfig, RunConfig};
 
@@ -104,11 +103,11 @@ async fn drive(
         .ok_or_else(|| Failure::bad_input("a program to run is required after --"))?;
     let task = command_task(program.clone(), program_args.iter().cloned());
     let (events, received) = mpsc::channel(EVENT_BUFFER);
-    let backend: &dyn trainyard::backend::BackendConfig = match args.backend {
-        BackendKind::Torch => &TorchConfig::default(),
-        BackendKind::None => &NoBackend,
+    let trainer = match args.backend {
+        BackendKind::Torch => Trainer::torch(Arc::new(runtime.clone()), task),
+        BackendKind::None => Trainer::new(Arc::new(runtime.clone()), &NoBackend, task),
     };
-    let trainer = Trainer::new(Arc::new(runtime.clone()), backend, task)
+    let trainer = trainer
         .scaling_config(scaling)
         .run_config(run)
         .executor_options(options)
@@ -140,7 +139,7 @@ async fn drive(
                 print_json(&serde_json::json!({
                     "event": "run_succeeded",
                     "attempts": result.attempts,
-                    "failures": result.errors,
+                    "failures": result.failures,
                 }));
             }
             if args.log_format == LogFormat::Text {

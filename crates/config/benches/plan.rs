@@ -25,10 +25,6 @@ fn config_json(num_workers: u32) -> String {
 
 fn parse_normalise_factory(c: &mut Criterion) {
     let mut group = c.benchmark_group("scaling_config/parse_normalise_factory");
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
     for n in WORKER_COUNTS {
         let text = config_json(n);
         group.throughput(Throughput::Elements(u64::from(n)));
@@ -46,10 +42,6 @@ fn parse_normalise_factory(c: &mut Criterion) {
 
 fn plan(c: &mut Criterion) {
     let mut group = c.benchmark_group("scaling_config/plan");
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
     for n in WORKER_COUNTS {
         let config = ScalingConfig::from_json_str(&config_json(n)).expect("valid config");
         group.throughput(Throughput::Elements(u64::from(n)));
@@ -60,5 +52,13 @@ fn plan(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, parse_normalise_factory, plan);
+criterion_group! {
+    name = benches;
+    // Defaults only: criterion's flags (`cargo bench -- --measurement-time 10`) override them.
+    config = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = parse_normalise_factory, plan
+}
 criterion_main!(benches);

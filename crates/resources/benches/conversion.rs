@@ -53,11 +53,7 @@ fn conversion(c: &mut Criterion) {
     );
 
     let mut group = c.benchmark_group("resources/20_keys");
-    group
-        .sample_size(20)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(2))
-        .throughput(Throughput::Elements(20));
+    group.throughput(Throughput::Elements(20));
     group.bench_function("into_actor_options", |b| {
         b.iter(|| black_box(ActorOptions::try_from(black_box(&dict)).expect("valid dictionary")));
     });
@@ -70,5 +66,13 @@ fn conversion(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, conversion);
+criterion_group! {
+    name = benches;
+    // Defaults only: criterion's flags (`cargo bench -- --measurement-time 10`) override them.
+    config = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2));
+    targets = conversion
+}
 criterion_main!(benches);

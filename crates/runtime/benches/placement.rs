@@ -26,9 +26,6 @@ fn bundles(count: usize, strategy: PlacementStrategy) -> PlacementGroupFactory {
 
 fn placement(c: &mut Criterion) {
     let mut group = c.benchmark_group("placement");
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500));
 
     // Room for every bundle: 1 000 nodes of 16 CPUs.
     let roomy = nodes(1_000, 16);
@@ -91,5 +88,12 @@ fn placement(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, placement);
+criterion_group! {
+    name = benches;
+    // Defaults only: criterion's flags (`cargo bench -- --sample-size 50`) override them.
+    config = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500));
+    targets = placement
+}
 criterion_main!(benches);

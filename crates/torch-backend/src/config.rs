@@ -1,6 +1,5 @@
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -8,10 +7,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info};
 use trainyard_backend_executor::{
-    Backend, BackendConfig, BackendContext, BackendError, RankInfo, WorkerEnv,
+    Backend, BackendConfig, BackendContext, BackendError, RankInfo, WorkerAddress, WorkerEnv,
 };
 use trainyard_resources::{CPU, GPU};
-use trainyard_runtime::{Request, Response};
 
 /// The process-group backend: `nccl` for GPUs, `gloo` for CPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -116,10 +114,6 @@ impl Default for TorchConfig {
 }
 
 impl BackendConfig for TorchConfig {
-    fn backend_name(&self) -> &str {
-        "torch"
-    }
-
     fn build(&self) -> Arc<dyn Backend> {
         Arc::new(TorchBackend::new(self.clone()))
     }
@@ -149,18 +143,6 @@ impl TorchBackend {
     #[must_use]
     pub fn config(&self) -> &TorchConfig {
         &self.config
-    }
-
-    fn error(&self, source: trainyard_worker_group::WorkerGroupError) -> BackendError {
-        BackendError::workers("torch".to_owned(), source)
-    }
-}
-
-/// `host:port`, with an IPv6 host in brackets.
-fn host_port(addr: &str, port: u16) -> String {
-    match addr.parse::<IpAddr>() {
-        Ok(IpAddr::V6(_)) => format!("[{addr}]:{port}"),
-        _ => format!("{addr}:{port}"),
     }
 }
 
@@ -200,29 +182,21 @@ impl Backend for TorchBackend {
             ProcessGroupBackend::Auto => ProcessGroupBackend::Nccl,
             chosen => chosen,
         };
-        let master_addr = first.metadata.node_ip.clone();
-        let master_port = match ctx.group.execute_single(0, Request::FindFreePort).await {
-            Ok(Response::Port { port }) => port,
-            Ok(_) => {
-                return Err(BackendError::Protocol {
-                    backend: "torch".to_owned(),
-                    worker: 0,
-                    reason: "find_free_port was not answered with a port".to_owned(),
-                });
-            }
-            Err(e) => return Err(self.error(e)),
+        let master = WorkerAddress {
+            ip: first.metadata.node_ip.clone(),
+            port: ctx.free_port(0).await?,
         };
         let init_method = match self.config.init_method {
             InitMethod::Env => "env://".to_owned(),
-            InitMethod::Tcp => format!("tcp://{}", host_port(&master_addr, master_port)),
+            InitMethod::Tcp => format!("tcp://{master}"),
         };
         let world_size = workers.len();
         let mut env = Vec::with_capacity(world_size);
         for (worker, rank) in workers.iter().zip(ctx.ranks) {
             let mut vars = BTreeMap::new();
             if self.config.init_method == InitMethod::Env {
-                vars.insert("MASTER_ADDR".to_owned(), master_addr.clone());
-                vars.insert("MASTER_PORT".to_owned(), master_port.to_string());
+                vars.insert("MASTER_ADDR".to_owned(), master.ip.clone());
+                vars.insert("MASTER_PORT".to_owned(), master.port.to_string());
             }
             vars.insert(INIT_METHOD_VAR.to_owned(), init_method.clone());
             vars.insert(BACKEND_VAR.to_owned(), backend.to_string());
@@ -298,9 +272,13 @@ mod tests {
 
     #[test]
     fn ipv6_masters_are_bracketed() {
-        assert_eq!(host_port("::1", 29500), "[::1]:29500");
-        assert_eq!(host_port("10.0.0.1", 29500), "10.0.0.1:29500");
-        assert_eq!(host_port("node-a", 1), "node-a:1");
+        let master = |ip: &str| WorkerAddress {
+            ip: ip.to_owned(),
+            port: 29500,
+        };
+        assert_eq!(master("::1").to_string(), "[::1]:29500");
+        assert_eq!(master("10.0.0.1").to_string(), "10.0.0.1:29500");
+        assert_eq!(master("node-a").to_string(), "node-a:29500");
     }
 
     #[test]

@@ -32,11 +32,18 @@ pub enum WorkerGroupError {
         /// How many workers the group has.
         len: usize,
     },
-    /// Every bundle of the placement group already holds a worker.
-    #[error("cannot add a worker: all {bundles} bundles of the placement group hold a worker")]
+    /// Fewer bundles of the placement group are free (hold no worker) than workers were
+    /// asked for.
+    #[error(
+        "cannot add workers: {requested} asked for, but only {free} of the placement group's {bundles} bundles are free"
+    )]
     NoFreeBundle {
         /// How many bundles the group's placement group has.
         bundles: usize,
+        /// How many of them hold no worker.
+        free: usize,
+        /// How many workers were asked for.
+        requested: usize,
     },
     /// The actor of a worker could not be started.
     #[error("cannot start worker {worker} in bundle {bundle_index}")]

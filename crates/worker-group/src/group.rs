@@ -1,6 +1,6 @@
 //! [`WorkerGroup`]: the actors of one training run, pinned to the bundles of a placement group.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +44,119 @@ pub struct Worker {
     pub bundle_index: usize,
 }
 
+/// Where a [`WorkerGroup`] is in its life, with the actors it holds there.
+///
+/// Every actor the group has spawned and not yet released (stopped, killed, or given up on)
+/// is in exactly one list of the current phase. Hence the invariants, which the variants
+/// spell out: an idle group holds no actor, a starting group holds no worker, and a group
+/// that is shutting down holds at least one actor (it is idle once it holds none).
+#[derive(Debug, Default)]
+enum Phase {
+    /// No actor: the group was never started, a start failed and released what it spawned,
+    /// or a shutdown released every actor.
+    #[default]
+    Idle,
+    /// A `start` is under way or was dropped part way. `spawned` holds the actors it
+    /// spawned (possibly none yet), none of them a worker yet; the next `start` or
+    /// `shutdown` kills them.
+    Starting { spawned: Vec<ActorId> },
+    /// Started. `workers` take requests (none once every worker was removed); `spawned`
+    /// holds the actors of an `add_workers` under way or dropped part way, killed by the
+    /// next `add_workers` or `shutdown`.
+    Running {
+        workers: Vec<Worker>,
+        spawned: Vec<ActorId>,
+    },
+    /// A `shutdown` is under way or was dropped part way: the actors it has still to
+    /// release, at least one. The next `shutdown` releases them.
+    ShuttingDown {
+        workers: Vec<Worker>,
+        spawned: Vec<ActorId>,
+    },
+}
+
+impl Phase {
+    /// The workers: those running, or those a shutdown has still to release.
+    fn workers(&self) -> &[Worker] {
+        match self {
+            Self::Idle | Self::Starting { .. } => &[],
+            Self::Running { workers, .. } | Self::ShuttingDown { workers, .. } => workers,
+        }
+    }
+
+    /// The actors spawned and not yet workers.
+    fn spawned(&self) -> &[ActorId] {
+        match self {
+            Self::Idle => &[],
+            Self::Starting { spawned }
+            | Self::Running { spawned, .. }
+            | Self::ShuttingDown { spawned, .. } => spawned,
+        }
+    }
+
+    /// Records an actor that a `start` or `add_workers` has just spawned.
+    fn record_spawned(&mut self, actor: ActorId) {
+        match self {
+            // Not reached: an actor is spawned only while starting or running. Recording it
+            // all the same keeps it from leaking.
+            Self::Idle => {
+                *self = Self::Starting {
+                    spawned: vec![actor],
+                }
+            }
+            Self::Starting { spawned }
+            | Self::Running { spawned, .. }
+            | Self::ShuttingDown { spawned, .. } => spawned.push(actor),
+        }
+    }
+
+    /// Makes `added` workers, appended to those running; the actors spawned so far are
+    /// exactly theirs, so none is left to release.
+    fn adopt(&mut self, added: Vec<Worker>) {
+        let workers = match std::mem::take(self) {
+            Self::Running { mut workers, .. } => {
+                workers.extend(added);
+                workers
+            }
+            // A start: no worker ran before.
+            Self::Idle | Self::Starting { .. } | Self::ShuttingDown { .. } => added,
+        };
+        *self = Self::Running {
+            workers,
+            spawned: Vec::new(),
+        };
+    }
+
+    /// Forgets the `released` actors, in one pass over each list. A shutdown that has
+    /// released its last actor leaves the group idle; a start that has none left after a
+    /// failure is made idle by [`Phase::settle_failed_start`].
+    fn release(&mut self, released: &HashSet<ActorId>) {
+        match self {
+            Self::Idle => {}
+            Self::Starting { spawned } => spawned.retain(|actor| !released.contains(actor)),
+            Self::Running { workers, spawned } | Self::ShuttingDown { workers, spawned } => {
+                workers.retain(|worker| !released.contains(&worker.actor));
+                spawned.retain(|actor| !released.contains(actor));
+            }
+        }
+        if matches!(self, Self::ShuttingDown { .. }) && self.holds_no_actor() {
+            *self = Self::Idle;
+        }
+    }
+
+    /// After a failed start: idle when its actors were all released, still starting (with
+    /// the actors left to kill) when the clean-up could not finish.
+    fn settle_failed_start(&mut self) {
+        if matches!(self, Self::Starting { .. }) && self.holds_no_actor() {
+            *self = Self::Idle;
+        }
+    }
+
+    fn holds_no_actor(&self) -> bool {
+        self.workers().is_empty() && self.spawned().is_empty()
+    }
+}
+
 /// A worker before its actor exists.
 #[derive(Debug)]
 struct Planned {
@@ -74,11 +187,8 @@ pub struct WorkerGroup {
     bundles: usize,
     env: BTreeMap<String, String>,
     name_prefix: String,
-    workers: Vec<Worker>,
-    /// Actors spawned by a `start` or `add_workers` that has not finished (or was
-    /// abandoned): not workers yet, but still to be released.
-    spawned: Vec<ActorId>,
-    started: bool,
+    /// The phase of the group's life, with every actor it holds.
+    phase: Phase,
 }
 
 impl WorkerGroup {
@@ -107,9 +217,7 @@ impl WorkerGroup {
             initial,
             env: BTreeMap::new(),
             name_prefix: DEFAULT_NAME_PREFIX.to_owned(),
-            workers: Vec::new(),
-            spawned: Vec::new(),
-            started: false,
+            phase: Phase::Idle,
         })
     }
 
@@ -144,9 +252,18 @@ impl WorkerGroup {
     /// be spawned; otherwise [`WorkerGroupError::Worker`] for the first worker whose
     /// metadata call failed.
     pub async fn start(&mut self) -> Result<(), WorkerGroupError> {
-        if self.started || !self.workers.is_empty() {
-            return Err(WorkerGroupError::AlreadyStarted);
-        }
+        let abandoned = match &mut self.phase {
+            Phase::Running { .. } => return Err(WorkerGroupError::AlreadyStarted),
+            Phase::ShuttingDown { workers, .. } if !workers.is_empty() => {
+                return Err(WorkerGroupError::AlreadyStarted);
+            }
+            Phase::Idle => Vec::new(),
+            // What a dropped start or shutdown left: `launch` kills it first.
+            Phase::Starting { spawned } | Phase::ShuttingDown { spawned, .. } => {
+                std::mem::take(spawned)
+            }
+        };
+        self.phase = Phase::Starting { spawned: abandoned };
         let planned = self
             .initial
             .iter()
@@ -164,35 +281,36 @@ impl WorkerGroup {
             placement_group = %self.placement_group,
             workers = self.initial.len(),
         );
-        let workers = self.launch(planned).instrument(span).await?;
-        self.workers = workers;
-        self.started = true;
-        Ok(())
+        let launched = self.launch(planned).instrument(span).await;
+        if launched.is_err() {
+            self.phase.settle_failed_start();
+        }
+        launched
     }
 
     /// The workers, in their current order.
     #[must_use]
     pub fn workers(&self) -> &[Worker] {
-        &self.workers
+        self.phase.workers()
     }
 
     /// How many workers the group holds: those running, or after a dropped
     /// [`WorkerGroup::shutdown`] those not released yet.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.workers.len()
+        self.workers().len()
     }
 
     /// Whether the group holds no worker.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
+        self.workers().is_empty()
     }
 
     /// Whether the group has been started and no shutdown has begun since.
     #[must_use]
     pub const fn is_started(&self) -> bool {
-        self.started
+        matches!(self.phase, Phase::Running { .. })
     }
 
     /// The runtime the actors run on.
@@ -253,7 +371,7 @@ impl WorkerGroup {
     ) -> Result<Vec<BoxFuture<'static, Result<Response, RuntimeError>>>, WorkerGroupError> {
         self.check_active()?;
         Ok(self
-            .workers
+            .workers()
             .iter()
             .map(|worker| self.call(worker.actor, request.clone()))
             .collect())
@@ -293,11 +411,11 @@ impl WorkerGroup {
     ) -> Result<BoxFuture<'static, Result<Response, RuntimeError>>, WorkerGroupError> {
         self.check_active()?;
         let worker = self
-            .workers
+            .workers()
             .get(index)
             .ok_or(WorkerGroupError::InvalidWorkerIndex {
                 index,
-                len: self.workers.len(),
+                len: self.len(),
             })?;
         Ok(self.call(worker.actor, request))
     }
@@ -321,22 +439,23 @@ impl WorkerGroup {
         &mut self,
         resources_per_worker: Vec<Resources>,
     ) -> Result<(), WorkerGroupError> {
-        if !self.started {
+        let Phase::Running { workers, .. } = &self.phase else {
             return Err(WorkerGroupError::NotActive);
-        }
+        };
         if resources_per_worker.is_empty() {
             return Ok(());
         }
-        let first = self.workers.len();
+        let first = workers.len();
         let dicts = to_options(resources_per_worker, first)?;
-        let held: BTreeSet<usize> = self.workers.iter().map(|w| w.bundle_index).collect();
+        let held: BTreeSet<usize> = workers.iter().map(|w| w.bundle_index).collect();
         let free: Vec<usize> = (0..self.bundles)
             .filter(|index| !held.contains(index))
-            .take(dicts.len())
             .collect();
         if free.len() < dicts.len() {
             return Err(WorkerGroupError::NoFreeBundle {
                 bundles: self.bundles,
+                free: free.len(),
+                requested: dicts.len(),
             });
         }
         let planned = dicts
@@ -355,9 +474,7 @@ impl WorkerGroup {
             placement_group = %self.placement_group,
             workers = planned.len(),
         );
-        let added = self.launch(planned).instrument(span).await?;
-        self.workers.extend(added);
-        Ok(())
+        self.launch(planned).instrument(span).await
     }
 
     /// Kills the workers at `indexes` (positions in [`WorkerGroup::workers`]) and drops them
@@ -369,15 +486,13 @@ impl WorkerGroup {
     /// [`WorkerGroupError::InvalidWorkerIndex`] for an index beyond the workers, before
     /// anything is removed.
     pub async fn remove_workers(&mut self, indexes: &[usize]) -> Result<(), WorkerGroupError> {
-        let len = self.workers.len();
+        let workers = self.workers();
+        let len = workers.len();
         if let Some(&index) = indexes.iter().find(|&&index| index >= len) {
             return Err(WorkerGroupError::InvalidWorkerIndex { index, len });
         }
         let remove: BTreeSet<usize> = indexes.iter().copied().collect();
-        let actors: Vec<ActorId> = remove
-            .iter()
-            .map(|&index| self.workers[index].actor)
-            .collect();
+        let actors: Vec<ActorId> = remove.iter().map(|&index| workers[index].actor).collect();
         let span = info_span!(
             "worker_group.remove_workers",
             placement_group = %self.placement_group,
@@ -408,19 +523,26 @@ impl WorkerGroup {
     /// or `add_workers` that was dropped part way are released too. Shutting down a group
     /// that holds no actor does nothing. The placement group is left to its owner.
     ///
-    /// # Errors
-    /// None at present; the result leaves room for runtimes whose shutdown can fail.
-    pub async fn shutdown(&mut self, patience: Duration) -> Result<(), WorkerGroupError> {
-        self.started = false;
-        let actors: Vec<ActorId> = self
-            .workers
+    /// A shutdown cannot fail: whatever goes wrong with one actor is logged, and the actor
+    /// is dropped from the group all the same.
+    pub async fn shutdown(&mut self, patience: Duration) {
+        let (workers, spawned) = match std::mem::take(&mut self.phase) {
+            Phase::Idle => return,
+            Phase::Starting { spawned } => (Vec::new(), spawned),
+            Phase::Running { workers, spawned } | Phase::ShuttingDown { workers, spawned } => {
+                (workers, spawned)
+            }
+        };
+        let actors: Vec<ActorId> = workers
             .iter()
             .map(|w| w.actor)
-            .chain(self.spawned.iter().copied())
+            .chain(spawned.iter().copied())
             .collect();
         if actors.is_empty() {
-            return Ok(());
+            // The group holds no actor: it stays idle.
+            return;
         }
+        self.phase = Phase::ShuttingDown { workers, spawned };
         let span = info_span!(
             "worker_group.shutdown",
             placement_group = %self.placement_group,
@@ -440,33 +562,35 @@ impl WorkerGroup {
         }
         .instrument(span)
         .await;
-        Ok(())
+        // Every actor was released, so the phase is already idle; this states it.
+        self.phase = Phase::Idle;
     }
 
     /// Orders the workers as Ray Train's `sort_workers_by_node_id_and_gpu_id` does: grouped
     /// by node in order of first appearance (`first_node`'s group first), and within a node
     /// by lowest GPU id. See [`node_and_gpu_order`].
     pub fn sort_workers_by_node_and_gpu(&mut self, first_node: Option<&NodeId>) {
+        let (Phase::Running { workers, .. } | Phase::ShuttingDown { workers, .. }) =
+            &mut self.phase
+        else {
+            return;
+        };
         let order = {
-            let metadata: Vec<&WorkerMetadata> = self.workers.iter().map(|w| &w.metadata).collect();
+            let metadata: Vec<&WorkerMetadata> = workers.iter().map(|w| &w.metadata).collect();
             node_and_gpu_order(&metadata, first_node)
         };
-        let mut old: Vec<Option<Worker>> = std::mem::take(&mut self.workers)
-            .into_iter()
-            .map(Some)
-            .collect();
+        let mut old: Vec<Option<Worker>> = std::mem::take(workers).into_iter().map(Some).collect();
         // `order` is a permutation of the old indexes, so each slot is taken exactly once.
-        self.workers = order
+        *workers = order
             .into_iter()
             .filter_map(|index| old.get_mut(index)?.take())
             .collect();
     }
 
     fn check_active(&self) -> Result<(), WorkerGroupError> {
-        if self.started && !self.workers.is_empty() {
-            Ok(())
-        } else {
-            Err(WorkerGroupError::NotActive)
+        match &self.phase {
+            Phase::Running { workers, .. } if !workers.is_empty() => Ok(()),
+            _ => Err(WorkerGroupError::NotActive),
         }
     }
 
@@ -479,9 +603,12 @@ impl WorkerGroup {
         Box::pin(async move { runtime.call(actor, request).await })
     }
 
-    /// Spawns the planned workers at once, then fetches their metadata at once; on any
-    /// failure kills every actor spawned and returns the first error in worker order.
-    async fn launch(&mut self, planned: Vec<Planned>) -> Result<Vec<Worker>, WorkerGroupError> {
+    /// Spawns the planned workers at once, then fetches their metadata at once, and makes
+    /// them workers of the group (which is then running); on any failure kills every actor
+    /// spawned and returns the first error in worker order.
+    ///
+    /// Runs only while the group is starting (`start`) or running (`add_workers`).
+    async fn launch(&mut self, planned: Vec<Planned>) -> Result<(), WorkerGroupError> {
         self.release_abandoned().await;
         let spawns = self.spawn_all(&planned).await;
         let spawned: Vec<ActorId> = spawns
@@ -511,9 +638,7 @@ impl WorkerGroup {
                 return Err(error);
             }
         };
-        // Every actor this launch spawned is now a worker.
-        self.spawned.clear();
-        Ok(planned
+        let added = planned
             .into_iter()
             .zip(spawned)
             .zip(metadata)
@@ -527,13 +652,16 @@ impl WorkerGroup {
                     bundle_index: plan.bundle_index,
                 }
             })
-            .collect())
+            .collect();
+        // Every actor this launch spawned is now a worker.
+        self.phase.adopt(added);
+        Ok(())
     }
 
     /// Spawns every planned worker at once and waits for every spawn; the results come in
     /// worker order.
     ///
-    /// Each actor is recorded in `spawned` as soon as its spawn returns, so that one this
+    /// Each actor is recorded in the phase's `spawned` as soon as its spawn returns, so that one this
     /// future leaves behind when it is dropped is still released by the next launch or
     /// shutdown.
     async fn spawn_all(&mut self, planned: &[Planned]) -> Vec<Result<ActorId, RuntimeError>> {
@@ -557,7 +685,7 @@ impl WorkerGroup {
             match &result {
                 Ok(actor) => {
                     debug!(worker = plan.worker, bundle_index = plan.bundle_index, %actor, "worker actor spawned");
-                    self.spawned.push(*actor);
+                    self.phase.record_spawned(*actor);
                 }
                 Err(error) => {
                     warn!(worker = plan.worker, bundle_index = plan.bundle_index, %error, "cannot spawn worker actor");
@@ -571,10 +699,10 @@ impl WorkerGroup {
 
     /// Kills the actors that a dropped `start` or `add_workers` left behind.
     async fn release_abandoned(&mut self) {
-        if self.spawned.is_empty() {
+        if self.phase.spawned().is_empty() {
             return;
         }
-        let abandoned = self.spawned.clone();
+        let abandoned = self.phase.spawned().to_vec();
         warn!(
             actors = abandoned.len(),
             "killing the actors left by an abandoned start or add_workers"
@@ -584,8 +712,15 @@ impl WorkerGroup {
 
     /// Asks every actor to stop, waiting up to `patience` for each; releases those that
     /// confirm as they do and returns the others.
+    ///
+    /// Releasing, here and in [`WorkerGroup::kill_and_release`], goes by batches: the
+    /// answers that are ready together are released in one pass over the group's lists
+    /// ([`Phase::release`]), so a group whose actors all answer at once releases `n` of them
+    /// in time linear in `n`. Each batch is released before the next is waited for, so a
+    /// future dropped part way keeps no actor that has already stopped.
     async fn stop_and_release(&mut self, actors: Vec<ActorId>, patience: Duration) -> Vec<ActorId> {
-        let mut stops: FuturesUnordered<_> = actors
+        let batch = actors.len().max(1);
+        let mut stops = actors
             .into_iter()
             .map(|actor| {
                 let runtime = Arc::clone(&self.runtime);
@@ -596,20 +731,27 @@ impl WorkerGroup {
                     )
                 }
             })
-            .collect();
+            .collect::<FuturesUnordered<_>>()
+            .ready_chunks(batch);
         let mut not_stopped = Vec::new();
-        while let Some((actor, outcome)) = stops.next().await {
-            match outcome {
-                Ok(Ok(())) => self.release(actor),
-                Ok(Err(error)) => {
-                    warn!(%actor, %error, "worker did not stop cleanly");
-                    not_stopped.push(actor);
-                }
-                Err(_) => {
-                    warn!(%actor, "worker did not stop within the patience");
-                    not_stopped.push(actor);
+        while let Some(outcomes) = stops.next().await {
+            let mut stopped = HashSet::with_capacity(outcomes.len());
+            for (actor, outcome) in outcomes {
+                match outcome {
+                    Ok(Ok(())) => {
+                        stopped.insert(actor);
+                    }
+                    Ok(Err(error)) => {
+                        warn!(%actor, %error, "worker did not stop cleanly");
+                        not_stopped.push(actor);
+                    }
+                    Err(_) => {
+                        warn!(%actor, "worker did not stop within the patience");
+                        not_stopped.push(actor);
+                    }
                 }
             }
+            self.phase.release(&stopped);
         }
         not_stopped
     }
@@ -617,7 +759,8 @@ impl WorkerGroup {
     /// Kills every actor at once, without grace, waiting up to `bound` for each kill;
     /// releases each actor as its kill returns, fails (logged) or times out (logged).
     async fn kill_and_release(&mut self, actors: Vec<ActorId>, bound: Duration) {
-        let mut kills: FuturesUnordered<_> = actors
+        let batch = actors.len().max(1);
+        let mut kills = actors
             .into_iter()
             .map(|actor| {
                 let runtime = Arc::clone(&self.runtime);
@@ -634,16 +777,11 @@ impl WorkerGroup {
                     actor
                 }
             })
-            .collect();
-        while let Some(actor) = kills.next().await {
-            self.release(actor);
+            .collect::<FuturesUnordered<_>>()
+            .ready_chunks(batch);
+        while let Some(killed) = kills.next().await {
+            self.phase.release(&killed.into_iter().collect());
         }
-    }
-
-    /// Forgets `actor`: it has been stopped or killed, or its kill was given up on.
-    fn release(&mut self, actor: ActorId) {
-        self.workers.retain(|w| w.actor != actor);
-        self.spawned.retain(|&a| a != actor);
     }
 }
 
@@ -692,4 +830,80 @@ fn to_options(
             }),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(actor: u64) -> Worker {
+        let resources: Resources = "CPU=1".parse().expect("valid resources");
+        Worker {
+            actor: ActorId(actor),
+            metadata: WorkerInfo {
+                node_id: NodeId::from("node-0"),
+                node_ip: "10.0.0.1".into(),
+                hostname: "host-0".into(),
+                pid: 1,
+                accelerator_ids: BTreeMap::new(),
+            },
+            options: ActorOptions::try_from(&resources).expect("valid options"),
+            resources,
+            bundle_index: 0,
+        }
+    }
+
+    fn ids(actors: &[u64]) -> HashSet<ActorId> {
+        actors.iter().copied().map(ActorId).collect()
+    }
+
+    #[test]
+    fn a_shutdown_that_releases_its_last_actor_leaves_the_group_idle() {
+        let mut phase = Phase::ShuttingDown {
+            workers: vec![worker(1), worker(2)],
+            spawned: vec![ActorId(3)],
+        };
+        phase.release(&ids(&[1, 3]));
+        assert_eq!(phase.workers().len(), 1);
+        assert!(phase.spawned().is_empty());
+        assert!(matches!(phase, Phase::ShuttingDown { .. }));
+
+        phase.release(&ids(&[2]));
+        assert!(matches!(phase, Phase::Idle));
+    }
+
+    #[test]
+    fn releasing_keeps_the_order_of_the_workers_left_and_a_running_group_running() {
+        let mut phase = Phase::Running {
+            workers: (1..=5).map(worker).collect(),
+            spawned: Vec::new(),
+        };
+        phase.release(&ids(&[2, 4, 9]));
+        let left: Vec<ActorId> = phase.workers().iter().map(|w| w.actor).collect();
+        assert_eq!(left, [ActorId(1), ActorId(3), ActorId(5)]);
+
+        phase.release(&ids(&[1, 3, 5]));
+        assert!(
+            matches!(phase, Phase::Running { ref workers, .. } if workers.is_empty()),
+            "a group whose workers were all removed is still started: {phase:?}"
+        );
+    }
+
+    #[test]
+    fn a_failed_start_is_idle_only_once_its_actors_are_released() {
+        let mut phase = Phase::Starting {
+            spawned: vec![ActorId(1), ActorId(2)],
+        };
+        phase.release(&ids(&[1]));
+        phase.settle_failed_start();
+        assert_eq!(
+            phase.spawned(),
+            [ActorId(2)],
+            "left for the next start or shutdown"
+        );
+
+        phase.release(&ids(&[2]));
+        phase.settle_failed_start();
+        assert!(matches!(phase, Phase::Idle));
+    }
 }

@@ -123,8 +123,7 @@ async fn shutdown_returns_the_resources_and_execute_errors_afterwards() {
 
     tokio::time::timeout(BOUND, group.shutdown(Duration::from_secs(5)))
         .await
-        .expect("shutdown returns")
-        .expect("shutdown succeeds");
+        .expect("shutdown returns");
 
     assert!(sim.live_actors().is_empty());
     assert!(group.is_empty());
@@ -141,10 +140,7 @@ async fn shutdown_returns_the_resources_and_execute_errors_afterwards() {
     )
     .expect("valid group");
     again.start().await.expect("the bundles have room again");
-    again
-        .shutdown(Duration::ZERO)
-        .await
-        .expect("shutdown succeeds");
+    again.shutdown(Duration::ZERO).await;
     // The placement group is its owner's: still there until removed.
     assert_eq!(sim.placement_group_count(), 1);
     runtime
@@ -167,10 +163,7 @@ async fn starting_twice_errors_and_a_shut_down_group_starts_again() {
     );
     assert_eq!(sim.live_actors(), first);
 
-    group
-        .shutdown(Duration::ZERO)
-        .await
-        .expect("shutdown succeeds");
+    group.shutdown(Duration::ZERO).await;
     assert!(sim.live_actors().is_empty());
     tokio::time::timeout(BOUND, group.start())
         .await
@@ -394,9 +387,45 @@ async fn a_removed_worker_can_be_replaced_in_its_bundle_without_hanging() {
         .await
         .expect_err("no bundle is free");
     assert!(
-        matches!(error, WorkerGroupError::NoFreeBundle { bundles: 2 }),
+        matches!(
+            error,
+            WorkerGroupError::NoFreeBundle {
+                bundles: 2,
+                free: 0,
+                requested: 1
+            }
+        ),
         "{error:?}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn asking_for_more_workers_than_free_bundles_says_how_many_are_free_and_adds_none() {
+    let sim = SimRuntime::new([SimNode::new("node-0").cpus(3)]);
+    let mut group = start_group(Arc::new(sim.clone()), &vec![res("CPU=1"); 3]).await;
+    group.remove_workers(&[1]).await.expect("valid index");
+
+    let error = tokio::time::timeout(BOUND, group.add_workers(vec![res("CPU=1"); 2]))
+        .await
+        .expect("add_workers returns")
+        .expect_err("one bundle is free, two workers are asked for");
+    assert!(
+        matches!(
+            error,
+            WorkerGroupError::NoFreeBundle {
+                bundles: 3,
+                free: 1,
+                requested: 2
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "cannot add workers: 2 asked for, but only 1 of the placement group's 3 bundles are free"
+    );
+    assert_eq!(group.len(), 2, "no worker was added");
+    assert_eq!(sim.live_actors().len(), 2, "no actor was spawned");
 }
 
 #[tokio::test(start_paused = true)]
@@ -444,8 +473,7 @@ async fn a_worker_that_dies_fails_execute_with_its_index_and_shutdown_still_ends
 
     tokio::time::timeout(BOUND, group.shutdown(Duration::from_secs(30)))
         .await
-        .expect("shutdown does not wait on the dead worker")
-        .expect("shutdown succeeds");
+        .expect("shutdown does not wait on the dead worker");
     assert!(sim.live_actors().is_empty());
 }
 
@@ -481,7 +509,6 @@ async fn losing_a_node_does_not_hang_shutdown() {
 
     tokio::time::timeout(BOUND, group.shutdown(Duration::from_secs(30)))
         .await
-        .expect("shutdown does not hang")
-        .expect("shutdown succeeds");
+        .expect("shutdown does not hang");
     assert!(sim.live_actors().is_empty());
 }

@@ -1,24 +1,24 @@
-//! A custom backend outside the crate: TensorFlow's `TF_CONFIG`.
+//! A custom backend built on trainyard: TensorFlow's `TF_CONFIG`.
 //!
 //! Every worker gets the same cluster spec (`{"cluster": {"worker": ["ip:port", ...]}}`) and
-//! its own task index, as Ray Train's TensorFlow backend does. Run with
-//! `cargo run -p trainyard-backend-executor --example tensorflow_backend`.
+//! its own task index, as Ray Train's TensorFlow backend does. It runs on the simulated
+//! cluster:
+//!
+//! ```sh
+//! cargo run --example tensorflow_backend --features sim
+//! ```
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use futures::future::try_join_all;
-use serde_json::json;
-use trainyard_backend_executor::{
-    Backend, BackendContext, BackendError, BackendExecutor, FitReport, WorkerEnv,
-};
-use trainyard_config::ScalingConfig;
-use trainyard_runtime::sim::{SimNode, SimRuntime};
-use trainyard_runtime::{FunctionRegistry, Request, Response, TaskSpec};
+use serde_json::{Value, json};
+use trainyard::async_trait;
+use trainyard::backend::{Backend, BackendContext, BackendError, WorkerEnv};
+use trainyard::prelude::*;
+use trainyard::runtime::sim::{SimNode, SimRuntime};
 
 /// Sets `TF_CONFIG` for `tf.distribute.MultiWorkerMirroredStrategy`.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct TensorflowBackend;
 
 #[async_trait]
@@ -28,31 +28,18 @@ impl Backend for TensorflowBackend {
     }
 
     async fn on_start(&self, ctx: BackendContext<'_>) -> Result<WorkerEnv, BackendError> {
-        let group = ctx.group;
-        let ports = (0..group.len()).map(|i| group.execute_single(i, Request::FindFreePort));
-        let ports = try_join_all(ports)
-            .await
-            .map_err(|source| BackendError::workers(self.name().to_owned(), source))?;
-        let addresses: Vec<String> = group
-            .workers()
+        let workers: Vec<String> = ctx
+            .worker_addresses()
+            .await?
             .iter()
-            .zip(ports)
-            .enumerate()
-            .map(|(i, (worker, port))| match port {
-                Response::Port { port } => Ok(format!("{}:{port}", worker.metadata.node_ip)),
-                _ => Err(BackendError::Protocol {
-                    backend: "tensorflow".to_owned(),
-                    worker: i,
-                    reason: "find_free_port was not answered with a port".to_owned(),
-                }),
-            })
-            .collect::<Result<_, _>>()?;
+            .map(ToString::to_string)
+            .collect();
         Ok(ctx
             .ranks
             .iter()
             .map(|rank| {
                 let tf_config = json!({
-                    "cluster": {"worker": addresses},
+                    "cluster": {"worker": workers},
                     "task": {"type": "worker", "index": rank.world_rank.0},
                 });
                 BTreeMap::from([("TF_CONFIG".to_owned(), tf_config.to_string())])
@@ -61,8 +48,8 @@ impl Backend for TensorflowBackend {
     }
 }
 
-/// Runs four workers on two simulated nodes; each returns the `TF_CONFIG` it saw.
-async fn run(num_workers: u32) -> Result<FitReport, Box<dyn std::error::Error>> {
+/// Runs `num_workers` workers on two simulated nodes; each returns the `TF_CONFIG` it saw.
+async fn run(num_workers: u32) -> trainyard::Result<FitReport> {
     let functions = FunctionRegistry::new().register("tf_config", |task| async move {
         let raw = task.var("TF_CONFIG").ok_or("TF_CONFIG is not set")?;
         serde_json::from_str(raw).map_err(|e| e.to_string())
@@ -72,17 +59,14 @@ async fn run(num_workers: u32) -> Result<FitReport, Box<dyn std::error::Error>> 
         SimNode::new("node-b").ip("10.0.0.2").cpus(2),
     ])
     .with_functions(functions);
-    let task = TaskSpec::Function {
-        name: "tf_config".into(),
-        arg: json!(null),
-        env: BTreeMap::new(),
-    };
-    let mut executor = BackendExecutor::new(
+    Trainer::new(
         Arc::new(cluster),
-        Arc::new(TensorflowBackend),
-        ScalingConfig::default().num_workers(num_workers),
-    )?;
-    Ok(executor.fit(&task).await?)
+        &TensorflowBackend,
+        function_task("tf_config", Value::Null),
+    )
+    .scaling_config(ScalingConfig::default().num_workers(num_workers))
+    .fit()
+    .await
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -113,6 +97,13 @@ mod tests {
             .as_array()
             .expect("a worker list");
         assert_eq!(workers.len(), 4);
+        assert!(
+            workers
+                .iter()
+                .filter_map(Value::as_str)
+                .all(|w| w.starts_with("10.0.0.1:") || w.starts_with("10.0.0.2:")),
+            "{workers:?}"
+        );
         let indexes: BTreeSet<u64> = report
             .returns
             .iter()
