@@ -44,7 +44,7 @@ enum Running {
 impl Running {
     fn is_done(&self) -> bool {
         match self {
-            Self::Command(command) => *command.done.borrow(),
+            Self::Command(command) => command.is_done(),
             Self::Function(_, done) => *done.borrow(),
         }
     }
@@ -288,7 +288,16 @@ impl Agent {
                 .and_then(|h| h.into_string().ok())
                 .unwrap_or_else(|| "localhost".to_owned()),
             pid: std::process::id(),
+            task_pid: self.task_pid(),
             accelerator_ids: self.config.accelerator_ids.clone(),
+        }
+    }
+
+    /// The running command's process id.
+    fn task_pid(&self) -> Option<u32> {
+        match &self.task {
+            Some(Running::Command(command)) if !command.is_done() => Some(command.pid),
+            _ => None,
         }
     }
 

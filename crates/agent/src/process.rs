@@ -40,6 +40,11 @@ pub(crate) struct RunningCommand {
 }
 
 impl RunningCommand {
+    /// Whether the task has ended (and its end was sent).
+    pub(crate) fn is_done(&self) -> bool {
+        *self.done.borrow()
+    }
+
     /// Stops the task: SIGTERM to its process group, SIGKILL after `grace`, then waits
     /// (bounded) for its end to be sent.
     pub(crate) async fn terminate(&mut self, grace: Duration) {

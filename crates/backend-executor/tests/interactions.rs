@@ -20,6 +20,7 @@ fn info(actor: ActorId) -> WorkerInfo {
         node_ip: "10.0.0.1".to_owned(),
         hostname: "node-0".to_owned(),
         pid: u32::try_from(actor.0).unwrap_or(0) + 100,
+        task_pid: None,
         accelerator_ids: BTreeMap::new(),
     }
 }

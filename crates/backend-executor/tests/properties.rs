@@ -35,6 +35,7 @@ proptest! {
                 node_ip: "10.0.0.1".to_owned(),
                 hostname: format!("host-{node}"),
                 pid: u32::try_from(i).unwrap(),
+                task_pid: None,
                 accelerator_ids: gpu
                     .map(|g| BTreeMap::from([("GPU".to_owned(), vec![g.to_string()])]))
                     .unwrap_or_default(),

@@ -919,3 +919,29 @@ fn is_zombie_or_gone(pid: u32) -> bool {
     }
     false
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_info_names_the_running_tasks_own_pid_beside_the_agents() {
+    let runtime = start("task-pid").await;
+    let actor = runtime.spawn(spec("task-pid")).await.expect("spawn");
+    let before = runtime.node_info(actor).await.expect("info");
+    assert_eq!(before.task_pid, None, "no task yet");
+    let task = trainyard_runtime::TaskSpec::Command {
+        program: "sleep".into(),
+        args: vec!["30".into()],
+        env: BTreeMap::new(),
+    };
+    let pid = runtime
+        .run_task(actor, task)
+        .await
+        .expect("run")
+        .expect("a command has a pid");
+    let during = runtime.node_info(actor).await.expect("info");
+    assert_eq!(during.task_pid, Some(pid));
+    assert_ne!(
+        during.pid, pid,
+        "the agent and its task are different processes"
+    );
+    runtime.kill(actor, Duration::ZERO).await.expect("kill");
+    runtime.shutdown().await;
+}

@@ -63,6 +63,10 @@ pub struct WorkerInfo {
     pub hostname: String,
     /// The actor's process id (the worker agent's, for real runtimes).
     pub pid: u32,
+    /// The process id of the task it runs now, when the task has a process of its own (a
+    /// command): the process a user would signal. `None` before a task starts.
+    #[serde(default)]
+    pub task_pid: Option<u32>,
     /// Device ids the actor holds, for every accelerator resource the runtime knows
     /// (an empty list when it holds none of that kind).
     pub accelerator_ids: BTreeMap<String, Vec<String>>,

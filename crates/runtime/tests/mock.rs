@@ -238,6 +238,7 @@ async fn each_typed_helper_sends_its_request_and_returns_the_answer() {
         node_ip: "10.0.0.1".into(),
         hostname: "h".into(),
         pid: 1,
+        task_pid: None,
         accelerator_ids: BTreeMap::new(),
     };
     let vars = BTreeMap::from([("RANK".to_owned(), "0".to_owned())]);

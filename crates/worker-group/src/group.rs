@@ -845,6 +845,7 @@ mod tests {
                 node_ip: "10.0.0.1".into(),
                 hostname: "host-0".into(),
                 pid: 1,
+                task_pid: None,
                 accelerator_ids: BTreeMap::new(),
             },
             options: ActorOptions::try_from(&resources).expect("valid options"),

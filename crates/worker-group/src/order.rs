@@ -29,6 +29,7 @@ const GPU: &str = "GPU";
 ///     node_ip: "10.0.0.1".into(),
 ///     hostname: "host".into(),
 ///     pid: 1,
+///     task_pid: None,
 ///     accelerator_ids: Default::default(),
 /// };
 /// let workers = [on("b"), on("a"), on("b")];

@@ -31,6 +31,7 @@ fn info(actor: ActorId) -> WorkerInfo {
         node_ip: "10.0.0.1".into(),
         hostname: "host-0".into(),
         pid: u32::try_from(1000 + actor.0).expect("small pid"),
+        task_pid: None,
         accelerator_ids: BTreeMap::new(),
     }
 }

@@ -12,6 +12,7 @@ fn worker(node: &str, gpu_ids: &[&str]) -> WorkerMetadata {
         node_ip: format!("10.0.0.{node}"),
         hostname: format!("host-{node}"),
         pid: 1,
+        task_pid: None,
         accelerator_ids: BTreeMap::from([
             (
                 "GPU".to_owned(),

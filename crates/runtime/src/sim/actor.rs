@@ -225,6 +225,7 @@ mod tests {
             node_ip: "127.0.0.1".to_owned(),
             hostname: "a".to_owned(),
             pid: 10_000,
+            task_pid: None,
             accelerator_ids: BTreeMap::new(),
         };
         let (events, _stream) = crate::events::event_channel(16);

@@ -163,6 +163,7 @@ impl State {
             node_ip: held.node.ip.clone(),
             hostname: held.node.hostname.clone(),
             pid: u32::try_from(10_000 + id.0).unwrap_or(u32::MAX),
+            task_pid: None,
             accelerator_ids: held.accelerator_ids,
         };
         let (events, stream) = event_channel(EVENT_BUFFER);
