@@ -1,26 +1,69 @@
-//! The trainyard worker agent and the driver⇄agent protocol.
+//! The trainyard worker agent, and the protocol between it and the driver.
 //!
-//! A real runtime starts one agent process per worker. The agent connects back to the
-//! driver ([`wire`]), proves it belongs to the run with the run's token, and serves the
-//! request set of [`trainyard_runtime::Request`]: where it runs, free ports, environment,
-//! and tasks — a command started through a trampoline in its own process group, or a Rust
-//! function registered in the user's binary. Task events are pushed to the driver as they
-//! happen.
+//! A real runtime (such as `trainyard-runtime-local`) starts one agent process per worker. The
+//! agent connects back to the driver, proves it belongs to the run with the run's secret
+//! [`Token`](wire::Token), and serves [`Request`](trainyard_runtime::Request)s: where it runs,
+//! free ports, environment, and tasks (a command in its own process group and memory
+//! [`cgroup`], or a function of a [`FunctionRegistry`]), whose events it pushes to the driver
+//! as they happen.
 //!
-//! A binary becomes able to host agents by calling [`run_if_agent`] first thing in `main`:
+//! # Make a binary able to host agents
 //!
 //! ```no_run
+//! use std::process::ExitCode;
 //! use trainyard_runtime::FunctionRegistry;
 //!
-//! fn main() -> std::process::ExitCode {
-//!     let functions = FunctionRegistry::with_builtins();
+//! fn main() -> ExitCode {
+//!     // What workers can run by name, besides the built-ins.
+//!     let functions = FunctionRegistry::new().register("double", |task| async move {
+//!         let n = task.arg().as_i64().ok_or("expected a number")?;
+//!         Ok((2 * n).into())
+//!     });
+//!     // First thing in `main`: a process the runtime started as an agent serves, then ends.
 //!     if let Some(code) = trainyard_agent::run_if_agent(functions) {
 //!         return code;
 //!     }
-//!     // ... the program itself: the driver.
-//!     std::process::ExitCode::SUCCESS
+//!     // ... the program itself: the driver, which starts a runtime and its workers.
+//!     ExitCode::SUCCESS
 //! }
 //! ```
+//!
+//! # Speak the wire protocol
+//!
+//! ```
+//! use futures::{SinkExt, StreamExt};
+//! use trainyard_agent::wire::{self, AgentMessage, DriverMessage, PROTOCOL, Token};
+//! use trainyard_runtime::{ActorId, Request};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let token = Token::random()?;
+//! let (driver_end, agent_end) = tokio::io::duplex(64 * 1024); // a TCP stream, in real life
+//! let (mut driver, mut agent) = (wire::framed(driver_end), wire::framed(agent_end));
+//!
+//! // The agent speaks first: which actor it serves, and the run's token.
+//! let (actor, pid) = (ActorId(0), std::process::id());
+//! let hello = AgentMessage::Hello { protocol: PROTOCOL, token: token.to_hex(), actor, pid };
+//! agent.send(wire::encode(&hello)?).await?;
+//!
+//! // The driver checks the token before it accepts frames larger than a hello.
+//! let frame = driver.next().await.ok_or("the agent hung up")??;
+//! let AgentMessage::Hello { token: presented, .. } = wire::decode(&frame)? else {
+//!     return Err("expected a hello".into());
+//! };
+//! assert!(token.matches(&presented));
+//! wire::authenticated(&mut driver);
+//! let request = DriverMessage::Request { id: 1, request: Request::NodeInfo };
+//! driver.send(wire::encode(&request)?).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Main items
+//!
+//! - [`run_if_agent`]: serve as an agent (or a task's trampoline) when started as one.
+//! - [`wire`]: [`Token`](wire::Token), [`DriverMessage`](wire::DriverMessage) and
+//!   [`AgentMessage`](wire::AgentMessage) in JSON frames; [`config`]: how an agent is started;
+//!   [`cgroup`]: per-worker hard memory limits.
 
 mod agent;
 pub mod cgroup;

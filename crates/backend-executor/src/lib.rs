@@ -1,13 +1,69 @@
-//! Backends, rank assignment and the training run of trainyard.
+//! Backends, ranks and the training run of trainyard.
 //!
-//! A [`BackendExecutor`] takes a scaling config to running workers: it reserves the
-//! placement group, starts one worker per bundle, sorts them by node and GPU, assigns ranks
-//! ([`assign_ranks`]), shares accelerator ids per node ([`shared_ids`]), lets the
-//! [`Backend`] set up its framework, runs the training task, streams reports and logs, and
-//! restarts from scratch on failure as Ray Train v2 does.
+//! A [`BackendExecutor`] takes a [`ScalingConfig`](trainyard_config::ScalingConfig) to running
+//! workers on any [`ActorRuntime`](trainyard_runtime::ActorRuntime): it reserves the placement
+//! group, starts a [`WorkerGroup`](trainyard_worker_group::WorkerGroup) sorted by node and GPU,
+//! assigns ranks, shares accelerator ids per node, lets a [`Backend`] set up its framework,
+//! runs the training task everywhere, and restarts from scratch on failure as Ray Train v2
+//! does. The scheduling maths are pure functions over plain data.
 //!
-//! The scheduling maths are pure functions over plain data; the executor only moves data
-//! between them and the runtime.
+//! # Train on a simulated cluster
+//!
+//! ```
+//! use std::sync::Arc;
+//! use trainyard_backend_executor::{BackendExecutor, NoBackend, TrainContext};
+//! use trainyard_config::{FailureConfig, RunConfig, ScalingConfig};
+//! use trainyard_runtime::sim::{SimNode, SimRuntime};
+//! use trainyard_runtime::{FunctionRegistry, TaskSpec};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // What every worker runs: it reads its ranks, reports, and returns its local rank.
+//! let functions = FunctionRegistry::new().register("train", |task| async move {
+//!     let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+//!     ctx.report(serde_json::Map::from_iter([("loss".into(), 0.5.into())]));
+//!     Ok(ctx.local_rank().into())
+//! });
+//! let nodes = [SimNode::new("node-a").cpus(2), SimNode::new("node-b").cpus(2)];
+//! let cluster = Arc::new(SimRuntime::new(nodes).with_functions(functions));
+//! let scaling = ScalingConfig::default().num_workers(4);
+//! let run = RunConfig::default().name("demo").failure_config(FailureConfig::restarts(1));
+//! let mut executor = BackendExecutor::new(cluster, Arc::new(NoBackend), scaling)?
+//!     .with_run_config(run)?;
+//!
+//! let task = TaskSpec::Function { name: "train".into(), arg: ().into(), env: Default::default() };
+//! let report = executor.fit(&task).await?;
+//! assert!(report.attempts == 1 && report.metrics.iter().all(Option::is_some));
+//! assert_eq!(report.returns, [0, 1, 0, 1].map(serde_json::Value::from));
+//! # Ok(()) }
+//! ```
+//!
+//! # Ranks without a cluster
+//!
+//! ```
+//! use trainyard_backend_executor::{TrainContext, WorldRank, assign_ranks, rank_env, shared_ids};
+//! use trainyard_runtime::TaskContext;
+//!
+//! // Four workers sorted by node; each GPU worker sees all the run's GPUs of its node.
+//! let ranks = assign_ranks(&["a", "a", "b", "b"]);
+//! assert_eq!((ranks[2].local_rank, ranks[2].node_rank), (0, 1));
+//! let gpus = [("a", vec!["0"]), ("a", vec!["1"]), ("b", vec!["3"]), ("b", vec!["2"])];
+//! assert_eq!(shared_ids(&gpus), ["0,1", "0,1", "2,3", "2,3"]);
+//!
+//! // A worker's task reads its ranks back from its environment.
+//! let (events, _) = tokio::sync::mpsc::unbounded_channel();
+//! let task = TaskContext::new(().into(), rank_env(&ranks[2], 0, "demo"), events);
+//! assert_eq!(TrainContext::new(task)?.world_rank(), WorldRank(2));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Main types
+//!
+//! - [`BackendExecutor`], with [`ExecutorOptions`]; [`FitReport`] and [`RunEvent`] tell what
+//!   happened; [`ExecutorError`] and [`AttemptFailure`] what went wrong ([`classify`]).
+//! - [`Backend`] and [`BackendConfig`]: framework hooks ([`NoBackend`] sets up nothing).
+//! - [`TrainContext`]: a worker's ranks, reports and output, inside its task.
+//! - [`assign_ranks`] ([`RankInfo`], [`WorldRank`]) and [`shared_ids`] ([`SharingRule`]).
 
 mod backend;
 mod context;

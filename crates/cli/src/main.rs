@@ -1,4 +1,4 @@
-//! The `trainyard` command line.
+//! The `trainyard` command line: `plan` a scaling config, `run` its workers, show the `cluster`.
 
 mod args;
 mod cluster;

@@ -1,26 +1,64 @@
-//! Configuration of a trainyard run: how many workers, what each needs, where they go, and
-//! how failures are handled.
+//! The configuration of a trainyard run: how many workers, what each needs, how they are laid
+//! over nodes, and how failures are handled.
 //!
-//! [`ScalingConfig`] normalises a user's resource dictionary exactly as Ray Train does and
-//! produces the [`PlacementGroupFactory`] that the runtime reserves:
+//! A [`ScalingConfig`] is plain data, built with setters or read from TOML or JSON. It
+//! normalises the per-worker resource dictionary exactly as Ray Train does and resolves to a
+//! [`Plan`]: the [`PlacementGroupFactory`] a runtime reserves, and the
+//! [`ActorOptions`](trainyard_resources::ActorOptions) each worker is started with. A
+//! [`RunConfig`] names the run, sets its workers' environment and its restart policy.
+//!
+//! # Build a scaling config and plan it
 //!
 //! ```
 //! use trainyard_config::{PlacementStrategy, ScalingConfig};
 //!
+//! let config = ScalingConfig::default()
+//!     .num_workers(4)
+//!     .use_gpu(true) // adds `GPU: 1` to each worker's dictionary
+//!     .resources_per_worker("CPU=2,memory=10GB".parse()?)
+//!     .placement_strategy(PlacementStrategy::Spread);
+//! let plan = config.plan()?;
+//! assert_eq!(plan.placement_group_factory.bundles.len(), 4);
+//! assert_eq!(plan.total_resources.to_string(), "CPU=8,GPU=4,memory=40000000000");
+//! assert_eq!(plan.workers[3].actor_options.num_gpus.to_string(), "1");
+//! println!("{plan}"); // the table `trainyard plan` prints
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Read it from a file, and set up the run
+//!
+//! ```
+//! use trainyard_config::{ConfigError, FailureConfig, RunConfig, ScalingConfig};
+//!
+//! // `ScalingConfig::from_path` reads a `.toml` or `.json` file the same way.
 //! let config = ScalingConfig::from_toml_str(
 //!     r#"
-//!     num_workers = 4
-//!     use_gpu = true
-//!     resources_per_worker = { CPU = 1, GPU = 1, memory = "10GB" }
-//!     placement_strategy = "SPREAD"
+//!     num_workers = 2
+//!     resources_per_worker = { CPU = 1, memory = "1GiB" }
 //!     "#,
 //! )?;
-//! let factory = config.placement_group_factory()?;
-//! assert_eq!(factory.bundles.len(), 4);
-//! assert_eq!(factory.strategy, PlacementStrategy::Spread);
-//! assert_eq!(config.total_resources()?.to_string(), "CPU=4,GPU=4,memory=40000000000");
-//! # Ok::<(), trainyard_config::ConfigError>(())
+//! assert_eq!(config.worker_resources()?.to_string(), "CPU=1,memory=1073741824");
+//! // Unknown fields are errors that name the field.
+//! let typo = ScalingConfig::from_toml_str("num_worker = 2");
+//! assert!(matches!(typo, Err(ConfigError::Parse { .. })));
+//!
+//! let run = RunConfig::default()
+//!     .name("mnist")
+//!     .failure_config(FailureConfig::restarts(2))
+//!     .env("OMP_NUM_THREADS", "4");
+//! run.validate()?;
+//! assert!(run.failure_config.should_restart(2) && !run.failure_config.should_restart(3));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Main types
+//!
+//! - [`ScalingConfig`]: workers, their resources, strategy and accelerator type.
+//! - [`Plan`] and [`WorkerPlan`]: what a scaling config resolves to, before anything starts.
+//! - [`PlacementGroupFactory`] and [`PlacementStrategy`]: the bundles a runtime reserves.
+//! - [`RunConfig`] and [`FailureConfig`]: the run's name, environment and restarts.
+//! - [`ConfigError`]: what is wrong, naming the field; [`resources`] re-exports
+//!   [`trainyard_resources`].
 
 mod error;
 mod load;

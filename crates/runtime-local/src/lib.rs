@@ -1,17 +1,71 @@
-//! The embedded local runtime: every worker is an agent process on this machine.
+//! The embedded local runtime of trainyard: every worker is an agent process on this machine.
 //!
-//! [`LocalConfig`] says what the machine offers, split into virtual nodes by
-//! [`detect::plan_nodes`], and how agents are started: by default the running binary, which
-//! must call `trainyard_agent::run_if_agent` first thing in `main`. [`LocalRuntime::start`]
-//! listens on loopback; each spawn reserves the actor's resources, starts its agent with the
-//! run's secret token in its environment, and returns once the agent has connected back and
-//! proved it holds the token. Calls travel over that connection; task events are pushed back
-//! as they happen; a dead agent becomes an actor death with its cause (its exit code or
-//! signal, its memory limit, a lost connection).
+//! [`LocalRuntime`] is an [`ActorRuntime`](trainyard_runtime::ActorRuntime) over one machine
+//! split into virtual nodes. Its agents are by default the running binary, which must call
+//! [`run_if_agent`](trainyard_agent::run_if_agent) first thing in `main`; each connects back
+//! over loopback with the run's secret token, and a dead agent becomes an actor death with its
+//! cause (exit code or signal, memory limit, lost connection).
 //!
-//! With [`LocalConfig::enforce_memory`], an actor's `memory` option is a hard limit: a
-//! memory cgroup per worker where the machine allows one, else an address-space limit on
-//! each of its processes.
+//! # Describe the machine
+//!
+//! ```
+//! use trainyard_resources::{CPU, ResourceAmount};
+//! use trainyard_runtime_local::LocalConfig;
+//! use trainyard_runtime_local::detect::{Machine, Overrides, plan_nodes};
+//!
+//! // `Machine::detect()` reads this machine; overrides replace parts of it (GPUs can be faked).
+//! let (cpus, memory) = (ResourceAmount::from(8u32), 16 << 30);
+//! let machine = Machine { hostname: "box".into(), cpus, memory, gpus: Vec::new() };
+//! let overrides = Overrides { num_gpus: Some(2), ..Overrides::default() };
+//! let nodes = plan_nodes(&machine, &overrides, 2)?;
+//! assert_eq!(nodes[1].resources.amount(CPU), ResourceAmount::from(4u32));
+//! assert_eq!(nodes[1].gpu_ids, ["1"]);
+//! let config = LocalConfig::new(nodes, "my-run")?.enforce_memory(true); // `memory` is a limit
+//! assert_eq!(config.nodes[0].id.as_str(), "local-0");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Start it and run a command on a worker
+//!
+//! ```no_run
+//! use std::collections::BTreeMap;
+//! use std::process::ExitCode;
+//! use futures::StreamExt;
+//! use trainyard_runtime::events::ActorEvent;
+//! use trainyard_runtime::{ActorRuntime, ActorRuntimeExt, ActorSpec, FunctionRegistry, TaskSpec};
+//! use trainyard_runtime_local::{LocalConfig, LocalRuntime};
+//!
+//! fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
+//!     if let Some(code) = trainyard_agent::run_if_agent(FunctionRegistry::new()) {
+//!         return Ok(code); // this process was started as an agent
+//!     }
+//!     tokio::runtime::Runtime::new()?.block_on(driver())?;
+//!     Ok(ExitCode::SUCCESS)
+//! }
+//!
+//! async fn driver() -> Result<(), Box<dyn std::error::Error>> {
+//!     let local = LocalRuntime::start(LocalConfig::detect("my-run")?).await?;
+//!     let options = Default::default(); // no resources: the worker fits anywhere
+//!     let spec = ActorSpec { name: "w-0".into(), options, placement: None, env: BTreeMap::new() };
+//!     let actor = local.spawn(spec).await?;
+//!     let mut events = local.task_events(actor).await?.ok_or("no event stream")?;
+//!     let args = vec!["hello".into()];
+//!     let echo = TaskSpec::Command { program: "echo".into(), args, env: BTreeMap::new() };
+//!     local.run_task(actor, echo).await?;
+//!     while let Some(event) = events.next().await {
+//!         println!("{event:?}"); // the line `hello`, then the task's exit
+//!         if matches!(event, ActorEvent::TaskExited(_)) { break; }
+//!     }
+//!     local.shutdown().await;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # Main types
+//!
+//! - [`LocalRuntime`], started from a [`LocalConfig`]; agents run an [`AgentCommand`].
+//! - [`detect`]: what the machine offers, the user's overrides, and the split into
+//!   [`LocalNode`]s; [`LocalError`]: why the runtime cannot be configured or started.
 
 mod calls;
 mod config;
