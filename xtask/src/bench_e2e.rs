@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-const ROUNDS: usize = 5;
+const ROUNDS: usize = 7;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
