@@ -33,6 +33,23 @@ pub const DEFAULT_PLACEMENT_TIMEOUT: Duration = Duration::from_secs(100);
 /// How many of a rank's last output lines a failure keeps.
 pub const LAST_LINES: usize = 20;
 
+/// After a failure, how long the other ranks' streams must be silent before the attempt
+/// stops taking in their lines and reports...
+const QUIET: Duration = Duration::from_millis(20);
+/// ... and how long it takes them in at most.
+const LINGER: Duration = Duration::from_millis(200);
+
+/// What the executor keeps of each rank's output while following an attempt.
+#[derive(Debug)]
+struct Output<'a> {
+    /// The process id each rank's lines come from.
+    pids: &'a [u32],
+    /// Each rank's last lines.
+    tails: Vec<VecDeque<String>>,
+    /// Lines the listener had no room for, per rank, not yet reported as dropped.
+    dropped: Vec<u64>,
+}
+
 /// Knobs of a [`BackendExecutor`], with Ray Train's defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecutorOptions {
@@ -674,7 +691,9 @@ impl BackendExecutor {
     }
 
     /// Follows every rank's events until all tasks succeed or one fails. A rank that stalls
-    /// holds back no other rank: the streams are merged as their events arrive.
+    /// holds back no other rank: the streams are merged as their events arrive. After a
+    /// failure, what the other ranks printed or reported just before is still taken in,
+    /// until their streams fall quiet for [`QUIET`] (at most [`LINGER`]).
     async fn follow(
         &self,
         streams: Vec<TaskEvents>,
@@ -684,9 +703,11 @@ impl BackendExecutor {
         let n = streams.len();
         report.metrics = vec![None; n];
         let mut returns: Vec<Option<serde_json::Value>> = vec![None; n];
-        let mut tails: Vec<VecDeque<String>> = vec![VecDeque::new(); n];
-        // Lines the listener had no room for, per rank, not yet reported as dropped.
-        let mut dropped: Vec<u64> = vec![0; n];
+        let mut output = Output {
+            pids,
+            tails: vec![VecDeque::new(); n],
+            dropped: vec![0; n],
+        };
         // Each stream ends with a `None` marker, so that a stream closing early is seen.
         let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, events)| {
             events
@@ -700,43 +721,8 @@ impl BackendExecutor {
             let Some((i, event)) = merged.next().await else {
                 break Err(ExecutorError::NotStarted.into());
             };
-            let rank = rank_of(i);
             match event {
-                Some(ActorEvent::Task(TaskEvent::Report { metrics })) => {
-                    report.metrics[i] = Some(metrics.clone());
-                    report.last_report = Some((rank, metrics.clone()));
-                    self.emit(RunEvent::Report { rank, metrics }).await;
-                }
-                Some(ActorEvent::Task(TaskEvent::Log { stream, line })) => {
-                    if tails[i].len() == LAST_LINES {
-                        tails[i].pop_front();
-                    }
-                    tails[i].push_back(line.clone());
-                    let line = RunEvent::Log {
-                        rank,
-                        pid: pids[i],
-                        stream,
-                        line,
-                    };
-                    // The count of earlier drops goes first, and while it finds no room the
-                    // line is dropped too, so that the order stays true.
-                    if dropped[i] > 0
-                        && self.emit_line(RunEvent::LogsDropped {
-                            rank,
-                            count: dropped[i],
-                        })
-                    {
-                        report.dropped_lines += dropped[i];
-                        dropped[i] = 0;
-                    }
-                    if dropped[i] > 0 || !self.emit_line(line) {
-                        dropped[i] += 1;
-                    }
-                }
-                Some(ActorEvent::Task(TaskEvent::LogsDropped { count })) => {
-                    report.dropped_lines += count;
-                    self.emit(RunEvent::LogsDropped { rank, count }).await;
-                }
+                Some(ActorEvent::Task(event)) => self.take(i, event, &mut output, report).await,
                 Some(ActorEvent::TaskExited(TaskExit::Succeeded { value })) => {
                     returns[i] = Some(value);
                     if returns.iter().all(Option::is_some) {
@@ -746,9 +732,9 @@ impl BackendExecutor {
                 }
                 Some(ActorEvent::TaskExited(TaskExit::Failed { failure })) => {
                     break Err(AttemptError::Failed(AttemptFailure::TaskFailed {
-                        rank,
+                        rank: rank_of(i),
                         failure,
-                        last_lines: std::mem::take(&mut tails[i]).into(),
+                        last_lines: std::mem::take(&mut output.tails[i]).into(),
                     }));
                 }
                 // A worker whose task finished may go; the others carry on.
@@ -757,8 +743,21 @@ impl BackendExecutor {
                 None => break Err(died(i, DeathCause::ConnectionLost)),
             }
         };
+        if outcome.is_err() {
+            let deadline = tokio::time::Instant::now() + LINGER;
+            while let Ok(Some((i, event))) = tokio::time::timeout(
+                QUIET.min(deadline.saturating_duration_since(tokio::time::Instant::now())),
+                merged.next(),
+            )
+            .await
+            {
+                if let Some(ActorEvent::Task(event)) = event {
+                    self.take(i, event, &mut output, report).await;
+                }
+            }
+        }
         // Drops not reported yet are reported now, waiting for room.
-        for (i, count) in dropped.into_iter().enumerate() {
+        for (i, count) in output.dropped.into_iter().enumerate() {
             if count > 0 {
                 report.dropped_lines += count;
                 self.emit(RunEvent::LogsDropped {
@@ -769,6 +768,56 @@ impl BackendExecutor {
             }
         }
         outcome
+    }
+
+    /// Takes in one report or line of rank `i`: recorded, and passed to the listener.
+    async fn take(
+        &self,
+        i: usize,
+        event: TaskEvent,
+        output: &mut Output<'_>,
+        report: &mut FitReport,
+    ) {
+        let rank = rank_of(i);
+        match event {
+            TaskEvent::Report { metrics } => {
+                report.metrics[i] = Some(metrics.clone());
+                report.last_report = Some((rank, metrics.clone()));
+                self.emit(RunEvent::Report { rank, metrics }).await;
+            }
+            TaskEvent::Log { stream, line } => {
+                let tail = &mut output.tails[i];
+                if tail.len() == LAST_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(line.clone());
+                let line = RunEvent::Log {
+                    rank,
+                    pid: output.pids[i],
+                    stream,
+                    line,
+                };
+                // The count of earlier drops goes first, and while it finds no room the line
+                // is dropped too, so that the order stays true.
+                let dropped = &mut output.dropped[i];
+                if *dropped > 0
+                    && self.emit_line(RunEvent::LogsDropped {
+                        rank,
+                        count: *dropped,
+                    })
+                {
+                    report.dropped_lines += *dropped;
+                    *dropped = 0;
+                }
+                if *dropped > 0 || !self.emit_line(line) {
+                    *dropped += 1;
+                }
+            }
+            TaskEvent::LogsDropped { count } => {
+                report.dropped_lines += count;
+                self.emit(RunEvent::LogsDropped { rank, count }).await;
+            }
+        }
     }
 
     /// Releases everything: the backend's `on_shutdown` (errors from dead workers are logged

@@ -186,11 +186,16 @@ fn a_rank_that_exits_non_zero_fails_the_run_naming_it_its_code_and_its_last_line
         &[
             "sh",
             "-c",
-            "if [ $RANK = 1 ]; then echo preparing; echo giving up >&2; exit 3; fi; exec sleep 60",
+            "if [ $RANK = 1 ]; then echo preparing; echo giving up >&2; exit 3; fi; echo rank 0 is training; exec sleep 60",
         ],
         Duration::from_secs(60),
     );
     let stderr = text(&out.stderr);
+    assert!(
+        text(&out.stdout).contains(") rank 0 is training"),
+        "the other rank's output on its way is not lost: {}",
+        text(&out.stdout)
+    );
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("rank 1 exited with code 3"), "{stderr}");
     assert!(
