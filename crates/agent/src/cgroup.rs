@@ -81,10 +81,12 @@ pub enum MemoryEnforcement {
     },
 }
 
-/// Which cgroup hierarchy a directory belongs to.
+/// Which cgroup hierarchy a mount or directory belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Hierarchy {
+pub enum Hierarchy {
+    /// A cgroup v1 hierarchy, holding the controllers named in its mount options.
     V1,
+    /// The cgroup v2 unified hierarchy.
     V2,
 }
 
@@ -112,14 +114,16 @@ impl MemoryEnforcement {
                 };
             }
         };
-        let v1 = own_cgroup_dir(Hierarchy::V1, &proc_cgroup, &mountinfo)
-            .and_then(|dir| check_writable(&dir).map(|()| dir));
+        let v1 = own_cgroup(CgroupQuery::V1("memory"), &proc_cgroup, &mountinfo)
+            .map_err(|err| err.to_string())
+            .and_then(|own| check_writable(&own.dir).map(|()| own.dir));
         let v1_why = match v1 {
             Ok(parent) => return Self::CgroupV1 { parent },
             Err(why) => why,
         };
-        let v2 = own_cgroup_dir(Hierarchy::V2, &proc_cgroup, &mountinfo)
-            .and_then(|dir| check_v2_memory(&dir).map(|()| dir))
+        let v2 = own_cgroup(CgroupQuery::V2, &proc_cgroup, &mountinfo)
+            .map_err(|err| err.to_string())
+            .and_then(|own| check_v2_memory(&own.dir).map(|()| own.dir))
             .and_then(|dir| check_writable(&dir).map(|()| dir));
         match v2 {
             Ok(parent) => Self::CgroupV2 { parent },
@@ -617,15 +621,17 @@ fn is_running(pid: u32) -> bool {
 
 /// One line of `/proc/<pid>/cgroup`: `hierarchy-id:controllers:path`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct CgroupLine<'a> {
-    hierarchy_id: u32,
-    /// Empty for the v2 line (`0::/path`).
-    controllers: Vec<&'a str>,
-    path: &'a str,
+pub struct CgroupLine<'a> {
+    /// The hierarchy id; 0 for the v2 unified hierarchy.
+    pub hierarchy_id: u32,
+    /// The v1 controllers of the hierarchy (`cpu`, `cpuacct`); empty for the v2 line (`0::/path`).
+    pub controllers: Vec<&'a str>,
+    /// The cgroup's path inside its hierarchy, starting with `/`.
+    pub path: &'a str,
 }
 
 /// Parses `/proc/<pid>/cgroup`, skipping malformed lines.
-fn parse_proc_cgroup(text: &str) -> Vec<CgroupLine<'_>> {
+pub fn parse_proc_cgroup(text: &str) -> Vec<CgroupLine<'_>> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.splitn(3, ':');
@@ -651,18 +657,20 @@ fn parse_proc_cgroup(text: &str) -> Vec<CgroupLine<'_>> {
 
 /// A cgroup (v1 or v2) mount from `/proc/<pid>/mountinfo`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct CgroupMount {
-    /// The cgroup path, within its hierarchy, that is mounted.
-    root: PathBuf,
-    mount_point: PathBuf,
-    hierarchy: Hierarchy,
-    /// Super options, e.g. `rw`, `memory`.
-    options: Vec<String>,
+pub struct CgroupMount {
+    /// The cgroup path, within its hierarchy, that is mounted (`/` unless a sub-tree is).
+    pub root: PathBuf,
+    /// Where it is mounted.
+    pub mount_point: PathBuf,
+    /// Whether it is a v1 (`cgroup`) or the v2 (`cgroup2`) file system.
+    pub hierarchy: Hierarchy,
+    /// Super options; for v1 they name the controllers (`rw`, `cpu`, `cpuacct`).
+    pub options: Vec<String>,
 }
 
 /// Parses the cgroup and cgroup2 mounts of `/proc/<pid>/mountinfo`, skipping
 /// other and malformed lines.
-fn parse_cgroup_mounts(text: &str) -> Vec<CgroupMount> {
+pub fn parse_cgroup_mounts(text: &str) -> Vec<CgroupMount> {
     text.lines().filter_map(parse_mount_line).collect()
 }
 
@@ -719,47 +727,111 @@ fn unescape_mount_field(field: &str) -> PathBuf {
     PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
-/// The directory of this process's cgroup in `hierarchy` that holds (v1) or
-/// may hold (v2) the memory controller, or why there is none.
-fn own_cgroup_dir(
-    hierarchy: Hierarchy,
+/// Which of a process's cgroups [`own_cgroup`] looks up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CgroupQuery<'a> {
+    /// The cgroup in the v1 hierarchy that holds this controller (`memory`, `cpu`).
+    V1(&'a str),
+    /// The cgroup in the v2 unified hierarchy (the `0::` line).
+    V2,
+}
+
+/// A process's cgroup in one hierarchy, found by [`own_cgroup`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnCgroup {
+    /// The cgroup's path inside its hierarchy, as `/proc/<pid>/cgroup` gives it.
+    pub path: String,
+    /// The mount that shows the cgroup (the one with the deepest root, where several do).
+    pub mount: CgroupMount,
+    /// The cgroup's directory under [`CgroupMount::mount_point`].
+    pub dir: PathBuf,
+}
+
+/// Why [`own_cgroup`] found no directory.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CgroupLookupError {
+    /// No v1 hierarchy holding the controller is listed.
+    #[error("no {controller} controller line in /proc/self/cgroup")]
+    NoControllerLine {
+        /// The v1 controller looked for.
+        controller: String,
+    },
+    /// The v2 `0::` line is missing.
+    #[error("no 0:: line in /proc/self/cgroup")]
+    NoUnifiedLine,
+    /// No v1 mount holds the controller.
+    #[error("the {controller} controller is not mounted")]
+    ControllerNotMounted {
+        /// The v1 controller looked for.
+        controller: String,
+    },
+    /// No cgroup2 file system is mounted.
+    #[error("no cgroup2 mount")]
+    NoUnifiedMount,
+    /// Every mount of the hierarchy shows another sub-tree, or the path leaves its
+    /// root (`/..` under a cgroup namespace).
+    #[error("cgroup {path} is outside every mount of its hierarchy")]
+    OutsideMounts {
+        /// The cgroup's path inside its hierarchy.
+        path: String,
+    },
+}
+
+/// This process's cgroup for `query`, given the text of `/proc/self/cgroup` and
+/// `/proc/self/mountinfo`, mapped to its directory; the one mapping both limit detection
+/// and enforcement use.
+pub fn own_cgroup(
+    query: CgroupQuery<'_>,
     proc_cgroup: &str,
     mountinfo: &str,
-) -> Result<PathBuf, String> {
+) -> Result<OwnCgroup, CgroupLookupError> {
     let lines = parse_proc_cgroup(proc_cgroup);
-    let line = match hierarchy {
-        Hierarchy::V1 => lines
-            .iter()
-            .find(|line| line.hierarchy_id != 0 && line.controllers.contains(&"memory"))
-            .ok_or("no memory controller line in /proc/self/cgroup")?,
-        Hierarchy::V2 => lines
-            .iter()
-            .find(|line| line.hierarchy_id == 0 && line.controllers.is_empty())
-            .ok_or("no 0:: line in /proc/self/cgroup")?,
+    let (hierarchy, line) = match query {
+        CgroupQuery::V1(controller) => (
+            Hierarchy::V1,
+            lines
+                .iter()
+                .find(|line| line.hierarchy_id != 0 && line.controllers.contains(&controller))
+                .ok_or_else(|| CgroupLookupError::NoControllerLine {
+                    controller: controller.to_owned(),
+                })?,
+        ),
+        CgroupQuery::V2 => (
+            Hierarchy::V2,
+            lines
+                .iter()
+                .find(|line| line.hierarchy_id == 0 && line.controllers.is_empty())
+                .ok_or(CgroupLookupError::NoUnifiedLine)?,
+        ),
     };
     let mounts: Vec<CgroupMount> = parse_cgroup_mounts(mountinfo)
         .into_iter()
         .filter(|mount| mount.hierarchy == hierarchy)
-        .filter(|mount| hierarchy == Hierarchy::V2 || mount.options.iter().any(|o| o == "memory"))
+        .filter(|mount| match query {
+            CgroupQuery::V1(controller) => mount.options.iter().any(|o| o == controller),
+            CgroupQuery::V2 => true,
+        })
         .collect();
     if mounts.is_empty() {
-        return Err(match hierarchy {
-            Hierarchy::V1 => "the memory controller is not mounted".to_owned(),
-            Hierarchy::V2 => "no cgroup2 mount".to_owned(),
+        return Err(match query {
+            CgroupQuery::V1(controller) => CgroupLookupError::ControllerNotMounted {
+                controller: controller.to_owned(),
+            },
+            CgroupQuery::V2 => CgroupLookupError::NoUnifiedMount,
         });
     }
     mounts
-        .iter()
-        .filter_map(|mount| {
-            translate(line.path, mount).map(|dir| (mount.root.components().count(), dir))
+        .into_iter()
+        .filter_map(|mount| translate(line.path, &mount).map(|dir| (mount, dir)))
+        .max_by_key(|(mount, _)| mount.root.components().count())
+        .map(|(mount, dir)| OwnCgroup {
+            path: line.path.to_owned(),
+            mount,
+            dir,
         })
-        .max_by_key(|(depth, _)| *depth)
-        .map(|(_, dir)| dir)
-        .ok_or_else(|| {
-            format!(
-                "cgroup {} is outside every mount of its hierarchy",
-                line.path
-            )
+        .ok_or_else(|| CgroupLookupError::OutsideMounts {
+            path: line.path.to_owned(),
         })
 }
 
@@ -886,6 +958,43 @@ mod tests {
                 ],
             ),
             (
+                "4:memory:/process_api/abc\n2:cpu,cpuacct:/\n0::/\n",
+                vec![
+                    CgroupLine {
+                        hierarchy_id: 4,
+                        controllers: vec!["memory"],
+                        path: "/process_api/abc",
+                    },
+                    CgroupLine {
+                        hierarchy_id: 2,
+                        controllers: vec!["cpu", "cpuacct"],
+                        path: "/",
+                    },
+                    CgroupLine {
+                        hierarchy_id: 0,
+                        controllers: vec![],
+                        path: "/",
+                    },
+                ],
+            ),
+            (
+                "9:name=systemd:/a:b",
+                vec![CgroupLine {
+                    hierarchy_id: 9,
+                    controllers: vec!["name=systemd"],
+                    path: "/a:b",
+                }],
+            ),
+            (
+                "0::/../../x",
+                vec![CgroupLine {
+                    hierarchy_id: 0,
+                    controllers: vec![],
+                    path: "/../../x",
+                }],
+            ),
+            ("x:memory:/\n4:memory\n4:memory:relative\n\n", vec![]),
+            (
                 "2:memory:/with:colon\n",
                 vec![CgroupLine {
                     hierarchy_id: 2,
@@ -950,59 +1059,175 @@ mod tests {
         let nested_root_mounts = "35 31 0:32 /process_api /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
              36 31 0:32 / /host/memory rw - cgroup cgroup rw,memory\n";
         let ok = |p: &str| Ok(PathBuf::from(p));
-        let cases: &[(Hierarchy, &str, &str, Result<PathBuf, ()>)] = &[
+        let cases: &[(CgroupQuery<'_>, &str, &str, Result<PathBuf, ()>)] = &[
             (
-                Hierarchy::V1,
+                CgroupQuery::V1("memory"),
                 HOST_CGROUP,
                 HOST_MOUNTINFO,
                 ok("/sys/fs/cgroup/memory/process_api/58c0"),
             ),
             (
-                Hierarchy::V2,
+                CgroupQuery::V2,
                 HOST_CGROUP,
                 HOST_MOUNTINFO,
                 ok("/sys/fs/cgroup/unified"),
             ),
             (
-                Hierarchy::V2,
+                CgroupQuery::V2,
                 v2_only_cgroup,
                 v2_only_mounts,
                 ok("/sys/fs/cgroup/user.slice/job"),
             ),
-            (Hierarchy::V1, v2_only_cgroup, v2_only_mounts, Err(())),
+            (
+                CgroupQuery::V1("memory"),
+                v2_only_cgroup,
+                v2_only_mounts,
+                Err(()),
+            ),
             // The deepest mount that shows the cgroup wins.
             (
-                Hierarchy::V1,
+                CgroupQuery::V1("memory"),
                 HOST_CGROUP,
                 nested_root_mounts,
                 ok("/sys/fs/cgroup/memory/58c0"),
             ),
             // Mount root equal to the cgroup: the mount point itself.
             (
-                Hierarchy::V1,
+                CgroupQuery::V1("memory"),
                 "4:memory:/process_api\n",
                 nested_root_mounts,
                 ok("/sys/fs/cgroup/memory"),
             ),
             // A cgroup outside the mounted subtree (host cgroup namespace) is refused.
             (
-                Hierarchy::V1,
+                CgroupQuery::V1("memory"),
                 "4:memory:/elsewhere\n",
                 "35 31 0:32 /process_api /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n",
                 Err(()),
             ),
-            (Hierarchy::V1, "4:memory:/../x\n", HOST_MOUNTINFO, Err(())),
-            (Hierarchy::V1, HOST_CGROUP, "", Err(())),
-            (Hierarchy::V1, "", HOST_MOUNTINFO, Err(())),
-            (Hierarchy::V2, "4:memory:/a\n", HOST_MOUNTINFO, Err(())),
+            (
+                CgroupQuery::V1("memory"),
+                "4:memory:/../x\n",
+                HOST_MOUNTINFO,
+                Err(()),
+            ),
+            (CgroupQuery::V1("memory"), HOST_CGROUP, "", Err(())),
+            (CgroupQuery::V1("memory"), "", HOST_MOUNTINFO, Err(())),
+            (CgroupQuery::V2, "4:memory:/a\n", HOST_MOUNTINFO, Err(())),
         ];
-        for (hierarchy, cgroup, mountinfo, expected) in cases {
-            let found = own_cgroup_dir(*hierarchy, cgroup, mountinfo);
+        for (query, cgroup, mountinfo, expected) in cases {
+            let found = own_cgroup(*query, cgroup, mountinfo);
             match (expected, &found) {
-                (Ok(want), Ok(got)) => assert_eq!(got, want),
-                (Err(()), Err(why)) => assert!(!why.is_empty()),
-                _ => panic!("{hierarchy:?} {cgroup:?}: expected {expected:?}, got {found:?}"),
+                (Ok(want), Ok(got)) => assert_eq!(&got.dir, want),
+                (Err(()), Err(why)) => assert!(!why.to_string().is_empty()),
+                _ => panic!("{query:?} {cgroup:?}: expected {expected:?}, got {found:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn the_own_cgroup_of_any_v1_controller_keeps_its_path_and_mount() {
+        let cpu = own_cgroup(CgroupQuery::V1("cpu"), HOST_CGROUP, HOST_MOUNTINFO).expect("cpu");
+        assert_eq!(cpu.path, "/");
+        assert_eq!(cpu.mount.mount_point, PathBuf::from("/sys/fs/cgroup/cpu"));
+        assert_eq!(cpu.dir, PathBuf::from("/sys/fs/cgroup/cpu"));
+        let memory =
+            own_cgroup(CgroupQuery::V1("memory"), HOST_CGROUP, HOST_MOUNTINFO).expect("memory");
+        assert_eq!(memory.path, "/process_api/58c0");
+        assert_eq!(memory.mount.hierarchy, Hierarchy::V1);
+        let cases: &[(CgroupQuery<'_>, &str, &str, CgroupLookupError)] = &[
+            (
+                CgroupQuery::V1("pids"),
+                HOST_CGROUP,
+                HOST_MOUNTINFO,
+                CgroupLookupError::NoControllerLine {
+                    controller: "pids".into(),
+                },
+            ),
+            (
+                CgroupQuery::V1("memory"),
+                HOST_CGROUP,
+                "",
+                CgroupLookupError::ControllerNotMounted {
+                    controller: "memory".into(),
+                },
+            ),
+            (
+                CgroupQuery::V2,
+                "",
+                HOST_MOUNTINFO,
+                CgroupLookupError::NoUnifiedLine,
+            ),
+            (
+                CgroupQuery::V2,
+                "0::/\n",
+                "",
+                CgroupLookupError::NoUnifiedMount,
+            ),
+            (
+                CgroupQuery::V2,
+                "0::/../../elsewhere\n",
+                "30 23 0:26 /docker/x /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+                CgroupLookupError::OutsideMounts {
+                    path: "/../../elsewhere".into(),
+                },
+            ),
+        ];
+        for (query, cgroup, mountinfo, expected) in cases {
+            assert_eq!(
+                own_cgroup(*query, cgroup, mountinfo).as_ref(),
+                Err(expected),
+                "{query:?} {cgroup:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn several_mountinfo_lines_give_their_cgroup_mounts_only() {
+        let text = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory
+41 31 0:38 /docker/x /sys/fs/cgroup/unified\\040dir rw,relatime - cgroup2 cgroup2 rw
+42 31 0:39 / /broken rw,relatime cgroup cgroup rw
+43 31 0:40 / /short - cgroup
+junk
+";
+        assert_eq!(
+            parse_cgroup_mounts(text),
+            [
+                CgroupMount {
+                    root: "/".into(),
+                    mount_point: "/sys/fs/cgroup/memory".into(),
+                    hierarchy: Hierarchy::V1,
+                    options: vec!["rw".into(), "memory".into()],
+                },
+                CgroupMount {
+                    root: "/docker/x".into(),
+                    mount_point: "/sys/fs/cgroup/unified dir".into(),
+                    hierarchy: Hierarchy::V2,
+                    options: vec!["rw".into()],
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone_and_broken_ones_kept() {
+        for (field, expected) in [
+            ("a\\040b", "a b"),
+            ("\\134", "\\"),
+            ("tab\\011", "tab\t"),
+            ("a\\04", "a\\04"),
+            ("a\\", "a\\"),
+            ("\\999", "\\999"),
+            ("\\400", "\\400"),
+            ("plain", "plain"),
+        ] {
+            assert_eq!(
+                unescape_mount_field(field),
+                PathBuf::from(expected),
+                "{field:?}"
+            );
         }
     }
 

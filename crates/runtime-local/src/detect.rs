@@ -34,6 +34,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use trainyard_agent::cgroup::{CgroupMount, CgroupQuery, Hierarchy, own_cgroup};
 use trainyard_resources::{CPU, GPU, MEMORY, ResourceAmount, Resources, STEPS_PER_UNIT};
 use trainyard_runtime::NodeId;
 
@@ -324,110 +325,6 @@ fn parse_meminfo(text: &str) -> Option<u64> {
     }
 }
 
-/// One line of `/proc/self/cgroup`: `hierarchy-id:controller,list:/path`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct CgroupEntry {
-    /// 0 for the v2 unified hierarchy.
-    hierarchy: u32,
-    /// The v1 controllers of the hierarchy (empty for v2).
-    controllers: Vec<String>,
-    /// The cgroup's path inside the hierarchy.
-    path: String,
-}
-
-fn parse_proc_self_cgroup(text: &str) -> Vec<CgroupEntry> {
-    text.lines()
-        .filter_map(|line| {
-            let mut fields = line.splitn(3, ':');
-            let hierarchy = fields.next()?.trim().parse().ok()?;
-            let controllers = fields
-                .next()?
-                .split(',')
-                .filter(|c| !c.is_empty())
-                .map(str::to_owned)
-                .collect();
-            let path = fields.next()?;
-            path.starts_with('/').then(|| CgroupEntry {
-                hierarchy,
-                controllers,
-                path: path.to_owned(),
-            })
-        })
-        .collect()
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CgroupVersion {
-    V1,
-    V2,
-}
-
-/// A cgroup file system of `/proc/self/mountinfo`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct CgroupMount {
-    /// The cgroup of the hierarchy that is mounted (`/` unless a sub-tree is).
-    root: String,
-    mount_point: PathBuf,
-    version: CgroupVersion,
-    /// The super options; for v1 they name the controllers (`rw,cpu,cpuacct`).
-    options: Vec<String>,
-}
-
-/// The cgroup mounts of `/proc/self/mountinfo`:
-/// `id parent major:minor root mount-point options [optional...] - fstype source super-options`.
-fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
-    text.lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let separator = fields.iter().skip(6).position(|f| *f == "-")? + 6;
-            let mut after = fields.iter().skip(separator + 1);
-            let version = match *after.next()? {
-                "cgroup" => CgroupVersion::V1,
-                "cgroup2" => CgroupVersion::V2,
-                _ => return None,
-            };
-            let _source = after.next()?;
-            let options = after
-                .next()
-                .map(|o| o.split(',').map(str::to_owned).collect())
-                .unwrap_or_default();
-            Some(CgroupMount {
-                root: unescape_mountinfo(fields.get(3)?),
-                mount_point: PathBuf::from(unescape_mountinfo(fields.get(4)?)),
-                version,
-                options,
-            })
-        })
-        .collect()
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&byte) = bytes.get(i) {
-        let escaped = bytes
-            .get(i + 1..i + 4)
-            .filter(|digits| byte == b'\\' && digits.iter().all(|d| (b'0'..=b'7').contains(d)))
-            .and_then(|digits| {
-                let digits = std::str::from_utf8(digits).ok()?;
-                u8::from_str_radix(digits, 8).ok()
-            });
-        match escaped {
-            Some(decoded) => {
-                out.push(decoded);
-                i += 4;
-            }
-            None => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// CPUs allowed by `quota` µs of CPU time every `period` µs, rounded down to 0.0001 but
 /// never zero; `None` for a zero quota or period.
 fn quota_amount(quota: u64, period: u64) -> Option<ResourceAmount> {
@@ -576,55 +473,25 @@ type Reader<'a> = &'a dyn Fn(&Path) -> Option<String>;
 /// The directories of a cgroup hierarchy that bound this process for one controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct CgroupDirs {
-    version: CgroupVersion,
+    version: Hierarchy,
     /// The process's own cgroup first, then its ancestors up to the mount point.
     dirs: Vec<PathBuf>,
 }
 
 /// Where `controller`'s limits are: the v1 hierarchy holding it if there is one (hybrid
-/// hosts also list an empty `0::` line), else the v2 unified hierarchy.
+/// hosts also list an empty `0::` line), else the v2 unified hierarchy. The directory is
+/// the one [`own_cgroup`] finds, as for the enforcement of memory limits.
 fn locate_cgroup(controller: &str, proc_cgroup: &str, mountinfo: &str) -> Option<CgroupDirs> {
-    let entries = parse_proc_self_cgroup(proc_cgroup);
-    let mounts = parse_mountinfo(mountinfo);
-    let v1 = entries
-        .iter()
-        .find(|e| e.hierarchy != 0 && e.controllers.iter().any(|c| c == controller))
-        .and_then(|entry| {
-            let mount = pick_mount(
-                mounts.iter().filter(|m| {
-                    m.version == CgroupVersion::V1 && m.options.iter().any(|o| o == controller)
-                }),
-                &entry.path,
-            )?;
-            Some(CgroupDirs {
-                version: CgroupVersion::V1,
-                dirs: dirs_up(mount, &entry.path),
-            })
-        });
-    v1.or_else(|| {
-        let entry = entries
-            .iter()
-            .find(|e| e.hierarchy == 0 && e.controllers.is_empty())?;
-        let mount = pick_mount(
-            mounts.iter().filter(|m| m.version == CgroupVersion::V2),
-            &entry.path,
-        )?;
-        Some(CgroupDirs {
-            version: CgroupVersion::V2,
-            dirs: dirs_up(mount, &entry.path),
+    let own = own_cgroup(CgroupQuery::V1(controller), proc_cgroup, mountinfo)
+        .or_else(|v1| own_cgroup(CgroupQuery::V2, proc_cgroup, mountinfo).map_err(|v2| (v1, v2)))
+        .inspect_err(|(v1, v2)| {
+            tracing::debug!(controller, %v1, %v2, "no cgroup bounds this controller");
         })
+        .ok()?;
+    Some(CgroupDirs {
+        version: own.mount.hierarchy,
+        dirs: dirs_up(&own.mount, &own.path),
     })
-}
-
-/// The mount whose root holds `path`, else the first one.
-fn pick_mount<'a>(
-    mounts: impl Iterator<Item = &'a CgroupMount> + Clone,
-    path: &str,
-) -> Option<&'a CgroupMount> {
-    mounts
-        .clone()
-        .find(|m| Path::new(path).starts_with(&m.root))
-        .or_else(|| mounts.clone().next())
 }
 
 /// The cgroup's directory under the mount point, then each parent up to the mount point.
@@ -668,8 +535,8 @@ fn cgroup_cpu_quota(cgroup: &CgroupDirs, read: Reader<'_>) -> Option<ResourceAmo
         .dirs
         .iter()
         .filter_map(|dir| match cgroup.version {
-            CgroupVersion::V2 => read_limit(&dir.join("cpu.max"), read, parse_cpu_max),
-            CgroupVersion::V1 => {
+            Hierarchy::V2 => read_limit(&dir.join("cpu.max"), read, parse_cpu_max),
+            Hierarchy::V1 => {
                 let quota = read(&dir.join("cpu.cfs_quota_us"))?;
                 let period = read(&dir.join("cpu.cfs_period_us"))?;
                 parse_v1_quota(&quota, &period)
@@ -689,15 +556,15 @@ fn cgroup_cpu_quota(cgroup: &CgroupDirs, read: Reader<'_>) -> Option<ResourceAmo
 /// The smallest memory limit of the cgroup and its ancestors, in bytes.
 fn cgroup_memory_limit(cgroup: &CgroupDirs, read: Reader<'_>) -> Option<u64> {
     let own_levels = cgroup.dirs.iter().filter_map(|dir| match cgroup.version {
-        CgroupVersion::V2 => read_limit(&dir.join("memory.max"), read, parse_v2_memory_max),
-        CgroupVersion::V1 => read_limit(
+        Hierarchy::V2 => read_limit(&dir.join("memory.max"), read, parse_v2_memory_max),
+        Hierarchy::V1 => read_limit(
             &dir.join("memory.limit_in_bytes"),
             read,
             parse_v1_memory_limit,
         ),
     });
     let hierarchical = match (cgroup.version, cgroup.dirs.first()) {
-        (CgroupVersion::V1, Some(own)) => {
+        (Hierarchy::V1, Some(own)) => {
             read_limit(&own.join("memory.stat"), read, parse_v1_memory_stat)
         }
         _ => None,
@@ -799,7 +666,7 @@ fn detect_hostname() -> String {
 }
 
 /// The cgroup holding `controller` for this process.
-fn own_cgroup(controller: &str) -> Option<CgroupDirs> {
+fn read_own_cgroup(controller: &str) -> Option<CgroupDirs> {
     let proc_cgroup = read_file(Path::new("/proc/self/cgroup"))?;
     let mountinfo = read_file(Path::new("/proc/self/mountinfo"))?;
     let found = locate_cgroup(controller, &proc_cgroup, &mountinfo);
@@ -816,7 +683,7 @@ fn detect_cpus() -> ResourceAmount {
         }
     });
     let counted = ResourceAmount::from(counted.unwrap_or(1));
-    match own_cgroup("cpu").and_then(|cgroup| cgroup_cpu_quota(&cgroup, &read_file)) {
+    match read_own_cgroup("cpu").and_then(|cgroup| cgroup_cpu_quota(&cgroup, &read_file)) {
         Some(quota) => counted.min(quota),
         None => counted,
     }
@@ -844,7 +711,8 @@ fn affinity_cpus() -> Option<u64> {
 
 fn detect_memory() -> u64 {
     let total = read_file(Path::new("/proc/meminfo")).and_then(|text| parse_meminfo(&text));
-    let limit = own_cgroup("memory").and_then(|cgroup| cgroup_memory_limit(&cgroup, &read_file));
+    let limit =
+        read_own_cgroup("memory").and_then(|cgroup| cgroup_memory_limit(&cgroup, &read_file));
     match (total, limit) {
         (Some(total), Some(limit)) => total.min(limit),
         (Some(total), None) => total,
@@ -1238,80 +1106,6 @@ mod tests {
     }
 
     #[test]
-    fn proc_self_cgroup_lines_are_split_into_hierarchy_controllers_and_path() {
-        let entry = |hierarchy, controllers: &[&str], path: &str| CgroupEntry {
-            hierarchy,
-            controllers: controllers.iter().map(|c| (*c).to_owned()).collect(),
-            path: path.into(),
-        };
-        let cases: Vec<(&str, Vec<CgroupEntry>)> = vec![
-            (
-                "4:memory:/process_api/abc\n2:cpu,cpuacct:/\n0::/\n",
-                vec![
-                    entry(4, &["memory"], "/process_api/abc"),
-                    entry(2, &["cpu", "cpuacct"], "/"),
-                    entry(0, &[], "/"),
-                ],
-            ),
-            (
-                "9:name=systemd:/a:b",
-                vec![entry(9, &["name=systemd"], "/a:b")],
-            ),
-            ("0::/../../x", vec![entry(0, &[], "/../../x")]),
-            ("x:memory:/\n4:memory\n4:memory:relative\n\n", vec![]),
-            ("", vec![]),
-        ];
-        for (text, expected) in cases {
-            assert_eq!(parse_proc_self_cgroup(text), expected, "{text:?}");
-        }
-    }
-
-    #[test]
-    fn mountinfo_gives_cgroup_mounts_only() {
-        let text = "\
-31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-35 31 0:32 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory
-41 31 0:38 /docker/x /sys/fs/cgroup/unified\\040dir rw,relatime - cgroup2 cgroup2 rw
-42 31 0:39 / /broken rw,relatime cgroup cgroup rw
-43 31 0:40 / /short - cgroup
-junk
-";
-        let mounts = parse_mountinfo(text);
-        assert_eq!(
-            mounts,
-            [
-                CgroupMount {
-                    root: "/".into(),
-                    mount_point: "/sys/fs/cgroup/memory".into(),
-                    version: CgroupVersion::V1,
-                    options: vec!["rw".into(), "memory".into()],
-                },
-                CgroupMount {
-                    root: "/docker/x".into(),
-                    mount_point: "/sys/fs/cgroup/unified dir".into(),
-                    version: CgroupVersion::V2,
-                    options: vec!["rw".into()],
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_undone_and_broken_ones_kept() {
-        for (field, expected) in [
-            ("a\\040b", "a b"),
-            ("\\134", "\\"),
-            ("tab\\011", "tab\t"),
-            ("a\\04", "a\\04"),
-            ("a\\", "a\\"),
-            ("\\999", "\\999"),
-            ("plain", "plain"),
-        ] {
-            assert_eq!(unescape_mountinfo(field), expected, "{field:?}");
-        }
-    }
-
-    #[test]
     fn cpu_max_keeps_fractional_quotas_exactly() {
         let cases: &[(&str, Option<Limit<ResourceAmount>>)] = &[
             ("max 100000\n", Some(Limit::Unlimited)),
@@ -1492,7 +1286,7 @@ junk
         assert_eq!(
             cgroup,
             CgroupDirs {
-                version: CgroupVersion::V1,
+                version: Hierarchy::V1,
                 dirs: vec![
                     "/sys/fs/cgroup/memory/process_api/abc".into(),
                     "/sys/fs/cgroup/memory/process_api".into(),
@@ -1546,7 +1340,7 @@ junk
     fn a_v2_host_takes_the_smallest_quota_and_limit_of_the_ancestors() {
         let mountinfo = "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
         let cgroup = locate_cgroup("cpu", "0::/job/worker\n", mountinfo).unwrap();
-        assert_eq!(cgroup.version, CgroupVersion::V2);
+        assert_eq!(cgroup.version, Hierarchy::V2);
         let read = reader(&[
             ("/sys/fs/cgroup/job/worker/cpu.max", "max 100000\n"),
             ("/sys/fs/cgroup/job/cpu.max", "150000 100000\n"),
@@ -1569,8 +1363,22 @@ junk
                 PathBuf::from("/sys/fs/cgroup")
             ]
         );
-        let escaping = locate_cgroup("memory", "0::/../../elsewhere\n", mountinfo).unwrap();
-        assert_eq!(escaping.dirs, [PathBuf::from("/sys/fs/cgroup")]);
+        // A path leaving the mounted root is outside the cgroups this process can see.
+        assert_eq!(
+            locate_cgroup("memory", "0::/../../elsewhere\n", mountinfo),
+            None
+        );
+        let mount = CgroupMount {
+            root: "/docker/x".into(),
+            mount_point: "/sys/fs/cgroup".into(),
+            hierarchy: Hierarchy::V2,
+            options: vec!["rw".into()],
+        };
+        assert_eq!(
+            dirs_up(&mount, "/../../elsewhere"),
+            [PathBuf::from("/sys/fs/cgroup")]
+        );
+        assert_eq!(dirs_up(&mount, "/other"), [PathBuf::from("/sys/fs/cgroup")]);
         assert_eq!(locate_cgroup("memory", "0::/\n", ""), None);
         assert_eq!(locate_cgroup("memory", "", HYBRID_MOUNTINFO), None);
     }
