@@ -6,15 +6,24 @@ use trainyard_worker_group::WorkerGroupError;
 
 /// Any error of trainyard; the layer's own error is the [`source`](std::error::Error::source).
 ///
-/// `Display` says what failed; `Debug` says it with every cause on one line, so that
-/// `fn main() -> trainyard::Result<()>` prints the whole story rather than a nested dump:
+/// `Display` says what failed and keeps the cause in [`source`](std::error::Error::source),
+/// as every error of the workspace does (so that a chain printer never repeats a cause).
+/// `Debug` says it with every cause on one line, so that `fn main() -> trainyard::Result<()>`
+/// and `{:?}` show the whole story rather than a nested dump; so does
+/// [`ErrorChain`](crate::resources::ErrorChain) for `{}`:
 ///
 /// ```
 /// use trainyard::config::ScalingConfig;
+/// use trainyard::resources::ErrorChain;
 ///
-/// let error = trainyard::Error::from(ScalingConfig::default().num_workers(0).validate().unwrap_err());
+/// let Err(cause) = ScalingConfig::default().num_workers(0).validate() else {
+///     return Ok(());
+/// };
+/// let error = trainyard::Error::from(cause);
 /// assert_eq!(error.to_string(), "invalid configuration");
 /// assert!(format!("{error:?}").starts_with("invalid configuration: "));
+/// assert_eq!(ErrorChain(&error).to_string(), format!("{error:?}"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(thiserror::Error)]
 #[non_exhaustive]

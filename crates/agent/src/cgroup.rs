@@ -775,6 +775,9 @@ pub enum CgroupLookupError {
     OutsideMounts {
         /// The cgroup's path inside its hierarchy.
         path: String,
+        /// The hierarchy's mount with the deepest root: what a process in a cgroup
+        /// namespace sees of its own cgroup.
+        mount: Box<CgroupMount>,
     },
 }
 
@@ -821,6 +824,10 @@ pub fn own_cgroup(
             CgroupQuery::V2 => CgroupLookupError::NoUnifiedMount,
         });
     }
+    let deepest = mounts
+        .iter()
+        .max_by_key(|mount| mount.root.components().count())
+        .cloned();
     mounts
         .into_iter()
         .filter_map(|mount| translate(line.path, &mount).map(|dir| (mount, dir)))
@@ -832,6 +839,8 @@ pub fn own_cgroup(
         })
         .ok_or_else(|| CgroupLookupError::OutsideMounts {
             path: line.path.to_owned(),
+            // `mounts` is not empty, so there is a deepest one.
+            mount: Box::new(deepest.unwrap_or_else(|| unreachable!("mounts is not empty"))),
         })
 }
 
@@ -1170,6 +1179,12 @@ mod tests {
                 "30 23 0:26 /docker/x /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
                 CgroupLookupError::OutsideMounts {
                     path: "/../../elsewhere".into(),
+                    mount: Box::new(CgroupMount {
+                        root: "/docker/x".into(),
+                        mount_point: "/sys/fs/cgroup".into(),
+                        hierarchy: Hierarchy::V2,
+                        options: vec!["rw".into()],
+                    }),
                 },
             ),
         ];

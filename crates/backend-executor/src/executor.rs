@@ -745,14 +745,17 @@ impl BackendExecutor {
         };
         if outcome.is_err() {
             let deadline = tokio::time::Instant::now() + LINGER;
-            while let Ok(Some((i, event))) = tokio::time::timeout(
-                QUIET.min(deadline.saturating_duration_since(tokio::time::Instant::now())),
-                merged.next(),
-            )
-            .await
-            {
+            loop {
+                let quiet = (tokio::time::Instant::now() + QUIET).min(deadline);
+                let Ok(Some((i, event))) = tokio::time::timeout_at(quiet, merged.next()).await
+                else {
+                    break;
+                };
                 if let Some(ActorEvent::Task(event)) = event {
                     self.take(i, event, &mut output, report).await;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    break;
                 }
             }
         }

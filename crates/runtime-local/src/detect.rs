@@ -34,7 +34,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use trainyard_agent::cgroup::{CgroupMount, CgroupQuery, Hierarchy, own_cgroup};
+use trainyard_agent::cgroup::{CgroupLookupError, CgroupMount, CgroupQuery, Hierarchy, own_cgroup};
 use trainyard_resources::{CPU, GPU, MEMORY, ResourceAmount, Resources, STEPS_PER_UNIT};
 use trainyard_runtime::NodeId;
 
@@ -482,15 +482,22 @@ struct CgroupDirs {
 /// hosts also list an empty `0::` line), else the v2 unified hierarchy. The directory is
 /// the one [`own_cgroup`] finds, as for the enforcement of memory limits.
 fn locate_cgroup(controller: &str, proc_cgroup: &str, mountinfo: &str) -> Option<CgroupDirs> {
-    let own = own_cgroup(CgroupQuery::V1(controller), proc_cgroup, mountinfo)
-        .or_else(|v1| own_cgroup(CgroupQuery::V2, proc_cgroup, mountinfo).map_err(|v2| (v1, v2)))
+    let found = |query| match own_cgroup(query, proc_cgroup, mountinfo) {
+        Ok(own) => Ok((own.mount, own.path)),
+        // Under a cgroup namespace the path leaves the mounted root; the mount point then
+        // holds this process's own limits.
+        Err(CgroupLookupError::OutsideMounts { path, mount }) => Ok((*mount, path)),
+        Err(other) => Err(Box::new(other)),
+    };
+    let (mount, path) = found(CgroupQuery::V1(controller))
+        .or_else(|v1| found(CgroupQuery::V2).map_err(|v2| (v1, v2)))
         .inspect_err(|(v1, v2)| {
             tracing::debug!(controller, %v1, %v2, "no cgroup bounds this controller");
         })
         .ok()?;
     Some(CgroupDirs {
-        version: own.mount.hierarchy,
-        dirs: dirs_up(&own.mount, &own.path),
+        version: mount.hierarchy,
+        dirs: dirs_up(&mount, &path),
     })
 }
 
@@ -1363,10 +1370,11 @@ mod tests {
                 PathBuf::from("/sys/fs/cgroup")
             ]
         );
-        // A path leaving the mounted root is outside the cgroups this process can see.
+        // A path leaving the mounted root (a cgroup namespace) is read at the mount point,
+        // which holds this process's own limits.
         assert_eq!(
-            locate_cgroup("memory", "0::/../../elsewhere\n", mountinfo),
-            None
+            locate_cgroup("memory", "0::/../../elsewhere\n", mountinfo).map(|c| c.dirs),
+            Some(vec![PathBuf::from("/sys/fs/cgroup")])
         );
         let mount = CgroupMount {
             root: "/docker/x".into(),

@@ -64,7 +64,9 @@ pub struct WorkerInfo {
     /// The actor's process id (the worker agent's, for real runtimes).
     pub pid: u32,
     /// The process id of the task it runs now, when the task has a process of its own (a
-    /// command): the process a user would signal. `None` before a task starts.
+    /// command): the process a user would signal. `None` while no such task runs, so the
+    /// metadata a worker group fetches at start has none: ask [`crate::Request::NodeInfo`]
+    /// again while the task runs, or take the pid [`crate::Response::TaskStarted`] answers.
     #[serde(default)]
     pub task_pid: Option<u32>,
     /// Device ids the actor holds, for every accelerator resource the runtime knows
