@@ -890,8 +890,8 @@ async fn what_a_task_leaves_running_in_its_group_is_killed_when_it_ends() {
         }
     }
     assert!(
-        started.elapsed() < std::time::Duration::from_millis(400),
-        "the end was not held back by the background child: {:?}",
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "the end was held back by the background child: {:?}",
         started.elapsed()
     );
     let background = background.expect("the background pid");
