@@ -1,8 +1,10 @@
 //! Flags of the `trainyard` command line, as in the CLI contract.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use trainyard_config::resources::{Resources, near_reserved_name};
 use trainyard_config::{ScalingConfig, checked_num_workers};
 
 use crate::{Failure, escape_newlines};
@@ -220,6 +222,28 @@ impl ScalingArgs {
             config.accelerator_type = Some(accelerator.clone());
         }
         config.validate().map_err(Failure::bad_input)?;
+        warn_case_mistakes(
+            config
+                .resources_per_worker
+                .iter()
+                .chain(&config.trainer_resources),
+        );
         Ok(config)
+    }
+}
+
+/// One warning line on stderr per resource name that differs from a well-known one only by
+/// case (`cpu` for `CPU`): such a name is a custom resource that no node is likely to offer.
+pub(crate) fn warn_case_mistakes<'a>(specs: impl IntoIterator<Item = &'a Resources>) {
+    let mistaken: BTreeSet<(&str, &str)> = specs
+        .into_iter()
+        .flat_map(Resources::names)
+        .filter_map(|name| Some((name, near_reserved_name(name)?)))
+        .collect();
+    for (name, meant) in mistaken {
+        eprintln!(
+            "warning: resource `{}` is not `{meant}`; resource names are case-sensitive",
+            escape_newlines(name)
+        );
     }
 }

@@ -5,7 +5,7 @@ use trainyard::local::{LocalConfig, LocalNode};
 use trainyard_config::resources::{ByteSize, ResourceAmount, Resources};
 
 use crate::Failure;
-use crate::args::{FlagError, LocalArgs, parse_flag};
+use crate::args::{FlagError, LocalArgs, parse_flag, warn_case_mistakes};
 
 impl LocalArgs {
     /// What the user set on the command line, checked.
@@ -54,7 +54,9 @@ impl LocalArgs {
         let overrides = self.overrides()?;
         let count = self.node_count()?;
         let machine = Machine::detect();
-        plan_nodes(&machine, &overrides, count).map_err(Failure::bad_input)
+        let nodes = plan_nodes(&machine, &overrides, count).map_err(Failure::bad_input)?;
+        warn_case_mistakes([&overrides.resources]);
+        Ok(nodes)
     }
 
     /// The local runtime's configuration for a run named `run_name`.

@@ -2,6 +2,8 @@
 //! plain lines otherwise; `tracing` to stderr as text or JSON, filtered by `RUST_LOG`.
 
 use std::io::{self, IsTerminal as _, Write as _};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -23,7 +25,13 @@ const DEFAULT_FILTER: &str = "warn,trainyard_backend_executor=info,trainyard_tor
 pub(crate) struct Progress {
     bar: Option<ProgressBar>,
     plain: bool,
+    /// Counts waits, so that a plain line is printed only for a wait still current.
+    waits: Arc<AtomicU64>,
 }
+
+/// How long a wait lasts before plain output says what it waits for (a quick placement,
+/// or one that fails at once, prints nothing).
+const PLAIN_WAIT_DELAY: Duration = Duration::from_secs(1);
 
 impl Progress {
     /// A spinner when stderr is an interactive terminal outside CI and the log format is
@@ -41,23 +49,36 @@ impl Progress {
         Self {
             bar,
             plain: format == LogFormat::Text,
+            waits: Arc::new(AtomicU64::new(0)),
         }
     }
 
-    /// Shows that the run waits for `what`.
+    /// Shows that the run waits for `what`: at once on the spinner, after
+    /// [`PLAIN_WAIT_DELAY`] as a plain line if the wait is still current then.
     pub(crate) fn wait(&self, what: &str) {
+        let this = self.waits.fetch_add(1, Ordering::SeqCst) + 1;
         match &self.bar {
             Some(bar) => {
                 bar.set_message(what.to_owned());
                 bar.reset_elapsed();
                 bar.enable_steady_tick(Duration::from_millis(100));
             }
-            None => self.line(&format!("trainyard: {what}")),
+            None => {
+                let progress = self.clone();
+                let line = format!("trainyard: {what}");
+                tokio::spawn(async move {
+                    tokio::time::sleep(PLAIN_WAIT_DELAY).await;
+                    if progress.waits.load(Ordering::SeqCst) == this {
+                        progress.line(&line);
+                    }
+                });
+            }
         }
     }
 
     /// The wait is over.
     pub(crate) fn clear(&self) {
+        self.waits.fetch_add(1, Ordering::SeqCst);
         if let Some(bar) = &self.bar {
             bar.disable_steady_tick();
             bar.set_message("");
@@ -88,6 +109,7 @@ impl Progress {
 
     /// Removes the spinner for good.
     pub(crate) fn finish(&self) {
+        self.waits.fetch_add(1, Ordering::SeqCst);
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }

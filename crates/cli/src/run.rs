@@ -34,9 +34,9 @@ fn run_config(args: &RunArgs) -> Result<RunConfig, Failure> {
         run.failure_config = FailureConfig::from_max_failures(n).map_err(Failure::bad_input)?;
     }
     for pair in &args.env {
-        let Some((key, value)) = pair.split_once('=') else {
+        let Some((key, value)) = pair.split_once('=').filter(|(key, _)| !key.is_empty()) else {
             return Err(Failure::bad_input(FlagError::new("--env", pair)(
-                "expected KEY=VALUE".into(),
+                "expected KEY=VALUE with a non-empty KEY".into(),
             )));
         };
         run.env.insert(key.to_owned(), value.to_owned());

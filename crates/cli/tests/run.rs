@@ -375,7 +375,14 @@ fn start_sleeping_run(mark: &str) -> (Child, Vec<u32>) {
             }
         }
     }
-    let workers = marked(mark);
+    // A task may be between `sh` and `exec sleep` for a moment; look again until all four
+    // processes show.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut workers = marked(mark);
+    while workers.len() < 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        workers = marked(mark);
+    }
     assert!(workers.len() >= 4, "two agents and two tasks: {workers:?}");
     (child, workers)
 }

@@ -67,5 +67,5 @@ pub use chain::ErrorChain;
 pub use options::ActorOptions;
 pub use resources::{
     CPU, GPU, MEMORY, OBJECT_STORE_MEMORY, RESERVED, ResourceError, Resources, WHOLE_ABOVE_ONE,
-    is_byte_resource, is_reserved,
+    is_byte_resource, is_reserved, near_reserved_name,
 };

@@ -38,6 +38,39 @@ pub fn is_byte_resource(name: &str) -> bool {
     name == MEMORY || name == OBJECT_STORE_MEMORY
 }
 
+/// The well-known resource names a user may mistype by case: the [`RESERVED`] names and
+/// the accelerators of [`WHOLE_ABOVE_ONE`].
+const WELL_KNOWN: [&str; 8] = [
+    CPU,
+    GPU,
+    MEMORY,
+    OBJECT_STORE_MEMORY,
+    "neuron_cores",
+    "TPU",
+    "NPU",
+    "HPU",
+];
+
+/// The well-known resource name that `name` differs from only by case (`cpu` → `CPU`,
+/// `Memory` → `memory`), or `None` when `name` is well-known itself or like none of them.
+///
+/// Names are case-sensitive, so `cpu` is a custom resource that no node offers; a caller
+/// can warn with the name that was most likely meant.
+///
+/// ```
+/// use trainyard_resources::near_reserved_name;
+///
+/// assert_eq!(near_reserved_name("cpu"), Some("CPU"));
+/// assert_eq!(near_reserved_name("CPU"), None);
+/// assert_eq!(near_reserved_name("ssd"), None);
+/// ```
+#[must_use]
+pub fn near_reserved_name(name: &str) -> Option<&'static str> {
+    WELL_KNOWN
+        .into_iter()
+        .find(|known| *known != name && known.eq_ignore_ascii_case(name))
+}
+
 /// A resource dictionary: resource name → exact amount, ordered by name.
 ///
 /// Names are case-sensitive as in Ray. `CPU`, `GPU`, `memory` and `object_store_memory`
@@ -558,6 +591,44 @@ impl<'de> Deserialize<'de> for EntryValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_that_differ_from_a_well_known_one_only_by_case_are_recognised() {
+        for (name, meant) in [
+            ("cpu", "CPU"),
+            ("Cpu", "CPU"),
+            ("gpu", "GPU"),
+            ("Memory", "memory"),
+            ("MEMORY", "memory"),
+            ("object_store_MEMORY", "object_store_memory"),
+            ("Neuron_Cores", "neuron_cores"),
+            ("tpu", "TPU"),
+            ("npu", "NPU"),
+            ("hpu", "HPU"),
+        ] {
+            assert_eq!(near_reserved_name(name), Some(meant), "{name}");
+        }
+    }
+
+    #[test]
+    fn well_known_and_unrelated_names_are_not_near_misses() {
+        for name in [
+            "CPU",
+            "GPU",
+            "memory",
+            "object_store_memory",
+            "neuron_cores",
+            "TPU",
+            "NPU",
+            "HPU",
+            "ssd",
+            "cpus",
+            "accelerator_type:A100",
+            "",
+        ] {
+            assert_eq!(near_reserved_name(name), None, "{name}");
+        }
+    }
 
     fn res(text: &str) -> Resources {
         text.parse().unwrap()

@@ -1,0 +1,402 @@
+//! Bad input to `trainyard plan` and `trainyard run` through the built binary: every case
+//! exits with its code (2 for bad input, 3 for what cannot be scheduled) within moments,
+//! says so on exactly one `error:` line that names the field and the offending value, never
+//! panics, and leaves no process behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The variable that marks a test's processes.
+const MARKER: &str = "TRAINYARD_TEST_MARKER";
+
+/// Bad input.
+const BAD_INPUT: i32 = 2;
+
+/// Cannot be scheduled.
+const UNSCHEDULABLE: i32 = 3;
+
+/// How long a case may take: process start and a refusal (a few milliseconds each when
+/// measured; the bound leaves room for a loaded machine).
+const FAST: Duration = Duration::from_secs(2);
+
+/// When a case is killed as hung.
+const KILL_AFTER: Duration = Duration::from_secs(10);
+
+/// How long a run's processes may take to be gone after it exits.
+const CLEANUP: Duration = Duration::from_secs(5);
+
+fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_trainyard"))
+}
+
+/// A marker no other test uses.
+fn marker(case: usize) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "bad-input-{case}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// One bad input: the arguments after the binary's name, what it must exit with, and a
+/// piece of its error line that shows the field and the value.
+struct Case {
+    args: Vec<String>,
+    code: i32,
+    must_contain: &'static str,
+}
+
+/// `plan ARGS`, bad input.
+fn plan(args: &[&str], must_contain: &'static str) -> Case {
+    Case {
+        args: std::iter::once("plan")
+            .chain(args.iter().copied())
+            .map(str::to_owned)
+            .collect(),
+        code: BAD_INPUT,
+        must_contain,
+    }
+}
+
+/// `run ARGS -- true`, bad input.
+fn run(args: &[&str], must_contain: &'static str) -> Case {
+    run_program(args, &["true"], BAD_INPUT, must_contain)
+}
+
+/// `run ARGS -- true` that cannot be scheduled.
+fn unschedulable(args: &[&str], must_contain: &'static str) -> Case {
+    run_program(args, &["true"], UNSCHEDULABLE, must_contain)
+}
+
+/// `run ARGS -- PROGRAM`.
+fn run_program(args: &[&str], program: &[&str], code: i32, must_contain: &'static str) -> Case {
+    Case {
+        args: std::iter::once("run")
+            .chain(args.iter().copied())
+            .chain(std::iter::once("--"))
+            .chain(program.iter().copied())
+            .map(str::to_owned)
+            .collect(),
+        code,
+        must_contain,
+    }
+}
+
+/// `run ARGS` exactly as given (no `--` added).
+fn run_raw(args: &[&str], must_contain: &'static str) -> Case {
+    Case {
+        args: std::iter::once("run")
+            .chain(args.iter().copied())
+            .map(str::to_owned)
+            .collect(),
+        code: BAD_INPUT,
+        must_contain,
+    }
+}
+
+fn write(dir: &Path, name: &str, contents: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("write a config file");
+    path.to_str().expect("a UTF-8 temp path").to_owned()
+}
+
+#[expect(
+    clippy::too_many_lines,
+    reason = "the table is the test; one row per bad input"
+)]
+fn cases(dir: &Path) -> Vec<Case> {
+    let unknown_toml = write(dir, "unknown.toml", "num_workers = 2\nnum_workerz = 3\n");
+    let unknown_json = write(
+        dir,
+        "unknown.json",
+        r#"{"num_workers": 2, "use_gpus": true}"#,
+    );
+    let negative_toml = write(dir, "negative.toml", "[resources_per_worker]\nCPU = -1\n");
+    let zero_json = write(dir, "zero.json", r#"{"num_workers": 0}"#);
+    let broken_toml = write(dir, "broken.toml", "num_workers = \n");
+    let missing = dir.join("missing.toml").to_str().expect("UTF-8").to_owned();
+
+    vec![
+        // Workers.
+        plan(&["-n", "-1"], "got -1"),
+        plan(
+            &["-n", "0"],
+            "`num_workers` must be between 1 and 1000000, got 0",
+        ),
+        plan(&["-n", "abc"], "abc"),
+        plan(&["-n", "99999999999999"], "99999999999999"),
+        // Amounts: negative, NaN, infinite, huge, too precise, wrong units, fractional bytes.
+        plan(&["-r", "CPU=-1"], "-1"),
+        plan(&["-r", "CPU=NaN"], "NaN"),
+        plan(&["-r", "GPU=inf"], "inf"),
+        plan(&["-r", "CPU=1e40"], "1e40"),
+        plan(&["-r", "memory=1e30"], "1e30"),
+        plan(&["-r", "CPU=0.00001"], "0.00001"),
+        plan(&["-r", "GPU=0.12345"], "0.12345"),
+        plan(&["-r", "memory=10XB"], "10XB"),
+        plan(&["-r", "memory=-1GB"], "-1GB"),
+        plan(&["-r", "CPU=1GB"], "1GB"),
+        plan(&["-r", "ssd=2GiB"], "2GiB"),
+        plan(&["-r", r#"{"CPU": -1}"#], "-1"),
+        plan(&["-r", r#"{"GPU": "NaN"}"#], "NaN"),
+        plan(&["-r", r#"{"memory": "ten GB"}"#], "ten GB"),
+        plan(&["-r", r#"{"memory": 1e400}"#], "memory"),
+        plan(&["-r", r#"{"CPU": 1"#], "CPU"),
+        plan(&["-r", "CPU"], "CPU"),
+        // Empty bundles.
+        plan(&["-r", "{}"], "{}"),
+        plan(&["-r", "CPU=0"], "CPU=0"),
+        plan(&["-r", ""], "resources_per_worker"),
+        plan(&["--trainer-resources", "CPU=-2"], "-2"),
+        plan(&["--use-gpu", "-r", "GPU=0"], "`GPU` is 0"),
+        // Choices and unknown flags.
+        plan(&["-s", "STRICTLY_PACK"], "STRICTLY_PACK"),
+        plan(&["--format", "xml"], "xml"),
+        plan(&["--num-wrokers", "2"], "--num-wrokers"),
+        // Config files: unknown keys, bad values, broken syntax, missing.
+        plan(&["-c", &unknown_toml], "num_workerz"),
+        plan(&["-c", &unknown_json], "use_gpus"),
+        plan(&["-c", &negative_toml], "-1"),
+        plan(
+            &["-c", &zero_json],
+            "`num_workers` must be between 1 and 1000000, got 0",
+        ),
+        plan(&["-c", &broken_toml], "broken.toml"),
+        plan(&["-c", &missing], "missing.toml"),
+        // What cannot be scheduled.
+        unschedulable(
+            &[
+                "-n",
+                "3",
+                "-r",
+                "CPU=1",
+                "-s",
+                "STRICT_PACK",
+                "--num-cpus",
+                "2",
+            ],
+            "CPU=3",
+        ),
+        unschedulable(
+            &[
+                "-n",
+                "3",
+                "-r",
+                "CPU=0.1",
+                "-s",
+                "STRICT_SPREAD",
+                "--nodes",
+                "2",
+            ],
+            "STRICT_SPREAD",
+        ),
+        unschedulable(&["-r", "CPU=1000", "--num-cpus", "2"], "CPU"),
+        unschedulable(&["-r", "memory=1TB", "--memory", "1GB"], "memory"),
+        // The program.
+        run_raw(&["-n", "1", "--"], "PROGRAM"),
+        run_raw(&["-n", "1"], "PROGRAM"),
+        // LOCAL flags.
+        run(&["--nodes", "0"], "`0` for `--nodes`"),
+        run(&["--nodes", "-1"], "-1"),
+        run(&["--nodes", "two"], "two"),
+        run(&["--num-cpus", "-1"], "-1"),
+        run(&["--num-cpus", "NaN"], "NaN"),
+        run(&["--num-cpus", "0.00001"], "0.00001"),
+        run(&["--num-gpus", "-1"], "-1"),
+        run(&["--num-gpus", "1.5"], "'1.5' for '--num-gpus"),
+        run(&["--memory", "10XB"], "10XB"),
+        run(&["--memory", "-1GB"], "-1"),
+        run(&["--memory=-1GB"], "-1GB"),
+        run(&["--resources", "ssd=-1"], "-1"),
+        run(&["--resources", r#"{"ssd": "lots"}"#], "lots"),
+        // RUN flags.
+        run(
+            &["--max-failures", "-2"],
+            "`max_failures` must be -1 (unlimited) or a number of restarts of at least 0, got -2",
+        ),
+        run(&["--max-failures", "many"], "many"),
+        run(&["--placement-timeout", "-1"], "-1"),
+        run(&["--placement-timeout", "NaN"], "NaN"),
+        run(&["--placement-timeout", "inf"], "inf"),
+        run(&["--placement-timeout", "soon"], "soon"),
+        run(&["--env", "NOEQUALS"], "NOEQUALS"),
+        run(&["--env", "=value"], "invalid value `=value` for `--env`"),
+        run(&["--runtime", "slurm"], "slurm"),
+        run(&["--backend", "jax"], "jax"),
+        run(&["--bogus"], "--bogus"),
+    ]
+}
+
+fn wait_bounded(mut child: Child, limit: Duration) -> Result<Output, Output> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return Ok(child.wait_with_output().expect("output"));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err(child.wait_with_output().expect("output"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Processes whose environment holds `mark`.
+fn marked(mark: &str) -> Vec<u32> {
+    let needle = format!("{MARKER}={mark}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+                && !is_zombie(*pid)
+        })
+        .collect()
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// Waits up to `limit` for every marked process to be gone; the ones left, if any.
+fn left_behind(mark: &str, limit: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = marked(mark);
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What is wrong with how the binary handled `case`, if anything.
+fn check(index: usize, case: &Case) -> Option<String> {
+    let mark = marker(index);
+    let mut command = Command::new(binary());
+    let mut args = case.args.clone();
+    if args[0] == "run" {
+        // Before any `--`: the marker reaches every process the run starts.
+        args.splice(1..1, ["--env".to_owned(), format!("{MARKER}={mark}")]);
+    }
+    command
+        .args(&args)
+        .env("CI", "1")
+        .env_remove("RUST_LOG")
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let started = Instant::now();
+    let child = command.spawn().expect("trainyard starts");
+    let output = wait_bounded(child, KILL_AFTER);
+    let took = started.elapsed();
+    let mut problems = Vec::new();
+    let output = output.unwrap_or_else(|output| {
+        problems.push(format!("did not finish within {KILL_AFTER:?}"));
+        output
+    });
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    if output.status.code() != Some(case.code) {
+        problems.push(format!(
+            "exit {:?}, expected {}",
+            output.status.code(),
+            case.code
+        ));
+    }
+    if took >= FAST {
+        problems.push(format!("took {took:?}"));
+    }
+    let lines: Vec<&str> = stderr.lines().collect();
+    if lines.len() != 1 {
+        problems.push(format!("{} lines on stderr", lines.len()));
+    }
+    if !lines.first().is_some_and(|line| line.starts_with("error:")) {
+        problems.push("stderr does not start with `error:`".to_owned());
+    }
+    if !stderr.contains(case.must_contain) {
+        problems.push(format!("stderr lacks `{}`", case.must_contain));
+    }
+    for panic_text in ["panicked", "backtrace", "RUST_BACKTRACE", "thread 'main'"] {
+        if stderr.contains(panic_text) {
+            problems.push(format!("stderr shows `{panic_text}`"));
+        }
+    }
+    if args[0] == "run" {
+        let left = left_behind(&mark, CLEANUP);
+        if !left.is_empty() {
+            problems.push(format!("processes left behind: {left:?}"));
+        }
+    }
+    (!problems.is_empty()).then(|| {
+        format!(
+            "case {index} `{}`: {}; stderr: {stderr:?}",
+            args.join(" "),
+            problems.join(", ")
+        )
+    })
+}
+
+#[test]
+fn every_bad_input_is_refused_at_once_on_one_line_that_names_the_field_and_value() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let cases = cases(dir.path());
+    assert!(cases.len() >= 40, "only {} cases", cases.len());
+    let failures: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .filter_map(|(index, case)| check(index, case))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases went wrong:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn a_resource_name_that_differs_from_a_well_known_one_by_case_is_planned_with_a_warning() {
+    let output = Command::new(binary())
+        .args(["plan", "-r", "cpu=1,Memory=2,object_store_MEMORY=3"])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("trainyard runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "warning: resource `Memory` is not `memory`; resource names are case-sensitive",
+            "warning: resource `cpu` is not `CPU`; resource names are case-sensitive",
+            "warning: resource `object_store_MEMORY` is not `object_store_memory`; resource names are case-sensitive",
+        ],
+        "stderr: {stderr}"
+    );
+}
+
+#[test]
+fn well_known_resource_names_are_planned_without_a_warning() {
+    let output = Command::new(binary())
+        .args(["plan", "-r", "CPU=1,memory=1GB,ssd=1"])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("trainyard runs");
+    assert!(output.status.success());
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "");
+}
