@@ -8,8 +8,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// The variable that marks a test's processes.
-const MARKER: &str = "TRAINYARD_TEST_MARKER";
+mod common;
+use common::{MARKER, left_behind};
 
 /// Bad input.
 const BAD_INPUT: i32 = 2;
@@ -241,43 +241,6 @@ fn wait_bounded(mut child: Child, limit: Duration) -> Result<Output, Output> {
             return Err(child.wait_with_output().expect("output"));
         }
         std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Processes whose environment holds `mark`.
-fn marked(mark: &str) -> Vec<u32> {
-    let needle = format!("{MARKER}={mark}");
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
-                && !is_zombie(*pid)
-        })
-        .collect()
-}
-
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
-    })
-}
-
-/// Waits up to `limit` for every marked process to be gone; the ones left, if any.
-fn left_behind(mark: &str, limit: Duration) -> Vec<u32> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = marked(mark);
-        if left.is_empty() || Instant::now() > deadline {
-            return left;
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

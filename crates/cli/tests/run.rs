@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// The variable that marks a test's processes.
-const MARKER: &str = "TRAINYARD_TEST_MARKER";
+mod common;
+use common::{MARKER, left_behind, marked};
 
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_trainyard"))
@@ -72,45 +72,13 @@ fn wait_bounded(mut child: Child, limit: Duration) -> Output {
     }
 }
 
-/// Processes whose environment holds `mark`.
-fn marked(mark: &str) -> Vec<u32> {
-    let needle = format!("{MARKER}={mark}");
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
-                && !is_zombie(*pid)
-        })
-        .collect()
-}
-
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
-    })
-}
-
 /// Waits up to `limit` for every marked process to be gone.
 fn assert_nothing_left(mark: &str, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = marked(mark);
-        if left.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "processes left behind after {limit:?}: {left:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let left = left_behind(mark, limit);
+    assert!(
+        left.is_empty(),
+        "processes left behind after {limit:?}: {left:?}"
+    );
 }
 
 fn text(bytes: &[u8]) -> String {

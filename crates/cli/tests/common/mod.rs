@@ -1,0 +1,44 @@
+//! What the CLI's end-to-end tests share: every run carries a marker in its workers'
+//! environment, and these helpers find the processes that still carry it.
+
+use std::time::{Duration, Instant};
+
+/// The variable that marks a test's processes.
+pub(crate) const MARKER: &str = "TRAINYARD_TEST_MARKER";
+
+/// Live (not zombie) processes whose environment holds `MARKER=mark`.
+pub(crate) fn marked(mark: &str) -> Vec<u32> {
+    let needle = format!("{MARKER}={mark}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+                && !is_zombie(*pid)
+        })
+        .collect()
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// Waits up to `limit` for every marked process to be gone; the ones left, if any.
+pub(crate) fn left_behind(mark: &str, limit: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = marked(mark);
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
