@@ -1,7 +1,7 @@
 use std::io;
-use std::net::SocketAddr;
 
 use crate::detect::DetectError;
+use crate::hub::HubError;
 
 /// Why the local runtime cannot be configured or started.
 #[derive(Debug, thiserror::Error)]
@@ -16,16 +16,7 @@ pub enum LocalError {
     /// The configuration has no node.
     #[error("the local runtime needs at least one node, got 0")]
     NoNodes,
-    /// The control plane cannot listen.
-    #[error("cannot listen for agents on {addr}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-    /// The run's secret token cannot be made.
-    #[error("cannot make the run's secret token")]
-    Token(#[source] getrandom::Error),
+    /// The hub agents connect to cannot start.
+    #[error(transparent)]
+    Hub(#[from] HubError),
 }

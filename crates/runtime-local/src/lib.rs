@@ -67,16 +67,13 @@
 //! - [`detect`]: what the machine offers, the user's overrides, and the split into
 //!   [`LocalNode`]s; [`LocalError`]: why the runtime cannot be configured or started.
 
-mod calls;
 mod config;
-mod death;
 pub mod detect;
 mod error;
-mod hello;
+pub mod hub;
 mod memory;
 mod process;
 mod runtime;
-mod supervisor;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

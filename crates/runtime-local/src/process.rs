@@ -1,29 +1,74 @@
-//! Signals to an agent and to its task's process group, sent only while their targets are
-//! known to be what they were (a reaped pid may belong to someone else).
+//! An agent that is a child process of this driver, and signals to it and to its task's
+//! process group, sent only while their targets are known to be what they were (a reaped
+//! pid may belong to someone else).
 
-use std::process::ExitStatus;
-use std::time::Duration;
+use std::io;
 
+use async_trait::async_trait;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::process::Child;
+use trainyard_agent::cgroup::WorkerCgroup;
 
-/// How long a SIGKILLed agent may take to be reaped.
-pub(crate) const REAP_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::hub::{AgentExit, AgentProcess};
 
-/// Asks the agent to stop (SIGTERM), unless it is reaped already.
-pub(crate) fn terminate(child: &Child) {
-    if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-    }
+/// An agent process started by this driver, with the memory cgroup it may have.
+pub(crate) struct LocalProcess {
+    /// The agent; killed when dropped.
+    pub(crate) child: Child,
+    /// The worker's cgroup, removed once the agent is gone.
+    pub(crate) cgroup: Option<WorkerCgroup>,
+    /// The worker's hard memory limit, in bytes.
+    pub(crate) memory_limit: Option<u64>,
 }
 
-/// SIGKILLs the task's process group (led by `task`) while it is alive, then the agent.
-pub(crate) fn kill_hard(child: &mut Child, task: Option<u32>) {
-    if let Some(task) = task {
-        kill_task_group(task);
+#[async_trait]
+impl AgentProcess for LocalProcess {
+    fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
-    let _ = child.start_kill();
+
+    async fn wait(&mut self) -> io::Result<AgentExit> {
+        self.child.wait().await.map(AgentExit::Status)
+    }
+
+    /// SIGTERM, unless the agent is reaped already.
+    fn terminate(&mut self) {
+        if let Some(pid) = self.child.id().and_then(|pid| i32::try_from(pid).ok()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+    }
+
+    /// SIGKILLs the task's process group (led by `task`) while it is alive, then the agent.
+    fn kill(&mut self, task: Option<u32>) {
+        if let Some(task) = task {
+            kill_task_group(task);
+        }
+        let _ = self.child.start_kill();
+    }
+
+    fn task_killer(&self) -> fn(u32) {
+        kill_task_group
+    }
+
+    fn memory_limit(&self) -> Option<u64> {
+        self.memory_limit
+    }
+
+    async fn oom_kills(&mut self) -> u64 {
+        let Some(cgroup) = self.cgroup.clone() else {
+            return 0;
+        };
+        tokio::task::spawn_blocking(move || cgroup.oom_kills())
+            .await
+            .unwrap_or(0)
+    }
+
+    async fn cleanup(&mut self) {
+        if let Some(cgroup) = self.cgroup.take() {
+            let _ = tokio::task::spawn_blocking(move || cgroup.remove()).await;
+        }
+    }
 }
 
 /// SIGKILLs the process group led by `task`, while that process still exists and leads its
@@ -56,18 +101,6 @@ fn group_has_members(group: u32) -> bool {
                 .and_then(|stat| parse_stat(&stat))
                 .is_some_and(|(state, g)| g == group && state != 'Z' && state != 'X')
         })
-}
-
-/// Waits up to `limit` for the agent to exit and reaps it.
-pub(crate) async fn reap(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    match tokio::time::timeout(limit, child.wait()).await {
-        Ok(Ok(status)) => Some(status),
-        Ok(Err(error)) => {
-            tracing::warn!(%error, "cannot wait for the agent process");
-            None
-        }
-        Err(_) => None,
-    }
 }
 
 /// Whether process `pid` exists (perhaps as a zombie, whose pid is still taken) and leads

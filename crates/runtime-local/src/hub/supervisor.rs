@@ -2,7 +2,6 @@
 //! end, sends it requests, routes its replies and events, and turns its end into a death
 //! with a cause.
 
-use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,21 +9,18 @@ use futures::future::BoxFuture;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt as _, StreamExt as _};
 use tokio::net::TcpStream;
-use tokio::process::Child;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::bytes::Bytes;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
-use trainyard_agent::cgroup::WorkerCgroup;
 use trainyard_agent::wire::{self, AgentMessage, DriverMessage};
 use trainyard_runtime::events::{ActorEvent, EventSender};
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError, TaskEvent};
 
-use crate::calls::{Pending, Reply, reply_result, request_name};
-use crate::death::{Seen, cause_of_death};
-use crate::process::{self, REAP_TIMEOUT};
-use crate::runtime::Core;
+use super::calls::{Pending, Reply, reply_result, request_name};
+use super::death::{Seen, cause_of_death};
+use super::{AgentExit, AgentProcess, HubCore, REAP_TIMEOUT};
 
 /// How long a dead connection's agent gets to be reaped for its exit status, and how long
 /// what it sent before it died is read.
@@ -90,18 +86,16 @@ struct Serving {
     backlog: Vec<ActorEvent>,
     /// The running task's process id (its group's leader), until it exits.
     task: Option<u32>,
-    exited: Option<ExitStatus>,
+    exited: Option<AgentExit>,
     child_done: bool,
 }
 
 /// Owns one agent; see the [module docs](self).
 pub(crate) struct Supervisor {
-    pub(crate) core: Arc<Core>,
+    pub(crate) core: Arc<HubCore>,
     pub(crate) actor: ActorId,
     pub(crate) name: String,
-    pub(crate) child: Child,
-    pub(crate) cgroup: Option<WorkerCgroup>,
-    pub(crate) memory_limit: Option<u64>,
+    pub(crate) process: Box<dyn AgentProcess>,
     pub(crate) events: EventSender,
     pub(crate) commands: mpsc::UnboundedReceiver<Command>,
 }
@@ -171,8 +165,13 @@ impl Supervisor {
                         Connect::Failed("the runtime stopped waiting for the agent".to_owned())
                     }
                 },
-                status = self.child.wait() => Connect::Failed(match status {
-                    Ok(status) => format!("the agent exited before it connected ({status})"),
+                exit = self.process.wait() => Connect::Failed(match exit {
+                    Ok(AgentExit::Status(status)) => {
+                        format!("the agent exited before it connected ({status})")
+                    }
+                    Ok(AgentExit::Died(cause)) => {
+                        format!("the agent ended before it connected: {cause}")
+                    }
                     Err(error) => format!("cannot wait for the agent: {error}"),
                 }),
                 () = tokio::time::sleep_until(deadline) => {
@@ -191,7 +190,7 @@ impl Supervisor {
             match outcome {
                 Connect::Ignored => {}
                 Connect::Connected(connection) => {
-                    if connection.pid != self.child.id().unwrap_or(0) {
+                    if Some(connection.pid) != self.process.pid() {
                         tracing::debug!(
                             hello_pid = connection.pid,
                             "the agent's hello names another pid than the process started"
@@ -238,8 +237,8 @@ impl Supervisor {
             state.waiting.remove(&self.actor);
             state.callable.remove(&self.actor);
             state.streams.remove(&self.actor);
-            state.book.release(self.actor);
         }
+        self.core.release(self.actor);
         let mut kills: Vec<oneshot::Sender<()>> = done.into_iter().collect();
         self.commands.close();
         while let Ok(command) = self.commands.try_recv() {
@@ -250,9 +249,9 @@ impl Supervisor {
                 Command::Kill { done, .. } => kills.push(done),
             }
         }
-        process::kill_hard(&mut self.child, None);
-        process::reap(&mut self.child, REAP_TIMEOUT).await;
-        self.remove_cgroup().await;
+        self.process.kill(None);
+        reap(self.process.as_mut(), REAP_TIMEOUT).await;
+        self.process.cleanup().await;
         self.core.forget_process(self.actor);
         if let Some(ready) = ready {
             let _ = ready.send(Err(RuntimeError::SpawnFailed {
@@ -313,10 +312,10 @@ impl Supervisor {
                     }
                 },
                 // After the frames: what the agent sent before it exited comes first.
-                status = self.child.wait(), if !serving.child_done => {
+                exit = self.process.wait(), if !serving.child_done => {
                     serving.child_done = true;
-                    match status {
-                        Ok(status) => serving.exited = Some(status),
+                    match exit {
+                        Ok(exit) => serving.exited = Some(exit),
                         Err(error) => tracing::warn!(%error, "cannot wait for the agent"),
                     }
                     return End::Lost;
@@ -398,7 +397,7 @@ impl Supervisor {
             End::Killed { cause, grace, done } => {
                 kills.extend(done);
                 self.declare_dead(&cause, &mut serving, &mut kills);
-                process::terminate(&self.child);
+                self.process.terminate();
                 self.reap_within(grace, &mut serving).await;
                 cause
             }
@@ -425,9 +424,9 @@ impl Supervisor {
                 let cause = if stops.is_empty() {
                     cause_of_death(&Seen {
                         by_driver: None,
-                        exit: serving.exited,
-                        oom_kills: self.oom_kills().await,
-                        memory_limit: self.memory_limit,
+                        exit: serving.exited.take(),
+                        oom_kills: self.process.oom_kills().await,
+                        memory_limit: self.process.memory_limit(),
                     })
                 } else {
                     DeathCause::Stopped
@@ -439,17 +438,14 @@ impl Supervisor {
         };
         serving.writer.abort();
         if let Some(task) = serving.task {
-            process::kill_task_group(task);
+            (self.process.task_killer())(task);
         }
         let let_go = matches!(cause, DeathCause::Killed | DeathCause::Stopped);
-        {
-            let mut state = self.core.lock();
-            state.book.release(self.actor);
-            if let_go {
-                state.streams.remove(&self.actor);
-            }
+        if let_go {
+            self.core.lock().streams.remove(&self.actor);
         }
-        self.remove_cgroup().await;
+        self.core.release(self.actor);
+        self.process.cleanup().await;
         self.core.forget_process(self.actor);
         tracing::debug!(%cause, "actor ended");
         for reply in stop_replies {
@@ -507,13 +503,13 @@ impl Supervisor {
         if serving.child_done {
             return;
         }
-        if let Some(status) = process::reap(&mut self.child, limit).await {
-            serving.exited = Some(status);
+        if let Some(exit) = reap(self.process.as_mut(), limit).await {
+            serving.exited = Some(exit);
             serving.child_done = true;
             return;
         }
-        process::kill_hard(&mut self.child, serving.task);
-        if process::reap(&mut self.child, REAP_TIMEOUT).await.is_none() {
+        self.process.kill(serving.task);
+        if reap(self.process.as_mut(), REAP_TIMEOUT).await.is_none() {
             tracing::warn!("the agent did not exit after SIGKILL");
         }
         serving.child_done = true;
@@ -560,20 +556,17 @@ impl Supervisor {
         serving.eof = true;
         stopped
     }
+}
 
-    async fn oom_kills(&self) -> u64 {
-        let Some(cgroup) = self.cgroup.clone() else {
-            return 0;
-        };
-        tokio::task::spawn_blocking(move || cgroup.oom_kills())
-            .await
-            .unwrap_or(0)
-    }
-
-    async fn remove_cgroup(&mut self) {
-        if let Some(cgroup) = self.cgroup.take() {
-            let _ = tokio::task::spawn_blocking(move || cgroup.remove()).await;
+/// Waits up to `limit` for the agent to end.
+async fn reap(process: &mut dyn AgentProcess, limit: Duration) -> Option<AgentExit> {
+    match tokio::time::timeout(limit, process.wait()).await {
+        Ok(Ok(exit)) => Some(exit),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "cannot wait for the agent process");
+            None
         }
+        Err(_) => None,
     }
 }
 

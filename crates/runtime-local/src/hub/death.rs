@@ -1,17 +1,18 @@
 //! Why an agent is gone, from what the driver knows when its connection ends.
 
 use std::os::unix::process::ExitStatusExt as _;
-use std::process::ExitStatus;
 
 use trainyard_runtime::DeathCause;
+
+use super::AgentExit;
 
 /// What the driver saw of an agent's end.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Seen {
     /// What the driver did to it (killed, stopped, removed its group), if anything.
     pub(crate) by_driver: Option<DeathCause>,
-    /// The agent's exit status, when it was reaped in time.
-    pub(crate) exit: Option<ExitStatus>,
+    /// How the agent ended, when that was seen in time.
+    pub(crate) exit: Option<AgentExit>,
     /// How many processes the OOM killer killed in the worker's cgroup.
     pub(crate) oom_kills: u64,
     /// The worker's hard memory limit, in bytes, when it has one.
@@ -19,7 +20,7 @@ pub(crate) struct Seen {
 }
 
 /// The cause of the death: what the driver did; else the memory limit when the OOM killer
-/// struck the worker's cgroup; else how the process exited; else a lost connection.
+/// struck the worker's cgroup; else how the process ended; else a lost connection.
 pub(crate) fn cause_of_death(seen: &Seen) -> DeathCause {
     if let Some(cause) = &seen.by_driver {
         return cause.clone();
@@ -27,11 +28,12 @@ pub(crate) fn cause_of_death(seen: &Seen) -> DeathCause {
     if let (true, Some(limit)) = (seen.oom_kills > 0, seen.memory_limit) {
         return DeathCause::MemoryLimit { limit };
     }
-    match seen.exit {
-        Some(status) => DeathCause::ProcessExited {
+    match &seen.exit {
+        Some(AgentExit::Status(status)) => DeathCause::ProcessExited {
             code: status.code(),
             signal: status.signal(),
         },
+        Some(AgentExit::Died(cause)) => cause.clone(),
         None => DeathCause::ConnectionLost,
     }
 }
@@ -40,13 +42,15 @@ pub(crate) fn cause_of_death(seen: &Seen) -> DeathCause {
 mod tests {
     use super::*;
 
+    use std::process::ExitStatus;
+
     /// A wait status as the kernel reports it: `code << 8`, or the signal number.
-    fn exited(code: i32) -> Option<ExitStatus> {
-        Some(ExitStatus::from_raw(code << 8))
+    fn exited(code: i32) -> Option<AgentExit> {
+        Some(AgentExit::Status(ExitStatus::from_raw(code << 8)))
     }
 
-    fn signalled(signal: i32) -> Option<ExitStatus> {
-        Some(ExitStatus::from_raw(signal))
+    fn signalled(signal: i32) -> Option<AgentExit> {
+        Some(AgentExit::Status(ExitStatus::from_raw(signal)))
     }
 
     #[test]
@@ -99,5 +103,17 @@ mod tests {
             }
         );
         assert_eq!(cause_of_death(&Seen::default()), DeathCause::ConnectionLost);
+    }
+
+    #[test]
+    fn a_cause_the_starting_runtime_reports_is_kept_as_it_is() {
+        let lost = DeathCause::NodeLost {
+            node: "node-1".into(),
+        };
+        let seen = Seen {
+            exit: Some(AgentExit::Died(lost.clone())),
+            ..Seen::default()
+        };
+        assert_eq!(cause_of_death(&seen), lost);
     }
 }

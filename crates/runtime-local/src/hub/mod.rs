@@ -1,0 +1,718 @@
+//! [`AgentHub`]: the half of a runtime that every agent-based runtime shares. Agents connect
+//! back to it over TCP with the run's secret token; it serves each one's requests, routes
+//! its replies and events, and turns its end into a death with a cause.
+//!
+//! How an agent process is started, and where, is the runtime's business: the local runtime
+//! starts a child process; the Ray runtime asks a Ray actor to start one on its node. Either
+//! hands the hub an [`AgentProcess`], the handle through which the hub sees the process end
+//! and ends it.
+//!
+//! ```no_run
+//! use trainyard_runtime_local::hub::{AgentHub, HubConfig};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // `release` frees what an actor held, once it is gone.
+//! let hub = AgentHub::start(HubConfig::new("my-run"), |_actor| {}).await?;
+//! let arrival = hub.expect("worker-0")?; // an actor id, and a place for its agent's hello
+//! // ... start an agent for `arrival.actor()` that connects to `hub.driver_address()` with
+//! // `hub.token()`, then `hub.attach(arrival, "worker-0".into(), Box::new(process)).await?`
+//! # drop(arrival);
+//! hub.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod calls;
+mod death;
+mod hello;
+mod supervisor;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::task::AbortHandle;
+use tracing::Instrument as _;
+use trainyard_agent::wire::{self, Token};
+use trainyard_resources::ErrorChain;
+use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
+use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
+
+use crate::config::{DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STOP_GRACE};
+use crate::lock;
+use hello::{HELLO_TIMEOUT, HelloError, read_hello};
+use supervisor::{Command, Connection, Supervisor};
+
+/// How long a SIGKILLed agent may take to be reaped.
+pub const REAP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time on top of a wait's own bound for the cleanup after it (reaping, cgroup removal).
+const CLEANUP_SLACK: Duration = Duration::from_secs(10);
+/// How many connections may be waiting to say hello at once; more are dropped.
+const MAX_HANDSHAKES: usize = 256;
+/// Pause after a failed `accept` (out of file descriptors, say) before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How an [`AgentHub`] listens and how patient it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubConfig {
+    /// Names the run in logs.
+    pub name: String,
+    /// The address the hub listens on (any port).
+    pub bind: IpAddr,
+    /// The address agents are told to connect to, when it is not the bound one (a listener
+    /// bound to `0.0.0.0` is reached at a node's own address).
+    pub advertise: Option<IpAddr>,
+    /// How long a started agent gets to connect.
+    pub connect_timeout: Duration,
+    /// How long an agent gets to answer a request before it is killed as unresponsive.
+    pub call_timeout: Duration,
+    /// How long a stopped agent gets to exit before it is killed.
+    pub stop_grace: Duration,
+}
+
+impl HubConfig {
+    /// Loopback, the default timeouts.
+    #[must_use]
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            advertise: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            stop_grace: DEFAULT_STOP_GRACE,
+        }
+    }
+}
+
+/// Why an [`AgentHub`] cannot start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HubError {
+    /// The hub cannot listen.
+    #[error("cannot listen for agents on {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The run's secret token cannot be made.
+    #[error("cannot make the run's secret token")]
+    Token(#[source] getrandom::Error),
+}
+
+/// How an agent process ended, as the runtime that started it saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentExit {
+    /// It exited, or was killed by a signal, with this status.
+    Status(ExitStatus),
+    /// It is gone for a reason its runtime tells (its node was lost, say).
+    Died(DeathCause),
+}
+
+/// An agent process a runtime started, wherever it runs: the hub's handle to see it end and
+/// to end it. Dropping it must end the process (at least eventually).
+#[async_trait]
+pub trait AgentProcess: Send + 'static {
+    /// Its process id, where the runtime knows it (for logs).
+    fn pid(&self) -> Option<u32>;
+
+    /// Waits until the process has ended. Cancel safe: the hub polls it inside `select!`.
+    async fn wait(&mut self) -> io::Result<AgentExit>;
+
+    /// Asks the agent to exit (SIGTERM): it stops its task within its grace and exits.
+    fn terminate(&mut self);
+
+    /// Ends the agent at once (SIGKILL), and first the process group of its task `task`
+    /// when it has one.
+    fn kill(&mut self, task: Option<u32>);
+
+    /// A function that SIGKILLs the process group of a task of this agent, now, without
+    /// waiting; used when the hub ends at once. Runtimes whose tasks run elsewhere return a
+    /// function that does nothing (their own teardown ends the tasks).
+    fn task_killer(&self) -> fn(u32);
+
+    /// The agent's hard memory limit in bytes, when it has one.
+    fn memory_limit(&self) -> Option<u64> {
+        None
+    }
+
+    /// How many processes the OOM killer killed under the agent's memory limit.
+    async fn oom_kills(&mut self) -> u64 {
+        0
+    }
+
+    /// Releases what the process held on its machine (its cgroup, say), once it is gone.
+    async fn cleanup(&mut self) {}
+}
+
+/// An actor id handed out by [`AgentHub::expect`], waiting for its agent's hello. Dropping it
+/// before [`AgentHub::attach`] stops the wait.
+pub struct Arrival {
+    core: Arc<HubCore>,
+    actor: ActorId,
+    hello: Option<oneshot::Receiver<Connection>>,
+}
+
+impl Arrival {
+    /// The actor whose agent is expected.
+    #[must_use]
+    pub const fn actor(&self) -> ActorId {
+        self.actor
+    }
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        if self.hello.is_some() {
+            self.core.lock().waiting.remove(&self.actor);
+        }
+    }
+}
+
+impl fmt::Debug for Arrival {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Arrival")
+            .field("actor", &self.actor)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Frees what an actor held, once it is gone.
+type Release = Box<dyn Fn(ActorId) + Send + Sync>;
+
+/// Serves the agents of one run; see the [module docs](self).
+///
+/// Cheap to clone: clones share the hub. [`AgentHub::shutdown`] ends every agent; dropping
+/// the last clone does so too, without grace.
+#[derive(Clone)]
+pub struct AgentHub {
+    handle: Arc<HubHandle>,
+}
+
+/// Ends everything when the last clone of the hub goes.
+struct HubHandle {
+    core: Arc<HubCore>,
+    accept: AbortHandle,
+}
+
+impl Drop for HubHandle {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.core.end_at_once();
+    }
+}
+
+/// What the hub, its accept loop and its supervisors share.
+pub(crate) struct HubCore {
+    pub(crate) config: HubConfig,
+    token: Token,
+    driver: SocketAddr,
+    state: Mutex<HubState>,
+    /// How many agent processes have not ended yet.
+    processes: watch::Sender<usize>,
+    release: Release,
+}
+
+/// An agent process that has not ended yet.
+pub(crate) struct AgentEntry {
+    pid: Option<u32>,
+    /// Its task's process id, while the task runs.
+    pub(crate) task: Option<u32>,
+    task_killer: fn(u32),
+    supervisor: Option<AbortHandle>,
+}
+
+pub(crate) struct HubState {
+    next_actor: u64,
+    /// Actors that take commands (starting or serving).
+    pub(crate) callable: HashMap<ActorId, mpsc::UnboundedSender<Command>>,
+    pub(crate) agents: BTreeMap<ActorId, AgentEntry>,
+    pub(crate) dead: HashMap<ActorId, DeathCause>,
+    /// Spawns waiting for their agent's hello.
+    pub(crate) waiting: HashMap<ActorId, oneshot::Sender<Connection>>,
+    /// Event streams not taken yet.
+    pub(crate) streams: HashMap<ActorId, TaskEvents>,
+    shut_down: bool,
+}
+
+impl HubCore {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HubState> {
+        lock(&self.state)
+    }
+
+    /// Frees what `actor` held.
+    pub(crate) fn release(&self, actor: ActorId) {
+        (self.release)(actor);
+    }
+
+    /// Why `actor` cannot be called.
+    fn death(&self, actor: ActorId) -> RuntimeError {
+        match self.lock().dead.get(&actor) {
+            Some(cause) => RuntimeError::ActorDied {
+                actor,
+                cause: cause.clone(),
+            },
+            None => RuntimeError::UnknownActor(actor),
+        }
+    }
+
+    /// Forgets an agent process that has ended.
+    pub(crate) fn forget_process(&self, actor: ActorId) {
+        let mut state = self.lock();
+        state.agents.remove(&actor);
+        self.processes.send_replace(state.agents.len());
+    }
+
+    /// Ends everything at once, without waiting: the last handle is gone.
+    fn end_at_once(&self) {
+        let agents = {
+            let mut state = self.lock();
+            state.shut_down = true;
+            state.callable.clear();
+            state.waiting.clear();
+            state.streams.clear();
+            std::mem::take(&mut state.agents)
+        };
+        for agent in agents.into_values() {
+            if let Some(task) = agent.task {
+                (agent.task_killer)(task);
+            }
+            // The supervisor owns the agent's process, which ends when it is dropped.
+            if let Some(supervisor) = agent.supervisor {
+                supervisor.abort();
+            }
+        }
+        self.processes.send_replace(0);
+    }
+
+    /// Sends `actor` a kill; `None` when it takes no more commands.
+    fn send_kill(
+        &self,
+        actor: ActorId,
+        grace: Duration,
+        cause: DeathCause,
+    ) -> Option<oneshot::Receiver<()>> {
+        let commands = self.lock().callable.get(&actor).cloned()?;
+        let (done, finished) = oneshot::channel();
+        commands
+            .send(Command::Kill { grace, cause, done })
+            .ok()
+            .map(|()| finished)
+    }
+}
+
+impl AgentHub {
+    /// Listens for agents on [`HubConfig::bind`] and starts accepting them. `release` frees
+    /// what an actor held once it is gone (or once its start failed); it may be called
+    /// more than once for an actor. Must be called within a tokio runtime.
+    ///
+    /// # Errors
+    /// [`HubError::Token`] or [`HubError::Bind`].
+    pub async fn start(
+        config: HubConfig,
+        release: impl Fn(ActorId) + Send + Sync + 'static,
+    ) -> Result<Self, HubError> {
+        let token = Token::random().map_err(HubError::Token)?;
+        let addr = SocketAddr::new(config.bind, 0);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| HubError::Bind { addr, source })?;
+        let bound = listener
+            .local_addr()
+            .map_err(|source| HubError::Bind { addr, source })?;
+        let driver = match config.advertise {
+            Some(ip) => SocketAddr::new(ip, bound.port()),
+            None => reachable(bound),
+        };
+        let core = Arc::new(HubCore {
+            token,
+            driver,
+            state: Mutex::new(HubState {
+                next_actor: 0,
+                callable: HashMap::new(),
+                agents: BTreeMap::new(),
+                dead: HashMap::new(),
+                waiting: HashMap::new(),
+                streams: HashMap::new(),
+                shut_down: false,
+            }),
+            processes: watch::Sender::new(0),
+            release: Box::new(release),
+            config,
+        });
+        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&core))).abort_handle();
+        tracing::info!(run = %core.config.name, %driver, "listening for agents");
+        Ok(Self {
+            handle: Arc::new(HubHandle { core, accept }),
+        })
+    }
+
+    fn core(&self) -> &Arc<HubCore> {
+        &self.handle.core
+    }
+
+    /// The run's secret token, which every agent presents in its hello.
+    #[must_use]
+    pub fn token(&self) -> &Token {
+        &self.core().token
+    }
+
+    /// The address agents connect to.
+    #[must_use]
+    pub fn driver_address(&self) -> SocketAddr {
+        self.core().driver
+    }
+
+    /// The hub's configuration.
+    #[must_use]
+    pub fn config(&self) -> &HubConfig {
+        &self.core().config
+    }
+
+    /// Whether [`AgentHub::shutdown`] has begun.
+    #[must_use]
+    pub fn is_shut_down(&self) -> bool {
+        self.core().lock().shut_down
+    }
+
+    /// Hands out a new actor id and waits for a hello naming it, from now on: start its
+    /// agent next, then [`AgentHub::attach`] it.
+    ///
+    /// # Errors
+    /// [`RuntimeError::SpawnFailed`] naming `name`, once the hub is shut down.
+    pub fn expect(&self, name: &str) -> Result<Arrival, RuntimeError> {
+        let core = self.core();
+        let mut state = core.lock();
+        if state.shut_down {
+            return Err(RuntimeError::SpawnFailed {
+                name: name.to_owned(),
+                reason: "the runtime is shut down".to_owned(),
+            });
+        }
+        let actor = ActorId(state.next_actor);
+        state.next_actor += 1;
+        let (hello_tx, hello) = oneshot::channel();
+        state.waiting.insert(actor, hello_tx);
+        Ok(Arrival {
+            core: Arc::clone(core),
+            actor,
+            hello: Some(hello),
+        })
+    }
+
+    /// Serves the agent `process` started for `arrival`'s actor: waits (up to
+    /// [`HubConfig::connect_timeout`]) for it to connect, and from then on answers for it.
+    /// A process that ends or does not connect in time is ended, and the spawn fails.
+    ///
+    /// # Errors
+    /// [`RuntimeError::SpawnFailed`] naming `name`, with why.
+    pub async fn attach(
+        &self,
+        mut arrival: Arrival,
+        name: String,
+        process: Box<dyn AgentProcess>,
+    ) -> Result<ActorId, RuntimeError> {
+        let core = self.core();
+        let actor = arrival.actor;
+        let refused = |reason: &str| RuntimeError::SpawnFailed {
+            name: name.clone(),
+            reason: reason.to_owned(),
+        };
+        let Some(hello) = arrival.hello.take() else {
+            return Err(refused("the agent was attached twice"));
+        };
+        drop(arrival);
+        let pid = process.pid();
+        let (commands, commands_rx) = mpsc::unbounded_channel();
+        let (events, stream) = event_channel(EVENT_BUFFER);
+        {
+            let mut state = core.lock();
+            if state.shut_down {
+                state.waiting.remove(&actor);
+                drop(state);
+                core.release(actor);
+                // The process ends as it is dropped.
+                return Err(refused("the runtime is shut down"));
+            }
+            state.callable.insert(actor, commands);
+            state.streams.insert(actor, stream);
+            state.agents.insert(
+                actor,
+                AgentEntry {
+                    pid,
+                    task: None,
+                    task_killer: process.task_killer(),
+                    supervisor: None,
+                },
+            );
+            core.processes.send_replace(state.agents.len());
+        }
+        let supervisor = Supervisor {
+            core: Arc::clone(core),
+            actor,
+            name: name.clone(),
+            process,
+            events,
+            commands: commands_rx,
+        };
+        let (ready_tx, ready) = oneshot::channel();
+        let span = tracing::info_span!("agent", %actor, name = %name, pid);
+        let task = tokio::spawn(supervisor.run(hello, ready_tx).instrument(span));
+        if let Some(agent) = core.lock().agents.get_mut(&actor) {
+            agent.supervisor = Some(task.abort_handle());
+        }
+
+        let bound = core.config.connect_timeout.saturating_add(CLEANUP_SLACK);
+        match tokio::time::timeout(bound, ready).await {
+            Ok(Ok(Ok(()))) => Ok(actor),
+            Ok(Ok(Err(error))) => Err(error),
+            Ok(Err(_)) => Err(refused("the agent's supervisor ended")),
+            Err(_) => Err(refused(&format!(
+                "the agent did not start within {bound:?}"
+            ))),
+        }
+    }
+
+    /// Sends one request to an actor's agent and waits (up to [`HubConfig::call_timeout`],
+    /// plus the stop grace for a stop) for its answer; an agent that does not answer in time
+    /// is killed as unresponsive.
+    ///
+    /// # Errors
+    /// The actor's death, an unknown actor, or the agent's own error.
+    pub async fn call(&self, actor: ActorId, request: Request) -> Result<Response, RuntimeError> {
+        let core = self.core();
+        let limit = if request == Request::Stop {
+            core.config
+                .call_timeout
+                .saturating_add(core.config.stop_grace)
+        } else {
+            core.config.call_timeout
+        };
+        let Some(commands) = core.lock().callable.get(&actor).cloned() else {
+            return Err(core.death(actor));
+        };
+        let (reply, answer) = oneshot::channel();
+        if commands.send(Command::Call { request, reply }).is_err() {
+            return Err(core.death(actor));
+        }
+        drop(commands);
+        match tokio::time::timeout(limit, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(core.death(actor)),
+            Err(_) => {
+                tracing::warn!(%actor, ?limit, "the agent did not answer in time; killing it");
+                let after_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+                let cause = DeathCause::Unresponsive { after_ms };
+                if let Some(finished) = core.send_kill(actor, Duration::ZERO, cause) {
+                    let _ = tokio::time::timeout(REAP_TIMEOUT + CLEANUP_SLACK, finished).await;
+                }
+                Err(core.death(actor))
+            }
+        }
+    }
+
+    /// Ends an actor: SIGTERM, `grace`, SIGKILL. Ending one that is gone already succeeds.
+    ///
+    /// # Errors
+    /// [`RuntimeError::UnknownActor`] for an id this hub never handed out.
+    pub async fn kill(&self, actor: ActorId, grace: Duration) -> Result<(), RuntimeError> {
+        let core = self.core();
+        let Some(finished) = core.send_kill(actor, grace, DeathCause::Killed) else {
+            let state = core.lock();
+            let known = actor.0 < state.next_actor || state.dead.contains_key(&actor);
+            return if known {
+                Ok(())
+            } else {
+                Err(RuntimeError::UnknownActor(actor))
+            };
+        };
+        let bound = grace.saturating_add(REAP_TIMEOUT + CLEANUP_SLACK);
+        if tokio::time::timeout(bound, finished).await.is_err() {
+            tracing::warn!(%actor, ?bound, "the actor did not end in time");
+        }
+        Ok(())
+    }
+
+    /// Ends `actors` at once, recording `cause` as their death (their placement group was
+    /// removed, say), and waits until they are gone.
+    pub async fn end_all(&self, actors: Vec<ActorId>, cause: &DeathCause) {
+        let core = self.core();
+        let kills = actors
+            .into_iter()
+            .filter_map(|actor| core.send_kill(actor, Duration::ZERO, cause.clone()));
+        let bound = REAP_TIMEOUT + CLEANUP_SLACK;
+        if tokio::time::timeout(bound, futures::future::join_all(kills))
+            .await
+            .is_err()
+        {
+            tracing::warn!(?bound, %cause, "some actors did not end in time");
+        }
+    }
+
+    /// The actor's event stream; see
+    /// [`ActorRuntime::task_events`](trainyard_runtime::ActorRuntime::task_events).
+    ///
+    /// # Errors
+    /// The actor's death, or [`RuntimeError::Unsupported`] when the stream is taken already.
+    pub fn task_events(&self, actor: ActorId) -> Result<Option<TaskEvents>, RuntimeError> {
+        let core = self.core();
+        let mut state = core.lock();
+        if let Some(stream) = state.streams.remove(&actor) {
+            return Ok(Some(stream));
+        }
+        if state.callable.contains_key(&actor) {
+            return Err(RuntimeError::Unsupported {
+                actor,
+                request: "task_events",
+                reason: "the actor's events are already taken".to_owned(),
+            });
+        }
+        drop(state);
+        Err(core.death(actor))
+    }
+
+    /// Ends every agent (SIGTERM, [`HubConfig::stop_grace`], SIGKILL) and waits until they
+    /// are gone; later spawns fail. Calling it again does nothing.
+    pub async fn shutdown(&self) {
+        let core = self.core();
+        self.handle.accept.abort();
+        let actors: Vec<ActorId> = {
+            let mut state = core.lock();
+            state.shut_down = true;
+            state.waiting.clear();
+            state.callable.keys().copied().collect()
+        };
+        let grace = core.config.stop_grace;
+        let kills = actors
+            .into_iter()
+            .filter_map(|actor| core.send_kill(actor, grace, DeathCause::Killed));
+        let bound = grace.saturating_add(REAP_TIMEOUT + CLEANUP_SLACK);
+        let all = futures::future::join_all(kills);
+        if tokio::time::timeout(bound, all).await.is_err() {
+            tracing::warn!(?bound, "some agents did not end in time");
+        }
+        let mut processes = core.processes.subscribe();
+        if tokio::time::timeout(CLEANUP_SLACK, processes.wait_for(|n| *n == 0))
+            .await
+            .is_err()
+        {
+            tracing::warn!("some agent processes did not end");
+        }
+        core.lock().streams.clear();
+    }
+
+    /// Ends everything at once, without waiting (as dropping the last clone does).
+    pub(crate) fn end_now(&self) {
+        self.handle.accept.abort();
+        self.core().end_at_once();
+    }
+
+    /// The process ids of the agents that have not ended yet, where known.
+    #[must_use]
+    pub fn agent_pids(&self) -> Vec<u32> {
+        self.core()
+            .lock()
+            .agents
+            .values()
+            .filter_map(|agent| agent.pid)
+            .collect()
+    }
+
+    /// The actors whose agents have not ended yet.
+    #[must_use]
+    pub fn live_actors(&self) -> Vec<ActorId> {
+        self.core().lock().agents.keys().copied().collect()
+    }
+}
+
+impl fmt::Debug for AgentHub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let core = self.core();
+        f.debug_struct("AgentHub")
+            .field("run", &core.config.name)
+            .field("driver", &core.driver)
+            .field("actors", &self.live_actors())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where agents reach a listener bound to `bound`: loopback for an unspecified address.
+fn reachable(bound: SocketAddr) -> SocketAddr {
+    let ip = match bound.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    SocketAddr::new(ip, bound.port())
+}
+
+/// Accepts connections and checks each one's hello in a task of its own, so that a slow or
+/// hostile peer holds up nobody.
+async fn accept_loop(listener: TcpListener, core: Arc<HubCore>) {
+    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "cannot accept a connection");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&handshakes).try_acquire_owned() else {
+            tracing::warn!(%peer, "too many connections wait to say hello; dropped one");
+            continue;
+        };
+        let core = Arc::clone(&core);
+        tokio::spawn(async move {
+            handshake(&core, stream, peer).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Hands a connection whose hello is right to the spawn waiting for it; drops any other.
+async fn handshake(core: &HubCore, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let mut link = wire::framed(stream);
+    let checked = read_hello(&mut link, &core.token, HELLO_TIMEOUT)
+        .await
+        .and_then(|hello| {
+            let waiting = core.lock().waiting.remove(&hello.actor);
+            waiting
+                .map(|waiting| (hello, waiting))
+                .ok_or(HelloError::NotWaiting {
+                    actor: hello.actor,
+                    pid: hello.pid,
+                })
+        });
+    match checked {
+        Ok((hello, waiting)) => {
+            wire::authenticated(&mut link);
+            let connection = Connection {
+                link,
+                pid: hello.pid,
+            };
+            if waiting.send(connection).is_err() {
+                tracing::debug!(actor = %hello.actor, "the spawn stopped waiting for its agent");
+            }
+        }
+        Err(error) => {
+            tracing::warn!(
+                %peer,
+                error = %ErrorChain(&error),
+                "dropped a connection that is not a waiting agent"
+            );
+        }
+    }
+}
