@@ -2,6 +2,7 @@ use std::io;
 use std::net::SocketAddr;
 
 use crate::detect::DetectError;
+use crate::ledger::LedgerError;
 
 /// Why the local runtime cannot be configured or started.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +26,9 @@ pub enum LocalError {
         #[source]
         source: io::Error,
     },
+    /// The machine-wide ledger cannot be opened.
+    #[error("cannot open the machine's reservation ledger")]
+    Ledger(#[source] LedgerError),
     /// The run's secret token cannot be made.
     #[error("cannot make the run's secret token")]
     Token(#[source] getrandom::Error),

@@ -20,15 +20,16 @@ use trainyard_agent::wire::{self, Token};
 use trainyard_config::PlacementGroupFactory;
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
-use trainyard_runtime::reservations::{self, Held, Reservations};
+use trainyard_runtime::reservations::{self, Held, Reservations, Scheduling};
 use trainyard_runtime::{
     ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, PlacementGroupId, PlacementInfo,
-    Request, Response, RuntimeError,
+    Request, Response, RuntimeError, Shortage,
 };
 
 use crate::config::LocalConfig;
 use crate::error::LocalError;
 use crate::hello::{HELLO_TIMEOUT, HelloError, read_hello};
+use crate::ledger::{self, Ledger, LedgerLocation};
 use crate::lock;
 use crate::memory::Memory;
 use crate::process::REAP_TIMEOUT;
@@ -101,6 +102,10 @@ pub(crate) struct Core {
     memory: Memory,
     /// How many agent processes are not reaped yet.
     processes: watch::Sender<usize>,
+    /// The machine-wide ledger, unless [`LedgerLocation::Off`].
+    pub(crate) ledger: Option<Arc<Ledger>>,
+    /// What a placement group waits for while other runs hold it.
+    pub(crate) shortage: watch::Sender<Option<Shortage>>,
 }
 
 /// An agent process not reaped yet.
@@ -171,6 +176,7 @@ impl Core {
         if self.memory.has_run_cgroup() {
             self.memory.remove_all();
         }
+        ledger::release_now(self);
     }
 
     /// Sends `actor` a kill; `None` when it takes no more commands.
@@ -194,11 +200,24 @@ impl LocalRuntime {
     /// within a tokio runtime.
     ///
     /// # Errors
-    /// [`LocalError::NoNodes`], [`LocalError::Token`] or [`LocalError::Bind`].
+    /// [`LocalError::NoNodes`], [`LocalError::Ledger`], [`LocalError::Token`] or
+    /// [`LocalError::Bind`].
     pub async fn start(config: LocalConfig) -> Result<Self, LocalError> {
         if config.nodes.is_empty() {
             return Err(LocalError::NoNodes);
         }
+        let ledger = match &config.ledger {
+            LedgerLocation::Off => None,
+            LedgerLocation::At(path) => {
+                let opened = Ledger::open(path, &config.run_name).map_err(LocalError::Ledger)?;
+                Some(Arc::new(opened))
+            }
+        };
+        // With a ledger, groups are reserved only under its lock.
+        let scheduling = match ledger {
+            Some(_) => Scheduling::OnRequest,
+            None => Scheduling::Automatic,
+        };
         let token = Token::random().map_err(LocalError::Token)?;
         let addr = SocketAddr::new(config.bind, 0);
         let listener = TcpListener::bind(addr)
@@ -212,7 +231,7 @@ impl LocalRuntime {
             token,
             driver,
             state: Mutex::new(State {
-                book: Reservations::new(config.node_specs()),
+                book: Reservations::new(config.node_specs()).with_scheduling(scheduling),
                 next_actor: 0,
                 callable: HashMap::new(),
                 agents: BTreeMap::new(),
@@ -223,6 +242,8 @@ impl LocalRuntime {
             }),
             memory: Memory::new(&config.run_name),
             processes: watch::Sender::new(0),
+            ledger,
+            shortage: watch::Sender::new(None),
             config,
         });
         let accept = tokio::spawn(accept_loop(listener, Arc::clone(&core))).abort_handle();
@@ -268,6 +289,14 @@ impl LocalRuntime {
             let core = Arc::clone(core);
             let _ = tokio::task::spawn_blocking(move || core.memory.remove_all()).await;
         }
+        ledger::release(core).await;
+    }
+
+    /// What a placement group waits for while other runs on this machine hold it (`None`
+    /// while nothing waits): for a driver to show.
+    #[must_use]
+    pub fn shortages(&self) -> watch::Receiver<Option<Shortage>> {
+        self.handle.core.shortage.subscribe()
     }
 
     /// The process ids of the agents that are not reaped yet.
@@ -386,6 +415,9 @@ impl fmt::Debug for LocalRuntime {
 #[async_trait]
 impl ActorRuntime for LocalRuntime {
     async fn cluster(&self) -> Result<ClusterSnapshot, RuntimeError> {
+        if let Err(error) = ledger::settle(self.core()).await {
+            tracing::warn!(error = %ErrorChain(&error), "cannot read what other runs hold");
+        }
         Ok(self.core().lock().book.snapshot())
     }
 
@@ -393,7 +425,13 @@ impl ActorRuntime for LocalRuntime {
         &self,
         factory: &PlacementGroupFactory,
     ) -> Result<PlacementGroupId, RuntimeError> {
-        self.core().lock().book.create_group(factory)
+        let core = self.core();
+        let pg = core.lock().book.create_group(factory)?;
+        if let Err(error) = ledger::settle(core).await {
+            let _ = core.lock().book.remove_group(pg);
+            return Err(error);
+        }
+        Ok(pg)
     }
 
     async fn wait_placement_group_ready(
@@ -402,6 +440,9 @@ impl ActorRuntime for LocalRuntime {
         timeout: Duration,
     ) -> Result<PlacementInfo, RuntimeError> {
         let core = self.core();
+        if core.ledger.is_some() {
+            return ledger::wait_ready(core, pg, timeout).await;
+        }
         reservations::wait_ready(pg, timeout, || core.lock().book.ready_or_subscribe(pg)).await
     }
 
@@ -417,6 +458,9 @@ impl ActorRuntime for LocalRuntime {
             .is_err()
         {
             tracing::warn!(%pg, ?bound, "actors of a removed placement group did not end in time");
+        }
+        if let Err(error) = ledger::settle(core).await {
+            tracing::warn!(error = %ErrorChain(&error), "cannot record the removal in the ledger");
         }
         Ok(())
     }

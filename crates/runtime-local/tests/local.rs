@@ -20,6 +20,7 @@ use trainyard_runtime::{
     Stream, TaskEvent, TaskExit, TaskFailure, TaskSpec, conformance,
 };
 use trainyard_runtime_local::detect::{Machine, Overrides, plan_nodes};
+use trainyard_runtime_local::ledger::LedgerLocation;
 use trainyard_runtime_local::{AgentCommand, LocalConfig, LocalRuntime};
 
 /// The bound of every test.
@@ -89,10 +90,12 @@ fn two_nodes(run: &str) -> LocalConfig {
         ..Overrides::default()
     };
     let nodes = plan_nodes(&Machine::detect(), &overrides, 2).expect("two nodes");
+    // Sharing the machine with other runs is tested in `ledger.rs`.
     LocalConfig::new(nodes, run)
         .expect("config")
         .with_agent(agent())
         .stop_grace(Duration::from_secs(2))
+        .ledger(LedgerLocation::Off)
 }
 
 async fn start(run: &str) -> LocalRuntime {
@@ -820,7 +823,8 @@ async fn each_worker_gets_the_gpu_ids_of_its_bundle() {
     let gpu_ids: Vec<Vec<String>> = nodes.iter().map(|n| n.gpu_ids.clone()).collect();
     let config = LocalConfig::new(nodes, "gpus")
         .expect("config")
-        .with_agent(agent());
+        .with_agent(agent())
+        .ledger(LedgerLocation::Off);
     let runtime = LocalRuntime::start(config).await.expect("start");
     let test = async {
         let factory = PlacementGroupFactory {

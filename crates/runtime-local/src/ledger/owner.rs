@@ -1,0 +1,140 @@
+//! Who owns a ledger entry: a process id and the process's start time, so that a pid the
+//! kernel hands out again does not keep a dead run's entry alive.
+
+use serde::{Deserialize, Serialize};
+
+/// A process, told apart from a later one with the same pid by its start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Owner {
+    /// The process id.
+    pub pid: u32,
+    /// When it started, in clock ticks after boot (field 22 of `/proc/<pid>/stat`).
+    pub start_time: u64,
+}
+
+/// What `/proc/<pid>/stat` says about a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stat {
+    state: char,
+    start_time: u64,
+}
+
+/// The state (field 3) and start time (field 22) of a `/proc/<pid>/stat` line
+/// (`pid (comm) state ...`; `comm` may hold spaces and parentheses).
+fn parse_stat(stat: &str) -> Option<Stat> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_comm.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Field 3 was the state; field 22 is 19 further on.
+    let start_time = fields.nth(18)?.parse().ok()?;
+    Some(Stat { state, start_time })
+}
+
+fn read_stat(pid: u32) -> std::io::Result<Option<Stat>> {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|text| parse_stat(&text))
+}
+
+impl Owner {
+    /// This process.
+    ///
+    /// # Errors
+    /// When `/proc/self/stat` cannot be read or parsed.
+    pub fn this_process() -> std::io::Result<Self> {
+        let pid = std::process::id();
+        let stat = read_stat(pid)?.ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("/proc/{pid}/stat has no start time"),
+            )
+        })?;
+        Ok(Self {
+            pid,
+            start_time: stat.start_time,
+        })
+    }
+
+    /// Whether the process still runs: its pid exists, is not a zombie, and started when
+    /// recorded. A process this one may not see (`/proc` mounted with `hidepid`) counts as
+    /// alive while a signal test says it exists.
+    #[must_use]
+    pub fn is_alive(&self) -> bool {
+        match read_stat(self.pid) {
+            Ok(Some(stat)) => {
+                !matches!(stat.state, 'Z' | 'X') && stat.start_time == self.start_time
+            }
+            Ok(None) => false,
+            Err(_) => {
+                let Ok(pid) = i32::try_from(self.pid) else {
+                    return false;
+                };
+                let probe = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None);
+                matches!(probe, Err(nix::errno::Errno::EPERM))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_time_is_field_22_even_after_odd_command_names() {
+        let line = "77 (a (b) c) S 1 77 77 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 999 5";
+        assert_eq!(
+            parse_stat(line),
+            Some(Stat {
+                state: 'S',
+                start_time: 123_456
+            })
+        );
+        assert_eq!(parse_stat("1 (x) R 0 1"), None, "too few fields");
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_reused_pid_with_another_start_time_is_not() {
+        let me = Owner::this_process().expect("/proc/self/stat");
+        assert!(me.is_alive());
+        let earlier = Owner {
+            start_time: me.start_time.wrapping_sub(1),
+            ..me
+        };
+        assert!(!earlier.is_alive(), "same pid, another start time");
+        let gone = Owner {
+            pid: u32::MAX - 1,
+            start_time: 0,
+        };
+        assert!(!gone.is_alive());
+    }
+
+    #[test]
+    fn a_zombie_is_dead() {
+        let child = std::process::Command::new("true")
+            .spawn()
+            .expect("true starts");
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let owner = loop {
+            let stat = read_stat(pid).expect("stat").expect("parsed");
+            if stat.state == 'Z' {
+                break Owner {
+                    pid,
+                    start_time: stat.start_time,
+                };
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never exited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert!(
+            !owner.is_alive(),
+            "an exited, unreaped process owns nothing"
+        );
+        let mut child = child;
+        let _ = child.wait();
+    }
+}
