@@ -76,7 +76,8 @@ async fn local(cpus: u32, nodes: u32) -> LocalRuntime {
     );
     let config = LocalConfig::new(nodes, "facade-local")
         .expect("config")
-        .with_agent(agent);
+        .with_agent(agent)
+        .ledger(trainyard::local::ledger::LedgerLocation::Off);
     LocalRuntime::start(config)
         .await
         .expect("the local runtime starts")

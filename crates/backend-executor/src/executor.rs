@@ -477,6 +477,10 @@ impl BackendExecutor {
                 }
                 .into())
             }
+            Err(e @ RuntimeError::Busy(_)) => {
+                self.remove_placement_group().await;
+                Err(ExecutorError::Unschedulable(Box::new(e)).into())
+            }
             Err(e) => Err(ExecutorError::Runtime(Box::new(e)).into()),
         }
     }

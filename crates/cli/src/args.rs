@@ -55,6 +55,9 @@ pub(crate) struct RunArgs {
     /// Seconds to wait for the placement group [default: 100]
     #[arg(long, value_name = "SECS")]
     pub(crate) placement_timeout: Option<String>,
+    /// Fail at once (exit 3) instead of waiting when other runs on this machine hold what the run needs
+    #[arg(long)]
+    pub(crate) no_wait: bool,
     /// Log format: text, or json for one structured event per line
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -147,6 +150,14 @@ pub(crate) struct ScalingArgs {
 pub(crate) struct PlanArgs {
     #[command(flatten)]
     pub(crate) scaling: ScalingArgs,
+    /// Also place the plan on this runtime's cluster as it is now, reserving nothing
+    #[arg(long, value_enum, conflicts_with = "cluster")]
+    pub(crate) runtime: Option<RuntimeKind>,
+    /// Also place the plan on the cluster this TOML or JSON file describes (`[[nodes]]` with `resources`, optional `id` and `count`)
+    #[arg(long, value_name = "FILE")]
+    pub(crate) cluster: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) local: LocalArgs,
     /// Output format
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub(crate) format: OutputFormat,

@@ -4,6 +4,8 @@ use std::fmt::Write as _;
 use std::io::{self, Write as _};
 
 use serde::Serialize;
+use trainyard::local::ledger::{self, LedgerLocation};
+use trainyard::runtime::Holder;
 use trainyard_config::resources::Resources;
 
 use crate::Failure;
@@ -35,10 +37,20 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), Failure> {
             gpu_ids: n.gpu_ids,
         })
         .collect();
+    let runs: Vec<Holder> = match LedgerLocation::from_env() {
+        LedgerLocation::Off => Vec::new(),
+        LedgerLocation::At(path) => ledger::live_runs(&path)
+            .map_err(Failure::other)?
+            .iter()
+            .map(ledger::holder)
+            .collect(),
+    };
     let text = match args.format {
-        OutputFormat::Json => serde_json::to_string_pretty(&serde_json::json!({ "nodes": nodes }))
-            .map_err(Failure::other)?,
-        OutputFormat::Text => render(&nodes),
+        OutputFormat::Json => {
+            serde_json::to_string_pretty(&serde_json::json!({ "nodes": nodes, "runs": runs }))
+                .map_err(Failure::other)?
+        }
+        OutputFormat::Text => render(&nodes, &runs),
     };
     let mut out = io::stdout().lock();
     match writeln!(out, "{text}").and_then(|()| out.flush()) {
@@ -47,7 +59,7 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), Failure> {
     }
 }
 
-fn render(nodes: &[Node]) -> String {
+fn render(nodes: &[Node], runs: &[Holder]) -> String {
     let mut out = String::new();
     let width = nodes.iter().map(|n| n.id.len()).max().unwrap_or(4).max(4);
     // Writing into a String cannot fail.
@@ -63,6 +75,14 @@ fn render(nodes: &[Node]) -> String {
             "{:width$}  {:9}  {:#}{gpus}",
             node.id, node.ip, node.resources
         );
+    }
+    if runs.is_empty() {
+        let _ = writeln!(out, "\nno run holds anything on this machine");
+    } else {
+        let _ = writeln!(out, "\nheld by live runs:");
+        for run in runs {
+            let _ = writeln!(out, "  {run}");
+        }
     }
     out.truncate(out.trim_end().len());
     out

@@ -1,7 +1,7 @@
 //! The LOCAL flags turned into the local runtime's nodes.
 
 use trainyard::local::detect::{Machine, Overrides, plan_nodes};
-use trainyard::local::{LocalConfig, LocalNode};
+use trainyard::local::{LocalConfig, LocalNode, WhenBusy};
 use trainyard_config::resources::{ByteSize, ResourceAmount, Resources};
 
 use crate::Failure;
@@ -59,11 +59,17 @@ impl LocalArgs {
         Ok(nodes)
     }
 
-    /// The local runtime's configuration for a run named `run_name`.
-    pub(crate) fn config(&self, run_name: &str) -> Result<LocalConfig, Failure> {
+    /// The local runtime's configuration for a run named `run_name`; `no_wait` fails the
+    /// run at once when other runs hold what it needs.
+    pub(crate) fn config(&self, run_name: &str, no_wait: bool) -> Result<LocalConfig, Failure> {
         let nodes = self.nodes()?;
         let mut config = LocalConfig::new(nodes, run_name).map_err(Failure::other)?;
         config.enforce_memory = self.enforce_memory;
+        config.when_busy = if no_wait {
+            WhenBusy::Fail
+        } else {
+            WhenBusy::Wait
+        };
         Ok(config)
     }
 }

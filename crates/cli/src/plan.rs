@@ -1,29 +1,210 @@
-//! `trainyard plan`: resolve a scaling config and print it.
+//! `trainyard plan`: resolve a scaling config and print it; with `--runtime local` or
+//! `--cluster FILE`, also place it on that cluster, reserving nothing.
 
+use std::collections::BTreeMap;
 use std::io::{self, BufWriter, Write as _};
+use std::path::Path;
 
+use serde::{Deserialize, Serialize};
+use trainyard::backend::ExecutorError;
+use trainyard::local::ledger::{self, LedgerLocation, RunEntry};
+use trainyard::runtime::reservations::{NodeSpec, Reservations};
+use trainyard::runtime::{PlacementGroupFactory, RuntimeError, Shortage};
+use trainyard_config::Format;
 use trainyard_config::Plan;
+use trainyard_config::resources::{GPU, Resources};
 
-use crate::Failure;
-use crate::args::{OutputFormat, PlanArgs};
+use crate::args::{FlagError, OutputFormat, PlanArgs, RuntimeKind};
+use crate::{EXIT_UNSCHEDULABLE, Failure};
+
+/// The most nodes a described cluster may have.
+const MAX_DESCRIBED_NODES: u32 = 100_000;
+
+/// A cluster described in a file: its nodes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterFile {
+    nodes: Vec<NodeEntry>,
+}
+
+/// One node of a described cluster, or `count` alike ones.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeEntry {
+    id: Option<String>,
+    #[serde(default = "one")]
+    count: u32,
+    resources: Resources,
+}
+
+const fn one() -> u32 {
+    1
+}
+
+/// Where the plan's bundles land, or what it waits for.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Placement {
+    /// Each bundle's node, by bundle index.
+    Placed {
+        cluster: String,
+        bundle_nodes: Vec<String>,
+    },
+    /// It fits the cluster, but not what other runs leave free now.
+    Waits { cluster: String, shortage: Shortage },
+}
 
 pub(crate) fn run(args: &PlanArgs) -> Result<(), Failure> {
     let config = args.scaling.to_config()?;
     let plan = config.plan().map_err(Failure::bad_input)?;
-    match write_plan(&plan, args.format) {
+    let placement = match (args.runtime, &args.cluster) {
+        (Some(RuntimeKind::Ray), _) => {
+            return Err(Failure::bad_input(FlagError::new("--runtime", "ray")(
+                "plans on a Ray cluster are not part of this build yet; use --runtime local or --cluster FILE".into(),
+            )));
+        }
+        (Some(RuntimeKind::Local), _) => {
+            let nodes = args.local.config("plan", false)?.node_specs();
+            let others = other_runs()?;
+            Some(place(
+                "local",
+                nodes,
+                &others,
+                &plan.placement_group_factory,
+            )?)
+        }
+        (None, Some(path)) => {
+            let nodes = described_nodes(path)?;
+            let name = path.display().to_string();
+            Some(place(&name, nodes, &[], &plan.placement_group_factory)?)
+        }
+        (None, None) => None,
+    };
+    match write_plan(&plan, placement.as_ref(), args.format) {
         // A reader that stops early (`| head`) has all it wanted.
         Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(()),
         result => result.map_err(Failure::output),
     }
 }
 
-/// Writes the plan to stdout in `format`: the library's JSON form or its `Display` text.
-fn write_plan(plan: &Plan, format: OutputFormat) -> io::Result<()> {
+/// What the live runs on this machine hold.
+fn other_runs() -> Result<Vec<RunEntry>, Failure> {
+    match LedgerLocation::from_env() {
+        LedgerLocation::Off => Ok(Vec::new()),
+        LedgerLocation::At(path) => ledger::live_runs(&path).map_err(Failure::other),
+    }
+}
+
+/// Places `factory` on `nodes` less what `others` hold, as `run` would reserve it.
+fn place(
+    cluster: &str,
+    nodes: Vec<NodeSpec>,
+    others: &[RunEntry],
+    factory: &PlacementGroupFactory,
+) -> Result<Placement, Failure> {
+    let mut book = Reservations::new(nodes);
+    book.set_held_elsewhere(others.iter().flat_map(|r| &r.bundles));
+    let unschedulable = |error: RuntimeError| {
+        let error = trainyard::Error::from(ExecutorError::Unschedulable(Box::new(error)));
+        Failure::new(EXIT_UNSCHEDULABLE, error)
+    };
+    let pg = book.create_group(factory).map_err(unschedulable)?;
+    let cluster = cluster.to_owned();
+    match book.placement_info(pg).map_err(Failure::other)? {
+        Some(info) => Ok(Placement::Placed {
+            cluster,
+            bundle_nodes: info.bundle_nodes.iter().map(ToString::to_string).collect(),
+        }),
+        None => {
+            let missing = book.shortfall(pg).unwrap_or_default();
+            let shortage = ledger::shortage(pg, missing, others);
+            Ok(Placement::Waits { cluster, shortage })
+        }
+    }
+}
+
+/// The nodes a cluster file describes: `count` copies of each entry, named by its `id`
+/// (with `-N` added for copies) or `node-N`; a node with whole GPUs gets device ids `0..`.
+fn described_nodes(path: &Path) -> Result<Vec<NodeSpec>, Failure> {
+    let bad = |reason: String| {
+        Failure::bad_input(FlagError::new("--cluster", &path.display().to_string())(
+            reason.into(),
+        ))
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    let file: ClusterFile = Format::of_path(path)
+        .parse(&text, Some(path))
+        .map_err(Failure::bad_input)?;
+    if file.nodes.is_empty() {
+        return Err(bad("expected at least one entry in `nodes`".into()));
+    }
+    let total: u64 = file.nodes.iter().map(|n| u64::from(n.count)).sum();
+    if file.nodes.iter().any(|n| n.count == 0) || total > u64::from(MAX_DESCRIBED_NODES) {
+        return Err(bad(format!(
+            "`count` must be at least 1 and the nodes at most {MAX_DESCRIBED_NODES} in all, got {total}"
+        )));
+    }
+    let mut nodes: Vec<NodeSpec> = Vec::new();
+    for entry in &file.nodes {
+        entry.resources.validate().map_err(Failure::bad_input)?;
+        for copy in 0..entry.count {
+            let id = match (&entry.id, entry.count) {
+                (Some(id), 1) => id.clone(),
+                (Some(id), _) => format!("{id}-{copy}"),
+                (None, _) => format!("node-{}", nodes.len()),
+            };
+            if nodes.iter().any(|n| n.id.as_str() == id) {
+                return Err(bad(format!("node id `{id}` appears twice")));
+            }
+            let mut node = NodeSpec::new(&id, entry.resources.clone());
+            if let Some(gpus) = entry.resources.amount(GPU).as_whole_u64() {
+                let ids = (0..gpus).map(|i| i.to_string()).collect();
+                node.devices = BTreeMap::from([(GPU.to_owned(), ids)]);
+            }
+            nodes.push(node);
+        }
+    }
+    Ok(nodes)
+}
+
+/// Writes the plan (and its placement) to stdout in `format`.
+fn write_plan(plan: &Plan, placement: Option<&Placement>, format: OutputFormat) -> io::Result<()> {
     let mut out = BufWriter::new(io::stdout().lock());
     match format {
-        OutputFormat::Json => serde_json::to_writer_pretty(&mut out, plan)?,
-        OutputFormat::Text => write!(out, "{plan}")?,
+        OutputFormat::Json => {
+            let mut value = serde_json::to_value(plan).map_err(io::Error::other)?;
+            if let (Some(placement), Some(object)) = (placement, value.as_object_mut()) {
+                let placement = serde_json::to_value(placement).map_err(io::Error::other)?;
+                object.insert("placement".to_owned(), placement);
+            }
+            serde_json::to_writer_pretty(&mut out, &value)?;
+        }
+        OutputFormat::Text => {
+            write!(out, "{plan}")?;
+            if let Some(placement) = placement {
+                write_placement(&mut out, plan, placement)?;
+            }
+        }
     }
     writeln!(out)?;
     out.flush()
+}
+
+fn write_placement(out: &mut impl io::Write, plan: &Plan, placement: &Placement) -> io::Result<()> {
+    let bundles = &plan.placement_group_factory.bundles;
+    match placement {
+        Placement::Placed {
+            cluster,
+            bundle_nodes,
+        } => {
+            write!(out, "\nplacement on {cluster}:")?;
+            for (index, (bundle, node)) in bundles.iter().zip(bundle_nodes).enumerate() {
+                write!(out, "\n  bundle {index} ({bundle:#}) -> {node}")?;
+            }
+        }
+        Placement::Waits { cluster, shortage } => {
+            write!(out, "\nplacement on {cluster}: would wait: {shortage}")?;
+        }
+    }
+    Ok(())
 }

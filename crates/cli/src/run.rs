@@ -79,7 +79,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
         ..ExecutorOptions::default()
     };
     let name = unique_run_name();
-    let local = args.local.config(&name)?;
+    let local = args.local.config(&name, args.no_wait)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -113,6 +113,7 @@ async fn drive(
         .executor_options(options)
         .events(events);
     let printer = tokio::spawn(print_events(received, args.log_format, progress.clone()));
+    let shortages = tokio::spawn(show_shortages(runtime.shortages(), progress.clone()));
     let started = Instant::now();
     let mut interrupt = Interrupts::new()?;
     let outcome = tokio::select! {
@@ -130,6 +131,7 @@ async fn drive(
             }
         }
     }
+    shortages.abort();
     let _ = printer.await;
     progress.finish();
     match outcome {
@@ -277,6 +279,21 @@ fn print_text(event: &RunEvent, progress: &Progress, out: &mut io::Stdout) -> io
             Ok(())
         }
         RunEvent::TaskStarted { .. } | RunEvent::Report { .. } => Ok(()),
+    }
+}
+
+/// Shows what the placement group waits for while other runs on this machine hold it.
+async fn show_shortages(
+    mut shortages: tokio::sync::watch::Receiver<Option<trainyard::runtime::Shortage>>,
+    progress: Progress,
+) {
+    while shortages.changed().await.is_ok() {
+        let now = shortages.borrow_and_update().clone();
+        if let Some(shortage) = now {
+            progress.wait(&format!(
+                "waiting for other runs on this machine: {shortage}"
+            ));
+        }
     }
 }
 

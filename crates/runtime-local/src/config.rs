@@ -10,6 +10,7 @@ use trainyard_runtime::reservations::NodeSpec;
 
 use crate::LocalError;
 use crate::detect::{LocalNode, Machine, Overrides, plan_nodes};
+use crate::ledger::LedgerLocation;
 
 /// The default of [`LocalConfig::stop_grace`].
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
@@ -57,6 +58,16 @@ impl AgentCommand {
     }
 }
 
+/// What a placement group that fits the machine, but not what other runs leave free, does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum WhenBusy {
+    /// Waits for the other runs to free enough, up to the placement timeout.
+    #[default]
+    Wait,
+    /// Fails at once, naming what is missing and the runs that hold it.
+    Fail,
+}
+
 /// How a [`LocalRuntime`](crate::LocalRuntime) runs: its nodes, how agents are started, and
 /// its limits.
 ///
@@ -94,12 +105,19 @@ pub struct LocalConfig {
     /// The address the control plane listens on; agents connect to it (to loopback when it
     /// is unspecified, such as `0.0.0.0`).
     pub bind: IpAddr,
+    /// The machine-wide ledger the run records what it holds in, and reads what other runs
+    /// hold from ([`LedgerLocation::from_env`] by default).
+    pub ledger: LedgerLocation,
+    /// What a group does when other runs hold what it needs.
+    pub when_busy: WhenBusy,
 }
 
 impl LocalConfig {
     /// A configuration for `nodes` whose agents are this very binary, with the defaults:
     /// no memory enforcement, [`DEFAULT_STOP_GRACE`], [`DEFAULT_CONNECT_TIMEOUT`],
-    /// [`DEFAULT_CALL_TIMEOUT`], listening on `127.0.0.1`.
+    /// [`DEFAULT_CALL_TIMEOUT`], listening on `127.0.0.1`, sharing the machine through the
+    /// ledger of [`LedgerLocation::from_env`] and waiting while other runs hold what it
+    /// needs.
     ///
     /// # Errors
     /// [`LocalError::CurrentExe`] when the running executable cannot be found.
@@ -115,6 +133,8 @@ impl LocalConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            ledger: LedgerLocation::from_env(),
+            when_busy: WhenBusy::Wait,
         })
     }
 
@@ -174,8 +194,23 @@ impl LocalConfig {
         self
     }
 
+    /// Sets [`LocalConfig::ledger`].
+    #[must_use]
+    pub fn ledger(mut self, ledger: LedgerLocation) -> Self {
+        self.ledger = ledger;
+        self
+    }
+
+    /// Sets [`LocalConfig::when_busy`].
+    #[must_use]
+    pub fn when_busy(mut self, when_busy: WhenBusy) -> Self {
+        self.when_busy = when_busy;
+        self
+    }
+
     /// The nodes as the reservation bookkeeping describes them.
-    pub(crate) fn node_specs(&self) -> Vec<NodeSpec> {
+    #[must_use]
+    pub fn node_specs(&self) -> Vec<NodeSpec> {
         self.nodes
             .iter()
             .map(|node| {

@@ -2,6 +2,7 @@ use std::io;
 
 use crate::detect::DetectError;
 use crate::hub::HubError;
+use crate::ledger::LedgerError;
 
 /// Why the local runtime cannot be configured or started.
 #[derive(Debug, thiserror::Error)]
@@ -19,4 +20,7 @@ pub enum LocalError {
     /// The hub agents connect to cannot start.
     #[error(transparent)]
     Hub(#[from] HubError),
+    /// The machine-wide ledger cannot be opened.
+    #[error("cannot open the machine's reservation ledger")]
+    Ledger(#[source] LedgerError),
 }

@@ -66,19 +66,23 @@
 //! - [`LocalRuntime`], started from a [`LocalConfig`]; agents run an [`AgentCommand`].
 //! - [`detect`]: what the machine offers, the user's overrides, and the split into
 //!   [`LocalNode`]s; [`LocalError`]: why the runtime cannot be configured or started.
+//! - [`ledger`]: the machine-wide record through which concurrent runs share this machine.
 
 mod config;
 pub mod detect;
 mod error;
 pub mod hub;
+pub mod ledger;
 mod memory;
 mod process;
+mod procfs;
 mod runtime;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use config::{
     AgentCommand, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STOP_GRACE, LocalConfig,
+    WhenBusy,
 };
 pub use detect::LocalNode;
 pub use error::LocalError;

@@ -11,6 +11,7 @@ use tokio::process::Child;
 use trainyard_agent::cgroup::WorkerCgroup;
 
 use crate::hub::{AgentExit, AgentProcess};
+use crate::procfs::{parse_stat, read_stat};
 
 /// An agent process started by this driver, with the memory cgroup it may have.
 pub(crate) struct LocalProcess {
@@ -99,48 +100,22 @@ fn group_has_members(group: u32) -> bool {
             std::fs::read_to_string(e.path().join("stat"))
                 .ok()
                 .and_then(|stat| parse_stat(&stat))
-                .is_some_and(|(state, g)| g == group && state != 'Z' && state != 'X')
+                .is_some_and(|stat| stat.group == group && !matches!(stat.state, 'Z' | 'X'))
         })
 }
 
 /// Whether process `pid` exists (perhaps as a zombie, whose pid is still taken) and leads
 /// its own process group.
 fn task_group_alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    read_stat(pid)
         .ok()
-        .and_then(|stat| parse_stat(&stat))
-        .is_some_and(|(state, group)| state != 'X' && group == pid)
-}
-
-/// The state and process group of a `/proc/<pid>/stat` line
-/// (`pid (comm) state ppid pgrp ...`; `comm` may hold spaces and parentheses).
-fn parse_stat(stat: &str) -> Option<(char, u32)> {
-    let after_comm = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after_comm.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let _ppid = fields.next()?;
-    let group = fields.next()?.parse().ok()?;
-    Some((state, group))
+        .flatten()
+        .is_some_and(|stat| stat.state != 'X' && stat.group == pid)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_lines_give_state_and_group_even_with_odd_command_names() {
-        assert_eq!(
-            parse_stat("4242 (sleep) S 4200 4242 4200 0 -1 4194560"),
-            Some(('S', 4242))
-        );
-        assert_eq!(
-            parse_stat("7 (a) b (c)) Z 1 9 9 0"),
-            Some(('Z', 9)),
-            "the last parenthesis ends the command name"
-        );
-        assert_eq!(parse_stat("garbage"), None);
-        assert_eq!(parse_stat("1 (x) R"), None);
-    }
 
     #[test]
     fn this_process_is_seen_alive_only_if_it_leads_its_group() {

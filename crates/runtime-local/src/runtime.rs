@@ -8,19 +8,22 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::io::AsyncWriteExt as _;
+use tokio::sync::watch;
 use trainyard_agent::cgroup::WorkerCgroup;
 use trainyard_agent::config::{AgentConfig, MemoryLimit};
 use trainyard_config::PlacementGroupFactory;
+use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::TaskEvents;
-use trainyard_runtime::reservations::{self, Held, Reservations};
+use trainyard_runtime::reservations::{self, Held, Reservations, Scheduling};
 use trainyard_runtime::{
     ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, PlacementGroupId, PlacementInfo,
-    Request, Response, RuntimeError,
+    Request, Response, RuntimeError, Shortage,
 };
 
 use crate::config::LocalConfig;
 use crate::error::LocalError;
 use crate::hub::{AgentHub, Arrival, HubConfig};
+use crate::ledger::{self, Ledger, LedgerLocation};
 use crate::lock;
 use crate::memory::Memory;
 use crate::process::LocalProcess;
@@ -75,6 +78,7 @@ impl Drop for Handle {
         if self.core.memory.has_run_cgroup() {
             self.core.memory.remove_all();
         }
+        ledger::release_now(&self.core);
     }
 }
 
@@ -83,6 +87,10 @@ pub(crate) struct Core {
     pub(crate) config: LocalConfig,
     book: Mutex<Reservations>,
     memory: Memory,
+    /// The machine-wide ledger, unless [`LedgerLocation::Off`].
+    pub(crate) ledger: Option<Arc<Ledger>>,
+    /// What a placement group waits for while other runs hold it.
+    pub(crate) shortage: watch::Sender<Option<Shortage>>,
 }
 
 impl Core {
@@ -96,11 +104,23 @@ impl LocalRuntime {
     /// within a tokio runtime.
     ///
     /// # Errors
-    /// [`LocalError::NoNodes`] or [`LocalError::Hub`].
+    /// [`LocalError::NoNodes`], [`LocalError::Ledger`] or [`LocalError::Hub`].
     pub async fn start(config: LocalConfig) -> Result<Self, LocalError> {
         if config.nodes.is_empty() {
             return Err(LocalError::NoNodes);
         }
+        let ledger = match &config.ledger {
+            LedgerLocation::Off => None,
+            LedgerLocation::At(path) => {
+                let opened = Ledger::open(path, &config.run_name).map_err(LocalError::Ledger)?;
+                Some(Arc::new(opened))
+            }
+        };
+        // With a ledger, groups are reserved only under its lock.
+        let scheduling = match ledger {
+            Some(_) => Scheduling::OnRequest,
+            None => Scheduling::Automatic,
+        };
         let hub_config = HubConfig {
             name: config.run_name.clone(),
             bind: config.bind,
@@ -110,8 +130,10 @@ impl LocalRuntime {
             stop_grace: config.stop_grace,
         };
         let core = Arc::new(Core {
-            book: Mutex::new(Reservations::new(config.node_specs())),
+            book: Mutex::new(Reservations::new(config.node_specs()).with_scheduling(scheduling)),
             memory: Memory::new(&config.run_name),
+            ledger,
+            shortage: watch::Sender::new(None),
             config,
         });
         let released = Arc::clone(&core);
@@ -139,6 +161,14 @@ impl LocalRuntime {
             let core = Arc::clone(core);
             let _ = tokio::task::spawn_blocking(move || core.memory.remove_all()).await;
         }
+        ledger::release(core).await;
+    }
+
+    /// What a placement group waits for while other runs on this machine hold it (`None`
+    /// while nothing waits): for a driver to show.
+    #[must_use]
+    pub fn shortages(&self) -> watch::Receiver<Option<Shortage>> {
+        self.core().shortage.subscribe()
     }
 
     /// The process ids of the agents that are not reaped yet.
@@ -307,6 +337,9 @@ impl fmt::Debug for LocalRuntime {
 #[async_trait]
 impl ActorRuntime for LocalRuntime {
     async fn cluster(&self) -> Result<ClusterSnapshot, RuntimeError> {
+        if let Err(error) = ledger::settle(self.core()).await {
+            tracing::warn!(error = %ErrorChain(&error), "cannot read what other runs hold");
+        }
         Ok(self.core().book().snapshot())
     }
 
@@ -314,7 +347,13 @@ impl ActorRuntime for LocalRuntime {
         &self,
         factory: &PlacementGroupFactory,
     ) -> Result<PlacementGroupId, RuntimeError> {
-        self.core().book().create_group(factory)
+        let core = self.core();
+        let pg = core.book().create_group(factory)?;
+        if let Err(error) = ledger::settle(core).await {
+            let _ = core.book().remove_group(pg);
+            return Err(error);
+        }
+        Ok(pg)
     }
 
     async fn wait_placement_group_ready(
@@ -323,6 +362,9 @@ impl ActorRuntime for LocalRuntime {
         timeout: Duration,
     ) -> Result<PlacementInfo, RuntimeError> {
         let core = self.core();
+        if core.ledger.is_some() {
+            return ledger::wait_ready(core, pg, timeout).await;
+        }
         reservations::wait_ready(pg, timeout, || core.book().ready_or_subscribe(pg)).await
     }
 
@@ -331,6 +373,9 @@ impl ActorRuntime for LocalRuntime {
         self.hub()
             .end_all(inside, &DeathCause::PlacementGroupRemoved)
             .await;
+        if let Err(error) = ledger::settle(self.core()).await {
+            tracing::warn!(error = %ErrorChain(&error), "cannot record the removal in the ledger");
+        }
         Ok(())
     }
 

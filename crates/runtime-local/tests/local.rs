@@ -1,11 +1,14 @@
 //! The local runtime with real agent processes: the agents are this test binary, started
 //! again to run only [`agent_entry`], which serves as an agent when the runtime asks it to.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use common::agent;
 use futures::{FutureExt as _, StreamExt as _};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -20,6 +23,7 @@ use trainyard_runtime::{
     Stream, TaskEvent, TaskExit, TaskFailure, TaskSpec, conformance,
 };
 use trainyard_runtime_local::detect::{Machine, Overrides, plan_nodes};
+use trainyard_runtime_local::ledger::LedgerLocation;
 use trainyard_runtime_local::{AgentCommand, LocalConfig, LocalRuntime};
 
 /// The bound of every test.
@@ -53,19 +57,6 @@ fn functions() -> FunctionRegistry {
 /// A function that allocates as many bytes as its argument says.
 const ALLOCATE: &str = "test.allocate";
 
-/// The stand-alone agent of `examples/agent.rs`, built beside this test binary: its task
-/// trampolines print nothing of their own, unlike a test harness.
-fn agent() -> AgentCommand {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let example = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join("examples").join("agent"))
-        .filter(|path| path.exists())
-        .expect("examples/agent is built with the tests (cargo test builds examples)");
-    AgentCommand::new(example, Vec::<String>::new())
-}
-
 /// This test binary as the agent, serving [`functions`] (function tasks need no trampoline).
 fn functions_agent() -> AgentCommand {
     let exe = std::env::current_exe().expect("the test binary's path");
@@ -89,10 +80,12 @@ fn two_nodes(run: &str) -> LocalConfig {
         ..Overrides::default()
     };
     let nodes = plan_nodes(&Machine::detect(), &overrides, 2).expect("two nodes");
+    // Sharing the machine with other runs is tested in `ledger.rs`.
     LocalConfig::new(nodes, run)
         .expect("config")
         .with_agent(agent())
         .stop_grace(Duration::from_secs(2))
+        .ledger(LedgerLocation::Off)
 }
 
 async fn start(run: &str) -> LocalRuntime {
@@ -820,7 +813,8 @@ async fn each_worker_gets_the_gpu_ids_of_its_bundle() {
     let gpu_ids: Vec<Vec<String>> = nodes.iter().map(|n| n.gpu_ids.clone()).collect();
     let config = LocalConfig::new(nodes, "gpus")
         .expect("config")
-        .with_agent(agent());
+        .with_agent(agent())
+        .ledger(LedgerLocation::Off);
     let runtime = LocalRuntime::start(config).await.expect("start");
     let test = async {
         let factory = PlacementGroupFactory {

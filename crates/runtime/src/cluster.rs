@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use trainyard_resources::Resources;
 
-use crate::NodeId;
+use crate::{NodeId, PlacementGroupId};
 
 /// Accelerator resource names whose device ids a runtime reports per worker.
 pub const ACCELERATOR_RESOURCES: [&str; 5] = ["GPU", "neuron_cores", "TPU", "NPU", "HPU"];
@@ -61,4 +61,63 @@ fn sum<'a>(all: impl Iterator<Item = &'a Resources>) -> Resources {
         let _ = out.checked_add_assign(r);
     }
     out
+}
+
+/// Another run on the same machine, and what it holds there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// The run's name.
+    pub run: String,
+    /// Its driver's process id.
+    pub pid: u32,
+    /// Everything it holds.
+    pub holds: Resources,
+    /// The device ids it holds, per accelerator resource.
+    pub devices: BTreeMap<String, Vec<String>>,
+}
+
+impl std::fmt::Display for Holder {
+    /// `run `a` (pid 12) holds CPU=1, GPU=1 (GPU 0)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "run `{}` (pid {}) holds {:#}",
+            self.run, self.pid, self.holds
+        )?;
+        let devices: Vec<String> = self
+            .devices
+            .iter()
+            .filter(|(_, ids)| !ids.is_empty())
+            .map(|(name, ids)| format!("{name} {}", ids.join(",")))
+            .collect();
+        if !devices.is_empty() {
+            write!(f, " ({})", devices.join("; "))?;
+        }
+        Ok(())
+    }
+}
+
+/// What a placement group that fits the machine waits for: what is not free now, and the
+/// other runs that hold it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shortage {
+    /// The waiting group.
+    pub pg: PlacementGroupId,
+    /// What it lacks now (everything it asks for when the free resources are split across
+    /// nodes in a way its strategy cannot use).
+    pub missing: Resources,
+    /// The other runs that hold some of it.
+    pub holders: Vec<Holder>,
+}
+
+impl std::fmt::Display for Shortage {
+    /// `CPU=2 is not free; held by run `a` (pid 12) holds CPU=4`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#} is not free", self.missing)?;
+        for (i, holder) in self.holders.iter().enumerate() {
+            f.write_str(if i == 0 { "; held by " } else { "; " })?;
+            write!(f, "{holder}")?;
+        }
+        Ok(())
+    }
 }

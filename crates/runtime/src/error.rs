@@ -1,9 +1,10 @@
+use std::sync::Arc;
 use std::time::Duration;
 
 use trainyard_resources::ResourceAmount;
 
 use crate::placement::PlacementError;
-use crate::{ActorId, DeathCause, PlacementGroupId, TaskRejection};
+use crate::{ActorId, DeathCause, PlacementGroupId, Shortage, TaskRejection};
 
 /// Why a runtime operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -19,6 +20,19 @@ pub enum RuntimeError {
         pg: PlacementGroupId,
         /// How long it was waited for.
         waited: Duration,
+    },
+    /// The placement group fits the cluster but not what other runs leave free now, and the
+    /// runtime was told not to wait.
+    #[error("placement group {} cannot be reserved now: {}", .0.pg, .0)]
+    Busy(Box<Shortage>),
+    /// The runtime's own bookkeeping failed (the local runtime's machine-wide ledger).
+    #[error("cannot {action}")]
+    Bookkeeping {
+        /// What was being done.
+        action: &'static str,
+        /// Why it failed.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
     },
     /// No such placement group (never created, or removed).
     #[error("unknown placement group {0}")]

@@ -84,7 +84,7 @@ mod runtime;
 pub mod sim;
 mod task;
 
-pub use cluster::{ACCELERATOR_RESOURCES, ClusterSnapshot, NodeInfo};
+pub use cluster::{ACCELERATOR_RESOURCES, ClusterSnapshot, Holder, NodeInfo, Shortage};
 pub use error::RuntimeError;
 pub use ids::{ActorId, NodeId, PlacementGroupId};
 pub use outcome::{DeathCause, TaskExit, TaskFailure, TaskRejection, signal_name};

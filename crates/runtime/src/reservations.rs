@@ -31,9 +31,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use trainyard_config::PlacementGroupFactory;
-use trainyard_resources::Resources;
+use trainyard_resources::{ResourceAmount, Resources};
 
 use crate::placement::{self, AcceleratorPool};
 use crate::{
@@ -91,12 +92,54 @@ pub struct Held {
     pub accelerator_ids: BTreeMap<String, Vec<String>>,
 }
 
+/// When pending placement groups are reserved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Scheduling {
+    /// As soon as they fit: when created, and whenever room frees up.
+    #[default]
+    Automatic,
+    /// Only when [`Reservations::schedule`] is called: for a runtime that must hold an
+    /// outside lock while it reserves (the local runtime's machine-wide ledger).
+    OnRequest,
+}
+
+/// One bundle (or unpinned actor) as its holder reserved it: its resources and the device
+/// ids it holds. What the book tells others it holds ([`Reservations::held_bundles`]), and
+/// what others tell it they hold ([`Reservations::set_held_elsewhere`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeldBundle {
+    /// What it reserved, without zero entries.
+    pub resources: Resources,
+    /// Device ids per accelerator resource.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub devices: BTreeMap<String, Vec<String>>,
+}
+
+/// What holders outside the book took from one node.
+#[derive(Debug, Default)]
+struct Elsewhere {
+    amounts: Resources,
+    /// Resource name, device id, the share of it taken.
+    devices: Vec<(String, String, ResourceAmount)>,
+}
+
 #[derive(Debug)]
 struct Node {
     spec: NodeSpec,
     available: Resources,
     devices: AcceleratorPool,
     alive: bool,
+    elsewhere: Elsewhere,
+}
+
+/// Takes up to `amount` of `name` from `from`; returns what was taken.
+fn take_up_to(from: &mut Resources, name: &str, amount: ResourceAmount) -> ResourceAmount {
+    let taken = amount.min(from.amount(name));
+    if !taken.is_zero() {
+        from.insert(name, from.amount(name).saturating_sub(taken));
+    }
+    taken
 }
 
 #[derive(Debug)]
@@ -142,6 +185,7 @@ pub struct Reservations {
     groups: BTreeMap<PlacementGroupId, Group>,
     holds: BTreeMap<ActorId, Hold>,
     next_group: u64,
+    scheduling: Scheduling,
 }
 
 /// Adds the nonzero amounts of `amounts` back to `to` (zero entries would make a dictionary
@@ -181,6 +225,7 @@ impl Reservations {
                 available: spec.resources.clone(),
                 spec,
                 alive: true,
+                elsewhere: Elsewhere::default(),
             });
         }
         Self {
@@ -188,7 +233,123 @@ impl Reservations {
             groups: BTreeMap::new(),
             holds: BTreeMap::new(),
             next_group: 0,
+            scheduling: Scheduling::Automatic,
         }
+    }
+
+    /// Sets when pending groups are reserved ([`Scheduling::Automatic`] by default).
+    #[must_use]
+    pub fn with_scheduling(mut self, scheduling: Scheduling) -> Self {
+        self.scheduling = scheduling;
+        self
+    }
+
+    /// Records what holders outside the book hold (other runs on the same machine), in
+    /// place of what was recorded before: it is no longer available to the book's groups
+    /// and actors. A bundle's devices are taken from the node that has them (a device the
+    /// book lacks takes nothing); its other resources from the live nodes in order, each
+    /// giving what it has free. Nothing the book holds itself is taken back, so what others
+    /// hold beyond what is free only leaves nothing free.
+    pub fn set_held_elsewhere<'a>(&mut self, held: impl IntoIterator<Item = &'a HeldBundle>) {
+        for node in &mut self.nodes {
+            let old = std::mem::take(&mut node.elsewhere);
+            give(&mut node.available, &old.amounts);
+            for (name, id, share) in old.devices {
+                node.devices.give_device(&name, &id, share);
+            }
+        }
+        let alive: Vec<usize> = self.alive_nodes().collect();
+        for bundle in held {
+            for (name, amount) in bundle.resources.iter().filter(|(_, a)| !a.is_zero()) {
+                match bundle.devices.get(name).filter(|ids| !ids.is_empty()) {
+                    Some(ids) => {
+                        for id in ids {
+                            let found = alive
+                                .iter()
+                                .copied()
+                                .find(|&n| self.nodes[n].devices.has_device(name, id));
+                            if let Some(n) = found {
+                                let node = &mut self.nodes[n];
+                                let share = node.devices.take_device(name, id, amount);
+                                let taken = take_up_to(&mut node.available, name, share);
+                                let _ = node
+                                    .elsewhere
+                                    .amounts
+                                    .checked_add_assign(&Resources::new().with(name, taken));
+                                node.elsewhere
+                                    .devices
+                                    .push((name.to_owned(), id.clone(), share));
+                            }
+                        }
+                    }
+                    None => {
+                        let mut left = amount;
+                        for &n in &alive {
+                            let node = &mut self.nodes[n];
+                            let taken = take_up_to(&mut node.available, name, left);
+                            let _ = node
+                                .elsewhere
+                                .amounts
+                                .checked_add_assign(&Resources::new().with(name, taken));
+                            left = left.saturating_sub(taken);
+                            if left.is_zero() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the book's ready groups reserved, bundle by bundle, then what its unpinned
+    /// actors hold: everything it takes from the nodes.
+    #[must_use]
+    pub fn held_bundles(&self) -> Vec<HeldBundle> {
+        let bundles = self
+            .groups
+            .values()
+            .flat_map(|g| g.bundles.iter().flatten());
+        let reserved = bundles.map(|b| HeldBundle {
+            resources: b.reserved.clone(),
+            devices: b.device_ids.clone(),
+        });
+        let unpinned = self
+            .holds
+            .values()
+            .filter(|h| h.home == Home::Node)
+            .map(|h| HeldBundle {
+                resources: h.demand.clone().without_zeros(),
+                devices: h.device_ids.clone(),
+            });
+        reserved.chain(unpinned).collect()
+    }
+
+    /// What a pending group lacks: the sum of its missing bundles less what the live nodes
+    /// have free, resource by resource; the whole sum when every resource is there in total
+    /// but not on the nodes its strategy needs. `None` for a ready or unknown group.
+    #[must_use]
+    pub fn shortfall(&self, pg: PlacementGroupId) -> Option<Resources> {
+        let group = self.groups.get(&pg).filter(|g| !g.is_ready())?;
+        let mut wanted = Resources::new();
+        for (bundle, slot) in group.factory.bundles.iter().zip(&group.bundles) {
+            if slot.is_none() {
+                let _ = wanted.checked_add_assign(bundle);
+            }
+        }
+        let wanted = wanted.without_zeros();
+        let mut free = Resources::new();
+        for n in self.alive_nodes() {
+            let _ = free.checked_add_assign(&self.nodes[n].available);
+        }
+        let mut missing = Resources::new();
+        for (name, amount) in wanted.iter() {
+            let short = amount.saturating_sub(free.amount(name));
+            if !short.is_zero() {
+                missing.insert(name, short);
+            }
+        }
+        Some(if missing.is_empty() { wanted } else { missing })
     }
 
     fn alive_nodes(&self) -> impl Iterator<Item = usize> + '_ {
@@ -278,7 +439,7 @@ impl Reservations {
             },
         );
         tracing::debug!(%pg, bundles = factory.bundles.len(), strategy = %factory.strategy, "placement group created");
-        self.schedule();
+        self.schedule_if_automatic();
         Ok(pg)
     }
 
@@ -346,12 +507,19 @@ impl Reservations {
             group.phase.send_replace(Phase::Removed);
         }
         tracing::debug!(%pg, "placement group removed");
-        self.schedule();
+        self.schedule_if_automatic();
         Ok(inside)
     }
 
-    /// Reserves every pending group that fits now, in creation order.
-    fn schedule(&mut self) {
+    fn schedule_if_automatic(&mut self) {
+        if self.scheduling == Scheduling::Automatic {
+            self.schedule();
+        }
+    }
+
+    /// Reserves every pending group that fits now, in creation order. With
+    /// [`Scheduling::Automatic`] the book does so by itself whenever room frees up.
+    pub fn schedule(&mut self) {
         let pending: Vec<PlacementGroupId> = self
             .groups
             .iter()
@@ -534,7 +702,7 @@ impl Reservations {
     pub fn release(&mut self, actor: ActorId) -> bool {
         let released = self.release_without_scheduling(actor);
         if released {
-            self.schedule();
+            self.schedule_if_automatic();
         }
         released
     }
@@ -598,7 +766,7 @@ impl Reservations {
                 group.phase.send_replace(Phase::Pending);
             }
         }
-        self.schedule();
+        self.schedule_if_automatic();
         on_node
     }
 }

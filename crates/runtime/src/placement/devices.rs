@@ -174,6 +174,46 @@ impl AcceleratorPool {
     }
 }
 
+impl AcceleratorPool {
+    /// Marks up to `amount` of device `id` of resource `name` as handed out to a holder the
+    /// pool does not track (another process, say); returns how much was taken: less than
+    /// `amount` when the device has less left, zero for a device the pool lacks.
+    pub fn take_device(&mut self, name: &str, id: &str, amount: ResourceAmount) -> ResourceAmount {
+        let Some(device) = self
+            .devices
+            .get_mut(name)
+            .and_then(|list| list.iter_mut().find(|d| d.id == id))
+        else {
+            return ResourceAmount::ZERO;
+        };
+        let taken = share(amount).min(device.left);
+        device.left = device.left.saturating_sub(taken);
+        taken
+    }
+
+    /// Gives back what [`AcceleratorPool::take_device`] took, up to the device's capacity.
+    pub fn give_device(&mut self, name: &str, id: &str, amount: ResourceAmount) {
+        if let Some(device) = self
+            .devices
+            .get_mut(name)
+            .and_then(|list| list.iter_mut().find(|d| d.id == id))
+        {
+            device.left = device
+                .left
+                .checked_add(amount)
+                .map_or(device.capacity, |left| left.min(device.capacity));
+        }
+    }
+
+    /// Whether the pool has a device `id` for resource `name`.
+    #[must_use]
+    pub fn has_device(&self, name: &str, id: &str) -> bool {
+        self.devices
+            .get(name)
+            .is_some_and(|list| list.iter().any(|d| d.id == id))
+    }
+}
+
 /// Why [`AcceleratorPool::give_back`] refused what it was given.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[non_exhaustive]
