@@ -130,6 +130,9 @@ class TrainyardActor:
     def wait(self):
         return self.proc.wait()
 
+    def ping(self):
+        return True
+
     def signal(self, signum, task_pgid):
         if signum == signal.SIGKILL and task_pgid:
             try:
@@ -340,6 +343,7 @@ def watch_actor(name, handle):
                 ended["signal"] = -code
             else:
                 ended["exit_code"] = code
+            ended["died"] = actor_death_after_agent_exit(handle, signaled=ended["signal"] is not None)
             break
         except ray.exceptions.ActorUnavailableError as exc:
             if unavailable_since is None:
@@ -363,6 +367,21 @@ def watch_actor(name, handle):
         if record is not None and record["handle"] is handle:
             record["state"] = "ended"
     emit(ended)
+
+
+def actor_death_after_agent_exit(handle, signaled):
+    """Whether the actor died too. When Ray destroys an actor (its group removed, its worker
+    stopped) the agent may be signalled, and its exit seen, a moment before the actor's death;
+    a signalled agent therefore gets a short pause, then one call on the actor tells."""
+    if signaled:
+        time.sleep(0.3)
+    try:
+        ray.get(handle.ping.remote(), timeout=5)
+    except ray.exceptions.ActorDiedError as exc:
+        return failure(death_kind(str(exc)), exc)
+    except Exception:
+        return None  # unreachable or slow: report the agent's exit alone
+    return None
 
 
 def _actor(name):
@@ -391,6 +410,25 @@ def op_actors(req):
     with STATE.lock:
         actors = [{"name": n, "state": r["state"], "pg": r["pg"]} for n, r in STATE.actors.items()]
         groups = sorted(STATE.groups)
+    return {"actors": actors, "groups": groups}
+
+
+def op_cluster(req):
+    """The GCS's own view of every actor and placement group (read directly: no dashboard)."""
+    actors = [
+        {
+            "actor_id": actor_id,
+            "name": info.get("Name", "") or "",
+            "state": info.get("State", ""),
+            "pid": info.get("Pid") or None,
+            "job_id": info.get("JobID", ""),
+        }
+        for actor_id, info in ray._private.state.actors().items()
+    ]
+    groups = [
+        {"pg": pg_hex, "name": info.get("name", "") or "", "state": info.get("state", "")}
+        for pg_hex, info in placement_group_table().items()
+    ]
     return {"actors": actors, "groups": groups}
 
 
@@ -427,6 +465,7 @@ OPS = {
     "signal": op_signal,
     "kill": op_kill,
     "actors": op_actors,
+    "cluster": op_cluster,
     "shutdown": op_shutdown,
 }
 
@@ -464,12 +503,24 @@ def start_kind(exc):
     return "start"
 
 
+def start_message(kind, exc):
+    """The failure's text; for auth, the top error and the line that names the auth problem
+    (the full chain holds a multi-line traceback from the GCS client)."""
+    text = _cause_text(exc)
+    if kind != "auth":
+        return text
+    lines = [l.strip() for l in text.splitlines() if "Authentication" in l or "InvalidAuthToken" in l]
+    top = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return f"{top} ({lines[-1]})" if lines and lines[-1] not in top else top
+
+
 def main():
     started = time.monotonic()
     try:
         ray.init(address=ADDRESS, namespace=NAMESPACE, log_to_driver=False)
     except BaseException as exc:
-        emit({"event": "failed", "kind": start_kind(exc), "message": _cause_text(exc)})
+        kind = start_kind(exc)
+        emit({"event": "failed", "kind": kind, "message": start_message(kind, exc)})
         os._exit(3)
     ctx = ray.get_runtime_context()
     emit(

@@ -32,8 +32,8 @@ use trainyard_resources::{ActorOptions, Resources};
 use crate::auth::{AUTH_MODE_VAR, AUTH_TOKEN_VAR, AuthLookup, file_has_token};
 use crate::error::{BridgeError, StderrTail};
 use crate::protocol::{
-    ActorEnded, CreatePgReply, Empty, Event, GroupReadiness, GroupStatus, Holdings, Incoming,
-    NodeInfo, NodesReply, Op, Outcome, PlacementGroupId, RayFailure, ReadyInfo, Request,
+    ActorEnded, ClusterView, CreatePgReply, Empty, Event, GroupReadiness, GroupStatus, Holdings,
+    Incoming, NodeInfo, NodesReply, Op, Outcome, PlacementGroupId, RayFailure, ReadyInfo, Request,
     SignalReply, Started,
 };
 
@@ -758,6 +758,14 @@ impl Bridge {
         self.call(Op::Actors, self.request_timeout).await
     }
 
+    /// Every actor and group in the cluster, as the GCS sees them (what a leftover check needs).
+    ///
+    /// # Errors
+    /// A [`BridgeError`] when the call fails or times out.
+    pub async fn cluster(&self) -> Result<ClusterView, BridgeError> {
+        self.call(Op::Cluster, self.request_timeout).await
+    }
+
     /// Asks the bridge to kill its actors, remove its groups and exit; waits up to `grace`
     /// for that, then kills the process. The process is reaped either way.
     ///
@@ -834,6 +842,32 @@ mod tests {
             .expect_err("nothing listens");
         assert!(matches!(err, BridgeError::Unreachable { .. }), "{err}");
         assert!(started.elapsed() < PROBE_TIMEOUT + Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn start_fails_unreachable_before_running_any_interpreter() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("addr").to_string();
+        drop(listener);
+        let config = BridgeConfig::default()
+            .python("/nonexistent/python")
+            .address(&address);
+        let err = Bridge::start(config).await.expect_err("nothing listens");
+        assert!(
+            matches!(err, BridgeError::Unreachable { address: ref a, .. } if *a == address),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_interpreter_is_a_spawn_error() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("addr").to_string();
+        let config = BridgeConfig::default()
+            .python("/nonexistent/python")
+            .address(&address);
+        let err = Bridge::start(config).await.expect_err("no interpreter");
+        assert!(matches!(err, BridgeError::Spawn { .. }), "{err}");
     }
 
     #[test]

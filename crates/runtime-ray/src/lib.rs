@@ -31,6 +31,7 @@ pub use auth::{AuthLookup, TokenSource};
 pub use bridge::{ActorLaunch, BRIDGE_SCRIPT, Bridge, BridgeConfig, PYTHON_VAR};
 pub use error::{BridgeError, StderrTail};
 pub use protocol::{
-    ActorDeath, ActorEnded, ActorEntry, DeathKind, GroupReadiness, GroupState, GroupStatus,
-    Holdings, NodeInfo, PlacementGroupId, RayFailure, ReadyInfo, SchedulingState, Started,
+    ActorDeath, ActorEnded, ActorEntry, ClusterActor, ClusterGroup, ClusterView, DeathKind,
+    GroupReadiness, GroupState, GroupStatus, Holdings, NodeInfo, PlacementGroupId, RayFailure,
+    ReadyInfo, SchedulingState, Started,
 };

@@ -70,6 +70,7 @@ pub(crate) enum Op<'a> {
         name: &'a str,
     },
     Actors,
+    Cluster,
     Shutdown,
 }
 
@@ -86,6 +87,7 @@ impl Op<'_> {
             Self::Signal { .. } => "signal",
             Self::Kill { .. } => "kill",
             Self::Actors => "actors",
+            Self::Cluster => "cluster",
             Self::Shutdown => "shutdown",
         }
     }
@@ -308,7 +310,8 @@ pub struct ActorEnded {
     pub exit_code: Option<i32>,
     /// The signal that ended the agent.
     pub signal: Option<i32>,
-    /// Set when the actor died (the agent's status is then unknown).
+    /// Set when the actor died: alone when the agent's status is unknown, or together with
+    /// the agent's status when the agent exited (was signalled) as the actor went down.
     pub died: Option<ActorDeath>,
 }
 
@@ -345,6 +348,41 @@ pub struct Holdings {
     pub actors: Vec<ActorEntry>,
     /// Placement groups created and not removed.
     pub groups: Vec<PlacementGroupId>,
+}
+
+/// An actor as the GCS sees it (any job's, dead ones included).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterActor {
+    /// Ray's actor id (hex).
+    pub actor_id: String,
+    /// Its name, `""` when unnamed.
+    pub name: String,
+    /// `DEPENDENCIES_UNREADY`, `PENDING_CREATION`, `ALIVE`, `RESTARTING` or `DEAD`.
+    pub state: String,
+    /// Its process id, once it has one.
+    pub pid: Option<u32>,
+    /// The job (driver) that owns it.
+    pub job_id: String,
+}
+
+/// A placement group as the GCS sees it (any job's, removed ones included).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterGroup {
+    /// Its id.
+    pub pg: PlacementGroupId,
+    /// Its name, `""` when unnamed.
+    pub name: String,
+    /// Its state.
+    pub state: GroupState,
+}
+
+/// Every actor and placement group the cluster knows, from the GCS.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// The actors.
+    pub actors: Vec<ClusterActor>,
+    /// The groups.
+    pub groups: Vec<ClusterGroup>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
