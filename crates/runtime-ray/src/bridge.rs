@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -276,8 +277,24 @@ impl fmt::Debug for Shared {
 
 impl Drop for Bridge {
     fn drop(&mut self) {
-        // The child is killed by `kill_on_drop`; the reader ends with its stdout.
+        // The bridge and whatever it started go; `kill_on_drop` reaps the child. Receivers of
+        // actor ends get a `bridge_lost` end rather than a closed channel.
+        let unreaped = self.child.try_lock().map_or(true, |child| child.is_some());
+        if unreaped {
+            sweep(self.pid);
+        }
         self.reader.abort();
+        self.shared.mark_lost();
+    }
+}
+
+/// SIGKILLs the bridge's process group: the bridge, if it still runs, and what it started
+/// (a throwaway head). Called only before the bridge is reaped or right as it exits: a group
+/// id is not handed out again while any member lives, and the bridge's own pid is at most
+/// just freed.
+fn sweep(pid: Option<u32>) {
+    if let Some(pgid) = pid.and_then(|p| i32::try_from(p).ok()) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), Signal::SIGKILL);
     }
 }
 
@@ -393,7 +410,12 @@ async fn pump_stderr(shared: Arc<Shared>, stderr: tokio::process::ChildStderr) {
 }
 
 /// Reads the protocol stream until it ends, then marks the bridge lost.
-async fn read_protocol(shared: Arc<Shared>, stdout: ChildStdout, stderr: JoinHandle<()>) {
+async fn read_protocol(
+    shared: Arc<Shared>,
+    stdout: ChildStdout,
+    stderr: JoinHandle<()>,
+    group: Option<u32>,
+) {
     let mut lines = BufReader::new(stdout).lines();
     loop {
         match lines.next_line().await {
@@ -410,7 +432,9 @@ async fn read_protocol(shared: Arc<Shared>, stdout: ChildStdout, stderr: JoinHan
             }
         }
     }
-    // Let the last stderr lines arrive (bounded: Ray's own children may hold stderr open).
+    // The protocol stream closes only when the bridge exits (no child inherits it): stop
+    // what it leaves behind, which also closes their copies of its stderr.
+    sweep(group);
     let _ = tokio::time::timeout(Duration::from_secs(1), stderr).await;
     shared.mark_lost();
 }
@@ -439,6 +463,11 @@ impl Bridge {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Its own process group: a throwaway head's processes (GCS, raylet, Ray's agents)
+            // are the bridge's children, and Ray's agents outlive a killed bridge; the group
+            // lets `sweep` stop them all. It also keeps a terminal's Ctrl-C away from the
+            // bridge: the driver decides how to shut down.
+            .process_group(0)
             .kill_on_drop(true);
         let mut child = command.spawn().map_err(|source| BridgeError::Spawn {
             python: config.python.clone(),
@@ -455,7 +484,7 @@ impl Bridge {
             unreachable!("stdin, stdout and stderr are piped");
         };
         let stderr_task = tokio::spawn(pump_stderr(Arc::clone(&shared), stderr));
-        let reader = tokio::spawn(read_protocol(Arc::clone(&shared), stdout, stderr_task));
+        let reader = tokio::spawn(read_protocol(Arc::clone(&shared), stdout, stderr_task, pid));
         let bridge = Self {
             shared,
             stdin: tokio::sync::Mutex::new(Some(stdin)),
@@ -729,7 +758,7 @@ impl Bridge {
     pub async fn signal_actor(
         &self,
         name: &str,
-        signal: nix::sys::signal::Signal,
+        signal: Signal,
         task_pgid: Option<i32>,
     ) -> Result<bool, BridgeError> {
         let op = Op::Signal {

@@ -249,20 +249,31 @@ impl Scene {
         (pg, running)
     }
 
-    /// A signal reaches the agent (the actor lives on); `ray.kill` ends an actor as `killed`
+    /// A signal reaches the agent, after the task's process group (the actor lives on); `ray.kill` ends an actor as `killed`
     /// and takes its agent along.
     async fn signal_and_kill_end_what_they_should(&self, w0: Running, w1: Running) {
         let (w0_started, w0_end) = w0;
+        // SIGKILL with a task group: the group goes first (a local process group stands in).
+        let mut task = std::process::Command::new("sleep");
+        std::os::unix::process::CommandExt::process_group(task.arg("600"), 0);
+        let mut task = task.spawn().expect("sleep");
+        let task_pgid = i32::try_from(task.id()).expect("pid fits");
         let sent = self
             .bridge
-            .signal_actor("e2e-w0", Signal::SIGTERM, None)
+            .signal_actor("e2e-w0", Signal::SIGKILL, Some(task_pgid))
             .await;
         assert!(sent.expect("signal"), "the agent was running");
-        let end = ended(w0_end, "SIGTERM to the agent").await;
+        let end = ended(w0_end, "SIGKILL to the agent").await;
         assert_eq!(
             (end.exit_code, end.signal, end.died.clone()),
-            (None, Some(15), None),
+            (None, Some(9), None),
             "{end:?}"
+        );
+        let status = task.wait().expect("reap the task stand-in");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "the task group was killed"
         );
         assert!(alive(w0_started.actor_pid), "the actor outlives its agent");
 
@@ -484,17 +495,12 @@ async fn token_auth_rejects_a_wrong_or_missing_token_fast_and_accepts_the_right_
     bridge.shutdown(BOUND).await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_throwaway_head_starts_without_writing_a_token_file_and_stops_with_the_bridge() {
-    let Some(python) = common::python() else {
-        return;
-    };
-    let token_file = std::env::var_os("HOME").map(|h| Path::new(&h).join(".ray/auth_token"));
-    let had_token = token_file.as_deref().is_some_and(Path::exists);
+/// Starts a bridge with a throwaway local head.
+async fn throwaway(python: &Path) -> Bridge {
     let t = Instant::now();
     let (bridge, ready) = Bridge::start(
         trainyard_runtime_ray::BridgeConfig::default()
-            .python(&python)
+            .python(python)
             .start_timeout(Duration::from_secs(90)),
     )
     .await
@@ -507,21 +513,51 @@ async fn a_throwaway_head_starts_without_writing_a_token_file_and_stops_with_the
     assert!(ready.started_head);
     let nodes = bridge.nodes().await.expect("nodes");
     assert_eq!(nodes.iter().filter(|n| n.alive).count(), 1);
-    let session = ready.address.clone();
+    bridge
+}
+
+/// Every process the bridge started (its process group) is gone, within a bound.
+async fn its_processes_are_gone(bridge_pid: u32, how: &str) {
+    let mut left = Vec::new();
+    let gone = eventually(BOUND, || {
+        left = common::processes_in_group(bridge_pid);
+        left.is_empty()
+    })
+    .await;
+    assert!(
+        gone,
+        "after {how}, processes of the throwaway head remain: {left:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throwaway_head_writes_no_token_file_and_stops_with_its_bridge() {
+    let Some(python) = common::python() else {
+        return;
+    };
+    let token_file = std::env::var_os("HOME").map(|h| Path::new(&h).join(".ray/auth_token"));
+    let had_token = token_file.as_deref().is_some_and(Path::exists);
+
+    let bridge = throwaway(&python).await;
+    let pid = bridge.pid().expect("pid");
+    assert!(
+        common::processes_in_group(pid).len() > 1,
+        "the head's processes are in the bridge's group"
+    );
     bridge.shutdown(BOUND).await.expect("shutdown");
+    its_processes_are_gone(pid, "shutdown").await;
     if had_token {
         common::skip("~/.ray/auth_token existed before the test: its absence cannot be checked");
     } else if let Some(file) = token_file {
         assert!(!file.exists(), "ray.init() wrote {}", file.display());
     }
-    // The head's GCS stops with the bridge.
-    let port = session
-        .rsplit_once(':')
-        .map(|(_, p)| p.to_owned())
-        .expect("port");
-    let gone = eventually(BOUND, || {
-        common::processes_mentioning(&format!("--gcs_server_port={port}")).is_empty()
-    })
-    .await;
-    assert!(gone, "the throwaway head's GCS outlived the bridge");
+
+    // A bridge that dies: the client sweeps its process group (Ray's agents would outlive it).
+    let bridge = throwaway(&python).await;
+    let pid = bridge.pid().expect("pid");
+    let raw = i32::try_from(pid).expect("pid fits");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), Signal::SIGKILL).expect("kill");
+    its_processes_are_gone(pid, "SIGKILL of the bridge").await;
+    let err = bridge.actors().await.expect_err("lost");
+    assert!(matches!(err, BridgeError::Lost { .. }), "{err}");
 }

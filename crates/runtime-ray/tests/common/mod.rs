@@ -76,6 +76,25 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     pids
 }
 
+/// Pids of the live processes in process group `pgid`.
+pub fn processes_in_group(pgid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // After the command's closing parenthesis: state, ppid, pgrp.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<u32>().ok())
+                    == Some(pgid)
+            }) && alive(*pid)
+        })
+        .collect()
+}
+
 /// Polls `check` every 50 ms until it is true or `bound` passes; returns whether it became true.
 pub async fn eventually(bound: Duration, mut check: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
