@@ -77,7 +77,8 @@ ADDRESS = os.environ.get("TRAINYARD_RAY_ADDRESS") or None
 NAMESPACE = os.environ.get("TRAINYARD_RAY_NAMESPACE") or "trainyard"
 # How long an actor whose node stopped answering may stay "unavailable" before it is reported
 # as ended: Ray marks a lost node dead after about 15 s (3 s health checks x 5), after which the
-# wait call raises ActorDiedError; past this bound it is reported with kind "unavailable".
+# wait call raises ActorDiedError (reported as node_died, measured at 15 s); past this bound it
+# is reported with kind "unavailable". Set by the Rust side (BridgeConfig::unavailable_grace).
 UNAVAILABLE_GRACE_S = float(os.environ.get("TRAINYARD_RAY_UNAVAILABLE_GRACE_S", "30"))
 ACCELERATOR_KEYS = ("GPU", "neuron_cores", "TPU", "NPU", "HPU")
 

@@ -66,6 +66,10 @@ pub struct BridgeConfig {
     pub start_timeout: Duration,
     /// How long an ordinary call may take.
     pub request_timeout: Duration,
+    /// How long an actor whose node stopped answering (`ActorUnavailableError`) may stay
+    /// unreported: Ray declares a lost node dead after about 15 s, and the end then comes as
+    /// `node_died`; past this bound it comes as `unavailable`.
+    pub unavailable_grace: Duration,
 }
 
 impl Default for BridgeConfig {
@@ -79,6 +83,7 @@ impl Default for BridgeConfig {
             env: Vec::new(),
             start_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(30),
+            unavailable_grace: Duration::from_secs(30),
         }
     }
 }
@@ -123,6 +128,13 @@ impl BridgeConfig {
     #[must_use]
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets the grace for unavailable actors.
+    #[must_use]
+    pub fn unavailable_grace(mut self, grace: Duration) -> Self {
+        self.unavailable_grace = grace;
         self
     }
 
@@ -382,6 +394,10 @@ fn bridge_env(config: &BridgeConfig, auth: &AuthLookup) -> Vec<(String, String)>
             config.address.clone().unwrap_or_default(),
         ),
     ];
+    env.push((
+        "TRAINYARD_RAY_UNAVAILABLE_GRACE_S".to_owned(),
+        config.unavailable_grace.as_secs_f64().to_string(),
+    ));
     // A wrong token otherwise costs 20 retries a second apart; 1 s makes it fail in ~1.5 s.
     if config.var("RAY_gcs_server_port_wait_time_s").is_none() {
         env.push(("RAY_gcs_server_port_wait_time_s".to_owned(), "1".to_owned()));

@@ -53,46 +53,36 @@ pub fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-/// Pids of the processes whose command line mentions `needle`.
-pub fn processes_mentioning(needle: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return pids;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            if String::from_utf8_lossy(&cmdline).contains(needle) && alive(pid) {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
-}
-
-/// Pids of the live processes in process group `pgid`.
-pub fn processes_in_group(pgid: u32) -> Vec<u32> {
+/// Pids of the live (not zombie) processes for which `keep` is true.
+fn processes_where(keep: impl Fn(u32) -> bool) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                // After the command's closing parenthesis: state, ppid, pgrp.
-                stat.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<u32>().ok())
-                    == Some(pgid)
-            }) && alive(*pid)
-        })
+        .filter(|pid| keep(*pid) && alive(*pid))
         .collect()
+}
+
+/// Pids of the processes whose command line mentions `needle`.
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
+    processes_where(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(needle))
+    })
+}
+
+/// Pids of the processes in process group `pgid`.
+pub fn processes_in_group(pgid: u32) -> Vec<u32> {
+    processes_where(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            // After the command's closing parenthesis: state, ppid, pgrp.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<u32>().ok())
+                == Some(pgid)
+        })
+    })
 }
 
 /// Polls `check` every 50 ms until it is true or `bound` passes; returns whether it became true.
