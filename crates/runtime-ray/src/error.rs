@@ -1,0 +1,114 @@
+//! [`BridgeError`]: what can go wrong between the Rust driver and the Ray bridge.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The last lines the bridge wrote to stderr, kept for error messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StderrTail(pub Vec<String>);
+
+impl fmt::Display for StderrTail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("(no stderr output)");
+        }
+        for (i, line) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n  ")?;
+            }
+            f.write_str(line)?;
+        }
+        Ok(())
+    }
+}
+
+/// A failure of the bridge or of a Ray call made through it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BridgeError {
+    /// Nothing answers at the cluster's GCS address (checked before starting the bridge,
+    /// because `ray.init` would hang for minutes), or Ray reported the connection failed.
+    #[error("the Ray cluster at {address} is unreachable")]
+    Unreachable {
+        /// The address tried.
+        address: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Token authentication failed: the token is missing or wrong.
+    #[error(
+        "Ray rejected the authentication token for {address}: the token is missing or wrong ({looked_at}): {message}"
+    )]
+    Auth {
+        /// The address tried (`local head` for a throwaway one).
+        address: String,
+        /// Where the token was looked for.
+        looked_at: String,
+        /// Ray's message.
+        message: String,
+    },
+    /// The bridge script could not be written out.
+    #[error("cannot write the bridge script to {path}")]
+    Script {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The interpreter could not be started.
+    #[error("cannot start the bridge interpreter {python}")]
+    Spawn {
+        /// The interpreter.
+        python: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bridge started but `ray.init` failed (or it exited before saying ready).
+    #[error("the Ray bridge failed to start ({kind}): {message}\n  stderr: {stderr}")]
+    Start {
+        /// The bridge's classification (`start`, or `exited` when it said nothing).
+        kind: String,
+        /// Its message.
+        message: String,
+        /// Its last stderr lines.
+        stderr: StderrTail,
+    },
+    /// A Ray call failed; `kind` is the bridge's classification (`invalid`, `timeout`,
+    /// `name_taken`, `actor_died`, `unknown_group`, `unknown_actor`, `protocol`, `ray`).
+    #[error("ray {op} failed ({kind}): {message}")]
+    Ray {
+        /// The op.
+        op: &'static str,
+        /// The classification.
+        kind: String,
+        /// Ray's message.
+        message: String,
+    },
+    /// No answer in time.
+    #[error("the Ray bridge did not answer {op} within {after:?}")]
+    Timeout {
+        /// The op (`start` for start-up).
+        op: &'static str,
+        /// The bound that passed.
+        after: Duration,
+    },
+    /// The bridge process is gone.
+    #[error("the Ray bridge process was lost; its last stderr lines:\n  {stderr}")]
+    Lost {
+        /// Its last stderr lines.
+        stderr: StderrTail,
+    },
+    /// The bridge sent something this client does not understand.
+    #[error("the Ray bridge sent an unexpected reply to {op}")]
+    Protocol {
+        /// The op.
+        op: &'static str,
+        /// The decoding error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
