@@ -90,7 +90,7 @@ class TrainyardActor:
     def __init__(self):
         self.proc = None
 
-    def start(self, program, args, env, config, token):
+    def start(self, program, args, env, config, token, cwd=None):
         import subprocess
 
         ctx = ray.get_runtime_context()
@@ -113,6 +113,8 @@ class TrainyardActor:
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=None,
+            # The driver's directory when this node has it (same machine, shared file system).
+            cwd=cwd if cwd and os.path.isdir(cwd) else None,
         )
         try:
             self.proc.stdin.write((token + "\n").encode())
@@ -312,6 +314,7 @@ def op_spawn(req):
                 {str(k): str(v) for k, v in (req.get("env") or {}).items()},
                 req.get("config") or {},
                 req.get("token", ""),
+                req.get("cwd"),
             ),
             timeout=float(req.get("timeout_s", 120)),
         )

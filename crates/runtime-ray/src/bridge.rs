@@ -169,6 +169,9 @@ pub struct ActorLaunch {
     pub config: serde_json::Value,
     /// The run token, written to the agent's stdin.
     pub token: String,
+    /// The agent's working directory, used when it exists on the actor's node (the
+    /// driver's, for nodes that share its file system); else the actor's own.
+    pub cwd: Option<String>,
 }
 
 impl fmt::Debug for ActorLaunch {
@@ -755,6 +758,7 @@ impl Bridge {
             env: &launch.env,
             config: &launch.config,
             token: &launch.token,
+            cwd: launch.cwd.as_deref(),
             timeout_s: self.request_timeout.as_secs_f64(),
         };
         match self.call(op, self.request_timeout + SLACK).await {
@@ -816,7 +820,7 @@ impl Bridge {
     ///
     /// # Errors
     /// The shutdown call's error, if it failed (the process is still stopped).
-    pub async fn shutdown(self, grace: Duration) -> Result<(), BridgeError> {
+    pub async fn shutdown(&self, grace: Duration) -> Result<(), BridgeError> {
         let asked = self.call::<Empty>(Op::Shutdown, grace).await;
         self.reap(grace).await;
         match asked {

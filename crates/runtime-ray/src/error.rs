@@ -112,3 +112,31 @@ pub enum BridgeError {
         source: serde_json::Error,
     },
 }
+
+/// Why a [`RayRuntime`](crate::RayRuntime) cannot be configured or started.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RayError {
+    /// The bridge to the cluster cannot start (unreachable cluster, wrong token, no Ray in
+    /// the interpreter).
+    #[error(transparent)]
+    Bridge(#[from] BridgeError),
+    /// The hub the agents connect to cannot start.
+    #[error(transparent)]
+    Hub(#[from] trainyard_runtime_local::hub::HubError),
+    /// The agent binary cannot be found.
+    #[error("cannot find the agent binary {}", .path.display())]
+    AgentBinary {
+        /// The path tried.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The address Ray reports for the driver's node is not an IP address.
+    #[error("Ray reports the driver's node at `{ip}`, which is not an IP address")]
+    NodeIp {
+        /// What Ray reported.
+        ip: String,
+    },
+}

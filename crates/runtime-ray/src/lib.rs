@@ -55,12 +55,14 @@ pub mod auth;
 pub mod bridge;
 mod error;
 pub mod protocol;
+mod runtime;
 
 pub use auth::{AuthLookup, TokenSource};
 pub use bridge::{ActorLaunch, BRIDGE_SCRIPT, Bridge, BridgeConfig, PYTHON_VAR};
-pub use error::{BridgeError, StderrTail};
+pub use error::{BridgeError, RayError, StderrTail};
 pub use protocol::{
     ActorDeath, ActorEnded, ActorEntry, ClusterActor, ClusterGroup, ClusterView, DeathKind,
     GroupReadiness, GroupState, GroupStatus, Holdings, NodeInfo, PlacementGroupId, RayFailure,
     ReadyInfo, SchedulingState, Started,
 };
+pub use runtime::{AGENT_BIN_VAR, RayConfig, RayRuntime};

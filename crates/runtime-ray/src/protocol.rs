@@ -59,6 +59,7 @@ pub(crate) enum Op<'a> {
         env: &'a BTreeMap<String, String>,
         config: &'a serde_json::Value,
         token: &'a str,
+        cwd: Option<&'a str>,
         timeout_s: f64,
     },
     Signal {
@@ -419,6 +420,7 @@ mod tests {
                 env: &env,
                 config: &config,
                 token: "t",
+                cwd: Some("/work"),
                 timeout_s: 5.0,
             },
         };

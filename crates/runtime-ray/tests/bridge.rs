@@ -63,6 +63,7 @@ fn launch(
         )]),
         config: json!({"driver": "127.0.0.1:1", "name": name}),
         token: format!("token-of-{name}"),
+        cwd: None,
     }
 }
 

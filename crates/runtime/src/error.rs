@@ -25,9 +25,10 @@ pub enum RuntimeError {
     /// runtime was told not to wait.
     #[error("placement group {} cannot be reserved now: {}", .0.pg, .0)]
     Busy(Box<Shortage>),
-    /// The runtime's own bookkeeping failed (the local runtime's machine-wide ledger).
+    /// The runtime's own machinery failed: the local runtime's machine-wide ledger, the Ray
+    /// runtime's bridge to its cluster.
     #[error("cannot {action}")]
-    Bookkeeping {
+    Backend {
         /// What was being done.
         action: &'static str,
         /// Why it failed.

@@ -17,7 +17,7 @@ use crate::runtime::Core;
 const POLL: Duration = Duration::from_millis(100);
 
 fn bookkeeping(source: LedgerError) -> RuntimeError {
-    RuntimeError::Bookkeeping {
+    RuntimeError::Backend {
         action: "update the machine's reservation ledger",
         source: Arc::new(source),
     }
@@ -43,7 +43,7 @@ pub(crate) async fn settle(core: &Arc<Core>) -> Result<Vec<RunEntry>, RuntimeErr
     .await;
     match settled {
         Ok(result) => result.map_err(bookkeeping),
-        Err(join) => Err(RuntimeError::Bookkeeping {
+        Err(join) => Err(RuntimeError::Backend {
             action: "update the machine's reservation ledger",
             source: Arc::new(join),
         }),

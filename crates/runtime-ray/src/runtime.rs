@@ -1,0 +1,692 @@
+//! [`RayRuntime`]: actors are Ray actors, each running the trainyard agent, which connects
+//! back to this driver's [`AgentHub`]. Ray reserves the placement groups; every decision
+//! (feasibility, names, what an end means) is made here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use nix::sys::signal::Signal;
+use tokio::sync::oneshot;
+use trainyard_agent::config::AgentConfig;
+use trainyard_config::PlacementGroupFactory;
+use trainyard_resources::{ResourceAmount, Resources};
+use trainyard_runtime::events::TaskEvents;
+use trainyard_runtime::placement;
+use trainyard_runtime::{
+    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, NodeId, NodeInfo as ClusterNode,
+    PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
+};
+use trainyard_runtime_local::AgentCommand;
+use trainyard_runtime_local::hub::{AgentExit, AgentHub, AgentProcess, HubConfig};
+
+use crate::bridge::{ActorLaunch, Bridge, BridgeConfig};
+use crate::error::{BridgeError, RayError};
+use crate::protocol::{self, ActorEnded, DeathKind, ReadyInfo};
+
+/// The variable naming the agent binary on the Ray nodes.
+pub const AGENT_BIN_VAR: &str = "TRAINYARD_AGENT_BIN";
+/// How often a waited-for group is looked at.
+const WAIT_STEP: Duration = Duration::from_secs(1);
+/// How long the Ray actors and groups get to go at shutdown.
+const BRIDGE_GRACE: Duration = Duration::from_secs(10);
+
+/// How a [`RayRuntime`] runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RayConfig {
+    /// Names the run: the prefix of its actors' and groups' names, and its Ray namespace.
+    pub run_name: String,
+    /// How the bridge is started (interpreter, address, timeouts).
+    pub bridge: BridgeConfig,
+    /// The agent program, as a path valid on every Ray node (`$TRAINYARD_AGENT_BIN`, else the
+    /// running executable: right when the nodes share this machine or its file system).
+    pub agent: AgentCommand,
+    /// Wait for a group that the cluster as it is can never hold (an autoscaler may add
+    /// nodes), instead of failing at once.
+    pub wait_for_resources: bool,
+    /// Where the driver listens for its agents (all interfaces by default; every agent
+    /// presents the run's secret token).
+    pub bind: IpAddr,
+    /// How long an actor may take from its creation to its agent's hello (Ray starts a
+    /// worker process for it first).
+    pub connect_timeout: Duration,
+    /// How long an agent gets to answer a request.
+    pub call_timeout: Duration,
+    /// How long a stopped agent gets to exit.
+    pub stop_grace: Duration,
+}
+
+impl RayConfig {
+    /// The defaults for a run named `run_name`: the bridge from the environment, the agent
+    /// from `$TRAINYARD_AGENT_BIN` or the running executable.
+    ///
+    /// # Errors
+    /// [`RayError::AgentBinary`] when neither names a file.
+    pub fn new(run_name: impl Into<String>) -> Result<Self, RayError> {
+        let run_name = run_name.into();
+        let program = match std::env::var_os(AGENT_BIN_VAR).filter(|v| !v.is_empty()) {
+            Some(path) => PathBuf::from(path),
+            None => std::env::current_exe().map_err(|source| RayError::AgentBinary {
+                path: PathBuf::from("<current executable>"),
+                source,
+            })?,
+        };
+        let agent = AgentCommand::new(program, Vec::<String>::new());
+        let hub = HubConfig::new(&run_name);
+        Ok(Self {
+            bridge: BridgeConfig::default().namespace(run_name.clone()),
+            run_name,
+            agent,
+            wait_for_resources: false,
+            bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            connect_timeout: Duration::from_secs(60),
+            call_timeout: hub.call_timeout,
+            stop_grace: hub.stop_grace,
+        })
+    }
+
+    /// Sets the cluster's address (`host:port`); without one a throwaway local head runs.
+    #[must_use]
+    pub fn address(mut self, address: impl Into<String>) -> Self {
+        self.bridge = self.bridge.address(address);
+        self
+    }
+
+    /// Sets [`RayConfig::agent`].
+    #[must_use]
+    pub fn agent(mut self, agent: AgentCommand) -> Self {
+        self.agent = agent;
+        self
+    }
+
+    /// Sets [`RayConfig::bridge`].
+    #[must_use]
+    pub fn bridge(mut self, bridge: BridgeConfig) -> Self {
+        self.bridge = bridge;
+        self
+    }
+
+    /// Sets [`RayConfig::wait_for_resources`].
+    #[must_use]
+    pub fn wait_for_resources(mut self, wait: bool) -> Self {
+        self.wait_for_resources = wait;
+        self
+    }
+
+    /// Sets [`RayConfig::stop_grace`].
+    #[must_use]
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
+    }
+}
+
+/// A trainyard runtime on a Ray cluster; see the [crate docs](crate).
+///
+/// Cheap to clone: clones share the runtime. [`RayRuntime::shutdown`] ends every actor and
+/// group and the bridge; dropping the last clone kills the bridge, and Ray then removes the
+/// bridge job's actors and groups itself.
+#[derive(Clone)]
+pub struct RayRuntime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RayConfig,
+    hub: AgentHub,
+    bridge: Arc<Bridge>,
+    ready: ReadyInfo,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    next_group: u64,
+    groups: HashMap<PlacementGroupId, Group>,
+    /// The Ray name of every actor not released yet.
+    actors: HashMap<ActorId, Placed>,
+}
+
+struct Group {
+    ray: protocol::PlacementGroupId,
+    /// What each bundle has left for actors (Ray would queue an actor that does not fit
+    /// forever; this runtime refuses it).
+    left: Vec<Resources>,
+    bundle_nodes: Option<Vec<NodeId>>,
+}
+
+struct Placed {
+    name: String,
+    /// Its group and bundle, and what it takes of the bundle.
+    bundle: Option<(PlacementGroupId, usize, Resources)>,
+}
+
+impl State {
+    /// Forgets a gone actor and gives back what it took of its bundle.
+    fn forget(&mut self, actor: ActorId) -> Option<Placed> {
+        let placed = self.actors.remove(&actor)?;
+        if let Some((pg, index, demand)) = &placed.bundle {
+            if let Some(left) = self.groups.get_mut(pg).and_then(|g| g.left.get_mut(*index)) {
+                // It was taken from this bundle, so it fits back.
+                let _ = left.checked_add_assign(demand);
+            }
+        }
+        Some(placed)
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl RayRuntime {
+    /// Starts the bridge (connecting to the cluster, or starting a throwaway head) and the
+    /// hub the agents connect to.
+    ///
+    /// # Errors
+    /// [`RayError::Bridge`] (unreachable cluster, wrong token, no Ray in the interpreter) or
+    /// [`RayError::Hub`].
+    pub async fn start(config: RayConfig) -> Result<Self, RayError> {
+        let (bridge, ready) = Bridge::start(config.bridge.clone()).await?;
+        let bridge = Arc::new(bridge);
+        let advertise: IpAddr = ready.node_ip.parse().map_err(|_| RayError::NodeIp {
+            ip: ready.node_ip.clone(),
+        })?;
+        let hub_config = HubConfig {
+            name: config.run_name.clone(),
+            bind: config.bind,
+            advertise: Some(advertise),
+            connect_timeout: config.connect_timeout,
+            call_timeout: config.call_timeout,
+            stop_grace: config.stop_grace,
+        };
+        let state = Arc::new(Mutex::new(State::default()));
+        let release = release_hook(Arc::clone(&state), Arc::clone(&bridge));
+        let hub = AgentHub::start(hub_config, release).await?;
+        tracing::info!(
+            run = %config.run_name,
+            ray = %ready.ray_version,
+            address = %ready.address,
+            started_head = ready.started_head,
+            driver = %hub.driver_address(),
+            "Ray runtime started"
+        );
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                hub,
+                bridge,
+                ready,
+                state,
+            }),
+        })
+    }
+
+    /// What the bridge said once it was connected: Ray's version, the cluster's address,
+    /// whether it started a throwaway head.
+    #[must_use]
+    pub fn ready(&self) -> &ReadyInfo {
+        &self.inner.ready
+    }
+
+    /// The bridge to the cluster, for what the runtime does not wrap.
+    #[must_use]
+    pub fn bridge(&self) -> &Bridge {
+        &self.inner.bridge
+    }
+
+    /// Ends every agent, then has the bridge kill its actors, remove its groups and exit.
+    pub async fn shutdown(&self) {
+        self.inner.hub.shutdown().await;
+        let groups: Vec<protocol::PlacementGroupId> = lock(&self.inner.state)
+            .groups
+            .drain()
+            .map(|(_, group)| group.ray)
+            .collect();
+        for group in groups {
+            if let Err(error) = self.inner.bridge.remove_placement_group(&group).await {
+                tracing::debug!(%error, "cannot remove a placement group at shutdown");
+            }
+        }
+        if let Err(error) = self.inner.bridge.shutdown(BRIDGE_GRACE).await {
+            tracing::warn!(%error, "the Ray bridge did not shut down cleanly");
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.inner.state)
+    }
+
+    fn ray_group(&self, pg: PlacementGroupId) -> Result<protocol::PlacementGroupId, RuntimeError> {
+        self.state()
+            .groups
+            .get(&pg)
+            .map(|group| group.ray.clone())
+            .ok_or(RuntimeError::UnknownPlacementGroup(pg))
+    }
+
+    /// The agent's configuration, less what only its actor knows (filled in there).
+    fn agent_config(&self, actor: ActorId) -> AgentConfig {
+        AgentConfig {
+            driver: self.inner.hub.driver_address().to_string(),
+            actor,
+            parent: 0,
+            node_id: NodeId::from(""),
+            node_ip: String::new(),
+            accelerator_ids: BTreeMap::new(),
+            memory: None,
+            grace_ms: u64::try_from(self.inner.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// Frees a gone actor's Ray actor (its agent has ended; the actor would hold its resources
+/// until killed).
+fn release_hook(
+    state: Arc<Mutex<State>>,
+    bridge: Arc<Bridge>,
+) -> impl Fn(ActorId) + Send + Sync + 'static {
+    move |actor| {
+        let Some(placed) = lock(&state).forget(actor) else {
+            return;
+        };
+        let bridge = Arc::clone(&bridge);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = bridge.kill_actor(&placed.name).await {
+                    tracing::debug!(%error, name = %placed.name, "cannot kill a gone actor");
+                }
+            });
+        }
+    }
+}
+
+impl fmt::Debug for RayRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RayRuntime")
+            .field("run", &self.inner.config.run_name)
+            .field("address", &self.inner.ready.address)
+            .field("hub", &self.inner.hub)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A Ray amount as a trainyard amount: Ray keeps four decimals, and sums of floats may
+/// carry noise below that.
+fn amount(value: f64) -> Option<ResourceAmount> {
+    let rounded = (value * 10_000.0).round() / 10_000.0;
+    ResourceAmount::try_from(rounded.max(0.0)).ok()
+}
+
+fn resources(map: &BTreeMap<String, f64>) -> Resources {
+    let mut out = Resources::new();
+    for (name, value) in map {
+        if let Some(amount) = amount(*value) {
+            // Names came from Ray; one it accepts that trainyard does not is left out.
+            let _ = out.insert(name.clone(), amount);
+        }
+    }
+    out.without_zeros()
+}
+
+/// A failed bridge call as the runtime's error, saying what was being done.
+fn backend(action: &'static str) -> impl FnOnce(BridgeError) -> RuntimeError {
+    move |error| RuntimeError::Backend {
+        action,
+        source: Arc::new(error),
+    }
+}
+
+#[async_trait]
+impl ActorRuntime for RayRuntime {
+    async fn cluster(&self) -> Result<ClusterSnapshot, RuntimeError> {
+        let nodes = self
+            .inner
+            .bridge
+            .nodes()
+            .await
+            .map_err(backend("list the Ray cluster's nodes"))?;
+        let nodes = nodes
+            .into_iter()
+            .filter(|node| node.alive)
+            .map(|node| ClusterNode {
+                id: NodeId::from(node.node_id),
+                ip: node.ip,
+                hostname: node.hostname,
+                total: resources(&node.total),
+                available: resources(&node.available),
+                accelerator_ids: BTreeMap::new(),
+            })
+            .collect();
+        Ok(ClusterSnapshot { nodes })
+    }
+
+    async fn create_placement_group(
+        &self,
+        factory: &PlacementGroupFactory,
+    ) -> Result<PlacementGroupId, RuntimeError> {
+        let snapshot = self.cluster().await?;
+        let totals: Vec<&Resources> = snapshot.nodes.iter().map(|n| &n.total).collect();
+        if let Err(error) = placement::check_feasible(&totals, factory) {
+            if !self.inner.config.wait_for_resources {
+                return Err(error.into());
+            }
+            tracing::warn!(%error, "waiting for the cluster to grow (--wait-for-resources)");
+        }
+        let id = {
+            let mut state = self.state();
+            let id = PlacementGroupId(state.next_group);
+            state.next_group += 1;
+            id
+        };
+        let name = format!("{}-{id}", self.inner.config.run_name);
+        let ray = self
+            .inner
+            .bridge
+            .create_placement_group(&name, &factory.bundles, factory.strategy)
+            .await
+            .map_err(backend("create a Ray placement group"))?;
+        self.state().groups.insert(
+            id,
+            Group {
+                ray,
+                left: factory.bundles.clone(),
+                bundle_nodes: None,
+            },
+        );
+        Ok(id)
+    }
+
+    async fn wait_placement_group_ready(
+        &self,
+        pg: PlacementGroupId,
+        timeout: Duration,
+    ) -> Result<PlacementInfo, RuntimeError> {
+        let ray = self.ray_group(pg)?;
+        let started = Instant::now();
+        loop {
+            let left = timeout.saturating_sub(started.elapsed());
+            let step = left.min(WAIT_STEP);
+            let readiness = self
+                .inner
+                .bridge
+                .wait_placement_group(&ray, step)
+                .await
+                .map_err(backend("wait for a Ray placement group"))?;
+            if readiness.ready {
+                let bundle_nodes: Vec<NodeId> = readiness
+                    .bundle_nodes
+                    .into_iter()
+                    .map(NodeId::from)
+                    .collect();
+                let mut state = self.state();
+                let group = state
+                    .groups
+                    .get_mut(&pg)
+                    .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
+                group.bundle_nodes = Some(bundle_nodes.clone());
+                return Ok(PlacementInfo { bundle_nodes });
+            }
+            if started.elapsed() >= timeout {
+                return Err(RuntimeError::PlacementTimeout {
+                    pg,
+                    waited: timeout,
+                });
+            }
+        }
+    }
+
+    async fn remove_placement_group(&self, pg: PlacementGroupId) -> Result<(), RuntimeError> {
+        let (group, inside) = {
+            let mut state = self.state();
+            let group = state
+                .groups
+                .remove(&pg)
+                .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
+            let inside: Vec<ActorId> = state
+                .actors
+                .iter()
+                .filter(|(_, placed)| matches!(placed.bundle, Some((g, _, _)) if g == pg))
+                .map(|(actor, _)| *actor)
+                .collect();
+            (group, inside)
+        };
+        self.inner
+            .hub
+            .end_all(inside, &DeathCause::PlacementGroupRemoved)
+            .await;
+        self.inner
+            .bridge
+            .remove_placement_group(&group.ray)
+            .await
+            .map_err(backend("remove a Ray placement group"))
+    }
+
+    async fn spawn(&self, spec: ActorSpec) -> Result<ActorId, RuntimeError> {
+        let arrival = self.inner.hub.expect(&spec.name)?;
+        let actor = arrival.actor();
+        let name = format!("{}-{}-{}", self.inner.config.run_name, spec.name, actor.0);
+        let config = serde_json::to_value(self.agent_config(actor)).map_err(|error| {
+            RuntimeError::SpawnFailed {
+                name: spec.name.clone(),
+                reason: format!("the agent's configuration cannot be encoded: {error}"),
+            }
+        })?;
+        let (ray_bundle, bundle) = match spec.placement {
+            Some((pg, index)) => {
+                let demand = Resources::from(&spec.options);
+                let mut state = self.state();
+                let group = state
+                    .groups
+                    .get_mut(&pg)
+                    .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
+                let bundles = group.left.len();
+                let ray_index = u32::try_from(index)
+                    .ok()
+                    .filter(|_| index < bundles)
+                    .ok_or(RuntimeError::NoSuchBundle { pg, index, bundles })?;
+                if group.bundle_nodes.is_none() {
+                    return Err(RuntimeError::PlacementGroupNotReady(pg));
+                }
+                let left = &mut group.left[index];
+                if let Some(short) = left.first_shortfall(&demand) {
+                    return Err(RuntimeError::BundleTooSmall {
+                        name: spec.name.clone(),
+                        pg,
+                        index,
+                        resource: short.to_owned(),
+                        needed: demand.amount(short),
+                        left: left.amount(short),
+                    });
+                }
+                // `first_shortfall` found nothing missing, so the take succeeds.
+                let _ = left.try_take(&demand);
+                (
+                    Some((group.ray.clone(), ray_index)),
+                    Some((pg, index, demand)),
+                )
+            }
+            None => (None, None),
+        };
+        let launch = ActorLaunch {
+            name: name.clone(),
+            placement: ray_bundle,
+            options: spec.options.clone(),
+            program: self
+                .inner
+                .config
+                .agent
+                .program
+                .to_string_lossy()
+                .into_owned(),
+            args: self.inner.config.agent.args.clone(),
+            env: spec.env.clone(),
+            config,
+            token: self.inner.hub.token().to_hex(),
+            cwd: std::env::current_dir()
+                .ok()
+                .map(|dir| dir.to_string_lossy().into_owned()),
+        };
+        self.state().actors.insert(
+            actor,
+            Placed {
+                name: name.clone(),
+                bundle,
+            },
+        );
+        let (started, end) = match self.inner.bridge.spawn_actor(&launch).await {
+            Ok(spawned) => spawned,
+            Err(error) => {
+                // The actor may exist (it timed out while pending): it must go.
+                self.state().forget(actor);
+                let _ = self.inner.bridge.kill_actor(&name).await;
+                return Err(RuntimeError::SpawnFailed {
+                    name: spec.name,
+                    reason: error.to_string(),
+                });
+            }
+        };
+        tracing::debug!(
+            %actor,
+            %name,
+            node = %started.node_id,
+            pid = started.pid,
+            assigned = ?started.assigned,
+            "Ray actor started its agent"
+        );
+        let process = RayAgent {
+            bridge: Arc::clone(&self.inner.bridge),
+            name,
+            pid: started.pid,
+            node: NodeId::from(started.node_id),
+            end: Some(end),
+            ended: None,
+        };
+        self.inner
+            .hub
+            .attach(arrival, spec.name, Box::new(process))
+            .await
+    }
+
+    async fn call(&self, actor: ActorId, request: Request) -> Result<Response, RuntimeError> {
+        self.inner.hub.call(actor, request).await
+    }
+
+    async fn kill(&self, actor: ActorId, grace: Duration) -> Result<(), RuntimeError> {
+        self.inner.hub.kill(actor, grace).await
+    }
+
+    async fn task_events(&self, actor: ActorId) -> Result<Option<TaskEvents>, RuntimeError> {
+        self.inner.hub.task_events(actor)
+    }
+}
+
+/// An agent that a Ray actor started, seen and ended through the bridge.
+struct RayAgent {
+    bridge: Arc<Bridge>,
+    name: String,
+    pid: u32,
+    node: NodeId,
+    end: Option<oneshot::Receiver<ActorEnded>>,
+    ended: Option<AgentExit>,
+}
+
+impl RayAgent {
+    fn exit_of(&self, ended: &ActorEnded) -> AgentExit {
+        if let Some(death) = &ended.died {
+            return AgentExit::Died(match death.kind {
+                // `ray.kill` from outside this driver (its own kills are recorded as such
+                // before the end is seen): Ray SIGKILLs the actor's process group.
+                DeathKind::Killed => DeathCause::ProcessExited {
+                    code: None,
+                    signal: Some(9),
+                },
+                DeathKind::NodeDied | DeathKind::Unavailable => DeathCause::NodeLost {
+                    node: self.node.clone(),
+                },
+                DeathKind::WorkerDied
+                | DeathKind::OwnerDied
+                | DeathKind::BridgeLost
+                | DeathKind::Other => DeathCause::ConnectionLost,
+            });
+        }
+        match (ended.exit_code, ended.signal) {
+            (_, Some(signal)) => AgentExit::Status(ExitStatus::from_raw(signal & 0x7f)),
+            (Some(code), None) => AgentExit::Status(ExitStatus::from_raw((code & 0xff) << 8)),
+            (None, None) => AgentExit::Died(DeathCause::ConnectionLost),
+        }
+    }
+
+    /// Runs a bridge call in the background: the hub's signals do not wait.
+    fn in_background<F>(&self, call: impl FnOnce(Arc<Bridge>, String) -> F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(call(Arc::clone(&self.bridge), self.name.clone()));
+        }
+    }
+}
+
+#[async_trait]
+impl AgentProcess for RayAgent {
+    fn pid(&self) -> Option<u32> {
+        Some(self.pid)
+    }
+
+    async fn wait(&mut self) -> io::Result<AgentExit> {
+        if let Some(exit) = &self.ended {
+            return Ok(exit.clone());
+        }
+        let Some(end) = self.end.as_mut() else {
+            return Err(io::Error::other("the actor's end cannot be seen"));
+        };
+        let exit = match end.await {
+            Ok(ended) => self.exit_of(&ended),
+            Err(_) => AgentExit::Died(DeathCause::ConnectionLost),
+        };
+        self.end = None;
+        self.ended = Some(exit.clone());
+        Ok(exit)
+    }
+
+    fn terminate(&mut self) {
+        self.in_background(|bridge, name| async move {
+            if let Err(error) = bridge.signal_actor(&name, Signal::SIGTERM, None).await {
+                tracing::debug!(%error, %name, "cannot ask the agent to stop");
+            }
+        });
+    }
+
+    fn kill(&mut self, task: Option<u32>) {
+        let task = task.and_then(|task| i32::try_from(task).ok());
+        self.in_background(move |bridge, name| async move {
+            if let Err(error) = bridge.signal_actor(&name, Signal::SIGKILL, task).await {
+                tracing::debug!(%error, %name, "cannot kill the agent through its actor");
+            }
+            if let Err(error) = bridge.kill_actor(&name).await {
+                tracing::debug!(%error, %name, "cannot kill the actor");
+            }
+        });
+    }
+
+    fn task_killer(&self) -> fn(u32) {
+        // The task runs on the actor's node; killing the actor ends it there.
+        |_| {}
+    }
+}
+
+impl Drop for RayAgent {
+    fn drop(&mut self) {
+        if self.ended.is_none() {
+            self.kill(None);
+        }
+    }
+}
