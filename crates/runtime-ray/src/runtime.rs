@@ -19,11 +19,11 @@ use trainyard_agent::config::AgentConfig;
 use trainyard_config::PlacementGroupFactory;
 use trainyard_resources::{ResourceAmount, Resources};
 use trainyard_runtime::events::TaskEvents;
-use trainyard_runtime::placement;
 use trainyard_runtime::{
     ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, NodeId, NodeInfo as ClusterNode,
     PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
 };
+use trainyard_runtime::{placement, reservations};
 use trainyard_runtime_local::AgentCommand;
 use trainyard_runtime_local::hub::{AgentExit, AgentHub, AgentProcess, HubConfig};
 
@@ -496,17 +496,8 @@ impl ActorRuntime for RayRuntime {
                     return Err(RuntimeError::PlacementGroupNotReady(pg));
                 }
                 let left = &mut group.left[index];
-                if let Some(short) = left.first_shortfall(&demand) {
-                    return Err(RuntimeError::BundleTooSmall {
-                        name: spec.name.clone(),
-                        pg,
-                        index,
-                        resource: short.to_owned(),
-                        needed: demand.amount(short),
-                        left: left.amount(short),
-                    });
-                }
-                // `first_shortfall` found nothing missing, so the take succeeds.
+                reservations::check_bundle_room(left, &demand, &spec.name, pg, index)?;
+                // There is room, so the take succeeds.
                 let _ = left.try_take(&demand);
                 (
                     Some((group.ray.clone(), ray_index)),

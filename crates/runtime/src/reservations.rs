@@ -631,16 +631,7 @@ impl Reservations {
                 let bundle = slot
                     .as_mut()
                     .ok_or(RuntimeError::PlacementGroupNotReady(pg))?;
-                if let Some(short) = bundle.left.first_shortfall(&demand) {
-                    return Err(RuntimeError::BundleTooSmall {
-                        name: spec.name.clone(),
-                        pg,
-                        index,
-                        resource: short.to_owned(),
-                        needed: demand.amount(short),
-                        left: bundle.left.amount(short),
-                    });
-                }
+                check_bundle_room(&bundle.left, &demand, &spec.name, pg, index)?;
                 let Some(ids) = bundle.devices.take(&demand) else {
                     return Err(RuntimeError::SpawnFailed {
                         name: spec.name.clone(),
@@ -768,6 +759,31 @@ impl Reservations {
         }
         self.schedule_if_automatic();
         on_node
+    }
+}
+
+/// Whether an actor named `name` that takes `demand` fits in what bundle `index` of `pg`
+/// has `left`.
+///
+/// # Errors
+/// [`RuntimeError::BundleTooSmall`] naming the first resource that is short.
+pub fn check_bundle_room(
+    left: &Resources,
+    demand: &Resources,
+    name: &str,
+    pg: PlacementGroupId,
+    index: usize,
+) -> Result<(), RuntimeError> {
+    match left.first_shortfall(demand) {
+        None => Ok(()),
+        Some(short) => Err(RuntimeError::BundleTooSmall {
+            name: name.to_owned(),
+            pg,
+            index,
+            resource: short.to_owned(),
+            needed: demand.amount(short),
+            left: left.amount(short),
+        }),
     }
 }
 
