@@ -232,6 +232,9 @@ pub use trainyard_runtime as runtime;
 #[cfg(feature = "local")]
 #[doc(inline)]
 pub use trainyard_runtime_local as local;
+#[cfg(feature = "ray")]
+#[doc(inline)]
+pub use trainyard_runtime_ray as ray;
 #[cfg(feature = "torch")]
 #[doc(inline)]
 pub use trainyard_torch_backend as torch;

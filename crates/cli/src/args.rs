@@ -37,9 +37,8 @@ pub(crate) struct RunArgs {
     /// Where the workers run: local (this machine) or ray
     #[arg(long, value_enum, default_value_t = RuntimeKind::Local)]
     pub(crate) runtime: RuntimeKind,
-    /// Ray cluster address (runtime ray)
-    #[arg(long, value_name = "ADDR")]
-    pub(crate) address: Option<String>,
+    #[command(flatten)]
+    pub(crate) ray: RayArgs,
     /// The framework whose environment the workers get
     #[arg(long, value_enum, default_value_t = BackendKind::Torch)]
     pub(crate) backend: BackendKind,
@@ -58,12 +57,23 @@ pub(crate) struct RunArgs {
     /// Fail at once (exit 3) instead of waiting when other runs on this machine hold what the run needs
     #[arg(long)]
     pub(crate) no_wait: bool,
+    /// Wait for resources the Ray cluster does not have yet (an autoscaler adds nodes), up to the placement timeout, instead of failing at once
+    #[arg(long)]
+    pub(crate) wait_for_resources: bool,
     /// Log format: text, or json for one structured event per line
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
     /// The program to run on every worker, and its arguments
     #[arg(last = true, value_name = "PROGRAM", required = true, num_args = 1..)]
     pub(crate) program: Vec<String>,
+}
+
+/// The RAY flags: which Ray cluster.
+#[derive(Debug, Args)]
+pub(crate) struct RayArgs {
+    /// Ray cluster address HOST:PORT (runtime ray) [default: $RAY_ADDRESS, else a throwaway local head]
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) address: Option<String>,
 }
 
 /// `cluster`'s flags.
@@ -74,6 +84,8 @@ pub(crate) struct ClusterArgs {
     /// Where the workers run: local (this machine) or ray
     #[arg(long, value_enum, default_value_t = RuntimeKind::Local)]
     pub(crate) runtime: RuntimeKind,
+    #[command(flatten)]
+    pub(crate) ray: RayArgs,
     /// Output format
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub(crate) format: OutputFormat,
@@ -158,6 +170,8 @@ pub(crate) struct PlanArgs {
     pub(crate) cluster: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) local: LocalArgs,
+    #[command(flatten)]
+    pub(crate) ray: RayArgs,
     /// Output format
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub(crate) format: OutputFormat,

@@ -1,4 +1,5 @@
-//! `trainyard cluster`: the nodes of the local runtime and what each offers.
+//! `trainyard cluster`: the nodes of the local runtime or of a Ray cluster, what each offers,
+//! and (on this machine) what the live runs hold.
 
 use std::fmt::Write as _;
 use std::io::{self, Write as _};
@@ -15,15 +16,21 @@ use crate::args::{ClusterArgs, FlagError, OutputFormat, RuntimeKind};
 #[derive(Debug, Serialize)]
 struct Node {
     id: String,
-    ip: &'static str,
+    ip: String,
     resources: Resources,
+    /// What is free now, where the runtime tells (Ray).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    available: Option<Resources>,
     gpu_ids: Vec<String>,
 }
 
 pub(crate) fn run(args: &ClusterArgs) -> Result<(), Failure> {
     if args.runtime == RuntimeKind::Ray {
-        return Err(Failure::bad_input(FlagError::new("--runtime", "ray")(
-            "the Ray runtime is not part of this build yet; use --runtime local".into(),
+        return ray(args);
+    }
+    if let Some(address) = &args.ray.address {
+        return Err(Failure::bad_input(FlagError::new("--address", address)(
+            "--address names a Ray cluster and applies to --runtime ray only".into(),
         )));
     }
     let nodes: Vec<Node> = args
@@ -32,8 +39,9 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), Failure> {
         .into_iter()
         .map(|n| Node {
             id: n.id.to_string(),
-            ip: "127.0.0.1",
+            ip: "127.0.0.1".to_owned(),
             resources: n.resources,
+            available: None,
             gpu_ids: n.gpu_ids,
         })
         .collect();
@@ -50,8 +58,39 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), Failure> {
             serde_json::to_string_pretty(&serde_json::json!({ "nodes": nodes, "runs": runs }))
                 .map_err(Failure::other)?
         }
-        OutputFormat::Text => render(&nodes, &runs),
+        OutputFormat::Text => render(&nodes, Some(&runs)),
     };
+    print(&text)
+}
+
+/// The live nodes of the Ray cluster at `--address` (or `$RAY_ADDRESS`).
+fn ray(args: &ClusterArgs) -> Result<(), Failure> {
+    if let Some(flag) = args.local.given() {
+        return Err(Failure::bad_input(FlagError::new(flag, "(given)")(
+            "describes this machine and applies to --runtime local only".into(),
+        )));
+    }
+    let snapshot = crate::engine::ray_snapshot(&args.ray)?;
+    let nodes: Vec<Node> = snapshot
+        .nodes
+        .into_iter()
+        .map(|n| Node {
+            id: n.id.to_string(),
+            ip: n.ip,
+            resources: n.total,
+            available: Some(n.available),
+            gpu_ids: Vec::new(),
+        })
+        .collect();
+    let text = match args.format {
+        OutputFormat::Json => serde_json::to_string_pretty(&serde_json::json!({ "nodes": nodes }))
+            .map_err(Failure::other)?,
+        OutputFormat::Text => render(&nodes, None),
+    };
+    print(&text)
+}
+
+fn print(text: &str) -> Result<(), Failure> {
     let mut out = io::stdout().lock();
     match writeln!(out, "{text}").and_then(|()| out.flush()) {
         Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(()),
@@ -59,7 +98,8 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), Failure> {
     }
 }
 
-fn render(nodes: &[Node], runs: &[Holder]) -> String {
+/// The nodes as a table; `runs` are those holding this machine (none for a Ray cluster).
+fn render(nodes: &[Node], runs: Option<&[Holder]>) -> String {
     let mut out = String::new();
     let width = nodes.iter().map(|n| n.id.len()).max().unwrap_or(4).max(4);
     // Writing into a String cannot fail.
@@ -70,12 +110,20 @@ fn render(nodes: &[Node], runs: &[Holder]) -> String {
         } else {
             format!("  gpu_ids={}", node.gpu_ids.join(","))
         };
+        let free = match &node.available {
+            Some(available) => format!("  free: {available:#}"),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
-            "{:width$}  {:9}  {:#}{gpus}",
+            "{:width$}  {:9}  {:#}{gpus}{free}",
             node.id, node.ip, node.resources
         );
     }
+    let Some(runs) = runs else {
+        out.truncate(out.trim_end().len());
+        return out;
+    };
     if runs.is_empty() {
         let _ = writeln!(out, "\nno run holds anything on this machine");
     } else {

@@ -8,6 +8,20 @@ use crate::Failure;
 use crate::args::{FlagError, LocalArgs, parse_flag, warn_case_mistakes};
 
 impl LocalArgs {
+    /// The first LOCAL flag given, if any (they describe this machine only).
+    pub(crate) fn given(&self) -> Option<&'static str> {
+        [
+            (self.num_cpus.is_some(), "--num-cpus"),
+            (self.num_gpus.is_some(), "--num-gpus"),
+            (self.memory.is_some(), "--memory"),
+            (self.resources.is_some(), "--resources"),
+            (self.nodes.is_some(), "--nodes"),
+            (self.enforce_memory, "--enforce-memory"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+
     /// What the user set on the command line, checked.
     fn overrides(&self) -> Result<Overrides, Failure> {
         let mut overrides = Overrides::default();

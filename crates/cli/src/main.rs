@@ -2,6 +2,7 @@
 
 mod args;
 mod cluster;
+mod engine;
 mod local;
 mod output;
 mod plan;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use trainyard::backend::ExecutorError;
 use trainyard::local::ledger::{self, LedgerLocation, RunEntry};
 use trainyard::runtime::reservations::{NodeSpec, Reservations};
-use trainyard::runtime::{PlacementGroupFactory, RuntimeError, Shortage};
+use trainyard::runtime::{NodeInfo, PlacementGroupFactory, RuntimeError, Shortage};
 use trainyard_config::Format;
 use trainyard_config::Plan;
 use trainyard_config::resources::{GPU, Resources};
@@ -58,11 +58,7 @@ pub(crate) fn run(args: &PlanArgs) -> Result<(), Failure> {
     let config = args.scaling.to_config()?;
     let plan = config.plan().map_err(Failure::bad_input)?;
     let placement = match (args.runtime, &args.cluster) {
-        (Some(RuntimeKind::Ray), _) => {
-            return Err(Failure::bad_input(FlagError::new("--runtime", "ray")(
-                "plans on a Ray cluster are not part of this build yet; use --runtime local or --cluster FILE".into(),
-            )));
-        }
+        (Some(RuntimeKind::Ray), _) => Some(place_on_ray(args, &plan.placement_group_factory)?),
         (Some(RuntimeKind::Local), _) => {
             let nodes = args.local.config("plan", false)?.node_specs();
             let others = other_runs()?;
@@ -85,6 +81,69 @@ pub(crate) fn run(args: &PlanArgs) -> Result<(), Failure> {
         Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(()),
         result => result.map_err(Failure::output),
     }
+}
+
+/// Places `factory` on the Ray cluster as it is now: refused as `run` would refuse it when
+/// it can never fit the live nodes; else on the nodes' free resources, or what it waits for.
+fn place_on_ray(args: &PlanArgs, factory: &PlacementGroupFactory) -> Result<Placement, Failure> {
+    if let Some(flag) = args.local.given() {
+        return Err(Failure::bad_input(FlagError::new(flag, "(given)")(
+            "describes this machine and applies to --runtime local only".into(),
+        )));
+    }
+    let snapshot = crate::engine::ray_snapshot(&args.ray)?;
+    let cluster = format!("ray {}", args.ray.address().unwrap_or_default());
+    let spec = |node: &NodeInfo, resources: &Resources| NodeSpec {
+        id: node.id.clone(),
+        ip: node.ip.clone(),
+        hostname: node.hostname.clone(),
+        resources: resources.clone(),
+        devices: BTreeMap::new(),
+    };
+    let totals: Vec<&Resources> = snapshot.nodes.iter().map(|n| &n.total).collect();
+    if let Err(error) = trainyard::runtime::placement::check_feasible(&totals, factory) {
+        let error = ExecutorError::Unschedulable(Box::new(RuntimeError::Infeasible(error)));
+        return Err(Failure::new(
+            EXIT_UNSCHEDULABLE,
+            trainyard::Error::from(error),
+        ));
+    }
+    let free: Vec<NodeSpec> = snapshot
+        .nodes
+        .iter()
+        .map(|n| spec(n, &n.available))
+        .collect();
+    let mut book = Reservations::new(free);
+    let placed = book
+        .create_group(factory)
+        .ok()
+        .and_then(|pg| book.placement_info(pg).ok().flatten());
+    if let Some(info) = placed {
+        return Ok(Placement::Placed {
+            cluster,
+            bundle_nodes: info.bundle_nodes.iter().map(ToString::to_string).collect(),
+        });
+    }
+    // What the free resources lack, summed over the cluster; all of it when they would be
+    // enough but are split over nodes in a way the strategy cannot use.
+    let demand = factory.total_resources().map_err(Failure::bad_input)?;
+    let available = snapshot.available();
+    let mut missing = Resources::new();
+    for (name, wanted) in demand.iter() {
+        let short = wanted.saturating_sub(available.amount(name));
+        if !short.is_zero() {
+            let _ = missing.insert(name, short);
+        }
+    }
+    if missing.is_empty() {
+        missing = demand;
+    }
+    let shortage = Shortage {
+        pg: trainyard::runtime::PlacementGroupId(0),
+        missing,
+        holders: Vec::new(),
+    };
+    Ok(Placement::Waits { cluster, shortage })
 }
 
 /// What the live runs on this machine hold.

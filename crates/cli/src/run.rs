@@ -3,7 +3,6 @@
 //! on failure or interruption.
 
 use std::io::{self, Write as _};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{SignalKind, signal};
@@ -17,6 +16,7 @@ use trainyard::{Trainer, command_task};
 use trainyard_config::{FailureConfig, RunConfig};
 
 use crate::args::{BackendKind, FlagError, LogFormat, RunArgs, RuntimeKind};
+use crate::engine::Engine;
 use crate::output::{Progress, init_logging};
 use crate::{EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_UNSCHEDULABLE, Failure};
 
@@ -61,30 +61,108 @@ fn placement_timeout(args: &RunArgs) -> Result<Duration, Failure> {
         })
 }
 
+/// How the run's runtime is started.
+enum Start {
+    Local(trainyard::local::LocalConfig),
+    Ray(trainyard::ray::RayConfig),
+}
+
+/// The flags that only one runtime reads, refused with the other.
+fn check_runtime_flags(args: &RunArgs) -> Result<(), Failure> {
+    let misplaced = |flag: &'static str, value: &str, reason: &str| {
+        Err(Failure::bad_input(FlagError::new(flag, value)(
+            reason.to_owned().into(),
+        )))
+    };
+    match args.runtime {
+        RuntimeKind::Local => {
+            if let Some(address) = &args.ray.address {
+                return misplaced(
+                    "--address",
+                    address,
+                    "--address names a Ray cluster and applies to --runtime ray only",
+                );
+            }
+            if args.wait_for_resources {
+                return misplaced(
+                    "--wait-for-resources",
+                    "true",
+                    "applies to --runtime ray only; the local runtime waits for other runs unless --no-wait",
+                );
+            }
+        }
+        RuntimeKind::Ray => {
+            if args.no_wait {
+                return misplaced(
+                    "--no-wait",
+                    "true",
+                    "applies to --runtime local only (runs sharing this machine)",
+                );
+            }
+            if let Some(flag) = args.local.given() {
+                return misplaced(
+                    flag,
+                    "(given)",
+                    "describes this machine and applies to --runtime local only; a Ray cluster describes itself",
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The driver's variables that `--env-from-driver` copies to a remote runtime's workers:
+/// exact names, or a prefix ending in `*`.
+fn env_from_driver(patterns: &[String]) -> Result<Vec<(String, String)>, Failure> {
+    for pattern in patterns {
+        let name = pattern.strip_suffix('*').unwrap_or(pattern);
+        if name.is_empty() || name.contains(['*', '=']) {
+            return Err(Failure::bad_input(FlagError::new(
+                "--env-from-driver",
+                pattern,
+            )(
+                "expected a variable name, or a prefix ending in `*` such as `WANDB_*`".into(),
+            )));
+        }
+    }
+    let matches = |name: &str| {
+        patterns
+            .iter()
+            .any(|pattern| match pattern.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == pattern,
+            })
+    };
+    Ok(std::env::vars().filter(|(name, _)| matches(name)).collect())
+}
+
 pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
-    if args.runtime == RuntimeKind::Ray {
-        return Err(Failure::bad_input(FlagError::new("--runtime", "ray")(
-            "the Ray runtime is not part of this build yet; use --runtime local".into(),
-        )));
-    }
-    if let Some(address) = &args.address {
-        return Err(Failure::bad_input(FlagError::new("--address", address)(
-            "--address names a Ray cluster and applies to --runtime ray only".into(),
-        )));
-    }
+    check_runtime_flags(args)?;
     let scaling = args.scaling.to_config()?;
-    let run = run_config(args)?;
+    let mut run = run_config(args)?;
     let options = ExecutorOptions {
         placement_timeout: placement_timeout(args)?,
         ..ExecutorOptions::default()
     };
     let name = unique_run_name();
-    let local = args.local.config(&name, args.no_wait)?;
+    let start = match args.runtime {
+        RuntimeKind::Local => Start::Local(args.local.config(&name, args.no_wait)?),
+        RuntimeKind::Ray => {
+            for (key, value) in env_from_driver(&args.env_from_driver)? {
+                run.env.entry(key).or_insert(value);
+            }
+            let config = args
+                .ray
+                .config(&name)?
+                .wait_for_resources(args.wait_for_resources);
+            Start::Ray(config)
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(Failure::other)?;
-    runtime.block_on(drive(args, scaling, run.name(name), options, local))
+    runtime.block_on(drive(args, scaling, run.name(name), options, start))
 }
 
 async fn drive(
@@ -92,11 +170,22 @@ async fn drive(
     scaling: trainyard_config::ScalingConfig,
     run: RunConfig,
     options: ExecutorOptions,
-    local: trainyard::local::LocalConfig,
+    start: Start,
 ) -> Result<(), Failure> {
     let progress = Progress::new(args.log_format);
     init_logging(args.log_format, &progress);
-    let runtime = LocalRuntime::start(local).await.map_err(Failure::other)?;
+    let runtime = match start {
+        Start::Local(config) => {
+            Engine::Local(LocalRuntime::start(config).await.map_err(Failure::other)?)
+        }
+        Start::Ray(config) => {
+            if config.bridge.address.is_none() {
+                progress
+                    .message("starting a throwaway local Ray head for this run (a few seconds)");
+            }
+            Engine::Ray(args.ray.start(config).await?)
+        }
+    };
     let (program, program_args) = args
         .program
         .split_first()
@@ -104,8 +193,8 @@ async fn drive(
     let task = command_task(program.clone(), program_args.iter().cloned());
     let (events, received) = mpsc::channel(EVENT_BUFFER);
     let trainer = match args.backend {
-        BackendKind::Torch => Trainer::torch(Arc::new(runtime.clone()), task),
-        BackendKind::None => Trainer::new(Arc::new(runtime.clone()), &NoBackend, task),
+        BackendKind::Torch => Trainer::torch(runtime.runtime(), task),
+        BackendKind::None => Trainer::new(runtime.runtime(), &NoBackend, task),
     };
     let trainer = trainer
         .scaling_config(scaling)
@@ -113,7 +202,9 @@ async fn drive(
         .executor_options(options)
         .events(events);
     let printer = tokio::spawn(print_events(received, args.log_format, progress.clone()));
-    let shortages = tokio::spawn(show_shortages(runtime.shortages(), progress.clone()));
+    let shortages = runtime
+        .shortages()
+        .map(|shortages| tokio::spawn(show_shortages(shortages, progress.clone())));
     let started = Instant::now();
     let mut interrupt = Interrupts::new()?;
     let outcome = tokio::select! {
@@ -131,7 +222,9 @@ async fn drive(
             }
         }
     }
-    shortages.abort();
+    if let Some(shortages) = shortages {
+        shortages.abort();
+    }
     let _ = printer.await;
     progress.finish();
     match outcome {

@@ -186,12 +186,13 @@ def death_kind(message):
     text = message.lower()
     if "ray.kill" in text:
         return "killed"
+    # Before the node test: a dead worker's message names its node too.
+    if "worker process has died" in text or "worker unexpectedly exits" in text:
+        return "worker_died"
     if "node" in text and ("terminated" in text or "died" in text or "heartbeat" in text):
         return "node_died"
     if "owner" in text and "died" in text:
         return "owner_died"
-    if "worker process has died" in text or "worker unexpectedly exits" in text:
-        return "worker_died"
     return "other"
 
 

@@ -56,6 +56,7 @@ pub mod bridge;
 mod error;
 pub mod protocol;
 mod runtime;
+pub mod testing;
 
 pub use auth::{AuthLookup, TokenSource};
 pub use bridge::{ActorLaunch, BRIDGE_SCRIPT, Bridge, BridgeConfig, PYTHON_VAR};

@@ -1,0 +1,319 @@
+//! `trainyard run --runtime ray` on a real two-node Ray cluster on this machine: ranks over
+//! both nodes, PyTorch's all-reduce, a request no node can hold refused in seconds, a worker
+//! actor killed mid-run, a SIGKILLed driver, and nothing left in Ray afterwards. The cluster
+//! comes from `trainyard_runtime_ray::testing`; without `TRAINYARD_RAY_PYTHON` (an
+//! interpreter with `ray`) every test prints `SKIP:` and returns.
+
+mod common;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{MARKER, left_behind};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use trainyard::ray::testing::{HEAD_MEMORY, RayCluster};
+use trainyard::ray::{Bridge, GroupState};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `trainyard run --runtime ray --address <cluster>` with a marker on every worker.
+fn run(cluster: &RayCluster, mark: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_trainyard"));
+    command
+        .current_dir(root())
+        .args(["run", "--runtime", "ray", "--address", &cluster.address])
+        .args(["--env", &format!("{MARKER}={mark}")])
+        .args(args)
+        .env("TRAINYARD_RAY_PYTHON", &cluster.python)
+        .env("RAY_AUTH_MODE", "disabled")
+        .stdin(Stdio::null());
+    command
+}
+
+fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Nothing of any run is left in Ray's actor and placement-group tables (the cluster is this
+/// test's own), nor any process carrying `mark`.
+async fn nothing_left(cluster: &RayCluster, mark: &str) {
+    let (observer, _) = Bridge::start(cluster.bridge_config().namespace("observer"))
+        .await
+        .expect("an observer");
+    let start = Instant::now();
+    loop {
+        let view = observer.cluster().await.expect("the GCS view");
+        let actors: Vec<String> = view
+            .actors
+            .iter()
+            .filter(|a| a.state != "DEAD")
+            .map(|a| format!("{} {}", a.name, a.state))
+            .collect();
+        let groups: Vec<String> = view
+            .groups
+            .iter()
+            .filter(|g| g.state != GroupState::Removed)
+            .map(|g| g.name.clone())
+            .collect();
+        if actors.is_empty() && groups.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "left in Ray: actors {actors:?}, groups {groups:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    observer
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("the observer stops");
+    let left = left_behind(mark, Duration::from_secs(10));
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
+
+/// Two workers under SPREAD: one per node, node ranks 0 and 1, run in the driver's directory.
+fn spread_ranks_cover_both_nodes(cluster: &RayCluster) {
+    let output = run(cluster, "ray-spread", &["-n", "2", "-s", "SPREAD", "-r"])
+        .args([r#"{"CPU": 1, "memory": "100MB"}"#, "--"])
+        .args([
+            "sh",
+            "-c",
+            "echo \"rank=$RANK node_rank=$NODE_RANK world=$WORLD_SIZE dir=$(pwd)\"",
+        ])
+        .output()
+        .expect("trainyard runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    let dir = root().canonicalize().expect("the repository");
+    for (rank, node_rank) in [(0, 0), (1, 1)] {
+        let line = format!(
+            "rank={rank} node_rank={node_rank} world=2 dir={}",
+            dir.display()
+        );
+        assert!(
+            stdout.contains(&line),
+            "no `{line}` in:\n{stdout}\n{stderr}"
+        );
+    }
+}
+
+/// The issue's scenario: `-r '{"memory": 10000}'`, two workers, the torch backend, and
+/// `examples/torch_ddp.py`; every rank prints the right sum.
+fn torch_all_reduces_on_ray(cluster: &RayCluster) {
+    let probe = Command::new(&cluster.python)
+        .args(["-c", "import torch"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|status| status.success()) {
+        eprintln!(
+            "SKIP: torch on Ray: {} cannot import torch (scripts/python-env.sh installs it)",
+            cluster.python.display()
+        );
+        return;
+    }
+    let python = cluster.python.display().to_string();
+    let output = run(
+        cluster,
+        "ray-torch",
+        &["-n", "2", "-r", r#"{"memory": 10000}"#, "--"],
+    )
+    .args([python.as_str(), "examples/torch_ddp.py"])
+    .output()
+    .expect("trainyard runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    for rank in 0..2 {
+        let line = format!("rank {rank}: all_reduce sum = 3 (expected 3)");
+        assert!(
+            stdout.contains(&line),
+            "no `{line}` in:\n{stdout}\n{stderr}"
+        );
+    }
+}
+
+/// More memory than any node has: exit 3 within 5 s, naming the bundle and the most memory a
+/// node has (Ray Train waits forever here).
+fn too_much_memory_fails_fast(cluster: &RayCluster) {
+    let started = Instant::now();
+    let output = run(
+        cluster,
+        "ray-huge",
+        &["-n", "2", "-r", r#"{"memory": "100GB"}"#],
+    )
+    .args(["--", "true"])
+    .output()
+    .expect("trainyard runs");
+    let elapsed = started.elapsed();
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
+    assert!(
+        stderr.contains("bundle 0") && stderr.contains(&HEAD_MEMORY.to_string()),
+        "names the bundle and the largest node's memory ({HEAD_MEMORY}):\n{stderr}"
+    );
+}
+
+/// Starts a run and returns it with a channel of its stdout lines.
+fn spawn_run(mut command: Command) -> (Child, mpsc::Receiver<String>) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("trainyard starts");
+    let stdout = child.stdout.take().expect("piped");
+    let (lines, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            eprintln!("  | {line}");
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (child, received)
+}
+
+/// Waits for a line containing `needle`; returns it.
+fn wait_for_line(lines: &mpsc::Receiver<String>, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return line,
+            Ok(_) => {}
+            Err(error) => panic!("no line with `{needle}`: {error}"),
+        }
+    }
+}
+
+/// The pid in a `(rank=R, pid=P) ...` line.
+fn task_pid(line: &str) -> u32 {
+    let start = line.find("pid=").expect("a pid") + 4;
+    line[start..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|pid| pid.parse().ok())
+        .expect("a numeric pid")
+}
+
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process lives");
+    let after = &stat[stat.rfind(')').expect("a command name") + 1..];
+    after
+        .split_whitespace()
+        .nth(1)
+        .and_then(|ppid| ppid.parse().ok())
+        .expect("a parent")
+}
+
+fn wait_exit(child: &mut Child, bound: Duration) -> Option<i32> {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the run did not end within {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A worker's Ray actor SIGKILLed mid-run: with `--max-failures 1` the run restarts and then
+/// succeeds; the first attempt's actors and group are gone.
+fn a_killed_worker_actor_restarts_the_run(cluster: &RayCluster, scratch: &Path) {
+    let again = scratch.join("again");
+    let script = format!(
+        "if [ -e {again} ]; then echo second-$RANK; exit 0; fi; echo first-$RANK; sleep 120",
+        again = again.display()
+    );
+    let mut command = run(cluster, "ray-kill", &["-n", "2", "--max-failures", "1"]);
+    command.args(["--", "sh", "-c", &script]);
+    let (mut child, lines) = spawn_run(command);
+    let line = wait_for_line(&lines, "first-1");
+    std::fs::write(&again, "").expect("the marker file");
+    // task → agent → the Ray actor's worker process.
+    let actor = parent_of(parent_of(task_pid(&line)));
+    kill(
+        Pid::from_raw(i32::try_from(actor).expect("pid")),
+        Signal::SIGKILL,
+    )
+    .expect("kill");
+    wait_for_line(&lines, "second-0");
+    assert_eq!(wait_exit(&mut child, Duration::from_secs(90)), Some(0));
+}
+
+/// The driver SIGKILLed mid-run: its bridge dies with it, Ray ends the job's actors and
+/// groups, and the agents, losing their driver, exit.
+fn a_sigkilled_driver_leaves_nothing_running(cluster: &RayCluster) {
+    let mut command = run(cluster, "ray-sigkill", &["-n", "2"]);
+    command.args(["--", "sh", "-c", "echo up-$RANK; sleep 120"]);
+    let (mut child, lines) = spawn_run(command);
+    wait_for_line(&lines, "up-1");
+    child.kill().expect("SIGKILL the driver");
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
+    let Some(cluster) = RayCluster::start(false) else {
+        return;
+    };
+    let scratch = tempfile::tempdir().expect("a scratch dir");
+    {
+        let (bridge, _) = Bridge::start(cluster.bridge_config().namespace("wait"))
+            .await
+            .expect("a bridge");
+        cluster.wait_for_nodes(&bridge, 2).await;
+        bridge
+            .shutdown(Duration::from_secs(10))
+            .await
+            .expect("stops");
+    }
+    spread_ranks_cover_both_nodes(&cluster);
+    nothing_left(&cluster, "ray-spread").await;
+    torch_all_reduces_on_ray(&cluster);
+    nothing_left(&cluster, "ray-torch").await;
+    too_much_memory_fails_fast(&cluster);
+    nothing_left(&cluster, "ray-huge").await;
+    a_killed_worker_actor_restarts_the_run(&cluster, scratch.path());
+    nothing_left(&cluster, "ray-kill").await;
+    a_sigkilled_driver_leaves_nothing_running(&cluster);
+    nothing_left(&cluster, "ray-sigkill").await;
+}
+
+/// Without an address the run starts a throwaway local head and stops it after.
+#[test]
+fn without_an_address_a_throwaway_head_runs_the_job() {
+    let Some(python) = trainyard::ray::testing::python() else {
+        return;
+    };
+    let output = Command::new(env!("CARGO_BIN_EXE_trainyard"))
+        .current_dir(root())
+        .args(["run", "--runtime", "ray", "-n", "2", "--"])
+        .args(["sh", "-c", "echo throwaway-$RANK"])
+        .env("TRAINYARD_RAY_PYTHON", &python)
+        .env_remove("RAY_ADDRESS")
+        .stdin(Stdio::null())
+        .output()
+        .expect("trainyard runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("throwaway-0") && stdout.contains("throwaway-1"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("throwaway local Ray head"), "{stderr}");
+}
