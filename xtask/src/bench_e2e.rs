@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const ROUNDS: usize = 7;
 
-fn median(mut samples: Vec<Duration>) -> Duration {
+pub(crate) fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
 }
@@ -22,7 +22,7 @@ fn secs(d: Duration) -> f64 {
 }
 
 /// Runs `command` to its end, quietly; its wall time, or why it failed.
-fn timed(command: &mut Command) -> Result<Duration, String> {
+pub(crate) fn timed(command: &mut Command) -> Result<Duration, String> {
     let started = Instant::now();
     let out = command
         .stdin(Stdio::null())

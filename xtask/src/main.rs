@@ -2,14 +2,16 @@
 //! workspace's layering.
 
 mod bench_e2e;
+mod bench_ray;
 mod tidy;
 
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e>
+const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray>
   ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests
   tidy       fail on a workspace dependency that points up a layer
-  bench-e2e  time whole runs: trainyard run vs torchrun vs processes by hand, crash-to-stop, 64 workers";
+  bench-e2e  time whole runs: trainyard run vs torchrun vs processes by hand, crash-to-stop, 64 workers
+  bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer";
 
 fn main() -> ExitCode {
     let task = std::env::args().nth(1);
@@ -17,6 +19,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
         Some("bench-e2e") => bench_e2e::run(),
+        Some("bench-ray") => bench_ray::run(),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);

@@ -24,15 +24,15 @@ use trainyard_runtime_ray::{Bridge, GroupState, RayConfig, RayRuntime};
 /// The bound of every scenario.
 const LIMIT: Duration = Duration::from_secs(300);
 
-/// The stand-alone agent of `examples/agent.rs`, built beside the test binary.
+/// The stand-alone agent of `examples/ray_agent.rs`, built beside the test binary.
 fn agent() -> AgentCommand {
     let exe = std::env::current_exe().expect("the test binary's path");
     let example = exe
         .parent()
         .and_then(Path::parent)
-        .map(|dir| dir.join("examples").join("agent"))
+        .map(|dir| dir.join("examples").join("ray_agent"))
         .filter(|path| path.exists())
-        .expect("examples/agent is built with the tests (cargo test builds examples)");
+        .expect("examples/ray_agent is built with the tests (cargo test builds examples)");
     AgentCommand::new(example, Vec::<String>::new())
 }
 
