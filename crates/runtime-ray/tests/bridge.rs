@@ -562,3 +562,74 @@ async fn a_throwaway_head_writes_no_token_file_and_stops_with_its_bridge() {
     let err = bridge.actors().await.expect_err("lost");
     assert!(matches!(err, BridgeError::Lost { .. }), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_dies_with_its_parent_and_refuses_a_parent_it_was_not_meant_for() {
+    let Some(python) = common::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("bridge.py");
+    std::fs::write(&script, trainyard_runtime_ray::BRIDGE_SCRIPT).expect("write the script");
+    // Nothing listens there: the bridge stays busy connecting, or is still importing ray.
+    let closed = format!("127.0.0.1:{}", common::free_port());
+
+    // A parent (sh) that starts the bridge and is then SIGKILLed.
+    let mut parent = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"TRAINYARD_BRIDGE_PARENT=$$ "$0" "$1" <&0 & wait"#)
+        .arg(&python)
+        .arg(&script)
+        .env("TRAINYARD_RAY_ADDRESS", &closed)
+        .stdin(std::process::Stdio::piped()) // held open below: the bridge reads it
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("sh");
+    let _stdin = parent.stdin.take();
+    let sh = parent.id();
+    let script_text = script.display().to_string();
+    let mut bridge = Vec::new();
+    assert!(
+        eventually(BOUND, || {
+            bridge = common::processes_mentioning(&script_text);
+            !bridge.is_empty()
+        })
+        .await,
+        "the bridge did not start"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(sh).expect("pid fits")),
+        Signal::SIGKILL,
+    )
+    .expect("kill the parent");
+    parent.wait().expect("reap sh");
+    let mut left = Vec::new();
+    let gone = eventually(Duration::from_secs(5), || {
+        left = common::processes_mentioning(&script_text);
+        left.is_empty()
+    })
+    .await;
+    for pid in &left {
+        // Do not leave a failed run's bridge hanging in ray.init for minutes.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(*pid).expect("pid fits")),
+            Signal::SIGKILL,
+        );
+    }
+    assert!(
+        gone,
+        "the bridge outlived its parent: {left:?} (of {bridge:?})"
+    );
+    // A bridge whose parent is not the one named exits at once, before importing ray.
+    let t = Instant::now();
+    let status = std::process::Command::new(&python)
+        .arg(&script)
+        .env("TRAINYARD_BRIDGE_PARENT", "1")
+        .env("TRAINYARD_RAY_ADDRESS", &closed)
+        .stdin(std::process::Stdio::null())
+        .status()
+        .expect("python");
+    assert_eq!(status.code(), Some(70), "{status}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
