@@ -95,6 +95,7 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
         eprintln!("trainyard agent: the driver is gone");
         return ExitCode::from(AGENT_FAILED);
     }
+    crate::watchdog::start();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

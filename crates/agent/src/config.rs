@@ -11,13 +11,15 @@ use trainyard_runtime::{ActorId, NodeId};
 
 use crate::wire::Token;
 
-/// Selects what a binary that calls [`crate::run_if_agent`] does: [`ROLE_AGENT`] or
-/// [`ROLE_EXEC`].
+/// Selects what a binary that calls [`crate::run_if_agent`] does: [`ROLE_AGENT`],
+/// [`ROLE_EXEC`] or [`ROLE_WATCHDOG`].
 pub const ROLE: &str = "TRAINYARD_ROLE";
 /// Serve as a worker agent.
 pub const ROLE_AGENT: &str = "agent";
 /// Be the trampoline that sets up a task's process and executes its program.
 pub const ROLE_EXEC: &str = "exec";
+/// Be the agent's watchdog, which kills what is left of its tasks once the agent is gone.
+pub const ROLE_WATCHDOG: &str = "watchdog";
 /// The agent's [`AgentConfig`], as JSON.
 pub const CONFIG: &str = "TRAINYARD_AGENT_CONFIG";
 /// The trampoline's [`ExecSpec`], as JSON.

@@ -71,6 +71,7 @@ pub mod config;
 mod exec;
 mod process;
 mod report;
+mod watchdog;
 pub mod wire;
 
 use std::process::ExitCode;
@@ -92,6 +93,7 @@ pub fn run_if_agent(functions: FunctionRegistry) -> Option<ExitCode> {
             FunctionRegistry::with_builtins().merge(functions),
         )),
         Ok(config::ROLE_EXEC) => Some(exec::run()),
+        Ok(config::ROLE_WATCHDOG) => Some(watchdog::run()),
         _ => None,
     }
 }

@@ -105,7 +105,7 @@ pub(crate) fn resolve(
 }
 
 /// The trampoline: this very program, with the agent's own arguments.
-fn trampoline() -> Result<(PathBuf, Vec<String>), std::io::Error> {
+pub(crate) fn trampoline() -> Result<(PathBuf, Vec<String>), std::io::Error> {
     Ok((std::env::current_exe()?, std::env::args().skip(1).collect()))
 }
 
@@ -157,6 +157,7 @@ pub(crate) async fn start(
     let pid = child
         .id()
         .ok_or_else(|| spawn_failed(&"the process ended at once"))?;
+    crate::watchdog::tell(pid, true);
     let (done_tx, done) = watch::channel(false);
     let outputs = [
         child.stdout.take().map(|out| {
@@ -206,7 +207,11 @@ async fn follow(
             let _ = killpg(pid, Signal::SIGKILL);
         }
     }
+    let group = child.id();
     let status = child.wait().await;
+    if let Some(group) = group {
+        crate::watchdog::tell(group, false);
+    }
     let drained = async { while readers.join_next().await.is_some() {} };
     if tokio::time::timeout(DRAIN, drained).await.is_err() {
         readers.abort_all();

@@ -1,6 +1,6 @@
 //! `trainyard run --runtime ray` on a real two-node Ray cluster on this machine: ranks over
 //! both nodes, PyTorch's all-reduce, a request no node can hold refused in seconds, a worker
-//! actor killed mid-run, a SIGKILLed driver, and nothing left in Ray afterwards. The cluster
+//! actor killed mid-run, a driver stopped by SIGTERM or SIGKILL, and nothing left in Ray afterwards. The cluster
 //! comes from `trainyard_runtime_ray::testing`; without `TRAINYARD_RAY_PYTHON` (an
 //! interpreter with `ray`) every test prints `SKIP:` and returns.
 
@@ -266,6 +266,17 @@ fn a_sigkilled_driver_leaves_nothing_running(cluster: &RayCluster) {
     let _ = child.wait();
 }
 
+/// SIGTERM to the driver mid-run: the workers stop, the run's actors and group go, exit 130.
+fn a_sigtermed_driver_stops_and_cleans_up(cluster: &RayCluster) {
+    let mut command = run(cluster, "ray-sigterm", &["-n", "2"]);
+    command.args(["--", "sh", "-c", "echo up-$RANK; sleep 120"]);
+    let (mut child, lines) = spawn_run(command);
+    wait_for_line(&lines, "up-1");
+    let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    kill(pid, Signal::SIGTERM).expect("SIGTERM the driver");
+    assert_eq!(wait_exit(&mut child, Duration::from_secs(60)), Some(130));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
     let Some(cluster) = RayCluster::start(false) else {
@@ -290,6 +301,8 @@ async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
     nothing_left(&cluster, "ray-huge").await;
     a_killed_worker_actor_restarts_the_run(&cluster, scratch.path());
     nothing_left(&cluster, "ray-kill").await;
+    a_sigtermed_driver_stops_and_cleans_up(&cluster);
+    nothing_left(&cluster, "ray-sigterm").await;
     a_sigkilled_driver_leaves_nothing_running(&cluster);
     nothing_left(&cluster, "ray-sigkill").await;
 }
