@@ -494,3 +494,81 @@ fn fractional_amounts_in_json_output_parse_back_exactly() {
     let again = plan_json(&["-c", path_arg(&file)]);
     assert_eq!(again, plan);
 }
+
+/// `plan --cluster FILE` puts each bundle where the simulated runtime, given the same nodes,
+/// then puts the workers: the same reservation rules on both sides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_on_a_described_cluster_agrees_with_a_simulated_run() {
+    use trainyard::runtime::sim::{SimNode, SimRuntime};
+    use trainyard::runtime::{ActorRuntime, ActorSpec};
+
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let file = dir.path().join("cluster.json");
+    std::fs::write(
+        &file,
+        r#"{"nodes": [
+            {"id": "small", "resources": {"CPU": 2, "memory": "4GB"}},
+            {"id": "gpu", "resources": {"CPU": 8, "GPU": 2, "memory": "32GB"}},
+            {"id": "big", "resources": {"CPU": 16, "memory": "64GB"}}
+        ]}"#,
+    )
+    .expect("write");
+    let file = file.display().to_string();
+    let cases: &[&[&str]] = &[
+        &[
+            "-n",
+            "3",
+            "-r",
+            r#"{"CPU": 2, "memory": "4GB"}"#,
+            "-s",
+            "SPREAD",
+        ],
+        &["-n", "2", "--use-gpu", "-r", r#"{"CPU": 1, "GPU": 1}"#],
+        &[
+            "-n",
+            "4",
+            "-r",
+            r#"{"CPU": 4, "memory": "16GB"}"#,
+            "-s",
+            "PACK",
+        ],
+        &["-n", "2", "-r", "CPU=3", "-s", "STRICT_SPREAD"],
+    ];
+    for args in cases {
+        let mut full = vec!["--cluster", file.as_str()];
+        full.extend_from_slice(args);
+        let json = plan_json(&full);
+        let planned: Vec<String> = json["placement"]["placed"]["bundle_nodes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{args:?} is placed: {json}"))
+            .iter()
+            .map(|node| node.as_str().expect("a node id").to_owned())
+            .collect();
+        let factory: trainyard::runtime::PlacementGroupFactory =
+            serde_json::from_value(json["placement_group_factory"].clone()).expect("factory");
+
+        let sim = SimRuntime::new([
+            SimNode::new("small").cpus(2).memory(4_000_000_000),
+            SimNode::new("gpu").cpus(8).gpus(2).memory(32_000_000_000),
+            SimNode::new("big").cpus(16).memory(64_000_000_000),
+        ]);
+        let pg = sim.create_placement_group(&factory).await.expect("group");
+        sim.wait_placement_group_ready(pg, std::time::Duration::from_secs(5))
+            .await
+            .expect("ready");
+        let workers = json["workers"].as_array().expect("workers");
+        let mut ran = Vec::new();
+        for (index, worker) in workers.iter().enumerate() {
+            let options = serde_json::from_value(worker["actor_options"].clone()).expect("options");
+            let spec = ActorSpec {
+                name: format!("worker-{index}"),
+                options,
+                placement: Some((pg, index)),
+                env: Default::default(),
+            };
+            let actor = sim.spawn(spec).await.expect("spawn");
+            ran.push(sim.actor_node(actor).expect("placed").to_string());
+        }
+        assert_eq!(planned, ran, "{args:?}");
+    }
+}
