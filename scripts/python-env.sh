@@ -68,14 +68,9 @@ MARKER="${VENV}/.trainyard-torch"
 BASE_PYTHON="${TRAINYARD_PYTHON:-python3}"
 PIP_FLAGS=(--disable-pip-version-check -q)
 
-log() { printf 'python-env: %s\n' "$*" >&2; }
-die() { printf 'python-env: ERROR: %s\n' "$*" >&2; exit 1; }
-skip() {
-  printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n' >&2
-  printf 'SKIP: %s\n' "$*" >&2
-  printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n' >&2
-  exit 3
-}
+NAME="python-env"
+# shellcheck source=messages.sh
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/messages.sh"
 
 # `import torch` works and is the pinned version.
 torch_ok() {

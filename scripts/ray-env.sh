@@ -16,14 +16,9 @@ RAY_VERSION="2.60.0"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PIP_FLAGS=(--disable-pip-version-check -q)
 
-log() { printf 'ray-env: %s\n' "$*" >&2; }
-die() { printf 'ray-env: ERROR: %s\n' "$*" >&2; exit 1; }
-skip() {
-  printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n' >&2
-  printf 'SKIP: %s\n' "$*" >&2
-  printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n' >&2
-  exit 3
-}
+NAME="ray-env"
+# shellcheck source=messages.sh
+. "$HERE/messages.sh"
 
 # The venv (with torch); python-env.sh's own exit 3 means the same SKIP here.
 set +e
