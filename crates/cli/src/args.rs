@@ -101,7 +101,7 @@ pub(crate) struct LocalArgs {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub(crate) num_gpus: Option<i64>,
     /// Memory the workers may use, e.g. 16GB [default: detected]
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub(crate) memory: Option<String>,
     /// Custom resources of this machine: JSON object or K=V list
     #[arg(long, value_name = "SPEC")]

@@ -107,6 +107,27 @@ fn spread_ranks_cover_both_nodes(cluster: &RayCluster) {
     }
 }
 
+/// A remote runtime's workers see only what they are given: `--env`, the variables
+/// `--env-from-driver` names, and the run's own; never the driver's whole environment.
+fn only_what_is_given_reaches_ray_workers(cluster: &RayCluster) {
+    let output = run(cluster, "ray-env", &["-n", "1", "--env-from-driver", "TY_PASS_*", "--"])
+        .args([
+            "sh",
+            "-c",
+            "echo secret=${TY_SECRET:-unset} pass=${TY_PASS_ME:-unset} mark=${TRAINYARD_TEST_MARKER:-unset}",
+        ])
+        .env("TY_SECRET", "s3cret")
+        .env("TY_PASS_ME", "yes")
+        .output()
+        .expect("trainyard runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("secret=unset pass=yes mark=ray-env"),
+        "{stdout}\n{stderr}"
+    );
+}
+
 /// The scenario: `-r '{"memory": 10000}'`, two workers, the torch backend, and
 /// `examples/torch_ddp.py`; every rank prints the right sum.
 fn torch_all_reduces_on_ray(cluster: &RayCluster) {
@@ -295,6 +316,8 @@ async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
     }
     spread_ranks_cover_both_nodes(&cluster);
     nothing_left(&cluster, "ray-spread").await;
+    only_what_is_given_reaches_ray_workers(&cluster);
+    nothing_left(&cluster, "ray-env").await;
     torch_all_reduces_on_ray(&cluster);
     nothing_left(&cluster, "ray-torch").await;
     too_much_memory_fails_fast(&cluster);

@@ -466,3 +466,28 @@ fn cluster_shows_the_nodes_as_text_and_json() {
         "{stdout}"
     );
 }
+
+/// The local runtime passes the driver's whole environment to its workers, as `torchrun`
+/// does (a remote runtime passes only what it is given: see `tests/ray.rs`).
+#[test]
+fn the_local_runtime_passes_the_drivers_environment() {
+    let mark = marker("driver-env");
+    let child = run_command(
+        &mark,
+        &["-n", "1"],
+        &["sh", "-c", "echo driver=$TY_DRIVER_VAR"],
+    )
+    .env("TY_DRIVER_VAR", "from-the-driver")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("trainyard starts");
+    let output = wait_bounded(child, Duration::from_secs(60));
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stdout).contains("driver=from-the-driver"),
+        "{}",
+        text(&output.stdout)
+    );
+    assert!(left_behind(&mark, Duration::from_secs(10)).is_empty());
+}

@@ -25,7 +25,8 @@ pub const BYTE_UNITS: [(&str, u128); 9] = [
 ///
 /// Plain numbers are bytes (`10000`, `1e9`); text may carry a unit — `B`, `KB` `MB` `GB` `TB`
 /// (powers of 1000) or `KiB` `MiB` `GiB` `TiB` (powers of 1024), in any case, with or without
-/// a space. A fractional result is rounded toward zero, as Ray does with `int(memory)`.
+/// a space. A fractional result is rounded toward zero, as Ray does with `int(memory)`, except
+/// that a size that is not zero never rounds to zero bytes: `0.5B` is an error.
 ///
 /// ```
 /// use trainyard_resources::ByteSize;
@@ -53,6 +54,9 @@ pub enum ByteSizeError {
     /// More than `u64::MAX` bytes.
     #[error("`{0}` is too many bytes")]
     TooLarge(String),
+    /// More than zero but less than one byte, which would round down to nothing.
+    #[error("`{0}` is less than one byte: give 0, or at least 1B")]
+    BelowOneByte(String),
 }
 
 impl ByteSize {
@@ -149,6 +153,9 @@ impl FromStr for ByteSize {
             .ok()
             .and_then(|b| u64::try_from(b).ok())
             .ok_or_else(|| ByteSizeError::TooLarge(trimmed.to_owned()))?;
+        if bytes == 0 && !decimal.is_zero() {
+            return Err(ByteSizeError::BelowOneByte(trimmed.to_owned()));
+        }
         Ok(Self(bytes))
     }
 }
@@ -236,6 +243,24 @@ mod tests {
             assert_eq!(shown, text);
             assert_eq!(bytes(&shown), size);
         }
+    }
+
+    #[test]
+    fn a_size_below_one_byte_is_refused_but_zero_is_zero() {
+        for text in ["0.5B", "0.5", "1e-3", "0.0001 KB"] {
+            assert_eq!(
+                text.parse::<ByteSize>(),
+                Err(ByteSizeError::BelowOneByte(text.to_owned())),
+                "{text}"
+            );
+        }
+        assert_eq!(bytes("0"), 0);
+        assert_eq!(bytes("0GB"), 0);
+        assert_eq!(
+            bytes("1.5B"),
+            1,
+            "larger sizes round toward zero, as Ray does"
+        );
     }
 
     #[test]

@@ -88,6 +88,11 @@ impl Decimal {
     }
 
     /// `self × factor`, rounded toward zero.
+    /// Whether the number is zero.
+    pub(crate) const fn is_zero(self) -> bool {
+        self.mantissa == 0
+    }
+
     pub(crate) fn scaled_truncated(self, factor: u128) -> Result<u128, DecimalError> {
         let (numerator, divisor) = self.fraction(factor)?;
         Ok(numerator / divisor)
