@@ -153,9 +153,19 @@ async fn serve(config: AgentConfig, token: Token, functions: FunctionRegistry) -
 
     let (events, stream) = event_channel(EVENT_BUFFER);
     let (replies, replies_rx) = mpsc::channel::<AgentMessage>(64);
+    let heartbeat = Duration::from_millis(config.heartbeat_ms.max(1));
     let writer = tokio::spawn(async move {
         let mut outgoing = std::pin::pin!(outgoing(replies_rx, stream));
-        while let Some(message) = outgoing.next().await {
+        let mut beat = tokio::time::interval(heartbeat);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let message = tokio::select! {
+                message = outgoing.next() => match message {
+                    Some(message) => message,
+                    None => break,
+                },
+                _ = beat.tick() => AgentMessage::Heartbeat,
+            };
             let Ok(frame) = wire::encode(&message) else {
                 continue;
             };

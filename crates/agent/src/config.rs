@@ -75,6 +75,14 @@ pub struct AgentConfig {
     pub memory: Option<MemoryLimit>,
     /// How long a task gets between SIGTERM and SIGKILL when it is stopped, in ms.
     pub grace_ms: u64,
+    /// How often the agent says it is alive, in ms ([`crate::wire::AgentMessage::Heartbeat`]).
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+}
+
+/// The default of [`AgentConfig::heartbeat_ms`].
+const fn default_heartbeat_ms() -> u64 {
+    1_000
 }
 
 impl AgentConfig {

@@ -16,7 +16,7 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use trainyard_runtime::{ActorId, Request, Response, TaskEvent, TaskExit, TaskRejection};
 
 /// The protocol version both sides must speak.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// The largest frame accepted before the hello is checked.
 pub const HELLO_FRAME_LIMIT: usize = 4 * 1024;
@@ -111,6 +111,9 @@ pub enum AgentMessage {
         /// How.
         exit: TaskExit,
     },
+    /// The agent is alive; sent every [`AgentConfig::heartbeat_ms`](crate::config::AgentConfig::heartbeat_ms)
+    /// while nothing else is, so that the driver tells a hung agent from a quiet one.
+    Heartbeat,
 }
 
 /// Why an agent could not answer a request.

@@ -16,6 +16,8 @@ use crate::ledger::LedgerLocation;
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
 /// The default of [`LocalConfig::connect_timeout`].
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default of [`LocalConfig::heartbeat_timeout`].
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The default of [`LocalConfig::call_timeout`].
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -102,6 +104,9 @@ pub struct LocalConfig {
     /// How long an agent may take to answer a request (a stop gets `stop_grace` more)
     /// before it is taken to be hung, killed, and reported dead as unresponsive.
     pub call_timeout: Duration,
+    /// How long an agent may stay silent before it is killed as unresponsive (it says it is
+    /// alive five times as often).
+    pub heartbeat_timeout: Duration,
     /// The address the control plane listens on; agents connect to it (to loopback when it
     /// is unspecified, such as `0.0.0.0`).
     pub bind: IpAddr,
@@ -132,6 +137,7 @@ impl LocalConfig {
             stop_grace: DEFAULT_STOP_GRACE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             ledger: LedgerLocation::from_env(),
             when_busy: WhenBusy::Wait,
@@ -177,6 +183,13 @@ impl LocalConfig {
     #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets [`LocalConfig::heartbeat_timeout`].
+    #[must_use]
+    pub fn heartbeat_timeout(mut self, timeout: Duration) -> Self {
+        self.heartbeat_timeout = timeout;
         self
     }
 

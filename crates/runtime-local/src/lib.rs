@@ -81,8 +81,8 @@ mod runtime;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use config::{
-    AgentCommand, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STOP_GRACE, LocalConfig,
-    WhenBusy,
+    AgentCommand, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_STOP_GRACE, LocalConfig, WhenBusy,
 };
 pub use detect::LocalNode;
 pub use error::LocalError;

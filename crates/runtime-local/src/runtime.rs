@@ -128,6 +128,7 @@ impl LocalRuntime {
             connect_timeout: config.connect_timeout,
             call_timeout: config.call_timeout,
             stop_grace: config.stop_grace,
+            heartbeat_timeout: config.heartbeat_timeout,
         };
         let core = Arc::new(Core {
             book: Mutex::new(Reservations::new(config.node_specs()).with_scheduling(scheduling)),
@@ -291,6 +292,7 @@ impl LocalRuntime {
             accelerator_ids: held.accelerator_ids,
             memory,
             grace_ms: u64::try_from(core.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
+            heartbeat_ms: self.hub().config().heartbeat_ms(),
         }
     }
 }

@@ -939,3 +939,55 @@ async fn worker_info_names_the_running_tasks_own_pid_beside_the_agents() {
     runtime.kill(actor, Duration::ZERO).await.expect("kill");
     runtime.shutdown().await;
 }
+
+/// An agent that stops answering (here: stopped with SIGSTOP, its socket open) is found by
+/// its missing heartbeats within seconds, killed, and reported as unresponsive, long before
+/// any call's timeout; what it held is freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_agent_is_found_by_its_silence_in_seconds() {
+    let silence = Duration::from_millis(1_500);
+    let runtime = LocalRuntime::start(two_nodes("hung").heartbeat_timeout(silence))
+        .await
+        .expect("the runtime starts");
+    let test = async {
+        let before = runtime.cluster().await.expect("cluster");
+        let actor = runtime
+            .spawn(ActorSpec {
+                options: one_cpu(),
+                ..spec("sleeper")
+            })
+            .await
+            .expect("spawn");
+        let mut events = runtime
+            .task_events(actor)
+            .await
+            .expect("events")
+            .expect("pushed");
+        // Quiet but alive: a few heartbeat periods pass without a death.
+        tokio::time::sleep(silence * 2).await;
+        assert!(runtime.poll(actor).await.is_ok(), "a quiet agent is alive");
+        let agent = runtime.agent_pids()[0];
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(agent).expect("pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("stop it");
+        let stopped = Instant::now();
+        let cause = died(&mut events).await;
+        assert_eq!(
+            cause,
+            DeathCause::Unresponsive {
+                after_ms: u64::try_from(silence.as_millis()).expect("ms")
+            }
+        );
+        assert!(
+            stopped.elapsed() < silence + Duration::from_secs(3),
+            "found after {:?}",
+            stopped.elapsed()
+        );
+        assert!(runtime.agent_pids().is_empty(), "the hung agent is reaped");
+        assert_eq!(
+            runtime.cluster().await.expect("cluster").available(),
+            before.available()
+        );
+    };
+    timeout(TEST_LIMIT, test).await.expect("in time");
+    runtime.shutdown().await;
+}

@@ -206,6 +206,7 @@ impl RayRuntime {
             connect_timeout: config.connect_timeout,
             call_timeout: config.call_timeout,
             stop_grace: config.stop_grace,
+            heartbeat_timeout: HubConfig::new(&config.run_name).heartbeat_timeout,
         };
         let state = Arc::new(Mutex::new(State::default()));
         let release = release_hook(Arc::clone(&state), Arc::clone(&bridge));
@@ -283,6 +284,7 @@ impl RayRuntime {
             accelerator_ids: BTreeMap::new(),
             memory: None,
             grace_ms: u64::try_from(self.inner.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
+            heartbeat_ms: self.inner.hub.config().heartbeat_ms(),
         }
     }
 }

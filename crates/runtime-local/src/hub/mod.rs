@@ -45,7 +45,9 @@ use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
 
-use crate::config::{DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STOP_GRACE};
+use crate::config::{
+    DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_STOP_GRACE,
+};
 use crate::lock;
 use hello::{HELLO_TIMEOUT, HelloError, read_hello};
 use supervisor::{Command, Connection, Supervisor};
@@ -75,6 +77,10 @@ pub struct HubConfig {
     pub call_timeout: Duration,
     /// How long a stopped agent gets to exit before it is killed.
     pub stop_grace: Duration,
+    /// How long an agent may stay silent (it says it is alive five times as often, see
+    /// [`HubConfig::heartbeat_ms`]) before it is killed as unresponsive: a hung agent is
+    /// found in seconds rather than at the next call's timeout.
+    pub heartbeat_timeout: Duration,
 }
 
 impl HubConfig {
@@ -88,7 +94,17 @@ impl HubConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             stop_grace: DEFAULT_STOP_GRACE,
+            heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
         }
+    }
+
+    /// How often an agent says it is alive, in ms: a fifth of
+    /// [`HubConfig::heartbeat_timeout`], for the agent's configuration.
+    #[must_use]
+    pub fn heartbeat_ms(&self) -> u64 {
+        u64::try_from(self.heartbeat_timeout.as_millis() / 5)
+            .unwrap_or(u64::MAX)
+            .max(10)
     }
 }
 

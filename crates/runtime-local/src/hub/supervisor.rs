@@ -267,6 +267,8 @@ impl Supervisor {
     // ---- serving ----
 
     async fn serve(&mut self, serving: &mut Serving) -> End {
+        let silence = self.core.config.heartbeat_timeout;
+        let mut heard = Instant::now();
         loop {
             let busy = serving.forwarding.is_some();
             tokio::select! {
@@ -284,23 +286,40 @@ impl Supervisor {
                         };
                     }
                 },
-                () = until_forwarded(&mut serving.forwarding) => serving.forwarding = None,
+                () = until_forwarded(&mut serving.forwarding) => {
+                    serving.forwarding = None;
+                    // Frames were not read meanwhile: the silence starts now.
+                    heard = Instant::now();
+                }
+                // Only while frames are read: a slow reader of events is not a hung agent.
+                () = tokio::time::sleep_until(heard + silence), if !busy => {
+                    tracing::warn!(?silence, "the agent fell silent; killing it");
+                    let after_ms = u64::try_from(silence.as_millis()).unwrap_or(u64::MAX);
+                    return End::Killed {
+                        cause: DeathCause::Unresponsive { after_ms },
+                        grace: Duration::ZERO,
+                        done: None,
+                    };
+                }
                 frame = serving.frames.next(), if !busy => match frame {
-                    Some(Ok(frame)) => match wire::decode::<AgentMessage>(&frame) {
-                        Ok(message) => {
-                            if let Some(end) = self.on_message(serving, message) {
-                                return end;
+                    Some(Ok(frame)) => {
+                        heard = Instant::now();
+                        match wire::decode::<AgentMessage>(&frame) {
+                            Ok(message) => {
+                                if let Some(end) = self.on_message(serving, message) {
+                                    return end;
+                                }
+                            }
+                            Err(error) => {
+                                tracing::warn!(
+                                    %error,
+                                    "the agent sent a message that is not of this protocol; dropping it"
+                                );
+                                serving.eof = true;
+                                return End::Lost;
                             }
                         }
-                        Err(error) => {
-                            tracing::warn!(
-                                %error,
-                                "the agent sent a message that is not of this protocol; dropping it"
-                            );
-                            serving.eof = true;
-                            return End::Lost;
-                        }
-                    },
+                    }
                     Some(Err(error)) => {
                         tracing::debug!(%error, "the agent's connection failed");
                         serving.eof = true;
@@ -377,6 +396,7 @@ impl Supervisor {
             AgentMessage::Hello { .. } => {
                 tracing::warn!("the agent said hello twice; ignored");
             }
+            AgentMessage::Heartbeat => {}
         }
         None
     }
@@ -550,7 +570,7 @@ impl Supervisor {
                     serving.task = None;
                     serving.backlog.push(ActorEvent::TaskExited(exit));
                 }
-                AgentMessage::Hello { .. } => {}
+                AgentMessage::Hello { .. } | AgentMessage::Heartbeat => {}
             }
         }
         serving.eof = true;
