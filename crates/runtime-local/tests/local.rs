@@ -174,6 +174,21 @@ async fn next_event(events: &mut TaskEvents) -> Option<ActorEvent> {
         .expect("an event within 30 s")
 }
 
+/// A 1-CPU actor and its event stream.
+async fn one_cpu_actor(runtime: &LocalRuntime, name: &str) -> (ActorId, TaskEvents) {
+    let spec = ActorSpec {
+        options: one_cpu(),
+        ..spec(name)
+    };
+    let actor = runtime.spawn(spec).await.expect("spawn");
+    let events = runtime
+        .task_events(actor)
+        .await
+        .expect("events")
+        .expect("pushed");
+    (actor, events)
+}
+
 async fn died(events: &mut TaskEvents) -> DeathCause {
     loop {
         match next_event(events).await {
@@ -347,19 +362,7 @@ async fn an_agent_killed_from_outside_dies_with_its_signal_and_frees_its_resourc
     let runtime = start("outside").await;
     let test = async {
         let before = runtime.cluster().await.expect("cluster");
-        let options = one_cpu();
-        let actor = runtime
-            .spawn(ActorSpec {
-                options,
-                ..spec("victim")
-            })
-            .await
-            .expect("spawn");
-        let mut events = runtime
-            .task_events(actor)
-            .await
-            .expect("events")
-            .expect("pushed");
+        let (actor, mut events) = one_cpu_actor(&runtime, "victim").await;
         let agent = runtime.agent_pids()[0];
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(i32::try_from(agent).expect("pid")),
@@ -951,18 +954,7 @@ async fn a_hung_agent_is_found_by_its_silence_in_seconds() {
         .expect("the runtime starts");
     let test = async {
         let before = runtime.cluster().await.expect("cluster");
-        let actor = runtime
-            .spawn(ActorSpec {
-                options: one_cpu(),
-                ..spec("sleeper")
-            })
-            .await
-            .expect("spawn");
-        let mut events = runtime
-            .task_events(actor)
-            .await
-            .expect("events")
-            .expect("pushed");
+        let (actor, mut events) = one_cpu_actor(&runtime, "sleeper").await;
         // Quiet but alive: a few heartbeat periods pass without a death.
         tokio::time::sleep(silence * 2).await;
         assert!(runtime.poll(actor).await.is_ok(), "a quiet agent is alive");
