@@ -5,6 +5,7 @@ mod bench_e2e;
 mod bench_ray;
 mod tidy;
 
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray>
@@ -46,6 +47,12 @@ pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {
     } else {
         Err(format!("`cargo {}` failed ({status})", args.join(" ")))
     }
+}
+
+/// Where cargo builds: `$CARGO_TARGET_DIR` (relative to the workspace root), else `target/`.
+pub(crate) fn target_dir() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |dir| root.join(dir))
 }
 
 fn has_nextest() -> bool {
