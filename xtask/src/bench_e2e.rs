@@ -157,7 +157,7 @@ fn many_true_by_hand() -> Result<Duration, String> {
 pub(crate) fn run() -> Result<(), String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     crate::cargo(&["build", "--release", "-p", "trainyard-cli"])?;
-    let trainyard = root.join("target/release/trainyard");
+    let trainyard = crate::target_dir().join("release/trainyard");
     let python = python_env(&root)?;
     let torchrun = python.with_file_name("torchrun");
 

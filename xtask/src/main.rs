@@ -1,17 +1,21 @@
 //! Project automation: `cargo xtask ci` runs what CI runs; `cargo xtask tidy` checks the
-//! workspace's layering.
+//! workspace's layering; `cargo xtask soak` runs the local runtime back to back.
 
 mod bench_e2e;
 mod bench_ray;
+mod soak;
 mod tidy;
 
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray>
+const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray|soak>
   ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests
   tidy       fail on a workspace dependency that points up a layer
   bench-e2e  time whole runs: trainyard run vs torchrun vs processes by hand, crash-to-stop, 64 workers
-  bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer";
+  bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
+  soak       [--runs N] N (300) back-to-back local runs, a mix of endings; fails on a wrong exit
+             code or on processes, descriptors, listening sockets or ledger entries left behind";
 
 fn main() -> ExitCode {
     let task = std::env::args().nth(1);
@@ -20,6 +24,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
         Some("bench-e2e") => bench_e2e::run(),
         Some("bench-ray") => bench_ray::run(),
+        Some("soak") => soak::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -46,6 +51,12 @@ pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {
     } else {
         Err(format!("`cargo {}` failed ({status})", args.join(" ")))
     }
+}
+
+/// Where cargo builds: `$CARGO_TARGET_DIR` (relative to the workspace root), else `target/`.
+pub(crate) fn target_dir() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |dir| root.join(dir))
 }
 
 fn has_nextest() -> bool {

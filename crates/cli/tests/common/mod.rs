@@ -1,5 +1,6 @@
 //! What the CLI's end-to-end tests share: every run carries a marker in its workers'
-//! environment, and these helpers find the processes that still carry it.
+//! environment, and these helpers find the processes that still carry it. The soak's driver
+//! (`xtask/src/soak/driver.rs`) marks its runs with them too.
 
 use std::time::{Duration, Instant};
 
