@@ -103,7 +103,7 @@ fn ray_python(root: &Path) -> Result<PathBuf, String> {
 pub(crate) fn run() -> Result<(), String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     crate::cargo(&["build", "--release", "-p", "trainyard-cli"])?;
-    let trainyard = root.join("target/release/trainyard");
+    let trainyard = crate::target_dir().join("release/trainyard");
     let python = ray_python(&root)?;
     let cluster = Cluster::start(&python)?;
     let storage = cluster.dir.join("ray-train-storage");
