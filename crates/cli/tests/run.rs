@@ -491,3 +491,50 @@ fn the_local_runtime_passes_the_drivers_environment() {
     );
     assert!(left_behind(&mark, Duration::from_secs(10)).is_empty());
 }
+
+/// Every report a worker sent before it died reaches the driver, in order per rank: rank 1
+/// sends 300 reports and waits; then rank 0 sends 300 and SIGKILLs itself, which ends the
+/// attempt and gets rank 1 stopped. Nothing either sent may be missing.
+#[test]
+fn reports_sent_before_a_worker_dies_are_not_lost() {
+    let mark = marker("reports");
+    let scratch = tempfile::tempdir().expect("a scratch dir");
+    let flag = scratch.path().join("rank-1-reported");
+    let python_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../python");
+    let script = "import os, signal, time, trainyard_report as r\n\
+        rank, flag = int(os.environ['RANK']), os.environ['TY_FLAG']\n\
+        if rank == 0:\n    while not os.path.exists(flag): time.sleep(0.01)\n\
+        for step in range(300): r.report({'step': step})\n\
+        if rank == 1:\n    open(flag, 'w').close()\n    time.sleep(60)\n\
+        os.kill(os.getpid(), signal.SIGKILL)\n";
+    let env = format!("TY_FLAG={}", flag.display());
+    let child = run_command(
+        &mark,
+        &["-n", "2", "--log-format", "json", "--env", &env],
+        &["python3", "-c", script],
+    )
+    .env("PYTHONPATH", &python_dir)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("trainyard starts");
+    let output = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
+    let events: Vec<serde_json::Value> = text(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON event per line"))
+        .collect();
+    for rank in 0..2 {
+        let steps: Vec<u64> = events
+            .iter()
+            .filter(|e| e["event"] == "report" && e["rank"] == rank)
+            .filter_map(|e| e["metrics"]["step"].as_u64())
+            .collect();
+        assert_eq!(
+            steps,
+            (0..300).collect::<Vec<u64>>(),
+            "rank {rank}'s reports, all and in order"
+        );
+    }
+    assert!(left_behind(&mark, Duration::from_secs(10)).is_empty());
+}
