@@ -12,7 +12,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 mod common;
-use common::{MARKER, left_behind, marked};
+use common::{MARKER, json_events, left_behind, marked, report_steps};
 
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_trainyard"))
@@ -520,16 +520,9 @@ fn reports_sent_before_a_worker_dies_are_not_lost() {
     .expect("trainyard starts");
     let output = wait_bounded(child, Duration::from_secs(60));
     assert_eq!(output.status.code(), Some(1), "{}", text(&output.stderr));
-    let events: Vec<serde_json::Value> = text(&output.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("one JSON event per line"))
-        .collect();
+    let events = json_events(&text(&output.stdout));
     for rank in 0..2 {
-        let steps: Vec<u64> = events
-            .iter()
-            .filter(|e| e["event"] == "report" && e["rank"] == rank)
-            .filter_map(|e| e["metrics"]["step"].as_u64())
-            .collect();
+        let steps = report_steps(&events, rank);
         assert_eq!(
             steps,
             (0..300).collect::<Vec<u64>>(),

@@ -4,9 +4,13 @@
 //! repository. When the package registry cannot be reached the test says so loudly and
 //! skips.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::{json_events, report_steps};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -108,16 +112,9 @@ fn torch_ddp_reports_reach_the_driver_as_json_events() {
         return;
     };
     let (stdout, _) = run_ddp(&python, 2, "json");
-    let events: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON event per line"))
-        .collect();
+    let events = json_events(&stdout);
     for rank in 0..2 {
-        let steps: Vec<u64> = events
-            .iter()
-            .filter(|e| e["event"] == "report" && e["rank"] == rank)
-            .filter_map(|e| e["metrics"]["step"].as_u64())
-            .collect();
+        let steps = report_steps(&events, rank);
         assert_eq!(steps, [0, 1, 2, 3, 4], "rank {rank}'s reports, in order");
     }
     assert!(events.iter().any(|e| e["event"] == "attempt_started"));

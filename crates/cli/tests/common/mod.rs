@@ -2,6 +2,9 @@
 //! environment, and these helpers find the processes that still carry it. The soak's driver
 //! (`xtask/src/soak/driver.rs`) marks its runs with them too.
 
+// Each test binary uses a part of this module.
+#![allow(dead_code)]
+
 use std::time::{Duration, Instant};
 
 /// The variable that marks a test's processes.
@@ -42,4 +45,21 @@ pub(crate) fn left_behind(mark: &str, limit: Duration) -> Vec<u32> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The events of a `--log-format json` run's stdout, one per line.
+pub(crate) fn json_events(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON event per line"))
+        .collect()
+}
+
+/// The `step` of each report of `rank`, in the order they arrived.
+pub(crate) fn report_steps(events: &[serde_json::Value], rank: u64) -> Vec<u64> {
+    events
+        .iter()
+        .filter(|e| e["event"] == "report" && e["rank"] == rank)
+        .filter_map(|e| e["metrics"]["step"].as_u64())
+        .collect()
 }
