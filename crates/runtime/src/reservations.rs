@@ -4,7 +4,7 @@
 //! Synchronous and free of I/O: a runtime keeps it behind a lock and moves data between it
 //! and its actors. The simulated cluster and the local runtime both use it, so that they
 //! reserve by exactly the same rules ([`placement::check_feasible`] when a group is created,
-//! [`placement::place`] whenever resources free up, in creation order).
+//! [`placement::place_on_devices`] whenever resources free up, in creation order).
 //!
 //! ```
 //! use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
@@ -133,6 +133,33 @@ struct Node {
     elsewhere: Elsewhere,
 }
 
+/// The device ids of a node's pool: its own, and for an accelerator resource it has no ids
+/// for, `floor(amount)` unnamed devices (`"0"`, `"1"`, ...) that are never reported, so that
+/// reservation counts devices exactly as [`placement::check_feasible`] does.
+fn device_ids(spec: &NodeSpec) -> BTreeMap<String, Vec<String>> {
+    let mut ids = spec.devices.clone();
+    for name in ACCELERATOR_RESOURCES {
+        if !ids.contains_key(name) {
+            let count = spec.resources.amount(name).whole_units();
+            if count > 0 {
+                ids.insert(name.to_owned(), (0..count).map(|i| i.to_string()).collect());
+            }
+        }
+    }
+    ids
+}
+
+/// The ids of `ids` that `spec` names itself (unnamed devices left out).
+fn named_ids(
+    spec: &NodeSpec,
+    ids: &BTreeMap<String, Vec<String>>,
+) -> BTreeMap<String, Vec<String>> {
+    ids.iter()
+        .filter(|(name, _)| spec.devices.contains_key(*name))
+        .map(|(name, list)| (name.clone(), list.clone()))
+        .collect()
+}
+
 /// Takes up to `amount` of `name` from `from`; returns what was taken.
 fn take_up_to(from: &mut Resources, name: &str, amount: ResourceAmount) -> ResourceAmount {
     let taken = amount.min(from.amount(name));
@@ -221,7 +248,7 @@ impl Reservations {
                 continue;
             }
             list.push(Node {
-                devices: AcceleratorPool::new(&spec.devices),
+                devices: AcceleratorPool::new(&device_ids(&spec)),
                 available: spec.resources.clone(),
                 spec,
                 alive: true,
@@ -312,7 +339,7 @@ impl Reservations {
             .flat_map(|g| g.bundles.iter().flatten());
         let reserved = bundles.map(|b| HeldBundle {
             resources: b.reserved.clone(),
-            devices: b.device_ids.clone(),
+            devices: named_ids(&self.nodes[b.node].spec, &b.device_ids),
         });
         let unpinned = self
             .holds
@@ -320,7 +347,7 @@ impl Reservations {
             .filter(|h| h.home == Home::Node)
             .map(|h| HeldBundle {
                 resources: h.demand.clone().without_zeros(),
-                devices: h.device_ids.clone(),
+                devices: named_ids(&self.nodes[h.node].spec, &h.device_ids),
             });
         reserved.chain(unpinned).collect()
     }
@@ -556,24 +583,29 @@ impl Reservations {
                 .collect(),
             strategy,
         };
-        let available: Vec<&Resources> = candidates
+        let rooms: Vec<placement::NodeRoom<'_>> = candidates
             .iter()
-            .map(|&n| &self.nodes[n].available)
+            .map(|&n| placement::NodeRoom {
+                available: &self.nodes[n].available,
+                devices: &self.nodes[n].devices,
+            })
             .collect();
-        let Some(layout) = placement::place(&available, &wanted) else {
+        let Some(spots) = placement::place_on_devices(&rooms, &wanted) else {
             return;
         };
 
         let mut taken: Vec<(usize, Bundle)> = Vec::with_capacity(missing.len());
         let mut complete = true;
         for (k, &index) in missing.iter().enumerate() {
-            let node_index = candidates[layout[k]];
+            let spot = &spots[k];
+            let node_index = candidates[spot.node];
             let demand = wanted.bundles[k].clone().without_zeros();
             let node = &mut self.nodes[node_index];
-            let Some(device_ids) = node.devices.take(&demand) else {
+            let device_ids = spot.devices.clone();
+            if !node.devices.take_ids(&demand, &device_ids) {
                 complete = false;
                 break;
-            };
+            }
             if node.available.try_take(&demand).is_err() {
                 return_devices(&mut node.devices, &demand, &device_ids);
                 complete = false;
@@ -589,7 +621,8 @@ impl Reservations {
             taken.push((index, bundle));
         }
         if !complete {
-            // The devices are too fragmented for this layout; undo and wait for more room.
+            // The layout's devices had room when it was found, so this is a bug; undo and wait.
+            tracing::error!(%pg, "reservations: the devices of a layout could not be taken");
             for (_, bundle) in taken {
                 let node = &mut self.nodes[bundle.node];
                 give(&mut node.available, &bundle.reserved);
@@ -669,7 +702,9 @@ impl Reservations {
             .map(|&name| {
                 (
                     name.to_owned(),
-                    device_ids.get(name).cloned().unwrap_or_default(),
+                    named_ids(&self.nodes[node].spec, &device_ids)
+                        .remove(name)
+                        .unwrap_or_default(),
                 )
             })
             .collect();

@@ -5,10 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
-use trainyard_resources::{ResourceAmount, Resources};
+use trainyard_resources::{ActorOptions, ResourceAmount, Resources};
 use trainyard_runtime::placement::{
     AcceleratorPool, EXACT_SEARCH_BUNDLES, PlacementError, check_feasible, place,
 };
+use trainyard_runtime::reservations::{NodeSpec, Reservations};
+use trainyard_runtime::{ActorId, ActorSpec};
 
 fn res(text: &str) -> Resources {
     text.parse().expect("valid resources")
@@ -132,6 +134,89 @@ fn oracle(nodes: &[Resources], bundles: &[Resources], strategy: PlacementStrateg
     }
 }
 
+/// One step of a whole device.
+const DEVICE: u128 = 10_000;
+
+/// Whether some assignment of bundles to nodes *and devices* exists by the strategy's rule:
+/// every resource but GPU adds up; a node has `floor(GPU)` devices of 1; a GPU amount below 1
+/// fits in what one device has left, one of 1 or more is whole and takes that many free
+/// devices. Brute force over every node and every device, for small inputs.
+fn device_oracle(nodes: &[Resources], bundles: &[Resources], strategy: PlacementStrategy) -> bool {
+    struct State {
+        left: Vec<Resources>,
+        devices: Vec<Vec<u128>>,
+        used: Vec<usize>,
+    }
+    fn go(s: &mut State, bundles: &[Resources], strategy: PlacementStrategy) -> bool {
+        let Some((first, rest)) = bundles.split_first() else {
+            return true;
+        };
+        let gpu = first.amount("GPU").steps();
+        let plain = first.clone().with("GPU", ResourceAmount::ZERO);
+        for n in 0..s.left.len() {
+            let allowed = match strategy {
+                PlacementStrategy::StrictPack => s.used.iter().all(|&u| u == n),
+                PlacementStrategy::StrictSpread => !s.used.contains(&n),
+                PlacementStrategy::Pack | PlacementStrategy::Spread => true,
+            };
+            if !allowed || !s.left[n].covers(&plain) {
+                continue;
+            }
+            // Every way the node's devices can serve `gpu`.
+            let options: Vec<Vec<usize>> = if gpu == 0 {
+                vec![Vec::new()]
+            } else if gpu < DEVICE {
+                (0..s.devices[n].len())
+                    .filter(|&d| s.devices[n][d] >= gpu)
+                    .map(|d| vec![d])
+                    .collect()
+            } else if gpu % DEVICE == 0 {
+                let free: Vec<usize> = (0..s.devices[n].len())
+                    .filter(|&d| s.devices[n][d] == DEVICE)
+                    .collect();
+                let k = usize::try_from(gpu / DEVICE).expect("small");
+                if free.len() >= k {
+                    vec![free[..k].to_vec()]
+                } else {
+                    Vec::new()
+                }
+            } else {
+                Vec::new()
+            };
+            for chosen in options {
+                let share = gpu.min(DEVICE);
+                s.left[n].try_take(&plain).expect("covered");
+                for &d in &chosen {
+                    s.devices[n][d] -= share;
+                }
+                s.used.push(n);
+                let found = go(s, rest, strategy);
+                s.used.pop();
+                for &d in &chosen {
+                    s.devices[n][d] += share;
+                }
+                s.left[n].checked_add_assign(&plain).expect("small sums");
+                if found {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+    let mut state = State {
+        left: nodes
+            .iter()
+            .map(|n| n.clone().with("GPU", ResourceAmount::ZERO))
+            .collect(),
+        devices: nodes
+            .iter()
+            .map(|n| vec![DEVICE; usize::try_from(n.amount("GPU").whole_units()).expect("small")])
+            .collect(),
+        used: Vec::new(),
+    };
+    go(&mut state, bundles, strategy)
+}
+
 fn sum(bundles: &[Resources]) -> Resources {
     let mut total = Resources::new();
     for b in bundles {
@@ -163,12 +248,14 @@ proptest! {
         bundles in prop::collection::vec(bundle(), 1..12),
     ) {
         let factory = group(bundles.clone(), PlacementStrategy::StrictPack);
-        let total = sum(&bundles);
         match place(&nodes, &factory) {
             Some(layout) => {
                 prop_assert!(layout.iter().all(|&n| n == layout[0]), "split over nodes: {:?}", layout);
             }
-            None => prop_assert!(!nodes.iter().any(|n| n.covers(&total)), "a node could take them all"),
+            None => prop_assert!(
+                !device_oracle(&nodes, &bundles, PlacementStrategy::StrictPack),
+                "a node could take them all"
+            ),
         }
     }
 
@@ -183,7 +270,10 @@ proptest! {
                 let distinct: BTreeSet<usize> = layout.iter().copied().collect();
                 prop_assert_eq!(distinct.len(), bundles.len(), "nodes repeat: {:?}", layout);
             }
-            None => prop_assert!(!distinct_layout_exists(&nodes, &bundles), "a distinct layout exists"),
+            None => prop_assert!(
+                !device_oracle(&nodes, &bundles, PlacementStrategy::StrictSpread),
+                "a distinct layout exists"
+            ),
         }
     }
 
@@ -193,8 +283,11 @@ proptest! {
         bundles in prop::collection::vec(bundle(), 1..12),
         big_at in any::<prop::sample::Index>(),
     ) {
-        let total = sum(&bundles);
-        nodes.insert(big_at.index(nodes.len() + 1), total);
+        // One whole device per bundle and whole GPU, so that the devices never stand in the way.
+        let mut big = sum(&bundles);
+        let devices: u128 = bundles.iter().map(|b| b.amount("GPU").steps().div_ceil(10_000)).sum();
+        big.insert("GPU", ResourceAmount::from_steps(devices * 10_000));
+        nodes.insert(big_at.index(nodes.len() + 1), big);
         let layout = place(&nodes, &group(bundles, PlacementStrategy::Pack)).expect("fits on one node");
         prop_assert!(layout.iter().all(|&n| n == layout[0]), "{:?}", layout);
     }
@@ -423,4 +516,157 @@ fn a_feasible_group_passes_even_when_the_cluster_is_busy_now() {
     let factory = group(vec![res("CPU=1"); 8], PlacementStrategy::Spread);
     assert_eq!(check_feasible(&totals, &factory), Ok(()));
     assert_eq!(place(&busy, &factory), None);
+}
+
+/// A node of the device tests: a little CPU and 0 to 3 GPUs.
+fn device_node() -> impl Strategy<Value = Resources> {
+    (1u64..=3, 0u64..=3).prop_map(|(cpu, gpu)| Resources::new().with("CPU", cpu).with("GPU", gpu))
+}
+
+/// A bundle of the device tests: GPU from {0, 0.25, 0.4, 0.5, 0.6, 1, 2} and a little CPU.
+fn device_bundle() -> impl Strategy<Value = Resources> {
+    let gpu = prop::sample::select(vec![0u128, 2_500, 4_000, 5_000, 6_000, 10_000, 20_000]);
+    (0u64..=1, gpu).prop_map(|(cpu, gpu)| {
+        Resources::new()
+            .with("CPU", cpu)
+            .with("GPU", ResourceAmount::from_steps(gpu))
+    })
+}
+
+/// A book of nodes `node-0`, `node-1`, ... with GPU ids `"0"` to `"n-1"`.
+fn book(nodes: &[Resources]) -> Reservations {
+    Reservations::new(nodes.iter().enumerate().map(|(i, r)| {
+        let mut spec = NodeSpec::new(&format!("node-{i}"), r.clone());
+        let count = r.amount("GPU").whole_units();
+        spec.devices
+            .insert("GPU".into(), (0..count).map(|d| d.to_string()).collect());
+        spec
+    }))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn feasibility_and_reservation_agree_with_a_device_level_brute_force_search(
+        nodes in prop::collection::vec(device_node(), 1..=3),
+        bundles in prop::collection::vec(device_bundle(), 1..=4),
+        strategy in strategy(),
+    ) {
+        let factory = group(bundles.clone(), strategy);
+        let possible = device_oracle(&nodes, &bundles, strategy);
+        let feasible = check_feasible(&nodes, &factory);
+        prop_assert_eq!(feasible.is_ok(), possible, "check_feasible says {:?}", feasible);
+        prop_assert_eq!(place(&nodes, &factory).is_some(), possible);
+
+        let mut book = book(&nodes);
+        let Ok(pg) = book.create_group(&factory) else {
+            prop_assert!(!possible, "refused although a layout exists");
+            return Ok(());
+        };
+        let reserved = book.placement_info(pg).expect("known group").is_some();
+        prop_assert_eq!(reserved, possible, "reserved on an empty cluster: {}", reserved);
+        for (index, bundle) in bundles.iter().enumerate() {
+            let spec = ActorSpec {
+                name: format!("w{index}"),
+                options: ActorOptions::try_from(bundle).expect("valid options"),
+                placement: Some((pg, index)),
+                env: BTreeMap::new(),
+            };
+            let held = book.hold(ActorId(index as u64), &spec);
+            prop_assert!(held.is_ok(), "actor {} cannot take its bundle: {:?}", index, held);
+        }
+    }
+}
+
+#[test]
+fn three_bundles_of_six_tenths_of_a_gpu_on_two_gpus_are_refused_at_once() {
+    let nodes = vec![res("CPU=8,GPU=2")];
+    let factory = group(vec![res("GPU=0.6"); 3], PlacementStrategy::Pack);
+    let err = check_feasible(&nodes, &factory).unwrap_err();
+    assert_eq!(
+        err,
+        PlacementError::DeviceShortfall {
+            bundle: 2,
+            resource: "GPU".into(),
+            needed: "0.6".parse().expect("amount"),
+            node: 0,
+            devices: 2,
+            most_left: "0.4".parse().expect("amount"),
+            free: 0,
+            placed: 2,
+            strategy: PlacementStrategy::Pack,
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "bundle 2 needs GPU=0.6 on one device but no node has a device with 0.6 free; the best, node 0, has 2 devices with at most 0.4 left after bundles 0-1"
+    );
+    assert!(
+        book(&nodes).create_group(&factory).is_err(),
+        "refused at once, not left to wait"
+    );
+}
+
+#[test]
+fn two_gpus_need_two_wholly_free_devices() {
+    // The amounts add up (3.8 of 4 GPUs), but three 0.6-GPU bundles take three devices.
+    let nodes = vec![res("CPU=8,GPU=2"); 2];
+    for strategy in [PlacementStrategy::Pack, PlacementStrategy::Spread] {
+        let factory = group(
+            vec![res("GPU=0.6"), res("GPU=0.6"), res("GPU=0.6"), res("GPU=2")],
+            strategy,
+        );
+        let err = check_feasible(&nodes, &factory).unwrap_err().to_string();
+        let (asked, offered) = err
+            .split_once("the best, node ")
+            .expect("names the best node");
+        assert_eq!(
+            asked, "bundle 3 needs GPU=2 as 2 whole free devices but no node has them; ",
+            "{strategy}"
+        );
+        assert!(
+            offered.ends_with(", has 1 of its 2 devices free after bundles 0-2"),
+            "{err}"
+        );
+    }
+    // One node of two GPUs: a 2-GPU group waits while half a GPU is held, then takes both.
+    let nodes = vec![res("CPU=8,GPU=2")];
+    let mut book = book(&nodes);
+    let half = book
+        .create_group(&group(vec![res("GPU=0.5")], PlacementStrategy::Pack))
+        .expect("feasible");
+    let two = book
+        .create_group(&group(vec![res("GPU=2")], PlacementStrategy::Pack))
+        .expect("feasible");
+    assert!(
+        book.placement_info(two).expect("known").is_none(),
+        "one device is shared"
+    );
+    book.remove_group(half).expect("known");
+    assert!(book.placement_info(two).expect("known").is_some());
+    let spec = ActorSpec {
+        name: "w".into(),
+        options: ActorOptions::try_from(&res("GPU=2")).expect("valid options"),
+        placement: Some((two, 0)),
+        env: BTreeMap::new(),
+    };
+    let held = book.hold(ActorId(1), &spec).expect("room");
+    assert_eq!(held.accelerator_ids["GPU"], ["0", "1"]);
+}
+
+#[test]
+fn an_amount_above_one_that_is_not_whole_is_refused() {
+    let err = check_feasible(
+        &[res("GPU=4")],
+        &group(
+            vec![Resources::new().with("GPU", "1.5".parse::<ResourceAmount>().expect("amount"))],
+            PlacementStrategy::Pack,
+        ),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "bundle 0 needs GPU=1.5 but an amount of 1 or more takes whole devices, so it must be a whole number"
+    );
 }

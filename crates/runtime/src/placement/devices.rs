@@ -175,6 +175,60 @@ impl AcceleratorPool {
 }
 
 impl AcceleratorPool {
+    /// Hands out exactly the devices `ids` for `demand`, all or nothing, by the same rules as
+    /// [`AcceleratorPool::take`]: a fraction on one device with that much left, an amount of 1
+    /// or more on that many wholly free devices. Resources the pool does not know are
+    /// ignored. Returns whether it did.
+    pub fn take_ids(&mut self, demand: &Resources, ids: &BTreeMap<String, Vec<String>>) -> bool {
+        let mut chosen = Vec::new();
+        for (name, amount) in demand.iter().filter(|(_, a)| !a.is_zero()) {
+            let Some(list) = self.devices.get(name) else {
+                continue;
+            };
+            let wanted = ids.get(name).map_or(&[][..], Vec::as_slice);
+            let mut indices = Vec::with_capacity(wanted.len());
+            for id in wanted {
+                match list.iter().position(|d| &d.id == id) {
+                    Some(i) if !indices.contains(&i) => indices.push(i),
+                    _ => return false,
+                }
+            }
+            let serves = if amount < ResourceAmount::ONE {
+                indices.len() == 1 && list[indices[0]].left >= amount
+            } else {
+                amount.as_whole_u64().and_then(|n| usize::try_from(n).ok()) == Some(indices.len())
+                    && indices.iter().all(|&i| list[i].is_free())
+            };
+            if !serves {
+                return false;
+            }
+            chosen.push((name, amount, indices));
+        }
+        for (name, amount, indices) in chosen {
+            if let Some(list) = self.devices.get_mut(name) {
+                for i in indices {
+                    list[i].left = list[i].left.saturating_sub(share(amount));
+                }
+            }
+        }
+        true
+    }
+
+    /// What each device of resource `name` has left, in steps, in device order; `None` for a
+    /// resource the pool has no devices for.
+    pub(super) fn lefts(&self, name: &str) -> Option<Vec<u128>> {
+        self.devices
+            .get(name)
+            .map(|list| list.iter().map(|d| d.left.steps()).collect())
+    }
+
+    /// The ids of the devices of resource `name`, in device order.
+    pub(super) fn ids(&self, name: &str) -> Option<Vec<&str>> {
+        self.devices
+            .get(name)
+            .map(|list| list.iter().map(|d| d.id.as_str()).collect())
+    }
+
     /// Marks up to `amount` of device `id` of resource `name` as handed out to a holder the
     /// pool does not track (another process, say); returns how much was taken: less than
     /// `amount` when the device has less left, zero for a device the pool lacks.

@@ -104,6 +104,45 @@ pub enum PlacementError {
         /// The group's strategy (`STRICT_SPREAD`).
         strategy: PlacementStrategy,
     },
+    /// An accelerator amount of 1 or more that is not a whole number of devices.
+    #[error(
+        "bundle {bundle} needs {resource}={needed} but an amount of 1 or more takes whole devices, so it must be a whole number"
+    )]
+    NotWholeDevices {
+        /// The bundle's index.
+        bundle: usize,
+        /// The accelerator resource.
+        resource: String,
+        /// What the bundle asks for.
+        needed: ResourceAmount,
+        /// The group's strategy.
+        strategy: PlacementStrategy,
+    },
+    /// The amounts add up, but a bundle finds no device for an accelerator once the bundles
+    /// before it are placed: a fraction must fit in what one device has left, an amount of 1
+    /// or more takes that many wholly free devices.
+    #[error("{}", device_shortfall(self))]
+    DeviceShortfall {
+        /// The bundle's index.
+        bundle: usize,
+        /// The accelerator resource.
+        resource: String,
+        /// What the bundle asks for.
+        needed: ResourceAmount,
+        /// The node that offers the most (its index in the nodes given).
+        node: usize,
+        /// How many devices of `resource` that node has.
+        devices: usize,
+        /// The most any one of its devices has left.
+        most_left: ResourceAmount,
+        /// How many of its devices are wholly free.
+        free: usize,
+        /// How many bundles (`0` to `placed - 1`) were placed before `bundle`; none: every
+        /// node free.
+        placed: usize,
+        /// The group's strategy.
+        strategy: PlacementStrategy,
+    },
     /// Every simple rule passes, but an exhaustive search finds no layout of the bundles
     /// over the nodes even with every node free.
     #[error(
@@ -130,6 +169,8 @@ impl PlacementError {
             | Self::GroupTooLargeForOneNode { strategy, .. }
             | Self::GroupFitsNoNode { strategy, .. }
             | Self::NotEnoughDistinctNodes { strategy, .. }
+            | Self::NotWholeDevices { strategy, .. }
+            | Self::DeviceShortfall { strategy, .. }
             | Self::NoLayout { strategy, .. } => *strategy,
         }
     }
@@ -138,9 +179,10 @@ impl PlacementError {
     #[must_use]
     pub const fn bundle(&self) -> Option<usize> {
         match self {
-            Self::BundleTooLarge { bundle, .. } | Self::BundleFitsNoNode { bundle, .. } => {
-                Some(*bundle)
-            }
+            Self::BundleTooLarge { bundle, .. }
+            | Self::BundleFitsNoNode { bundle, .. }
+            | Self::NotWholeDevices { bundle, .. }
+            | Self::DeviceShortfall { bundle, .. } => Some(*bundle),
             _ => None,
         }
     }
@@ -151,7 +193,9 @@ impl PlacementError {
         match self {
             Self::BundleTooLarge { resource, .. }
             | Self::ClusterTooSmall { resource, .. }
-            | Self::GroupTooLargeForOneNode { resource, .. } => Some(resource),
+            | Self::GroupTooLargeForOneNode { resource, .. }
+            | Self::NotWholeDevices { resource, .. }
+            | Self::DeviceShortfall { resource, .. } => Some(resource),
             _ => None,
         }
     }
@@ -171,6 +215,45 @@ fn most_any_node(resource: &str, best: ResourceAmount) -> String {
         format!("no node has any {resource}")
     } else {
         format!("the most {resource} any node has is {best}")
+    }
+}
+
+/// The message of [`PlacementError::DeviceShortfall`].
+fn device_shortfall(error: &PlacementError) -> String {
+    let PlacementError::DeviceShortfall {
+        bundle,
+        resource,
+        needed,
+        node,
+        devices,
+        most_left,
+        free,
+        placed,
+        strategy,
+    } = error
+    else {
+        return String::new();
+    };
+    let prefix = if *strategy == PlacementStrategy::StrictPack {
+        format!("{strategy} puts every bundle on one node: ")
+    } else {
+        String::new()
+    };
+    let when = match *placed {
+        0 => "with every node free".to_owned(),
+        1 => "after bundle 0".to_owned(),
+        n => format!("after bundles 0-{}", n - 1),
+    };
+    let has = count(*devices, "device");
+    if *needed < ResourceAmount::ONE {
+        format!(
+            "{prefix}bundle {bundle} needs {resource}={needed} on one device but no node has a device with {needed} free; the best, node {node}, has {has} with at most {most_left} left {when}"
+        )
+    } else {
+        format!(
+            "{prefix}bundle {bundle} needs {resource}={needed} as {} but no node has them; the best, node {node}, has {free} of its {has} free {when}",
+            count(needed.whole_units() as usize, "whole free device")
+        )
     }
 }
 

@@ -9,6 +9,7 @@ use trainyard_resources::{ResourceAmount, Resources};
 
 use super::error::PlacementError;
 use super::layout::{Problem, Search, Shortfall};
+use super::room::{DEVICE, device_fit, free, most_left, servable};
 
 /// Whether the group described by `factory` can ever fit on nodes with these totals
 /// (ignoring what is in use now).
@@ -37,7 +38,18 @@ pub fn check_feasible<R: Borrow<Resources>>(
     if nodes_total.is_empty() {
         return Err(PlacementError::NoNodes { bundles, strategy });
     }
+    let additive = Problem::additive(nodes_total, &factory.bundles);
+    check_amounts(&additive, strategy)?;
     let problem = Problem::new(nodes_total, &factory.bundles);
+    if problem.has_accelerators() {
+        check_devices(&problem, strategy)?;
+    }
+    Ok(())
+}
+
+/// The checks on amounts alone, as if accelerators were not split into devices.
+fn check_amounts(problem: &Problem, strategy: PlacementStrategy) -> Result<(), PlacementError> {
+    let bundles = problem.bundles();
 
     // Each distinct bundle shape, checked once, reported for its first bundle.
     let mut checked = vec![false; problem.shapes.len()];
@@ -48,7 +60,7 @@ pub fn check_feasible<R: Borrow<Resources>>(
         let demand = problem.dense(shape);
         if let Err(short) = problem.single_node_fit(&demand) {
             let at_fault = Subject::Bundle(bundle);
-            return Err(explain(&problem, short, &demand, at_fault, strategy));
+            return Err(explain(problem, short, &demand, at_fault, strategy));
         }
     }
 
@@ -66,7 +78,7 @@ pub fn check_feasible<R: Borrow<Resources>>(
             let total = problem.total_demand();
             if let Err(short) = problem.single_node_fit(&total) {
                 let at_fault = Subject::Group(bundles);
-                return Err(explain(&problem, short, &total, at_fault, strategy));
+                return Err(explain(problem, short, &total, at_fault, strategy));
             }
         }
         PlacementStrategy::StrictSpread => {
@@ -86,6 +98,108 @@ pub fn check_feasible<R: Borrow<Resources>>(
         }
     }
     Ok(())
+}
+
+/// The checks down to single devices: every accelerator amount of 1 or more is whole, and
+/// the strategy's search finds a layout of bundles over devices (or gives up undecided).
+fn check_devices(problem: &Problem, strategy: PlacementStrategy) -> Result<(), PlacementError> {
+    for (bundle, &shape) in problem.shape_of.iter().enumerate() {
+        if let Some((index, _, amount)) = problem
+            .accelerator_entries(shape)
+            .find(|&(_, _, a)| !servable(a))
+        {
+            return Err(PlacementError::NotWholeDevices {
+                bundle,
+                resource: problem.names[index].clone(),
+                needed: ResourceAmount::from_steps(amount),
+                strategy,
+            });
+        }
+    }
+    match problem.search(strategy) {
+        Search::Found(_) | Search::Undecided => Ok(()),
+        Search::Impossible => Err(explain_devices(problem, strategy)),
+    }
+}
+
+/// Why a group that fits by amounts fits no devices: the first bundle that cannot join the
+/// bundles before it, and what the best node offers per device once they are placed. When
+/// the devices do not explain it, the rule the group breaks as a whole.
+fn explain_devices(problem: &Problem, strategy: PlacementStrategy) -> PlacementError {
+    let whole = || match (strategy, problem.strict_spread()) {
+        (PlacementStrategy::StrictSpread, Err(stuck)) => PlacementError::NotEnoughDistinctNodes {
+            bundles: stuck.bundles,
+            group_bundles: problem.bundles(),
+            hosts: stuck.hosts,
+            strategy,
+        },
+        _ => PlacementError::NoLayout {
+            bundles: problem.bundles(),
+            strategy,
+        },
+    };
+    let Some(culprit) = (1..=problem.bundles())
+        .find(|&k| matches!(problem.prefix(k).search(strategy), Search::Impossible))
+        .map(|k| k - 1)
+    else {
+        return whole();
+    };
+    let before = problem.prefix(culprit);
+    let Search::Found(layout) = before.search(strategy) else {
+        return whole();
+    };
+    let Some(picks) = before.assign(&layout) else {
+        return whole();
+    };
+    let mut room = problem.room.clone();
+    for (bundle, (&node, picks)) in layout.iter().zip(&picks).enumerate() {
+        problem.take_with(&mut room, node, problem.shape_of[bundle], picks);
+    }
+    let candidates: Vec<usize> = (0..problem.node_count())
+        .filter(|n| match strategy {
+            PlacementStrategy::StrictPack => layout.first().is_none_or(|first| first == n),
+            PlacementStrategy::StrictSpread => !layout.contains(n),
+            PlacementStrategy::Pack | PlacementStrategy::Spread => true,
+        })
+        .collect();
+    let shape = problem.shape_of[culprit];
+    let stuck = problem
+        .accelerator_entries(shape)
+        .find(|&(_, slot, amount)| {
+            candidates
+                .iter()
+                .all(|&n| !device_fit(problem.devices(&room, n, slot), amount))
+        });
+    let Some((index, slot, amount)) = stuck else {
+        return whole();
+    };
+    let offer = |n: usize| {
+        let list = problem.devices(&room, n, slot);
+        if amount < DEVICE {
+            most_left(list)
+        } else {
+            free(list) as u128
+        }
+    };
+    let Some(node) = candidates
+        .iter()
+        .copied()
+        .min_by_key(|&n| (std::cmp::Reverse(offer(n)), n))
+    else {
+        return whole();
+    };
+    let list = problem.devices(&room, node, slot);
+    PlacementError::DeviceShortfall {
+        bundle: culprit,
+        resource: problem.names[index].clone(),
+        needed: ResourceAmount::from_steps(amount),
+        node,
+        devices: list.len(),
+        most_left: ResourceAmount::from_steps(most_left(list)),
+        free: free(list),
+        placed: culprit,
+        strategy,
+    }
 }
 
 /// What a [`Shortfall`] is about: one bundle, or a `STRICT_PACK` group of this many bundles.

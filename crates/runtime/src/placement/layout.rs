@@ -10,6 +10,10 @@ use std::ops::Range;
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
 use trainyard_resources::Resources;
 
+use super::devices::AcceleratorPool;
+use super::room::{DEVICE, Picks, Room, choices, device_fit, pick, share};
+use crate::ACCELERATOR_RESOURCES;
+
 /// Groups with at most this many bundles get an exhaustive search when the heuristics find
 /// no layout (on clusters of at most [`EXACT_SEARCH_NODES`] nodes).
 pub const EXACT_SEARCH_BUNDLES: usize = 10;
@@ -20,6 +24,9 @@ const EXACT_SEARCH_STEPS: usize = 200_000;
 
 /// Lays the bundles of `factory` over nodes with these available resources, following its
 /// strategy (see the [module documentation](crate::placement)).
+///
+/// An accelerator amount of a node counts as that many whole, unused devices (rounded down);
+/// use [`place_on_devices`] for nodes whose devices are partly handed out.
 ///
 /// Returns the index (into `nodes_available`) of the node chosen for each bundle, in bundle
 /// order, or `None` when the group does not fit now. All or nothing: a group is never
@@ -38,19 +45,91 @@ pub fn place<R: Borrow<Resources>>(
     Problem::new(nodes_available, &factory.bundles).place(factory.strategy)
 }
 
+/// One node as [`place_on_devices`] sees it: what it has available and its device pool.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeRoom<'a> {
+    /// What the node has available.
+    pub available: &'a Resources,
+    /// Its devices and what is left of each. An accelerator resource the pool has no devices
+    /// for counts as `floor(available)` whole devices without ids.
+    pub devices: &'a AcceleratorPool,
+}
+
+/// Where [`place_on_devices`] puts one bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BundleSpot {
+    /// The node's index.
+    pub node: usize,
+    /// The ids of the devices it takes, per accelerator resource of the node's pool.
+    pub devices: BTreeMap<String, Vec<String>>,
+}
+
+/// Like [`place`], on nodes whose devices may be partly handed out, choosing the devices of
+/// every bundle as well: taking exactly those (see [`AcceleratorPool::take_ids`]) always
+/// succeeds.
+#[must_use]
+pub fn place_on_devices(
+    nodes: &[NodeRoom<'_>],
+    factory: &PlacementGroupFactory,
+) -> Option<Vec<BundleSpot>> {
+    if factory.bundles.is_empty() {
+        return Some(Vec::new());
+    }
+    if nodes.is_empty() {
+        return None;
+    }
+    let available: Vec<&Resources> = nodes.iter().map(|n| n.available).collect();
+    let problem = Problem::build(&available, &factory.bundles, Devices::Pools(nodes));
+    let layout = problem.place(factory.strategy)?;
+    let picks = problem.assign(&layout)?;
+    let spots = layout
+        .into_iter()
+        .zip(picks)
+        .map(|(node, picks)| BundleSpot {
+            node,
+            devices: picks
+                .into_iter()
+                .filter_map(|(slot, chosen)| {
+                    let name = &problem.names[problem.accelerators[slot]];
+                    let ids = nodes[node].devices.ids(name)?;
+                    let ids = chosen.iter().map(|&d| ids[d].to_owned()).collect();
+                    Some((name.clone(), ids))
+                })
+                .collect(),
+        })
+        .collect();
+    Some(spots)
+}
+
+/// Where a [`Problem`] takes the devices of its nodes from.
+pub(super) enum Devices<'a, 'b> {
+    /// `floor(amount)` whole devices per accelerator resource.
+    Whole,
+    /// The nodes' pools.
+    Pools(&'a [NodeRoom<'b>]),
+    /// No devices at all: accelerators are plain amounts.
+    Ignored,
+}
+
 /// A bundle demand as `(resource index, steps)` pairs, nonzero only, by resource index.
 type Shape = Vec<(usize, u128)>;
 
 /// The placement problem with resource names interned: nodes' capacities are dense rows,
 /// bundle demands are sparse and deduplicated into shapes. Only resources that some bundle
-/// asks for are kept.
+/// asks for are kept. Accelerator resources have a slot each, and every node a list of
+/// devices per slot.
+#[derive(Clone)]
 pub(super) struct Problem {
     /// The resources some bundle asks for, by index.
     pub(super) names: Vec<String>,
     width: usize,
     nodes: usize,
-    /// One row of `width` capacities per node.
-    cap: Vec<u128>,
+    /// The slot of each resource index that is an accelerator.
+    slot: Vec<Option<usize>>,
+    /// The resource index of each slot.
+    pub(super) accelerators: Vec<usize>,
+    /// Capacities and devices with nothing placed.
+    pub(super) room: Room,
     /// The distinct bundle demands, in the order of their first bundle.
     pub(super) shapes: Vec<Shape>,
     /// The shape of each bundle.
@@ -97,18 +176,63 @@ impl Search {
     }
 }
 
+/// Whether some bundles fit on one node together, with the devices each takes.
+pub(super) enum NodeFit {
+    Yes(Vec<Picks>),
+    No,
+    Undecided,
+}
+
 impl Problem {
+    /// The problem with `floor(amount)` whole devices per accelerator resource of a node.
     pub(super) fn new<R: Borrow<Resources>>(nodes: &[R], bundles: &[Resources]) -> Self {
+        Self::build(nodes, bundles, Devices::Whole)
+    }
+
+    /// The problem with accelerators as plain amounts, as if devices did not exist.
+    pub(super) fn additive<R: Borrow<Resources>>(nodes: &[R], bundles: &[Resources]) -> Self {
+        Self::build(nodes, bundles, Devices::Ignored)
+    }
+
+    pub(super) fn build<R: Borrow<Resources>>(
+        nodes: &[R],
+        bundles: &[Resources],
+        devices: Devices<'_, '_>,
+    ) -> Self {
         let names: BTreeSet<&str> = bundles
             .iter()
             .flat_map(|b| b.iter().filter(|(_, a)| !a.is_zero()).map(|(name, _)| name))
             .collect();
+        let names: Vec<&str> = names.into_iter().collect();
         let index: BTreeMap<&str, usize> = names.iter().enumerate().map(|(i, &n)| (n, i)).collect();
         let width = names.len();
+        let mut slot = vec![None; width];
+        let mut accelerators = Vec::new();
+        if !matches!(devices, Devices::Ignored) {
+            for (i, name) in names.iter().enumerate() {
+                if ACCELERATOR_RESOURCES.contains(name) {
+                    slot[i] = Some(accelerators.len());
+                    accelerators.push(i);
+                }
+            }
+        }
         let mut cap = Vec::with_capacity(nodes.len() * width);
-        for node in nodes {
+        let mut dev = Vec::with_capacity(nodes.len() * accelerators.len());
+        for (n, node) in nodes.iter().enumerate() {
             let node = node.borrow();
             cap.extend(names.iter().map(|&name| node.amount(name).steps()));
+            for &i in &accelerators {
+                let name = names[i];
+                let pool = match &devices {
+                    Devices::Pools(rooms) => rooms[n].devices.lefts(name),
+                    Devices::Whole | Devices::Ignored => None,
+                };
+                let whole = || {
+                    let count = usize::try_from(node.amount(name).whole_units()).unwrap_or(0);
+                    vec![DEVICE; count]
+                };
+                dev.push(pool.unwrap_or_else(whole));
+            }
         }
         let mut shapes = Vec::new();
         let mut known: HashMap<Shape, usize> = HashMap::new();
@@ -129,15 +253,34 @@ impl Problem {
             names: names.into_iter().map(str::to_owned).collect(),
             width,
             nodes: nodes.len(),
-            cap,
+            slot,
+            accelerators,
+            room: Room { cap, dev },
             shapes,
             shape_of,
         }
     }
 
+    /// The same problem with only the first `bundles` bundles.
+    pub(super) fn prefix(&self, bundles: usize) -> Self {
+        let mut out = self.clone();
+        out.shape_of.truncate(bundles);
+        out
+    }
+
     /// How many bundles the group has.
-    fn bundles(&self) -> usize {
+    pub(super) fn bundles(&self) -> usize {
         self.shape_of.len()
+    }
+
+    /// How many nodes there are.
+    pub(super) fn node_count(&self) -> usize {
+        self.nodes
+    }
+
+    /// Whether some bundle asks for an accelerator (so devices matter).
+    pub(super) fn has_accelerators(&self) -> bool {
+        !self.accelerators.is_empty()
     }
 
     /// Where `node`'s row lies in a capacity table such as `cap`.
@@ -145,9 +288,14 @@ impl Problem {
         node * self.width..(node + 1) * self.width
     }
 
+    /// The devices of `node` for accelerator `slot` in `room`.
+    pub(super) fn devices<'r>(&self, room: &'r Room, node: usize, slot: usize) -> &'r [u128] {
+        &room.dev[node * self.accelerators.len() + slot]
+    }
+
     /// What `node` has of each resource.
     pub(super) fn cap_of(&self, node: usize) -> &[u128] {
-        &self.cap[self.row(node)]
+        &self.room.cap[self.row(node)]
     }
 
     /// What every node has of resource `index`, in node order.
@@ -171,24 +319,92 @@ impl Problem {
         out
     }
 
-    fn fits(&self, cap: &[u128], node: usize, shape: usize) -> bool {
-        let row = &cap[self.row(node)];
-        self.shapes[shape].iter().all(|&(i, a)| row[i] >= a)
+    /// The accelerator entries of `shape`: `(resource index, slot, amount)`.
+    pub(super) fn accelerator_entries(
+        &self,
+        shape: usize,
+    ) -> impl Iterator<Item = (usize, usize, u128)> + '_ {
+        self.shapes[shape]
+            .iter()
+            .filter_map(|&(i, a)| self.slot[i].map(|s| (i, s, a)))
     }
 
-    fn take(&self, cap: &mut [u128], node: usize, shape: usize) {
-        let row = &mut cap[self.row(node)];
+    pub(super) fn fits(&self, room: &Room, node: usize, shape: usize) -> bool {
+        let row = &room.cap[self.row(node)];
+        self.shapes[shape].iter().all(|&(i, a)| {
+            row[i] >= a && self.slot[i].is_none_or(|s| device_fit(self.devices(room, node, s), a))
+        })
+    }
+
+    /// Takes `shape` from `node`, on the devices that serve it best; the caller checked
+    /// that it [fits](Problem::fits).
+    fn take(&self, room: &mut Room, node: usize, shape: usize) -> Picks {
+        let picks: Picks = self
+            .accelerator_entries(shape)
+            .map(|(_, s, a)| (s, pick(self.devices(room, node, s), a).unwrap_or_default()))
+            .collect();
+        self.take_with(room, node, shape, &picks);
+        picks
+    }
+
+    /// Takes `shape` from `node`, on the devices `picks`.
+    pub(super) fn take_with(&self, room: &mut Room, node: usize, shape: usize, picks: &Picks) {
+        let slots = self.accelerators.len();
+        let row = self.row(node);
         for &(i, a) in &self.shapes[shape] {
-            row[i] -= a;
+            room.cap[row.start + i] -= a;
+        }
+        for ((_, s, a), (_, chosen)) in self.accelerator_entries(shape).zip(picks) {
+            for &d in chosen {
+                room.dev[node * slots + s][d] -= share(a);
+            }
         }
     }
 
-    /// Undoes [`Problem::take`].
-    fn give(&self, cap: &mut [u128], node: usize, shape: usize) {
-        let row = &mut cap[self.row(node)];
+    /// Undoes [`Problem::take_with`].
+    fn give(&self, room: &mut Room, node: usize, shape: usize, picks: &Picks) {
+        let slots = self.accelerators.len();
+        let row = self.row(node);
         for &(i, a) in &self.shapes[shape] {
-            row[i] += a;
+            room.cap[row.start + i] += a;
         }
+        for ((_, s, a), (_, chosen)) in self.accelerator_entries(shape).zip(picks) {
+            for &d in chosen {
+                room.dev[node * slots + s][d] += share(a);
+            }
+        }
+    }
+
+    /// Every choice of devices on `node` for `shape` that leaves a different set of devices.
+    fn options(&self, room: &Room, node: usize, shape: usize) -> Vec<Picks> {
+        let mut out: Vec<Picks> = vec![Vec::new()];
+        for (_, s, a) in self.accelerator_entries(shape) {
+            let each = choices(self.devices(room, node, s), a);
+            out = out
+                .into_iter()
+                .flat_map(|p| {
+                    each.iter().map(move |c| {
+                        let mut p = p.clone();
+                        p.push((s, c.clone()));
+                        p
+                    })
+                })
+                .collect();
+        }
+        out
+    }
+
+    /// What `node` has left in `room`, with its devices in a canonical order: two nodes with
+    /// the same key are interchangeable.
+    fn node_key(&self, room: &Room, node: usize) -> Vec<u128> {
+        let mut key = room.cap[self.row(node)].to_vec();
+        for s in 0..self.accelerators.len() {
+            let mut list = self.devices(room, node, s).to_vec();
+            list.sort_unstable();
+            key.push(list.len() as u128);
+            key.extend(list);
+        }
+        key
     }
 
     /// What all bundles ask for together, as a dense row.
@@ -246,10 +462,113 @@ impl Problem {
         Err(Shortfall::Combination { closest })
     }
 
+    /// Whether `bundles` fit on `node` together (in `room`), and on which devices: taken in
+    /// order of their largest accelerator amount first, then by an exhaustive search when
+    /// fractions are involved.
+    pub(super) fn node_takes(&self, room: &Room, node: usize, bundles: &[usize]) -> NodeFit {
+        let mut total = vec![0u128; self.width];
+        for &b in bundles {
+            for &(i, a) in &self.shapes[self.shape_of[b]] {
+                total[i] = total[i].saturating_add(a);
+            }
+        }
+        let row = &room.cap[self.row(node)];
+        if row.iter().zip(&total).any(|(c, d)| c < d) {
+            return NodeFit::No;
+        }
+        let weight = |b: usize| {
+            self.accelerator_entries(self.shape_of[b])
+                .map(|(_, _, a)| a)
+                .max()
+                .unwrap_or(0)
+        };
+        let mut order = bundles.to_vec();
+        order.sort_by_key(|&b| std::cmp::Reverse(weight(b)));
+        let mut scratch = room.clone();
+        let mut picks = vec![Vec::new(); self.bundles()];
+        let greedy = order.iter().all(|&b| {
+            let shape = self.shape_of[b];
+            if !self.fits(&scratch, node, shape) {
+                return false;
+            }
+            picks[b] = self.take(&mut scratch, node, shape);
+            true
+        });
+        if greedy {
+            return NodeFit::Yes(
+                bundles
+                    .iter()
+                    .map(|&b| std::mem::take(&mut picks[b]))
+                    .collect(),
+            );
+        }
+        let fraction = bundles.iter().any(|&b| {
+            self.accelerator_entries(self.shape_of[b])
+                .any(|(_, _, a)| a < DEVICE)
+        });
+        if !fraction {
+            // Whole devices are interchangeable: in any order they fit or they do not.
+            return NodeFit::No;
+        }
+        let mut walk = Walk::new(
+            self,
+            PlacementStrategy::Pack,
+            &order,
+            room.clone(),
+            vec![node],
+        );
+        match walk.go(0) {
+            Some(true) => NodeFit::Yes(
+                bundles
+                    .iter()
+                    .map(|&b| std::mem::take(&mut walk.picks[b]))
+                    .collect(),
+            ),
+            Some(false) => NodeFit::No,
+            None => NodeFit::Undecided,
+        }
+    }
+
+    /// The devices every bundle of `layout` takes on its node, found node by node.
+    pub(super) fn assign(&self, layout: &[usize]) -> Option<Vec<Picks>> {
+        let mut out = vec![Vec::new(); self.bundles()];
+        let mut on: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (bundle, &node) in layout.iter().enumerate() {
+            on.entry(node).or_default().push(bundle);
+        }
+        for (node, bundles) in on {
+            let NodeFit::Yes(picks) = self.node_takes(&self.room, node, &bundles) else {
+                return None;
+            };
+            for (bundle, p) in bundles.into_iter().zip(picks) {
+                out[bundle] = p;
+            }
+        }
+        Some(out)
+    }
+
+    /// `STRICT_PACK`: every bundle on the first node that can take the whole group;
+    /// `Undecided` when none can for sure but the search gave up on some.
+    pub(super) fn one_node_search(&self) -> Search {
+        let all: Vec<usize> = (0..self.bundles()).collect();
+        let mut undecided = false;
+        for node in 0..self.nodes {
+            match self.node_takes(&self.room, node, &all) {
+                NodeFit::Yes(_) => return Search::Found(vec![node; self.bundles()]),
+                NodeFit::No => {}
+                NodeFit::Undecided => undecided = true,
+            }
+        }
+        if undecided {
+            Search::Undecided
+        } else {
+            Search::Impossible
+        }
+    }
+
     /// Every bundle on the first node that can take the whole group.
     fn one_node(&self) -> Option<Vec<usize>> {
-        let node = self.single_node_fit(&self.total_demand()).ok()?;
-        Some(vec![node; self.bundles()])
+        self.one_node_search().found()
     }
 
     fn place(&self, strategy: PlacementStrategy) -> Option<Vec<usize>> {
@@ -259,6 +578,18 @@ impl Problem {
             }
             PlacementStrategy::StrictPack => self.one_node(),
             PlacementStrategy::StrictSpread => self.strict_spread().ok(),
+        }
+    }
+
+    /// The outcome of the search of `strategy` for a layout of the whole group.
+    pub(super) fn search(&self, strategy: PlacementStrategy) -> Search {
+        match strategy {
+            PlacementStrategy::Pack | PlacementStrategy::Spread => self.best_effort(strategy),
+            PlacementStrategy::StrictPack => self.one_node_search(),
+            PlacementStrategy::StrictSpread => match self.strict_spread() {
+                Ok(layout) => Search::Found(layout),
+                Err(_) => Search::Impossible,
+            },
         }
     }
 
@@ -325,20 +656,20 @@ impl Problem {
     /// Each bundle to the first node with room. Capacities only shrink, so a node without
     /// room for a shape never gets room again: one cursor per shape skips such nodes.
     fn first_fit(&self, order: impl Iterator<Item = usize>) -> Option<Vec<usize>> {
-        let mut cap = self.cap.clone();
+        let mut room = self.room.clone();
         let mut cursor = vec![0usize; self.shapes.len()];
         let mut out = vec![0usize; self.bundles()];
         for bundle in order {
             let shape = self.shape_of[bundle];
             let mut node = cursor[shape];
-            while node < self.nodes && !self.fits(&cap, node, shape) {
+            while node < self.nodes && !self.fits(&room, node, shape) {
                 node += 1;
             }
             if node == self.nodes {
                 return None;
             }
             cursor[shape] = node;
-            self.take(&mut cap, node, shape);
+            self.take(&mut room, node, shape);
             out[bundle] = node;
         }
         Some(out)
@@ -348,22 +679,22 @@ impl Problem {
     /// over, relative to the biggest node), ties by node order.
     fn best_fit(&self, order: &[usize]) -> Option<Vec<usize>> {
         let scale = self.biggest();
-        let mut cap = self.cap.clone();
+        let mut room = self.room.clone();
         let mut out = vec![0usize; self.bundles()];
         for &bundle in order {
             let shape = self.shape_of[bundle];
             let demand = self.dense(shape);
             let slack = |node: usize| -> f64 {
-                let row = &cap[self.row(node)];
+                let row = &room.cap[self.row(node)];
                 (0..self.width)
                     .filter(|&i| scale[i] > 0)
                     .map(|i| (row[i] - demand[i]) as f64 / scale[i] as f64)
                     .sum()
             };
             let node = (0..self.nodes)
-                .filter(|&n| self.fits(&cap, n, shape))
+                .filter(|&n| self.fits(&room, n, shape))
                 .min_by(|&a, &b| slack(a).total_cmp(&slack(b)).then(a.cmp(&b)))?;
-            self.take(&mut cap, node, shape);
+            self.take(&mut room, node, shape);
             out[bundle] = node;
         }
         Some(out)
@@ -372,16 +703,8 @@ impl Problem {
     /// Every layout, bundles in `order`, until one fits or [`EXACT_SEARCH_STEPS`] partial
     /// layouts were visited (see [`Walk`]).
     fn exhaustive(&self, strategy: PlacementStrategy, order: &[usize]) -> Search {
-        let mut walk = Walk {
-            problem: self,
-            strategy,
-            order,
-            cap: self.cap.clone(),
-            held: vec![0; self.nodes],
-            out: vec![0; self.bundles()],
-            steps: 0,
-            dead_ends: HashSet::new(),
-        };
+        let nodes = (0..self.nodes).collect();
+        let mut walk = Walk::new(self, strategy, order, self.room.clone(), nodes);
         match walk.go(0) {
             Some(true) => Search::Found(walk.out),
             Some(false) => Search::Impossible,
@@ -393,7 +716,7 @@ impl Problem {
     /// order. Nodes sit in a set ordered by (bundles held, index); a node that has no room
     /// for any shape still to be placed leaves the set.
     fn spread(&self, order: impl Iterator<Item = usize>) -> Option<Vec<usize>> {
-        let mut cap = self.cap.clone();
+        let mut room = self.room.clone();
         let mut remaining = vec![0usize; self.shapes.len()];
         for &shape in &self.shape_of {
             remaining[shape] += 1;
@@ -410,12 +733,12 @@ impl Problem {
                 if no_room.contains(&(shape, node)) {
                     continue;
                 }
-                if self.fits(&cap, node, shape) {
+                if self.fits(&room, node, shape) {
                     chosen = Some((held, node));
                     break;
                 }
                 let room_for_others = (0..self.shapes.len())
-                    .any(|s| s != shape && remaining[s] > 0 && self.fits(&cap, node, s));
+                    .any(|s| s != shape && remaining[s] > 0 && self.fits(&room, node, s));
                 if room_for_others {
                     no_room.insert((shape, node));
                 } else {
@@ -426,7 +749,7 @@ impl Problem {
                 queue.remove(&key);
             }
             let (held, node) = chosen?;
-            self.take(&mut cap, node, shape);
+            self.take(&mut room, node, shape);
             remaining[shape] -= 1;
             queue.remove(&(held, node));
             queue.insert((held + 1, node));
@@ -444,7 +767,7 @@ impl Problem {
         let candidates: Vec<Vec<usize>> = (0..self.shapes.len())
             .map(|s| {
                 (0..self.nodes)
-                    .filter(|&n| self.fits(&self.cap, n, s))
+                    .filter(|&n| self.fits(&self.room, n, s))
                     .collect()
             })
             .collect();
@@ -523,21 +846,47 @@ impl Problem {
 }
 
 /// The exhaustive search's state. Nodes are tried in the strategy's order of preference
-/// (`PACK`: nodes already used first; `SPREAD`: the fewest bundles first). Two nodes with the
-/// same room left are interchangeable, so only the first is tried; a set of rooms left
-/// already known to be a dead end is not explored again.
+/// (`PACK`: nodes already used first; `SPREAD`: the fewest bundles first), and on each node
+/// every choice of devices that leaves a different set. Two nodes with the same room left
+/// are interchangeable, so only the first is tried; a set of rooms left already known to be
+/// a dead end is not explored again.
 struct Walk<'a> {
     problem: &'a Problem,
     strategy: PlacementStrategy,
     order: &'a [usize],
-    cap: Vec<u128>,
+    /// The nodes the bundles may go to.
+    nodes: Vec<usize>,
+    room: Room,
     held: Vec<usize>,
     out: Vec<usize>,
+    /// The devices each bundle takes, once the walk succeeded.
+    picks: Vec<Picks>,
     steps: usize,
-    dead_ends: HashSet<(usize, Vec<u128>)>,
+    dead_ends: HashSet<(usize, Vec<Vec<u128>>)>,
 }
 
-impl Walk<'_> {
+impl<'a> Walk<'a> {
+    fn new(
+        problem: &'a Problem,
+        strategy: PlacementStrategy,
+        order: &'a [usize],
+        room: Room,
+        nodes: Vec<usize>,
+    ) -> Self {
+        Self {
+            problem,
+            strategy,
+            order,
+            nodes,
+            room,
+            held: vec![0; problem.nodes],
+            out: vec![0; problem.bundles()],
+            picks: vec![Vec::new(); problem.bundles()],
+            steps: 0,
+            dead_ends: HashSet::new(),
+        }
+    }
+
     /// Places `order[depth..]`; `None` when out of steps.
     fn go(&mut self, depth: usize) -> Option<bool> {
         let p = self.problem;
@@ -548,37 +897,47 @@ impl Walk<'_> {
         if self.steps > EXACT_SEARCH_STEPS {
             return None;
         }
-        let mut rows: Vec<&[u128]> = self.cap.chunks(p.width.max(1)).collect();
-        rows.sort_unstable();
-        let key = (depth, rows.concat());
+        let mut rooms: Vec<Vec<u128>> = self
+            .nodes
+            .iter()
+            .map(|&n| p.node_key(&self.room, n))
+            .collect();
+        rooms.sort_unstable();
+        let key = (depth, rooms);
         if self.dead_ends.contains(&key) {
             return Some(false);
         }
         let shape = p.shape_of[bundle];
-        let mut nodes: Vec<usize> = (0..p.nodes).collect();
+        let mut nodes = self.nodes.clone();
         match self.strategy {
             PlacementStrategy::Spread => nodes.sort_by_key(|&n| self.held[n]),
             _ => nodes.sort_by_key(|&n| self.held[n] == 0),
         }
         let mut tried: Vec<Vec<u128>> = Vec::new();
         for node in nodes {
-            if !p.fits(&self.cap, node, shape) {
+            if !p.fits(&self.room, node, shape) {
                 continue;
             }
-            let room = &self.cap[p.row(node)];
-            if tried.iter().any(|t| t[..] == *room) {
+            let room = p.node_key(&self.room, node);
+            if tried.contains(&room) {
                 continue;
             }
-            tried.push(room.to_vec());
-            p.take(&mut self.cap, node, shape);
-            self.held[node] += 1;
-            self.out[bundle] = node;
-            let placed = self.go(depth + 1);
-            p.give(&mut self.cap, node, shape);
-            self.held[node] -= 1;
-            match placed {
-                Some(false) => {}
-                done => return done,
+            tried.push(room);
+            for choice in p.options(&self.room, node, shape) {
+                p.take_with(&mut self.room, node, shape, &choice);
+                self.held[node] += 1;
+                self.out[bundle] = node;
+                let placed = self.go(depth + 1);
+                p.give(&mut self.room, node, shape, &choice);
+                self.held[node] -= 1;
+                match placed {
+                    Some(false) => {}
+                    Some(true) => {
+                        self.picks[bundle] = choice;
+                        return Some(true);
+                    }
+                    None => return None,
+                }
             }
         }
         self.dead_ends.insert(key);

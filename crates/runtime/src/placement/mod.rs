@@ -50,11 +50,14 @@ mod devices;
 mod error;
 mod feasibility;
 mod layout;
+mod room;
 
 pub use devices::{AcceleratorPool, GiveBackError};
 pub use error::PlacementError;
 pub use feasibility::check_feasible;
-pub use layout::{EXACT_SEARCH_BUNDLES, EXACT_SEARCH_NODES, place};
+pub use layout::{
+    BundleSpot, EXACT_SEARCH_BUNDLES, EXACT_SEARCH_NODES, NodeRoom, place, place_on_devices,
+};
 
 /// Shorthands for the unit tests of the placement modules.
 #[cfg(test)]
