@@ -38,6 +38,11 @@ fn functions() -> FunctionRegistry {
             }
             Ok(json!(ctx.restart_count()))
         })
+        .register("train_a_while", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok(json!({"rank": ctx.world_rank().0, "restart": ctx.restart_count()}))
+        })
         .register("exit_abruptly", |task| async move {
             let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
             if ctx.world_rank().0 == 0 {
@@ -197,4 +202,58 @@ async fn a_worker_process_that_exits_is_a_death_with_its_exit_code() {
     );
     runtime.shutdown().await;
     assert!(runtime.agent_pids().is_empty());
+}
+
+/// Fault injection on real agent processes: the second worker's agent is killed after it
+/// has answered 0, 1 or 2 of the driver's calls (as it starts, once its node is known, once
+/// its task runs: mid-training), then after 3 (the stop at the end of a successful run). Each time the death is reported as such, the restart budget of one is spent exactly
+/// once (or not at all for the kill during shutdown), and afterwards no agent process and
+/// no reservation is left.
+#[tokio::test]
+async fn a_worker_killed_at_each_step_restarts_once_and_leaves_nothing() {
+    use trainyard::runtime::sim::faults::KillActorAfterCalls;
+
+    for calls in 0..=3 {
+        let runtime = local(2, 1).await;
+        let total = runtime.cluster().await.expect("cluster").total();
+        let faulty = KillActorAfterCalls::new(Arc::new(runtime.clone()), 1, calls);
+        let result = Trainer::new(
+            Arc::new(faulty),
+            &NoBackend,
+            function_task("train_a_while", Value::Null),
+        )
+        .scaling_config(ScalingConfig::default().num_workers(2))
+        .run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
+        .executor_options(options())
+        .fit()
+        .await
+        .unwrap_or_else(|e| panic!("killed after {calls} calls: the run fails: {e:?}"));
+        // Calls to the second worker: its node, its task (with its environment), the stop.
+        let (attempts, restarts) = if calls < 3 { (2, 1) } else { (1, 0) };
+        assert_eq!(result.attempts, attempts, "killed after {calls} calls");
+        assert_eq!(result.failures.len(), restarts, "{:?}", result.failures);
+        for failure in &result.failures {
+            assert!(
+                matches!(
+                    failure,
+                    AttemptFailure::WorkerDied {
+                        cause: DeathCause::Killed,
+                        ..
+                    } | AttemptFailure::StartFailed { .. }
+                ),
+                "killed after {calls} calls: {failure:?}"
+            );
+        }
+        for (rank, value) in result.returns.iter().enumerate() {
+            assert_eq!(value["rank"], json!(rank));
+            assert_eq!(value["restart"], json!(restarts));
+        }
+        runtime.shutdown().await;
+        assert!(runtime.agent_pids().is_empty(), "after {calls} calls");
+        assert_eq!(
+            runtime.cluster().await.expect("cluster").available(),
+            total,
+            "nothing stays reserved after {calls} calls"
+        );
+    }
 }

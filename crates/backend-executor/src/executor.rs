@@ -15,8 +15,8 @@ use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_resources::Resources;
 use trainyard_runtime::events::{self, ActorEvent, TaskEvents};
 use trainyard_runtime::{
-    ActorRuntime, DeathCause, PlacementGroupId, Request, Response, RuntimeError, Stream, TaskEvent,
-    TaskExit, TaskSpec,
+    ActorRuntime, ActorRuntimeExt as _, DeathCause, PlacementGroupId, Request, Response,
+    RuntimeError, Stream, TaskEvent, TaskExit, TaskSpec,
 };
 use trainyard_worker_group::WorkerGroup;
 
@@ -615,6 +615,20 @@ impl BackendExecutor {
         self.follow(streams, &pids, report).await
     }
 
+    /// Why the event stream of worker `i` ended without a death: the runtime says why the
+    /// actor is gone (it may have been ended through the runtime by someone else); else the
+    /// stream's connection was lost.
+    async fn why_silent(&self, i: usize) -> DeathCause {
+        let Some(worker) = self.attempt().and_then(|a| a.group.workers().get(i)) else {
+            return DeathCause::ConnectionLost;
+        };
+        let limit = self.options.health_check_timeout;
+        match tokio::time::timeout(limit, self.runtime.node_info(worker.actor)).await {
+            Ok(Err(error)) => events::death_of(error),
+            Ok(Ok(_)) | Err(_) => DeathCause::ConnectionLost,
+        }
+    }
+
     /// One event stream per worker, in world-rank order.
     async fn subscribe(&self, attempt: &Attempt) -> Result<Vec<TaskEvents>, AttemptError> {
         let limit = self.options.health_check_timeout;
@@ -744,7 +758,7 @@ impl BackendExecutor {
                 // A worker whose task finished may go; the others carry on.
                 Some(ActorEvent::Died(_)) | None if returns[i].is_some() => {}
                 Some(ActorEvent::Died(cause)) => break Err(died(i, cause)),
-                None => break Err(died(i, DeathCause::ConnectionLost)),
+                None => break Err(died(i, self.why_silent(i).await)),
             }
         };
         if outcome.is_err() {
