@@ -49,10 +49,45 @@ fn fit(c: &mut Criterion) {
     });
 }
 
+/// The whole executor at scale: 1 000 and 10 000 simulated workers, to see that the cost
+/// grows about linearly (a tenfold run should take about ten times as long).
+fn fit_at_scale(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let functions = FunctionRegistry::new().register("noop", |_| async { Ok(Value::Null) });
+    let sim = SimRuntime::new((0..100).map(|i| {
+        SimNode::new(&format!("node-{i}"))
+            .ip(&format!("10.0.{}.{}", i / 256, i % 256))
+            .cpus(128)
+    }))
+    .with_functions(functions);
+    let mut group = c.benchmark_group("fit_at_scale");
+    for workers in [1_000u32, 10_000] {
+        group.bench_function(format!("{workers}_workers"), |b| {
+            b.to_async(&runtime).iter(|| async {
+                let task = function_task("noop", Value::Null);
+                let result = Trainer::new(Arc::new(sim.clone()), &NoBackend, task)
+                    .scaling_config(ScalingConfig::default().num_workers(workers))
+                    .executor_options(ExecutorOptions {
+                        poll_interval: Duration::from_millis(1),
+                        ..ExecutorOptions::default()
+                    })
+                    .fit()
+                    .await
+                    .expect("fit");
+                assert_eq!(result.returns.len(), workers as usize);
+            });
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     // Defaults only: criterion's flags (`cargo bench -- --sample-size 50`) override them.
     config = Criterion::default().sample_size(10).measurement_time(Duration::from_secs(5));
-    targets = fit
+    targets = fit, fit_at_scale
 }
 criterion_main!(benches);

@@ -134,6 +134,14 @@ pub enum ResourceError {
     /// An entry with an empty name.
     #[error("resource names must not be empty")]
     EmptyName,
+    /// A name that could not be written back as `NAME=AMOUNT` text.
+    #[error(
+        "resource name `{name}` must not contain `,` or `=`, begin with `{{`, nor begin or end with whitespace"
+    )]
+    InvalidName {
+        /// The name.
+        name: String,
+    },
     /// A value that is neither a number nor a string.
     #[error("resource `{name}` must be a number or a string, got {found}")]
     WrongType {
@@ -397,6 +405,12 @@ fn validate_entry(name: &str, amount: ResourceAmount) -> Result<(), ResourceErro
     if name.trim().is_empty() {
         return Err(ResourceError::EmptyName);
     }
+    // A first name that began with `{` would make the text look like JSON.
+    if name.trim() != name || name.contains([',', '=']) || name.starts_with('{') {
+        return Err(ResourceError::InvalidName {
+            name: name.to_owned(),
+        });
+    }
     if is_byte_resource(name) && !amount.is_whole() {
         return Err(ResourceError::FractionalBytes {
             name: name.to_owned(),
@@ -539,7 +553,10 @@ impl EntryValue {
                 });
             }
         };
-        Resources::parse_entry(name, &text)
+        let amount = Resources::parse_entry(name, &text)?;
+        // `parse_entry` trims the name of a `NAME=AMOUNT` pair; a map's key is used as it is.
+        validate_entry(name, amount)?;
+        Ok(amount)
     }
 }
 
@@ -724,6 +741,36 @@ mod tests {
         assert!("custom=2.5".parse::<Resources>().is_ok());
         let built = Resources::new().with(GPU, "1.5".parse::<ResourceAmount>().unwrap());
         assert!(built.validate().is_err());
+    }
+
+    #[test]
+    fn names_that_could_not_be_written_back_as_pairs_are_refused() {
+        for json in [
+            r#"{"C,U": 1}"#,
+            r#"{"a=b": 1}"#,
+            r#"{" CPU": 1}"#,
+            r#"{"GPU ": 1}"#,
+            r#"{"{x": 1}"#,
+        ] {
+            assert!(
+                matches!(Resources::parse_json(json), Err(ResourceError::Json { .. })),
+                "{json}"
+            );
+        }
+        for name in ["a,b", "{\"CPE\":CPU"] {
+            assert!(
+                matches!(
+                    Resources::parse_entry(name, "1"),
+                    Err(ResourceError::InvalidName { .. })
+                ),
+                "{name}"
+            );
+        }
+        let fine = Resources::parse_json(r#"{"accelerator_type:A100": 0.001}"#).expect("valid");
+        assert_eq!(
+            fine.to_string().parse::<Resources>().expect("parses back"),
+            fine
+        );
     }
 
     #[test]
