@@ -166,6 +166,36 @@ impl TrainContext {
         self.task.report(metrics);
     }
 
+    /// Reports metrics with a checkpoint, as Ray Train's `train.report(metrics,
+    /// checkpoint=Checkpoint.from_directory(dir))`: every file under `dir` is persisted into
+    /// the run's storage before this returns; the checkpoint is committed once every rank has
+    /// made the same number of reports. Each rank may hand in its own shard (files of its own
+    /// names).
+    ///
+    /// # Errors
+    /// When the files cannot be persisted; that checkpoint is then never committed.
+    pub async fn report_checkpoint(
+        &self,
+        metrics: serde_json::Map<String, serde_json::Value>,
+        dir: impl AsRef<std::path::Path>,
+    ) -> Result<(), trainyard_checkpoint::StorageError> {
+        self.task.report_checkpoint(metrics, dir).await
+    }
+
+    /// The local directory of the checkpoint to resume from: the run's latest committed one,
+    /// after a restart or when a run of the same name and storage is resumed; `None` on a
+    /// fresh start (Ray Train's `train.get_checkpoint()`).
+    #[must_use]
+    pub fn checkpoint(&self) -> Option<std::path::PathBuf> {
+        self.task.checkpoint()
+    }
+
+    /// The run's name (Ray Train's `get_experiment_name()`).
+    #[must_use]
+    pub fn run_name(&self) -> Option<&str> {
+        self.task.var(RUN_NAME)
+    }
+
     /// Prints one line of output to the driver.
     pub fn print(&self, line: impl Into<String>) {
         self.task.log(Stream::Stdout, line);

@@ -801,7 +801,7 @@ impl BackendExecutor {
     ) {
         let rank = rank_of(i);
         match event {
-            TaskEvent::Report { metrics } => {
+            TaskEvent::Report { metrics, .. } => {
                 report.metrics[i] = Some(metrics.clone());
                 report.last_report = Some((rank, metrics.clone()));
                 self.emit(RunEvent::Report { rank, metrics }).await;

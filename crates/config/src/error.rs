@@ -50,6 +50,21 @@ pub enum ConfigError {
         "environment variable name `{0}` must be non-empty and contain neither `=` nor a NUL byte"
     )]
     EnvName(String),
+    /// A run name that cannot be a folder's name.
+    #[error("run name `{0}` must be 1 to 200 characters of letters, digits, `-`, `_` and `.` (not `.` or `..`)")]
+    RunName(String),
+    /// `num_to_keep` of 0.
+    #[error("checkpoints to keep must be at least 1, got {0}")]
+    NumToKeep(u32),
+    /// An empty score attribute.
+    #[error("checkpoint score attribute must be a metric's name, got `{0}`")]
+    ScoreAttribute(String),
+    /// A score order other than `min` or `max`.
+    #[error("checkpoint score order must be `min` or `max`, got `{0}`")]
+    ScoreOrder(String),
+    /// A resume policy other than `auto` or `never`.
+    #[error("resume must be `auto` or `never`, got `{0}`")]
+    Resume(String),
     /// A configuration file that cannot be read.
     #[error("cannot read config file `{}`", path.display())]
     Read {

@@ -80,12 +80,119 @@ fn deserialize_max_failures<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u3
     }
 }
 
-/// What a run is called, how it survives failures, and the environment its workers get.
+/// Which way a checkpoint's score is better, as Ray's `checkpoint_score_order`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoreOrder {
+    /// Higher is better (Ray's default).
+    #[default]
+    Max,
+    /// Lower is better (a loss).
+    Min,
+}
+
+impl std::str::FromStr for ScoreOrder {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "max" => Ok(Self::Max),
+            "min" => Ok(Self::Min),
+            other => Err(ConfigError::ScoreOrder(other.to_owned())),
+        }
+    }
+}
+
+impl std::fmt::Display for ScoreOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Max => "max",
+            Self::Min => "min",
+        })
+    }
+}
+
+/// Which committed checkpoints a run keeps, as Ray Train's `CheckpointConfig`. The latest
+/// committed checkpoint is never deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// How many to keep (the best by the score, else the newest); `None` keeps all.
+    pub num_to_keep: Option<u32>,
+    /// The reported metric that ranks checkpoints; `None` ranks them by age.
+    pub checkpoint_score_attribute: Option<String>,
+    /// Which way the score is better.
+    pub checkpoint_score_order: ScoreOrder,
+}
+
+impl CheckpointConfig {
+    /// Sets `num_to_keep`.
+    #[must_use]
+    pub const fn num_to_keep(mut self, n: u32) -> Self {
+        self.num_to_keep = Some(n);
+        self
+    }
+
+    /// Sets the score attribute and its order.
+    #[must_use]
+    pub fn score(mut self, attribute: impl Into<String>, order: ScoreOrder) -> Self {
+        self.checkpoint_score_attribute = Some(attribute.into());
+        self.checkpoint_score_order = order;
+        self
+    }
+
+    /// Checks `num_to_keep` (at least 1, as Ray requires) and the attribute's name.
+    ///
+    /// # Errors
+    /// [`ConfigError::NumToKeep`], [`ConfigError::ScoreAttribute`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.num_to_keep == Some(0) {
+            return Err(ConfigError::NumToKeep(0));
+        }
+        match &self.checkpoint_score_attribute {
+            Some(attribute) if attribute.trim().is_empty() => {
+                Err(ConfigError::ScoreAttribute(attribute.clone()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What a run does when its folder already holds a run of the same name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumePolicy {
+    /// Resume an unfinished run from its latest checkpoint; refuse a finished one.
+    #[default]
+    Auto,
+    /// Never resume: start afresh in a new folder (the name with `-2`, `-3`, ... appended).
+    Never,
+}
+
+impl std::str::FromStr for ResumePolicy {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "never" => Ok(Self::Never),
+            other => Err(ConfigError::Resume(other.to_owned())),
+        }
+    }
+}
+
+/// What a run is called, where it keeps its folder, how it survives failures, and the
+/// environment its workers get.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RunConfig {
-    /// Name of the run (shown in logs); a generated one when `None`.
+    /// Name of the run (its folder's name); a generated one when `None`.
     pub name: Option<String>,
+    /// Where run folders live: a path, `file:///PATH` or `s3://BUCKET[/PREFIX]`;
+    /// `~/trainyard_results` when `None`.
+    pub storage_path: Option<String>,
+    /// Which committed checkpoints are kept.
+    pub checkpoint_config: CheckpointConfig,
+    /// What happens when the folder holds a run of the same name.
+    pub resume: ResumePolicy,
     /// Restart policy.
     pub failure_config: FailureConfig,
     /// Environment variables every worker's task gets.
@@ -97,6 +204,27 @@ impl RunConfig {
     #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Sets `storage_path`.
+    #[must_use]
+    pub fn storage_path(mut self, storage: impl Into<String>) -> Self {
+        self.storage_path = Some(storage.into());
+        self
+    }
+
+    /// Sets `checkpoint_config`.
+    #[must_use]
+    pub fn checkpoint_config(mut self, checkpoint_config: CheckpointConfig) -> Self {
+        self.checkpoint_config = checkpoint_config;
+        self
+    }
+
+    /// Sets `resume`.
+    #[must_use]
+    pub const fn resume(mut self, resume: ResumePolicy) -> Self {
+        self.resume = resume;
         self
     }
 
@@ -114,11 +242,26 @@ impl RunConfig {
         self
     }
 
-    /// Checks the environment variable names.
+    /// Checks the name, the checkpoint config and the environment variable names.
     ///
     /// # Errors
-    /// [`ConfigError::EnvName`] for a name that cannot be set.
+    /// [`ConfigError::RunName`] for a name that cannot be a folder's,
+    /// [`ConfigError::EnvName`] for a variable name that cannot be set, and the errors of
+    /// [`CheckpointConfig::validate`].
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(name) = &self.name {
+            let bad = name.is_empty()
+                || name == "."
+                || name == ".."
+                || name.len() > 200
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            if bad {
+                return Err(ConfigError::RunName(name.clone()));
+            }
+        }
+        self.checkpoint_config.validate()?;
         match self
             .env
             .keys()

@@ -98,8 +98,20 @@ impl EventSender {
 
     /// Sends a report, waiting for room: reports are never dropped.
     pub async fn report(&self, metrics: serde_json::Map<String, serde_json::Value>) {
-        self.send(ActorEvent::Task(TaskEvent::Report { metrics }))
-            .await;
+        self.report_checkpoint(metrics, None).await;
+    }
+
+    /// Sends a report with the checkpoint handed in with it, waiting for room.
+    pub async fn report_checkpoint(
+        &self,
+        metrics: serde_json::Map<String, serde_json::Value>,
+        checkpoint: Option<trainyard_checkpoint::HandIn>,
+    ) {
+        self.send(ActorEvent::Task(TaskEvent::Report {
+            metrics,
+            checkpoint,
+        }))
+        .await;
     }
 
     /// Sends any event, waiting for room; a count of dropped lines goes first.

@@ -112,10 +112,15 @@ pub enum Stream {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum TaskEvent {
-    /// A metrics report (`report({"loss": 0.1})`).
+    /// A metrics report (`report({"loss": 0.1})`), with the checkpoint handed in with it.
+    /// The N-th report of every rank belongs to checkpoint index `base + N`.
     Report {
         /// The metrics.
         metrics: serde_json::Map<String, serde_json::Value>,
+        /// The rank's files of this report's checkpoint, already persisted by the worker (or
+        /// why they could not be); `None` when the report hands in no checkpoint.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checkpoint: Option<trainyard_checkpoint::HandIn>,
     },
     /// One line of output.
     Log {

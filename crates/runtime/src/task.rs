@@ -2,7 +2,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -10,6 +12,7 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
+use trainyard_checkpoint::{CheckpointWriter, HandIn, StorageError};
 
 use crate::events::{ActorEvent, EventSender};
 use crate::{Stream, TaskEvent, TaskExit, TaskFailure};
@@ -143,12 +146,15 @@ pub mod builtins {
     pub const FAIL: &str = "trainyard.fail";
 }
 
-/// What a task function sees: its argument, its environment, and a way to report.
+/// What a task function sees: its argument, its environment, and a way to report (with a
+/// checkpoint or without).
 #[derive(Debug, Clone)]
 pub struct TaskContext {
     arg: serde_json::Value,
     env: BTreeMap<String, String>,
     events: mpsc::UnboundedSender<TaskEvent>,
+    /// How many reports the task has made, over every clone of the context.
+    reports: Arc<AtomicU64>,
 }
 
 impl TaskContext {
@@ -159,7 +165,12 @@ impl TaskContext {
         env: BTreeMap<String, String>,
         events: mpsc::UnboundedSender<TaskEvent>,
     ) -> Self {
-        Self { arg, env, events }
+        Self {
+            arg,
+            env,
+            events,
+            reports: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     /// The argument of [`crate::TaskSpec::Function`].
@@ -182,8 +193,63 @@ impl TaskContext {
 
     /// Sends a metrics report to the driver.
     pub fn report(&self, metrics: serde_json::Map<String, serde_json::Value>) {
+        self.reports.fetch_add(1, Ordering::SeqCst);
         // The receiver is gone only when the actor is being torn down; the report is moot then.
-        let _ = self.events.send(TaskEvent::Report { metrics });
+        let _ = self.events.send(TaskEvent::Report {
+            metrics,
+            checkpoint: None,
+        });
+    }
+
+    /// Sends a metrics report with a checkpoint: every file under `dir` is persisted into the
+    /// run folder's checkpoint of this report's index (the N-th report of every rank is index
+    /// N) before this returns. The checkpoint is committed once every rank has reported that
+    /// index; each rank may hand in files of its own names (a shard each).
+    ///
+    /// # Errors
+    /// [`StorageError`] when the files cannot be persisted (the driver is told, and that
+    /// index is never committed), or [`StorageError::NoRunFolder`] when the task was not
+    /// started with a run folder.
+    pub async fn report_checkpoint(
+        &self,
+        metrics: serde_json::Map<String, serde_json::Value>,
+        dir: impl AsRef<Path>,
+    ) -> Result<(), StorageError> {
+        let base: u64 = self
+            .var(trainyard_checkpoint::CHECKPOINT_BASE)
+            .and_then(|b| b.parse().ok())
+            .unwrap_or(0);
+        let index = base + self.reports.fetch_add(1, Ordering::SeqCst) + 1;
+        let persisted = match CheckpointWriter::from_env(&self.env) {
+            Ok(Some(writer)) => writer.persist(index, dir.as_ref()).await,
+            Ok(None) => Err(StorageError::NoRunFolder),
+            Err(error) => Err(error),
+        };
+        let (hand_in, result) = match persisted {
+            Ok(hand_in) => (hand_in, Ok(())),
+            Err(error) => (
+                HandIn::Failed {
+                    index,
+                    error: trainyard_resources::ErrorChain(&error).to_string(),
+                },
+                Err(error),
+            ),
+        };
+        let _ = self.events.send(TaskEvent::Report {
+            metrics,
+            checkpoint: Some(hand_in),
+        });
+        result
+    }
+
+    /// The local directory of the checkpoint this task resumes from
+    /// ([`trainyard_checkpoint::CHECKPOINT`]): the run's latest committed checkpoint, `None`
+    /// on a fresh start.
+    #[must_use]
+    pub fn checkpoint(&self) -> Option<PathBuf> {
+        self.var(trainyard_checkpoint::CHECKPOINT)
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
     }
 
     /// Sends one line of output to the driver.

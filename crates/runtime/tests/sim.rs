@@ -495,7 +495,8 @@ async fn reports_and_log_lines_are_drained_in_order_by_poll() {
                 metrics: json!({"loss": 0.5})
                     .as_object()
                     .cloned()
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                checkpoint: None,
             },
             TaskEvent::Log {
                 stream: Stream::Stderr,

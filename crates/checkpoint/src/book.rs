@@ -1,0 +1,229 @@
+//! [`CheckpointBook`]: which index is committed when, sans IO.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::{BookError, HandIn};
+
+/// A checkpoint index that every rank has reported, with every rank's files persisted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    /// The index.
+    pub index: u64,
+    /// World rank 0's metrics of that report.
+    pub metrics: serde_json::Map<String, serde_json::Value>,
+    /// Every rank's files, relative to the checkpoint folder, sorted.
+    pub files: Vec<String>,
+    /// Their total size in bytes.
+    pub bytes: u64,
+}
+
+/// One index that not every rank has reported yet.
+#[derive(Debug, Default)]
+struct Pending {
+    reported: Vec<bool>,
+    rank0_metrics: Option<serde_json::Map<String, serde_json::Value>>,
+    /// file name → the rank that handed it in.
+    files: BTreeMap<String, u32>,
+    bytes: u64,
+    handed_in: bool,
+    failed: bool,
+}
+
+/// The driver's book of one attempt's reports: the N-th report of every rank belongs to
+/// index `base + N`; an index is committed when every rank has reported it, at least one
+/// rank handed in files with it, and no rank's files failed to persist.
+///
+/// ```
+/// use trainyard_checkpoint::{CheckpointBook, HandIn};
+///
+/// let mut book = CheckpointBook::new(2, 3); // two ranks, resumed from checkpoint 3
+/// let files = |name: &str| Some(HandIn::Persisted { index: 4, files: vec![name.into()], bytes: 10 });
+/// assert_eq!(book.record(1, Default::default(), files("shard_1"))?, None);
+/// let commit = book.record(0, Default::default(), files("shard_0"))?.expect("both ranks reported");
+/// assert_eq!((commit.index, commit.files), (4, vec!["shard_0".to_owned(), "shard_1".to_owned()]));
+/// # Ok::<(), trainyard_checkpoint::BookError>(())
+/// ```
+#[derive(Debug)]
+pub struct CheckpointBook {
+    world_size: u32,
+    base: u64,
+    /// How many reports each rank has made.
+    counts: Vec<u64>,
+    pending: HashMap<u64, Pending>,
+}
+
+impl CheckpointBook {
+    /// A book for `world_size` ranks whose first report is index `base + 1`.
+    #[must_use]
+    pub fn new(world_size: u32, base: u64) -> Self {
+        Self {
+            world_size,
+            base,
+            counts: vec![0; world_size as usize],
+            pending: HashMap::new(),
+        }
+    }
+
+    /// The index the next report of `rank` belongs to.
+    #[must_use]
+    pub fn next_index(&self, rank: u32) -> u64 {
+        self.base + self.counts.get(rank as usize).copied().unwrap_or(0) + 1
+    }
+
+    /// The highest index any rank has reported.
+    #[must_use]
+    pub fn highest_index(&self) -> u64 {
+        self.base + self.counts.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Books the next report of `rank`; the commit it completes, if any.
+    ///
+    /// # Errors
+    /// [`BookError::FileClash`] when another rank handed in a file of the same name for the
+    /// same index (the index is then never committed), [`BookError::UnknownRank`].
+    pub fn record(
+        &mut self,
+        rank: u32,
+        metrics: serde_json::Map<String, serde_json::Value>,
+        checkpoint: Option<HandIn>,
+    ) -> Result<Option<Commit>, BookError> {
+        let world_size = self.world_size;
+        let Some(count) = self.counts.get_mut(rank as usize) else {
+            return Err(BookError::UnknownRank { rank, world_size });
+        };
+        *count += 1;
+        let index = self.base + *count;
+        let pending = self.pending.entry(index).or_insert_with(|| Pending {
+            reported: vec![false; world_size as usize],
+            ..Pending::default()
+        });
+        pending.reported[rank as usize] = true;
+        if rank == 0 {
+            pending.rank0_metrics = Some(metrics);
+        }
+        match checkpoint {
+            None => {}
+            Some(HandIn::Failed { .. }) => pending.failed = true,
+            Some(HandIn::Persisted { files, bytes, .. }) => {
+                pending.handed_in = true;
+                pending.bytes += bytes;
+                for file in files {
+                    if let Some(&first) = pending.files.get(&file) {
+                        pending.failed = true;
+                        return Err(BookError::FileClash {
+                            index,
+                            file,
+                            first,
+                            second: rank,
+                        });
+                    }
+                    pending.files.insert(file, rank);
+                }
+            }
+        }
+        if !pending.reported.iter().all(|r| *r) {
+            return Ok(None);
+        }
+        let Some(done) = self.pending.remove(&index) else {
+            return Ok(None);
+        };
+        if !done.handed_in || done.failed {
+            return Ok(None);
+        }
+        Ok(Some(Commit {
+            index,
+            metrics: done.rank0_metrics.unwrap_or_default(),
+            files: done.files.into_keys().collect(),
+            bytes: done.bytes,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn persisted(index: u64, files: &[&str]) -> Option<HandIn> {
+        Some(HandIn::Persisted {
+            index,
+            files: files.iter().map(|f| (*f).to_owned()).collect(),
+            bytes: 1,
+        })
+    }
+
+    fn metrics(epoch: i64) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        m.insert("epoch".into(), epoch.into());
+        m
+    }
+
+    #[test]
+    fn an_index_commits_only_when_every_rank_has_reported_it() {
+        let mut book = CheckpointBook::new(3, 0);
+        assert_eq!(book.record(0, metrics(1), persisted(1, &["model.pt"])), Ok(None));
+        assert_eq!(book.record(2, metrics(1), None), Ok(None));
+        let commit = book.record(1, metrics(1), None).unwrap().unwrap();
+        assert_eq!(commit.index, 1);
+        assert_eq!(commit.files, vec!["model.pt".to_owned()]);
+        assert_eq!(commit.metrics, metrics(1));
+    }
+
+    #[test]
+    fn reports_without_files_commit_nothing_but_still_count() {
+        let mut book = CheckpointBook::new(2, 0);
+        for rank in 0..2 {
+            assert_eq!(book.record(rank, metrics(1), None), Ok(None));
+        }
+        assert_eq!(book.next_index(0), 2);
+        assert_eq!(book.record(0, metrics(2), persisted(2, &["a"])), Ok(None));
+        assert_eq!(book.record(1, metrics(2), None).unwrap().unwrap().index, 2);
+    }
+
+    #[test]
+    fn a_failed_hand_in_keeps_its_index_from_committing() {
+        let mut book = CheckpointBook::new(2, 5);
+        book.record(0, metrics(1), persisted(6, &["a"])).unwrap();
+        let failed = Some(HandIn::Failed {
+            index: 6,
+            error: "no space left on device".into(),
+        });
+        assert_eq!(book.record(1, metrics(1), failed), Ok(None));
+        // The next index is unaffected.
+        book.record(0, metrics(2), persisted(7, &["a"])).unwrap();
+        assert_eq!(
+            book.record(1, metrics(2), persisted(7, &["b"]))
+                .unwrap()
+                .unwrap()
+                .index,
+            7
+        );
+    }
+
+    #[test]
+    fn two_ranks_writing_one_name_is_an_error_naming_both() {
+        let mut book = CheckpointBook::new(2, 0);
+        book.record(1, metrics(1), persisted(1, &["model.pt"])).unwrap();
+        let error = book
+            .record(0, metrics(1), persisted(1, &["model.pt"]))
+            .unwrap_err();
+        assert_eq!(
+            error,
+            BookError::FileClash {
+                index: 1,
+                file: "model.pt".into(),
+                first: 1,
+                second: 0
+            }
+        );
+        assert!(error.to_string().contains("ranks 1 and 0"), "{error}");
+    }
+
+    #[test]
+    fn a_rank_outside_the_run_is_refused() {
+        let mut book = CheckpointBook::new(2, 0);
+        assert!(matches!(
+            book.record(2, metrics(1), None),
+            Err(BookError::UnknownRank { rank: 2, .. })
+        ));
+    }
+}

@@ -1,0 +1,48 @@
+//! The environment a task's checkpoints travel through.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::StorageError;
+
+/// `TRAINYARD_RUN_DIR`: the run folder, a path or a URI (`s3://bucket/prefix/name`), where a
+/// worker persists the checkpoints it hands in.
+pub const RUN_DIR: &str = "TRAINYARD_RUN_DIR";
+/// `TRAINYARD_CHECKPOINT_BASE`: the index the task's reports count from; its N-th report
+/// belongs to checkpoint `base + N`.
+pub const CHECKPOINT_BASE: &str = "TRAINYARD_CHECKPOINT_BASE";
+/// `TRAINYARD_CHECKPOINT`: a local directory holding the checkpoint the task resumes from.
+pub const CHECKPOINT: &str = "TRAINYARD_CHECKPOINT";
+/// `TRAINYARD_CHECKPOINT_URI`: the checkpoint to resume from, in remote storage; the worker
+/// downloads it and sets [`CHECKPOINT`] before the task starts ([`prepare_task_env`]).
+pub const CHECKPOINT_URI: &str = "TRAINYARD_CHECKPOINT_URI";
+
+/// The variables that configure remote storage, which the driver passes to workers.
+pub const STORAGE_VARS: &[&str] = &[
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT",
+    "AWS_ALLOW_HTTP",
+];
+
+/// Makes a task's environment ready before the task starts: when it names a remote
+/// checkpoint ([`CHECKPOINT_URI`]), downloads it into a fresh folder under `scratch` and
+/// points [`CHECKPOINT`] at it. Does nothing otherwise.
+///
+/// # Errors
+/// [`StorageError`] when the checkpoint cannot be downloaded (or is gone: the error names it).
+pub async fn prepare_task_env(
+    env: &mut BTreeMap<String, String>,
+    scratch: &Path,
+) -> Result<(), StorageError> {
+    let Some(uri) = env.get(CHECKPOINT_URI).cloned() else {
+        return Ok(());
+    };
+    let local = crate::storage::download(&uri, env, scratch).await?;
+    env.insert(CHECKPOINT.to_owned(), local.display().to_string());
+    Ok(())
+}

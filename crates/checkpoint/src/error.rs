@@ -1,0 +1,87 @@
+//! What can go wrong with storage and with commits.
+
+/// Storage cannot be opened, read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StorageError {
+    /// What the user wrote is not a storage location.
+    #[error("storage `{value}` is not a path or a supported URI ({reason}); expected a path, file:///PATH or s3://BUCKET[/PREFIX]")]
+    InvalidLocation {
+        /// What was written.
+        value: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// The store could not be set up (bad S3 settings, say).
+    #[error("cannot open storage `{location}`")]
+    Open {
+        /// The location.
+        location: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Reading, writing, listing or deleting failed.
+    #[error("cannot {action} `{path}`")]
+    Io {
+        /// What was being done ("write", "read", "list", "delete", "copy").
+        action: &'static str,
+        /// The full path or URI it was done to.
+        path: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// `run.json` exists but cannot be understood.
+    #[error("`{path}` is not a valid run record")]
+    BadRecord {
+        /// Its full path or URI.
+        path: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A committed checkpoint's folder is gone.
+    #[error("checkpoint `{path}` is recorded as committed but its files are gone (missing `{file}`)")]
+    CheckpointMissing {
+        /// The checkpoint folder's full path or URI.
+        path: String,
+        /// The first missing file.
+        file: String,
+    },
+    /// A checkpoint was handed in by a task that has no run folder.
+    #[error("this task has no run folder to persist a checkpoint in (TRAINYARD_RUN_DIR is not set)")]
+    NoRunFolder,
+    /// A rank handed in something that is not a directory.
+    #[error("a checkpoint must be a directory; `{path}` is not one")]
+    NotADirectory {
+        /// What was handed in.
+        path: String,
+    },
+}
+
+/// A report that cannot be booked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BookError {
+    /// Two ranks handed in a file of the same name for one checkpoint.
+    #[error("ranks {first} and {second} both wrote `{file}` into checkpoint {index}; each rank must write files of its own names (a shard per rank)")]
+    FileClash {
+        /// The checkpoint's index.
+        index: u64,
+        /// The file name, relative to the checkpoint folder.
+        file: String,
+        /// The rank that handed it in first.
+        first: u32,
+        /// The rank that handed it in again.
+        second: u32,
+    },
+    /// A rank that is not part of the run reported.
+    #[error("rank {rank} reported, but the run has {world_size} ranks")]
+    UnknownRank {
+        /// The rank.
+        rank: u32,
+        /// The run's size.
+        world_size: u32,
+    },
+}

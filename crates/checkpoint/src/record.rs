@@ -1,0 +1,133 @@
+//! `run.json`: what a run folder says about its run.
+
+use serde::{Deserialize, Serialize};
+
+/// The name of a run folder's record.
+pub const RUN_FILE: &str = "run.json";
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// A driver runs it, or ran it and was killed: it can be resumed.
+    Running,
+    /// It succeeded; a run with its name and storage is refused unless started afresh.
+    Finished,
+    /// It failed beyond its restarts, or fatally; it can be resumed.
+    Failed,
+}
+
+impl RunStatus {
+    /// Whether a new driver may resume the run (it did not finish).
+    #[must_use]
+    pub const fn is_resumable(self) -> bool {
+        !matches!(self, Self::Finished)
+    }
+}
+
+/// One attempt of a run: the first, and one per restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// Restarts before it, counted over every driver of the run.
+    pub restart_count: u32,
+    /// When it started, in seconds since the Unix epoch.
+    pub started_at: f64,
+    /// When it ended, in seconds since the Unix epoch; `None` while it runs (or when its
+    /// driver was killed).
+    #[serde(default)]
+    pub ended_at: Option<f64>,
+    /// The index of the checkpoint it started from.
+    #[serde(default)]
+    pub resumed_from: Option<u64>,
+    /// Why it failed, when it did.
+    #[serde(default)]
+    pub failure: Option<String>,
+}
+
+/// One committed checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    /// Its index: the N-th report of every rank.
+    pub index: u64,
+    /// Its folder, relative to the run folder (`checkpoint_000003`).
+    pub dir: String,
+    /// The metrics reported with it (world rank 0's).
+    pub metrics: serde_json::Map<String, serde_json::Value>,
+    /// The files it holds, relative to its folder, sorted.
+    pub files: Vec<String>,
+    /// Their total size in bytes.
+    pub bytes: u64,
+    /// When it was committed, in seconds since the Unix epoch.
+    pub committed_at: f64,
+}
+
+/// `run.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The format's version (1).
+    pub version: u32,
+    /// The run's name (its folder's name).
+    pub name: String,
+    /// Where the run is.
+    pub status: RunStatus,
+    /// Every attempt, in order.
+    #[serde(default)]
+    pub attempts: Vec<AttemptRecord>,
+    /// The committed checkpoints still kept, oldest first.
+    #[serde(default)]
+    pub checkpoints: Vec<CheckpointRecord>,
+    /// The index of the latest committed checkpoint (never deleted by retention).
+    #[serde(default)]
+    pub latest_checkpoint: Option<u64>,
+    /// The highest index committed or handed out so far: the next attempt's reports count
+    /// from here.
+    #[serde(default)]
+    pub last_index: u64,
+}
+
+impl RunRecord {
+    /// The record of a run that has just been created.
+    #[must_use]
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            version: 1,
+            name: name.into(),
+            status: RunStatus::Running,
+            attempts: Vec::new(),
+            checkpoints: Vec::new(),
+            latest_checkpoint: None,
+            last_index: 0,
+        }
+    }
+
+    /// The latest committed checkpoint.
+    #[must_use]
+    pub fn latest(&self) -> Option<&CheckpointRecord> {
+        let index = self.latest_checkpoint?;
+        self.checkpoints.iter().find(|c| c.index == index)
+    }
+
+    /// Records a committed checkpoint as the latest.
+    pub fn commit(&mut self, checkpoint: CheckpointRecord) {
+        self.last_index = self.last_index.max(checkpoint.index);
+        self.latest_checkpoint = Some(checkpoint.index);
+        self.checkpoints.retain(|c| c.index != checkpoint.index);
+        self.checkpoints.push(checkpoint);
+        self.checkpoints.sort_by_key(|c| c.index);
+    }
+
+    /// Restarts made before the next attempt, over every driver of the run.
+    #[must_use]
+    pub fn restarts(&self) -> u32 {
+        u32::try_from(self.attempts.len()).unwrap_or(u32::MAX)
+    }
+}
+
+/// Now, in seconds since the Unix epoch.
+#[must_use]
+pub fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}

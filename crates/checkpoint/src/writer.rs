@@ -1,0 +1,91 @@
+//! [`CheckpointWriter`]: the worker side, persisting one rank's files.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{RunFolder, StorageError};
+
+/// What a rank's report carries about its checkpoint, for the driver's
+/// [`crate::CheckpointBook`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum HandIn {
+    /// The rank's files are persisted in the checkpoint folder of `index`.
+    Persisted {
+        /// The index the worker persisted under.
+        index: u64,
+        /// The files, relative to the checkpoint folder, sorted.
+        files: Vec<String>,
+        /// Their total size in bytes.
+        bytes: u64,
+    },
+    /// The rank's files could not be persisted; the index is never committed.
+    Failed {
+        /// The index.
+        index: u64,
+        /// Why, for the user.
+        error: String,
+    },
+}
+
+/// Persists the directories one rank hands in into its run folder's checkpoint folders.
+///
+/// Every file is written under a temporary name and made visible under its own only when it
+/// is complete, so a crash mid-copy never leaves a file that looks whole; the checkpoint
+/// itself counts only once the driver commits it in `run.json`.
+#[derive(Debug, Clone)]
+pub struct CheckpointWriter {
+    folder: RunFolder,
+}
+
+impl CheckpointWriter {
+    /// A writer into `folder`.
+    #[must_use]
+    pub fn new(folder: RunFolder) -> Self {
+        Self { folder }
+    }
+
+    /// The writer a task's environment asks for: [`crate::RUN_DIR`] names the run folder,
+    /// and the storage variables ([`crate::STORAGE_VARS`]) of `env` configure remote
+    /// storage. `None` when the environment names no run folder.
+    ///
+    /// # Errors
+    /// [`StorageError`] when the run folder cannot be opened.
+    pub fn from_env(env: &BTreeMap<String, String>) -> Result<Option<Self>, StorageError> {
+        let Some(dir) = env.get(crate::RUN_DIR) else {
+            return Ok(None);
+        };
+        RunFolder::open_uri(dir, env).map(|folder| Some(Self::new(folder)))
+    }
+
+    /// The run folder written to.
+    #[must_use]
+    pub fn folder(&self) -> &RunFolder {
+        &self.folder
+    }
+
+    /// Copies every file under `source` (recursively; names relative to it) into the
+    /// checkpoint folder of `index`, and says what was persisted. Returns once every file is
+    /// complete in storage.
+    ///
+    /// # Errors
+    /// [`StorageError::NotADirectory`], or the first failed read or write (a full disk,
+    /// say); files already written are left for the driver to clean up, and the index is
+    /// never committed.
+    pub async fn persist(&self, index: u64, source: &Path) -> Result<HandIn, StorageError> {
+        self.folder.persist_directory(index, source).await
+    }
+
+    /// [`CheckpointWriter::persist`], with a failure turned into [`HandIn::Failed`].
+    pub async fn hand_in(&self, index: u64, source: &Path) -> HandIn {
+        match self.persist(index, source).await {
+            Ok(hand_in) => hand_in,
+            Err(error) => HandIn::Failed {
+                index,
+                error: trainyard_config::resources::ErrorChain(&error).to_string(),
+            },
+        }
+    }
+}
