@@ -224,6 +224,8 @@ pub use trainyard_agent as agent;
 #[doc(inline)]
 pub use trainyard_backend_executor as backend;
 #[doc(inline)]
+pub use trainyard_checkpoint as checkpoint;
+#[doc(inline)]
 pub use trainyard_config as config;
 #[doc(inline)]
 pub use trainyard_resources as resources;
@@ -244,11 +246,12 @@ pub use trainyard_worker_group as worker_group;
 /// The names most programs need.
 pub mod prelude {
     pub use trainyard_backend_executor::{
-        Backend, BackendConfig, ExecutorOptions, FitReport, NoBackend, RunEvent, TrainContext,
-        WorldRank,
+        Backend, BackendConfig, CheckpointResult, ExecutorOptions, FitReport, NoBackend, RunEvent,
+        TrainContext, WorldRank,
     };
     pub use trainyard_config::{
-        FailureConfig, PlacementGroupFactory, PlacementStrategy, Plan, RunConfig, ScalingConfig,
+        CheckpointConfig, FailureConfig, PlacementGroupFactory, PlacementStrategy, Plan,
+        ResumePolicy, RunConfig, ScalingConfig, ScoreOrder,
     };
     pub use trainyard_resources::{ActorOptions, ByteSize, ResourceAmount, Resources};
     pub use trainyard_runtime::{ActorRuntime, FunctionRegistry, TaskContext, TaskSpec};

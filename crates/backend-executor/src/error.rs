@@ -54,6 +54,20 @@ pub enum ExecutorError {
         /// What happened, including every attempt's failure.
         report: Box<FitReport>,
     },
+    /// The run's storage cannot be used: unwritable or unreachable (found before any worker
+    /// starts), or a committed checkpoint to resume from is gone.
+    #[error("the run's storage cannot be used")]
+    Storage(#[source] trainyard_checkpoint::StorageError),
+    /// A run of this name in this storage has finished; it is not run again.
+    #[error(
+        "run `{name}` in `{path}` has already finished; choose another name, or start it afresh in a new folder with resume `never` (CLI: --resume never)"
+    )]
+    RunFinished {
+        /// The run's name.
+        name: String,
+        /// Its folder.
+        path: String,
+    },
     /// `start` or `fit` was called while workers are started.
     #[error("the backend executor is already started: call shutdown() first")]
     AlreadyStarted,

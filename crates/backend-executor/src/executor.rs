@@ -21,6 +21,7 @@ use trainyard_runtime::{
 use trainyard_worker_group::WorkerGroup;
 
 use crate::error::{chain, is_death, runtime_error_in};
+use crate::run_folder::{CheckpointResult, RunStore};
 use crate::{
     AcceleratorView, AttemptFailure, Backend, BackendContext, BackendError, Backoff, Disposition,
     ExecutorError, RankInfo, SharingRule, WorkerEnv, WorldRank, accelerator_env, assign_ranks,
@@ -156,6 +157,20 @@ pub enum RunEvent {
         /// How many.
         count: u64,
     },
+    /// The attempt starts every rank from a committed checkpoint: after a failure, or when a
+    /// run of the same name and storage is resumed.
+    Resuming {
+        /// Restarts before this attempt (in this driver).
+        restart_count: u32,
+        /// The checkpoint.
+        checkpoint: CheckpointResult,
+    },
+    /// Every rank reported a checkpoint's index and all its files are persisted: the
+    /// checkpoint is recorded in `run.json`.
+    CheckpointCommitted {
+        /// The checkpoint.
+        checkpoint: CheckpointResult,
+    },
     /// An attempt failed; the run restarts after `backoff_ms`.
     Restarting {
         /// Restarts before the failed attempt.
@@ -182,6 +197,16 @@ pub struct FitReport {
     pub returns: Vec<serde_json::Value>,
     /// Output lines dropped because the driver did not keep up, over the final attempt.
     pub dropped_lines: u64,
+    /// The run's folder (`<storage>/<name>`), when `fit` ran with one.
+    #[serde(default)]
+    pub run_dir: Option<String>,
+    /// The latest committed checkpoint of the run (of this driver or an earlier one).
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointResult>,
+    /// The checkpoints the run keeps, best first (by the score attribute of its checkpoint
+    /// config, else newest first).
+    #[serde(default)]
+    pub best_checkpoints: Vec<CheckpointResult>,
 }
 
 /// How an attempt ended badly.
@@ -258,6 +283,8 @@ pub struct BackendExecutor {
     options: ExecutorOptions,
     events: Option<Sender<RunEvent>>,
     state: State,
+    /// What every rank's task gets in this attempt about checkpoints.
+    checkpoint_env: BTreeMap<String, String>,
 }
 
 /// A run name that no other run on the same machine or cluster has: `trainyard-`, the time
@@ -302,6 +329,7 @@ impl BackendExecutor {
             options: ExecutorOptions::default(),
             events: None,
             state: State::Idle,
+            checkpoint_env: BTreeMap::new(),
         })
     }
 
@@ -602,17 +630,22 @@ impl BackendExecutor {
             attempts: 1,
             ..FitReport::default()
         };
-        single_attempt(self.train(task, &mut report).await)?;
+        single_attempt(self.train(task, &mut report, None).await)?;
         Ok(report)
     }
 
     /// Runs one attempt's training, filling `report` (metrics, last report, returns) as it
     /// goes, so that a failed attempt still tells what was reported before it failed.
-    async fn train(&self, task: &TaskSpec, report: &mut FitReport) -> Result<(), AttemptError> {
+    async fn train(
+        &self,
+        task: &TaskSpec,
+        report: &mut FitReport,
+        store: Option<&mut RunStore>,
+    ) -> Result<(), AttemptError> {
         let attempt = self.attempt().ok_or(ExecutorError::NotStarted)?;
         let streams = self.subscribe(attempt).await?;
         let pids = self.start_tasks(attempt, task).await?;
-        self.follow(streams, &pids, report).await
+        self.follow(streams, &pids, report, store).await
     }
 
     /// Why the event stream of worker `i` ended without a death: the runtime says why the
@@ -670,6 +703,9 @@ impl BackendExecutor {
             .map_err(backend_failure)?;
         let mut env = attempt.env.clone();
         merge(&mut env, training_env);
+        for worker_env in &mut env {
+            worker_env.extend(self.checkpoint_env.clone());
+        }
         let starts: Vec<_> = env
             .into_iter()
             .enumerate()
@@ -717,6 +753,7 @@ impl BackendExecutor {
         streams: Vec<TaskEvents>,
         pids: &[u32],
         report: &mut FitReport,
+        mut store: Option<&mut RunStore>,
     ) -> Result<(), AttemptError> {
         let n = streams.len();
         report.metrics = vec![None; n];
@@ -740,7 +777,14 @@ impl BackendExecutor {
                 break Err(ExecutorError::NotStarted.into());
             };
             match event {
-                Some(ActorEvent::Task(event)) => self.take(i, event, &mut output, report).await,
+                Some(ActorEvent::Task(event)) => {
+                    if let Err(failure) = self
+                        .take(i, event, &mut output, report, store.as_deref_mut())
+                        .await
+                    {
+                        break Err(AttemptError::Failed(failure));
+                    }
+                }
                 Some(ActorEvent::TaskExited(TaskExit::Succeeded { value })) => {
                     returns[i] = Some(value);
                     if returns.iter().all(Option::is_some) {
@@ -770,7 +814,10 @@ impl BackendExecutor {
                     break;
                 };
                 if let Some(ActorEvent::Task(event)) = event {
-                    self.take(i, event, &mut output, report).await;
+                    // A checkpoint every rank reported before the failure still commits.
+                    let _ = self
+                        .take(i, event, &mut output, report, store.as_deref_mut())
+                        .await;
                 }
                 if tokio::time::Instant::now() >= deadline {
                     break;
@@ -791,20 +838,34 @@ impl BackendExecutor {
         outcome
     }
 
-    /// Takes in one report or line of rank `i`: recorded, and passed to the listener.
+    /// Takes in one report or line of rank `i`: recorded, booked towards a checkpoint, and
+    /// passed to the listener. A report that cannot be booked fails the attempt.
     async fn take(
         &self,
         i: usize,
         event: TaskEvent,
         output: &mut Output<'_>,
         report: &mut FitReport,
-    ) {
+        store: Option<&mut RunStore>,
+    ) -> Result<(), AttemptFailure> {
         let rank = rank_of(i);
         match event {
-            TaskEvent::Report { metrics, .. } => {
+            TaskEvent::Report {
+                metrics,
+                checkpoint,
+            } => {
                 report.metrics[i] = Some(metrics.clone());
                 report.last_report = Some((rank, metrics.clone()));
+                let committed = match store {
+                    Some(store) => store.report(rank.0, &metrics, checkpoint).await?,
+                    None => None,
+                };
                 self.emit(RunEvent::Report { rank, metrics }).await;
+                if let Some(checkpoint) = committed {
+                    report.checkpoint = Some(checkpoint.clone());
+                    self.emit(RunEvent::CheckpointCommitted { checkpoint })
+                        .await;
+                }
             }
             TaskEvent::Log { stream, line } => {
                 let tail = &mut output.tails[i];
@@ -839,6 +900,7 @@ impl BackendExecutor {
                 self.emit(RunEvent::LogsDropped { rank, count }).await;
             }
         }
+        Ok(())
     }
 
     /// Releases everything: the backend's `on_shutdown` (errors from dead workers are logged
@@ -889,36 +951,66 @@ impl BackendExecutor {
         if !matches!(self.state, State::Idle) {
             return Err(ExecutorError::AlreadyStarted);
         }
+        let mut store = RunStore::open(&self.run, &self.run_name).await?;
+        self.run_name = store.name().to_owned();
         let mut failures: Vec<AttemptFailure> = Vec::new();
         loop {
             let restart_count = u32::try_from(failures.len()).unwrap_or(u32::MAX);
             let span = info_span!("attempt", run = %self.run_name, restart_count);
             let mut report = FitReport::default();
             let outcome = async {
+                let (env, resumed) = store
+                    .begin_attempt(self.scaling.num_workers, restart_count)
+                    .await
+                    .map_err(ExecutorError::Storage)?;
+                self.checkpoint_env = env;
+                if let Some(checkpoint) = resumed {
+                    info!(run = %self.run_name, path = %checkpoint.path, "every rank starts from the latest committed checkpoint");
+                    self.emit(RunEvent::Resuming {
+                        restart_count,
+                        checkpoint,
+                    })
+                    .await;
+                }
                 self.start_attempt(restart_count).await?;
-                self.train(task, &mut report).await
+                self.train(task, &mut report, Some(&mut store)).await
             }
             .instrument(span)
             .await;
             self.shutdown().await;
+            report.run_dir = Some(store.uri());
             let failure = match outcome {
                 Ok(()) => {
+                    store.end_attempt(None).await;
+                    store
+                        .finish(trainyard_checkpoint::RunStatus::Finished)
+                        .await;
                     report.attempts = restart_count + 1;
                     report.failures = failures;
+                    report.checkpoint = store.latest();
+                    report.best_checkpoints = store.best();
                     return Ok(report);
                 }
-                Err(AttemptError::Fatal(error)) => return Err(error),
+                Err(AttemptError::Fatal(error)) => {
+                    store.end_attempt(None).await;
+                    store.finish(trainyard_checkpoint::RunStatus::Failed).await;
+                    return Err(error);
+                }
                 Err(AttemptError::Failed(failure)) => failure,
             };
+            store.end_attempt(Some(&failure)).await;
             failures.push(failure.clone());
             let count = u32::try_from(failures.len()).unwrap_or(u32::MAX);
             if classify(&failure) == Disposition::Fatal
                 || !self.run.failure_config.should_restart(count)
             {
+                store.finish(trainyard_checkpoint::RunStatus::Failed).await;
                 // What the final attempt reported before it failed stays in the report.
                 report.attempts = count;
                 report.failures = failures;
                 report.returns.clear();
+                report.checkpoint = store.latest();
+                report.best_checkpoints = store.best();
                 return Err(ExecutorError::TrainingFailed {
                     report: Box::new(report),
                 });

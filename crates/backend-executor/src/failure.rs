@@ -43,6 +43,17 @@ pub enum AttemptFailure {
         /// What went wrong.
         reason: String,
     },
+    /// Two ranks handed in a file of the same name for one checkpoint (not retried: the
+    /// training code would do it again).
+    CheckpointClash {
+        /// Why, naming the checkpoint, the file and both ranks.
+        reason: String,
+    },
+    /// A committed checkpoint could not be recorded in the run's storage.
+    StorageFailed {
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl AttemptFailure {
@@ -52,7 +63,9 @@ impl AttemptFailure {
         match self {
             Self::TaskFailed { rank, .. } | Self::TaskRejected { rank, .. } => Some(*rank),
             Self::WorkerDied { rank, .. } => *rank,
-            Self::StartFailed { .. } => None,
+            Self::StartFailed { .. }
+            | Self::CheckpointClash { .. }
+            | Self::StorageFailed { .. } => None,
         }
     }
 }
@@ -70,6 +83,10 @@ impl fmt::Display for AttemptFailure {
             } => write!(f, "rank {rank} died: {cause}"),
             Self::WorkerDied { rank: None, cause } => write!(f, "a worker died: {cause}"),
             Self::StartFailed { reason } => write!(f, "workers failed to start: {reason}"),
+            Self::CheckpointClash { reason } => write!(f, "{reason}"),
+            Self::StorageFailed { reason } => {
+                write!(f, "the run's storage failed: {reason}")
+            }
         }
     }
 }
@@ -113,7 +130,9 @@ pub fn classify(failure: &AttemptFailure) -> Disposition {
     match failure {
         AttemptFailure::TaskFailed { .. }
         | AttemptFailure::WorkerDied { .. }
-        | AttemptFailure::StartFailed { .. } => Disposition::Restart,
+        | AttemptFailure::StartFailed { .. }
+        | AttemptFailure::StorageFailed { .. } => Disposition::Restart,
+        AttemptFailure::CheckpointClash { .. } => Disposition::Fatal,
         AttemptFailure::TaskRejected { rejection, .. } => match rejection {
             TaskRejection::SpawnFailed { .. } | TaskRejection::AlreadyRunning => {
                 Disposition::Restart

@@ -71,6 +71,7 @@ mod error;
 mod executor;
 mod failure;
 mod ranks;
+mod run_folder;
 mod sharing;
 
 /// The attribute that [`Backend`] implementations go under (from the `async-trait` crate).
@@ -89,6 +90,7 @@ pub use executor::{
 };
 pub use failure::{AttemptFailure, Backoff, Disposition, classify};
 pub use ranks::{RankInfo, WorldRank, assign_ranks};
+pub use run_folder::CheckpointResult;
 pub use sharing::{
     AcceleratorView, MissingAcceleratorIds, SharingRule, accelerator_env, default_rules, shared_ids,
 };

@@ -63,6 +63,21 @@ pub(crate) struct RunArgs {
     /// Log format: text, or json for one structured event per line
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
+    /// The run's name: its folder is STORAGE/NAME; an unfinished run of that name resumes from its latest checkpoint [default: a generated one]
+    #[arg(long, value_name = "NAME")]
+    pub(crate) name: Option<String>,
+    /// Where run folders live: a path, file:///PATH or s3://BUCKET[/PREFIX] [default: $TRAINYARD_STORAGE, else ~/trainyard_results]
+    #[arg(long, value_name = "PATH|URI")]
+    pub(crate) storage: Option<String>,
+    /// auto: resume an unfinished run of the same name and storage, refuse a finished one; never: start afresh in a new folder
+    #[arg(long, value_name = "auto|never", default_value = "auto")]
+    pub(crate) resume: String,
+    /// How many committed checkpoints to keep (the best by --checkpoint-score, else the newest; the latest is always kept) [default: all]
+    #[arg(long, value_name = "N")]
+    pub(crate) checkpoints_to_keep: Option<String>,
+    /// The reported metric that ranks checkpoints, and which way is better [default order: max]
+    #[arg(long, value_name = "ATTR[:min|max]")]
+    pub(crate) checkpoint_score: Option<String>,
     /// The program to run on every worker, and its arguments
     #[arg(last = true, value_name = "PROGRAM", required = true, num_args = 1..)]
     pub(crate) program: Vec<String>,

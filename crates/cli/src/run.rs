@@ -13,7 +13,7 @@ use trainyard::backend::{
 use trainyard::local::LocalRuntime;
 use trainyard::runtime::{Stream, TaskRejection};
 use trainyard::{Trainer, command_task};
-use trainyard_config::{FailureConfig, RunConfig};
+use trainyard_config::{CheckpointConfig, FailureConfig, ResumePolicy, RunConfig, ScoreOrder};
 
 use crate::args::{BackendKind, FlagError, LogFormat, RunArgs, RuntimeKind};
 use crate::engine::Engine;
@@ -41,8 +41,65 @@ fn run_config(args: &RunArgs) -> Result<RunConfig, Failure> {
         };
         run.env.insert(key.to_owned(), value.to_owned());
     }
+    run.name.clone_from(&args.name);
+    run.storage_path = args
+        .storage
+        .clone()
+        .or_else(|| std::env::var("TRAINYARD_STORAGE").ok())
+        .filter(|s| !s.is_empty());
+    if let Some(storage) = &run.storage_path {
+        storage
+            .parse::<trainyard::checkpoint::StorageLocation>()
+            .map_err(|e| Failure::bad_input(FlagError::new("--storage", storage)(e.into())))?;
+    }
+    run.resume = args
+        .resume
+        .parse::<ResumePolicy>()
+        .map_err(|e| Failure::bad_input(FlagError::new("--resume", &args.resume)(e.into())))?;
+    run.checkpoint_config = checkpoint_config(args)?;
+    if let Some(name) = &args.name {
+        run.validate()
+            .map_err(|e| Failure::bad_input(FlagError::new("--name", name)(e.into())))?;
+    }
     run.validate().map_err(Failure::bad_input)?;
     Ok(run)
+}
+
+/// `--checkpoints-to-keep` and `--checkpoint-score`.
+fn checkpoint_config(args: &RunArgs) -> Result<CheckpointConfig, Failure> {
+    let mut config = CheckpointConfig::default();
+    if let Some(text) = &args.checkpoints_to_keep {
+        let n = text
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| {
+                Failure::bad_input(FlagError::new("--checkpoints-to-keep", text)(
+                    "expected a whole number of at least 1".into(),
+                ))
+            })?;
+        config = config.num_to_keep(n);
+    }
+    if let Some(text) = &args.checkpoint_score {
+        let (attribute, order) = match text.rsplit_once(':') {
+            Some((attribute, order)) => (attribute, order.parse::<ScoreOrder>()),
+            None => (text.as_str(), Ok(ScoreOrder::Max)),
+        };
+        let order = order.map_err(|e| {
+            Failure::bad_input(FlagError::new("--checkpoint-score", text)(e.into()))
+        })?;
+        if attribute.trim().is_empty() {
+            return Err(Failure::bad_input(FlagError::new(
+                "--checkpoint-score",
+                text,
+            )(
+                "expected a metric's name, optionally followed by :min or :max (loss:min)".into(),
+            )));
+        }
+        config = config.score(attribute.trim(), order);
+    }
+    Ok(config)
 }
 
 fn placement_timeout(args: &RunArgs) -> Result<Duration, Failure> {
@@ -162,7 +219,10 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
         .enable_all()
         .build()
         .map_err(Failure::other)?;
-    runtime.block_on(drive(args, scaling, run.name(name), options, start))
+    if run.name.is_none() {
+        run = run.name(name);
+    }
+    runtime.block_on(drive(args, scaling, run, options, start))
 }
 
 async fn drive(
@@ -235,6 +295,9 @@ async fn drive(
                     "event": "run_succeeded",
                     "attempts": result.attempts,
                     "failures": result.failures,
+                    "run_dir": result.run_dir,
+                    "checkpoint": result.checkpoint,
+                    "best_checkpoints": result.best_checkpoints,
                 }));
             }
             if args.log_format == LogFormat::Text {
@@ -244,10 +307,21 @@ async fn drive(
                     result.attempts,
                     if result.attempts == 1 { "" } else { "s" }
                 );
+                print_checkpoints(&result);
             }
             Ok(())
         }
         Some(Err(error)) => Err(failure_of(error, args.log_format)),
+    }
+}
+
+/// The run's folder and its latest checkpoint, as the last lines of a text run.
+fn print_checkpoints(report: &trainyard::FitReport) {
+    if let Some(dir) = &report.run_dir {
+        eprintln!("trainyard: run folder: {dir}");
+    }
+    if let Some(checkpoint) = &report.checkpoint {
+        eprintln!("trainyard: latest checkpoint: {}", checkpoint.path);
     }
 }
 
@@ -267,8 +341,22 @@ fn failure_of(error: trainyard::Error, format: LogFormat) -> Failure {
             "report": report,
         }));
     }
+    if format == LogFormat::Text {
+        if let trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) = &error {
+            print_checkpoints(report);
+            if report.checkpoint.is_some() {
+                eprintln!(
+                    "trainyard: the same command (same --name and --storage) resumes from it"
+                );
+            }
+        }
+    }
     let code = match &error {
-        trainyard::Error::Config(_) | trainyard::Error::Resources(_) => EXIT_BAD_INPUT,
+        trainyard::Error::Config(_)
+        | trainyard::Error::Resources(_)
+        | trainyard::Error::Executor(
+            ExecutorError::Storage(_) | ExecutorError::RunFinished { .. },
+        ) => EXIT_BAD_INPUT,
         trainyard::Error::Executor(
             ExecutorError::Unschedulable(_) | ExecutorError::PlacementTimeout { .. },
         ) => EXIT_UNSCHEDULABLE,
@@ -369,6 +457,18 @@ fn print_text(event: &RunEvent, progress: &Progress, out: &mut io::Stdout) -> io
                 restart_count + 1,
                 *backoff_ms as f64 / 1000.0
             ));
+            Ok(())
+        }
+        RunEvent::Resuming { checkpoint, .. } => {
+            progress.message(&format!(
+                "resuming from checkpoint {} ({})",
+                checkpoint.path,
+                serde_json::Value::Object(checkpoint.metrics.clone())
+            ));
+            Ok(())
+        }
+        RunEvent::CheckpointCommitted { checkpoint } => {
+            progress.message(&format!("checkpoint committed: {}", checkpoint.path));
             Ok(())
         }
         RunEvent::TaskStarted { .. } | RunEvent::Report { .. } => Ok(()),

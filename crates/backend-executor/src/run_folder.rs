@@ -1,0 +1,297 @@
+//! The run's folder while [`crate::BackendExecutor::fit`] runs: `run.json`, the book of the
+//! current attempt's reports, commits and retention. Every IO step is here; what commits
+//! when is [`CheckpointBook`]'s (sans IO).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+use trainyard_checkpoint::{
+    AttemptRecord, BookError, CheckpointBook, CheckpointRecord, HandIn, RunFolder, RunRecord,
+    RunStatus, Storage, StorageError, StorageLocation, checkpoint_dir_name, retention,
+};
+use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig, ScoreOrder};
+
+use crate::error::chain;
+use crate::{AttemptFailure, ExecutorError};
+
+/// A committed checkpoint, as a [`crate::FitReport`] and [`crate::RunEvent`]s name it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointResult {
+    /// Its index: the N-th report of every rank.
+    pub index: u64,
+    /// Its folder: a path, or a URI for remote storage.
+    pub path: String,
+    /// The metrics world rank 0 reported with it.
+    pub metrics: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The run's folder and what `fit` keeps of it.
+#[derive(Debug)]
+pub(crate) struct RunStore {
+    folder: RunFolder,
+    record: RunRecord,
+    config: CheckpointConfig,
+    /// The current attempt's book.
+    book: Option<CheckpointBook>,
+    /// What the workers need to reach remote storage.
+    storage_env: BTreeMap<String, String>,
+}
+
+impl RunStore {
+    /// Opens the run's folder before any worker starts: checks that the storage is
+    /// writable, and resumes the run of the same name when there is an unfinished one (or,
+    /// with [`ResumePolicy::Never`], picks a fresh folder beside it).
+    pub(crate) async fn open(run: &RunConfig, name: &str) -> Result<Self, ExecutorError> {
+        let location = match &run.storage_path {
+            Some(path) => path.parse().map_err(ExecutorError::Storage)?,
+            None => StorageLocation::default_local(),
+        };
+        let driver_env: BTreeMap<String, String> = std::env::vars().collect();
+        let storage = Storage::open(location, &driver_env).map_err(ExecutorError::Storage)?;
+        storage
+            .check_writable()
+            .await
+            .map_err(ExecutorError::Storage)?;
+        let mut name = name.to_owned();
+        if run.resume == ResumePolicy::Never {
+            let mut n = 2;
+            while storage
+                .has_run(&name)
+                .await
+                .map_err(ExecutorError::Storage)?
+            {
+                name = format!("{}-{n}", run.name.as_deref().unwrap_or(&name));
+                n += 1;
+            }
+        }
+        let folder = storage.run(&name);
+        let record = match folder.load().await.map_err(ExecutorError::Storage)? {
+            Some(record) if !record.status.is_resumable() => {
+                return Err(ExecutorError::RunFinished {
+                    name,
+                    path: folder.uri(),
+                });
+            }
+            Some(mut record) => {
+                record.status = RunStatus::Running;
+                // A driver killed mid-attempt left that attempt open.
+                if let Some(last) = record.attempts.last_mut() {
+                    if last.ended_at.is_none() {
+                        last.ended_at = Some(now());
+                        last.failure
+                            .get_or_insert_with(|| "the driver stopped".to_owned());
+                    }
+                }
+                record
+            }
+            None => RunRecord::new(&name),
+        };
+        let storage_env = if storage.location().is_local() {
+            BTreeMap::new()
+        } else {
+            driver_env
+                .into_iter()
+                .filter(|(k, _)| trainyard_checkpoint::STORAGE_VARS.contains(&k.as_str()))
+                .collect()
+        };
+        let store = Self {
+            folder,
+            record,
+            config: run.checkpoint_config.clone(),
+            book: None,
+            storage_env,
+        };
+        store.save().await.map_err(ExecutorError::Storage)?;
+        Ok(store)
+    }
+
+    /// The run's name (its folder's).
+    pub(crate) fn name(&self) -> &str {
+        self.folder.name()
+    }
+
+    /// The run's folder.
+    pub(crate) fn uri(&self) -> String {
+        self.folder.uri()
+    }
+
+    /// The latest committed checkpoint.
+    pub(crate) fn latest(&self) -> Option<CheckpointResult> {
+        self.record.latest().map(|c| self.result(c))
+    }
+
+    /// The kept checkpoints, best first: by the score attribute when there is one (those
+    /// without the score last), else newest first.
+    pub(crate) fn best(&self) -> Vec<CheckpointResult> {
+        let mut kept: Vec<&CheckpointRecord> = self.record.checkpoints.iter().collect();
+        kept.sort_by(|a, b| b.index.cmp(&a.index));
+        if let Some(attribute) = &self.config.checkpoint_score_attribute {
+            let score =
+                |c: &CheckpointRecord| c.metrics.get(attribute).and_then(serde_json::Value::as_f64);
+            kept.sort_by(|a, b| match (score(a), score(b)) {
+                (Some(x), Some(y)) => match self.config.checkpoint_score_order {
+                    ScoreOrder::Max => y.total_cmp(&x),
+                    ScoreOrder::Min => x.total_cmp(&y),
+                },
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (None, None) => std::cmp::Ordering::Equal,
+            });
+        }
+        kept.into_iter().map(|c| self.result(c)).collect()
+    }
+
+    fn result(&self, checkpoint: &CheckpointRecord) -> CheckpointResult {
+        CheckpointResult {
+            index: checkpoint.index,
+            path: self.folder.checkpoint_uri(checkpoint.index),
+            metrics: checkpoint.metrics.clone(),
+        }
+    }
+
+    /// Starts an attempt of `world_size` ranks: removes what earlier attempts persisted but
+    /// never committed, checks that the latest checkpoint is still there, records the
+    /// attempt, and returns the environment every rank's task gets (where to persist, where
+    /// to resume from) with the checkpoint it resumes from.
+    pub(crate) async fn begin_attempt(
+        &mut self,
+        world_size: u32,
+        restart_count: u32,
+    ) -> Result<(BTreeMap<String, String>, Option<CheckpointResult>), StorageError> {
+        let base = self.record.latest_checkpoint.unwrap_or(0);
+        let removed = self.folder.delete_uncommitted(base).await?;
+        if !removed.is_empty() {
+            info!(
+                run = self.name(),
+                ?removed,
+                "removed checkpoints that were never committed"
+            );
+        }
+        let mut env = self.storage_env.clone();
+        env.insert(trainyard_checkpoint::RUN_DIR.to_owned(), self.folder.uri());
+        env.insert(
+            trainyard_checkpoint::CHECKPOINT_BASE.to_owned(),
+            base.to_string(),
+        );
+        let resumed = match self.record.latest().cloned() {
+            Some(latest) => {
+                self.folder
+                    .verify_checkpoint(latest.index, &latest.files)
+                    .await?;
+                match self.folder.checkpoint_local_path(latest.index) {
+                    Some(path) => env.insert(
+                        trainyard_checkpoint::CHECKPOINT.to_owned(),
+                        path.display().to_string(),
+                    ),
+                    None => env.insert(
+                        trainyard_checkpoint::CHECKPOINT_URI.to_owned(),
+                        self.folder.checkpoint_uri(latest.index),
+                    ),
+                };
+                Some(self.result(&latest))
+            }
+            None => None,
+        };
+        self.book = Some(CheckpointBook::new(world_size, base));
+        self.record.attempts.push(AttemptRecord {
+            restart_count,
+            started_at: now(),
+            ended_at: None,
+            resumed_from: resumed.as_ref().map(|c| c.index),
+            failure: None,
+        });
+        self.save().await?;
+        Ok((env, resumed))
+    }
+
+    /// Books one report of world rank `rank`; the checkpoint it commits, if any, once
+    /// `run.json` records it.
+    pub(crate) async fn report(
+        &mut self,
+        rank: u32,
+        metrics: &serde_json::Map<String, serde_json::Value>,
+        checkpoint: Option<HandIn>,
+    ) -> Result<Option<CheckpointResult>, AttemptFailure> {
+        let Some(book) = self.book.as_mut() else {
+            return Ok(None);
+        };
+        if let Some(HandIn::Failed { index, error }) = &checkpoint {
+            warn!(rank, index, %error, "a rank's checkpoint files could not be persisted; that checkpoint is not committed");
+        }
+        let commit = match book.record(rank, metrics.clone(), checkpoint) {
+            Ok(Some(commit)) => commit,
+            Ok(None) => return Ok(None),
+            Err(error @ BookError::FileClash { .. }) => {
+                return Err(AttemptFailure::CheckpointClash {
+                    reason: error.to_string(),
+                });
+            }
+            Err(error) => {
+                warn!(%error, "a report could not be booked");
+                return Ok(None);
+            }
+        };
+        let record = CheckpointRecord {
+            index: commit.index,
+            dir: checkpoint_dir_name(commit.index),
+            metrics: commit.metrics,
+            files: commit.files,
+            bytes: commit.bytes,
+            committed_at: now(),
+        };
+        let committed = self.result(&record);
+        self.record.commit(record);
+        let deleted = retention(
+            &self.record.checkpoints,
+            self.record.latest_checkpoint,
+            &self.config,
+        );
+        self.record
+            .checkpoints
+            .retain(|c| !deleted.contains(&c.index));
+        self.save()
+            .await
+            .map_err(|e| AttemptFailure::StorageFailed { reason: chain(&e) })?;
+        // Deleted only once run.json no longer names them.
+        for index in deleted {
+            if let Err(error) = self.folder.delete_checkpoint(index).await {
+                warn!(index, error = %chain(&error), "a checkpoint beyond num_to_keep could not be deleted");
+            }
+        }
+        info!(run = self.name(), index = committed.index, path = %committed.path, "checkpoint committed");
+        Ok(Some(committed))
+    }
+
+    /// Ends the current attempt, with its failure if it failed.
+    pub(crate) async fn end_attempt(&mut self, failure: Option<&AttemptFailure>) {
+        self.book = None;
+        if let Some(attempt) = self.record.attempts.last_mut() {
+            attempt.ended_at = Some(now());
+            attempt.failure = failure.map(ToString::to_string);
+        }
+        if let Err(error) = self.save().await {
+            warn!(error = %chain(&error), "the run's record could not be updated");
+        }
+    }
+
+    /// Ends the run.
+    pub(crate) async fn finish(&mut self, status: RunStatus) {
+        self.record.status = status;
+        if let Err(error) = self.save().await {
+            warn!(error = %chain(&error), "the run's record could not be updated");
+        }
+    }
+
+    async fn save(&self) -> Result<(), StorageError> {
+        self.folder.save(&self.record).await
+    }
+}
+
+/// Now, in seconds since the Unix epoch.
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}

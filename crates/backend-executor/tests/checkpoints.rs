@@ -1,0 +1,366 @@
+//! Checkpoints on the simulated cluster: Rust function tasks hand in a checkpoint with every
+//! epoch's report; restarts and later runs of the same name resume from the latest one.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use trainyard_backend_executor::{
+    AttemptFailure, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, NoBackend,
+    RunEvent, TrainContext,
+};
+use trainyard_config::{
+    CheckpointConfig, FailureConfig, ResumePolicy, RunConfig, ScalingConfig, ScoreOrder,
+};
+use trainyard_runtime::sim::{SimNode, SimRuntime};
+use trainyard_runtime::{FunctionRegistry, TaskSpec};
+
+/// What `epochs` is told to do, as its argument.
+fn plan(epochs: u64, fail_at: Option<u64>, shared_name: bool) -> Value {
+    json!({"epochs": epochs, "fail_at": fail_at, "shared_name": shared_name})
+}
+
+fn metrics(value: Value) -> serde_json::Map<String, Value> {
+    value.as_object().cloned().unwrap_or_default()
+}
+
+/// Trains `epochs` epochs from the checkpoint it is given (its `epoch` file), handing in a
+/// shard per rank after each; in the first attempt, rank 1 fails after epoch `fail_at`.
+/// Returns the epochs it ran.
+async fn epochs(ctx: TrainContext) -> Result<Value, String> {
+    let arg = ctx.arg().clone();
+    let total = arg["epochs"].as_u64().unwrap_or(5);
+    let fail_at = arg["fail_at"].as_u64();
+    let rank = ctx.world_rank().0;
+    let start = match ctx.checkpoint() {
+        Some(dir) => {
+            let text = std::fs::read_to_string(dir.join(format!("epoch_{rank}")))
+                .map_err(|e| format!("cannot read the checkpoint in {}: {e}", dir.display()))?;
+            text.trim().parse::<u64>().map_err(|e| e.to_string())? + 1
+        }
+        None => 1,
+    };
+    let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut ran = Vec::new();
+    for epoch in start..=total {
+        ran.push(epoch);
+        let dir = scratch.path().join(format!("epoch-{epoch}"));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let file = if arg["shared_name"].as_bool() == Some(true) {
+            "model.pt".to_owned()
+        } else {
+            format!("epoch_{rank}")
+        };
+        std::fs::write(dir.join(file), epoch.to_string()).map_err(|e| e.to_string())?;
+        // Lower is better, and epoch 2 and 4 are the best.
+        let loss = [0.0, 0.5, 0.1, 0.9, 0.2, 0.7][epoch as usize % 6];
+        ctx.report_checkpoint(metrics(json!({"epoch": epoch, "loss": loss})), &dir)
+            .await
+            .map_err(|e| e.to_string())?;
+        if Some(epoch) == fail_at && ctx.restart_count() == 0 && rank == 1 {
+            // The other rank reports the same epoch meanwhile.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return Err(format!("rank 1 fails after epoch {epoch}"));
+        }
+    }
+    Ok(json!(ran))
+}
+
+fn sim() -> SimRuntime {
+    let functions = FunctionRegistry::with_builtins().register("epochs", |task| async move {
+        let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+        epochs(ctx).await
+    });
+    SimRuntime::new([SimNode::new("node-0").cpus(4)]).with_functions(functions)
+}
+
+fn task(arg: Value) -> TaskSpec {
+    TaskSpec::Function {
+        name: "epochs".to_owned(),
+        arg,
+        env: BTreeMap::new(),
+    }
+}
+
+fn run_config(storage: &Path, name: &str) -> RunConfig {
+    RunConfig::default()
+        .name(name)
+        .storage_path(storage.display().to_string())
+}
+
+async fn fit(
+    sim: &SimRuntime,
+    run: RunConfig,
+    arg: Value,
+) -> (Result<FitReport, ExecutorError>, Vec<RunEvent>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(10_000);
+    let mut executor = BackendExecutor::new(
+        Arc::new(sim.clone()),
+        Arc::new(NoBackend),
+        ScalingConfig::default().num_workers(2),
+    )
+    .expect("valid scaling config")
+    .with_options(ExecutorOptions {
+        restart_backoff: trainyard_backend_executor::Backoff::NONE,
+        ..ExecutorOptions::default()
+    })
+    .with_run_config(run)
+    .expect("valid run config")
+    .with_events(tx);
+    let result = tokio::time::timeout(Duration::from_secs(60), executor.fit(&task(arg)))
+        .await
+        .expect("the run ends within a minute");
+    drop(executor);
+    let mut events = Vec::new();
+    while let Ok(event) = rx.try_recv() {
+        events.push(event);
+    }
+    (result, events)
+}
+
+fn ran(report: &FitReport) -> Vec<Vec<u64>> {
+    report
+        .returns
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .expect("a list of epochs")
+                .iter()
+                .filter_map(Value::as_u64)
+                .collect()
+        })
+        .collect()
+}
+
+fn committed(events: &[RunEvent]) -> Vec<u64> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::CheckpointCommitted { checkpoint } => Some(checkpoint.index),
+            _ => None,
+        })
+        .collect()
+}
+
+fn run_json(storage: &Path, name: &str) -> Value {
+    let text = std::fs::read_to_string(storage.join(name).join("run.json")).expect("run.json");
+    serde_json::from_str(&text).expect("run.json is JSON")
+}
+
+fn checkpoint_dirs(storage: &Path, name: &str) -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(storage.join(name))
+        .expect("the run folder")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("checkpoint_"))
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[tokio::test]
+async fn a_restart_resumes_every_rank_from_the_latest_committed_checkpoint() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let run = run_config(storage.path(), "restart").failure_config(FailureConfig::restarts(1));
+    let (result, events) = fit(&sim(), run, plan(5, Some(3), false)).await;
+    let report = result.expect("the run succeeds after one restart");
+    assert_eq!(report.attempts, 2);
+    assert_eq!(
+        ran(&report),
+        vec![vec![4, 5], vec![4, 5]],
+        "both ranks resume at epoch 4"
+    );
+    let resumed: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::Resuming { checkpoint, .. } => Some(checkpoint.index),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resumed, vec![3]);
+    assert_eq!(committed(&events), vec![1, 2, 3, 4, 5]);
+    let latest = report.checkpoint.expect("a latest checkpoint");
+    assert_eq!(latest.index, 5);
+    assert!(
+        latest.path.ends_with("restart/checkpoint_000005"),
+        "{}",
+        latest.path
+    );
+    assert_eq!(latest.metrics["epoch"], 5);
+    let record = run_json(storage.path(), "restart");
+    assert_eq!(record["status"], "finished");
+    assert_eq!(record["latest_checkpoint"], 5);
+    assert_eq!(record["attempts"].as_array().map(Vec::len), Some(2));
+    assert_eq!(record["attempts"][1]["resumed_from"], 3);
+    // Both ranks' shards are in the one folder.
+    let latest_dir = storage.path().join("restart/checkpoint_000005");
+    for rank in 0..2 {
+        assert_eq!(
+            std::fs::read_to_string(latest_dir.join(format!("epoch_{rank}"))).expect("shard"),
+            "5"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_later_run_of_the_same_name_resumes_and_a_finished_one_is_refused() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    // No restarts: the run fails after epoch 2 is committed.
+    let (first, _) = fit(
+        &sim,
+        run_config(storage.path(), "later"),
+        plan(4, Some(2), false),
+    )
+    .await;
+    match first {
+        Err(ExecutorError::TrainingFailed { report }) => {
+            assert_eq!(report.checkpoint.map(|c| c.index), Some(2));
+        }
+        other => panic!("expected the first run to fail, got {other:?}"),
+    }
+    assert_eq!(run_json(storage.path(), "later")["status"], "failed");
+    let (second, events) = fit(
+        &sim,
+        run_config(storage.path(), "later"),
+        plan(4, None, false),
+    )
+    .await;
+    let report = second.expect("the second run resumes and succeeds");
+    assert_eq!(ran(&report), vec![vec![3, 4], vec![3, 4]]);
+    assert_eq!(committed(&events), vec![3, 4]);
+    assert_eq!(
+        run_json(storage.path(), "later")["attempts"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+
+    let (third, _) = fit(
+        &sim,
+        run_config(storage.path(), "later"),
+        plan(4, None, false),
+    )
+    .await;
+    match third {
+        Err(error @ ExecutorError::RunFinished { .. }) => {
+            let text = error.to_string();
+            assert!(
+                text.contains("`later`") && text.contains("--resume never"),
+                "{text}"
+            );
+        }
+        other => panic!("expected a finished run to be refused, got {other:?}"),
+    }
+    let afresh = run_config(storage.path(), "later").resume(ResumePolicy::Never);
+    let (fourth, _) = fit(&sim, afresh, plan(2, None, false)).await;
+    let report = fourth.expect("a fresh start in a new folder");
+    assert_eq!(ran(&report), vec![vec![1, 2], vec![1, 2]]);
+    assert!(
+        report
+            .run_dir
+            .as_deref()
+            .is_some_and(|d| d.ends_with("later-2")),
+        "{:?}",
+        report.run_dir
+    );
+}
+
+#[tokio::test]
+async fn retention_keeps_the_two_best_by_score_and_the_latest() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let run = run_config(storage.path(), "keep").checkpoint_config(
+        CheckpointConfig::default()
+            .num_to_keep(2)
+            .score("loss", ScoreOrder::Min),
+    );
+    let (result, _) = fit(&sim(), run, plan(5, None, false)).await;
+    let report = result.expect("the run succeeds");
+    // Losses by epoch: 0.5, 0.1, 0.9, 0.2, 0.7: the best are 2 and 4; 5 is the latest.
+    assert_eq!(
+        checkpoint_dirs(storage.path(), "keep"),
+        [
+            "checkpoint_000002",
+            "checkpoint_000004",
+            "checkpoint_000005"
+        ]
+    );
+    let best: Vec<u64> = report.best_checkpoints.iter().map(|c| c.index).collect();
+    assert_eq!(best, vec![2, 4, 5]);
+    let kept: Vec<u64> = run_json(storage.path(), "keep")["checkpoints"]
+        .as_array()
+        .expect("checkpoints")
+        .iter()
+        .filter_map(|c| c["index"].as_u64())
+        .collect();
+    assert_eq!(kept, vec![2, 4, 5]);
+}
+
+#[tokio::test]
+async fn two_ranks_writing_one_file_name_fail_the_run_naming_both() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let run = run_config(storage.path(), "clash").failure_config(FailureConfig::restarts(3));
+    let (result, events) = fit(&sim(), run, plan(2, None, true)).await;
+    let Err(ExecutorError::TrainingFailed { report }) = result else {
+        panic!("expected the run to fail");
+    };
+    assert_eq!(report.attempts, 1, "a clash is not retried");
+    let failure = report.failures.last().expect("a failure");
+    assert!(matches!(failure, AttemptFailure::CheckpointClash { .. }));
+    let text = failure.to_string();
+    assert!(
+        text.contains("model.pt") && text.contains("ranks"),
+        "{text}"
+    );
+    assert!(committed(&events).is_empty());
+}
+
+#[tokio::test]
+async fn a_vanished_checkpoint_is_an_error_naming_it_not_a_fresh_start() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let (first, _) = fit(
+        &sim,
+        run_config(storage.path(), "gone"),
+        plan(3, Some(2), false),
+    )
+    .await;
+    assert!(first.is_err());
+    let dir = storage.path().join("gone/checkpoint_000002");
+    std::fs::remove_dir_all(&dir).expect("remove the checkpoint");
+    let (second, events) = fit(
+        &sim,
+        run_config(storage.path(), "gone"),
+        plan(3, None, false),
+    )
+    .await;
+    let error = second.expect_err("a vanished checkpoint is an error");
+    let text = trainyard_config::resources::ErrorChain(&error).to_string();
+    assert!(text.contains("checkpoint_000002"), "{text}");
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, RunEvent::AttemptStarted { .. })),
+        "no worker starts"
+    );
+}
+
+#[tokio::test]
+async fn unwritable_storage_fails_before_any_worker_starts() {
+    let file = tempfile::NamedTempFile::new().expect("a file");
+    // A folder below a regular file can never be created, not even by root.
+    let storage = file.path().join("runs");
+    let (result, events) = fit(
+        &sim(),
+        run_config(&storage, "nowhere"),
+        plan(1, None, false),
+    )
+    .await;
+    let error = result.expect_err("unwritable storage is an error");
+    assert!(matches!(error, ExecutorError::Storage(_)), "{error:?}");
+    let text = trainyard_config::resources::ErrorChain(&error).to_string();
+    assert!(text.contains(&storage.display().to_string()), "{text}");
+    assert!(events.is_empty(), "nothing started: {events:?}");
+}
