@@ -11,6 +11,8 @@ use tokio::net::TcpStream;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
+use trainyard_checkpoint::{CHECKPOINT_URI, StorageError, prepare_task_env};
+use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{ActorEvent, EVENT_BUFFER, EventSender, TaskEvents, event_channel};
 use trainyard_runtime::{
     FunctionRegistry, PollResult, Request, Response, TaskContext, TaskRejection, TaskSpec,
@@ -20,6 +22,7 @@ use trainyard_runtime::{
 use crate::config::{AgentConfig, CONFIG, MemoryLimit, PRIVATE};
 use crate::process::{self, RunningCommand};
 use crate::wire::{self, AgentMessage, DriverMessage, Token, WireError};
+use crate::workdir::WorkDir;
 
 /// Exit code of an agent that could not start (bad configuration, no driver).
 pub const AGENT_FAILED: u8 = 2;
@@ -65,6 +68,8 @@ struct Agent {
     events: EventSender,
     task: Option<Running>,
     joined_cgroup: bool,
+    /// The agent's private directory, made for its first task; deleted when the agent ends.
+    workdir: Option<WorkDir>,
 }
 
 /// Runs the agent configured by this process's environment until it stops.
@@ -187,6 +192,7 @@ async fn serve(config: AgentConfig, token: Token, functions: FunctionRegistry) -
         events,
         task: None,
         joined_cgroup: false,
+        workdir: None,
     };
     let mut terminate = signal(SignalKind::terminate()).ok();
     let stop = loop {
@@ -320,42 +326,116 @@ impl Agent {
             TaskSpec::Command { program, args, env } => {
                 let mut task_env = self.env.clone();
                 task_env.extend(env);
-                let running = process::start(
-                    &program,
-                    args,
-                    task_env,
-                    self.config.memory.clone(),
-                    self.events.clone(),
-                )
-                .await
-                .map_err(rejected)?;
-                let pid = running.pid;
-                self.task = Some(Running::Command(running));
-                Ok(Response::TaskStarted { pid: Some(pid) })
+                self.run_command(program, args, task_env).await
             }
             TaskSpec::Function { name, arg, env } => {
                 let mut task_env = self.env.clone();
                 task_env.extend(env);
-                let (tx, rx) = mpsc::unbounded_channel();
-                let ctx = TaskContext::new(arg, task_env, tx);
-                let Some(future) = self.functions.call(&name, ctx) else {
-                    return Err(rejected(TaskRejection::UnknownFunction {
-                        name,
-                        registered: self.functions.names(),
-                    }));
-                };
-                self.limit_own_memory();
-                let events = self.events.clone();
-                let (done_tx, done) = tokio::sync::watch::channel(false);
-                let handle = tokio::spawn(async move {
-                    let exit = trainyard_runtime::drive(future, rx, &events).await;
-                    events.send(ActorEvent::TaskExited(exit)).await;
-                    done_tx.send_replace(true);
-                });
-                self.task = Some(Running::Function(handle.abort_handle(), done));
-                Ok(Response::TaskStarted { pid: None })
+                self.run_function(name, arg, task_env)
             }
         }
+    }
+
+    /// Starts a command with the carried Python package on its `PYTHONPATH`, once the
+    /// checkpoint it resumes from is here.
+    async fn run_command(
+        &mut self,
+        program: String,
+        args: Vec<String>,
+        mut task_env: BTreeMap<String, String>,
+    ) -> Result<Response, WireError> {
+        let cannot_start = |error: String| {
+            rejected(TaskRejection::SpawnFailed {
+                program: program.clone(),
+                error,
+            })
+        };
+        let workdir = self.workdir().map_err(|e| cannot_start(no_workdir(&e)))?;
+        crate::python::prepend(&mut task_env, &workdir.python());
+        // The download counts against the driver's wait for the reply: the reply carries
+        // the started process's id.
+        if task_env.contains_key(CHECKPOINT_URI) {
+            // A program that is not there is not worth a download.
+            process::resolve(&program, &task_env).map_err(rejected)?;
+            let scratch = workdir
+                .fresh_scratch()
+                .map_err(|e| cannot_start(no_workdir(&e)))?;
+            download(&mut task_env, &scratch)
+                .await
+                .map_err(cannot_start)?;
+        }
+        let running = process::start(
+            &program,
+            args,
+            task_env,
+            self.config.memory.clone(),
+            self.events.clone(),
+        )
+        .await
+        .map_err(rejected)?;
+        let pid = running.pid;
+        self.task = Some(Running::Command(running));
+        Ok(Response::TaskStarted { pid: Some(pid) })
+    }
+
+    /// Starts a function inside the agent; the download of the checkpoint it resumes from is
+    /// part of its task.
+    fn run_function(
+        &mut self,
+        name: String,
+        arg: serde_json::Value,
+        mut task_env: BTreeMap<String, String>,
+    ) -> Result<Response, WireError> {
+        if !self.functions.contains(&name) {
+            return Err(rejected(TaskRejection::UnknownFunction {
+                name,
+                registered: self.functions.names(),
+            }));
+        }
+        let scratch = if task_env.contains_key(CHECKPOINT_URI) {
+            let scratch = self.workdir().and_then(WorkDir::fresh_scratch);
+            Some(scratch.map_err(|e| {
+                rejected(TaskRejection::SpawnFailed {
+                    program: name.clone(),
+                    error: no_workdir(&e),
+                })
+            })?)
+        } else {
+            None
+        };
+        self.limit_own_memory();
+        let functions = self.functions.clone();
+        let (tx, rx) = mpsc::unbounded_channel();
+        // The download and all of the function run as the task: a failure of either is the
+        // task's, and neither holds up the agent's replies.
+        let future = Box::pin(async move {
+            if let Some(scratch) = scratch {
+                download(&mut task_env, &scratch).await?;
+            }
+            let ctx = TaskContext::new(arg, task_env, tx);
+            match functions.call(&name, ctx) {
+                Some(future) => future.await,
+                None => Err(format!("no function is registered as `{name}`")),
+            }
+        });
+        let events = self.events.clone();
+        let (done_tx, done) = tokio::sync::watch::channel(false);
+        let handle = tokio::spawn(async move {
+            let exit = trainyard_runtime::drive(future, rx, &events).await;
+            events.send(ActorEvent::TaskExited(exit)).await;
+            done_tx.send_replace(true);
+        });
+        self.task = Some(Running::Function(handle.abort_handle(), done));
+        Ok(Response::TaskStarted { pid: None })
+    }
+
+    /// The agent's private directory, made on first use.
+    fn workdir(&mut self) -> std::io::Result<&WorkDir> {
+        let workdir = match self.workdir.take() {
+            Some(workdir) => workdir,
+            None => WorkDir::create()?,
+        };
+        Ok(self.workdir.insert(workdir))
     }
 
     /// A function task runs inside the agent: the agent itself enters the worker's cgroup.
@@ -372,6 +452,27 @@ impl Agent {
             }
         }
     }
+}
+
+/// Downloads the checkpoint the task resumes from into `scratch` and points the task's
+/// `TRAINYARD_CHECKPOINT` at it; the error names the checkpoint.
+async fn download(
+    env: &mut BTreeMap<String, String>,
+    scratch: &std::path::Path,
+) -> Result<(), String> {
+    let uri = env.get(CHECKPOINT_URI).cloned().unwrap_or_default();
+    prepare_task_env(env, scratch)
+        .await
+        .map_err(|error: StorageError| {
+            format!(
+                "cannot download checkpoint `{uri}` to resume from: {}",
+                ErrorChain(&error)
+            )
+        })
+}
+
+fn no_workdir(error: &std::io::Error) -> String {
+    format!("cannot make the agent's private directory: {error}")
 }
 
 fn rejected(rejection: TaskRejection) -> WireError {

@@ -7,6 +7,15 @@
 //! [`cgroup`], or a function of a [`FunctionRegistry`]), whose events it pushes to the driver
 //! as they happen.
 //!
+//! A command task reports through a loopback socket ([`REPORT_ADDR`]); with protocol 2 a
+//! report hands in a checkpoint directory, which the agent persists into the run folder
+//! before the report goes on to the driver and before it answers the task. Python scripts
+//! need nothing installed for this: the agent carries the `trainyard` package
+//! (`from trainyard import train`, Ray Train's worker API) and `trainyard_report`, and puts
+//! them first on every command task's `PYTHONPATH`. A task whose environment names a remote
+//! checkpoint to resume from (`TRAINYARD_CHECKPOINT_URI`) starts once the agent has
+//! downloaded it and pointed `TRAINYARD_CHECKPOINT` at the local copy.
+//!
 //! # Make a binary able to host agents
 //!
 //! ```no_run
@@ -69,10 +78,13 @@ mod agent;
 pub mod cgroup;
 pub mod config;
 mod exec;
+mod handin;
 mod process;
+mod python;
 mod report;
 mod watchdog;
 pub mod wire;
+mod workdir;
 
 use std::process::ExitCode;
 

@@ -1,6 +1,6 @@
 //! A command task: resolved, started through the trampoline in a process group of its own,
-//! its output streamed line by line, its reports taken from a socket, and its end turned
-//! into a [`TaskExit`] that says what happened.
+//! its output streamed line by line, its reports taken from a socket (their checkpoints
+//! persisted by the agent), and its end turned into a [`TaskExit`] that says what happened.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
@@ -21,6 +21,7 @@ use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
 
 use crate::cgroup::WorkerCgroup;
 use crate::config::{EXEC, ExecSpec, MemoryLimit, ROLE, ROLE_EXEC};
+use crate::handin::TaskReports;
 use crate::report::ReportSocket;
 
 /// The longest output line passed on; longer ones are cut into pieces of this size.
@@ -127,6 +128,8 @@ pub(crate) async fn start(
         error: error.to_string(),
     };
     let reports = ReportSocket::bind().await.map_err(|e| spawn_failed(&e))?;
+    // Counted against the task's own environment, as the driver sent it.
+    let counted = TaskReports::new(&env, events.clone());
     env.extend(reports.env());
     let spec = ExecSpec {
         program: resolved,
@@ -178,7 +181,7 @@ pub(crate) async fn start(
         for (stream, output) in outputs.into_iter().flatten() {
             readers.spawn(read_lines(output, stream, events.clone()));
         }
-        let reporting = reports.serve(events.clone());
+        let reporting = reports.serve(counted, events.clone());
         let exit = follow(child, readers, reporting, cgroup.as_ref(), oom_before).await;
         events.send(ActorEvent::TaskExited(exit)).await;
         done_tx.send_replace(true);

@@ -1,0 +1,88 @@
+//! The agent's private directory: a fresh `0700` folder under the temporary directory, made
+//! on the first task and deleted when the agent exits (by the watchdog when the agent is
+//! killed). It holds the Python files the agent carries (`python/`, put on the tasks'
+//! `PYTHONPATH`) and `scratch/`, where remote checkpoints are downloaded for a task.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::PathBuf;
+
+/// What the directory's name starts with.
+const PREFIX: &str = "trainyard-agent-";
+
+/// The agent's private directory; deleted when dropped.
+#[derive(Debug)]
+pub(crate) struct WorkDir {
+    root: tempfile::TempDir,
+}
+
+impl WorkDir {
+    /// Makes the directory (readable by this user only) and writes the carried Python files.
+    ///
+    /// # Errors
+    /// When the directory or a file cannot be written.
+    pub(crate) fn create() -> std::io::Result<Self> {
+        let root = tempfile::Builder::new().prefix(PREFIX).tempdir()?;
+        // `tempfile` makes it 0700 already; the tasks' files depend on it, so say so here.
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700))?;
+        crate::watchdog::remove_at_end(root.path());
+        let dir = Self { root };
+        crate::python::write(&dir.python())?;
+        Ok(dir)
+    }
+
+    /// The directory to put on `PYTHONPATH`.
+    pub(crate) fn python(&self) -> PathBuf {
+        self.root.path().join("python")
+    }
+
+    /// An empty folder for the downloads of the task about to start: what an earlier task
+    /// downloaded is deleted (that task has ended).
+    ///
+    /// # Errors
+    /// When the folder cannot be emptied or made.
+    pub(crate) fn fresh_scratch(&self) -> std::io::Result<PathBuf> {
+        let scratch = self.root.path().join("scratch");
+        match std::fs::remove_dir_all(&scratch) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+        std::fs::create_dir(&scratch)?;
+        Ok(scratch)
+    }
+
+    /// The directory itself.
+    #[cfg(test)]
+    pub(crate) fn root(&self) -> &std::path::Path {
+        self.root.path()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_directory_is_private_holds_the_package_and_is_gone_when_dropped() {
+        let dir = WorkDir::create().expect("created");
+        let root = dir.root().to_owned();
+        let mode = std::fs::metadata(&root)
+            .expect("exists")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert!(dir.python().join("trainyard/train.py").is_file());
+        assert!(dir.python().join("trainyard_report.py").is_file());
+        drop(dir);
+        assert!(!root.exists(), "{} is left behind", root.display());
+    }
+
+    #[test]
+    fn each_task_gets_an_empty_scratch_folder() {
+        let dir = WorkDir::create().expect("created");
+        let scratch = dir.fresh_scratch().expect("made");
+        std::fs::write(scratch.join("old"), b"an earlier task's download").expect("written");
+        let again = dir.fresh_scratch().expect("made again");
+        assert_eq!(again, scratch);
+        assert_eq!(std::fs::read_dir(&again).expect("readable").count(), 0);
+    }
+}

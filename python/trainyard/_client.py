@@ -1,0 +1,161 @@
+"""The report connection to the trainyard agent (report protocol 2).
+
+The agent that runs this process names its report socket in
+``TRAINYARD_REPORT_ADDR`` (``HOST:PORT``) and its token in
+``TRAINYARD_REPORT_TOKEN``. The client connects, sends ``<token> 2`` and a line
+end, then one JSON object per line::
+
+    {"metrics": {...}, "checkpoint": "/abs/dir" or null}
+
+and reads one line back for each::
+
+    {"ok": true, "index": N}
+    {"ok": false, "index": N, "error": "..."}
+
+The agent answers only once the checkpoint's files are persisted (or failed
+to be), and only after the report has gone on to the driver.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import threading
+from typing import Any, Dict, Optional
+
+ADDR_ENV = "TRAINYARD_REPORT_ADDR"
+TOKEN_ENV = "TRAINYARD_REPORT_TOKEN"
+PROTOCOL = 2
+
+# The longest answer the agent sends is far shorter; a longer line is not an answer.
+_MAX_ANSWER = 64 * 1024
+
+
+class ReportError(RuntimeError):
+    """The agent could not take a report: its checkpoint was not persisted.
+
+    ``index`` is the checkpoint index the report counted as (``None`` when the
+    agent did not count it), ``str(error)`` the agent's reason.
+    """
+
+    def __init__(self, message: str, index: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def _parse_addr(addr: str) -> "tuple[str, int]":
+    """Split ``HOST:PORT`` (``[v6]:PORT`` also accepted) into host and port."""
+    host, sep, port = addr.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{ADDR_ENV} must be HOST:PORT, got {addr!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+class _Connection:
+    """One open report connection, speaking protocol 2."""
+
+    def __init__(self, addr: str, token: str) -> None:
+        self.pid = os.getpid()
+        self.sock = socket.create_connection(_parse_addr(addr))
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.sendall(f"{token} {PROTOCOL}\n".encode("ascii"))
+            self.answers = self.sock.makefile("rb")
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def exchange(self, line: bytes) -> Dict[str, Any]:
+        """Send one report line and read the agent's answer."""
+        self.sock.sendall(line)
+        answer = self.answers.readline(_MAX_ANSWER + 1)
+        if not answer.endswith(b"\n"):
+            raise ConnectionError(
+                "the trainyard agent closed the report connection without answering"
+            )
+        try:
+            decoded = json.loads(answer)
+        except ValueError as error:
+            raise ConnectionError(
+                f"the trainyard agent's answer is not JSON: {answer[:200]!r}"
+            ) from error
+        if not isinstance(decoded, dict) or not isinstance(decoded.get("ok"), bool):
+            raise ConnectionError(
+                f"the trainyard agent's answer is not understood: {answer[:200]!r}"
+            )
+        return decoded
+
+    def close(self) -> None:
+        try:
+            self.answers.close()
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            self.sock.close()
+
+
+_lock = threading.Lock()
+_conn: Optional[_Connection] = None
+_atexit_registered = False
+
+
+def address() -> Optional[str]:
+    """Where reports go, or ``None`` outside trainyard."""
+    return os.environ.get(ADDR_ENV) or None
+
+
+def send(metrics: Dict[str, Any], checkpoint: Optional[str]) -> int:
+    """Send one report and wait for the agent's answer; its checkpoint index.
+
+    Raises ``ReportError`` when the agent says the report failed (its
+    checkpoint was not persisted), ``OSError`` when the agent cannot be
+    reached, ``TypeError``/``ValueError`` when ``metrics`` is not JSON (NaN
+    and infinities are not JSON either).
+    """
+    global _conn, _atexit_registered
+    line = json.dumps(
+        {"metrics": metrics, "checkpoint": checkpoint},
+        separators=(",", ":"),
+        allow_nan=False,
+    )
+    data = (line + "\n").encode("utf-8")
+    addr = address()
+    if addr is None:
+        raise RuntimeError(f"{ADDR_ENV} is not set: not running under trainyard")
+    with _lock:
+        if _conn is not None and _conn.pid != os.getpid():
+            # A forked child shares its parent's socket: it must not read its answers.
+            _conn = None
+        if _conn is None:
+            token = os.environ.get(TOKEN_ENV, "")
+            if not token:
+                raise RuntimeError(f"{ADDR_ENV} is set but {TOKEN_ENV} is not")
+            _conn = _Connection(addr, token)
+            if not _atexit_registered:
+                atexit.register(close)
+                _atexit_registered = True
+        try:
+            answer = _conn.exchange(data)
+        except BaseException:
+            # The connection is in an unknown state: the next report opens a new one.
+            broken, _conn = _conn, None
+            broken.close()
+            raise
+    index = answer.get("index")
+    if not answer["ok"]:
+        raise ReportError(str(answer.get("error", "the report failed")), index)
+    return int(index) if isinstance(index, int) else -1
+
+
+def close() -> None:
+    """Close the report connection (runs at exit); a later report opens a new one."""
+    global _conn
+    with _lock:
+        conn, _conn = _conn, None
+    if conn is not None and conn.pid == os.getpid():
+        conn.close()
