@@ -160,7 +160,10 @@ mod tests {
     #[test]
     fn an_index_commits_only_when_every_rank_has_reported_it() {
         let mut book = CheckpointBook::new(3, 0);
-        assert_eq!(book.record(0, metrics(1), persisted(1, &["model.pt"])), Ok(None));
+        assert_eq!(
+            book.record(0, metrics(1), persisted(1, &["model.pt"])),
+            Ok(None)
+        );
         assert_eq!(book.record(2, metrics(1), None), Ok(None));
         let commit = book.record(1, metrics(1), None).unwrap().unwrap();
         assert_eq!(commit.index, 1);
@@ -202,7 +205,8 @@ mod tests {
     #[test]
     fn two_ranks_writing_one_name_is_an_error_naming_both() {
         let mut book = CheckpointBook::new(2, 0);
-        book.record(1, metrics(1), persisted(1, &["model.pt"])).unwrap();
+        book.record(1, metrics(1), persisted(1, &["model.pt"]))
+            .unwrap();
         let error = book
             .record(0, metrics(1), persisted(1, &["model.pt"]))
             .unwrap_err();

@@ -5,7 +5,9 @@
 #[non_exhaustive]
 pub enum StorageError {
     /// What the user wrote is not a storage location.
-    #[error("storage `{value}` is not a path or a supported URI ({reason}); expected a path, file:///PATH or s3://BUCKET[/PREFIX]")]
+    #[error(
+        "storage `{value}` is not a path or a supported URI ({reason}); expected a path, file:///PATH or s3://BUCKET[/PREFIX]"
+    )]
     InvalidLocation {
         /// What was written.
         value: String,
@@ -32,6 +34,17 @@ pub enum StorageError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A file could not be copied into storage (or out of it).
+    #[error("cannot copy `{from}` to `{to}`")]
+    Copy {
+        /// The file copied, its full path or URI.
+        from: String,
+        /// Where to, its full path or URI.
+        to: String,
+        /// Why (a full disk, say).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// `run.json` exists but cannot be understood.
     #[error("`{path}` is not a valid run record")]
     BadRecord {
@@ -42,7 +55,9 @@ pub enum StorageError {
         source: serde_json::Error,
     },
     /// A committed checkpoint's folder is gone.
-    #[error("checkpoint `{path}` is recorded as committed but its files are gone (missing `{file}`)")]
+    #[error(
+        "checkpoint `{path}` is recorded as committed but its files are gone (missing `{file}`)"
+    )]
     CheckpointMissing {
         /// The checkpoint folder's full path or URI.
         path: String,
@@ -50,7 +65,9 @@ pub enum StorageError {
         file: String,
     },
     /// A checkpoint was handed in by a task that has no run folder.
-    #[error("this task has no run folder to persist a checkpoint in (TRAINYARD_RUN_DIR is not set)")]
+    #[error(
+        "this task has no run folder to persist a checkpoint in (TRAINYARD_RUN_DIR is not set)"
+    )]
     NoRunFolder,
     /// A rank handed in something that is not a directory.
     #[error("a checkpoint must be a directory; `{path}` is not one")]
@@ -65,7 +82,9 @@ pub enum StorageError {
 #[non_exhaustive]
 pub enum BookError {
     /// Two ranks handed in a file of the same name for one checkpoint.
-    #[error("ranks {first} and {second} both wrote `{file}` into checkpoint {index}; each rank must write files of its own names (a shard per rank)")]
+    #[error(
+        "ranks {first} and {second} both wrote `{file}` into checkpoint {index}; each rank must write files of its own names (a shard per rank)"
+    )]
     FileClash {
         /// The checkpoint's index.
         index: u64,

@@ -12,6 +12,37 @@
 //! - [`CheckpointBook`] is the driver side, sans IO: the N-th report of every rank belongs to
 //!   index N; an index is committed when every rank has reported it and every rank's files
 //!   are persisted. [`retention`] says which committed checkpoints to delete.
+//! - With the `testing` feature, `testing::S3Server` runs a real S3 API server (moto) on a
+//!   loopback port for tests of S3 storage.
+//!
+//! A rank's files are copied on the worker's node, each under a temporary name made visible
+//! only once complete; the driver commits a checkpoint by writing `run.json`:
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use trainyard_checkpoint::{CheckpointWriter, HandIn, RunRecord, Storage, StorageLocation};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let root = tempfile::tempdir()?;
+//! let storage = Storage::open(StorageLocation::Local(root.path().into()), &BTreeMap::new())?;
+//! storage.check_writable().await?; // before any worker starts
+//! let folder = storage.run("mnist");
+//!
+//! // A worker persists what its rank handed in, into checkpoint 1's folder.
+//! let shard = tempfile::tempdir()?;
+//! std::fs::write(shard.path().join("model.pt"), b"weights")?;
+//! let hand_in = CheckpointWriter::new(folder.clone()).persist(1, shard.path()).await?;
+//! assert_eq!(hand_in, HandIn::Persisted { index: 1, files: vec!["model.pt".into()], bytes: 7 });
+//!
+//! // The driver records the run; a later driver reads it back.
+//! folder.save(&RunRecord::new("mnist")).await?;
+//! assert_eq!(folder.load().await?.map(|r| r.name), Some("mnist".to_owned()));
+//! assert!(root.path().join("mnist/checkpoint_000001/model.pt").is_file());
+//! # Ok(())
+//! # }
+//! # tokio::runtime::Builder::new_current_thread().build()?.block_on(example())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod book;
 mod env;
@@ -19,6 +50,8 @@ mod error;
 mod record;
 mod retention;
 mod storage;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod writer;
 
 pub use book::{CheckpointBook, Commit};
@@ -26,7 +59,7 @@ pub use env::{
     CHECKPOINT, CHECKPOINT_BASE, CHECKPOINT_URI, RUN_DIR, STORAGE_VARS, prepare_task_env,
 };
 pub use error::{BookError, StorageError};
-pub use record::{AttemptRecord, CheckpointRecord, RUN_FILE, RunRecord, RunStatus};
+pub use record::{AttemptRecord, CheckpointRecord, RUN_FILE, RunRecord, RunStatus, now};
 pub use retention::retention;
 pub use storage::{RunFolder, Storage, StorageLocation, checkpoint_dir_name};
 pub use writer::{CheckpointWriter, HandIn};

@@ -21,9 +21,10 @@ pub fn retention(
     let mut ranked: Vec<&CheckpointRecord> = kept.iter().collect();
     match &config.checkpoint_score_attribute {
         // Newest first.
-        None => ranked.sort_by(|a, b| b.index.cmp(&a.index)),
+        None => ranked.sort_by_key(|c| std::cmp::Reverse(c.index)),
         Some(attribute) => {
-            let score = |c: &CheckpointRecord| c.metrics.get(attribute).and_then(serde_json::Value::as_f64);
+            let score =
+                |c: &CheckpointRecord| c.metrics.get(attribute).and_then(serde_json::Value::as_f64);
             ranked.sort_by(|a, b| {
                 let (a_score, b_score) = (score(a), score(b));
                 let better = match (a_score, b_score) {
@@ -89,7 +90,9 @@ mod tests {
             .score("loss", ScoreOrder::Min);
         // Best: 2 (0.1) and 4 (0.2); 5 is the latest.
         assert_eq!(retention(&kept, Some(5), &config), vec![1, 3]);
-        let max = CheckpointConfig::default().num_to_keep(2).score("loss", ScoreOrder::Max);
+        let max = CheckpointConfig::default()
+            .num_to_keep(2)
+            .score("loss", ScoreOrder::Max);
         // Best: 3 (0.9) and 5 (0.7, also the latest).
         assert_eq!(retention(&kept, Some(5), &max), vec![1, 2, 4]);
     }

@@ -1,12 +1,27 @@
-//! [`StorageLocation`], [`Storage`] and [`RunFolder`]: where runs live, through
-//! [`object_store`].
+//! [`StorageLocation`], [`Storage`] and [`RunFolder`]: where runs live.
+//!
+//! S3 goes through [`object_store`] (`s3.rs`). A local or shared file system is driven
+//! directly with `std::fs` (`local.rs`): object_store's `LocalFileSystem` copies by hard
+//! link, hides its own staging files from listings and leaves empty folders behind a delete,
+//! and a checkpoint copy must run at the speed of `cp`.
+
+mod files;
+mod local;
+mod location;
+mod s3;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
+use std::sync::Arc;
 
-use crate::{HandIn, RunRecord, StorageError};
+use object_store::ObjectStore;
+
+pub use location::StorageLocation;
+
+use crate::{HandIn, RUN_FILE, RunRecord, StorageError};
+use files::{checkpoint_index, is_temp, random_suffix};
+use local::blocking;
+use s3::Bucket;
 
 /// The folder name of checkpoint `index`: `checkpoint_000003`.
 #[must_use]
@@ -14,61 +29,24 @@ pub fn checkpoint_dir_name(index: u64) -> String {
     format!("checkpoint_{index:06}")
 }
 
-/// Where runs are stored, as a user writes it: a path (absolute, or relative to the current
-/// directory; `~/` is the home directory), `file:///PATH`, or `s3://BUCKET[/PREFIX]`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum StorageLocation {
-    /// A local or shared (NFS) file system; the path is absolute.
+/// How an opened location is reached.
+#[derive(Debug, Clone)]
+enum Backend {
+    /// The location is a [`StorageLocation::Local`] path.
     Local(PathBuf),
-    /// An S3 bucket (or an S3 API server: `AWS_ENDPOINT_URL`), with a key prefix (no leading
-    /// or trailing `/`, possibly empty).
+    /// The location is a [`StorageLocation::S3`] bucket and prefix.
     S3 {
-        /// The bucket.
+        store: Arc<dyn ObjectStore>,
         bucket: String,
-        /// The prefix.
         prefix: String,
     },
-}
-
-impl StorageLocation {
-    /// `~/trainyard_results`, as Ray uses `~/ray_results`.
-    #[must_use]
-    pub fn default_local() -> Self {
-        todo!()
-    }
-
-    /// Whether files in it are reached through the local file system.
-    #[must_use]
-    pub const fn is_local(&self) -> bool {
-        matches!(self, Self::Local(_))
-    }
-
-    /// The location of `name` inside it: `/a/b/name` or `s3://bucket/prefix/name`.
-    #[must_use]
-    pub fn join(&self, name: &str) -> Self {
-        todo!()
-    }
-}
-
-impl FromStr for StorageLocation {
-    type Err = StorageError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        todo!()
-    }
-}
-
-/// Round-trips [`FromStr`]: a path as it is, `s3://bucket/prefix`.
-impl fmt::Display for StorageLocation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        todo!()
-    }
 }
 
 /// An opened storage location.
 #[derive(Debug, Clone)]
 pub struct Storage {
     location: StorageLocation,
-    // the object store, and what else the implementation needs
+    backend: Backend,
 }
 
 impl Storage {
@@ -78,8 +56,22 @@ impl Storage {
     ///
     /// # Errors
     /// [`StorageError::Open`].
-    pub fn open(location: StorageLocation, env: &BTreeMap<String, String>) -> Result<Self, StorageError> {
-        todo!()
+    pub fn open(
+        location: StorageLocation,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Self, StorageError> {
+        let backend = match &location {
+            StorageLocation::Local(path) => Backend::Local(path.clone()),
+            StorageLocation::S3 { bucket, prefix } => Backend::S3 {
+                store: s3::open(bucket, env).map_err(|error| StorageError::Open {
+                    location: location.to_string(),
+                    source: Box::new(error),
+                })?,
+                bucket: bucket.clone(),
+                prefix: prefix.clone(),
+            },
+        };
+        Ok(Self { location, backend })
     }
 
     /// Where it is.
@@ -90,12 +82,22 @@ impl Storage {
 
     /// Writes, reads back and deletes a small probe under the location, so that storage that
     /// is unwritable or unreachable fails before any worker starts. Creates a local folder
-    /// that does not exist yet.
+    /// that does not exist yet. An S3 endpoint that does not answer fails in seconds.
     ///
     /// # Errors
     /// [`StorageError::Io`] naming the location and the store's error.
     pub async fn check_writable(&self) -> Result<(), StorageError> {
-        todo!()
+        match &self.backend {
+            Backend::Local(root) => {
+                let root = root.clone();
+                blocking("write", &root.clone(), move || local::check_writable(&root)).await
+            }
+            Backend::S3 {
+                store,
+                bucket,
+                prefix,
+            } => bucket_of(store, bucket).check_writable(prefix).await,
+        }
     }
 
     /// Whether a run folder `name` exists (holds a `run.json`).
@@ -103,14 +105,30 @@ impl Storage {
     /// # Errors
     /// [`StorageError::Io`].
     pub async fn has_run(&self, name: &str) -> Result<bool, StorageError> {
-        todo!()
+        let folder = self.run(name);
+        match &self.backend {
+            Backend::Local(root) => {
+                let path = root.join(name).join(RUN_FILE);
+                blocking("read", &path.clone(), move || local::is_file(&path)).await
+            }
+            Backend::S3 { store, bucket, .. } => {
+                bucket_of(store, bucket).exists(&folder.key(RUN_FILE)).await
+            }
+        }
     }
 
     /// The folder of run `name`.
     #[must_use]
     pub fn run(&self, name: &str) -> RunFolder {
-        todo!()
+        RunFolder {
+            storage: self.clone(),
+            name: name.to_owned(),
+        }
     }
+}
+
+fn bucket_of<'a>(store: &'a Arc<dyn ObjectStore>, name: &'a str) -> Bucket<'a> {
+    Bucket { store, name }
 }
 
 /// The folder of one run: `<storage>/<name>/`.
@@ -127,7 +145,14 @@ impl RunFolder {
     /// # Errors
     /// [`StorageError::InvalidLocation`], [`StorageError::Open`].
     pub fn open_uri(uri: &str, env: &BTreeMap<String, String>) -> Result<Self, StorageError> {
-        todo!()
+        let location: StorageLocation = uri.parse()?;
+        let Some((parent, name)) = location.split_last() else {
+            return Err(StorageError::InvalidLocation {
+                value: uri.to_owned(),
+                reason: "it names no run folder inside the storage".to_owned(),
+            });
+        };
+        Ok(Storage::open(parent, env)?.run(&name))
     }
 
     /// The run's name.
@@ -136,22 +161,49 @@ impl RunFolder {
         &self.name
     }
 
+    /// The storage it is in.
+    #[must_use]
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
     /// The folder's location, as a user would write it (`/a/b/name`, `s3://b/p/name`).
     #[must_use]
     pub fn uri(&self) -> String {
-        todo!()
+        self.storage.location.join(&self.name).to_string()
     }
 
     /// The location of checkpoint `index`'s folder, as a user would write it.
     #[must_use]
     pub fn checkpoint_uri(&self, index: u64) -> String {
-        todo!()
+        self.storage
+            .location
+            .join(&self.name)
+            .join(&checkpoint_dir_name(index))
+            .to_string()
     }
 
     /// The local directory of checkpoint `index` when the storage is local.
     #[must_use]
     pub fn checkpoint_local_path(&self, index: u64) -> Option<PathBuf> {
-        todo!()
+        match &self.storage.backend {
+            Backend::Local(root) => Some(root.join(&self.name).join(checkpoint_dir_name(index))),
+            Backend::S3 { .. } => None,
+        }
+    }
+
+    /// The local run folder.
+    fn local_dir(root: &Path, name: &str) -> PathBuf {
+        root.join(name)
+    }
+
+    /// The S3 key of `relative` inside the run folder (the folder's own with `""`).
+    fn key(&self, relative: &str) -> object_store::path::Path {
+        let prefix = match &self.storage.backend {
+            Backend::S3 { prefix, .. } => prefix.as_str(),
+            Backend::Local(_) => "",
+        };
+        s3::key(&location::join_key(prefix, &self.name), relative)
     }
 
     /// Reads `run.json`; `None` when there is none.
@@ -159,7 +211,27 @@ impl RunFolder {
     /// # Errors
     /// [`StorageError::Io`], [`StorageError::BadRecord`].
     pub async fn load(&self) -> Result<Option<RunRecord>, StorageError> {
-        todo!()
+        let (bytes, path) = match &self.storage.backend {
+            Backend::Local(root) => {
+                let path = Self::local_dir(root, &self.name).join(RUN_FILE);
+                let read = path.clone();
+                (
+                    blocking("read", &path.clone(), move || local::read(&read)).await?,
+                    path.display().to_string(),
+                )
+            }
+            Backend::S3 { store, bucket, .. } => {
+                let bucket = bucket_of(store, bucket);
+                let key = self.key(RUN_FILE);
+                (bucket.get(&key).await?, bucket.uri(&key))
+            }
+        };
+        let Some(bytes) = bytes else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|source| StorageError::BadRecord { path, source })
     }
 
     /// Replaces `run.json` atomically: a reader sees the old record or the new one, never a
@@ -168,7 +240,27 @@ impl RunFolder {
     /// # Errors
     /// [`StorageError::Io`].
     pub async fn save(&self, record: &RunRecord) -> Result<(), StorageError> {
-        todo!()
+        let mut bytes = serde_json::to_vec_pretty(record).map_err(|source| StorageError::Io {
+            action: "write",
+            path: format!("{}/{RUN_FILE}", self.uri()),
+            source: Box::new(source),
+        })?;
+        bytes.push(b'\n');
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                let path = Self::local_dir(root, &self.name).join(RUN_FILE);
+                blocking("write", &path.clone(), move || {
+                    local::write_atomically(&path, &bytes)
+                })
+                .await
+            }
+            // One PUT: S3 shows an object only once it is complete.
+            Backend::S3 { store, bucket, .. } => {
+                bucket_of(store, bucket)
+                    .put(&self.key(RUN_FILE), bytes)
+                    .await
+            }
+        }
     }
 
     /// Copies every file under `source` into checkpoint `index`'s folder (see
@@ -176,16 +268,73 @@ impl RunFolder {
     ///
     /// # Errors
     /// As [`crate::CheckpointWriter::persist`].
-    pub async fn persist_directory(&self, index: u64, source: &Path) -> Result<HandIn, StorageError> {
-        todo!()
+    pub async fn persist_directory(
+        &self,
+        index: u64,
+        source: &Path,
+    ) -> Result<HandIn, StorageError> {
+        let walked = source.to_path_buf();
+        let files = blocking("list", source, move || files::walk(&walked)).await?;
+        let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
+        let dir = checkpoint_dir_name(index);
+        let bytes = match &self.storage.backend {
+            Backend::Local(root) => {
+                local::persist(&Self::local_dir(root, &self.name).join(&dir), files).await?
+            }
+            Backend::S3 { store, bucket, .. } => {
+                let prefix = self.key(&dir);
+                bucket_of(store, bucket)
+                    .upload(prefix.as_ref(), files)
+                    .await?
+            }
+        };
+        tracing::debug!(
+            run = %self.name,
+            index,
+            files = names.len(),
+            bytes,
+            "checkpoint files persisted"
+        );
+        Ok(HandIn::Persisted {
+            index,
+            files: names,
+            bytes,
+        })
     }
 
     /// Checks that every file `files` names is in checkpoint `index`'s folder.
     ///
     /// # Errors
     /// [`StorageError::CheckpointMissing`] naming the folder and the first missing file.
-    pub async fn verify_checkpoint(&self, index: u64, files: &[String]) -> Result<(), StorageError> {
-        todo!()
+    pub async fn verify_checkpoint(
+        &self,
+        index: u64,
+        files: &[String],
+    ) -> Result<(), StorageError> {
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                let dir = Self::local_dir(root, &self.name).join(checkpoint_dir_name(index));
+                let files = files.to_vec();
+                blocking("read", &dir.clone(), move || local::verify(&dir, &files)).await
+            }
+            Backend::S3 { store, bucket, .. } => {
+                let bucket = bucket_of(store, bucket);
+                let prefix = self.key(&checkpoint_dir_name(index));
+                let present: std::collections::BTreeSet<String> = bucket
+                    .list(&prefix)
+                    .await?
+                    .into_iter()
+                    .map(|(name, _)| name)
+                    .collect();
+                match files.iter().find(|f| !present.contains(f.as_str())) {
+                    None => Ok(()),
+                    Some(file) => Err(StorageError::CheckpointMissing {
+                        path: self.checkpoint_uri(index),
+                        file: file.clone(),
+                    }),
+                }
+            }
+        }
     }
 
     /// Deletes checkpoint `index`'s folder and everything in it.
@@ -193,7 +342,23 @@ impl RunFolder {
     /// # Errors
     /// [`StorageError::Io`].
     pub async fn delete_checkpoint(&self, index: u64) -> Result<(), StorageError> {
-        todo!()
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                let dir = Self::local_dir(root, &self.name).join(checkpoint_dir_name(index));
+                blocking("delete", &dir.clone(), move || local::remove_dir(&dir)).await
+            }
+            Backend::S3 { store, bucket, .. } => {
+                let bucket = bucket_of(store, bucket);
+                let prefix = self.key(&checkpoint_dir_name(index));
+                let keys = bucket
+                    .list(&prefix)
+                    .await?
+                    .into_iter()
+                    .map(|(_, key)| key)
+                    .collect();
+                bucket.delete(keys, &prefix).await
+            }
+        }
     }
 
     /// Deletes the checkpoint folders whose index is above `committed` (left by reports of an
@@ -203,7 +368,36 @@ impl RunFolder {
     /// # Errors
     /// [`StorageError::Io`].
     pub async fn delete_uncommitted(&self, committed: u64) -> Result<Vec<u64>, StorageError> {
-        todo!()
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                let dir = Self::local_dir(root, &self.name);
+                blocking("delete", &dir.clone(), move || {
+                    local::delete_uncommitted(&dir, committed)
+                })
+                .await
+            }
+            Backend::S3 { store, bucket, .. } => {
+                let bucket = bucket_of(store, bucket);
+                let prefix = self.key("");
+                let mut deleted = std::collections::BTreeSet::new();
+                let mut keys = Vec::new();
+                for (name, key) in bucket.list(&prefix).await? {
+                    let index = name
+                        .split_once('/')
+                        .and_then(|(dir, _)| checkpoint_index(dir))
+                        .filter(|index| *index > committed);
+                    let temp = name.rsplit('/').next().is_some_and(is_temp);
+                    if let Some(index) = index {
+                        deleted.insert(index);
+                        keys.push(key);
+                    } else if temp {
+                        keys.push(key);
+                    }
+                }
+                bucket.delete(keys, &prefix).await?;
+                Ok(deleted.into_iter().collect())
+            }
+        }
     }
 
     /// Downloads checkpoint `index` into `dest` (created); for local storage, nothing is
@@ -211,17 +405,80 @@ impl RunFolder {
     ///
     /// # Errors
     /// [`StorageError::CheckpointMissing`] when it is gone, [`StorageError::Io`].
-    pub async fn download_checkpoint(&self, index: u64, dest: &Path) -> Result<PathBuf, StorageError> {
-        todo!()
+    pub async fn download_checkpoint(
+        &self,
+        index: u64,
+        dest: &Path,
+    ) -> Result<PathBuf, StorageError> {
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                let dir = Self::local_dir(root, &self.name).join(checkpoint_dir_name(index));
+                existing_local_checkpoint(dir).await
+            }
+            Backend::S3 { store, bucket, .. } => {
+                let bucket = bucket_of(store, bucket);
+                let prefix = self.key(&checkpoint_dir_name(index));
+                download_prefix(bucket, &prefix, dest).await?;
+                Ok(dest.to_path_buf())
+            }
+        }
     }
 }
 
+/// `dir` when it is a directory; [`StorageError::CheckpointMissing`] when it is gone.
+async fn existing_local_checkpoint(dir: PathBuf) -> Result<PathBuf, StorageError> {
+    let checked = dir.clone();
+    blocking("read", &dir.clone(), move || local::verify(&checked, &[])).await?;
+    Ok(dir)
+}
+
+/// Downloads everything under `prefix` into `dest`; an empty prefix is a checkpoint that is
+/// gone.
+async fn download_prefix(
+    bucket: Bucket<'_>,
+    prefix: &object_store::path::Path,
+    dest: &Path,
+) -> Result<(), StorageError> {
+    if bucket.download(prefix, dest).await? == 0 {
+        return Err(StorageError::CheckpointMissing {
+            path: bucket.uri(prefix),
+            file: "*".to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// Downloads the checkpoint at `uri` (a checkpoint folder's location, as
-/// [`RunFolder::checkpoint_uri`] writes it) into a fresh folder under `scratch`.
+/// [`RunFolder::checkpoint_uri`] writes it) into a fresh folder under `scratch`; a local
+/// checkpoint is not copied: its own directory is returned.
 pub(crate) async fn download(
     uri: &str,
     env: &BTreeMap<String, String>,
     scratch: &Path,
 ) -> Result<PathBuf, StorageError> {
-    todo!()
+    let location: StorageLocation = uri.parse()?;
+    let storage = Storage::open(location, env)?;
+    let (store, bucket, prefix) = match storage.backend {
+        Backend::Local(dir) => return existing_local_checkpoint(dir).await,
+        Backend::S3 {
+            store,
+            bucket,
+            prefix,
+        } => (store, bucket, prefix),
+    };
+    let last = prefix
+        .rsplit('/')
+        .next()
+        .filter(|s| !s.is_empty())
+        .unwrap_or(&bucket);
+    let dest = scratch.join(format!("{last}-{}", random_suffix()));
+    let bucket = bucket_of(&store, &bucket);
+    let result = download_prefix(bucket, &s3::key(&prefix, ""), &dest).await;
+    if let Err(error) = result {
+        let removed = dest.clone();
+        // Best effort: what was downloaded is of no use.
+        let _ = blocking("delete", &dest, move || local::remove_dir(&removed)).await;
+        return Err(error);
+    }
+    Ok(dest)
 }

@@ -1,0 +1,206 @@
+//! What both kinds of storage share: the files a rank hands in, temporary names, errors.
+
+use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::StorageError;
+
+/// How deep a handed-in directory may nest (a bound on directory symlink loops).
+const MAX_DEPTH: usize = 64;
+
+/// One file under a handed-in directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SourceFile {
+    /// Its name relative to the directory, with `/` separators.
+    pub(crate) name: String,
+    /// Where it is.
+    pub(crate) path: PathBuf,
+}
+
+/// Every file under `source`, recursively, sorted by name; symlinks are followed.
+pub(crate) fn walk(source: &Path) -> Result<Vec<SourceFile>, StorageError> {
+    match std::fs::metadata(source) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Err(not_a_directory(source)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_a_directory(source));
+        }
+        Err(error) => return Err(io("read", source, error)),
+    }
+    let mut files = Vec::new();
+    walk_into(source, "", 0, &mut files)?;
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(files)
+}
+
+fn not_a_directory(source: &Path) -> StorageError {
+    StorageError::NotADirectory {
+        path: source.display().to_string(),
+    }
+}
+
+fn walk_into(
+    dir: &Path,
+    prefix: &str,
+    depth: usize,
+    files: &mut Vec<SourceFile>,
+) -> Result<(), StorageError> {
+    if depth > MAX_DEPTH {
+        return Err(io(
+            "read",
+            dir,
+            std::io::Error::other(format!(
+                "directories nest deeper than {MAX_DEPTH} levels (a symlink loop?)"
+            )),
+        ));
+    }
+    let entries = std::fs::read_dir(dir).map_err(|error| io("list", dir, error))?;
+    for entry in entries {
+        let entry = entry.map_err(|error| io("list", dir, error))?;
+        let path = entry.path();
+        let Some(file_name) = entry.file_name().to_str().map(str::to_owned) else {
+            return Err(io(
+                "read",
+                &path,
+                std::io::Error::other("the file name is not UTF-8"),
+            ));
+        };
+        let name = if prefix.is_empty() {
+            file_name
+        } else {
+            format!("{prefix}/{file_name}")
+        };
+        let meta = std::fs::metadata(&path).map_err(|error| io("read", &path, error))?;
+        if meta.is_dir() {
+            walk_into(&path, &name, depth + 1, files)?;
+        } else {
+            files.push(SourceFile { name, path });
+        }
+    }
+    Ok(())
+}
+
+/// Sixteen hex digits, different on every call (in this process and, with high
+/// probability, across processes and hosts).
+pub(crate) fn random_suffix() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u32(std::process::id());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    hasher.write_u128(nanos);
+    format!("{:016x}", hasher.finish())
+}
+
+const PART: &str = ".part-";
+
+/// The temporary name a file called `file_name` is written under before it is complete:
+/// `.<file_name>.part-<16 hex digits>`, in the same folder.
+pub(crate) fn temp_name(file_name: &str) -> String {
+    format!(".{file_name}{PART}{}", random_suffix())
+}
+
+/// Whether `file_name` is one that [`temp_name`] makes.
+pub(crate) fn is_temp(file_name: &str) -> bool {
+    let Some(rest) = file_name.strip_prefix('.') else {
+        return false;
+    };
+    let Some((_, suffix)) = rest.rsplit_once(PART) else {
+        return false;
+    };
+    suffix.len() == 16 && suffix.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The index of a checkpoint folder's name (`checkpoint_000012` → 12).
+pub(crate) fn checkpoint_index(dir_name: &str) -> Option<u64> {
+    let digits = dir_name.strip_prefix("checkpoint_")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// [`StorageError::Io`] on a local path.
+pub(crate) fn io(action: &'static str, path: &Path, error: std::io::Error) -> StorageError {
+    StorageError::Io {
+        action,
+        path: path.display().to_string(),
+        source: Box::new(error),
+    }
+}
+
+/// [`StorageError::Io`] of a task that did not finish (it panicked or was cancelled).
+pub(crate) fn join_error(
+    action: &'static str,
+    path: &str,
+    error: tokio::task::JoinError,
+) -> StorageError {
+    StorageError::Io {
+        action,
+        path: path.to_owned(),
+        source: Box::new(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temporary_names_are_hidden_unique_and_recognised() {
+        let a = temp_name("model.pt");
+        let b = temp_name("model.pt");
+        assert_ne!(a, b);
+        assert!(a.starts_with(".model.pt.part-"), "{a}");
+        assert!(is_temp(&a) && is_temp(&b));
+        for name in [
+            "model.pt",
+            ".hidden",
+            ".model.part-12",
+            "model.pt.part-0123456789abcdef",
+        ] {
+            assert!(!is_temp(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn only_checkpoint_folders_have_an_index() {
+        assert_eq!(checkpoint_index("checkpoint_000012"), Some(12));
+        assert_eq!(checkpoint_index("checkpoint_1234567"), Some(1_234_567));
+        for name in ["checkpoint_", "checkpoint_12a", "run.json", "checkpoint_-1"] {
+            assert_eq!(checkpoint_index(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_walk_names_nested_files_relative_to_the_directory_sorted() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("b/c")).unwrap();
+        std::fs::write(dir.path().join("z.bin"), b"z").unwrap();
+        std::fs::write(dir.path().join("b/c/d.txt"), b"d").unwrap();
+        std::fs::write(dir.path().join("a.txt"), b"a").unwrap();
+        let names: Vec<_> = walk(dir.path())
+            .unwrap()
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
+        assert_eq!(names, ["a.txt", "b/c/d.txt", "z.bin"]);
+    }
+
+    #[test]
+    fn a_file_or_a_missing_path_is_not_a_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        for path in [file, dir.path().join("missing")] {
+            assert!(matches!(
+                walk(&path),
+                Err(StorageError::NotADirectory { .. })
+            ));
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Local and shared (NFS) file systems, driven directly with `std::fs`.
+//!
+//! A file is copied with `std::fs::copy` (`copy_file_range` on Linux, as `cp` does; on NFS
+//! 4.2 a server-side copy) into `.<name>.part-<random>` beside its final name, then renamed:
+//! a rename within a folder is atomic, so a crash mid-copy leaves a temporary file and never
+//! a partial one under the final name. Data files are not synced (`cp` does not either);
+//! `run.json` is.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::StreamExt;
+
+use super::files::{
+    SourceFile, checkpoint_index, io, is_temp, join_error, random_suffix, temp_name,
+};
+use crate::StorageError;
+
+/// Files copied at once.
+const PARALLEL_FILES: usize = 4;
+
+/// Runs `work` on tokio's blocking pool; `path` names what it works on, should it not finish.
+pub(crate) async fn blocking<T, F>(
+    action: &'static str,
+    path: &Path,
+    work: F,
+) -> Result<T, StorageError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StorageError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| join_error(action, &path.display().to_string(), e))?
+}
+
+fn missing(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+    )
+}
+
+/// Creates `root` when it does not exist, then writes, reads back and deletes a probe in it.
+pub(crate) fn check_writable(root: &Path) -> Result<(), StorageError> {
+    std::fs::create_dir_all(root).map_err(|e| io("create", root, e))?;
+    let probe = root.join(format!(".trainyard-write-check-{}", random_suffix()));
+    let content: &[u8] = b"trainyard write check";
+    std::fs::write(&probe, content).map_err(|e| io("write", &probe, e))?;
+    let back = std::fs::read(&probe);
+    let deleted = std::fs::remove_file(&probe);
+    let back = back.map_err(|e| io("read", &probe, e))?;
+    if back != content {
+        return Err(io(
+            "read",
+            &probe,
+            std::io::Error::other("the probe read back differs from what was written"),
+        ));
+    }
+    deleted.map_err(|e| io("delete", &probe, e))
+}
+
+/// The file at `path`; `None` when there is none.
+pub(crate) fn read(path: &Path) -> Result<Option<Vec<u8>>, StorageError> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(error) if missing(&error) => Ok(None),
+        Err(error) => Err(io("read", path, error)),
+    }
+}
+
+/// Whether a file is at `path`.
+pub(crate) fn is_file(path: &Path) -> Result<bool, StorageError> {
+    match std::fs::metadata(path) {
+        Ok(meta) => Ok(meta.is_file()),
+        Err(error) if missing(&error) => Ok(false),
+        Err(error) => Err(io("read", path, error)),
+    }
+}
+
+/// The folder and name of a file path.
+fn split(path: &Path) -> Result<(&Path, &str), StorageError> {
+    match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
+        (Some(dir), Some(name)) => Ok((dir, name)),
+        _ => Err(io(
+            "write",
+            path,
+            std::io::Error::other("not a path to a file with a UTF-8 name"),
+        )),
+    }
+}
+
+/// Replaces the file at `path` with `bytes` (its folder is created): written and synced
+/// under a temporary name, then renamed, so a reader sees the old content or the new.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    let (dir, name) = split(path)?;
+    std::fs::create_dir_all(dir).map_err(|e| io("create", dir, e))?;
+    let temp = dir.join(temp_name(name));
+    let written = std::fs::File::create(&temp).and_then(|mut file| {
+        file.write_all(bytes)?;
+        file.sync_all()
+    });
+    let renamed = written.and_then(|()| std::fs::rename(&temp, path));
+    if let Err(error) = renamed {
+        // Best effort: the temporary file may not exist.
+        let _ = std::fs::remove_file(&temp);
+        return Err(io("write", path, error));
+    }
+    Ok(())
+}
+
+/// Copies `from` to `to` through a temporary name beside it; the bytes copied.
+fn copy_file(from: &Path, to: &Path) -> Result<u64, StorageError> {
+    let (dir, name) = split(to)?;
+    let temp = dir.join(temp_name(name));
+    let copied = std::fs::copy(from, &temp).and_then(|bytes| {
+        std::fs::rename(&temp, to)?;
+        Ok(bytes)
+    });
+    copied.map_err(|error| {
+        // Best effort: the temporary file may not exist.
+        let _ = std::fs::remove_file(&temp);
+        StorageError::Copy {
+            from: from.display().to_string(),
+            to: to.display().to_string(),
+            source: Box::new(error),
+        }
+    })
+}
+
+/// Copies every file of `files` into `dest` (created), several at once; their total size.
+/// On a failure, no new copy starts, those complete are deleted, and the first error is
+/// returned: nothing is left under a final name.
+pub(crate) async fn persist(dest: &Path, files: Vec<SourceFile>) -> Result<u64, StorageError> {
+    let folders: BTreeSet<PathBuf> = std::iter::once(dest.to_path_buf())
+        .chain(
+            files
+                .iter()
+                .filter_map(|f| dest.join(&f.name).parent().map(Path::to_path_buf)),
+        )
+        .collect();
+    blocking("create", dest, move || {
+        folders
+            .iter()
+            .try_for_each(|dir| std::fs::create_dir_all(dir).map_err(|e| io("create", dir, e)))
+    })
+    .await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let results: Vec<(PathBuf, Result<Option<u64>, StorageError>)> = futures::stream::iter(files)
+        .map(|file| {
+            let stop = Arc::clone(&stop);
+            let to = dest.join(&file.name);
+            async move {
+                let target = to.clone();
+                let result = blocking("copy", &to.clone(), move || {
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(None);
+                    }
+                    copy_file(&file.path, &to).map(Some).inspect_err(|_| {
+                        stop.store(true, Ordering::Relaxed);
+                    })
+                })
+                .await;
+                (target, result)
+            }
+        })
+        .buffer_unordered(PARALLEL_FILES)
+        .collect()
+        .await;
+    let mut total = 0;
+    let mut first_error = None;
+    let mut written = Vec::new();
+    for (path, result) in results {
+        match result {
+            Ok(Some(bytes)) => {
+                total += bytes;
+                written.push(path);
+            }
+            Ok(None) => {}
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    let Some(error) = first_error else {
+        return Ok(total);
+    };
+    blocking("delete", dest, move || {
+        for path in written {
+            if let Err(cleanup) = std::fs::remove_file(&path) {
+                tracing::warn!(path = %path.display(), error = %cleanup, "a file of a failed checkpoint copy could not be deleted");
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    Err(error)
+}
+
+/// Checks that `dir` holds every file of `files`; `uri` names it.
+pub(crate) fn verify(dir: &Path, files: &[String]) -> Result<(), StorageError> {
+    let gone = |file: &str| StorageError::CheckpointMissing {
+        path: dir.display().to_string(),
+        file: file.to_owned(),
+    };
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Err(gone(files.first().map_or("*", String::as_str))),
+        Err(error) if missing(&error) => {
+            return Err(gone(files.first().map_or("*", String::as_str)));
+        }
+        Err(error) => return Err(io("read", dir, error)),
+    }
+    for file in files {
+        if !is_file(&dir.join(file))? {
+            return Err(gone(file));
+        }
+    }
+    Ok(())
+}
+
+/// Deletes `dir` and everything in it; one already gone is not an error.
+pub(crate) fn remove_dir(dir: &Path) -> Result<(), StorageError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(io("delete", dir, error)),
+    }
+}
+
+/// Deletes the checkpoint folders of `run_dir` whose index is above `committed`, and every
+/// temporary file under it; the indices deleted, sorted.
+pub(crate) fn delete_uncommitted(run_dir: &Path, committed: u64) -> Result<Vec<u64>, StorageError> {
+    let entries = match std::fs::read_dir(run_dir) {
+        Ok(entries) => entries,
+        Err(error) if missing(&error) => return Ok(Vec::new()),
+        Err(error) => return Err(io("list", run_dir, error)),
+    };
+    let mut deleted = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| io("list", run_dir, e))?;
+        let index = entry.file_name().to_str().and_then(checkpoint_index);
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if let (Some(index), true) = (index, is_dir) {
+            if index > committed {
+                remove_dir(&entry.path())?;
+                deleted.push(index);
+            }
+        }
+    }
+    remove_temp_files(run_dir)?;
+    deleted.sort_unstable();
+    Ok(deleted)
+}
+
+/// Deletes every temporary file under `dir`, recursively (symlinks are not followed).
+fn remove_temp_files(dir: &Path) -> Result<(), StorageError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) if missing(&error) => return Ok(()),
+        Err(error) => return Err(io("list", dir, error)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| io("list", dir, e))?;
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_temp_files(&path)?;
+        } else if entry.file_name().to_str().is_some_and(is_temp) {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(io("delete", &path, error)),
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! Run folders in S3, against a real S3 API server (moto, through `testing::S3Server`).
+//! Without moto installed these tests print a `SKIP:` line and pass, unless `CI=true`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use trainyard_checkpoint::testing::S3Server;
+use trainyard_checkpoint::{
+    CHECKPOINT, CHECKPOINT_URI, CheckpointWriter, HandIn, RUN_DIR, RunRecord, Storage,
+    StorageError, StorageLocation, prepare_task_env,
+};
+
+fn write_file(path: &Path, len: usize, seed: u8) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect();
+    std::fs::write(path, data).unwrap();
+}
+
+/// The server with a bucket `runs`; `None` when moto is not installed (outside CI).
+fn server() -> Option<S3Server> {
+    let server = S3Server::start().expect("moto starts")?;
+    server.create_bucket("runs").expect("the bucket is created");
+    Some(server)
+}
+
+fn assert_same_files(a: &Path, b: &Path, names: &[&str]) {
+    for name in names {
+        assert_eq!(
+            std::fs::read(a.join(name)).unwrap(),
+            std::fs::read(b.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_s3_run_folder_keeps_two_ranks_checkpoints_its_record_and_restores_them() {
+    let Some(server) = server() else { return };
+    let env = server.env();
+    let location: StorageLocation = "s3://runs/team/exp".parse().unwrap();
+    let storage = Storage::open(location, &env).unwrap();
+    storage.check_writable().await.unwrap();
+    assert!(!storage.has_run("mnist").await.unwrap());
+    let folder = storage.run("mnist");
+    assert_eq!(folder.uri(), "s3://runs/team/exp/mnist");
+    assert!(folder.load().await.unwrap().is_none());
+
+    // Rank 0 hands in a file large enough to go in parts, rank 1 a shard; at once.
+    let (rank0, rank1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_file(&rank0.path().join("model.pt"), 20 << 20, 1);
+    write_file(&rank0.path().join("meta/config.json"), 100, 2);
+    write_file(&rank1.path().join("shard_1.pt"), (1 << 20) + 3, 3);
+    let mut task_env = env.clone();
+    task_env.insert(RUN_DIR.to_owned(), folder.uri());
+    let writer = CheckpointWriter::from_env(&task_env).unwrap().unwrap();
+    let (a, b) = tokio::join!(
+        writer.persist(1, rank0.path()),
+        writer.persist(1, rank1.path())
+    );
+    assert_eq!(
+        a.unwrap(),
+        HandIn::Persisted {
+            index: 1,
+            files: vec!["meta/config.json".into(), "model.pt".into()],
+            bytes: (20 << 20) + 100
+        }
+    );
+    assert_eq!(
+        b.unwrap(),
+        HandIn::Persisted {
+            index: 1,
+            files: vec!["shard_1.pt".into()],
+            bytes: (1 << 20) + 3
+        }
+    );
+    let files: Vec<String> = ["meta/config.json", "model.pt", "shard_1.pt"]
+        .map(String::from)
+        .into();
+    folder.verify_checkpoint(1, &files).await.unwrap();
+
+    // run.json
+    let mut record = RunRecord::new("mnist");
+    record.last_index = 1;
+    folder.save(&record).await.unwrap();
+    assert_eq!(folder.load().await.unwrap(), Some(record));
+    assert!(storage.has_run("mnist").await.unwrap());
+
+    // Checkpoints 2 and 3 were handed in but never committed.
+    for index in [2, 3] {
+        folder.persist_directory(index, rank1.path()).await.unwrap();
+    }
+    assert_eq!(folder.delete_uncommitted(1).await.unwrap(), [2, 3]);
+    assert!(folder.delete_uncommitted(1).await.unwrap().is_empty());
+    assert!(folder.load().await.unwrap().is_some(), "run.json is kept");
+    folder.verify_checkpoint(1, &files).await.unwrap();
+
+    // Restores: into a given folder, and for a task, into a fresh one under its scratch.
+    let dest = tempfile::tempdir().unwrap();
+    let restored = folder
+        .download_checkpoint(1, &dest.path().join("ckpt"))
+        .await
+        .unwrap();
+    assert_same_files(&restored, rank0.path(), &["model.pt", "meta/config.json"]);
+    assert_same_files(&restored, rank1.path(), &["shard_1.pt"]);
+    let scratch = tempfile::tempdir().unwrap();
+    let mut task_env = env.clone();
+    task_env.insert(CHECKPOINT_URI.to_owned(), folder.checkpoint_uri(1));
+    prepare_task_env(&mut task_env, scratch.path())
+        .await
+        .unwrap();
+    let local = Path::new(task_env.get(CHECKPOINT).expect("the task is told where")).to_path_buf();
+    assert!(local.starts_with(scratch.path()), "{}", local.display());
+    assert_same_files(&local, rank0.path(), &["model.pt", "meta/config.json"]);
+    assert_same_files(&local, rank1.path(), &["shard_1.pt"]);
+
+    // Once deleted, a restore is an error naming the checkpoint.
+    folder.delete_checkpoint(1).await.unwrap();
+    let uri = "s3://runs/team/exp/mnist/checkpoint_000001";
+    match folder.verify_checkpoint(1, &files).await {
+        Err(StorageError::CheckpointMissing { path, file }) => {
+            assert_eq!((path.as_str(), file.as_str()), (uri, "meta/config.json"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let error = folder
+        .download_checkpoint(1, dest.path())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, StorageError::CheckpointMissing { path, .. } if path == uri),
+        "{error:?}"
+    );
+    let scratch = tempfile::tempdir().unwrap();
+    let mut task_env = env.clone();
+    task_env.insert(CHECKPOINT_URI.to_owned(), uri.to_owned());
+    let error = prepare_task_env(&mut task_env, scratch.path())
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains(uri), "{error}");
+    assert!(!task_env.contains_key(CHECKPOINT));
+    assert_eq!(
+        std::fs::read_dir(scratch.path()).unwrap().count(),
+        0,
+        "nothing is left in scratch"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_that_does_not_exist_fails_the_check_and_the_persist_naming_it() {
+    let Some(server) = server() else { return };
+    let location: StorageLocation = "s3://no-such-bucket/x".parse().unwrap();
+    let storage = Storage::open(location, &server.env()).unwrap();
+    let error = storage.check_writable().await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("s3://no-such-bucket/x/.trainyard-write-check-"),
+        "{error}"
+    );
+    let source = tempfile::tempdir().unwrap();
+    write_file(&source.path().join("model.pt"), 10, 0);
+    let writer = CheckpointWriter::new(storage.run("run"));
+    match writer.hand_in(4, source.path()).await {
+        HandIn::Failed { index: 4, error } => {
+            assert!(
+                error.contains("s3://no-such-bucket/x/run/checkpoint_000004/model.pt"),
+                "{error}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_server_and_its_process_group_are_gone_once_it_is_dropped() {
+    let Some(server) = S3Server::start().unwrap() else {
+        return;
+    };
+    let pid = server.pid();
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+    let env: BTreeMap<_, _> = server.env();
+    assert_eq!(env.get("AWS_ENDPOINT_URL"), Some(&server.endpoint()));
+    drop(server);
+    assert!(!Path::new(&format!("/proc/{pid}")).exists());
+}
