@@ -71,7 +71,7 @@ def main() -> int:
         opt.step()
         if pause:
             time.sleep(pause)
-        metrics = {"epoch": epoch, "loss": loss.item()}
+        metrics = {"epoch": epoch, "loss": loss.item(), "val": (epoch * 7) % 5}
         with tempfile.TemporaryDirectory() as d:
             handed_in = None
             if shards or rank == 0:

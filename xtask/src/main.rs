@@ -1,6 +1,7 @@
 //! Project automation: `cargo xtask ci` runs what CI runs; `cargo xtask tidy` checks the
 //! workspace's layering; `cargo xtask soak` runs the local runtime back to back.
 
+mod bench_checkpoint;
 mod bench_e2e;
 mod bench_ray;
 mod soak;
@@ -9,11 +10,13 @@ mod tidy;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray|soak>
+const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray|bench-checkpoint|soak>
   ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests
   tidy       fail on a workspace dependency that points up a layer
   bench-e2e  time whole runs: trainyard run vs torchrun vs processes by hand, crash-to-stop, 64 workers
   bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
+  bench-checkpoint  persist 1 GiB of checkpoint vs cp -r; a rank's death to every rank resumed
+             from a 100 MB checkpoint
   soak       [--runs N] N (300) back-to-back local runs, a mix of endings; fails on a wrong exit
              code or on processes, descriptors, listening sockets or ledger entries left behind";
 
@@ -24,6 +27,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
         Some("bench-e2e") => bench_e2e::run(),
         Some("bench-ray") => bench_ray::run(),
+        Some("bench-checkpoint") => bench_checkpoint::run(),
         Some("soak") => soak::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => {
             eprintln!("{USAGE}");

@@ -10,6 +10,7 @@ use serde_json::Value;
 pub(crate) const LAYERS: &[&str] = &[
     "trainyard-resources",
     "trainyard-config",
+    "trainyard-checkpoint",
     "trainyard-runtime",
     "trainyard-worker-group",
     "trainyard-backend-executor",

@@ -125,7 +125,7 @@ impl RunStore {
     /// without the score last), else newest first.
     pub(crate) fn best(&self) -> Vec<CheckpointResult> {
         let mut kept: Vec<&CheckpointRecord> = self.record.checkpoints.iter().collect();
-        kept.sort_by(|a, b| b.index.cmp(&a.index));
+        kept.sort_by_key(|c| std::cmp::Reverse(c.index));
         if let Some(attribute) = &self.config.checkpoint_score_attribute {
             let score =
                 |c: &CheckpointRecord| c.metrics.get(attribute).and_then(serde_json::Value::as_f64);

@@ -6,44 +6,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{json_events, report_steps};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The venv's python, or `None` (after saying why) when torch cannot be installed here.
-fn torch_python() -> Option<PathBuf> {
-    if let Ok(python) = std::env::var("TRAINYARD_TORCH_PYTHON") {
-        return Some(PathBuf::from(python));
-    }
-    let out = Command::new("bash")
-        .arg(root().join("scripts/python-env.sh"))
-        .stdin(Stdio::null())
-        .output()
-        .expect("bash runs scripts/python-env.sh");
-    match out.status.code() {
-        Some(0) => String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .map(|line| PathBuf::from(line.trim())),
-        Some(3) => {
-            eprintln!(
-                "SKIP: the torch tests cannot run: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            None
-        }
-        _ => panic!(
-            "scripts/python-env.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
-}
+use common::{json_events, report_steps, root, torch_python};
 
 fn run_ddp(python: &Path, workers: u32, format: &str) -> (String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_trainyard"))

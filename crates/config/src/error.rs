@@ -51,7 +51,9 @@ pub enum ConfigError {
     )]
     EnvName(String),
     /// A run name that cannot be a folder's name.
-    #[error("run name `{0}` must be 1 to 200 characters of letters, digits, `-`, `_` and `.` (not `.` or `..`)")]
+    #[error(
+        "run name `{0}` must be 1 to 200 characters of letters, digits, `-`, `_` and `.` (not `.` or `..`)"
+    )]
     RunName(String),
     /// `num_to_keep` of 0.
     #[error("checkpoints to keep must be at least 1, got {0}")]

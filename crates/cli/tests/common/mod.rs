@@ -5,6 +5,8 @@
 // Each test binary uses a part of this module.
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The variable that marks a test's processes.
@@ -62,4 +64,38 @@ pub(crate) fn report_steps(events: &[serde_json::Value], rank: u64) -> Vec<u64> 
         .filter(|e| e["event"] == "report" && e["rank"] == rank)
         .filter_map(|e| e["metrics"]["step"].as_u64())
         .collect()
+}
+
+/// The workspace's root.
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The venv's python, or `None` (after saying why) when torch cannot be installed here.
+pub(crate) fn torch_python() -> Option<PathBuf> {
+    if let Ok(python) = std::env::var("TRAINYARD_TORCH_PYTHON") {
+        return Some(PathBuf::from(python));
+    }
+    let out = Command::new("bash")
+        .arg(root().join("scripts/python-env.sh"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs scripts/python-env.sh");
+    match out.status.code() {
+        Some(0) => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .map(|line| PathBuf::from(line.trim())),
+        Some(3) => {
+            eprintln!(
+                "SKIP: the torch tests cannot run: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            None
+        }
+        _ => panic!(
+            "scripts/python-env.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
 }
