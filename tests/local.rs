@@ -43,6 +43,10 @@ fn functions() -> FunctionRegistry {
             tokio::time::sleep(Duration::from_millis(300)).await;
             Ok(json!({"rank": ctx.world_rank().0, "restart": ctx.restart_count()}))
         })
+        .register("checkpoint_epochs", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            checkpoint_epochs(&ctx).await
+        })
         .register("exit_abruptly", |task| async move {
             let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
             if ctx.world_rank().0 == 0 {
@@ -51,6 +55,42 @@ fn functions() -> FunctionRegistry {
             tokio::time::sleep(Duration::from_secs(60)).await;
             Ok(Value::Null)
         })
+}
+
+/// Five epochs from the checkpoint it is given, a shard per rank handed in after each; in the
+/// first attempt rank 1's process exits after epoch 3. Returns the epochs it ran.
+async fn checkpoint_epochs(ctx: &TrainContext) -> Result<Value, String> {
+    let rank = ctx.world_rank().0;
+    let start = match ctx.checkpoint() {
+        Some(dir) => {
+            let text = std::fs::read_to_string(dir.join(format!("epoch_{rank}")))
+                .map_err(|e| e.to_string())?;
+            text.parse::<u64>().map_err(|e| e.to_string())? + 1
+        }
+        None => 1,
+    };
+    let scratch = std::env::temp_dir().join(format!("ty-epochs-{}", std::process::id()));
+    let mut ran = Vec::new();
+    for epoch in start..=5 {
+        ran.push(epoch);
+        std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
+        std::fs::write(scratch.join(format!("epoch_{rank}")), epoch.to_string())
+            .map_err(|e| e.to_string())?;
+        let metrics = json!({"epoch": epoch})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        ctx.report_checkpoint(metrics, &scratch)
+            .await
+            .map_err(|e| e.to_string())?;
+        if epoch == 3 && rank == 1 && ctx.restart_count() == 0 {
+            // The other rank hands in epoch 3 meanwhile.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            std::process::exit(9);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(json!(ran))
 }
 
 /// Not a test of its own: the entry point of this binary's agents.
@@ -256,4 +296,60 @@ async fn a_worker_killed_at_each_step_restarts_once_and_leaves_nothing() {
             "nothing stays reserved after {calls} calls"
         );
     }
+}
+
+#[tokio::test]
+async fn rust_function_tasks_resume_from_the_latest_checkpoint_after_a_worker_dies() {
+    let runtime = local(2, 1).await;
+    let storage = tempfile::tempdir().expect("tempdir");
+    let (events, mut received) = tokio::sync::mpsc::channel(1024);
+    let result = Trainer::new(
+        Arc::new(runtime.clone()),
+        &NoBackend,
+        function_task("checkpoint_epochs", Value::Null),
+    )
+    .scaling_config(ScalingConfig::default().num_workers(2))
+    .run_config(
+        RunConfig::default()
+            .name("rust-resume")
+            .storage_path(storage.path().display().to_string())
+            .failure_config(FailureConfig::restarts(1)),
+    )
+    .executor_options(options())
+    .events(events)
+    .fit()
+    .await
+    .expect("the second attempt succeeds");
+    assert_eq!(result.attempts, 2);
+    assert!(
+        matches!(
+            &result.failures[..],
+            [AttemptFailure::WorkerDied { .. } | AttemptFailure::TaskFailed { .. }]
+        ),
+        "{:?}",
+        result.failures
+    );
+    assert_eq!(
+        result.returns,
+        vec![json!([4, 5]), json!([4, 5])],
+        "every rank resumes at epoch 4"
+    );
+    let latest = result.checkpoint.expect("a latest checkpoint");
+    assert_eq!(latest.index, 5);
+    let dir = storage.path().join("rust-resume/checkpoint_000005");
+    for rank in 0..2 {
+        assert_eq!(
+            std::fs::read_to_string(dir.join(format!("epoch_{rank}"))).expect("shard"),
+            "5"
+        );
+    }
+    let mut resumed = Vec::new();
+    while let Ok(event) = received.try_recv() {
+        if let RunEvent::Resuming { checkpoint, .. } = event {
+            resumed.push(checkpoint.index);
+        }
+    }
+    assert_eq!(resumed, vec![3]);
+    runtime.shutdown().await;
+    assert!(runtime.agent_pids().is_empty());
 }

@@ -2,7 +2,8 @@
 //!
 //! 1. Persisting a 1 GiB checkpoint (two ranks, two 256 MiB files each) into local storage
 //!    through `CheckpointWriter`, as two agents do at once, against `cp -r` of the same files
-//!    on the same disk; rounds interleaved, `sync` before each, medians.
+//!    on the same disk; rounds interleaved, each side first in turn, `sync` and a second's
+//!    pause before each copy, medians.
 //! 2. The time from a rank's death to every rank running again from a 100 MB checkpoint,
 //!    restart back-off excluded, for 2 workers of a real `trainyard run`: rank 1 prints the
 //!    time it SIGKILLs itself, each rank of the next attempt prints the time it has read the
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use trainyard_checkpoint::{CheckpointWriter, Storage, StorageLocation};
 
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 4;
 const RESTART_ROUNDS: usize = 5;
 const FILE_MIB: usize = 256;
 
@@ -122,12 +123,28 @@ fn persist_figure(work: &Path) -> Result<f64, String> {
     for round in 1..=ROUNDS {
         let storage = work.join("storage");
         let copy = work.join("copy");
-        sh(&mut Command::new("sync"))?;
-        ours.push(persist_round(&source, &storage, round as u64)?);
-        sh(&mut Command::new("sync"))?;
-        let started = Instant::now();
-        sh(Command::new("cp").arg("-r").arg(&source).arg(&copy))?;
-        cp.push(started.elapsed());
+        // Each side goes first in turn, after the other's writes reached the disk.
+        let settle = || -> Result<(), String> {
+            sh(&mut Command::new("sync"))?;
+            std::thread::sleep(Duration::from_secs(1));
+            Ok(())
+        };
+        let cp_run = || -> Result<Duration, String> {
+            let started = Instant::now();
+            sh(Command::new("cp").arg("-r").arg(&source).arg(&copy))?;
+            Ok(started.elapsed())
+        };
+        if round % 2 == 1 {
+            settle()?;
+            ours.push(persist_round(&source, &storage, round as u64)?);
+            settle()?;
+            cp.push(cp_run()?);
+        } else {
+            settle()?;
+            cp.push(cp_run()?);
+            settle()?;
+            ours.push(persist_round(&source, &storage, round as u64)?);
+        }
         eprintln!(
             "round {round}: CheckpointWriter {:.0} MiB/s, cp -r {:.0} MiB/s",
             throughput(bytes, ours[round - 1]),

@@ -162,6 +162,54 @@ fn torch_all_reduces_on_ray(cluster: &RayCluster) {
     }
 }
 
+/// Checkpoints on Ray: two ranks spread over both nodes hand in a checkpoint each epoch; rank
+/// 1 SIGKILLs itself after epoch 3, and under `--max-failures 1` every rank of the second
+/// attempt starts at epoch 4 from the committed checkpoint.
+fn a_killed_rank_resumes_from_its_checkpoint_on_ray(cluster: &RayCluster, storage: &Path) {
+    let probe = Command::new(&cluster.python)
+        .args(["-c", "import torch"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|status| status.success()) {
+        eprintln!(
+            "SKIP: checkpoints on Ray: {} cannot import torch",
+            cluster.python.display()
+        );
+        return;
+    }
+    let python = cluster.python.display().to_string();
+    let storage = storage.display().to_string();
+    let output = run(
+        cluster,
+        "ray-checkpoint",
+        &[
+            "-n",
+            "2",
+            "-s",
+            "SPREAD",
+            "--max-failures",
+            "1",
+            "--name",
+            "ray-ckpt",
+        ],
+    )
+    .args(["--storage", &storage, "--env", "KILL_RANK1_AFTER=3", "--"])
+    .args([python.as_str(), "examples/torch_checkpoint.py"])
+    .output()
+    .expect("trainyard runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    for rank in 0..2 {
+        let resumed = format!("rank {rank}: resumed from ");
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&resumed))
+            .unwrap_or_else(|| panic!("rank {rank} did not resume:\n{stdout}\n{stderr}"));
+        assert!(line.contains("checkpoint_000003 at epoch 4"), "{line}");
+    }
+    assert!(stderr.contains("ray-ckpt/checkpoint_000006"), "{stderr}");
+}
+
 /// More memory than any node has: exit 3 within 5 s, naming the bundle and the most memory a
 /// node has (Ray Train waits forever here).
 fn too_much_memory_fails_fast(cluster: &RayCluster) {
@@ -326,6 +374,8 @@ async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
     nothing_left(&cluster, "ray-kill").await;
     a_sigtermed_driver_stops_and_cleans_up(&cluster);
     nothing_left(&cluster, "ray-sigterm").await;
+    a_killed_rank_resumes_from_its_checkpoint_on_ray(&cluster, scratch.path());
+    nothing_left(&cluster, "ray-checkpoint").await;
     a_sigkilled_driver_leaves_nothing_running(&cluster);
     nothing_left(&cluster, "ray-sigkill").await;
 }
