@@ -128,18 +128,26 @@ fn only_what_is_given_reaches_ray_workers(cluster: &RayCluster) {
     );
 }
 
-/// The scenario: `-r '{"memory": 10000}'`, two workers, the torch backend, and
-/// `examples/torch_ddp.py`; every rank prints the right sum.
-fn torch_all_reduces_on_ray(cluster: &RayCluster) {
+/// Whether the cluster's interpreter has torch; says `SKIP:` for `what` when it has not.
+fn has_torch(cluster: &RayCluster, what: &str) -> bool {
     let probe = Command::new(&cluster.python)
         .args(["-c", "import torch"])
         .stderr(Stdio::null())
         .status();
-    if !probe.is_ok_and(|status| status.success()) {
+    let has = probe.is_ok_and(|status| status.success());
+    if !has {
         eprintln!(
-            "SKIP: torch on Ray: {} cannot import torch (scripts/python-env.sh installs it)",
+            "SKIP: {what}: {} cannot import torch (scripts/python-env.sh installs it)",
             cluster.python.display()
         );
+    }
+    has
+}
+
+/// The scenario: `-r '{"memory": 10000}'`, two workers, the torch backend, and
+/// `examples/torch_ddp.py`; every rank prints the right sum.
+fn torch_all_reduces_on_ray(cluster: &RayCluster) {
+    if !has_torch(cluster, "torch on Ray") {
         return;
     }
     let python = cluster.python.display().to_string();
@@ -166,15 +174,7 @@ fn torch_all_reduces_on_ray(cluster: &RayCluster) {
 /// 1 SIGKILLs itself after epoch 3, and under `--max-failures 1` every rank of the second
 /// attempt starts at epoch 4 from the committed checkpoint.
 fn a_killed_rank_resumes_from_its_checkpoint_on_ray(cluster: &RayCluster, storage: &Path) {
-    let probe = Command::new(&cluster.python)
-        .args(["-c", "import torch"])
-        .stderr(Stdio::null())
-        .status();
-    if !probe.is_ok_and(|status| status.success()) {
-        eprintln!(
-            "SKIP: checkpoints on Ray: {} cannot import torch",
-            cluster.python.display()
-        );
+    if !has_torch(cluster, "checkpoints on Ray") {
         return;
     }
     let python = cluster.python.display().to_string();
