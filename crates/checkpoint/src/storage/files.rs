@@ -124,6 +124,33 @@ pub(crate) fn checkpoint_index(dir_name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// Sums the results of copying files several at once, each `(target, Ok(Some(bytes)))` when
+/// copied and `Ok(None)` when skipped after another failed: the total size when none failed;
+/// otherwise the first error and the targets that were written, for the caller to delete.
+pub(crate) fn tally<T>(
+    results: Vec<(T, Result<Option<u64>, StorageError>)>,
+) -> Result<u64, (StorageError, Vec<T>)> {
+    let mut total = 0;
+    let mut first_error = None;
+    let mut written = Vec::new();
+    for (target, result) in results {
+        match result {
+            Ok(Some(bytes)) => {
+                total += bytes;
+                written.push(target);
+            }
+            Ok(None) => {}
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    match first_error {
+        None => Ok(total),
+        Some(error) => Err((error, written)),
+    }
+}
+
 /// [`StorageError::Io`] on a local path.
 pub(crate) fn io(action: &'static str, path: &Path, error: std::io::Error) -> StorageError {
     StorageError::Io {
@@ -174,6 +201,30 @@ mod tests {
         for name in ["checkpoint_", "checkpoint_12a", "run.json", "checkpoint_-1"] {
             assert_eq!(checkpoint_index(name), None, "{name}");
         }
+    }
+
+    #[test]
+    fn a_tally_sums_the_copies_or_keeps_the_first_error_and_what_was_written() {
+        assert_eq!(
+            tally(vec![("a", Ok(Some(3))), ("b", Ok(Some(4)))]).ok(),
+            Some(7)
+        );
+        let failed = |path: &str| not_a_directory(Path::new(path));
+        let results = vec![
+            ("a", Ok(Some(3))),
+            ("b", Err(failed("first"))),
+            ("c", Ok(None)),
+            ("d", Err(failed("second"))),
+            ("e", Ok(Some(1))),
+        ];
+        let Err((error, written)) = tally(results) else {
+            panic!("a failed copy is an error");
+        };
+        assert!(
+            matches!(&error, StorageError::NotADirectory { path } if path == "first"),
+            "{error:?}"
+        );
+        assert_eq!(written, ["a", "e"]);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use futures::StreamExt;
 
 use super::files::{
-    SourceFile, checkpoint_index, io, is_temp, join_error, random_suffix, temp_name,
+    SourceFile, checkpoint_index, io, is_temp, join_error, random_suffix, tally, temp_name,
 };
 use crate::StorageError;
 
@@ -170,23 +170,9 @@ pub(crate) async fn persist(dest: &Path, files: Vec<SourceFile>) -> Result<u64, 
         .buffer_unordered(PARALLEL_FILES)
         .collect()
         .await;
-    let mut total = 0;
-    let mut first_error = None;
-    let mut written = Vec::new();
-    for (path, result) in results {
-        match result {
-            Ok(Some(bytes)) => {
-                total += bytes;
-                written.push(path);
-            }
-            Ok(None) => {}
-            Err(error) => {
-                first_error.get_or_insert(error);
-            }
-        }
-    }
-    let Some(error) = first_error else {
-        return Ok(total);
+    let (error, written) = match tally(results) {
+        Ok(total) => return Ok(total),
+        Err(failed) => failed,
     };
     blocking("delete", dest, move || {
         for path in written {

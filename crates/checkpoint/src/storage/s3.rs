@@ -19,7 +19,7 @@ use object_store::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::files::{SourceFile, io, random_suffix, temp_name};
+use super::files::{SourceFile, io, random_suffix, tally, temp_name};
 use crate::StorageError;
 
 /// Files uploaded, or downloaded, at once.
@@ -246,24 +246,9 @@ impl Bucket<'_> {
             .buffer_unordered(PARALLEL_FILES)
             .collect()
             .await;
-        let mut total = 0;
-        let mut first_error = None;
-        let mut written = Vec::new();
-        for (key, result) in results {
-            match result {
-                Ok(Some(bytes)) => {
-                    total += bytes;
-                    written.push(key);
-                }
-                Ok(None) => {}
-                Err(error) => {
-                    first_error.get_or_insert(error);
-                }
-            }
-        }
-        match first_error {
-            None => Ok(total),
-            Some(error) => {
+        match tally(results) {
+            Ok(total) => Ok(total),
+            Err((error, written)) => {
                 if let Err(cleanup) = self.delete(written, &key(prefix, "")).await {
                     tracing::warn!(error = %cleanup, "the files of a failed checkpoint upload could not be deleted");
                 }
