@@ -50,19 +50,28 @@ def _parse_addr(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _open_connection(addr: str, hello: str) -> socket.socket:
+    """Connect to the report socket at ``addr`` and send ``hello``, the first line.
+
+    Both protocols open their connection so (``trainyard._client`` speaks 2);
+    this module stays standard library only, with nothing of the package.
+    """
+    sock = socket.create_connection(_parse_addr(addr))
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(hello.encode("ascii") + b"\n")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def _connect(addr: str) -> socket.socket:
     """Open the report connection and send the token line."""
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
         raise RuntimeError(f"{ADDR_ENV} is set but {TOKEN_ENV} is not")
-    sock = socket.create_connection(_parse_addr(addr))
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(token.encode("ascii") + b"\n")
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return _open_connection(addr, token)
 
 
 def report(metrics: Mapping[str, Any]) -> None:

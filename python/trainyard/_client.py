@@ -25,8 +25,10 @@ import socket
 import threading
 from typing import Any, Dict, Optional
 
-ADDR_ENV = "TRAINYARD_REPORT_ADDR"
-TOKEN_ENV = "TRAINYARD_REPORT_TOKEN"
+# The protocol-1 module ships beside this package (the agent carries both, the wheel holds
+# both) and is standard library only: the variables and the way to connect come from there.
+from trainyard_report import ADDR_ENV, TOKEN_ENV, _open_connection
+
 PROTOCOL = 2
 
 # The longest answer the agent sends is far shorter; a longer line is not an answer.
@@ -45,29 +47,13 @@ class ReportError(RuntimeError):
         self.index = index
 
 
-def _parse_addr(addr: str) -> "tuple[str, int]":
-    """Split ``HOST:PORT`` (``[v6]:PORT`` also accepted) into host and port."""
-    host, sep, port = addr.strip().rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"{ADDR_ENV} must be HOST:PORT, got {addr!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
 class _Connection:
     """One open report connection, speaking protocol 2."""
 
     def __init__(self, addr: str, token: str) -> None:
         self.pid = os.getpid()
-        self.sock = socket.create_connection(_parse_addr(addr))
-        try:
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sock.sendall(f"{token} {PROTOCOL}\n".encode("ascii"))
-            self.answers = self.sock.makefile("rb")
-        except BaseException:
-            self.sock.close()
-            raise
+        self.sock = _open_connection(addr, f"{token} {PROTOCOL}")
+        self.answers = self.sock.makefile("rb")
 
     def exchange(self, line: bytes) -> Dict[str, Any]:
         """Send one report line and read the agent's answer."""
