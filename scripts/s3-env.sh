@@ -14,20 +14,12 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-PIP_FLAGS=(--disable-pip-version-check -q)
 
 NAME="s3-env"
 # shellcheck source=messages.sh
 . "$HERE/messages.sh"
 
-# The venv (with torch); python-env.sh's own exit 3 means the same SKIP here.
-set +e
-PY="$("$HERE/python-env.sh" | tail -n1)"
-status=${PIPESTATUS[0]}
-set -e
-[ "$status" -eq 3 ] && exit 3
-[ "$status" -eq 0 ] && [ -x "$PY" ] || die "scripts/python-env.sh failed (exit $status)"
-
+venv_python
 MOTO="$(dirname "$PY")/moto_server"
 
 moto_ok() {
@@ -38,29 +30,4 @@ import flask
 PYEOF
 }
 
-if moto_ok; then
-  printf '%s\n' "$MOTO"
-  exit 0
-fi
-
-CACHE_DIR="$(dirname "$(dirname "$(dirname "$PY")")")"
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"${CACHE_DIR}/.lock-moto"
-  flock 9
-fi
-if moto_ok; then
-  printf '%s\n' "$MOTO"
-  exit 0
-fi
-
-log "installing moto[server] into $(dirname "$(dirname "$PY")")"
-"$PY" -m pip index versions moto "${PIP_FLAGS[@]}" --timeout 20 --retries 1 >/dev/null 2>&1 \
-  || skip "package registry unreachable: cannot install moto[server]"
-log_file="${CACHE_DIR}/pip-moto.log"
-if ! "$PY" -m pip install "${PIP_FLAGS[@]}" "moto[server]" >"$log_file" 2>&1; then
-  cat "$log_file" >&2
-  die "pip install moto[server] failed"
-fi
-moto_ok || die "moto[server] installed but $MOTO is missing or does not import"
-log "moto_server ready: $MOTO"
-printf '%s\n' "$MOTO"
+venv_add moto_ok "$MOTO" moto "moto[server]"
