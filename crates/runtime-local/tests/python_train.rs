@@ -17,7 +17,7 @@ use tokio::time::timeout;
 use trainyard_resources::{ActorOptions, ResourceAmount};
 use trainyard_runtime::events::{ActorEvent, TaskEvents};
 use trainyard_runtime::{
-    ActorRuntime, ActorRuntimeExt, ActorSpec, RuntimeError, Stream, TaskEvent, TaskExit,
+    ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, RuntimeError, Stream, TaskEvent, TaskExit,
     TaskFailure, TaskRejection, TaskSpec, builtins,
 };
 use trainyard_runtime_local::detect::{Machine, Overrides, plan_nodes};
@@ -95,42 +95,88 @@ impl Outcome {
     }
 }
 
-/// Runs `python3 -c script` with `env` on a fresh 1-CPU actor and follows it to its end;
-/// the actor is killed then.
-async fn run_python(runtime: &LocalRuntime, script: &str, env: &[(&str, &str)]) -> Outcome {
+/// Spawns a 1-CPU actor called `name` with `env`, and takes its task events.
+async fn spawn_actor(
+    runtime: &LocalRuntime,
+    name: &str,
+    env: BTreeMap<String, String>,
+) -> (ActorId, TaskEvents) {
     let actor = runtime
         .spawn(ActorSpec {
-            name: "python".to_owned(),
+            name: name.to_owned(),
             options: ActorOptions {
                 num_cpus: ResourceAmount::ONE,
                 ..ActorOptions::default()
             },
             placement: None,
-            env: BTreeMap::new(),
+            env,
         })
         .await
         .expect("spawn");
-    let mut events: TaskEvents = runtime
+    let events = runtime
         .task_events(actor)
         .await
         .expect("events")
         .expect("pushed");
-    let task = TaskSpec::Command {
+    (actor, events)
+}
+
+/// The actor's next task event, within 60 s.
+async fn next_event(events: &mut TaskEvents) -> ActorEvent {
+    timeout(Duration::from_secs(60), events.next())
+        .await
+        .expect("an event within 60 s")
+        .expect("the stream is open")
+}
+
+/// How the running task ends; the events before are passed over.
+async fn task_exit(events: &mut TaskEvents) -> TaskExit {
+    loop {
+        if let ActorEvent::TaskExited(exit) = next_event(events).await {
+            return exit;
+        }
+    }
+}
+
+/// `python3 -c script` with `env`.
+fn python_task(script: &str, env: BTreeMap<String, String>) -> TaskSpec {
+    TaskSpec::Command {
         program: "python3".to_owned(),
         args: vec!["-c".to_owned(), script.to_owned()],
-        env: env
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-    };
-    runtime.run_task(actor, task).await.expect("started");
+        env,
+    }
+}
+
+/// `path` as text.
+fn utf8(path: &Path) -> String {
+    path.to_str().expect("a UTF-8 path").to_owned()
+}
+
+/// A folder `relative` in a fresh temporary storage, holding a file `state` that reads
+/// `state`; the storage (deleted when dropped) and the folder's path.
+fn folder_with_state(relative: &str, state: &str) -> (tempfile::TempDir, String) {
+    let storage = tempfile::tempdir().expect("a temp dir");
+    let folder = storage.path().join(relative);
+    std::fs::create_dir_all(&folder).expect("made");
+    std::fs::write(folder.join("state"), state).expect("written");
+    (storage, utf8(&folder))
+}
+
+/// Runs `python3 -c script` with `env` on a fresh 1-CPU actor and follows it to its end,
+/// which must be a success; the actor is killed then.
+async fn run_python(runtime: &LocalRuntime, script: &str, env: &[(&str, &str)]) -> Outcome {
+    let (actor, mut events) = spawn_actor(runtime, "python", BTreeMap::new()).await;
+    let env = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    runtime
+        .run_task(actor, python_task(script, env))
+        .await
+        .expect("started");
     let mut outcome = Outcome::default();
     while outcome.exit.is_none() {
-        let event = timeout(Duration::from_secs(60), events.next())
-            .await
-            .expect("an event within 60 s")
-            .expect("the stream is open");
-        match event {
+        match next_event(&mut events).await {
             ActorEvent::Task(TaskEvent::Log { stream, line }) => match stream {
                 Stream::Stdout => outcome.stdout.push(line),
                 Stream::Stderr => outcome.stderr.push(line),
@@ -148,6 +194,7 @@ async fn run_python(runtime: &LocalRuntime, script: &str, env: &[(&str, &str)]) 
         }
     }
     runtime.kill(actor, Duration::ZERO).await.expect("kill");
+    outcome.assert_succeeded();
     outcome
 }
 
@@ -160,11 +207,15 @@ async fn with_runtime<F: Future<Output = ()>>(run: &str, test: impl FnOnce(Local
     runtime.shutdown().await;
 }
 
+/// As [`with_runtime`] where `python3` runs; says `SKIP:` and runs nothing where it does not.
+async fn with_python<F: Future<Output = ()>>(run: &str, test: impl FnOnce(LocalRuntime) -> F) {
+    if python3() {
+        with_runtime(run, test).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_imports_trainyard_with_nothing_installed() {
-    if !python3() {
-        return;
-    }
     let script = r#"
 import os, stat, sys
 import trainyard, trainyard_report
@@ -175,9 +226,8 @@ print("report-module:" + os.path.dirname(os.path.abspath(trainyard_report.__file
 print("mode:" + oct(stat.S_IMODE(os.stat(os.path.dirname(here)).st_mode)))
 print("path:" + os.environ["PYTHONPATH"])
 "#;
-    with_runtime("py-import", |runtime| async move {
+    with_python("py-import", |runtime| async move {
         let outcome = run_python(&runtime, script, &[("PYTHONPATH", "/the/users/own")]).await;
-        outcome.assert_succeeded();
         let package = outcome.line("package:").to_owned();
         assert!(
             package.contains("trainyard-agent-"),
@@ -198,17 +248,13 @@ print("path:" + os.environ["PYTHONPATH"])
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_protocol_1_client_still_reports() {
-    if !python3() {
-        return;
-    }
     let script = r#"
 import trainyard_report
 for step in range(3):
     trainyard_report.report({"step": step, "loss": 1.0 / (step + 1)})
 "#;
-    with_runtime("py-v1", |runtime| async move {
+    with_python("py-v1", |runtime| async move {
         let outcome = run_python(&runtime, script, &[]).await;
-        outcome.assert_succeeded();
         let steps: Vec<_> = outcome
             .reports
             .iter()
@@ -224,9 +270,6 @@ for step in range(3):
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_context_and_get_checkpoint_read_the_workers_environment() {
-    if !python3() {
-        return;
-    }
     let script = r#"
 import json, os
 from trainyard import train
@@ -245,10 +288,8 @@ with checkpoint.as_directory() as d:
 del os.environ["TRAINYARD_CHECKPOINT"]
 print("fresh:" + json.dumps(train.get_checkpoint()))
 "#;
-    let resume = tempfile::tempdir().expect("a temp dir");
-    std::fs::write(resume.path().join("state"), "epoch 3").expect("written");
-    let resume_dir = resume.path().to_str().expect("a UTF-8 path").to_owned();
-    with_runtime("py-context", |runtime| async move {
+    let (_storage, resume_dir) = folder_with_state("resume", "epoch 3");
+    with_python("py-context", |runtime| async move {
         let env = [
             ("TRAINYARD_WORLD_RANK", "5"),
             ("TRAINYARD_LOCAL_RANK", "1"),
@@ -264,7 +305,6 @@ print("fresh:" + json.dumps(train.get_checkpoint()))
             ("TRAINYARD_CHECKPOINT", resume_dir.as_str()),
         ];
         let outcome = run_python(&runtime, script, &env).await;
-        outcome.assert_succeeded();
         assert_eq!(outcome.line("trainyard:"), r#"[5, 1, 8, 2, 2, "mnist"]"#);
         assert_eq!(outcome.line("torchrun:"), "[3, 0, 4, 4, 1, null]");
         let checkpoint: serde_json::Value =
@@ -303,19 +343,15 @@ for step, index in [(1, 4), (2, 5), (3, 6)]:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reported_checkpoint_is_persisted_before_report_returns_and_handed_in_by_index() {
-    if !python3() {
-        return;
-    }
     let storage = tempfile::tempdir().expect("a temp dir");
     let run_dir = storage.path().join("mnist");
-    let run_dir_text = run_dir.to_str().expect("a UTF-8 path").to_owned();
-    with_runtime("py-checkpoint", |runtime| async move {
+    let run_dir_text = utf8(&run_dir);
+    with_python("py-checkpoint", |runtime| async move {
         let env = [
             ("TRAINYARD_RUN_DIR", run_dir_text.as_str()),
             ("TRAINYARD_CHECKPOINT_BASE", "3"),
         ];
         let outcome = run_python(&runtime, REPORT_CHECKPOINTS, &env).await;
-        outcome.assert_succeeded();
         assert_eq!(
             outcome.line("persisted 4:"),
             "True",
@@ -352,9 +388,6 @@ async fn a_reported_checkpoint_is_persisted_before_report_returns_and_handed_in_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_that_cannot_be_persisted_raises_in_python_and_is_handed_in_as_failed() {
-    if !python3() {
-        return;
-    }
     let script = r#"
 from trainyard import train
 try:
@@ -368,11 +401,10 @@ print("went on")
 "#;
     let storage = tempfile::tempdir().expect("a temp dir");
     let run_dir = storage.path().join("failing");
-    let run_dir_text = run_dir.to_str().expect("a UTF-8 path").to_owned();
-    with_runtime("py-failed", |runtime| async move {
+    let run_dir_text = utf8(&run_dir);
+    with_python("py-failed", |runtime| async move {
         let env = [("TRAINYARD_RUN_DIR", run_dir_text.as_str())];
         let outcome = run_python(&runtime, script, &env).await;
-        outcome.assert_succeeded();
         let raised = outcome.line("raised 1:");
         assert!(raised.contains("/no/such/checkpoint"), "{raised}");
         outcome.line("went on");
@@ -388,9 +420,6 @@ print("went on")
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_named_by_uri_is_ready_before_the_task_starts() {
-    if !python3() {
-        return;
-    }
     let script = r#"
 import os
 from trainyard import train
@@ -398,15 +427,10 @@ checkpoint = train.get_checkpoint()
 with checkpoint.as_directory() as d:
     print("state:" + open(os.path.join(d, "state")).read())
 "#;
-    let storage = tempfile::tempdir().expect("a temp dir");
-    let checkpoint = storage.path().join("mnist").join("checkpoint_000002");
-    std::fs::create_dir_all(&checkpoint).expect("made");
-    std::fs::write(checkpoint.join("state"), "epoch 2").expect("written");
-    let uri = checkpoint.to_str().expect("a UTF-8 path").to_owned();
-    with_runtime("py-resume", |runtime| async move {
+    let (_storage, uri) = folder_with_state("mnist/checkpoint_000002", "epoch 2");
+    with_python("py-resume", |runtime| async move {
         let env = [("TRAINYARD_CHECKPOINT_URI", uri.as_str())];
         let outcome = run_python(&runtime, script, &env).await;
-        outcome.assert_succeeded();
         assert_eq!(outcome.line("state:"), "epoch 2");
     })
     .await;
@@ -416,25 +440,14 @@ with checkpoint.as_directory() as d:
 async fn a_checkpoint_that_cannot_be_fetched_fails_the_task_naming_it() {
     let storage = tempfile::tempdir().expect("a temp dir");
     let gone = storage.path().join("mnist").join("checkpoint_000009");
-    let uri = gone.to_str().expect("a UTF-8 path").to_owned();
+    let uri = utf8(&gone);
     with_runtime("py-gone", |runtime| async move {
-        let actor = runtime
-            .spawn(ActorSpec {
-                name: "gone".to_owned(),
-                options: ActorOptions {
-                    num_cpus: ResourceAmount::ONE,
-                    ..ActorOptions::default()
-                },
-                placement: None,
-                env: BTreeMap::from([("TRAINYARD_CHECKPOINT_URI".to_owned(), uri.clone())]),
-            })
-            .await
-            .expect("spawn");
-        let mut events = runtime
-            .task_events(actor)
-            .await
-            .expect("events")
-            .expect("pushed");
+        let env = BTreeMap::from([("TRAINYARD_CHECKPOINT_URI".to_owned(), uri.clone())]);
+        let (actor, mut events) = spawn_actor(&runtime, "gone", env).await;
+        let names_the_checkpoint = |text: &str| {
+            let named = format!("cannot download checkpoint `{uri}`");
+            assert!(text.contains(&named), "{text}");
+        };
         // A command is refused before it starts.
         let command = TaskSpec::Command {
             program: "true".to_owned(),
@@ -449,10 +462,7 @@ async fn a_checkpoint_that_cannot_be_fetched_fails_the_task_naming_it() {
         else {
             panic!("expected a rejection that may pass, got {refused}");
         };
-        assert!(
-            error.contains(&format!("cannot download checkpoint `{uri}`")),
-            "{error}"
-        );
+        names_the_checkpoint(error);
         // A function starts, and fails as its task.
         let function = TaskSpec::Function {
             name: builtins::ECHO.to_owned(),
@@ -460,25 +470,14 @@ async fn a_checkpoint_that_cannot_be_fetched_fails_the_task_naming_it() {
             env: BTreeMap::new(),
         };
         runtime.run_task(actor, function).await.expect("started");
-        let exit = loop {
-            let event = timeout(Duration::from_secs(60), events.next())
-                .await
-                .expect("an event within 60 s")
-                .expect("the stream is open");
-            if let ActorEvent::TaskExited(exit) = event {
-                break exit;
-            }
-        };
+        let exit = task_exit(&mut events).await;
         let TaskExit::Failed {
             failure: TaskFailure::Error { message },
         } = &exit
         else {
             panic!("expected the task to fail, got {exit:?}");
         };
-        assert!(
-            message.contains(&format!("cannot download checkpoint `{uri}`")),
-            "{message}"
-        );
+        names_the_checkpoint(message);
         runtime.kill(actor, Duration::ZERO).await.expect("kill");
     })
     .await;
@@ -486,44 +485,16 @@ async fn a_checkpoint_that_cannot_be_fetched_fails_the_task_naming_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_function_task_sees_the_checkpoint_fetched_for_it() {
-    let storage = tempfile::tempdir().expect("a temp dir");
-    let checkpoint = storage.path().join("mnist").join("checkpoint_000001");
-    std::fs::create_dir_all(&checkpoint).expect("made");
-    std::fs::write(checkpoint.join("state"), "epoch 1").expect("written");
-    let uri = checkpoint.to_str().expect("a UTF-8 path").to_owned();
+    let (_storage, uri) = folder_with_state("mnist/checkpoint_000001", "epoch 1");
     with_runtime("fn-resume", |runtime| async move {
-        let actor = runtime
-            .spawn(ActorSpec {
-                name: "resume".to_owned(),
-                options: ActorOptions {
-                    num_cpus: ResourceAmount::ONE,
-                    ..ActorOptions::default()
-                },
-                placement: None,
-                env: BTreeMap::new(),
-            })
-            .await
-            .expect("spawn");
-        let mut events = runtime
-            .task_events(actor)
-            .await
-            .expect("events")
-            .expect("pushed");
+        let (actor, mut events) = spawn_actor(&runtime, "resume", BTreeMap::new()).await;
         let function = TaskSpec::Function {
             name: builtins::ENV.to_owned(),
             arg: serde_json::Value::Null,
             env: BTreeMap::from([("TRAINYARD_CHECKPOINT_URI".to_owned(), uri.clone())]),
         };
         runtime.run_task(actor, function).await.expect("started");
-        let exit = loop {
-            let event = timeout(Duration::from_secs(60), events.next())
-                .await
-                .expect("an event within 60 s")
-                .expect("the stream is open");
-            if let ActorEvent::TaskExited(exit) = event {
-                break exit;
-            }
-        };
+        let exit = task_exit(&mut events).await;
         let TaskExit::Succeeded { value } = &exit else {
             panic!("expected the task to succeed, got {exit:?}");
         };
@@ -550,44 +521,19 @@ async fn assert_removed(dir: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_outright_leaves_no_private_directory() {
-    if !python3() {
-        return;
-    }
     let script = r#"
 import os, sys, time, trainyard
 print(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(trainyard.__file__)))), flush=True)
 time.sleep(120)
 "#;
-    with_runtime("py-killed", |runtime| async move {
-        let actor = runtime
-            .spawn(ActorSpec {
-                name: "killed".to_owned(),
-                options: ActorOptions {
-                    num_cpus: ResourceAmount::ONE,
-                    ..ActorOptions::default()
-                },
-                placement: None,
-                env: BTreeMap::new(),
-            })
+    with_python("py-killed", |runtime| async move {
+        let (actor, mut events) = spawn_actor(&runtime, "killed", BTreeMap::new()).await;
+        runtime
+            .run_task(actor, python_task(script, BTreeMap::new()))
             .await
-            .expect("spawn");
-        let mut events = runtime
-            .task_events(actor)
-            .await
-            .expect("events")
-            .expect("pushed");
-        let task = TaskSpec::Command {
-            program: "python3".to_owned(),
-            args: vec!["-c".to_owned(), script.to_owned()],
-            env: BTreeMap::new(),
-        };
-        runtime.run_task(actor, task).await.expect("started");
+            .expect("started");
         let dir = loop {
-            let event = timeout(Duration::from_secs(60), events.next())
-                .await
-                .expect("an event within 60 s")
-                .expect("the stream is open");
-            match event {
+            match next_event(&mut events).await {
                 ActorEvent::Task(TaskEvent::Log {
                     stream: Stream::Stdout,
                     line,
