@@ -1,0 +1,139 @@
+//! The run's storage failing through `trainyard run`: an S3 endpoint where nothing listens is
+//! refused before any worker starts, and a disk that fills while a rank's checkpoint is
+//! copied fails that rank's `report` and commits nothing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{MARKER, left_behind};
+
+fn trainyard(name: &str, storage: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_trainyard"));
+    command
+        .args(["run", "-n", "2", "--backend", "none", "--name", name])
+        .args(["--storage", storage])
+        .env(
+            "TRAINYARD_LEDGER",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ledger-{name}")),
+        )
+        .env("CI", "1")
+        .env(MARKER, name)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[test]
+fn an_unreachable_s3_endpoint_is_refused_before_any_worker_starts() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port")
+        .port();
+    let started = Instant::now();
+    let output = trainyard("s3-unreachable", "s3://bucket/runs")
+        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"))
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_REGION", "us-east-1")
+        .args(["--", "sh", "-c", "echo started-$RANK"])
+        .output()
+        .expect("trainyard runs");
+    let all = text(&output);
+    assert_eq!(output.status.code(), Some(2), "{all}");
+    assert!(all.contains("s3://bucket/runs"), "the error names the storage: {all}");
+    assert!(!all.contains("started-"), "no worker started: {all}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "refused in {:?}",
+        started.elapsed()
+    );
+}
+
+/// A 1 MiB tmpfs, unmounted when dropped; `None` (after saying why) where mounting is not
+/// permitted.
+struct SmallDisk {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount() -> Option<Self> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match mounted {
+            Ok(output) if output.status.success() => Some(Self {
+                path: dir.path().to_path_buf(),
+                _dir: dir,
+            }),
+            Ok(output) => {
+                eprintln!(
+                    "SKIP: a full disk is a 1 MiB tmpfs, which cannot be mounted here: {}",
+                    String::from_utf8_lossy(&output.stderr).trim()
+                );
+                None
+            }
+            Err(error) => {
+                eprintln!("SKIP: a full disk is a 1 MiB tmpfs; `mount` cannot run: {error}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}
+
+#[test]
+fn a_disk_that_fills_during_a_copy_fails_the_report_and_commits_nothing() {
+    let Some(disk) = SmallDisk::mount() else {
+        return;
+    };
+    let script = r#"
+import os, sys, tempfile
+from trainyard import train
+with tempfile.TemporaryDirectory() as d:
+    with open(os.path.join(d, "weights.bin"), "wb") as f:
+        f.write(os.urandom(2 * 1024 * 1024))
+    try:
+        train.report({"epoch": 1}, checkpoint=train.Checkpoint.from_directory(d))
+    except train.ReportError as error:
+        print(f"report failed: {error}", flush=True)
+        sys.exit(7)
+print("report returned", flush=True)
+"#;
+    let storage = disk.path.display().to_string();
+    let output = trainyard("disk-full", &storage)
+        .args(["--", "python3", "-c", script])
+        .output()
+        .expect("trainyard runs");
+    let all = text(&output);
+    assert_eq!(output.status.code(), Some(1), "the run fails: {all}");
+    assert!(all.contains("report failed:"), "{all}");
+    assert!(all.contains("No space left on device"), "the error says why: {all}");
+    assert!(!all.contains("report returned"), "{all}");
+    let record: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(disk.path.join("disk-full/run.json")).expect("run.json"),
+    )
+    .expect("valid JSON");
+    assert_eq!(record["checkpoints"], serde_json::json!([]), "{record}");
+    assert_eq!(record["latest_checkpoint"], serde_json::Value::Null, "{record}");
+    assert!(left_behind("disk-full", Duration::from_secs(10)).is_empty());
+}
