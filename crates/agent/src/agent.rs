@@ -6,17 +6,20 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt as _, StreamExt as _};
 use tokio::net::TcpStream;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::mpsc;
-use tokio::task::AbortHandle;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::bytes::Bytes;
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use trainyard_checkpoint::{CHECKPOINT_URI, StorageError, prepare_task_env};
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{ActorEvent, EVENT_BUFFER, EventSender, TaskEvents, event_channel};
 use trainyard_runtime::{
-    FunctionRegistry, PollResult, Request, Response, TaskContext, TaskRejection, TaskSpec,
-    TaskStatus, WorkerInfo,
+    FunctionRegistry, PollResult, Request, Response, TaskContext, TaskEvent, TaskExit, TaskFailure,
+    TaskRejection, TaskResult, TaskSpec, TaskStatus, WorkerInfo,
 };
 
 use crate::config::{AgentConfig, CONFIG, MemoryLimit, PRIVATE};
@@ -30,6 +33,9 @@ pub const AGENT_FAILED: u8 = 2;
 /// How long the agent waits to reach the driver.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The agent's connection to the driver.
+type Link = Framed<TcpStream, LengthDelimitedCodec>;
+
 /// Why the agent stops.
 enum Stop {
     /// The driver asked; the reply goes out once the task is stopped.
@@ -41,24 +47,45 @@ enum Stop {
 /// The task the agent runs.
 enum Running {
     Command(RunningCommand),
-    Function(AbortHandle, tokio::sync::watch::Receiver<bool>),
+    Function(RunningFunction),
 }
 
 impl Running {
     fn is_done(&self) -> bool {
+        self.exit().is_some()
+    }
+
+    /// How the task ended, once it has (and its end was sent).
+    fn exit(&self) -> Option<TaskExit> {
         match self {
-            Self::Command(command) => command.is_done(),
-            Self::Function(_, done) => *done.borrow(),
+            Self::Command(command) => command.exit(),
+            Self::Function(function) => function.done.borrow().clone(),
         }
     }
 
     async fn terminate(&mut self, grace: Duration) {
         match self {
             Self::Command(command) => command.terminate(grace).await,
-            Self::Function(task, _) => task.abort(),
+            Self::Function(function) => {
+                if let Some(cancel) = function.cancel.take() {
+                    let _ = cancel.send(());
+                }
+            }
         }
     }
 }
+
+/// A function task, running on threads of its own.
+struct RunningFunction {
+    /// Drops the function at its next await; a function that never awaits runs on until
+    /// the agent exits.
+    cancel: Option<oneshot::Sender<()>>,
+    /// The task's exit, once it has ended and its end was sent.
+    done: watch::Receiver<Option<TaskExit>>,
+}
+
+/// How many threads a function task's own runtime has.
+const FUNCTION_THREADS: usize = 2;
 
 struct Agent {
     config: AgentConfig,
@@ -154,32 +181,24 @@ async fn serve(config: AgentConfig, token: Token, functions: FunctionRegistry) -
         return ExitCode::from(AGENT_FAILED);
     }
     wire::authenticated(&mut framed);
-    let (mut sink, mut requests) = framed.split();
+    let (sink, frames) = framed.split();
 
     let (events, stream) = event_channel(EVENT_BUFFER);
     let (replies, replies_rx) = mpsc::channel::<AgentMessage>(64);
+    let (credits, credits_rx) = mpsc::unbounded_channel();
+    let (requests_tx, mut requests) = mpsc::unbounded_channel();
+    // Reading apart from serving: credit reaches the writer while a request is handled.
+    let reader = tokio::spawn(read_frames(frames, requests_tx, credits));
     let heartbeat = Duration::from_millis(config.heartbeat_ms.max(1));
-    let writer = tokio::spawn(async move {
-        let mut outgoing = std::pin::pin!(outgoing(replies_rx, stream));
-        let mut beat = tokio::time::interval(heartbeat);
-        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let message = tokio::select! {
-                message = outgoing.next() => match message {
-                    Some(message) => message,
-                    None => break,
-                },
-                _ = beat.tick() => AgentMessage::Heartbeat,
-            };
-            let Ok(frame) = wire::encode(&message) else {
-                continue;
-            };
-            if sink.send(frame).await.is_err() {
-                break;
-            }
-        }
-        let _ = sink.close().await;
-    });
+    let writer = tokio::spawn(write_frames(
+        sink,
+        Outgoing {
+            replies: replies_rx,
+            events: stream,
+            credits: credits_rx,
+        },
+        heartbeat,
+    ));
 
     let env = std::env::vars()
         .filter(|(key, _)| !PRIVATE.contains(&key.as_str()))
@@ -196,8 +215,8 @@ async fn serve(config: AgentConfig, token: Token, functions: FunctionRegistry) -
     };
     let mut terminate = signal(SignalKind::terminate()).ok();
     let stop = loop {
-        let frame = tokio::select! {
-            frame = requests.next() => frame,
+        let next = tokio::select! {
+            next = requests.recv() => next,
             () = async {
                 match terminate.as_mut() {
                     Some(terminate) => { terminate.recv().await; }
@@ -205,15 +224,8 @@ async fn serve(config: AgentConfig, token: Token, functions: FunctionRegistry) -
                 }
             } => break Stop::Lost,
         };
-        let Some(Ok(frame)) = frame else {
+        let Some((id, request)) = next else {
             break Stop::Lost;
-        };
-        let DriverMessage::Request { id, request } = match wire::decode(&frame) {
-            Ok(message) => message,
-            Err(error) => {
-                eprintln!("trainyard agent: a message from the driver is not understood: {error}");
-                break Stop::Lost;
-            }
         };
         if request == Request::Stop {
             break Stop::Asked(id);
@@ -241,29 +253,100 @@ async fn serve(config: AgentConfig, token: Token, functions: FunctionRegistry) -
     drop(replies);
     drop(agent);
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    reader.abort();
     ExitCode::SUCCESS
 }
 
-/// Replies and task events, merged for the one connection; replies first.
-fn outgoing(
-    replies: mpsc::Receiver<AgentMessage>,
-    events: TaskEvents,
-) -> impl futures::Stream<Item = AgentMessage> {
-    let replies =
-        futures::stream::unfold(
-            replies,
-            |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
-        );
-    let events = events.filter_map(|event| async move {
-        match event {
-            ActorEvent::Task(event) => Some(AgentMessage::Event { event }),
-            ActorEvent::TaskExited(exit) => Some(AgentMessage::TaskExited { exit }),
-            ActorEvent::Died(_) => None,
+/// Reads the driver's messages: requests go to the agent, credit to the writer. Ends (and
+/// with it the agent's requests) when the connection does or a message is not understood.
+async fn read_frames(
+    mut frames: SplitStream<Link>,
+    requests: mpsc::UnboundedSender<(u64, Request)>,
+    credits: mpsc::UnboundedSender<u32>,
+) {
+    while let Some(Ok(frame)) = frames.next().await {
+        match wire::decode(&frame) {
+            Ok(DriverMessage::Request { id, request }) => {
+                if requests.send((id, request)).is_err() {
+                    return;
+                }
+            }
+            Ok(DriverMessage::Credit { events }) => {
+                // The writer is gone only when the agent ends.
+                let _ = credits.send(events);
+            }
+            Err(error) => {
+                eprintln!("trainyard agent: a message from the driver is not understood: {error}");
+                return;
+            }
         }
-    });
-    futures::stream::select_with_strategy(replies, events, |_: &mut ()| {
-        futures::stream::PollNext::Left
-    })
+    }
+}
+
+/// What the writer sends.
+struct Outgoing {
+    /// Replies, sent as soon as they are made.
+    replies: mpsc::Receiver<AgentMessage>,
+    /// The task's events, sent while the driver's credit lasts.
+    events: TaskEvents,
+    /// Credit the driver grants.
+    credits: mpsc::UnboundedReceiver<u32>,
+}
+
+/// Writes replies at once, events while there is credit, and a heartbeat every `heartbeat`,
+/// until the replies and the events have ended (or the connection has).
+async fn write_frames(mut sink: SplitSink<Link, Bytes>, outgoing: Outgoing, heartbeat: Duration) {
+    let Outgoing {
+        mut replies,
+        mut events,
+        mut credits,
+    } = outgoing;
+    let (mut replies_open, mut events_open, mut credits_open) = (true, true, true);
+    let mut credit: u64 = 0;
+    let mut beat = tokio::time::interval(heartbeat);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while replies_open || events_open {
+        let message = tokio::select! {
+            biased;
+            reply = replies.recv(), if replies_open => match reply {
+                Some(reply) => reply,
+                None => {
+                    replies_open = false;
+                    continue;
+                }
+            },
+            granted = credits.recv(), if credits_open => {
+                match granted {
+                    Some(granted) => credit = credit.saturating_add(u64::from(granted)),
+                    None => credits_open = false,
+                }
+                continue;
+            }
+            _ = beat.tick() => AgentMessage::Heartbeat,
+            event = events.next(), if events_open && credit > 0 => match event {
+                Some(ActorEvent::Task(event)) => {
+                    credit -= 1;
+                    AgentMessage::Event { event }
+                }
+                Some(ActorEvent::TaskExited(exit)) => {
+                    credit -= 1;
+                    AgentMessage::TaskExited { exit }
+                }
+                Some(ActorEvent::Died(_)) => continue,
+                None => {
+                    events_open = false;
+                    continue;
+                }
+            },
+        };
+        let Ok(frame) = wire::encode(&message) else {
+            continue;
+        };
+        if sink.send(frame).await.is_err() {
+            break;
+        }
+    }
+    let _ = sink.close().await;
 }
 
 impl Agent {
@@ -285,11 +368,14 @@ impl Agent {
                 Ok(Response::Done)
             }
             Request::RunTask(task) => self.run(task).await,
+            // Events are pushed as they happen, never kept for a poll; a poll tells the
+            // task's status, its exit included.
             Request::Poll => Ok(Response::Poll(PollResult {
                 events: Vec::new(),
-                status: match &self.task {
+                status: match self.task.as_ref().map(Running::exit) {
                     None => TaskStatus::Idle,
-                    Some(_) => TaskStatus::Running,
+                    Some(None) => TaskStatus::Running,
+                    Some(Some(exit)) => TaskStatus::Exited { exit },
                 },
             })),
             Request::Stop => Ok(Response::Done),
@@ -404,6 +490,7 @@ impl Agent {
             None
         };
         self.limit_own_memory();
+        let function_name = name.clone();
         let functions = self.functions.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         // The download and all of the function run as the task: a failure of either is the
@@ -419,13 +506,23 @@ impl Agent {
             }
         });
         let events = self.events.clone();
-        let (done_tx, done) = tokio::sync::watch::channel(false);
-        let handle = tokio::spawn(async move {
-            let exit = trainyard_runtime::drive(future, rx, &events).await;
-            events.send(ActorEvent::TaskExited(exit)).await;
-            done_tx.send_replace(true);
-        });
-        self.task = Some(Running::Function(handle.abort_handle(), done));
+        let (done_tx, done) = watch::channel(None);
+        let (cancel, cancelled) = oneshot::channel();
+        // Threads of its own: a function that keeps its threads busy cannot hold up the
+        // agent's replies and heartbeats.
+        std::thread::Builder::new()
+            .name("trainyard-task".to_owned())
+            .spawn(move || run_on_own_threads(future, rx, &events, &done_tx, cancelled))
+            .map_err(|error| {
+                rejected(TaskRejection::SpawnFailed {
+                    program: function_name,
+                    error: format!("cannot start the function's thread: {error}"),
+                })
+            })?;
+        self.task = Some(Running::Function(RunningFunction {
+            cancel: Some(cancel),
+            done,
+        }));
         Ok(Response::TaskStarted { pid: None })
     }
 
@@ -452,6 +549,46 @@ impl Agent {
             }
         }
     }
+}
+
+/// Runs a function task on a runtime of its own, on this thread and [`FUNCTION_THREADS`]
+/// more, to its end (its exit sent, then told through `done`) or until it is cancelled.
+fn run_on_own_threads(
+    future: BoxFuture<'static, TaskResult>,
+    produced: mpsc::UnboundedReceiver<TaskEvent>,
+    events: &EventSender,
+    done: &watch::Sender<Option<TaskExit>>,
+    cancelled: oneshot::Receiver<()>,
+) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(FUNCTION_THREADS)
+        .thread_name("trainyard-task")
+        .enable_all()
+        .build();
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            let exit = TaskExit::Failed {
+                failure: TaskFailure::Error {
+                    message: format!("cannot start the function's runtime: {error}"),
+                },
+            };
+            futures::executor::block_on(events.send(ActorEvent::TaskExited(exit.clone())));
+            done.send_replace(Some(exit));
+            return;
+        }
+    };
+    runtime.block_on(async {
+        tokio::select! {
+            exit = trainyard_runtime::drive(future, produced, events) => {
+                events.send(ActorEvent::TaskExited(exit.clone())).await;
+                done.send_replace(Some(exit));
+            }
+            Ok(()) = cancelled => {}
+        }
+    });
+    // What the function left running is not waited for.
+    runtime.shutdown_background();
 }
 
 /// Downloads the checkpoint the task resumes from into `scratch` and points the task's

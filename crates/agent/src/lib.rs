@@ -4,8 +4,9 @@
 //! agent connects back to the driver, proves it belongs to the run with the run's secret
 //! [`Token`](wire::Token), and serves [`Request`](trainyard_runtime::Request)s: where it runs,
 //! free ports, environment, and tasks (a command in its own process group and memory
-//! [`cgroup`], or a function of a [`FunctionRegistry`]), whose events it pushes to the driver
-//! as they happen.
+//! [`cgroup`], or a function of a [`FunctionRegistry`] on threads of its own, so that a busy
+//! function never holds up the agent's replies and heartbeats), whose events it pushes to the
+//! driver as they happen, as fast as the driver's credit allows.
 //!
 //! A command task reports through a loopback socket ([`REPORT_ADDR`]); with protocol 2 a
 //! report hands in a checkpoint directory, which the agent persists into the run folder

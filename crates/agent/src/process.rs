@@ -36,29 +36,36 @@ const DRAIN: Duration = Duration::from_millis(500);
 pub(crate) struct RunningCommand {
     /// The task's process id, also its process group's.
     pub(crate) pid: u32,
-    /// Turns `true` when the task has ended and its exit was sent.
-    pub(crate) done: watch::Receiver<bool>,
+    /// The task's exit, once it has ended and its end was sent.
+    pub(crate) done: watch::Receiver<Option<TaskExit>>,
 }
 
 impl RunningCommand {
     /// Whether the task has ended (and its end was sent).
     pub(crate) fn is_done(&self) -> bool {
-        *self.done.borrow()
+        self.done.borrow().is_some()
+    }
+
+    /// How the task ended, once it has (and its end was sent).
+    pub(crate) fn exit(&self) -> Option<TaskExit> {
+        self.done.borrow().clone()
     }
 
     /// Stops the task: SIGTERM to its process group, SIGKILL after `grace`, then waits
     /// (bounded) for its end to be sent.
     pub(crate) async fn terminate(&mut self, grace: Duration) {
-        if *self.done.borrow() {
+        if self.is_done() {
             return;
         }
         signal_group(self.pid, Signal::SIGTERM);
-        if tokio::time::timeout(grace, self.done.wait_for(|d| *d))
+        if tokio::time::timeout(grace, self.done.wait_for(Option::is_some))
             .await
             .is_err()
         {
             signal_group(self.pid, Signal::SIGKILL);
-            let _ = tokio::time::timeout(Duration::from_secs(5), self.done.wait_for(|d| *d)).await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), self.done.wait_for(Option::is_some))
+                    .await;
         }
     }
 }
@@ -161,7 +168,7 @@ pub(crate) async fn start(
         .id()
         .ok_or_else(|| spawn_failed(&"the process ended at once"))?;
     crate::watchdog::tell(pid, true);
-    let (done_tx, done) = watch::channel(false);
+    let (done_tx, done) = watch::channel(None);
     let outputs = [
         child.stdout.take().map(|out| {
             (
@@ -183,8 +190,8 @@ pub(crate) async fn start(
         }
         let reporting = reports.serve(counted, events.clone());
         let exit = follow(child, readers, reporting, cgroup.as_ref(), oom_before).await;
-        events.send(ActorEvent::TaskExited(exit)).await;
-        done_tx.send_replace(true);
+        events.send(ActorEvent::TaskExited(exit.clone())).await;
+        done_tx.send_replace(Some(exit));
     });
     Ok(RunningCommand { pid, done })
 }

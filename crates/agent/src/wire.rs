@@ -7,6 +7,12 @@
 //! each with an [`AgentMessage::Reply`] carrying the same id, and pushes task events
 //! ([`AgentMessage::Event`], [`AgentMessage::TaskExited`]) as they happen. Errors travel as
 //! data ([`WireError`]), never as text to be parsed.
+//!
+//! Replies and events share the connection, so events are flow-controlled and replies are
+//! not: the agent sends an event only while it holds credit, which the driver grants
+//! ([`DriverMessage::Credit`]) as it passes events on. The driver therefore always reads
+//! the connection, a reply never waits behind events a slow reader has not taken yet, and
+//! the driver buffers at most the credit it granted.
 
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
@@ -16,7 +22,7 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use trainyard_runtime::{ActorId, Request, Response, TaskEvent, TaskExit, TaskRejection};
 
 /// The protocol version both sides must speak.
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 
 /// The largest frame accepted before the hello is checked.
 pub const HELLO_FRAME_LIMIT: usize = 4 * 1024;
@@ -76,6 +82,12 @@ pub enum DriverMessage {
         id: u64,
         /// What to do.
         request: Request,
+    },
+    /// Room for `events` more events ([`AgentMessage::Event`] or [`AgentMessage::TaskExited`]):
+    /// the agent starts with none and sends an event only while it holds some.
+    Credit {
+        /// How many.
+        events: u32,
     },
 }
 

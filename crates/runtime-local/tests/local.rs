@@ -20,7 +20,7 @@ use trainyard_resources::{ActorOptions, ResourceAmount};
 use trainyard_runtime::events::{ActorEvent, TaskEvents};
 use trainyard_runtime::{
     ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, DeathCause, FunctionRegistry, RuntimeError,
-    Stream, TaskEvent, TaskExit, TaskFailure, TaskSpec, conformance,
+    Stream, TaskEvent, TaskExit, TaskFailure, TaskSpec, TaskStatus, conformance,
 };
 use trainyard_runtime_local::detect::{Machine, Overrides, plan_nodes};
 use trainyard_runtime_local::ledger::LedgerLocation;
@@ -41,21 +41,62 @@ fn agent_entry() {
 
 /// The functions the agents of these tests serve besides the built-ins.
 fn functions() -> FunctionRegistry {
-    FunctionRegistry::new().register(ALLOCATE, |ctx| async move {
-        // Holds `arg` bytes, every page written.
-        let bytes = ctx.arg().as_u64().unwrap_or(0);
-        let mut held: Vec<Vec<u8>> = Vec::new();
-        let mut total = 0u64;
-        while total < bytes {
-            held.push(vec![1u8; 1 << 20]);
-            total += 1 << 20;
-        }
-        Ok(std::hint::black_box(held).len().into())
-    })
+    FunctionRegistry::new()
+        .register(FLOOD, |ctx| async move {
+            // `count` reports, each padded with `pad` bytes, as fast as they go.
+            let count = ctx.arg()["count"].as_u64().unwrap_or(0);
+            let pad =
+                "x".repeat(usize::try_from(ctx.arg()["pad"].as_u64().unwrap_or(0)).unwrap_or(0));
+            for step in 0..count {
+                let mut metrics = serde_json::Map::new();
+                metrics.insert("step".into(), step.into());
+                metrics.insert("pad".into(), pad.clone().into());
+                ctx.report(metrics);
+            }
+            Ok(count.into())
+        })
+        .register(SPIN, |ctx| async move {
+            // Reports once, then keeps every thread of its runtime busy for `arg` seconds,
+            // never yielding.
+            let seconds = ctx.arg().as_f64().unwrap_or(0.0);
+            let until = std::time::Instant::now() + Duration::from_secs_f64(seconds);
+            ctx.report(serde_json::Map::new());
+            tokio::task::yield_now().await;
+            let threads = std::thread::available_parallelism().map_or(2, usize::from) + 2;
+            let spinners: Vec<_> = (0..threads)
+                .map(|_| tokio::spawn(async move { spin_until(until) }))
+                .collect();
+            for spinner in spinners {
+                let _ = spinner.await;
+            }
+            Ok(serde_json::Value::Null)
+        })
+        .register(ALLOCATE, |ctx| async move {
+            // Holds `arg` bytes, every page written.
+            let bytes = ctx.arg().as_u64().unwrap_or(0);
+            let mut held: Vec<Vec<u8>> = Vec::new();
+            let mut total = 0u64;
+            while total < bytes {
+                held.push(vec![1u8; 1 << 20]);
+                total += 1 << 20;
+            }
+            Ok(std::hint::black_box(held).len().into())
+        })
 }
 
 /// A function that allocates as many bytes as its argument says.
 const ALLOCATE: &str = "test.allocate";
+/// A function that sends `count` reports padded with `pad` bytes each, at once.
+const FLOOD: &str = "test.flood";
+/// A function that keeps its threads busy for `arg` seconds.
+const SPIN: &str = "test.spin";
+
+/// Busy until `until`, never yielding.
+fn spin_until(until: std::time::Instant) {
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
 
 /// This test binary as the agent, serving [`functions`] (function tasks need no trampoline).
 fn functions_agent() -> AgentCommand {
@@ -264,10 +305,12 @@ async fn a_command_task_streams_its_output_and_ends_with_its_exit_code() {
             "{refused}"
         );
         runtime.kill(actor, Duration::ZERO).await.expect("kill");
-        assert!(
-            next_event(&mut events).await.is_none(),
-            "a killed actor's stream ends without a death"
+        assert_eq!(
+            next_event(&mut events).await,
+            Some(ActorEvent::Died(DeathCause::Killed)),
+            "a killed actor's stream ends with its death"
         );
+        assert!(next_event(&mut events).await.is_none());
     };
     timeout(TEST_LIMIT, test).await.expect("in time");
     runtime.shutdown().await;
@@ -979,6 +1022,191 @@ async fn a_hung_agent_is_found_by_its_silence_in_seconds() {
             runtime.cluster().await.expect("cluster").available(),
             before.available()
         );
+    };
+    timeout(TEST_LIMIT, test).await.expect("in time");
+    runtime.shutdown().await;
+}
+
+/// A task that floods reports while the driver does not read its events yet: calls are still
+/// answered at once (replies never wait behind events), no report is lost, and they arrive in
+/// order once the driver reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_are_not_held_up_by_reports_the_driver_has_not_read() {
+    let call_timeout = Duration::from_secs(3);
+    let config = two_nodes("flood")
+        .with_agent(functions_agent())
+        .call_timeout(call_timeout)
+        .heartbeat_timeout(Duration::from_secs(3));
+    let runtime = LocalRuntime::start(config).await.expect("start");
+    let count: u64 = 12_000;
+    let test = async {
+        let (actor, mut events) = one_cpu_actor(&runtime, "flooder").await;
+        let task = TaskSpec::Function {
+            name: FLOOD.to_owned(),
+            arg: serde_json::json!({ "count": count, "pad": 2048 }),
+            env: BTreeMap::new(),
+        };
+        runtime.run_task(actor, task).await.expect("run");
+        // Long enough for every buffer between the task and the driver to fill.
+        sleep(Duration::from_secs(2)).await;
+        for _ in 0..3 {
+            let asked = Instant::now();
+            let info = runtime.node_info(actor).await;
+            assert!(info.is_ok(), "a call behind unread reports: {info:?}");
+            assert!(
+                asked.elapsed() < call_timeout / 2,
+                "answered after {:?}",
+                asked.elapsed()
+            );
+            sleep(call_timeout / 2).await;
+        }
+        let mut next_step = 0;
+        loop {
+            match next_event(&mut events).await.expect("open") {
+                ActorEvent::Task(TaskEvent::Report { metrics, .. }) => {
+                    assert_eq!(metrics["step"], next_step, "reports arrive in order");
+                    next_step += 1;
+                }
+                ActorEvent::Task(_) => {}
+                ActorEvent::TaskExited(exit) => {
+                    assert_eq!(
+                        exit,
+                        TaskExit::Succeeded {
+                            value: count.into()
+                        }
+                    );
+                    break;
+                }
+                ActorEvent::Died(cause) => panic!("the actor died: {cause}"),
+            }
+        }
+        assert_eq!(next_step, count, "every report arrives");
+    };
+    timeout(TEST_LIMIT, test).await.expect("in time");
+    runtime.shutdown().await;
+}
+
+/// A function task that keeps every thread it can busy runs apart from the agent's own
+/// work: heartbeats go on, and the agent lives well past the heartbeat timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_bound_function_task_keeps_its_agent_alive_past_the_heartbeat_timeout() {
+    let silence = Duration::from_millis(1_500);
+    let config = two_nodes("spin")
+        .with_agent(functions_agent())
+        .heartbeat_timeout(silence);
+    let runtime = LocalRuntime::start(config).await.expect("start");
+    let test = async {
+        let (actor, mut events) = one_cpu_actor(&runtime, "spinner").await;
+        let task = TaskSpec::Function {
+            name: SPIN.to_owned(),
+            arg: (silence * 3).as_secs_f64().into(),
+            env: BTreeMap::new(),
+        };
+        runtime.run_task(actor, task).await.expect("run");
+        loop {
+            match next_event(&mut events).await.expect("open") {
+                ActorEvent::Task(_) => {}
+                ActorEvent::TaskExited(exit) => {
+                    assert_eq!(
+                        exit,
+                        TaskExit::Succeeded {
+                            value: serde_json::Value::Null
+                        }
+                    );
+                    break;
+                }
+                ActorEvent::Died(cause) => panic!("the agent died while its task ran: {cause}"),
+            }
+        }
+        runtime
+            .node_info(actor)
+            .await
+            .expect("the agent still answers");
+    };
+    timeout(TEST_LIMIT, test).await.expect("in time");
+    runtime.shutdown().await;
+}
+
+/// Every event stream ends with the actor's death and its cause, whoever ended it: a kill,
+/// a stop (after the task's own end), or the runtime's shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_or_stopped_actors_stream_ends_with_its_death() {
+    let runtime = start("ends").await;
+    let test = async {
+        let (killed, mut killed_events) = one_cpu_actor(&runtime, "killed").await;
+        runtime.kill(killed, Duration::ZERO).await.expect("kill");
+        assert_eq!(
+            next_event(&mut killed_events).await,
+            Some(ActorEvent::Died(DeathCause::Killed))
+        );
+        assert_eq!(next_event(&mut killed_events).await, None);
+
+        let (stopped, mut stopped_events) = one_cpu_actor(&runtime, "stopped").await;
+        let task = runtime
+            .run_task(stopped, command("sleep", &["300"]))
+            .await
+            .expect("run")
+            .expect("a pid");
+        sleeping(task).await;
+        runtime.stop(stopped).await.expect("stop");
+        let mut seen = Vec::new();
+        while let Some(event) = next_event(&mut stopped_events).await {
+            seen.push(event);
+        }
+        assert!(
+            matches!(seen.first(), Some(ActorEvent::TaskExited(_))),
+            "the task's end comes first: {seen:?}"
+        );
+        assert_eq!(
+            seen.last(),
+            Some(&ActorEvent::Died(DeathCause::Stopped)),
+            "{seen:?}"
+        );
+
+        let (_, mut shut_down_events) = one_cpu_actor(&runtime, "shut-down").await;
+        runtime.shutdown().await;
+        assert_eq!(
+            next_event(&mut shut_down_events).await,
+            Some(ActorEvent::Died(DeathCause::Killed))
+        );
+    };
+    timeout(TEST_LIMIT, test).await.expect("in time");
+    runtime.shutdown().await;
+}
+
+/// A poll says what the task does: idle before it, running while it runs, and its exit after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_tells_the_tasks_status_and_exit() {
+    let runtime = start("poll").await;
+    let test = async {
+        let (actor, mut events) = one_cpu_actor(&runtime, "polled").await;
+        let idle = runtime.poll(actor).await.expect("poll");
+        assert_eq!(idle.status, TaskStatus::Idle);
+        let task = runtime
+            .run_task(actor, command("sleep", &["300"]))
+            .await
+            .expect("run")
+            .expect("a pid");
+        sleeping(task).await;
+        assert_eq!(
+            runtime.poll(actor).await.expect("poll").status,
+            TaskStatus::Running
+        );
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(task).expect("pid")),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill the task");
+        let exit = loop {
+            match next_event(&mut events).await.expect("open") {
+                ActorEvent::TaskExited(exit) => break exit,
+                ActorEvent::Task(_) => {}
+                ActorEvent::Died(cause) => panic!("the actor died: {cause}"),
+            }
+        };
+        let polled = runtime.poll(actor).await.expect("poll");
+        assert_eq!(polled.status, TaskStatus::Exited { exit });
+        assert!(polled.events.is_empty(), "events are pushed, not polled");
     };
     timeout(TEST_LIMIT, test).await.expect("in time");
     runtime.shutdown().await;

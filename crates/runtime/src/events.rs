@@ -34,7 +34,8 @@ pub enum ActorEvent {
 }
 
 /// The events of one actor, in the order they happened. The stream ends after
-/// [`ActorEvent::Died`], or when the runtime lets go of the actor (killed or stopped).
+/// [`ActorEvent::Died`], which says why the actor is gone, whoever ended it (killed,
+/// stopped, lost); a stream that ends without it lost its runtime.
 pub type TaskEvents = BoxStream<'static, ActorEvent>;
 
 /// The sending half of an actor's event buffer; cheap to clone.

@@ -23,7 +23,10 @@ pub enum Request {
     /// Starts a task; it runs in the background → [`Response::TaskStarted`]. Its events
     /// arrive through [`crate::ActorRuntime::task_events`] (or [`Request::Poll`]).
     RunTask(TaskSpec),
-    /// Drains what the task reported and logged since the last poll → [`Response::Poll`].
+    /// Drains what the task reported and logged since the last poll, and tells its status
+    /// (its exit once it has ended) → [`Response::Poll`]. A runtime that pushes events
+    /// through [`crate::ActorRuntime::task_events`] keeps none for a poll: its polls carry the
+    /// status only.
     Poll,
     /// Stops the task, if any, and lets the actor exit → [`Response::Done`].
     Stop,

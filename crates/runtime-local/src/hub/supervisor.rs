@@ -2,6 +2,7 @@
 //! end, sends it requests, routes its replies and events, and turns its end into a death
 //! with a cause.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,13 @@ use super::{AgentExit, AgentProcess, HubCore, REAP_TIMEOUT};
 /// How long a dead connection's agent gets to be reaped for its exit status, and how long
 /// what it sent before it died is read.
 const EXIT_WAIT: Duration = Duration::from_secs(1);
+
+/// How many events an agent may have sent that are not passed on yet: the credit it starts
+/// with, and the most events a supervisor holds back while the actor's reader is slow.
+pub(crate) const EVENT_WINDOW: u32 = 128;
+
+/// Credit is given back in batches of this many events passed on.
+const CREDIT_BATCH: u32 = EVENT_WINDOW / 4;
 
 /// An agent's authenticated connection.
 pub(crate) type Link = Framed<TcpStream, LengthDelimitedCodec>;
@@ -80,8 +88,13 @@ struct Serving {
     outgoing: mpsc::UnboundedSender<Bytes>,
     writer: JoinHandle<()>,
     pending: Pending,
-    /// An event waiting for room in the actor's event buffer; frames are not read meanwhile.
+    /// The event at the head of `queue`, waiting for room in the actor's event buffer.
     forwarding: Option<BoxFuture<'static, ()>>,
+    /// Events read and not passed on yet, in order; at most [`EVENT_WINDOW`] (the agent's
+    /// credit), so that frames are always read and replies never wait behind events.
+    queue: VecDeque<ActorEvent>,
+    /// Events passed on since credit was last given back.
+    owed: u32,
     /// Events read after the agent died, sent after the cleanup.
     backlog: Vec<ActorEvent>,
     /// The running task's process id (its group's leader), until it exits.
@@ -139,11 +152,14 @@ impl Supervisor {
             writer: tokio::spawn(write_frames(sink, outgoing_rx)),
             pending: Pending::default(),
             forwarding: None,
+            queue: VecDeque::new(),
+            owed: 0,
             backlog: Vec::new(),
             task: None,
             exited: None,
             child_done: false,
         };
+        grant(&serving, EVENT_WINDOW);
         let end = self.serve(&mut serving).await;
         self.finish(end, serving).await;
     }
@@ -270,7 +286,6 @@ impl Supervisor {
         let silence = self.core.config.heartbeat_timeout;
         let mut heard = Instant::now();
         loop {
-            let busy = serving.forwarding.is_some();
             tokio::select! {
                 biased;
                 command = self.commands.recv() => match command {
@@ -288,11 +303,12 @@ impl Supervisor {
                 },
                 () = until_forwarded(&mut serving.forwarding) => {
                     serving.forwarding = None;
-                    // Frames were not read meanwhile: the silence starts now.
-                    heard = Instant::now();
+                    serving.owed += 1;
+                    self.pump(serving);
                 }
-                // Only while frames are read: a slow reader of events is not a hung agent.
-                () = tokio::time::sleep_until(heard + silence), if !busy => {
+                // Frames are always read, however slow the reader of events: silence is the
+                // agent's own.
+                () = tokio::time::sleep_until(heard + silence) => {
                     tracing::warn!(?silence, "the agent fell silent; killing it");
                     let after_ms = u64::try_from(silence.as_millis()).unwrap_or(u64::MAX);
                     return End::Killed {
@@ -301,7 +317,7 @@ impl Supervisor {
                         done: None,
                     };
                 }
-                frame = serving.frames.next(), if !busy => match frame {
+                frame = serving.frames.next() => match frame {
                     Some(Ok(frame)) => {
                         heard = Instant::now();
                         match wire::decode::<AgentMessage>(&frame) {
@@ -383,15 +399,10 @@ impl Supervisor {
                     .reply
                     .send(reply_result(self.actor, call.request, result));
             }
-            AgentMessage::Event {
-                event: TaskEvent::Log { stream, line },
-            } => self.events.log(stream, line),
-            AgentMessage::Event { event } => {
-                serving.forwarding = Some(forward(&self.events, ActorEvent::Task(event)));
-            }
+            AgentMessage::Event { event } => return self.queue(serving, ActorEvent::Task(event)),
             AgentMessage::TaskExited { exit } => {
                 self.set_task(serving, None);
-                serving.forwarding = Some(forward(&self.events, ActorEvent::TaskExited(exit)));
+                return self.queue(serving, ActorEvent::TaskExited(exit));
             }
             AgentMessage::Hello { .. } => {
                 tracing::warn!("the agent said hello twice; ignored");
@@ -399,6 +410,47 @@ impl Supervisor {
             AgentMessage::Heartbeat => {}
         }
         None
+    }
+
+    /// Takes in an event the agent sent, to be passed on in order; an agent that sends more
+    /// than its credit breaks the protocol, and its connection ends.
+    fn queue(&self, serving: &mut Serving, event: ActorEvent) -> Option<End> {
+        let held = serving.queue.len() + usize::from(serving.forwarding.is_some());
+        if held >= EVENT_WINDOW as usize {
+            tracing::warn!(
+                window = EVENT_WINDOW,
+                "the agent sent more events than it had credit for; dropping its connection"
+            );
+            serving.eof = true;
+            return Some(End::Lost);
+        }
+        serving.queue.push_back(event);
+        self.pump(serving);
+        None
+    }
+
+    /// Passes queued events on until one has to wait for room (lines never wait: when there
+    /// is no room they are dropped and counted), and gives the agent credit for what went.
+    fn pump(&self, serving: &mut Serving) {
+        while serving.forwarding.is_none() {
+            let Some(event) = serving.queue.pop_front() else {
+                break;
+            };
+            match event {
+                ActorEvent::Task(TaskEvent::Log { stream, line }) => {
+                    self.events.log(stream, line);
+                    serving.owed += 1;
+                }
+                event => match self.events.try_send(event) {
+                    Ok(()) => serving.owed += 1,
+                    Err(event) => serving.forwarding = Some(forward(&self.events, event)),
+                },
+            }
+        }
+        if serving.owed >= CREDIT_BATCH {
+            grant(serving, serving.owed);
+            serving.owed = 0;
+        }
     }
 
     fn set_task(&self, serving: &mut Serving, task: Option<u32>) {
@@ -427,6 +479,8 @@ impl Supervisor {
                 self.declare_dead(&cause, &mut serving, &mut kills);
                 self.reap_within(self.core.config.stop_grace, &mut serving)
                     .await;
+                // The task's end may follow the reply to the stop.
+                stop_replies.extend(self.read_remains(&mut serving).await);
                 cause
             }
             End::Lost => {
@@ -460,8 +514,8 @@ impl Supervisor {
         if let Some(task) = serving.task {
             (self.process.task_killer())(task);
         }
-        let let_go = matches!(cause, DeathCause::Killed | DeathCause::Stopped);
-        if let_go {
+        if matches!(cause, DeathCause::Killed | DeathCause::Stopped) {
+            // Nobody took the stream of an actor the runtime ended: nobody will.
             self.core.lock().streams.remove(&self.actor);
         }
         self.core.release(self.actor);
@@ -474,14 +528,14 @@ impl Supervisor {
         for done in kills {
             let _ = done.send(());
         }
-        if let_go {
-            return;
-        }
-        // Last, as they may wait for a slow reader: what the agent sent, then its death.
+        // Last, as they may wait for a slow reader: what the agent sent (what a killed agent
+        // sent before it went, too), then its death. Every stream ends with its cause.
+        let _ = self.read_remains(&mut serving).await;
         if let Some(forwarding) = serving.forwarding.take() {
             forwarding.await;
         }
-        for event in serving.backlog.drain(..) {
+        let sent = std::mem::take(&mut serving.queue);
+        for event in sent.into_iter().chain(serving.backlog.drain(..)) {
             match event {
                 ActorEvent::Task(TaskEvent::Log { stream, line }) => self.events.log(stream, line),
                 event => self.events.send(event).await,
@@ -600,6 +654,14 @@ async fn write_frames(
             tracing::debug!(%error, "cannot write to the agent");
             return;
         }
+    }
+}
+
+/// Gives the agent credit for `events` more events.
+fn grant(serving: &Serving, events: u32) {
+    if let Ok(frame) = wire::encode(&DriverMessage::Credit { events }) {
+        // A writer that is gone means a dead connection, which the reader sees too.
+        let _ = serving.outgoing.send(frame);
     }
 }
 
