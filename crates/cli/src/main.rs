@@ -130,6 +130,14 @@ impl Failure {
         Self::new(EXIT_INTERRUPTED, "interrupted; the workers were stopped")
     }
 
+    /// A run interrupted while its runtime started (exit code 130).
+    pub(crate) fn interrupted_starting() -> Self {
+        Self::new(
+            EXIT_INTERRUPTED,
+            "interrupted while the runtime started; what it started was stopped",
+        )
+    }
+
     /// Bad input (exit code 2).
     pub(crate) fn bad_input(error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
         Self {

@@ -234,16 +234,15 @@ async fn drive(
 ) -> Result<(), Failure> {
     let progress = Progress::new(args.log_format);
     init_logging(args.log_format, &progress);
-    let runtime = match start {
-        Start::Local(config) => {
-            Engine::Local(LocalRuntime::start(config).await.map_err(Failure::other)?)
-        }
-        Start::Ray(config) => {
-            if config.bridge.address.is_none() {
-                progress
-                    .message("starting a throwaway local Ray head for this run (a few seconds)");
-            }
-            Engine::Ray(args.ray.start(config).await?)
+    // Before anything starts: an interrupt from here on stops what was started (a Ray head
+    // that is coming up, say) rather than killing the driver outright.
+    let mut interrupt = Interrupts::new()?;
+    let runtime = tokio::select! {
+        runtime = start_runtime(args, start, &progress) => runtime?,
+        () = interrupt.next() => {
+            // The start is dropped: what it started so far is stopped as it goes.
+            progress.finish();
+            return Err(Failure::interrupted_starting());
         }
     };
     let (program, program_args) = args
@@ -266,7 +265,6 @@ async fn drive(
         .shortages()
         .map(|shortages| tokio::spawn(show_shortages(shortages, progress.clone())));
     let started = Instant::now();
-    let mut interrupt = Interrupts::new()?;
     let outcome = tokio::select! {
         result = trainer.fit() => Some(result),
         () = interrupt.next() => None,
@@ -313,6 +311,26 @@ async fn drive(
         }
         Some(Err(error)) => Err(failure_of(error, args.log_format)),
     }
+}
+
+/// Starts the run's runtime.
+async fn start_runtime(
+    args: &RunArgs,
+    start: Start,
+    progress: &Progress,
+) -> Result<Engine, Failure> {
+    Ok(match start {
+        Start::Local(config) => {
+            Engine::Local(LocalRuntime::start(config).await.map_err(Failure::other)?)
+        }
+        Start::Ray(config) => {
+            if config.bridge.address.is_none() {
+                progress
+                    .message("starting a throwaway local Ray head for this run (a few seconds)");
+            }
+            Engine::Ray(args.ray.start(config).await?)
+        }
+    })
 }
 
 /// The run's folder and its latest checkpoint, as the last lines of a text run.
