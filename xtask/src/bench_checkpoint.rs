@@ -2,8 +2,8 @@
 //!
 //! 1. Persisting a 1 GiB checkpoint (two ranks, two 256 MiB files each) into local storage
 //!    through `CheckpointWriter`, as two agents do at once, against `cp -r` of the same files
-//!    on the same disk; rounds interleaved, each side first in turn, `sync` and a second's
-//!    pause before each copy, medians.
+//!    on the same disk; rounds interleaved, each side first in turn, from the same start
+//!    (writes synced, page cache dropped, source read back in), medians.
 //! 2. The time from a rank's death to every rank running again from a 100 MB checkpoint,
 //!    restart back-off excluded, for 2 workers of a real `trainyard run`: rank 1 prints the
 //!    time it SIGKILLs itself, each rank of the next attempt prints the time it has read the
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use trainyard_checkpoint::{CheckpointWriter, Storage, StorageLocation};
 
-const ROUNDS: usize = 4;
+const ROUNDS: usize = 5;
 const RESTART_ROUNDS: usize = 5;
 const FILE_MIB: usize = 256;
 
@@ -92,6 +92,20 @@ fn make_source(dir: &Path) -> Result<u64, String> {
     Ok(total)
 }
 
+/// Reads every file under `dir`, so that both sides copy from the page cache.
+fn warm(dir: &Path) -> Result<(), String> {
+    for entry in io("list the source", std::fs::read_dir(dir))? {
+        let path = io("list the source", entry)?.path();
+        if path.is_dir() {
+            warm(&path)?;
+        } else {
+            let mut file = io("open a source file", std::fs::File::open(&path))?;
+            io("read a source file", std::io::copy(&mut file, &mut std::io::sink()))?;
+        }
+    }
+    Ok(())
+}
+
 fn persist_round(source: &Path, storage: &Path, round: u64) -> Result<Duration, String> {
     let runtime = io(
         "start a runtime",
@@ -119,13 +133,16 @@ fn throughput(bytes: u64, time: Duration) -> f64 {
 fn persist_figure(work: &Path) -> Result<f64, String> {
     let source = work.join("source");
     let bytes = make_source(&source)?;
-    let (mut ours, mut cp) = (Vec::new(), Vec::new());
+    let (mut ours, mut cp, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=ROUNDS {
         let storage = work.join("storage");
         let copy = work.join("copy");
-        // Each side goes first in turn, after the other's writes reached the disk.
+        // Each side goes first in turn, from the same start: the other's writes on disk, the
+        // page cache dropped where that is allowed, the source read back in, a second's pause.
         let settle = || -> Result<(), String> {
             sh(&mut Command::new("sync"))?;
+            let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+            warm(&source)?;
             std::thread::sleep(Duration::from_secs(1));
             Ok(())
         };
@@ -145,10 +162,13 @@ fn persist_figure(work: &Path) -> Result<f64, String> {
             settle()?;
             ours.push(persist_round(&source, &storage, round as u64)?);
         }
+        let (a, b) = (ours[round - 1], cp[round - 1]);
+        ratios.push(b.as_secs_f64() / a.as_secs_f64());
         eprintln!(
-            "round {round}: CheckpointWriter {:.0} MiB/s, cp -r {:.0} MiB/s",
-            throughput(bytes, ours[round - 1]),
-            throughput(bytes, cp[round - 1])
+            "round {round}: CheckpointWriter {:.0} MiB/s, cp -r {:.0} MiB/s, ratio {:.2}",
+            throughput(bytes, a),
+            throughput(bytes, b),
+            ratios[round - 1]
         );
         let _ = std::fs::remove_dir_all(&storage);
         let _ = std::fs::remove_dir_all(&copy);
