@@ -9,8 +9,22 @@
 //! limit. After the worker exits, [`WorkerCgroup::oom_kills`] tells an OOM kill
 //! apart from a user error (read it *before* removing the cgroup).
 //!
+//! On cgroup v2 a cgroup whose children use the memory controller holds no process itself
+//! ("no internal processes"), and the driver's own cgroup usually holds the driver. So, as
+//! is usual on v2 hosts, the driver first moves itself into a leaf of its own beside the
+//! runs, `trainyard-@driver.<pid>.<start>`, and then enables `+memory` for its cgroup's
+//! children. Other processes in the driver's cgroup are never moved: with any there, the
+//! limits fall back as below, saying why. The driver stays in its leaf until it exits.
+//!
+//! Every directory this module makes is named after the driver that made it, by pid and
+//! start time (`trainyard-<run>.<pid>.<start>`), so that [`sweep_stale`] removes those of
+//! drivers that are gone, even when their pid has been reused since.
+//!
 //! Where no cgroup can be used, the probe says why and the trampoline falls back
 //! to [`limit_address_space`], a weak per-process limit on virtual memory.
+//!
+//! Removing cgroups and sweeping them block (they kill what is left and wait for the kernel
+//! to let go of the directories): call them off async threads.
 //!
 //! ```no_run
 //! use trainyard_agent::cgroup::{MemoryEnforcement, join_self, sweep_stale};
@@ -34,10 +48,12 @@
 //! # }
 //! ```
 
+use std::fmt;
 use std::fs;
 use std::io::{self, Write as _};
 use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::Duration;
@@ -47,8 +63,13 @@ use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use crate::procfs;
+
 /// Prefix of every directory this module creates under the parent cgroup.
 const DIR_PREFIX: &str = "trainyard-";
+/// What stands for the run in the name of the driver's own leaf on cgroup v2: no run's name
+/// holds an `@`.
+const LEAF_RUN: &str = "@driver";
 /// Longest run or worker name accepted.
 const MAX_NAME_LEN: usize = 200;
 /// How many times the processes of a cgroup are SIGKILLed before giving up.
@@ -71,7 +92,8 @@ pub enum MemoryEnforcement {
     },
     /// The cgroup v2 hierarchy with the memory controller; runs are created under `parent`.
     CgroupV2 {
-        /// The process's own (writable) cgroup directory.
+        /// The process's own (writable) cgroup directory, or the one above the driver's
+        /// leaf once the driver has moved into it.
         parent: PathBuf,
     },
     /// No usable memory cgroup: each worker process gets an `RLIMIT_AS` instead.
@@ -95,8 +117,9 @@ impl MemoryEnforcement {
     /// /proc/self/cgroup, or the v2 `0::` line when the v2 hierarchy has the
     /// memory controller in cgroup.controllers), mapped through
     /// /proc/self/mountinfo to its directory, and checks it is writable by
-    /// creating and removing a probe directory. Falls back to Rlimit with the
-    /// reason.
+    /// creating and removing a probe directory. On v2, a driver that sits in its own
+    /// leaf already (an earlier run of this process moved it there) makes runs beside it.
+    /// Falls back to Rlimit with the reason.
     pub fn probe() -> Self {
         let proc_cgroup = match fs::read_to_string("/proc/self/cgroup") {
             Ok(text) => text,
@@ -114,17 +137,24 @@ impl MemoryEnforcement {
                 };
             }
         };
-        let v1 = own_cgroup(CgroupQuery::V1("memory"), &proc_cgroup, &mountinfo)
+        Self::probe_in(&Cgroupfs, &proc_cgroup, &mountinfo)
+    }
+
+    /// [`MemoryEnforcement::probe`] on `tree`, given the texts of `/proc/self/cgroup` and
+    /// `/proc/self/mountinfo`.
+    fn probe_in(tree: &dyn Tree, proc_cgroup: &str, mountinfo: &str) -> Self {
+        let v1 = own_cgroup(CgroupQuery::V1("memory"), proc_cgroup, mountinfo)
             .map_err(|err| err.to_string())
-            .and_then(|own| check_writable(&own.dir).map(|()| own.dir));
+            .and_then(|own| check_writable(tree, &own.dir).map(|()| own.dir));
         let v1_why = match v1 {
             Ok(parent) => return Self::CgroupV1 { parent },
             Err(why) => why,
         };
-        let v2 = own_cgroup(CgroupQuery::V2, &proc_cgroup, &mountinfo)
+        let v2 = own_cgroup(CgroupQuery::V2, proc_cgroup, mountinfo)
             .map_err(|err| err.to_string())
-            .and_then(|own| check_v2_memory(&own.dir).map(|()| own.dir))
-            .and_then(|dir| check_writable(&dir).map(|()| dir));
+            .map(|own| beside_own_leaf(own.dir))
+            .and_then(|dir| check_v2_memory(tree, &dir).map(|()| dir))
+            .and_then(|dir| check_writable(tree, &dir).map(|()| dir));
         match v2 {
             Ok(parent) => Self::CgroupV2 { parent },
             Err(v2_why) => Self::Rlimit {
@@ -134,10 +164,16 @@ impl MemoryEnforcement {
     }
 
     /// Creates the directory for one run under the parent:
-    /// `trainyard-<run>-<pid>` where pid is this process's pid (so stale ones
-    /// can be swept). On v2 enables +memory in the parent's subtree_control if
-    /// needed (EBUSY → fall back with a clear error).
+    /// `trainyard-<run>.<pid>.<start>`, named after this process (so that stale ones can
+    /// be swept). On v2 first enables `+memory` in the parent's subtree_control if needed,
+    /// moving this process into a leaf of its own when it is in the parent
+    /// ([`CgroupError::ControllerBusy`] when other processes are there too).
     pub fn create_run(&self, run: &str) -> Result<RunCgroup, CgroupError> {
+        self.create_run_in(Arc::new(Cgroupfs), run)
+    }
+
+    /// [`MemoryEnforcement::create_run`] on `tree`.
+    fn create_run_in(&self, tree: Arc<dyn Tree>, run: &str) -> Result<RunCgroup, CgroupError> {
         validate_name(run)?;
         let (parent, hierarchy) = match self {
             Self::CgroupV1 { parent } => (parent, Hierarchy::V1),
@@ -145,18 +181,22 @@ impl MemoryEnforcement {
             Self::Rlimit { why } => return Err(CgroupError::Unavailable { why: why.clone() }),
         };
         if hierarchy == Hierarchy::V2 {
-            enable_memory_controller(parent)?;
+            delegate_memory(tree.as_ref(), parent)?;
         }
-        let path = parent.join(format!("{DIR_PREFIX}{run}-{}", std::process::id()));
-        create_dir(&path)?;
+        let path = parent.join(owned_dir_name(run, &Owner::this_process()));
+        create_dir(tree.as_ref(), &path)?;
         if hierarchy == Hierarchy::V2 {
-            if let Err(err) = enable_memory_controller(&path) {
-                remove_tree(&path);
+            if let Err(err) = enable_memory_controller(tree.as_ref(), &path) {
+                remove_tree(tree.as_ref(), &path);
                 return Err(err);
             }
         }
         tracing::debug!(path = %path.display(), ?hierarchy, "created run cgroup");
-        Ok(RunCgroup { path, hierarchy })
+        Ok(RunCgroup {
+            path,
+            hierarchy,
+            tree,
+        })
     }
 }
 
@@ -165,10 +205,11 @@ impl MemoryEnforcement {
 pub struct RunCgroup {
     path: PathBuf,
     hierarchy: Hierarchy,
+    tree: Arc<dyn Tree>,
 }
 
 impl RunCgroup {
-    /// The run's directory, `<parent>/trainyard-<run>-<pid>`.
+    /// The run's directory, `<parent>/trainyard-<run>.<pid>.<start>`.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -182,14 +223,15 @@ impl RunCgroup {
         if limit == 0 {
             return Err(CgroupError::InvalidLimit { limit });
         }
+        let tree = self.tree.as_ref();
         let path = self.path.join(name);
-        create_dir(&path)?;
+        create_dir(tree, &path)?;
         let limited = match self.hierarchy {
-            Hierarchy::V1 => limit_v1(&path, limit),
-            Hierarchy::V2 => limit_v2(&path, limit),
+            Hierarchy::V1 => limit_v1(tree, &path, limit),
+            Hierarchy::V2 => limit_v2(tree, &path, limit),
         };
         if let Err(err) = limited {
-            remove_tree(&path);
+            remove_tree(tree, &path);
             return Err(err);
         }
         tracing::debug!(path = %path.display(), limit, "created worker cgroup");
@@ -197,13 +239,14 @@ impl RunCgroup {
             path,
             limit,
             hierarchy: self.hierarchy,
+            tree: Arc::clone(&self.tree),
         })
     }
 
     /// Kills whatever is left in every worker cgroup and removes them and the
-    /// run directory (best effort, logs with tracing::warn!).
+    /// run directory (best effort, logs with tracing::warn!). Blocks.
     pub fn remove(self) {
-        if !remove_tree(&self.path) {
+        if !remove_tree(self.tree.as_ref(), &self.path) {
             tracing::warn!(path = %self.path.display(), "run cgroup was not fully removed");
         }
     }
@@ -215,6 +258,7 @@ pub struct WorkerCgroup {
     path: PathBuf,
     limit: u64,
     hierarchy: Hierarchy,
+    tree: Arc<dyn Tree>,
 }
 
 impl WorkerCgroup {
@@ -232,6 +276,7 @@ impl WorkerCgroup {
             path: path.to_owned(),
             limit,
             hierarchy,
+            tree: Arc::new(Cgroupfs),
         })
     }
 
@@ -253,7 +298,7 @@ impl WorkerCgroup {
 
     /// Moves process `pid` into this cgroup.
     pub fn join(&self, pid: u32) -> Result<(), CgroupError> {
-        write_value(&self.procs_file(), &pid.to_string())
+        write_value(self.tree.as_ref(), &self.procs_file(), &pid.to_string())
     }
 
     /// How many processes the kernel's OOM killer killed in this cgroup so
@@ -265,7 +310,7 @@ impl WorkerCgroup {
             Hierarchy::V2 => "memory.events",
         };
         let path = self.path.join(file);
-        match fs::read_to_string(&path) {
+        match self.tree.read(&path) {
             Ok(text) => parse_counter(&text, "oom_kill").unwrap_or(0),
             Err(err) => {
                 tracing::warn!(path = %path.display(), error = %err, "cannot read the oom counter");
@@ -275,9 +320,9 @@ impl WorkerCgroup {
     }
 
     /// SIGKILLs every process listed in cgroup.procs until it is empty
-    /// (bounded number of rounds), then rmdir.
+    /// (bounded number of rounds), then rmdir. Blocks.
     pub fn remove(&self) {
-        if !remove_tree(&self.path) {
+        if !remove_tree(self.tree.as_ref(), &self.path) {
             tracing::warn!(path = %self.path.display(), "worker cgroup was not fully removed");
         }
     }
@@ -286,7 +331,7 @@ impl WorkerCgroup {
 /// A free function usable in a process that is about to exec: joins the
 /// cgroup whose procs file is given by writing the caller's own pid.
 pub fn join_self(procs_file: &Path) -> Result<(), CgroupError> {
-    write_value(procs_file, &std::process::id().to_string())
+    write_value(&Cgroupfs, procs_file, &std::process::id().to_string())
 }
 
 /// The RLIMIT_AS fallback for the calling process
@@ -300,38 +345,43 @@ pub fn limit_address_space(limit: u64) -> Result<(), CgroupError> {
         .map_err(|source| CgroupError::AddressSpace { limit, source })
 }
 
-/// Removes `trainyard-*-<pid>` run directories under the parent whose pid no
-/// longer runs (stale runs of a killed driver), killing leftover processes
-/// first. Returns how many were removed.
+/// Removes the directories this module made under the parent (runs, and on v2 drivers'
+/// leaves) whose driver is gone, killing leftover processes first. A driver is named by
+/// pid and start time, so a directory whose pid now belongs to another process is swept
+/// too; directories named by pid alone (made by earlier versions) are judged by the pid.
+/// Returns how many were removed. Blocks.
 ///
-/// Pids are those of this pid namespace; a reused pid keeps its stale
-/// directory until a later sweep.
+/// Pids are those of this pid namespace.
 pub fn sweep_stale(parent: &Path) -> usize {
-    let entries = match fs::read_dir(parent) {
-        Ok(entries) => entries,
+    sweep_stale_in(&Cgroupfs, parent)
+}
+
+/// [`sweep_stale`] on `tree`.
+fn sweep_stale_in(tree: &dyn Tree, parent: &Path) -> usize {
+    let children = match tree.children(parent) {
+        Ok(children) => children,
         Err(err) => {
             tracing::warn!(path = %parent.display(), error = %err, "cannot list cgroups to sweep");
             return 0;
         }
     };
     let mut removed = 0;
-    for entry in entries.flatten() {
-        if !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
-            continue;
-        }
-        let name = entry.file_name();
-        let Some((_, pid)) = name.to_str().and_then(parse_run_dir_name) else {
+    for path in children {
+        let Some((_, owner)) = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .and_then(parse_run_dir_name)
+        else {
             continue;
         };
-        if is_running(pid) {
+        if owner.is_alive() {
             continue;
         }
-        let path = entry.path();
-        tracing::info!(path = %path.display(), pid, "removing stale run cgroup");
-        if remove_tree(&path) {
+        tracing::info!(path = %path.display(), pid = owner.pid, "removing stale cgroup");
+        if remove_tree(tree, &path) {
             removed += 1;
         } else {
-            tracing::warn!(path = %path.display(), "stale run cgroup was not fully removed");
+            tracing::warn!(path = %path.display(), "stale cgroup was not fully removed");
         }
     }
     removed
@@ -390,14 +440,17 @@ pub enum CgroupError {
         #[source]
         source: io::Error,
     },
-    /// On cgroup v2, `+memory` cannot be enabled in a cgroup that holds processes.
+    /// On cgroup v2, `+memory` cannot be enabled in a cgroup that holds processes: other
+    /// processes than the driver (which moved into a leaf of its own) are there.
     #[error(
-        "cannot enable the memory controller in {}: the cgroup holds processes (move them into a leaf cgroup first)",
+        "cannot enable the memory controller in {}: it holds {others} other process(es) besides the driver (cgroup v2 allows no processes in a cgroup whose children use a controller; run the driver in a cgroup of its own)",
         path.display()
     )]
     ControllerBusy {
         /// The cgroup directory whose `cgroup.subtree_control` refused `+memory`.
         path: PathBuf,
+        /// How many processes other than the driver it holds.
+        others: usize,
         /// The cause (EBUSY).
         #[source]
         source: io::Error,
@@ -414,25 +467,153 @@ pub enum CgroupError {
 }
 
 // ---------------------------------------------------------------------------
+// The tree
+
+/// What this module does to a cgroup tree. [`Cgroupfs`] is the kernel's; the tests use a
+/// fake tree in a temporary directory that keeps the kernel's rules (v2's "no internal
+/// processes" among them).
+trait Tree: fmt::Debug + Send + Sync {
+    /// Reads a file.
+    fn read(&self, path: &Path) -> io::Result<String>;
+    /// One `write` to an existing file: cgroupfs files must not be created or truncated.
+    fn write(&self, path: &Path, value: &str) -> io::Result<()>;
+    /// Whether a file or directory exists.
+    fn exists(&self, path: &Path) -> bool;
+    /// Makes a cgroup.
+    fn mkdir(&self, path: &Path) -> io::Result<()>;
+    /// Removes an empty cgroup.
+    fn rmdir(&self, path: &Path) -> io::Result<()>;
+    /// The child cgroups of a cgroup.
+    fn children(&self, path: &Path) -> io::Result<Vec<PathBuf>>;
+    /// SIGKILLs a process listed in a cgroup (never this process).
+    fn kill(&self, pid: u32);
+}
+
+/// The kernel's cgroup file systems.
+#[derive(Debug, Clone, Copy)]
+struct Cgroupfs;
+
+impl Tree for Cgroupfs {
+    fn read(&self, path: &Path) -> io::Result<String> {
+        fs::read_to_string(path)
+    }
+
+    fn write(&self, path: &Path, value: &str) -> io::Result<()> {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(path)?
+            .write_all(value.as_bytes())
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn mkdir(&self, path: &Path) -> io::Result<()> {
+        fs::create_dir(path)
+    }
+
+    fn rmdir(&self, path: &Path) -> io::Result<()> {
+        fs::remove_dir(path)
+    }
+
+    fn children(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        Ok(fs::read_dir(path)?
+            .flatten()
+            .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+            .map(|entry| entry.path())
+            .collect())
+    }
+
+    fn kill(&self, pid: u32) {
+        if let Some(pid) = signalable_pid(pid) {
+            // ESRCH: it exited meanwhile, which is what we want.
+            let _ = kill(pid, Signal::SIGKILL);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Drivers: who made a directory
+
+/// The driver that made a directory, by pid and (in current names) start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Owner {
+    pid: u32,
+    start_time: Option<u64>,
+}
+
+impl Owner {
+    /// This process.
+    fn this_process() -> Self {
+        Self {
+            pid: std::process::id(),
+            start_time: procfs::own_start_time(),
+        }
+    }
+
+    /// Whether the driver still runs: the same pid with the same start time (a zombie is
+    /// gone); by the pid alone when the name has no start time, or when the process's
+    /// stat cannot be read.
+    fn is_alive(&self) -> bool {
+        let Some(start_time) = self.start_time else {
+            return is_running(self.pid);
+        };
+        match procfs::read_stat(self.pid) {
+            Ok(Some(stat)) => {
+                !matches!(stat.state, 'Z' | 'X') && stat.start_time == Some(start_time)
+            }
+            Ok(None) => is_running(self.pid),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => false,
+            Err(_) => is_running(self.pid),
+        }
+    }
+}
+
+/// The name of a directory `run` (or [`LEAF_RUN`]) that `owner` makes:
+/// `trainyard-<run>.<pid>.<start>`, or `trainyard-<run>-<pid>` without a start time.
+fn owned_dir_name(run: &str, owner: &Owner) -> String {
+    match owner.start_time {
+        Some(start) => format!("{DIR_PREFIX}{run}.{}.{start}", owner.pid),
+        None => format!("{DIR_PREFIX}{run}-{}", owner.pid),
+    }
+}
+
+/// The cgroup to make runs in, for a process whose own v2 cgroup is `own`: the one above
+/// it when `own` is a driver's leaf.
+fn beside_own_leaf(own: PathBuf) -> PathBuf {
+    let is_leaf = own
+        .file_name()
+        .and_then(|name| name.to_str())
+        .and_then(parse_run_dir_name)
+        .is_some_and(|(run, _)| run == LEAF_RUN);
+    match own.parent() {
+        Some(parent) if is_leaf => parent.to_owned(),
+        _ => own,
+    }
+}
+
+// ---------------------------------------------------------------------------
 // File system steps
 
 /// Creates and removes a uniquely named directory in `dir`.
-fn check_writable(dir: &Path) -> Result<(), String> {
+fn check_writable(tree: &dyn Tree, dir: &Path) -> Result<(), String> {
     let probe = dir.join(format!(
         "{DIR_PREFIX}probe.{}-{}",
         PROBE_COUNTER.fetch_add(1, Ordering::Relaxed),
         std::process::id()
     ));
-    fs::create_dir(&probe)
+    tree.mkdir(&probe)
         .map_err(|err| format!("cannot create a cgroup in {}: {err}", dir.display()))?;
-    fs::remove_dir(&probe)
+    tree.rmdir(&probe)
         .map_err(|err| format!("cannot remove probe cgroup {}: {err}", probe.display()))
 }
 
 /// Checks that a v2 cgroup may use the memory controller.
-fn check_v2_memory(dir: &Path) -> Result<(), String> {
+fn check_v2_memory(tree: &dyn Tree, dir: &Path) -> Result<(), String> {
     let file = dir.join("cgroup.controllers");
-    let text = fs::read_to_string(&file)
+    let text = tree
+        .read(&file)
         .map_err(|err| format!("cannot read {}: {err}", file.display()))?;
     if lists_controller(&text, "memory") {
         Ok(())
@@ -445,21 +626,70 @@ fn check_v2_memory(dir: &Path) -> Result<(), String> {
     }
 }
 
+/// Makes the memory controller available to the children of the v2 cgroup `parent`: when
+/// it is not yet and this process is in `parent`, moves it into a leaf of its own first
+/// (no process may stay in a cgroup whose children use a controller).
+fn delegate_memory(tree: &dyn Tree, parent: &Path) -> Result<(), CgroupError> {
+    let control = parent.join("cgroup.subtree_control");
+    let enabled = tree.read(&control).map_err(|source| CgroupError::Read {
+        path: control.clone(),
+        source,
+    })?;
+    if lists_controller(&enabled, "memory") {
+        return Ok(());
+    }
+    let procs_file = parent.join("cgroup.procs");
+    let procs = tree
+        .read(&procs_file)
+        .map(|text| parse_procs(&text))
+        .map_err(|source| CgroupError::Read {
+            path: procs_file,
+            source,
+        })?;
+    if procs.contains(&std::process::id()) {
+        move_into_leaf(tree, parent)?;
+    }
+    enable_memory_controller(tree, parent)
+}
+
+/// Moves this process into its own leaf under `parent`, made for it.
+fn move_into_leaf(tree: &dyn Tree, parent: &Path) -> Result<(), CgroupError> {
+    let leaf = parent.join(owned_dir_name(LEAF_RUN, &Owner::this_process()));
+    match tree.mkdir(&leaf) {
+        Ok(()) => {}
+        // Made by this very process before (its name says so).
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(source) => return Err(CgroupError::Create { path: leaf, source }),
+    }
+    write_value(
+        tree,
+        &leaf.join("cgroup.procs"),
+        &std::process::id().to_string(),
+    )?;
+    tracing::info!(leaf = %leaf.display(), "moved the driver into a cgroup of its own");
+    Ok(())
+}
+
 /// Writes `+memory` to `dir/cgroup.subtree_control` unless it is already there.
-fn enable_memory_controller(dir: &Path) -> Result<(), CgroupError> {
+fn enable_memory_controller(tree: &dyn Tree, dir: &Path) -> Result<(), CgroupError> {
     let path = dir.join("cgroup.subtree_control");
-    let current = fs::read_to_string(&path).map_err(|source| CgroupError::Read {
+    let current = tree.read(&path).map_err(|source| CgroupError::Read {
         path: path.clone(),
         source,
     })?;
     if lists_controller(&current, "memory") {
         return Ok(());
     }
-    match write_raw(&path, "+memory") {
+    match tree.write(&path, "+memory") {
         Ok(()) => Ok(()),
         Err(source) if source.raw_os_error() == Some(Errno::EBUSY as i32) => {
+            let others = tree
+                .read(&dir.join("cgroup.procs"))
+                .map(|text| parse_procs(&text).len())
+                .unwrap_or(0);
             Err(CgroupError::ControllerBusy {
                 path: dir.to_path_buf(),
+                others,
                 source,
             })
         }
@@ -471,61 +701,52 @@ fn enable_memory_controller(dir: &Path) -> Result<(), CgroupError> {
     }
 }
 
-fn limit_v1(dir: &Path, limit: u64) -> Result<(), CgroupError> {
+fn limit_v1(tree: &dyn Tree, dir: &Path, limit: u64) -> Result<(), CgroupError> {
     let value = limit.to_string();
-    write_value(&dir.join("memory.limit_in_bytes"), &value)?;
+    write_value(tree, &dir.join("memory.limit_in_bytes"), &value)?;
     let memsw = dir.join("memory.memsw.limit_in_bytes");
-    if memsw.exists() {
-        write_value(&memsw, &value)?;
+    if tree.exists(&memsw) {
+        write_value(tree, &memsw, &value)?;
     }
     Ok(())
 }
 
-fn limit_v2(dir: &Path, limit: u64) -> Result<(), CgroupError> {
-    write_value(&dir.join("memory.max"), &limit.to_string())?;
+fn limit_v2(tree: &dyn Tree, dir: &Path, limit: u64) -> Result<(), CgroupError> {
+    write_value(tree, &dir.join("memory.max"), &limit.to_string())?;
     let swap = dir.join("memory.swap.max");
-    if swap.exists() {
-        write_value(&swap, "0")?;
+    if tree.exists(&swap) {
+        write_value(tree, &swap, "0")?;
     }
     let group = dir.join("memory.oom.group");
-    if group.exists() {
-        write_value(&group, "1")?;
+    if tree.exists(&group) {
+        write_value(tree, &group, "1")?;
     }
     Ok(())
 }
 
-fn create_dir(path: &Path) -> Result<(), CgroupError> {
-    fs::create_dir(path).map_err(|source| CgroupError::Create {
+fn create_dir(tree: &dyn Tree, path: &Path) -> Result<(), CgroupError> {
+    tree.mkdir(path).map_err(|source| CgroupError::Create {
         path: path.to_path_buf(),
         source,
     })
 }
 
-fn write_value(path: &Path, value: &str) -> Result<(), CgroupError> {
-    write_raw(path, value).map_err(|source| CgroupError::Write {
-        path: path.to_path_buf(),
-        value: value.to_owned(),
-        source,
-    })
-}
-
-/// One `write` to an existing file: cgroupfs files must not be created or truncated.
-fn write_raw(path: &Path, value: &str) -> io::Result<()> {
-    fs::OpenOptions::new()
-        .write(true)
-        .open(path)?
-        .write_all(value.as_bytes())
+fn write_value(tree: &dyn Tree, path: &Path, value: &str) -> Result<(), CgroupError> {
+    tree.write(path, value)
+        .map_err(|source| CgroupError::Write {
+            path: path.to_path_buf(),
+            value: value.to_owned(),
+            source,
+        })
 }
 
 /// Kills everything in `dir` and its descendants, then removes them bottom-up.
-/// Returns whether `dir` is gone.
-fn remove_tree(dir: &Path) -> bool {
-    match fs::read_dir(dir) {
-        Ok(entries) => {
-            for entry in entries.flatten() {
-                if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
-                    remove_tree(&entry.path());
-                }
+/// Returns whether `dir` is gone. Blocks.
+fn remove_tree(tree: &dyn Tree, dir: &Path) -> bool {
+    match tree.children(dir) {
+        Ok(children) => {
+            for child in children {
+                remove_tree(tree, &child);
             }
         }
         Err(err) if err.kind() == io::ErrorKind::NotFound => return true,
@@ -533,23 +754,23 @@ fn remove_tree(dir: &Path) -> bool {
             tracing::warn!(path = %dir.display(), error = %err, "cannot list cgroup");
         }
     }
-    kill_all(dir);
-    remove_dir(dir)
+    kill_all(tree, dir);
+    remove_dir(tree, dir)
 }
 
 /// SIGKILLs the processes of one cgroup until `cgroup.procs` is empty, for a
-/// bounded number of rounds. Never signals this process.
-fn kill_all(dir: &Path) {
+/// bounded number of rounds. Never signals this process. Blocks.
+fn kill_all(tree: &dyn Tree, dir: &Path) {
     let kill_file = dir.join("cgroup.kill");
-    if kill_file.exists() {
-        if let Err(err) = write_raw(&kill_file, "1") {
+    if tree.exists(&kill_file) {
+        if let Err(err) = tree.write(&kill_file, "1") {
             tracing::warn!(path = %kill_file.display(), error = %err, "cgroup.kill failed");
         }
     }
     let procs = dir.join("cgroup.procs");
     let own = std::process::id();
     for _ in 0..KILL_ROUNDS {
-        let pids = match fs::read_to_string(&procs) {
+        let pids = match tree.read(&procs) {
             Ok(text) => parse_procs(&text),
             Err(err) if err.kind() == io::ErrorKind::NotFound => return,
             Err(err) => {
@@ -560,27 +781,25 @@ fn kill_all(dir: &Path) {
         if pids.contains(&own) {
             tracing::warn!(path = %dir.display(), pid = own, "this process is in the cgroup; not killing it");
         }
-        let targets: Vec<Pid> = pids
+        let targets: Vec<u32> = pids
             .into_iter()
-            .filter(|&pid| pid != own)
-            .filter_map(signalable_pid)
+            .filter(|&pid| pid != own && signalable_pid(pid).is_some())
             .collect();
         if targets.is_empty() {
             return;
         }
         for pid in targets {
-            // ESRCH: it exited meanwhile, which is what we want.
-            let _ = kill(pid, Signal::SIGKILL);
+            tree.kill(pid);
         }
         thread::sleep(ROUND_PAUSE);
     }
     tracing::warn!(path = %dir.display(), rounds = KILL_ROUNDS, "processes survived SIGKILL");
 }
 
-/// `rmdir` with a bounded retry while the kernel still reports EBUSY.
-fn remove_dir(dir: &Path) -> bool {
+/// `rmdir` with a bounded retry while the kernel still reports EBUSY. Blocks.
+fn remove_dir(tree: &dyn Tree, dir: &Path) -> bool {
     for _ in 0..RMDIR_ROUNDS {
-        match fs::remove_dir(dir) {
+        match tree.rmdir(dir) {
             Ok(()) => return true,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return true,
             Err(err) if err.raw_os_error() == Some(Errno::EBUSY as i32) => {
@@ -892,13 +1111,31 @@ fn lists_controller(text: &str, controller: &str) -> bool {
     text.split_whitespace().any(|name| name == controller)
 }
 
-/// `trainyard-<run>-<pid>` → `(run, pid)`.
-fn parse_run_dir_name(name: &str) -> Option<(&str, u32)> {
-    let (run, pid) = name.strip_prefix(DIR_PREFIX)?.rsplit_once('-')?;
-    if run.is_empty() || pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+/// `trainyard-<run>.<pid>.<start>` → `(run, pid and start)`; the names of earlier versions,
+/// `trainyard-<run>-<pid>`, → `(run, pid)`. A name is one or the other: digits hold no `.`
+/// and no `-`.
+fn parse_run_dir_name(name: &str) -> Option<(&str, Owner)> {
+    let rest = name.strip_prefix(DIR_PREFIX)?;
+    let digits = |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    let mut fields = rest.rsplitn(3, '.');
+    if let (Some(start), Some(pid), Some(run)) = (fields.next(), fields.next(), fields.next()) {
+        if !run.is_empty() && digits(pid) && digits(start) {
+            let owner = Owner {
+                pid: pid.parse().ok()?,
+                start_time: Some(start.parse().ok()?),
+            };
+            return Some((run, owner));
+        }
+    }
+    let (run, pid) = rest.rsplit_once('-')?;
+    if run.is_empty() || !digits(pid) {
         return None;
     }
-    Some((run, pid.parse().ok()?))
+    let owner = Owner {
+        pid: pid.parse().ok()?,
+        start_time: None,
+    };
+    Some((run, owner))
 }
 
 /// A run or worker name must be one harmless directory name.
@@ -1288,22 +1525,56 @@ junk
     }
 
     #[test]
-    fn run_directory_names_give_their_run_and_pid() {
-        let cases: &[(&str, Option<(&str, u32)>)] = &[
-            ("trainyard-job-42", Some(("job", 42))),
-            ("trainyard-my-job-7-123", Some(("my-job-7", 123))),
-            ("trainyard-probe.3-9", Some(("probe.3", 9))),
+    fn run_directory_names_give_their_run_and_driver() {
+        let by_pid = |pid| Owner {
+            pid,
+            start_time: None,
+        };
+        let by_pid_and_start = |pid, start| Owner {
+            pid,
+            start_time: Some(start),
+        };
+        let cases: &[(&str, Option<(&str, Owner)>)] = &[
+            ("trainyard-job.42.7", Some(("job", by_pid_and_start(42, 7)))),
+            (
+                "trainyard-my-job.1.2.3",
+                Some(("my-job.1", by_pid_and_start(2, 3))),
+            ),
+            (
+                "trainyard-@driver.5.600",
+                Some(("@driver", by_pid_and_start(5, 600))),
+            ),
+            ("trainyard-job-42", Some(("job", by_pid(42)))),
+            ("trainyard-my-job-7-123", Some(("my-job-7", by_pid(123)))),
+            ("trainyard-probe.3-9", Some(("probe.3", by_pid(9)))),
+            ("trainyard-a-1.2-3", Some(("a-1.2", by_pid(3)))),
+            ("trainyard-.42.7", None),
+            ("trainyard-job.42.", None),
+            ("trainyard-job..7", None),
+            ("trainyard-job.4x.7", None),
+            ("trainyard-job.42.99999999999999999999999", None),
             ("trainyard--42", None),
             ("trainyard-job-", None),
             ("trainyard-job-+4", None),
             ("trainyard-job-99999999999", None),
             ("trainyard-42", None),
             ("other-job-42", None),
+            ("other-job.42.7", None),
             ("", None),
         ];
         for (name, expected) in cases {
             assert_eq!(parse_run_dir_name(name), *expected, "input {name:?}");
         }
+        let me = Owner {
+            pid: 42,
+            start_time: Some(7),
+        };
+        assert_eq!(owned_dir_name("job", &me), "trainyard-job.42.7");
+        assert_eq!(
+            parse_run_dir_name(&owned_dir_name(LEAF_RUN, &me)),
+            Some((LEAF_RUN, me))
+        );
+        assert_eq!(owned_dir_name("job", &by_pid(42)), "trainyard-job-42");
     }
 
     #[test]
@@ -1354,16 +1625,369 @@ junk
     }
 
     // -----------------------------------------------------------------------
+    // Cgroup v2 against a fake tree: this machine's v2 hierarchy has no memory controller.
+
+    /// A cgroup v2 tree in a temporary directory that keeps the kernel's rules this module
+    /// relies on: `mkdir` makes a cgroup's files (its controllers are those its parent
+    /// enables for its children), a controller is enabled for the children only of a cgroup
+    /// that holds no process (the root excepted) and moved into only one whose children use
+    /// no controller, writing a pid to `cgroup.procs` moves it, a cgroup with processes or
+    /// children cannot be removed, and a kill takes a process out of the tree.
+    #[derive(Debug)]
+    struct FakeV2 {
+        root: tempfile::TempDir,
+        killed: std::sync::Mutex<Vec<u32>>,
+    }
+
+    impl FakeV2 {
+        /// A root whose cgroups may use `cpu`, `io`, `memory` and `pids`.
+        fn new() -> Self {
+            let root = tempfile::tempdir().expect("a temporary directory");
+            for (file, text) in [
+                ("cgroup.controllers", "cpu io memory pids\n"),
+                ("cgroup.subtree_control", ""),
+                ("cgroup.procs", ""),
+            ] {
+                fs::write(root.path().join(file), text).expect("write the root's files");
+            }
+            Self {
+                root,
+                killed: std::sync::Mutex::new(Vec::new()),
+            }
+        }
+
+        fn root(&self) -> &Path {
+            self.root.path()
+        }
+
+        /// The pids in `dir`.
+        fn procs(&self, dir: &Path) -> Vec<u32> {
+            parse_procs(&fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default())
+        }
+
+        /// Puts `pid` in `dir`, wherever it was.
+        fn place(&self, dir: &Path, pid: u32) {
+            self.take_out(self.root(), pid);
+            let mut pids = self.procs(dir);
+            pids.push(pid);
+            write_pids(dir, &pids);
+        }
+
+        /// Takes `pid` out of `dir` and every cgroup below it.
+        fn take_out(&self, dir: &Path, pid: u32) {
+            let pids = self.procs(dir);
+            if pids.contains(&pid) {
+                write_pids(
+                    dir,
+                    &pids.into_iter().filter(|&p| p != pid).collect::<Vec<_>>(),
+                );
+            }
+            for child in self.children(dir).unwrap_or_default() {
+                self.take_out(&child, pid);
+            }
+        }
+
+        fn busy() -> io::Error {
+            io::Error::from_raw_os_error(Errno::EBUSY as i32)
+        }
+    }
+
+    fn write_pids(dir: &Path, pids: &[u32]) {
+        let text: String = pids.iter().map(|pid| format!("{pid}\n")).collect();
+        fs::write(dir.join("cgroup.procs"), text).expect("write cgroup.procs");
+    }
+
+    impl Tree for FakeV2 {
+        fn read(&self, path: &Path) -> io::Result<String> {
+            fs::read_to_string(path)
+        }
+
+        fn write(&self, path: &Path, value: &str) -> io::Result<()> {
+            if !path.is_file() {
+                return Err(io::Error::from(io::ErrorKind::NotFound));
+            }
+            let dir = path.parent().unwrap_or(self.root());
+            let is_root = dir == self.root();
+            match path.file_name().and_then(|n| n.to_str()) {
+                Some("cgroup.subtree_control") => {
+                    let available = fs::read_to_string(dir.join("cgroup.controllers"))?;
+                    let mut enabled = fs::read_to_string(path)?;
+                    for token in value.split_whitespace() {
+                        let controller = token.trim_start_matches('+');
+                        if !lists_controller(&available, controller) {
+                            return Err(io::Error::from_raw_os_error(Errno::ENOENT as i32));
+                        }
+                        if !is_root && !self.procs(dir).is_empty() {
+                            return Err(Self::busy());
+                        }
+                        if !lists_controller(&enabled, controller) {
+                            enabled = format!("{} {controller}", enabled.trim()).trim().to_owned();
+                        }
+                    }
+                    fs::write(path, format!("{enabled}\n"))
+                }
+                Some("cgroup.procs") => {
+                    let pid: u32 = value
+                        .trim()
+                        .parse()
+                        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+                    let enabled = fs::read_to_string(dir.join("cgroup.subtree_control"))?;
+                    if !is_root && !enabled.trim().is_empty() {
+                        return Err(Self::busy());
+                    }
+                    self.place(dir, pid);
+                    Ok(())
+                }
+                Some("cgroup.kill") => {
+                    for pid in self.procs(dir) {
+                        self.kill(pid);
+                    }
+                    Ok(())
+                }
+                _ => fs::write(path, value),
+            }
+        }
+
+        fn exists(&self, path: &Path) -> bool {
+            path.exists()
+        }
+
+        fn mkdir(&self, path: &Path) -> io::Result<()> {
+            fs::create_dir(path)?;
+            let parent = path.parent().unwrap_or(self.root());
+            let controllers = fs::read_to_string(parent.join("cgroup.subtree_control"))?;
+            let mut files = vec![
+                ("cgroup.controllers", controllers.clone()),
+                ("cgroup.subtree_control", String::new()),
+                ("cgroup.procs", String::new()),
+                ("cgroup.kill", String::new()),
+            ];
+            if lists_controller(&controllers, "memory") {
+                files.extend([
+                    ("memory.max", "max\n".to_owned()),
+                    ("memory.swap.max", "max\n".to_owned()),
+                    ("memory.oom.group", "0\n".to_owned()),
+                    ("memory.events", "oom 0\noom_kill 0\n".to_owned()),
+                ]);
+            }
+            for (file, text) in files {
+                fs::write(path.join(file), text)?;
+            }
+            Ok(())
+        }
+
+        fn rmdir(&self, path: &Path) -> io::Result<()> {
+            if !path.is_dir() {
+                return Err(io::Error::from(io::ErrorKind::NotFound));
+            }
+            if !self.procs(path).is_empty() || !self.children(path)?.is_empty() {
+                return Err(Self::busy());
+            }
+            fs::remove_dir_all(path)
+        }
+
+        fn children(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+            Cgroupfs.children(path)
+        }
+
+        fn kill(&self, pid: u32) {
+            self.take_out(self.root(), pid);
+            self.killed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(pid);
+        }
+    }
+
+    /// A pid no process of this machine has (above any `pid_max`), standing for another
+    /// process in the fake tree.
+    const SOMEONE_ELSE: u32 = 1 << 30;
+
+    /// A fake host: the driver (this process) in `job`, a v2 cgroup with the memory
+    /// controller delegated to it, alone or with `others`.
+    fn fake_host(others: &[u32]) -> (Arc<FakeV2>, PathBuf) {
+        let tree = Arc::new(FakeV2::new());
+        tree.write(&tree.root().join("cgroup.subtree_control"), "+memory")
+            .expect("the root enables memory");
+        let job = tree.root().join("job");
+        tree.mkdir(&job).expect("mkdir job");
+        tree.place(&job, std::process::id());
+        for &other in others {
+            tree.place(&job, other);
+        }
+        (tree, job)
+    }
+
+    #[test]
+    fn on_cgroup_v2_the_driver_moves_into_a_leaf_so_that_its_cgroup_can_limit_workers() {
+        let (tree, job) = fake_host(&[]);
+        let me = Owner::this_process();
+        let enforcement = MemoryEnforcement::CgroupV2 {
+            parent: job.clone(),
+        };
+        let run = enforcement
+            .create_run_in(Arc::clone(&tree) as Arc<dyn Tree>, "job-1")
+            .expect("the run's cgroup is made");
+        let leaf = job.join(owned_dir_name(LEAF_RUN, &me));
+        assert_eq!(tree.procs(&leaf), [me.pid], "the driver is in its leaf");
+        assert!(
+            tree.procs(&job).is_empty(),
+            "no process is left in the parent"
+        );
+        let enabled = fs::read_to_string(job.join("cgroup.subtree_control")).expect("read");
+        assert!(lists_controller(&enabled, "memory"), "{enabled:?}");
+        assert_eq!(run.path(), job.join(owned_dir_name("job-1", &me)));
+
+        let worker = run
+            .create_worker("rank-0", 64 * MIB)
+            .expect("the worker's cgroup is made");
+        let read = |file: &str| fs::read_to_string(worker.path().join(file)).expect("read");
+        assert_eq!(read("memory.max").trim(), (64 * MIB).to_string());
+        assert_eq!(read("memory.swap.max").trim(), "0");
+        assert_eq!(read("memory.oom.group").trim(), "1");
+        worker.join(SOMEONE_ELSE).expect("a worker joins");
+        assert_eq!(worker.oom_kills(), 0);
+
+        // A second run of the same driver finds the controller enabled and the driver moved.
+        let again = enforcement
+            .create_run_in(Arc::clone(&tree) as Arc<dyn Tree>, "job-2")
+            .expect("a second run");
+        again.remove();
+        run.remove();
+        assert!(!worker.path().exists() && !job.join(owned_dir_name("job-1", &me)).exists());
+        assert!(
+            tree.killed.lock().expect("lock").contains(&SOMEONE_ELSE),
+            "what was left in the worker's cgroup is killed"
+        );
+        assert_eq!(tree.procs(&leaf), [me.pid], "the driver stays in its leaf");
+    }
+
+    #[test]
+    fn on_cgroup_v2_other_processes_beside_the_driver_make_limits_fall_back_with_why() {
+        let (tree, job) = fake_host(&[SOMEONE_ELSE]);
+        let enforcement = MemoryEnforcement::CgroupV2 {
+            parent: job.clone(),
+        };
+        let error = enforcement
+            .create_run_in(Arc::clone(&tree) as Arc<dyn Tree>, "job")
+            .expect_err("the other process keeps the controller off");
+        assert!(
+            matches!(&error, CgroupError::ControllerBusy { path, others: 1, .. } if *path == job),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("1 other process"), "{error}");
+        assert_eq!(
+            tree.procs(&job),
+            [SOMEONE_ELSE],
+            "the other process is not moved"
+        );
+        let runs: Vec<_> = tree
+            .children(&job)
+            .expect("list")
+            .into_iter()
+            .filter_map(|dir| {
+                let name = dir.file_name()?.to_str()?.to_owned();
+                parse_run_dir_name(&name).map(|(run, _)| run.to_owned())
+            })
+            .collect();
+        assert_eq!(runs, [LEAF_RUN], "no run cgroup is left behind");
+    }
+
+    #[test]
+    fn on_cgroup_v2_a_driver_in_its_leaf_makes_its_runs_beside_it() {
+        let (tree, job) = fake_host(&[]);
+        MemoryEnforcement::CgroupV2 {
+            parent: job.clone(),
+        }
+        .create_run_in(Arc::clone(&tree) as Arc<dyn Tree>, "first")
+        .expect("the first run moves the driver")
+        .remove();
+        let leaf = owned_dir_name(LEAF_RUN, &Owner::this_process());
+        let mountinfo = format!(
+            "41 31 0:38 / {} rw,relatime - cgroup2 cgroup2 rw\n",
+            tree.root().display()
+        );
+        let probed =
+            MemoryEnforcement::probe_in(tree.as_ref(), &format!("0::/job/{leaf}\n"), &mountinfo);
+        assert_eq!(
+            probed,
+            MemoryEnforcement::CgroupV2 {
+                parent: job.clone()
+            }
+        );
+        let probed = MemoryEnforcement::probe_in(tree.as_ref(), "0::/job\n", &mountinfo);
+        assert_eq!(probed, MemoryEnforcement::CgroupV2 { parent: job });
+    }
+
+    #[test]
+    fn sweeping_judges_a_directory_by_its_drivers_pid_and_start_time() {
+        let (tree, job) = fake_host(&[]);
+        let me = Owner::this_process();
+        let Some(start) = me.start_time else {
+            eprintln!("SKIP: sweeping test: /proc/self/stat has no start time");
+            return;
+        };
+        let reused = Owner {
+            pid: me.pid,
+            start_time: Some(start.wrapping_sub(1)),
+        };
+        let gone = Owner {
+            pid: i32::MAX.unsigned_abs(),
+            start_time: Some(1),
+        };
+        let kept = [
+            owned_dir_name("ours", &me),
+            owned_dir_name(LEAF_RUN, &me),
+            // An earlier version's name: this pid runs, so it is kept.
+            format!("{DIR_PREFIX}legacy-{}", me.pid),
+            "not-ours".to_owned(),
+        ];
+        let swept = [
+            owned_dir_name("reused-pid", &reused),
+            owned_dir_name(LEAF_RUN, &reused),
+            owned_dir_name("gone", &gone),
+            format!("{DIR_PREFIX}legacy-{}", i32::MAX),
+        ];
+        for name in kept.iter().chain(&swept) {
+            tree.mkdir(&job.join(name)).expect("mkdir");
+        }
+        let stale_worker = job.join(&swept[0]).join("rank-0");
+        tree.mkdir(&stale_worker).expect("mkdir worker");
+        tree.place(&stale_worker, SOMEONE_ELSE);
+
+        assert_eq!(sweep_stale_in(tree.as_ref(), &job), swept.len());
+        for name in &kept {
+            assert!(job.join(name).is_dir(), "{name} was swept");
+        }
+        for name in &swept {
+            assert!(!job.join(name).exists(), "{name} was not swept");
+        }
+        assert_eq!(*tree.killed.lock().expect("lock"), [SOMEONE_ELSE]);
+    }
+
+    // -----------------------------------------------------------------------
     // Tests against the real cgroupfs of this machine.
 
     /// The probed parent cgroup, or `None` after printing why the test is skipped.
     fn cgroup_or_skip(test: &str) -> Option<MemoryEnforcement> {
         match MemoryEnforcement::probe() {
             MemoryEnforcement::Rlimit { why } => {
-                eprintln!("skipping {test}: no usable memory cgroup ({why})");
+                eprintln!("SKIP: {test}: no usable memory cgroup ({why})");
                 None
             }
             cgroup => Some(cgroup),
+        }
+    }
+
+    /// A run's cgroup, or `None` after printing why the test is skipped (on cgroup v2, say,
+    /// where the test's cgroup holds other processes).
+    fn run_or_skip(enforcement: &MemoryEnforcement, test: &str) -> Option<RunCgroup> {
+        match enforcement.create_run(test) {
+            Ok(run) => Some(run),
+            Err(error) => {
+                eprintln!("SKIP: {test}: cannot create a run cgroup ({error})");
+                None
+            }
         }
     }
 
@@ -1407,7 +2031,9 @@ junk
         let Some(enforcement) = cgroup_or_skip("oom test") else {
             return;
         };
-        let run = enforcement.create_run("oom-test").expect("create run");
+        let Some(run) = run_or_skip(&enforcement, "oom-test") else {
+            return;
+        };
         let worker = run
             .create_worker("rank-0", 64 * MIB)
             .expect("create worker");
@@ -1449,9 +2075,9 @@ junk
         let Some(enforcement) = cgroup_or_skip("under-limit test") else {
             return;
         };
-        let run = enforcement
-            .create_run("under-limit-test")
-            .expect("create run");
+        let Some(run) = run_or_skip(&enforcement, "under-limit-test") else {
+            return;
+        };
         let worker = run
             .create_worker("rank-0", 256 * MIB)
             .expect("create worker");
@@ -1481,9 +2107,9 @@ junk
         let Some(enforcement) = cgroup_or_skip("join_self test") else {
             return;
         };
-        let run = enforcement
-            .create_run("join-self-test")
-            .expect("create run");
+        let Some(run) = run_or_skip(&enforcement, "join-self-test") else {
+            return;
+        };
         let worker = run
             .create_worker("rank-0", 64 * MIB)
             .expect("create worker");
@@ -1539,6 +2165,7 @@ junk
             path: stale_worker.clone(),
             limit: 0,
             hierarchy: Hierarchy::V1,
+            tree: Arc::new(Cgroupfs),
         };
         let mut child = Command::new("sleep")
             .arg("30")
@@ -1546,9 +2173,12 @@ junk
             .spawn()
             .expect("spawn sleep");
         leftover.join(child.id()).expect("join stale worker");
-        let ours = enforcement
-            .create_run("sweep-test")
-            .expect("create our run");
+        let Some(ours) = run_or_skip(&enforcement, "sweep-test") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            remove_tree(&Cgroupfs, &stale);
+            return;
+        };
 
         let removed = sweep_stale(parent);
         let status = wait_bounded(&mut child, Duration::from_secs(5));

@@ -81,6 +81,7 @@ pub mod config;
 mod exec;
 mod handin;
 mod process;
+pub mod procfs;
 mod python;
 mod report;
 mod watchdog;

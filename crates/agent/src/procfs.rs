@@ -1,20 +1,21 @@
 //! What `/proc/<pid>/stat` says about a process: its state, process group and start time.
+//! A pid with its start time names one process for good: a pid alone may be reused.
 
 /// The fields of a `/proc/<pid>/stat` line that the runtime uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Stat {
+pub struct Stat {
     /// Field 3: `R`, `S`, `Z` (zombie), `X` (dead), ...
-    pub(crate) state: char,
+    pub state: char,
     /// Field 5: the process group.
-    pub(crate) group: u32,
+    pub group: u32,
     /// Field 22: when the process started, in clock ticks after boot (absent from a
     /// truncated line).
-    pub(crate) start_time: Option<u64>,
+    pub start_time: Option<u64>,
 }
 
 /// Parses a `/proc/<pid>/stat` line (`pid (comm) state ppid pgrp ...`; `comm` may hold
 /// spaces and parentheses, so fields are counted after the last `)`).
-pub(crate) fn parse_stat(stat: &str) -> Option<Stat> {
+pub fn parse_stat(stat: &str) -> Option<Stat> {
     let after_comm = &stat[stat.rfind(')')? + 1..];
     let mut fields = after_comm.split_whitespace();
     let state = fields.next()?.chars().next()?;
@@ -33,8 +34,15 @@ pub(crate) fn parse_stat(stat: &str) -> Option<Stat> {
 ///
 /// # Errors
 /// When the file cannot be read (no such process, or one this user may not see).
-pub(crate) fn read_stat(pid: u32) -> std::io::Result<Option<Stat>> {
+pub fn read_stat(pid: u32) -> std::io::Result<Option<Stat>> {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|text| parse_stat(&text))
+}
+
+/// When this process started, in clock ticks after boot; `None` without a readable
+/// `/proc/self/stat`.
+#[must_use]
+pub fn own_start_time() -> Option<u64> {
+    read_stat(std::process::id()).ok().flatten()?.start_time
 }
 
 #[cfg(test)]

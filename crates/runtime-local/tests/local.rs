@@ -732,7 +732,11 @@ async fn enforced_memory_limits_reach_the_worker_and_are_cleaned_up() {
         .filter_map(|parent| std::fs::read_dir(parent).ok())
         .flat_map(|entries| entries.flatten())
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.starts_with("trainyard-memory-") && name.ends_with(&format!("-{own}")))
+        .filter(|name| {
+            // `trainyard-<run>.<pid>.<start>`, or `trainyard-<run>-<pid>` without a start time.
+            name.starts_with(&format!("trainyard-memory.{own}."))
+                || name == &format!("trainyard-memory-{own}")
+        })
         .collect();
     assert!(
         leftover.is_empty(),
@@ -767,7 +771,13 @@ fn memory_cgroup_dirs() -> Vec<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_by_the_oom_killer_dies_of_its_memory_limit() {
-    let cgroups = !matches!(MemoryEnforcement::probe(), MemoryEnforcement::Rlimit { .. });
+    let cgroups = match MemoryEnforcement::probe() {
+        MemoryEnforcement::Rlimit { why } => {
+            eprintln!("SKIP: the OOM killer's cause is not checked: no memory cgroup ({why})");
+            false
+        }
+        _ => true,
+    };
     let config = two_nodes("oom")
         .with_agent(functions_agent())
         .enforce_memory(true);
