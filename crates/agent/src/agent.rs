@@ -142,6 +142,7 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
     let code = runtime.block_on(serve(config, token, functions));
     // Tasks still running belong to a driver that is gone; do not wait for them.
     runtime.shutdown_timeout(Duration::from_millis(100));
+    crate::watchdog::flush();
     code
 }
 

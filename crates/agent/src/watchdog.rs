@@ -9,14 +9,17 @@
 //! and its private directory (`=PATH`, see [`crate::workdir`]), which the watchdog deletes
 //! after the kill, as the agent itself would have; end of file means the agent is gone. The
 //! watchdog leads its own process group (a kill of the agent's group does not reach it) and
-//! inherits nothing of the agent's environment.
+//! inherits nothing of the agent's environment. The agent writes those lines from a thread
+//! of its own, so that a watchdog slow to read never holds up the agent, and waits for them
+//! to be written before it exits.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead as _, Write as _};
+use std::io::{BufRead as _, Write};
 use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::{Mutex, OnceLock, PoisonError, mpsc};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -26,12 +29,25 @@ use crate::config::{ROLE, ROLE_WATCHDOG};
 /// The running agent's watchdog, once started.
 static WATCHDOG: OnceLock<Watchdog> = OnceLock::new();
 
-/// The agent's end of the watchdog.
+/// How long the agent waits, as it exits, for its last lines to reach the watchdog.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The agent's end of the watchdog: lines go to a thread of their own that writes them to
+/// the watchdog's stdin, so that no caller ever blocks on the pipe.
 #[derive(Debug)]
 struct Watchdog {
-    stdin: Mutex<ChildStdin>,
+    lines: Mutex<mpsc::Sender<Message>>,
     /// Kept so that the watchdog is not reaped by anyone else; it exits on its own.
     _child: Child,
+}
+
+/// What the writing thread is asked to do.
+#[derive(Debug)]
+enum Message {
+    /// Write a line.
+    Line(String),
+    /// Say when every line before has been written.
+    Flush(mpsc::Sender<()>),
 }
 
 /// Starts the watchdog of this agent. Without one (it cannot be started), tasks still end
@@ -51,8 +67,12 @@ pub(crate) fn start() {
             .stdin
             .take()
             .ok_or_else(|| std::io::Error::other("the watchdog has no stdin"))?;
+        let (lines, pending) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("trainyard-watchdog".to_owned())
+            .spawn(move || write_lines(stdin, &pending))?;
         Ok(Watchdog {
-            stdin: Mutex::new(stdin),
+            lines: Mutex::new(lines),
             _child: child,
         })
     });
@@ -66,9 +86,24 @@ pub(crate) fn start() {
     }
 }
 
+/// Writes the agent's lines to the watchdog's stdin, in order, until the agent is gone.
+fn write_lines(mut stdin: impl Write, pending: &mpsc::Receiver<Message>) {
+    for message in pending {
+        match message {
+            // A watchdog that is gone can do nothing more; the agent goes on without it.
+            Message::Line(line) => {
+                let _ = stdin.write_all(line.as_bytes());
+            }
+            Message::Flush(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
 /// Tells the watchdog about a task's process group (`started`) or that it is reaped.
 pub(crate) fn tell(group: u32, started: bool) {
-    send(&format!("{}{group}\n", if started { '+' } else { '-' }));
+    send(format!("{}{group}\n", if started { '+' } else { '-' }));
 }
 
 /// Asks the watchdog to delete `dir`, the agent's private directory, once the agent is gone.
@@ -76,21 +111,35 @@ pub(crate) fn tell(group: u32, started: bool) {
 /// exits normally).
 pub(crate) fn remove_at_end(dir: &std::path::Path) {
     match dir.to_str() {
-        Some(dir) if dir.starts_with('/') && !dir.contains('\n') => send(&format!("={dir}\n")),
+        Some(dir) if dir.starts_with('/') && !dir.contains('\n') => send(format!("={dir}\n")),
         _ => {}
     }
 }
 
-fn send(line: &str) {
+/// Waits (up to [`FLUSH_TIMEOUT`]) until every line told so far is written: before the agent
+/// exits, so that the watchdog never kills a group the agent has reaped. Blocks.
+pub(crate) fn flush() {
+    let (done, written) = mpsc::channel();
+    if send_message(Message::Flush(done)) {
+        let _ = written.recv_timeout(FLUSH_TIMEOUT);
+    }
+}
+
+fn send(line: String) {
+    send_message(Message::Line(line));
+}
+
+/// Hands a message to the writing thread; whether there is one.
+fn send_message(message: Message) -> bool {
     let Some(watchdog) = WATCHDOG.get() else {
-        return;
+        return false;
     };
-    let mut stdin = watchdog
-        .stdin
+    watchdog
+        .lines
         .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    // A watchdog that is gone can do nothing more; the agent goes on without it.
-    let _ = stdin.write_all(line.as_bytes());
+        .unwrap_or_else(PoisonError::into_inner)
+        .send(message)
+        .is_ok()
 }
 
 /// One line from the agent.
@@ -152,6 +201,51 @@ pub(crate) fn run() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pipe that takes its time.
+    struct Slow(std::sync::Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Slow {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            std::thread::sleep(Duration::from_millis(20));
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_reach_the_watchdog_in_order_and_a_flush_waits_for_them() {
+        let written = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let (lines, pending) = mpsc::channel();
+        let pipe = Slow(std::sync::Arc::clone(&written));
+        let writer = std::thread::spawn(move || write_lines(pipe, &pending));
+        let sent = std::time::Instant::now();
+        for line in ["+41\n", "-41\n", "=/tmp/x\n"] {
+            lines.send(Message::Line(line.to_owned())).expect("send");
+        }
+        assert!(
+            sent.elapsed() < Duration::from_millis(20),
+            "the sender does not wait for the pipe"
+        );
+        let (done, flushed) = mpsc::channel();
+        lines.send(Message::Flush(done)).expect("send");
+        flushed
+            .recv_timeout(Duration::from_secs(10))
+            .expect("flushed");
+        assert_eq!(
+            *written.lock().unwrap_or_else(PoisonError::into_inner),
+            b"+41\n-41\n=/tmp/x\n"
+        );
+        drop(lines);
+        writer.join().expect("the writer ends with the agent's end");
+    }
 
     #[test]
     fn lines_name_a_group_to_watch_or_forget_and_nothing_else_counts() {

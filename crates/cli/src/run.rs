@@ -27,6 +27,12 @@ const EVENT_BUFFER: usize = 4096;
 /// waiting (its own exit still kills them).
 const STOP_LIMIT: Duration = Duration::from_secs(30);
 
+/// How long the printer may take to write what the run streamed, once the run has ended.
+const PRINTER_DRAIN: Duration = Duration::from_secs(30);
+
+/// How long the driver waits, as it exits, for work left on its blocking threads.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(10);
+
 /// The RUN flags turned into the run's configuration.
 fn run_config(args: &RunArgs) -> Result<RunConfig, Failure> {
     let mut run = RunConfig::default();
@@ -222,7 +228,11 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
     if run.name.is_none() {
         run = run.name(name);
     }
-    runtime.block_on(drive(args, scaling, run, options, start))
+    let result = runtime.block_on(drive(args, scaling, run, options, start));
+    // What is left is clean-up on blocking threads (or a printer stuck on a stdout nobody
+    // reads): bounded.
+    runtime.shutdown_timeout(SHUTDOWN_LIMIT);
+    result
 }
 
 async fn drive(
@@ -260,7 +270,10 @@ async fn drive(
         .run_config(run)
         .executor_options(options)
         .events(events);
-    let printer = tokio::spawn(print_events(received, args.log_format, progress.clone()));
+    // Writing to a terminal or a pipe blocks: the printer has a thread of its own.
+    let format = args.log_format;
+    let printing = progress.clone();
+    let printer = tokio::task::spawn_blocking(move || print_events(received, format, &printing));
     let shortages = runtime
         .shortages()
         .map(|shortages| tokio::spawn(show_shortages(shortages, progress.clone())));
@@ -283,7 +296,14 @@ async fn drive(
     if let Some(shortages) = shortages {
         shortages.abort();
     }
-    let _ = printer.await;
+    // The printer ends once the run's events are printed; a stdout nobody reads would hold
+    // it forever.
+    if tokio::time::timeout(PRINTER_DRAIN, printer).await.is_err() {
+        tracing::warn!(
+            limit = ?PRINTER_DRAIN,
+            "the workers' last output was not all written: stdout is not read"
+        );
+    }
     progress.finish();
     match outcome {
         None => Err(Failure::interrupted()),
@@ -410,15 +430,16 @@ fn print_json(value: &serde_json::Value) {
 }
 
 /// Prints what the run streams: worker output with its rank prefix (stdout lines to stdout,
-/// stderr lines to stderr), and in JSON mode every event as one line.
-async fn print_events(mut events: mpsc::Receiver<RunEvent>, format: LogFormat, progress: Progress) {
+/// stderr lines to stderr), and in JSON mode every event as one line. Blocks: for a thread
+/// of its own.
+fn print_events(mut events: mpsc::Receiver<RunEvent>, format: LogFormat, progress: &Progress) {
     let mut out = io::stdout();
-    while let Some(event) = events.recv().await {
+    while let Some(event) = events.blocking_recv() {
         let written = match format {
             LogFormat::Json => serde_json::to_string(&event)
                 .map_err(io::Error::other)
                 .and_then(|line| progress.suspend(|| writeln!(out, "{line}"))),
-            LogFormat::Text => print_text(&event, &progress, &mut out),
+            LogFormat::Text => print_text(&event, progress, &mut out),
         };
         if let Err(error) = written {
             if error.kind() != io::ErrorKind::BrokenPipe {

@@ -93,3 +93,14 @@ pub use runtime::LocalRuntime;
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+/// Runs `work`, which blocks (it removes cgroups, waits for a file lock, scans `/proc`),
+/// where it holds up no async task: on the blocking threads of the tokio runtime this is
+/// called within (which waits for them when it shuts down), else right here, on a thread
+/// that may block. For `Drop` and other code that cannot wait.
+fn off_async_threads(work: impl FnOnce() + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(work)),
+        Err(_) => work(),
+    }
+}

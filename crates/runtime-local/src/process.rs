@@ -75,13 +75,21 @@ impl AgentProcess for LocalProcess {
 /// SIGKILLs the process group led by `task`, while that process still exists and leads its
 /// group (a zombie counts: its pid cannot be reused until it is reaped), or while any
 /// process is still in the group (its id cannot be handed out again while it is in use).
+/// The first is one small read, done now; the second a scan of `/proc`, done off the async
+/// threads.
 pub(crate) fn kill_task_group(task: u32) {
     let Ok(raw) = i32::try_from(task) else {
         return;
     };
-    if task_group_alive(task) || group_has_members(task) {
+    if task_group_alive(task) {
         let _ = killpg(Pid::from_raw(raw), Signal::SIGKILL);
+        return;
     }
+    crate::off_async_threads(move || {
+        if group_has_members(task) {
+            let _ = killpg(Pid::from_raw(raw), Signal::SIGKILL);
+        }
+    });
 }
 
 /// Whether some process is in process group `group`.

@@ -75,10 +75,14 @@ struct Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         self.hub.end_now();
-        if self.core.memory.has_run_cgroup() {
-            self.core.memory.remove_all();
-        }
-        ledger::release_now(&self.core);
+        // Removing the run's cgroups and taking the ledger's lock block: not here.
+        let core = Arc::clone(&self.core);
+        crate::off_async_threads(move || {
+            if core.memory.has_run_cgroup() {
+                core.memory.remove_all();
+            }
+            ledger::release_now(&core);
+        });
     }
 }
 
@@ -311,9 +315,9 @@ impl Drop for Starting<'_> {
             return;
         }
         self.core.book().release(self.actor);
-        // No process ever joined it, so removing it is a quick rmdir.
+        // No process ever joined it, but the kernel may keep it busy for a moment.
         if let Some(cgroup) = self.cgroup.take() {
-            cgroup.remove();
+            crate::off_async_threads(move || cgroup.remove());
         }
     }
 }

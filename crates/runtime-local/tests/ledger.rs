@@ -224,7 +224,7 @@ mod runtimes {
     use trainyard_resources::ResourceAmount;
     use trainyard_runtime::{ActorRuntime, RuntimeError, conformance};
     use trainyard_runtime_local::detect::{Machine, Overrides, plan_nodes};
-    use trainyard_runtime_local::ledger::LedgerLocation;
+    use trainyard_runtime_local::ledger::{LedgerLocation, live_runs};
     use trainyard_runtime_local::{LocalConfig, LocalRuntime, WhenBusy};
 
     const LIMIT: Duration = Duration::from_secs(120);
@@ -384,6 +384,62 @@ mod runtimes {
             );
             holder.shutdown().await;
             eager.shutdown().await;
+        };
+        timeout(LIMIT, test).await.expect("the test finishes");
+    }
+
+    /// Dropping a runtime gives its ledger entry back without waiting for the ledger's lock
+    /// on the thread that drops it: a task on the same (single) thread goes on at once, and
+    /// the entry goes once the lock is free.
+    #[tokio::test(flavor = "current_thread")]
+    async fn dropping_a_runtime_while_the_ledger_is_locked_holds_up_no_task() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ledger = dir.path().join("ledger");
+        let test = async {
+            let run = LocalRuntime::start(config(&ledger, "dropped", 1))
+                .await
+                .expect("start");
+            let pg = run.create_placement_group(&one_gpu()).await.expect("group");
+            run.wait_placement_group_ready(pg, LIMIT)
+                .await
+                .expect("fits");
+            let runs = |path: &Path| -> Vec<String> {
+                live_runs(path)
+                    .expect("ledger")
+                    .into_iter()
+                    .map(|entry| entry.run)
+                    .collect()
+            };
+            assert_eq!(runs(&ledger), ["dropped"]);
+            let mut lock_path = ledger.clone().into_os_string();
+            lock_path.push(".lock");
+            let lock_file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&lock_path)
+                .expect("the ledger's lock file");
+            let mut lock = fd_lock::RwLock::new(lock_file);
+            let guard = lock.try_write().expect("the ledger's lock is free");
+            let dropped = std::time::Instant::now();
+            drop(run);
+            assert!(
+                dropped.elapsed() < Duration::from_secs(1),
+                "dropping waited {:?} for the ledger's lock",
+                dropped.elapsed()
+            );
+            // The single thread is free: a timer fires on time.
+            let slept = std::time::Instant::now();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(slept.elapsed() < Duration::from_secs(1));
+            drop(guard);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !runs(&ledger).is_empty() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the dropped run's entry is still in the ledger"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         };
         timeout(LIMIT, test).await.expect("the test finishes");
     }
