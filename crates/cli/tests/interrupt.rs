@@ -9,9 +9,6 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-mod common;
-use common::{MARKER, left_behind};
-
 /// Waits up to `limit` for `child` to exit; its exit code (`None` when a signal ended it).
 fn exit_code_within(child: &mut Child, limit: Duration) -> Option<i32> {
     let deadline = Instant::now() + limit;
@@ -26,6 +23,28 @@ fn exit_code_within(child: &mut Child, limit: Duration) -> Option<i32> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Whether process `pid` still runs (a zombie runs no more).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with(['Z', 'X']))
+    })
+}
+
+/// Waits up to `limit` for process `pid` to be gone; whether it is.
+fn gone_within(pid: u32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while running(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
 }
 
 /// Waits up to `limit` for `path` to exist.
@@ -58,12 +77,10 @@ fn an_interrupt_while_the_runtime_starts_stops_what_was_started_and_exits_130() 
         .expect("write the stand-in");
         std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755))
             .expect("make it executable");
-        let mark = format!("interrupt-start-{signal}-{}", std::process::id());
         let mut child = Command::new(env!("CARGO_BIN_EXE_trainyard"))
             .args(["run", "--runtime", "ray", "--", "true"])
             .env("TRAINYARD_RAY_PYTHON", &python)
             .env_remove("RAY_ADDRESS")
-            .env(MARKER, &mark)
             .env("CI", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -75,17 +92,25 @@ fn an_interrupt_while_the_runtime_starts_stops_what_was_started_and_exits_130() 
             let _ = child.wait();
             panic!("{signal}: the stand-in for Python never started");
         }
+        let head: u32 = std::fs::read_to_string(&started)
+            .expect("the stand-in's pid")
+            .trim()
+            .parse()
+            .expect("a pid");
         let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
         kill(pid, signal).expect("interrupt the driver");
         let code = exit_code_within(&mut child, Duration::from_secs(30));
-        let left = left_behind(&mark, Duration::from_secs(5));
-        for pid in &left {
+        let stopped = gone_within(head, Duration::from_secs(5));
+        if !stopped {
             let _ = kill(
-                Pid::from_raw(i32::try_from(*pid).unwrap_or(i32::MAX)),
+                Pid::from_raw(i32::try_from(head).expect("pid")),
                 Signal::SIGKILL,
             );
         }
         assert_eq!(code, Some(130), "{signal}");
-        assert!(left.is_empty(), "{signal}: left behind: {left:?}");
+        assert!(
+            stopped,
+            "{signal}: the stand-in for the head (pid {head}) was left running"
+        );
     }
 }
