@@ -182,18 +182,53 @@ def classify(exc):
     return "ray"
 
 
-def death_kind(message):
-    text = message.lower()
-    if "ray.kill" in text:
-        return "killed"
-    # Before the node test: a dead worker's message names its node too.
-    if "worker process has died" in text or "worker unexpectedly exits" in text:
-        return "worker_died"
-    if "node" in text and ("terminated" in text or "died" in text or "heartbeat" in text):
-        return "node_died"
-    if "owner" in text and "died" in text:
-        return "owner_died"
-    return "other"
+# Ray's typed reason for an actor's death (`ActorDiedErrorContext.Reason` in the death cause
+# the GCS records for the actor), as the kind the Rust side matches on (`protocol::DeathKind`).
+DEATH_REASONS = {
+    "RAY_KILL": "killed",
+    "WORKER_DIED": "worker_died",
+    "NODE_DIED": "node_died",
+    "OWNER_DIED": "owner_died",
+}
+# How long the GCS may take to record a death that a caller has already seen.
+DEATH_CAUSE_WAIT_S = 2.0
+
+
+def death_kind(handle):
+    """The kind of the actor's death, read from the typed death cause the GCS recorded for it,
+    never from message text: "other" when it records none, or a cause without a reason."""
+    cause = _death_cause(handle)
+    if cause is None:
+        return "other"
+    context = cause.WhichOneof("context")
+    if context == "oom_context":
+        return "out_of_memory"
+    if context != "actor_died_error_context":
+        return "other"
+    died = cause.actor_died_error_context
+    try:
+        reason = type(died).Reason.Name(died.reason)
+    except ValueError:  # a reason newer than this bridge
+        return "other"
+    return DEATH_REASONS.get(reason, "other")
+
+
+def _death_cause(handle):
+    """The `ActorDeathCause` of a dead actor from the GCS actor table (read directly: no
+    dashboard), waiting up to DEATH_CAUSE_WAIT_S for the GCS to mark it dead."""
+    actor_id = handle._actor_id.hex()
+    deadline = time.monotonic() + DEATH_CAUSE_WAIT_S
+    while True:
+        try:
+            info = ray._private.state.actors(actor_id=actor_id)
+        except Exception as exc:
+            print(f"trainyard-bridge: cannot read how actor {actor_id} died: {exc}", file=sys.stderr)
+            return None
+        if info.get("State") == "DEAD":
+            return info.get("DeathCause")
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
 
 
 def _number_map(resources):
@@ -362,7 +397,7 @@ def watch_actor(name, handle):
             ended["died"] = failure("unavailable", f"unavailable for {UNAVAILABLE_GRACE_S} s: {exc}")
             break
         except ray.exceptions.ActorDiedError as exc:
-            ended["died"] = failure(death_kind(str(exc)), exc)
+            ended["died"] = failure(death_kind(handle), exc)
             break
         except Exception as exc:
             ended["died"] = failure("other", _cause_text(exc))
@@ -383,7 +418,7 @@ def actor_death_after_agent_exit(handle, signaled):
     try:
         ray.get(handle.ping.remote(), timeout=5)
     except ray.exceptions.ActorDiedError as exc:
-        return failure(death_kind(str(exc)), exc)
+        return failure(death_kind(handle), exc)
     except Exception:
         return None  # unreachable or slow: report the agent's exit alone
     return None

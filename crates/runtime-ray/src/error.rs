@@ -77,6 +77,20 @@ pub enum BridgeError {
         /// Its last stderr lines.
         stderr: StderrTail,
     },
+    /// The bridge's interpreter (and so the cluster, whose Ray must match it) has a Ray
+    /// release this build does not support; see [`RAY_VERSION`](crate::RAY_VERSION).
+    #[error(
+        "the Ray bridge's interpreter {} has Ray {found}, but this build of trainyard supports Ray {supported} and its patch releases; install ray=={supported} there",
+        python.display()
+    )]
+    RayVersion {
+        /// The interpreter.
+        python: PathBuf,
+        /// Its `ray.__version__`.
+        found: String,
+        /// The release this build is written for.
+        supported: &'static str,
+    },
     /// A Ray call failed; `kind` is the bridge's classification (`invalid`, `timeout`,
     /// `name_taken`, `actor_died`, `unknown_group`, `unknown_actor`, `protocol`, `ray`).
     #[error("ray {op} failed ({kind}): {message}")]

@@ -15,10 +15,15 @@
 //!   freshly started cluster waits 2–3 s for the head to register). With no address it starts
 //!   a throwaway local head: 2–4 s on a 2-core machine, stopped with the bridge; it gets a
 //!   random token so that Ray does not write `~/.ray/auth_token`.
+//! - **Ray version**: the bridge reports `ray.__version__` once connected; a release of
+//!   another minor series than [`RAY_VERSION`] is refused with [`BridgeError::RayVersion`]
+//!   (the bridge reads Ray internals that change between them), another patch release is
+//!   accepted with a warning.
 //! - **Token auth**: see [`auth`]. A wrong or missing token fails in about 0.3–3 s with
 //!   [`BridgeError::Auth`], naming where the token was looked for.
 //! - **Actors** run the agent as a child in the actor's own process group; `actor_ended`
-//!   reports its exit status, or the actor's death ([`DeathKind`]). A lost node is reported
+//!   reports its exit status, or the actor's death ([`DeathKind`], taken from the typed
+//!   death cause Ray's GCS records, never from message text). A lost node is reported
 //!   as `node_died` once Ray declares the node dead (about 15 s), or as `unavailable` after
 //!   [`BridgeConfig::unavailable_grace`].
 //! - **Cleanup**: EOF on the bridge's stdin or [`Bridge::shutdown`] kills its actors and
@@ -59,7 +64,7 @@ mod runtime;
 pub mod testing;
 
 pub use auth::{AuthLookup, TokenSource};
-pub use bridge::{ActorLaunch, BRIDGE_SCRIPT, Bridge, BridgeConfig, PYTHON_VAR};
+pub use bridge::{ActorLaunch, BRIDGE_SCRIPT, Bridge, BridgeConfig, PYTHON_VAR, RAY_VERSION};
 pub use error::{BridgeError, RayError, StderrTail};
 pub use protocol::{
     ActorDeath, ActorEnded, ActorEntry, ClusterActor, ClusterGroup, ClusterView, DeathKind,

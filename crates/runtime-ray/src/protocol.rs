@@ -273,22 +273,29 @@ pub struct Started {
 }
 
 /// Why an actor ended without its agent's exit status.
+///
+/// The bridge takes it from the typed death cause Ray's GCS records for the actor (the
+/// `reason` of its `ActorDiedErrorContext`, or an `OomContext`), never from the text of Ray's
+/// message, which is only carried along for people to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeathKind {
-    /// `ray.kill`.
+    /// `ray.kill` (reason `RAY_KILL`).
     Killed,
-    /// The actor's node died.
+    /// The actor's node died (reason `NODE_DIED`).
     NodeDied,
-    /// The actor's worker process died.
+    /// The actor's worker process died (reason `WORKER_DIED`).
     WorkerDied,
-    /// The actor's owner (the bridge's job) died.
+    /// The actor's owner (the bridge's job) died (reason `OWNER_DIED`).
     OwnerDied,
-    /// The actor stayed unreachable past the bridge's grace period.
+    /// Ray's memory monitor killed the actor's worker because its node ran low on memory.
+    OutOfMemory,
+    /// The actor stayed unreachable past the bridge's grace period (no death cause: the
+    /// bridge gave up waiting for one).
     Unavailable,
     /// The bridge process itself was lost (never sent by the bridge).
     BridgeLost,
-    /// Anything else, e.g. its placement group was removed.
+    /// Any other cause, or none recorded, or a kind newer than this client.
     #[serde(other)]
     Other,
 }
@@ -535,5 +542,28 @@ mod tests {
         let death: ActorDeath =
             serde_json::from_str(r#"{"kind":"from_the_future","message":"m"}"#).expect("parses");
         assert_eq!(death.kind, DeathKind::Other);
+    }
+
+    #[test]
+    fn every_death_kind_the_bridge_sends_is_a_kind_of_its_own() {
+        let script = crate::bridge::BRIDGE_SCRIPT;
+        let table = script
+            .split_once("DEATH_REASONS = {")
+            .and_then(|(_, rest)| rest.split_once('}'))
+            .map(|(table, _)| table)
+            .expect("the bridge maps Ray's death reasons in DEATH_REASONS");
+        let mut sent: Vec<&str> = table
+            .lines()
+            .filter_map(|line| line.split_once(':'))
+            .map(|(_, kind)| kind.trim().trim_end_matches(',').trim_matches('"'))
+            .collect();
+        assert_eq!(sent.len(), 4, "{table}");
+        sent.extend(["out_of_memory", "unavailable"]);
+        for kind in sent {
+            assert!(script.contains(&format!("\"{kind}\"")), "{kind}");
+            let parsed: DeathKind =
+                serde_json::from_value(serde_json::json!(kind)).expect("a death kind");
+            assert_ne!(parsed, DeathKind::Other, "{kind} is not a kind of its own");
+        }
     }
 }

@@ -581,6 +581,24 @@ impl ActorRuntime for RayRuntime {
     }
 }
 
+/// What a Ray actor's death means to the executor's failure classifier: the one place the
+/// Ray runtime turns Ray's (typed) death kinds into a [`DeathCause`].
+fn death_cause(kind: DeathKind, node: &NodeId) -> DeathCause {
+    match kind {
+        // `ray.kill` from outside this driver (its own kills are recorded as such before the
+        // end is seen): Ray SIGKILLs the actor's process group. Ray's memory monitor SIGKILLs
+        // the worker, as the kernel's OOM killer would a local one.
+        DeathKind::Killed | DeathKind::OutOfMemory => DeathCause::ProcessExited {
+            code: None,
+            signal: Some(9),
+        },
+        DeathKind::NodeDied | DeathKind::Unavailable => DeathCause::NodeLost { node: node.clone() },
+        DeathKind::WorkerDied | DeathKind::OwnerDied | DeathKind::BridgeLost | DeathKind::Other => {
+            DeathCause::ConnectionLost
+        }
+    }
+}
+
 /// An agent that a Ray actor started, seen and ended through the bridge.
 struct RayAgent {
     bridge: Arc<Bridge>,
@@ -594,21 +612,7 @@ struct RayAgent {
 impl RayAgent {
     fn exit_of(&self, ended: &ActorEnded) -> AgentExit {
         if let Some(death) = &ended.died {
-            return AgentExit::Died(match death.kind {
-                // `ray.kill` from outside this driver (its own kills are recorded as such
-                // before the end is seen): Ray SIGKILLs the actor's process group.
-                DeathKind::Killed => DeathCause::ProcessExited {
-                    code: None,
-                    signal: Some(9),
-                },
-                DeathKind::NodeDied | DeathKind::Unavailable => DeathCause::NodeLost {
-                    node: self.node.clone(),
-                },
-                DeathKind::WorkerDied
-                | DeathKind::OwnerDied
-                | DeathKind::BridgeLost
-                | DeathKind::Other => DeathCause::ConnectionLost,
-            });
+            return AgentExit::Died(death_cause(death.kind, &self.node));
         }
         match (ended.exit_code, ended.signal) {
             (_, Some(signal)) => AgentExit::Status(ExitStatus::from_raw(signal & 0x7f)),
@@ -680,6 +684,34 @@ impl Drop for RayAgent {
     fn drop(&mut self) {
         if self.ended.is_none() {
             self.kill(None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_ray_death_kind_becomes_one_death_cause() {
+        let node = NodeId::from("n1");
+        let lost = DeathCause::NodeLost { node: node.clone() };
+        let sigkill = DeathCause::ProcessExited {
+            code: None,
+            signal: Some(9),
+        };
+        let cases = [
+            (DeathKind::Killed, sigkill.clone()),
+            (DeathKind::OutOfMemory, sigkill),
+            (DeathKind::NodeDied, lost.clone()),
+            (DeathKind::Unavailable, lost),
+            (DeathKind::WorkerDied, DeathCause::ConnectionLost),
+            (DeathKind::OwnerDied, DeathCause::ConnectionLost),
+            (DeathKind::BridgeLost, DeathCause::ConnectionLost),
+            (DeathKind::Other, DeathCause::ConnectionLost),
+        ];
+        for (kind, cause) in cases {
+            assert_eq!(death_cause(kind, &node), cause, "{kind:?}");
         }
     }
 }

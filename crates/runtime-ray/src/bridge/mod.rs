@@ -15,6 +15,7 @@
 //! interpreter, its script, environment and process group), `replies` (routing what the
 //! bridge says to whoever waits for it) and `ops` (the typed calls).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -38,6 +39,13 @@ use replies::Shared;
 
 /// The bridge script, shipped inside the crate.
 pub const BRIDGE_SCRIPT: &str = include_str!("../bridge.py");
+
+/// The Ray release the bridge is written for and tested against (`scripts/ray-env.sh`
+/// installs it). The bridge reads some of Ray's internals (the GCS actor table and its typed
+/// death causes, the placement group table), whose shape may change in any minor release;
+/// [`Bridge::start`] therefore refuses another minor series, and accepts another patch release
+/// of this one with a warning.
+pub const RAY_VERSION: &str = "2.60.0";
 
 /// The interpreter variable: the Python that has `ray` installed.
 pub const PYTHON_VAR: &str = "TRAINYARD_RAY_PYTHON";
@@ -78,7 +86,8 @@ impl Bridge {
     ///
     /// # Errors
     /// [`BridgeError::Unreachable`], [`BridgeError::Auth`], [`BridgeError::Start`],
-    /// [`BridgeError::Timeout`] and the errors of writing and spawning the script.
+    /// [`BridgeError::Timeout`], [`BridgeError::RayVersion`] when the interpreter's Ray is not
+    /// of the [`RAY_VERSION`] series, and the errors of writing and spawning the script.
     pub async fn start(config: BridgeConfig) -> Result<(Self, ReadyInfo), BridgeError> {
         if let Some(address) = config.address.as_deref().filter(|a| *a != "auto") {
             probe(address).await?;
@@ -91,6 +100,12 @@ impl Bridge {
             .unwrap_or_else(|| "a throwaway local head".to_owned());
         match tokio::time::timeout(config.start_timeout, start).await {
             Ok(Ok(Ok(ready))) => {
+                if let Err(refused) = check_ray_version(&ready.ray_version, &config.python) {
+                    if let Err(error) = bridge.shutdown(VERSION_REFUSED_GRACE).await {
+                        tracing::debug!(%error, "the refused Ray bridge did not shut down cleanly");
+                    }
+                    return Err(refused);
+                }
                 tracing::info!(
                     ray_version = %ready.ray_version,
                     address = %ready.address,
@@ -142,6 +157,41 @@ impl Bridge {
     }
 }
 
+/// How long a bridge whose Ray is refused gets to shut down (with a throwaway head).
+const VERSION_REFUSED_GRACE: Duration = Duration::from_secs(10);
+
+/// Accepts a Ray of the [`RAY_VERSION`] series: the same release, or another patch release
+/// (with a warning).
+fn check_ray_version(found: &str, python: &Path) -> Result<(), BridgeError> {
+    if found == RAY_VERSION {
+        return Ok(());
+    }
+    let series = |version: &str| {
+        let mut parts = version.split('.').map(|part| {
+            let digits = part
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(part.len());
+            part[..digits].parse::<u32>().ok()
+        });
+        Some((parts.next()??, parts.next()??))
+    };
+    match (series(found), series(RAY_VERSION)) {
+        (Some(found_series), Some(supported)) if found_series == supported => {
+            tracing::warn!(
+                found,
+                supported = RAY_VERSION,
+                "the Ray bridge runs another patch release of the Ray it was built for"
+            );
+            Ok(())
+        }
+        _ => Err(BridgeError::RayVersion {
+            python: python.to_path_buf(),
+            found: found.to_owned(),
+            supported: RAY_VERSION,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +220,37 @@ mod tests {
             .address(&address);
         let err = Bridge::start(config).await.expect_err("no interpreter");
         assert!(matches!(err, BridgeError::Spawn { .. }), "{err}");
+    }
+
+    #[test]
+    fn only_the_supported_ray_series_is_accepted() {
+        let python = Path::new("/venv/bin/python");
+        for accepted in [RAY_VERSION, "2.60.1", "2.60.0rc1"] {
+            assert!(check_ray_version(accepted, python).is_ok(), "{accepted}");
+        }
+        for refused in ["2.59.0", "2.61.0", "3.60.0", "2.6.0", "nightly", ""] {
+            let err = check_ray_version(refused, python).expect_err(refused);
+            assert!(
+                matches!(err, BridgeError::RayVersion { ref found, .. } if found == refused),
+                "{err}"
+            );
+        }
+        let err = check_ray_version("2.61.0", python).expect_err("another series");
+        assert_eq!(
+            err.to_string(),
+            "the Ray bridge's interpreter /venv/bin/python has Ray 2.61.0, but this build of \
+             trainyard supports Ray 2.60.0 and its patch releases; install ray==2.60.0 there"
+        );
+    }
+
+    #[test]
+    fn the_supported_ray_is_the_one_the_test_environment_installs() {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/ray-env.sh");
+        let text = std::fs::read_to_string(script).expect("scripts/ray-env.sh is readable");
+        assert!(
+            text.lines()
+                .any(|line| line == format!("RAY_VERSION=\"{RAY_VERSION}\"")),
+            "scripts/ray-env.sh does not install Ray {RAY_VERSION}"
+        );
     }
 }
