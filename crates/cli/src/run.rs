@@ -6,12 +6,12 @@ use std::io::{self, Write as _};
 use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use trainyard::backend::{
     AttemptFailure, ExecutorError, ExecutorOptions, NoBackend, RunEvent, unique_run_name,
 };
 use trainyard::local::LocalRuntime;
-use trainyard::runtime::{Stream, TaskRejection};
+use trainyard::runtime::{Shortage, Stream, TaskRejection};
 use trainyard::{Trainer, command_task};
 use trainyard_config::{CheckpointConfig, FailureConfig, ResumePolicy, RunConfig, ScoreOrder};
 
@@ -270,13 +270,17 @@ async fn drive(
         .run_config(run)
         .executor_options(options)
         .events(events);
-    // Writing to a terminal or a pipe blocks: the printer has a thread of its own.
+    // Writing to a terminal or a pipe blocks: the printer has a thread of its own. It shows
+    // what other runs keep the placement group waiting for too, in order with the events.
+    let shown = Shown {
+        events: received,
+        shortages: runtime.shortages(),
+    };
     let format = args.log_format;
     let printing = progress.clone();
-    let printer = tokio::task::spawn_blocking(move || print_events(received, format, &printing));
-    let shortages = runtime
-        .shortages()
-        .map(|shortages| tokio::spawn(show_shortages(shortages, progress.clone())));
+    let tokio = tokio::runtime::Handle::current();
+    let printer =
+        tokio::task::spawn_blocking(move || print_events(shown, format, &printing, &tokio));
     let started = Instant::now();
     let outcome = tokio::select! {
         result = trainer.fit() => Some(result),
@@ -292,9 +296,6 @@ async fn drive(
                 () = interrupt.next() => progress.message("interrupted again: killing the workers"),
             }
         }
-    }
-    if let Some(shortages) = shortages {
-        shortages.abort();
     }
     // The printer ends once the run's events are printed; a stdout nobody reads would hold
     // it forever.
@@ -429,12 +430,73 @@ fn print_json(value: &serde_json::Value) {
     let _ = writeln!(io::stdout(), "{value}");
 }
 
+/// What the printer shows: the run's events, and what the placement group waits for while
+/// other runs on this machine hold it (local runs only).
+struct Shown {
+    events: mpsc::Receiver<RunEvent>,
+    shortages: Option<watch::Receiver<Option<Shortage>>>,
+}
+
+/// The next thing to show.
+enum Next {
+    Event(RunEvent),
+    Shortage(Shortage),
+    End,
+}
+
+impl Shown {
+    /// The next event or shortage, in the order they came (an event first when both are
+    /// there); [`Next::End`] once the run's events have ended.
+    async fn next(&mut self) -> Next {
+        loop {
+            let shortages = self.shortages.as_mut();
+            let changed = async {
+                match shortages {
+                    Some(shortages) => shortages.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                event = self.events.recv() => return event.map_or(Next::End, Next::Event),
+                open = changed => {
+                    let now = match self.shortages.as_mut() {
+                        Some(shortages) if open => shortages.borrow_and_update().clone(),
+                        _ => {
+                            self.shortages = None;
+                            None
+                        }
+                    };
+                    if let Some(shortage) = now {
+                        return Next::Shortage(shortage);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Prints what the run streams: worker output with its rank prefix (stdout lines to stdout,
-/// stderr lines to stderr), and in JSON mode every event as one line. Blocks: for a thread
-/// of its own.
-fn print_events(mut events: mpsc::Receiver<RunEvent>, format: LogFormat, progress: &Progress) {
+/// stderr lines to stderr), and in JSON mode every event as one line; and what the run waits
+/// for. Blocks: for a thread of its own, waiting for what comes next on `tokio`.
+fn print_events(
+    mut shown: Shown,
+    format: LogFormat,
+    progress: &Progress,
+    tokio: &tokio::runtime::Handle,
+) {
     let mut out = io::stdout();
-    while let Some(event) = events.blocking_recv() {
+    loop {
+        let event = match tokio.block_on(shown.next()) {
+            Next::End => return,
+            Next::Shortage(shortage) => {
+                progress.wait(&format!(
+                    "waiting for other runs on this machine: {shortage}"
+                ));
+                continue;
+            }
+            Next::Event(event) => event,
+        };
         let written = match format {
             LogFormat::Json => serde_json::to_string(&event)
                 .map_err(io::Error::other)
@@ -511,21 +573,6 @@ fn print_text(event: &RunEvent, progress: &Progress, out: &mut io::Stdout) -> io
             Ok(())
         }
         RunEvent::TaskStarted { .. } | RunEvent::Report { .. } => Ok(()),
-    }
-}
-
-/// Shows what the placement group waits for while other runs on this machine hold it.
-async fn show_shortages(
-    mut shortages: tokio::sync::watch::Receiver<Option<trainyard::runtime::Shortage>>,
-    progress: Progress,
-) {
-    while shortages.changed().await.is_ok() {
-        let now = shortages.borrow_and_update().clone();
-        if let Some(shortage) = now {
-            progress.wait(&format!(
-                "waiting for other runs on this machine: {shortage}"
-            ));
-        }
     }
 }
 
