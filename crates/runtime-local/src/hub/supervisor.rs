@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::bytes::Bytes;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use trainyard_agent::wire::{self, AgentMessage, DriverMessage};
-use trainyard_runtime::events::{ActorEvent, EventSender};
+use trainyard_runtime::events::{ActorEvent, EVENT_BUFFER, EventSender};
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError, TaskEvent};
 
 use super::calls::{Pending, Reply, reply_result, request_name};
@@ -33,6 +33,10 @@ pub(crate) const EVENT_WINDOW: u32 = 128;
 
 /// Credit is given back in batches of this many events passed on.
 const CREDIT_BATCH: u32 = EVENT_WINDOW / 4;
+
+/// The credit an agent that is stopped or killed gets, to send what it still holds (the
+/// task's end, say) as it goes: as many events as its own buffer holds.
+const LAST_CREDIT: u32 = EVENT_BUFFER as u32;
 
 /// An agent's authenticated connection.
 pub(crate) type Link = Framed<TcpStream, LengthDelimitedCodec>;
@@ -469,6 +473,7 @@ impl Supervisor {
             End::Killed { cause, grace, done } => {
                 kills.extend(done);
                 self.declare_dead(&cause, &mut serving, &mut kills);
+                grant(&serving, LAST_CREDIT);
                 self.process.terminate();
                 self.reap_within(grace, &mut serving).await;
                 cause
@@ -477,6 +482,7 @@ impl Supervisor {
                 stop_replies.push(reply);
                 let cause = DeathCause::Stopped;
                 self.declare_dead(&cause, &mut serving, &mut kills);
+                grant(&serving, LAST_CREDIT);
                 self.reap_within(self.core.config.stop_grace, &mut serving)
                     .await;
                 // The task's end may follow the reply to the stop.
