@@ -68,7 +68,7 @@ pub use bridge::{ActorLaunch, BRIDGE_SCRIPT, Bridge, BridgeConfig, PYTHON_VAR, R
 pub use error::{BridgeError, RayError, StderrTail};
 pub use protocol::{
     ActorDeath, ActorEnded, ActorEntry, ClusterActor, ClusterGroup, ClusterView, DeathKind,
-    GroupReadiness, GroupState, GroupStatus, Holdings, NodeInfo, PlacementGroupId, RayFailure,
-    ReadyInfo, SchedulingState, Started,
+    GroupReadiness, GroupState, GroupStatus, Holdings, RayFailure, RayNodeInfo,
+    RayPlacementGroupId, ReadyInfo, SchedulingState, Started,
 };
 pub use runtime::{AGENT_BIN_VAR, RayConfig, RayRuntime};

@@ -10,12 +10,13 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use trainyard_resources::{ActorOptions, Resources};
 
-/// A placement group's id, as Ray's hex string.
+/// A placement group's id in Ray, as Ray's hex string. The Ray runtime maps each
+/// [`trainyard_runtime::PlacementGroupId`] it hands out to one of these.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct PlacementGroupId(pub String);
+pub struct RayPlacementGroupId(pub String);
 
-impl fmt::Display for PlacementGroupId {
+impl fmt::Display for RayPlacementGroupId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
@@ -23,7 +24,7 @@ impl fmt::Display for PlacementGroupId {
 
 /// A request line, as written to the bridge's stdin.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub(crate) struct Request<'a> {
+pub(crate) struct BridgeRequest<'a> {
     pub(crate) id: u64,
     #[serde(flatten)]
     pub(crate) op: Op<'a>,
@@ -40,18 +41,18 @@ pub(crate) enum Op<'a> {
         strategy: &'a str,
     },
     PgState {
-        pg: &'a PlacementGroupId,
+        pg: &'a RayPlacementGroupId,
     },
     WaitPg {
-        pg: &'a PlacementGroupId,
+        pg: &'a RayPlacementGroupId,
         timeout_s: f64,
     },
     RemovePg {
-        pg: &'a PlacementGroupId,
+        pg: &'a RayPlacementGroupId,
     },
     Spawn {
         name: &'a str,
-        pg: Option<&'a PlacementGroupId>,
+        pg: Option<&'a RayPlacementGroupId>,
         bundle: u32,
         options: &'a ActorOptions,
         program: &'a str,
@@ -165,10 +166,11 @@ pub struct ReadyInfo {
     pub init_s: f64,
 }
 
-/// One Ray node, with resources in Ray's units (`memory` in bytes); `node:*` and
-/// placement-group (`*_group_*`) entries are left out.
+/// One Ray node as the bridge reports it, with resources in Ray's units (`memory` in bytes);
+/// `node:*` and placement-group (`*_group_*`) entries are left out. The Ray runtime turns the
+/// live ones into [`trainyard_runtime::NodeInfo`]s.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NodeInfo {
+pub struct RayNodeInfo {
     /// Ray's 56-hex node id.
     pub node_id: String,
     /// The node's IP.
@@ -185,12 +187,12 @@ pub struct NodeInfo {
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub(crate) struct NodesReply {
-    pub(crate) nodes: Vec<NodeInfo>,
+    pub(crate) nodes: Vec<RayNodeInfo>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub(crate) struct CreatePgReply {
-    pub(crate) pg: PlacementGroupId,
+    pub(crate) pg: RayPlacementGroupId,
 }
 
 /// A placement group's `state` in `placement_group_table`.
@@ -346,7 +348,7 @@ pub struct ActorEntry {
     /// `starting`, `alive`, `ending` or `ended`.
     pub state: String,
     /// Its placement group.
-    pub pg: Option<PlacementGroupId>,
+    pub pg: Option<RayPlacementGroupId>,
 }
 
 /// What the bridge holds.
@@ -355,7 +357,7 @@ pub struct Holdings {
     /// Actors spawned and not forgotten.
     pub actors: Vec<ActorEntry>,
     /// Placement groups created and not removed.
-    pub groups: Vec<PlacementGroupId>,
+    pub groups: Vec<RayPlacementGroupId>,
 }
 
 /// An actor as the GCS sees it (any job's, dead ones included).
@@ -377,7 +379,7 @@ pub struct ClusterActor {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterGroup {
     /// Its id.
-    pub pg: PlacementGroupId,
+    pub pg: RayPlacementGroupId,
     /// Its name, `""` when unnamed.
     pub name: String,
     /// Its state.
@@ -412,10 +414,10 @@ mod tests {
             .parse()
             .expect("valid resources");
         let options = ActorOptions::try_from(&dict).expect("valid options");
-        let pg = PlacementGroupId("ab12".into());
+        let pg = RayPlacementGroupId("ab12".into());
         let env = BTreeMap::from([("A".to_owned(), "1".to_owned())]);
         let config = serde_json::json!({"driver": "127.0.0.1:1"});
-        let request = Request {
+        let request = BridgeRequest {
             id: 7,
             op: Op::Spawn {
                 name: "run-w0",
@@ -451,7 +453,7 @@ mod tests {
 
     #[test]
     fn unit_ops_serialise_to_just_their_name() {
-        let line = serde_json::to_string(&Request {
+        let line = serde_json::to_string(&BridgeRequest {
             id: 1,
             op: Op::Nodes,
         })
@@ -465,7 +467,7 @@ mod tests {
             r#"{"CPU": 1, "memory": 1000000000}"#.parse().expect("valid"),
             r#"{"CPU": 0.5}"#.parse().expect("valid"),
         ];
-        let json = serde_json::to_value(Request {
+        let json = serde_json::to_value(BridgeRequest {
             id: 2,
             op: Op::CreatePg {
                 name: "g",

@@ -20,7 +20,7 @@ use trainyard_config::PlacementGroupFactory;
 use trainyard_resources::{ResourceAmount, Resources};
 use trainyard_runtime::events::TaskEvents;
 use trainyard_runtime::{
-    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, NodeId, NodeInfo as ClusterNode,
+    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, NodeId, NodeInfo,
     PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
 };
 use trainyard_runtime::{placement, reservations};
@@ -29,7 +29,7 @@ use trainyard_runtime_local::hub::{AgentExit, AgentHub, AgentProcess, HubConfig}
 
 use crate::bridge::{ActorLaunch, Bridge, BridgeConfig};
 use crate::error::{BridgeError, RayError};
-use crate::protocol::{self, ActorEnded, DeathKind, ReadyInfo};
+use crate::protocol::{ActorEnded, DeathKind, RayPlacementGroupId, ReadyInfo};
 
 /// The variable naming the agent binary on the Ray nodes.
 pub const AGENT_BIN_VAR: &str = "TRAINYARD_AGENT_BIN";
@@ -155,7 +155,7 @@ struct State {
 }
 
 struct Group {
-    ray: protocol::PlacementGroupId,
+    ray: RayPlacementGroupId,
     /// What each bundle has left for actors (Ray would queue an actor that does not fit
     /// forever; this runtime refuses it).
     left: Vec<Resources>,
@@ -246,7 +246,7 @@ impl RayRuntime {
     /// Ends every agent, then has the bridge kill its actors, remove its groups and exit.
     pub async fn shutdown(&self) {
         self.inner.hub.shutdown().await;
-        let groups: Vec<protocol::PlacementGroupId> = lock(&self.inner.state)
+        let groups: Vec<RayPlacementGroupId> = lock(&self.inner.state)
             .groups
             .drain()
             .map(|(_, group)| group.ray)
@@ -265,7 +265,7 @@ impl RayRuntime {
         lock(&self.inner.state)
     }
 
-    fn ray_group(&self, pg: PlacementGroupId) -> Result<protocol::PlacementGroupId, RuntimeError> {
+    fn ray_group(&self, pg: PlacementGroupId) -> Result<RayPlacementGroupId, RuntimeError> {
         self.state()
             .groups
             .get(&pg)
@@ -358,7 +358,7 @@ impl ActorRuntime for RayRuntime {
         let nodes = nodes
             .into_iter()
             .filter(|node| node.alive)
-            .map(|node| ClusterNode {
+            .map(|node| NodeInfo {
                 id: NodeId::from(node.node_id),
                 ip: node.ip,
                 hostname: node.hostname,

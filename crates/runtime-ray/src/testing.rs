@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{Bridge, BridgeConfig, NodeInfo};
+use crate::{Bridge, BridgeConfig, RayNodeInfo};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
@@ -286,7 +286,7 @@ impl RayCluster {
     }
 
     /// Waits (bounded) until `count` nodes are alive; returns the node list.
-    pub async fn wait_for_nodes(&self, bridge: &Bridge, count: usize) -> Vec<NodeInfo> {
+    pub async fn wait_for_nodes(&self, bridge: &Bridge, count: usize) -> Vec<RayNodeInfo> {
         let start = Instant::now();
         loop {
             let nodes = bridge.nodes().await.expect("nodes");

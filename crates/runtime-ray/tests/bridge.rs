@@ -17,7 +17,8 @@ use tokio::sync::oneshot;
 use trainyard_config::PlacementStrategy;
 use trainyard_resources::{ActorOptions, Resources};
 use trainyard_runtime_ray::{
-    ActorEnded, ActorLaunch, Bridge, BridgeError, DeathKind, GroupState, PlacementGroupId, Started,
+    ActorEnded, ActorLaunch, Bridge, BridgeError, DeathKind, GroupState, RayPlacementGroupId,
+    Started,
 };
 
 /// The agent stand-in: records its config, role, token and process group, then sleeps.
@@ -48,7 +49,7 @@ fn launch(
     cluster: &RayCluster,
     dir: &Path,
     name: &str,
-    placement: Option<(PlacementGroupId, u32)>,
+    placement: Option<(RayPlacementGroupId, u32)>,
     dict: &str,
 ) -> ActorLaunch {
     ActorLaunch {
@@ -121,9 +122,9 @@ async fn nothing_left(observer: &Bridge, prefix: &str) {
 }
 
 fn node<'a>(
-    nodes: &'a [trainyard_runtime_ray::NodeInfo],
+    nodes: &'a [trainyard_runtime_ray::RayNodeInfo],
     resource: &str,
-) -> &'a trainyard_runtime_ray::NodeInfo {
+) -> &'a trainyard_runtime_ray::RayNodeInfo {
     nodes
         .iter()
         .find(|n| n.alive && n.total.contains_key(resource))
@@ -136,7 +137,7 @@ async fn ready_group(
     name: &str,
     bundles: &[&str],
     strategy: PlacementStrategy,
-) -> (PlacementGroupId, Vec<String>) {
+) -> (RayPlacementGroupId, Vec<String>) {
     let bundles: Vec<Resources> = bundles.iter().map(|b| resources(b)).collect();
     let pg = bridge
         .create_placement_group(name, &bundles, strategy)
@@ -164,7 +165,7 @@ impl Scene {
     fn launch(
         &self,
         name: &str,
-        placement: Option<(PlacementGroupId, u32)>,
+        placement: Option<(RayPlacementGroupId, u32)>,
         dict: &str,
     ) -> ActorLaunch {
         launch(&self.cluster, self.dir.path(), name, placement, dict)
@@ -193,7 +194,7 @@ impl Scene {
 
     /// A SPREAD group of two bundles lands on two nodes; one actor per bundle starts the agent
     /// stand-in with the filled-in configuration, its token and its `memory`.
-    async fn spread_group_runs_two_agents(&self) -> (PlacementGroupId, Vec<Running>) {
+    async fn spread_group_runs_two_agents(&self) -> (RayPlacementGroupId, Vec<Running>) {
         let t = Instant::now();
         let (pg, bundle_nodes) = ready_group(
             &self.bridge,

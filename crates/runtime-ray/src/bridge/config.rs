@@ -8,7 +8,7 @@ use std::time::Duration;
 use trainyard_resources::ActorOptions;
 
 use super::PYTHON_VAR;
-use crate::protocol::PlacementGroupId;
+use crate::protocol::RayPlacementGroupId;
 
 /// How to start the bridge.
 #[derive(Debug, Clone, PartialEq)]
@@ -114,7 +114,7 @@ pub struct ActorLaunch {
     /// The actor's name (unique in the namespace; include the run's name).
     pub name: String,
     /// The placement group and bundle index it is pinned to.
-    pub placement: Option<(PlacementGroupId, u32)>,
+    pub placement: Option<(RayPlacementGroupId, u32)>,
     /// Its Ray options, passed exactly (`memory` as an option, never a custom resource).
     pub options: ActorOptions,
     /// The agent program, as a path valid on the actor's node.

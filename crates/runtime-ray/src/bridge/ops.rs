@@ -11,8 +11,8 @@ use super::replies::EndWatch;
 use super::{ActorLaunch, Bridge};
 use crate::error::BridgeError;
 use crate::protocol::{
-    ActorEnded, ClusterView, CreatePgReply, Empty, GroupReadiness, GroupStatus, Holdings, NodeInfo,
-    NodesReply, Op, PlacementGroupId, SignalReply, Started,
+    ActorEnded, ClusterView, CreatePgReply, Empty, GroupReadiness, GroupStatus, Holdings,
+    NodesReply, Op, RayNodeInfo, RayPlacementGroupId, SignalReply, Started,
 };
 
 /// Extra time a call waits beyond the bound it gives the bridge for the same work.
@@ -23,7 +23,7 @@ impl Bridge {
     ///
     /// # Errors
     /// A [`BridgeError`] when the call fails or times out.
-    pub async fn nodes(&self) -> Result<Vec<NodeInfo>, BridgeError> {
+    pub async fn nodes(&self) -> Result<Vec<RayNodeInfo>, BridgeError> {
         let reply: NodesReply = self.call(Op::Nodes, self.request_timeout).await?;
         Ok(reply.nodes)
     }
@@ -39,7 +39,7 @@ impl Bridge {
         name: &str,
         bundles: &[Resources],
         strategy: PlacementStrategy,
-    ) -> Result<PlacementGroupId, BridgeError> {
+    ) -> Result<RayPlacementGroupId, BridgeError> {
         let op = Op::CreatePg {
             name,
             bundles,
@@ -55,7 +55,7 @@ impl Bridge {
     /// A [`BridgeError`] when the call fails or times out.
     pub async fn placement_group_state(
         &self,
-        pg: &PlacementGroupId,
+        pg: &RayPlacementGroupId,
     ) -> Result<GroupStatus, BridgeError> {
         self.call(Op::PgState { pg }, self.request_timeout).await
     }
@@ -66,7 +66,7 @@ impl Bridge {
     /// A [`BridgeError`] when the call fails; not being ready in time is `ready: false`.
     pub async fn wait_placement_group(
         &self,
-        pg: &PlacementGroupId,
+        pg: &RayPlacementGroupId,
         timeout: Duration,
     ) -> Result<GroupReadiness, BridgeError> {
         let op = Op::WaitPg {
@@ -80,7 +80,10 @@ impl Bridge {
     ///
     /// # Errors
     /// A [`BridgeError`] when the call fails or times out.
-    pub async fn remove_placement_group(&self, pg: &PlacementGroupId) -> Result<(), BridgeError> {
+    pub async fn remove_placement_group(
+        &self,
+        pg: &RayPlacementGroupId,
+    ) -> Result<(), BridgeError> {
         let _: Empty = self.call(Op::RemovePg { pg }, self.request_timeout).await?;
         Ok(())
     }

@@ -17,7 +17,9 @@ use tokio::task::JoinHandle;
 use super::Bridge;
 use super::process::sweep;
 use crate::error::{BridgeError, StderrTail};
-use crate::protocol::{ActorEnded, Event, Incoming, Op, Outcome, RayFailure, ReadyInfo, Request};
+use crate::protocol::{
+    ActorEnded, BridgeRequest, Event, Incoming, Op, Outcome, RayFailure, ReadyInfo,
+};
 
 /// How many stderr lines are kept for error messages.
 const STDERR_LINES: usize = 40;
@@ -209,7 +211,7 @@ impl Bridge {
     ) -> Result<T, BridgeError> {
         let name = op.name();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut line = serde_json::to_string(&Request { id, op })
+        let mut line = serde_json::to_string(&BridgeRequest { id, op })
             .map_err(|source| BridgeError::Protocol { op: name, source })?;
         line.push('\n');
         let (tx, rx) = oneshot::channel();
