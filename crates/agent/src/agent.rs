@@ -418,7 +418,7 @@ impl Agent {
             TaskSpec::Function { name, arg, env } => {
                 let mut task_env = self.env.clone();
                 task_env.extend(env);
-                self.run_function(name, arg, task_env)
+                self.run_function(name, arg, task_env).await
             }
         }
     }
@@ -467,7 +467,7 @@ impl Agent {
 
     /// Starts a function inside the agent; the download of the checkpoint it resumes from is
     /// part of its task.
-    fn run_function(
+    async fn run_function(
         &mut self,
         name: String,
         arg: serde_json::Value,
@@ -490,7 +490,7 @@ impl Agent {
         } else {
             None
         };
-        self.limit_own_memory();
+        self.limit_own_memory().await;
         let function_name = name.clone();
         let functions = self.functions.clone();
         let (tx, rx) = mpsc::unbounded_channel();
@@ -536,13 +536,20 @@ impl Agent {
         Ok(self.workdir.insert(workdir))
     }
 
-    /// A function task runs inside the agent: the agent itself enters the worker's cgroup.
-    fn limit_own_memory(&mut self) {
+    /// A function task runs inside the agent: the agent itself enters the worker's cgroup
+    /// (off the async threads: moving a process between cgroups may take the kernel a while).
+    async fn limit_own_memory(&mut self) {
         if self.joined_cgroup {
             return;
         }
         if let Some(MemoryLimit::Cgroup { path, .. }) = &self.config.memory {
-            match crate::cgroup::join_self(&path.join("cgroup.procs")) {
+            let procs = path.join("cgroup.procs");
+            let joined = tokio::task::spawn_blocking(move || {
+                crate::cgroup::join_self(&procs).map_err(|error| error.to_string())
+            })
+            .await
+            .unwrap_or_else(|error| Err(error.to_string()));
+            match joined {
                 Ok(()) => self.joined_cgroup = true,
                 Err(error) => {
                     eprintln!("trainyard agent: cannot enter the worker's memory cgroup: {error}");
