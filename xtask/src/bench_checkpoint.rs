@@ -100,7 +100,10 @@ fn warm(dir: &Path) -> Result<(), String> {
             warm(&path)?;
         } else {
             let mut file = io("open a source file", std::fs::File::open(&path))?;
-            io("read a source file", std::io::copy(&mut file, &mut std::io::sink()))?;
+            io(
+                "read a source file",
+                std::io::copy(&mut file, &mut std::io::sink()),
+            )?;
         }
     }
     Ok(())

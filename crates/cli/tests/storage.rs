@@ -52,7 +52,10 @@ fn an_unreachable_s3_endpoint_is_refused_before_any_worker_starts() {
         .expect("trainyard runs");
     let all = text(&output);
     assert_eq!(output.status.code(), Some(2), "{all}");
-    assert!(all.contains("s3://bucket/runs"), "the error names the storage: {all}");
+    assert!(
+        all.contains("s3://bucket/runs"),
+        "the error names the storage: {all}"
+    );
     assert!(!all.contains("started-"), "no worker started: {all}");
     assert!(
         started.elapsed() < Duration::from_secs(15),
@@ -127,13 +130,20 @@ print("report returned", flush=True)
     let all = text(&output);
     assert_eq!(output.status.code(), Some(1), "the run fails: {all}");
     assert!(all.contains("report failed:"), "{all}");
-    assert!(all.contains("No space left on device"), "the error says why: {all}");
+    assert!(
+        all.contains("No space left on device"),
+        "the error says why: {all}"
+    );
     assert!(!all.contains("report returned"), "{all}");
     let record: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(disk.path.join("disk-full/run.json")).expect("run.json"),
     )
     .expect("valid JSON");
     assert_eq!(record["checkpoints"], serde_json::json!([]), "{record}");
-    assert_eq!(record["latest_checkpoint"], serde_json::Value::Null, "{record}");
+    assert_eq!(
+        record["latest_checkpoint"],
+        serde_json::Value::Null,
+        "{record}"
+    );
     assert!(left_behind("disk-full", Duration::from_secs(10)).is_empty());
 }
