@@ -227,6 +227,9 @@ pub use trainyard_backend_executor as backend;
 pub use trainyard_checkpoint as checkpoint;
 #[doc(inline)]
 pub use trainyard_config as config;
+#[cfg(feature = "local")]
+#[doc(inline)]
+pub use trainyard_hub as hub;
 #[doc(inline)]
 pub use trainyard_resources as resources;
 #[doc(inline)]

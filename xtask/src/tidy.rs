@@ -16,6 +16,7 @@ pub(crate) const LAYERS: &[&str] = &[
     "trainyard-backend-executor",
     "trainyard-torch-backend",
     "trainyard-agent",
+    "trainyard-hub",
     "trainyard-runtime-local",
     "trainyard-runtime-ray",
     "trainyard",

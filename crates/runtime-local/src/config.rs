@@ -2,9 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
 use std::time::Duration;
 
+use trainyard_hub::{
+    AgentCommand, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_STOP_GRACE,
+};
 use trainyard_resources::GPU;
 use trainyard_runtime::reservations::NodeSpec;
 
@@ -12,53 +15,8 @@ use crate::LocalError;
 use crate::detect::{LocalNode, Machine, Overrides, plan_nodes};
 use crate::ledger::LedgerLocation;
 
-/// The default of [`LocalConfig::stop_grace`].
-pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
-/// The default of [`LocalConfig::connect_timeout`].
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// The default of [`LocalConfig::heartbeat_timeout`].
-pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
-/// The default of [`LocalConfig::call_timeout`].
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// The IP address every local node reports.
 const NODE_IP: &str = "127.0.0.1";
-
-/// The program an agent is started with: by default this very binary
-/// ([`std::env::current_exe`]), which calls `trainyard_agent::run_if_agent` first thing in
-/// `main`.
-///
-/// The agent must be a direct child of the driver (it checks its parent's pid), so the
-/// program must not be a wrapper that starts the agent as a grandchild.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct AgentCommand {
-    /// The executable.
-    pub program: PathBuf,
-    /// Its arguments.
-    pub args: Vec<String>,
-}
-
-impl AgentCommand {
-    /// This very binary, without arguments.
-    ///
-    /// # Errors
-    /// When the path of the running executable cannot be found.
-    pub fn current_exe() -> std::io::Result<Self> {
-        Ok(Self::new(std::env::current_exe()?, Vec::<String>::new()))
-    }
-
-    /// `program` with `args`.
-    #[must_use]
-    pub fn new(
-        program: impl Into<PathBuf>,
-        args: impl IntoIterator<Item = impl Into<String>>,
-    ) -> Self {
-        Self {
-            program: program.into(),
-            args: args.into_iter().map(Into::into).collect(),
-        }
-    }
-}
 
 /// What a placement group that fits the machine, but not what other runs leave free, does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -87,7 +45,9 @@ pub enum WhenBusy {
 pub struct LocalConfig {
     /// The (virtual) nodes, from [`plan_nodes`].
     pub nodes: Vec<LocalNode>,
-    /// How agents are started.
+    /// How agents are started. Each agent must be a direct child of the driver (it checks
+    /// its parent's pid), so the program must not be a wrapper that starts the agent as a
+    /// grandchild.
     pub agent: AgentCommand,
     /// Names the run's memory cgroups and appears in its logs.
     pub run_name: String,

@@ -1,8 +1,8 @@
 use std::io;
 
 use crate::detect::DetectError;
-use crate::hub::HubError;
 use crate::ledger::LedgerError;
+use trainyard_hub::HubError;
 
 /// Why the local runtime cannot be configured or started.
 #[derive(Debug, thiserror::Error)]

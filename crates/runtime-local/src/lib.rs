@@ -67,11 +67,12 @@
 //! - [`detect`]: what the machine offers, the user's overrides, and the split into
 //!   [`LocalNode`]s; [`LocalError`]: why the runtime cannot be configured or started.
 //! - [`ledger`]: the machine-wide record through which concurrent runs share this machine.
+//! - [`hub`]: the agent hub (the `trainyard-hub` crate), which serves this runtime's agents
+//!   as it serves those of every agent-based runtime.
 
 mod config;
 pub mod detect;
 mod error;
-pub mod hub;
 pub mod ledger;
 mod memory;
 mod process;
@@ -80,13 +81,19 @@ mod runtime;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-pub use config::{
-    AgentCommand, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT,
-    DEFAULT_STOP_GRACE, LocalConfig, WhenBusy,
-};
+pub use config::{LocalConfig, WhenBusy};
 pub use detect::LocalNode;
 pub use error::LocalError;
 pub use runtime::LocalRuntime;
+/// The agent hub, which this runtime shares with the other agent-based runtimes; its own
+/// crate, `trainyard-hub`, re-exported here under the path it had.
+#[doc(no_inline)]
+pub use trainyard_hub as hub;
+#[doc(no_inline)]
+pub use trainyard_hub::{
+    AgentCommand, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_STOP_GRACE,
+};
 
 /// Locks shared bookkeeping; every update under it is finished before it is let go, so a
 /// lock poisoned by a panic elsewhere is used as it is.

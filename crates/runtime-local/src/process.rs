@@ -10,8 +10,8 @@ use nix::unistd::Pid;
 use tokio::process::Child;
 use trainyard_agent::cgroup::WorkerCgroup;
 
-use crate::hub::{AgentExit, AgentProcess};
 use crate::procfs::{parse_stat, read_stat};
+use trainyard_hub::{AgentExit, AgentProcess};
 
 /// An agent process started by this driver, with the memory cgroup it may have.
 pub(crate) struct LocalProcess {

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use trainyard_agent::cgroup::WorkerCgroup;
 use trainyard_agent::config::{AgentConfig, MemoryLimit};
 use trainyard_config::PlacementGroupFactory;
+use trainyard_hub::{AgentHub, Arrival, HubConfig};
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::TaskEvents;
 use trainyard_runtime::reservations::{self, Held, Reservations, Scheduling};
@@ -22,7 +23,6 @@ use trainyard_runtime::{
 
 use crate::config::LocalConfig;
 use crate::error::LocalError;
-use crate::hub::{AgentHub, Arrival, HubConfig};
 use crate::ledger::{self, Ledger, LedgerLocation};
 use crate::lock;
 use crate::memory::Memory;

@@ -137,7 +137,7 @@ pub enum RayError {
     Bridge(#[from] BridgeError),
     /// The hub the agents connect to cannot start.
     #[error(transparent)]
-    Hub(#[from] trainyard_runtime_local::hub::HubError),
+    Hub(#[from] trainyard_hub::HubError),
     /// The agent binary cannot be found.
     #[error("cannot find the agent binary {}", .path.display())]
     AgentBinary {

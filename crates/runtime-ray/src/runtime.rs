@@ -17,6 +17,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::oneshot;
 use trainyard_agent::config::AgentConfig;
 use trainyard_config::PlacementGroupFactory;
+use trainyard_hub::{AgentCommand, AgentExit, AgentHub, AgentProcess, HubConfig};
 use trainyard_resources::{ResourceAmount, Resources};
 use trainyard_runtime::events::TaskEvents;
 use trainyard_runtime::{
@@ -24,8 +25,6 @@ use trainyard_runtime::{
     PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
 };
 use trainyard_runtime::{placement, reservations};
-use trainyard_runtime_local::AgentCommand;
-use trainyard_runtime_local::hub::{AgentExit, AgentHub, AgentProcess, HubConfig};
 
 use crate::bridge::{ActorLaunch, Bridge, BridgeConfig};
 use crate::error::{BridgeError, RayError};

@@ -13,12 +13,12 @@ use common::RayCluster;
 use futures::StreamExt as _;
 use tokio::time::timeout;
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
+use trainyard_hub::AgentCommand;
 use trainyard_resources::{ActorOptions, Resources};
 use trainyard_runtime::events::ActorEvent;
 use trainyard_runtime::{
     ActorRuntime, ActorRuntimeExt as _, ActorSpec, DeathCause, RuntimeError, TaskSpec, conformance,
 };
-use trainyard_runtime_local::AgentCommand;
 use trainyard_runtime_ray::{Bridge, GroupState, RayConfig, RayRuntime};
 
 /// The bound of every scenario.

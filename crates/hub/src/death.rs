@@ -4,7 +4,7 @@ use std::os::unix::process::ExitStatusExt as _;
 
 use trainyard_runtime::DeathCause;
 
-use super::AgentExit;
+use crate::AgentExit;
 
 /// What the driver saw of an agent's end.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,41 +1,13 @@
-//! [`AgentHub`]: the half of a runtime that every agent-based runtime shares. Agents connect
-//! back to it over TCP with the run's secret token; it serves each one's requests, routes
-//! its replies and events, and turns its end into a death with a cause.
-//!
-//! How an agent process is started, and where, is the runtime's business: the local runtime
-//! starts a child process; the Ray runtime asks a Ray actor to start one on its node. Either
-//! hands the hub an [`AgentProcess`], the handle through which the hub sees the process end
-//! and ends it.
-//!
-//! ```no_run
-//! use trainyard_runtime_local::hub::{AgentHub, HubConfig};
-//!
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! // `release` frees what an actor held, once it is gone.
-//! let hub = AgentHub::start(HubConfig::new("my-run"), |_actor| {}).await?;
-//! let arrival = hub.expect("worker-0")?; // an actor id, and a place for its agent's hello
-//! // ... start an agent for `arrival.actor()` that connects to `hub.driver_address()` with
-//! // `hub.token()`, then `hub.attach(arrival, "worker-0".into(), Box::new(process)).await?`
-//! # drop(arrival);
-//! hub.shutdown().await;
-//! # Ok(())
-//! # }
-//! ```
-
-mod calls;
-mod death;
-mod hello;
-mod supervisor;
+//! [`AgentHub`]: agents connect back to it over TCP with the run's secret token; it serves
+//! each one's requests, routes its replies and events, and turns its end into a death with
+//! a cause.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::process::ExitStatus;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
@@ -45,12 +17,9 @@ use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
 
-use crate::config::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_STOP_GRACE,
-};
-use crate::lock;
-use hello::{HELLO_TIMEOUT, HelloError, read_hello};
-use supervisor::{Command, Connection, Supervisor};
+use crate::hello::{HELLO_TIMEOUT, HelloError, read_hello};
+use crate::supervisor::{Command, Connection, Supervisor};
+use crate::{AgentProcess, HubConfig, HubError, lock};
 
 /// How long a SIGKILLed agent may take to be reaped.
 pub const REAP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,116 +29,6 @@ const CLEANUP_SLACK: Duration = Duration::from_secs(10);
 const MAX_HANDSHAKES: usize = 256;
 /// Pause after a failed `accept` (out of file descriptors, say) before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-
-/// How an [`AgentHub`] listens and how patient it is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HubConfig {
-    /// Names the run in logs.
-    pub name: String,
-    /// The address the hub listens on (any port).
-    pub bind: IpAddr,
-    /// The address agents are told to connect to, when it is not the bound one (a listener
-    /// bound to `0.0.0.0` is reached at a node's own address).
-    pub advertise: Option<IpAddr>,
-    /// How long a started agent gets to connect.
-    pub connect_timeout: Duration,
-    /// How long an agent gets to answer a request before it is killed as unresponsive.
-    pub call_timeout: Duration,
-    /// How long a stopped agent gets to exit before it is killed.
-    pub stop_grace: Duration,
-    /// How long an agent may stay silent (it says it is alive five times as often, see
-    /// [`HubConfig::heartbeat_ms`]) before it is killed as unresponsive: a hung agent is
-    /// found in seconds rather than at the next call's timeout.
-    pub heartbeat_timeout: Duration,
-}
-
-impl HubConfig {
-    /// Loopback, the default timeouts.
-    #[must_use]
-    pub fn new(name: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            advertise: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            call_timeout: DEFAULT_CALL_TIMEOUT,
-            stop_grace: DEFAULT_STOP_GRACE,
-            heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
-        }
-    }
-
-    /// How often an agent says it is alive, in ms: a fifth of
-    /// [`HubConfig::heartbeat_timeout`], for the agent's configuration.
-    #[must_use]
-    pub fn heartbeat_ms(&self) -> u64 {
-        u64::try_from(self.heartbeat_timeout.as_millis() / 5)
-            .unwrap_or(u64::MAX)
-            .max(10)
-    }
-}
-
-/// Why an [`AgentHub`] cannot start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum HubError {
-    /// The hub cannot listen.
-    #[error("cannot listen for agents on {addr}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-    /// The run's secret token cannot be made.
-    #[error("cannot make the run's secret token")]
-    Token(#[source] getrandom::Error),
-}
-
-/// How an agent process ended, as the runtime that started it saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AgentExit {
-    /// It exited, or was killed by a signal, with this status.
-    Status(ExitStatus),
-    /// It is gone for a reason its runtime tells (its node was lost, say).
-    Died(DeathCause),
-}
-
-/// An agent process a runtime started, wherever it runs: the hub's handle to see it end and
-/// to end it. Dropping it must end the process (at least eventually).
-#[async_trait]
-pub trait AgentProcess: Send + 'static {
-    /// Its process id, where the runtime knows it (for logs).
-    fn pid(&self) -> Option<u32>;
-
-    /// Waits until the process has ended. Cancel safe: the hub polls it inside `select!`.
-    async fn wait(&mut self) -> io::Result<AgentExit>;
-
-    /// Asks the agent to exit (SIGTERM): it stops its task within its grace and exits.
-    fn terminate(&mut self);
-
-    /// Ends the agent at once (SIGKILL), and first the process group of its task `task`
-    /// when it has one.
-    fn kill(&mut self, task: Option<u32>);
-
-    /// A function that SIGKILLs the process group of a task of this agent, now, without
-    /// waiting; used when the hub ends at once. Runtimes whose tasks run elsewhere return a
-    /// function that does nothing (their own teardown ends the tasks).
-    fn task_killer(&self) -> fn(u32);
-
-    /// The agent's hard memory limit in bytes, when it has one.
-    fn memory_limit(&self) -> Option<u64> {
-        None
-    }
-
-    /// How many processes the OOM killer killed under the agent's memory limit.
-    async fn oom_kills(&mut self) -> u64 {
-        0
-    }
-
-    /// Releases what the process held on its machine (its cgroup, say), once it is gone.
-    async fn cleanup(&mut self) {}
-}
 
 /// An actor id handed out by [`AgentHub::expect`], waiting for its agent's hello. Dropping it
 /// before [`AgentHub::attach`] stops the wait.
@@ -206,7 +65,7 @@ impl fmt::Debug for Arrival {
 /// Frees what an actor held, once it is gone.
 type Release = Box<dyn Fn(ActorId) + Send + Sync>;
 
-/// Serves the agents of one run; see the [module docs](self).
+/// Serves the agents of one run; see the [crate docs](crate).
 ///
 /// Cheap to clone: clones share the hub. [`AgentHub::shutdown`] ends every agent; dropping
 /// the last clone does so too, without grace.
@@ -628,7 +487,7 @@ impl AgentHub {
     }
 
     /// Ends everything at once, without waiting (as dropping the last clone does).
-    pub(crate) fn end_now(&self) {
+    pub fn end_now(&self) {
         self.handle.accept.abort();
         self.core().end_at_once();
     }

@@ -19,9 +19,10 @@ use trainyard_agent::wire::{self, AgentMessage, DriverMessage};
 use trainyard_runtime::events::{ActorEvent, EVENT_BUFFER, EventSender};
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError, TaskEvent};
 
-use super::calls::{Pending, Reply, reply_result, request_name};
-use super::death::{Seen, cause_of_death};
-use super::{AgentExit, AgentProcess, HubCore, REAP_TIMEOUT};
+use crate::calls::{Pending, Reply, reply_result, request_name};
+use crate::death::{Seen, cause_of_death};
+use crate::hub::{HubCore, REAP_TIMEOUT};
+use crate::{AgentExit, AgentProcess};
 
 /// How long a dead connection's agent gets to be reaped for its exit status, and how long
 /// what it sent before it died is read.

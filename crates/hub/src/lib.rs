@@ -1,0 +1,60 @@
+//! The driver side of trainyard's agents, shared by every agent-based runtime (the local
+//! runtime, the Ray runtime).
+//!
+//! An agent is the worker process a runtime starts for each actor (`trainyard-agent`). It
+//! connects back to the driver's [`AgentHub`] over TCP and presents the run's secret token;
+//! the hub serves its requests, routes its replies and events, and turns its end into a
+//! death with a cause.
+//!
+//! How an agent process is started, and where, is the runtime's business: the local runtime
+//! starts a child process; the Ray runtime asks a Ray actor to start one on its node. Either
+//! hands the hub an [`AgentProcess`], the handle through which the hub sees the process end
+//! and ends it.
+//!
+//! ```no_run
+//! use trainyard_hub::{AgentHub, HubConfig};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // `release` frees what an actor held, once it is gone.
+//! let hub = AgentHub::start(HubConfig::new("my-run"), |_actor| {}).await?;
+//! let arrival = hub.expect("worker-0")?; // an actor id, and a place for its agent's hello
+//! // ... start an agent for `arrival.actor()` that connects to `hub.driver_address()` with
+//! // `hub.token()`, then `hub.attach(arrival, "worker-0".into(), Box::new(process)).await?`
+//! # drop(arrival);
+//! hub.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Main items
+//!
+//! - [`AgentHub`], started from a [`HubConfig`]; [`AgentHub::expect`] hands out an
+//!   [`Arrival`], which [`AgentHub::attach`] turns into a served actor.
+//! - [`AgentProcess`]: what a runtime's agent process offers the hub; its end is an
+//!   [`AgentExit`].
+//! - [`AgentCommand`]: the program agents are started with.
+
+mod calls;
+mod config;
+mod death;
+mod error;
+mod hello;
+mod hub;
+mod process;
+mod supervisor;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+pub use config::{
+    AgentCommand, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_STOP_GRACE, HubConfig,
+};
+pub use error::HubError;
+pub use hub::{AgentHub, Arrival, REAP_TIMEOUT};
+pub use process::{AgentExit, AgentProcess};
+
+/// Locks shared bookkeeping; every update under it is finished before it is let go, so a
+/// lock poisoned by a panic elsewhere is used as it is.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
