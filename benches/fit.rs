@@ -1,4 +1,5 @@
-//! A full simulated `fit()`: reserve, start, rank, set up torch, train, shut down.
+//! A full simulated `fit()`: reserve, start, rank, set up torch, train, shut down. Run
+//! folders go to a temporary directory, not `~/trainyard_results`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,10 +34,13 @@ fn fit(c: &mut Criterion) {
         .build()
         .expect("tokio runtime");
     let sim = cluster();
+    let storage = tempfile::tempdir().expect("a temporary directory");
+    let run = RunConfig::default().storage_path(storage.path().display().to_string());
     c.bench_function("torch_fit/64_workers", |b| {
         b.to_async(&runtime).iter(|| async {
             let result = Trainer::torch(Arc::new(sim.clone()), function_task("train", Value::Null))
                 .scaling_config(ScalingConfig::default().num_workers(64))
+                .run_config(run.clone())
                 .executor_options(ExecutorOptions {
                     poll_interval: Duration::from_millis(1),
                     ..ExecutorOptions::default()
@@ -63,6 +67,8 @@ fn fit_at_scale(c: &mut Criterion) {
             .cpus(128)
     }))
     .with_functions(functions);
+    let storage = tempfile::tempdir().expect("a temporary directory");
+    let run = RunConfig::default().storage_path(storage.path().display().to_string());
     let mut group = c.benchmark_group("fit_at_scale");
     for workers in [1_000u32, 10_000] {
         group.bench_function(format!("{workers}_workers"), |b| {
@@ -70,6 +76,7 @@ fn fit_at_scale(c: &mut Criterion) {
                 let task = function_task("noop", Value::Null);
                 let result = Trainer::new(Arc::new(sim.clone()), &NoBackend, task)
                     .scaling_config(ScalingConfig::default().num_workers(workers))
+                    .run_config(run.clone())
                     .executor_options(ExecutorOptions {
                         poll_interval: Duration::from_millis(1),
                         ..ExecutorOptions::default()
