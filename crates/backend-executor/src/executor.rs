@@ -758,6 +758,9 @@ impl BackendExecutor {
         let n = streams.len();
         report.metrics = vec![None; n];
         let mut returns: Vec<Option<serde_json::Value>> = vec![None; n];
+        // How many ranks have not returned yet: counted, so that each return costs the same
+        // however many ranks there are.
+        let mut unreturned = n;
         let mut output = Output {
             pids,
             tails: vec![VecDeque::new(); n],
@@ -786,8 +789,10 @@ impl BackendExecutor {
                     }
                 }
                 Some(ActorEvent::TaskExited(TaskExit::Succeeded { value })) => {
-                    returns[i] = Some(value);
-                    if returns.iter().all(Option::is_some) {
+                    if returns[i].replace(value).is_none() {
+                        unreturned -= 1;
+                    }
+                    if unreturned == 0 {
                         report.returns = returns.into_iter().flatten().collect();
                         break Ok(());
                     }

@@ -274,9 +274,12 @@ impl Resources {
     /// [`ResourceError::Overflow`] when a sum does not fit.
     pub fn checked_add_assign(&mut self, other: &Self) -> Result<(), ResourceError> {
         for (name, amount) in other.iter() {
-            let slot = Arc::make_mut(&mut self.0)
-                .entry(name.to_owned())
-                .or_default();
+            let map = Arc::make_mut(&mut self.0);
+            // The name is copied only when it is new here.
+            let slot = match map.get_mut(name) {
+                Some(slot) => slot,
+                None => map.entry(name.to_owned()).or_default(),
+            };
             *slot = slot
                 .checked_add(amount)
                 .ok_or_else(|| ResourceError::Overflow {

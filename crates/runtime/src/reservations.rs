@@ -182,12 +182,15 @@ struct Bundle {
 struct Group {
     factory: PlacementGroupFactory,
     bundles: Vec<Option<Bundle>>,
+    /// How many of `bundles` are `None`: kept so that finding the pending groups, which
+    /// every release of an actor does, does not look at every bundle.
+    missing: usize,
     phase: watch::Sender<Phase>,
 }
 
 impl Group {
-    fn is_ready(&self) -> bool {
-        self.bundles.iter().all(Option::is_some)
+    const fn is_ready(&self) -> bool {
+        self.missing == 0
     }
 }
 
@@ -462,6 +465,7 @@ impl Reservations {
             Group {
                 factory: factory.clone(),
                 bundles,
+                missing: factory.bundles.len(),
                 phase,
             },
         );
@@ -636,6 +640,8 @@ impl Reservations {
         for (index, bundle) in taken {
             group.bundles[index] = Some(bundle);
         }
+        // Every missing bundle was taken.
+        group.missing = 0;
         group.phase.send_replace(Phase::Ready);
         tracing::debug!(%pg, "placement group ready");
     }
@@ -785,6 +791,7 @@ impl Reservations {
             for slot in &mut group.bundles {
                 if slot.as_ref().is_some_and(|b| b.node == lost) {
                     *slot = None;
+                    group.missing += 1;
                     hit = true;
                 }
             }

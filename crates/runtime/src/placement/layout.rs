@@ -482,25 +482,22 @@ impl Problem {
                 .max()
                 .unwrap_or(0)
         };
-        let mut order = bundles.to_vec();
-        order.sort_by_key(|&b| std::cmp::Reverse(weight(b)));
+        // Positions in `bundles`, not bundle indexes: the picks of a node's bundles take
+        // room for those bundles only, however many the whole group has.
+        let mut order: Vec<usize> = (0..bundles.len()).collect();
+        order.sort_by_key(|&k| std::cmp::Reverse(weight(bundles[k])));
         let mut scratch = room.clone();
-        let mut picks = vec![Vec::new(); self.bundles()];
-        let greedy = order.iter().all(|&b| {
-            let shape = self.shape_of[b];
+        let mut picks = vec![Vec::new(); bundles.len()];
+        let greedy = order.iter().all(|&k| {
+            let shape = self.shape_of[bundles[k]];
             if !self.fits(&scratch, node, shape) {
                 return false;
             }
-            picks[b] = self.take(&mut scratch, node, shape);
+            picks[k] = self.take(&mut scratch, node, shape);
             true
         });
         if greedy {
-            return NodeFit::Yes(
-                bundles
-                    .iter()
-                    .map(|&b| std::mem::take(&mut picks[b]))
-                    .collect(),
-            );
+            return NodeFit::Yes(picks);
         }
         let fraction = bundles.iter().any(|&b| {
             self.accelerator_entries(self.shape_of[b])
@@ -510,6 +507,7 @@ impl Problem {
             // Whole devices are interchangeable: in any order they fit or they do not.
             return NodeFit::No;
         }
+        let order: Vec<usize> = order.iter().map(|&k| bundles[k]).collect();
         let mut walk = Walk::new(
             self,
             PlacementStrategy::Pack,

@@ -262,11 +262,14 @@ impl ActorRuntime for SimRuntime {
     }
 
     async fn call(&self, actor: ActorId, request: Request) -> Result<Response, RuntimeError> {
-        let (mailbox, mut ended) = lock(&self.state).mailbox(actor)?;
         if request == Request::Stop {
-            lock(&self.state).remove_actor(actor, DeathCause::Stopped);
+            let mut state = lock(&self.state);
+            // A stop answers at once, without the actor's queue.
+            state.check_live(actor)?;
+            state.remove_actor(actor, DeathCause::Stopped);
             return Ok(Response::Done);
         }
+        let (mailbox, mut ended) = lock(&self.state).mailbox(actor)?;
         let (reply, answer) = oneshot::channel();
         let sent = mailbox.send((request, reply));
         // Holding the sender while waiting would keep the queue, and a request that lands in

@@ -32,7 +32,8 @@ struct Actor {
 pub(super) struct State {
     book: Reservations,
     ports: HashMap<NodeId, Arc<AtomicU32>>,
-    actors: BTreeMap<ActorId, Actor>,
+    /// Hashed, not ordered: every call looks its actor up, and large clusters make many.
+    actors: HashMap<ActorId, Actor>,
     dead: HashMap<ActorId, DeathCause>,
     next_actor: u64,
     functions: FunctionRegistry,
@@ -57,7 +58,7 @@ impl State {
         Self {
             book: Reservations::new(specs),
             ports,
-            actors: BTreeMap::new(),
+            actors: HashMap::new(),
             dead: HashMap::new(),
             next_actor: 0,
             functions: FunctionRegistry::with_builtins(),
@@ -77,7 +78,9 @@ impl State {
     }
 
     pub(super) fn actor_ids(&self) -> Vec<ActorId> {
-        self.actors.keys().copied().collect()
+        let mut ids: Vec<ActorId> = self.actors.keys().copied().collect();
+        ids.sort_unstable();
+        ids
     }
 
     pub(super) fn actor_node(&self, actor: ActorId) -> Option<NodeId> {
@@ -116,6 +119,15 @@ impl State {
             .get(&actor)
             .map(|a| (a.mailbox.clone(), a.ended.subscribe()))
             .ok_or_else(|| self.death(actor))
+    }
+
+    /// Nothing when `actor` lives; else why it cannot be called.
+    pub(super) fn check_live(&self, actor: ActorId) -> Result<(), RuntimeError> {
+        if self.actors.contains_key(&actor) {
+            Ok(())
+        } else {
+            Err(self.death(actor))
+        }
     }
 
     /// The actor's event stream, once.
@@ -212,10 +224,12 @@ impl State {
         entry.serving.abort();
         tracing::debug!(%actor, %cause, "actor ended");
         // The death is the stream's last event and is never dropped: when the buffer is
-        // full it is sent as soon as there is room.
+        // full it is sent as soon as there is room. When nobody listens any more it is moot.
         if let Err(event) = entry.events.try_send(ActorEvent::Died(cause.clone())) {
-            let events = entry.events.clone();
-            tokio::spawn(async move { events.send(event).await });
+            if !entry.events.is_closed() {
+                let events = entry.events.clone();
+                tokio::spawn(async move { events.send(event).await });
+            }
         }
         self.dead.insert(actor, cause);
         entry.ended.send_replace(true);
