@@ -1,7 +1,5 @@
 //! Why an agent is gone, from what the driver knows when its connection ends.
 
-use std::os::unix::process::ExitStatusExt as _;
-
 use trainyard_runtime::DeathCause;
 
 use crate::AgentExit;
@@ -13,44 +11,37 @@ pub(crate) struct Seen {
     pub(crate) by_driver: Option<DeathCause>,
     /// How the agent ended, when that was seen in time.
     pub(crate) exit: Option<AgentExit>,
-    /// How many processes the OOM killer killed in the worker's cgroup.
-    pub(crate) oom_kills: u64,
-    /// The worker's hard memory limit, in bytes, when it has one.
-    pub(crate) memory_limit: Option<u64>,
+    /// The memory limit under which the OOM killer struck the worker, when it did.
+    pub(crate) memory_kill: Option<u64>,
 }
 
 /// The cause of the death: what the driver did; else the memory limit when the OOM killer
-/// struck the worker's cgroup; else how the process ended; else a lost connection.
+/// struck the worker under it; else how the process ended; else a lost connection.
 pub(crate) fn cause_of_death(seen: &Seen) -> DeathCause {
     if let Some(cause) = &seen.by_driver {
         return cause.clone();
     }
-    if let (true, Some(limit)) = (seen.oom_kills > 0, seen.memory_limit) {
+    if let Some(limit) = seen.memory_kill {
         return DeathCause::MemoryLimit { limit };
     }
-    match &seen.exit {
-        Some(AgentExit::Status(status)) => DeathCause::ProcessExited {
-            code: status.code(),
-            signal: status.signal(),
-        },
-        Some(AgentExit::Died(cause)) => cause.clone(),
-        None => DeathCause::ConnectionLost,
-    }
+    seen.exit
+        .as_ref()
+        .map_or(DeathCause::ConnectionLost, AgentExit::death_cause)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use std::os::unix::process::ExitStatusExt as _;
     use std::process::ExitStatus;
 
-    /// A wait status as the kernel reports it: `code << 8`, or the signal number.
     fn exited(code: i32) -> Option<AgentExit> {
-        Some(AgentExit::Status(ExitStatus::from_raw(code << 8)))
+        Some(AgentExit::Exited { code })
     }
 
     fn signalled(signal: i32) -> Option<AgentExit> {
-        Some(AgentExit::Status(ExitStatus::from_raw(signal)))
+        Some(AgentExit::Signalled { signal })
     }
 
     #[test]
@@ -58,8 +49,7 @@ mod tests {
         let seen = Seen {
             by_driver: Some(DeathCause::Killed),
             exit: signalled(9),
-            oom_kills: 1,
-            memory_limit: Some(1 << 30),
+            memory_kill: Some(1 << 30),
         };
         assert_eq!(cause_of_death(&seen), DeathCause::Killed);
     }
@@ -68,8 +58,7 @@ mod tests {
     fn an_oom_kill_in_the_cgroup_is_told_apart_from_a_plain_sigkill() {
         let oom = Seen {
             exit: signalled(9),
-            oom_kills: 2,
-            memory_limit: Some(1 << 30),
+            memory_kill: Some(1 << 30),
             ..Seen::default()
         };
         assert_eq!(
@@ -77,7 +66,7 @@ mod tests {
             DeathCause::MemoryLimit { limit: 1 << 30 }
         );
         let plain = Seen {
-            oom_kills: 0,
+            memory_kill: None,
             ..oom
         };
         assert_eq!(
@@ -115,5 +104,23 @@ mod tests {
             ..Seen::default()
         };
         assert_eq!(cause_of_death(&seen), lost);
+    }
+
+    #[test]
+    fn a_reaped_childs_wait_status_becomes_its_code_or_its_signal() {
+        // As the kernel reports them: `code << 8`, or the signal number.
+        assert_eq!(
+            AgentExit::from(ExitStatus::from_raw(3 << 8)),
+            AgentExit::Exited { code: 3 }
+        );
+        assert_eq!(
+            AgentExit::from(ExitStatus::from_raw(9)),
+            AgentExit::Signalled { signal: 9 }
+        );
+        assert_eq!(AgentExit::Exited { code: 7 }.to_string(), "exit status: 7");
+        assert_eq!(
+            AgentExit::Signalled { signal: 9 }.to_string(),
+            "signal: 9 (SIGKILL)"
+        );
     }
 }

@@ -19,7 +19,7 @@ use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
 
 use crate::hello::{HELLO_TIMEOUT, HelloError, read_hello};
 use crate::supervisor::{Command, Connection, Supervisor};
-use crate::{AgentProcess, HubConfig, HubError, lock};
+use crate::{AgentProcess, HubConfig, HubError, TaskKiller, lock};
 
 /// How long a SIGKILLed agent may take to be reaped.
 pub const REAP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -103,7 +103,7 @@ pub(crate) struct AgentEntry {
     pid: Option<u32>,
     /// Its task's process id, while the task runs.
     pub(crate) task: Option<u32>,
-    task_killer: fn(u32),
+    task_killer: Option<TaskKiller>,
     supervisor: Option<AbortHandle>,
 }
 
@@ -159,8 +159,8 @@ impl HubCore {
             std::mem::take(&mut state.agents)
         };
         for agent in agents.into_values() {
-            if let Some(task) = agent.task {
-                (agent.task_killer)(task);
+            if let (Some(task), Some(killer)) = (agent.task, &agent.task_killer) {
+                killer.kill(task);
             }
             // The supervisor owns the agent's process, which ends when it is dropped.
             if let Some(supervisor) = agent.supervisor {

@@ -31,7 +31,8 @@
 //! - [`AgentHub`], started from a [`HubConfig`]; [`AgentHub::expect`] hands out an
 //!   [`Arrival`], which [`AgentHub::attach`] turns into a served actor.
 //! - [`AgentProcess`]: what a runtime's agent process offers the hub; its end is an
-//!   [`AgentExit`].
+//!   [`AgentExit`] (an exit code, a signal, or a death its runtime tells), and a runtime
+//!   that can kill a task's processes from the driver's side offers a [`TaskKiller`].
 //! - [`AgentCommand`]: the program agents are started with.
 
 mod calls;
@@ -51,7 +52,7 @@ pub use config::{
 };
 pub use error::HubError;
 pub use hub::{AgentHub, Arrival, REAP_TIMEOUT};
-pub use process::{AgentExit, AgentProcess};
+pub use process::{AgentExit, AgentProcess, TaskKiller};
 
 /// Locks shared bookkeeping; every update under it is finished before it is let go, so a
 /// lock poisoned by a panic elsewhere is used as it is.

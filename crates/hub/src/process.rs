@@ -1,18 +1,104 @@
 //! What the hub needs of an agent process, wherever a runtime started it.
 
+use std::fmt;
 use std::io;
+use std::os::unix::process::ExitStatusExt as _;
 use std::process::ExitStatus;
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use trainyard_runtime::DeathCause;
+use trainyard_runtime::{DeathCause, signal_name};
 
-/// How an agent process ended, as the runtime that started it saw it.
+/// How an agent process ended, as the runtime that started it saw it: what a process on this
+/// machine tells its parent, or what a runtime whose agents run elsewhere learnt of their end.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AgentExit {
-    /// It exited, or was killed by a signal, with this status.
-    Status(ExitStatus),
+    /// It exited with this code.
+    Exited {
+        /// The exit code.
+        code: i32,
+    },
+    /// A signal ended it.
+    Signalled {
+        /// The signal's number.
+        signal: i32,
+    },
     /// It is gone for a reason its runtime tells (its node was lost, say).
     Died(DeathCause),
+}
+
+impl AgentExit {
+    /// The actor's death, when nothing the driver did or saw says more.
+    #[must_use]
+    pub fn death_cause(&self) -> DeathCause {
+        match self {
+            Self::Exited { code } => DeathCause::ProcessExited {
+                code: Some(*code),
+                signal: None,
+            },
+            Self::Signalled { signal } => DeathCause::ProcessExited {
+                code: None,
+                signal: Some(*signal),
+            },
+            Self::Died(cause) => cause.clone(),
+        }
+    }
+}
+
+impl From<ExitStatus> for AgentExit {
+    /// The end of a child process as its parent reaps it.
+    fn from(status: ExitStatus) -> Self {
+        match (status.code(), status.signal()) {
+            (Some(code), _) => Self::Exited { code },
+            (None, Some(signal)) => Self::Signalled { signal },
+            // A reaped process has exited or was signalled; this is for completeness.
+            (None, None) => Self::Died(DeathCause::ProcessExited {
+                code: None,
+                signal: None,
+            }),
+        }
+    }
+}
+
+impl fmt::Display for AgentExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Exited { code } => write!(f, "exit status: {code}"),
+            Self::Signalled { signal } => {
+                write!(f, "signal: {signal}")?;
+                match signal_name(*signal) {
+                    Some(name) => write!(f, " ({name})"),
+                    None => Ok(()),
+                }
+            }
+            Self::Died(cause) => write!(f, "{cause}"),
+        }
+    }
+}
+
+/// Kills, at once and without waiting, the processes of an agent's task from the driver's
+/// side: those of the process group that the task's process (its pid, as the agent
+/// reported it) leads.
+#[derive(Clone)]
+pub struct TaskKiller(Arc<dyn Fn(u32) + Send + Sync>);
+
+impl TaskKiller {
+    /// A killer that calls `kill` with the task's pid.
+    pub fn new(kill: impl Fn(u32) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(kill))
+    }
+
+    /// Kills the processes of the task whose process is `task`.
+    pub fn kill(&self, task: u32) {
+        (self.0)(task);
+    }
+}
+
+impl fmt::Debug for TaskKiller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskKiller").finish_non_exhaustive()
+    }
 }
 
 /// An agent process a runtime started, wherever it runs: the hub's handle to see it end and
@@ -28,23 +114,23 @@ pub trait AgentProcess: Send + 'static {
     /// Asks the agent to exit (SIGTERM): it stops its task within its grace and exits.
     fn terminate(&mut self);
 
-    /// Ends the agent at once (SIGKILL), and first the process group of its task `task`
-    /// when it has one.
+    /// Ends the agent at once (SIGKILL), and first the processes of its task `task` (the
+    /// task's pid, as the agent reported it) when it has one.
     fn kill(&mut self, task: Option<u32>);
 
-    /// A function that SIGKILLs the process group of a task of this agent, now, without
-    /// waiting; used when the hub ends at once. Runtimes whose tasks run elsewhere return a
-    /// function that does nothing (their own teardown ends the tasks).
-    fn task_killer(&self) -> fn(u32);
-
-    /// The agent's hard memory limit in bytes, when it has one.
-    fn memory_limit(&self) -> Option<u64> {
+    /// What kills a task's processes from the driver's side, without the agent, where this
+    /// runtime can: the hub uses it when it ends at once, and for what a task left behind
+    /// once its agent is gone. `None` (the default) where tasks run out of the driver's reach
+    /// and end with their agent (a remote node's teardown ends them).
+    fn task_killer(&self) -> Option<TaskKiller> {
         None
     }
 
-    /// How many processes the OOM killer killed under the agent's memory limit.
-    async fn oom_kills(&mut self) -> u64 {
-        0
+    /// The hard memory limit, in bytes, under which the kernel's OOM killer killed
+    /// processes of this agent, when it did; `None` (the default) otherwise, or where the
+    /// runtime cannot tell.
+    async fn memory_kill(&mut self) -> Option<u64> {
+        None
     }
 
     /// Releases what the process held on its machine (its cgroup, say), once it is gone.

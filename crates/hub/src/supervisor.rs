@@ -187,12 +187,10 @@ impl Supervisor {
                     }
                 },
                 exit = self.process.wait() => Connect::Failed(match exit {
-                    Ok(AgentExit::Status(status)) => {
-                        format!("the agent exited before it connected ({status})")
-                    }
                     Ok(AgentExit::Died(cause)) => {
                         format!("the agent ended before it connected: {cause}")
                     }
+                    Ok(exit) => format!("the agent exited before it connected ({exit})"),
                     Err(error) => format!("cannot wait for the agent: {error}"),
                 }),
                 () = tokio::time::sleep_until(deadline) => {
@@ -506,8 +504,7 @@ impl Supervisor {
                     cause_of_death(&Seen {
                         by_driver: None,
                         exit: serving.exited.take(),
-                        oom_kills: self.process.oom_kills().await,
-                        memory_limit: self.process.memory_limit(),
+                        memory_kill: self.process.memory_kill().await,
                     })
                 } else {
                     DeathCause::Stopped
@@ -518,8 +515,8 @@ impl Supervisor {
             }
         };
         serving.writer.abort();
-        if let Some(task) = serving.task {
-            (self.process.task_killer())(task);
+        if let (Some(task), Some(killer)) = (serving.task, self.process.task_killer()) {
+            killer.kill(task);
         }
         if matches!(cause, DeathCause::Killed | DeathCause::Stopped) {
             // Nobody took the stream of an actor the runtime ended: nobody will.

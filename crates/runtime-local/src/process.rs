@@ -11,7 +11,7 @@ use tokio::process::Child;
 use trainyard_agent::cgroup::WorkerCgroup;
 
 use crate::procfs::{parse_stat, read_stat};
-use trainyard_hub::{AgentExit, AgentProcess};
+use trainyard_hub::{AgentExit, AgentProcess, TaskKiller};
 
 /// An agent process started by this driver, with the memory cgroup it may have.
 pub(crate) struct LocalProcess {
@@ -30,7 +30,7 @@ impl AgentProcess for LocalProcess {
     }
 
     async fn wait(&mut self) -> io::Result<AgentExit> {
-        self.child.wait().await.map(AgentExit::Status)
+        self.child.wait().await.map(AgentExit::from)
     }
 
     /// SIGTERM, unless the agent is reaped already.
@@ -48,21 +48,18 @@ impl AgentProcess for LocalProcess {
         let _ = self.child.start_kill();
     }
 
-    fn task_killer(&self) -> fn(u32) {
-        kill_task_group
+    fn task_killer(&self) -> Option<TaskKiller> {
+        Some(TaskKiller::new(kill_task_group))
     }
 
-    fn memory_limit(&self) -> Option<u64> {
-        self.memory_limit
-    }
-
-    async fn oom_kills(&mut self) -> u64 {
-        let Some(cgroup) = self.cgroup.clone() else {
-            return 0;
-        };
-        tokio::task::spawn_blocking(move || cgroup.oom_kills())
+    /// The limit, when the OOM killer struck in the worker's cgroup (an address-space limit
+    /// makes allocations fail instead: nothing to tell then).
+    async fn memory_kill(&mut self) -> Option<u64> {
+        let (cgroup, limit) = (self.cgroup.clone()?, self.memory_limit?);
+        let oom_kills = tokio::task::spawn_blocking(move || cgroup.oom_kills())
             .await
-            .unwrap_or(0)
+            .unwrap_or(0);
+        (oom_kills > 0).then_some(limit)
     }
 
     async fn cleanup(&mut self) {

@@ -6,9 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
-use std::process::ExitStatus;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -608,18 +606,20 @@ struct RayAgent {
     ended: Option<AgentExit>,
 }
 
-impl RayAgent {
-    fn exit_of(&self, ended: &ActorEnded) -> AgentExit {
-        if let Some(death) = &ended.died {
-            return AgentExit::Died(death_cause(death.kind, &self.node));
-        }
-        match (ended.exit_code, ended.signal) {
-            (_, Some(signal)) => AgentExit::Status(ExitStatus::from_raw(signal & 0x7f)),
-            (Some(code), None) => AgentExit::Status(ExitStatus::from_raw((code & 0xff) << 8)),
-            (None, None) => AgentExit::Died(DeathCause::ConnectionLost),
-        }
+/// How an agent on `node` ended, from its actor's end: the actor's death when it died, else
+/// the agent's own exit as the actor saw it.
+fn agent_exit(ended: &ActorEnded, node: &NodeId) -> AgentExit {
+    if let Some(death) = &ended.died {
+        return AgentExit::Died(death_cause(death.kind, node));
     }
+    match (ended.exit_code, ended.signal) {
+        (_, Some(signal)) => AgentExit::Signalled { signal },
+        (Some(code), None) => AgentExit::Exited { code },
+        (None, None) => AgentExit::Died(DeathCause::ConnectionLost),
+    }
+}
 
+impl RayAgent {
     /// Runs a bridge call in the background: the hub's signals do not wait.
     fn in_background<F>(&self, call: impl FnOnce(Arc<Bridge>, String) -> F)
     where
@@ -645,7 +645,7 @@ impl AgentProcess for RayAgent {
             return Err(io::Error::other("the actor's end cannot be seen"));
         };
         let exit = match end.await {
-            Ok(ended) => self.exit_of(&ended),
+            Ok(ended) => agent_exit(&ended, &self.node),
             Err(_) => AgentExit::Died(DeathCause::ConnectionLost),
         };
         self.end = None;
@@ -672,11 +672,6 @@ impl AgentProcess for RayAgent {
             }
         });
     }
-
-    fn task_killer(&self) -> fn(u32) {
-        // The task runs on the actor's node; killing the actor ends it there.
-        |_| {}
-    }
 }
 
 impl Drop for RayAgent {
@@ -690,6 +685,7 @@ impl Drop for RayAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::ActorDeath;
 
     #[test]
     fn each_ray_death_kind_becomes_one_death_cause() {
@@ -712,5 +708,36 @@ mod tests {
         for (kind, cause) in cases {
             assert_eq!(death_cause(kind, &node), cause, "{kind:?}");
         }
+    }
+
+    #[test]
+    fn an_agents_end_on_a_ray_node_is_its_code_its_signal_or_its_actors_death() {
+        let node = NodeId::from("n1");
+        let ended = |exit_code, signal, died| ActorEnded {
+            name: "a".into(),
+            exit_code,
+            signal,
+            died,
+        };
+        assert_eq!(
+            agent_exit(&ended(Some(3), None, None), &node),
+            AgentExit::Exited { code: 3 }
+        );
+        assert_eq!(
+            agent_exit(&ended(None, Some(15), None), &node),
+            AgentExit::Signalled { signal: 15 }
+        );
+        let died = ActorDeath {
+            kind: DeathKind::NodeDied,
+            message: "gone".into(),
+        };
+        assert_eq!(
+            agent_exit(&ended(None, Some(9), Some(died)), &node),
+            AgentExit::Died(DeathCause::NodeLost { node: node.clone() })
+        );
+        assert_eq!(
+            agent_exit(&ended(None, None, None), &node),
+            AgentExit::Died(DeathCause::ConnectionLost)
+        );
     }
 }
