@@ -73,7 +73,8 @@
 //! - [`run_if_agent`]: serve as an agent (or a task's trampoline) when started as one.
 //! - [`wire`]: [`Token`](wire::Token), [`DriverMessage`](wire::DriverMessage) and
 //!   [`AgentMessage`](wire::AgentMessage) in JSON frames; [`config`]: how an agent is started;
-//!   [`cgroup`]: per-worker hard memory limits.
+//!   [`cgroup`]: how a task joins its worker's memory cgroup (made by the driver) and how
+//!   its OOM kills are told apart.
 
 mod agent;
 pub mod cgroup;

@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 use trainyard_runtime::events::{ActorEvent, EventSender};
 use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
 
-use crate::cgroup::WorkerCgroup;
+use crate::cgroup::OomCounter;
 use crate::config::{EXEC, ExecSpec, MemoryLimit, ROLE, ROLE_EXEC};
 use crate::handin::TaskReports;
 use crate::report::ReportSocket;
@@ -147,10 +147,15 @@ pub(crate) async fn start(
     let (exe, exe_args) = trampoline().map_err(|e| spawn_failed(&e))?;
     let spec = serde_json::to_string(&spec).map_err(|e| spawn_failed(&e))?;
     let cgroup = match &memory {
-        Some(MemoryLimit::Cgroup { path, limit }) => WorkerCgroup::open(path, *limit),
+        Some(MemoryLimit::Cgroup { path, limit }) => {
+            OomCounter::open(path).map(|counter| CgroupLimit {
+                before: counter.count(),
+                counter,
+                limit: *limit,
+            })
+        }
         _ => None,
     };
-    let oom_before = cgroup.as_ref().map_or(0, WorkerCgroup::oom_kills);
     let mut child = Command::new(exe)
         .args(exe_args)
         .env_clear()
@@ -189,11 +194,19 @@ pub(crate) async fn start(
             readers.spawn(read_lines(output, stream, events.clone()));
         }
         let reporting = reports.serve(counted, events.clone());
-        let exit = follow(child, readers, reporting, cgroup.as_ref(), oom_before).await;
+        let exit = follow(child, readers, reporting, cgroup.as_ref()).await;
         events.send(ActorEvent::TaskExited(exit.clone())).await;
         done_tx.send_replace(Some(exit));
     });
     Ok(RunningCommand { pid, done })
+}
+
+/// A task's memory cgroup: its limit, and its OOM kills before the task started.
+#[derive(Debug)]
+struct CgroupLimit {
+    counter: OomCounter,
+    before: u64,
+    limit: u64,
 }
 
 /// Waits for the process, then (bounded) for its output and reports to end; how it ended.
@@ -201,8 +214,7 @@ async fn follow(
     mut child: Child,
     mut readers: JoinSet<()>,
     reporting: crate::report::Serving,
-    cgroup: Option<&WorkerCgroup>,
-    oom_before: u64,
+    cgroup: Option<&CgroupLimit>,
 ) -> TaskExit {
     // Peek at the exit without reaping, so that the group id stays taken, then kill what the
     // task left running in its group (background children would outlive it and hold its
@@ -228,10 +240,10 @@ async fn follow(
     }
     reporting.finish(DRAIN).await;
     if let Some(cgroup) = cgroup {
-        if cgroup.oom_kills() > oom_before {
+        if cgroup.counter.count() > cgroup.before {
             return TaskExit::Failed {
                 failure: TaskFailure::MemoryLimit {
-                    limit: cgroup.limit(),
+                    limit: cgroup.limit,
                 },
             };
         }

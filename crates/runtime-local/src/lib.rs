@@ -66,10 +66,13 @@
 //! - [`LocalRuntime`], started from a [`LocalConfig`]; agents run an [`AgentCommand`].
 //! - [`detect`]: what the machine offers, the user's overrides, and the split into
 //!   [`LocalNode`]s; [`LocalError`]: why the runtime cannot be configured or started.
+//! - [`cgroup`]: per-worker hard memory limits, the driver's side (probe, run and worker
+//!   cgroups, sweeping those of dead drivers).
 //! - [`ledger`]: the machine-wide record through which concurrent runs share this machine.
 //! - [`hub`]: the agent hub (the `trainyard-hub` crate), which serves this runtime's agents
 //!   as it serves those of every agent-based runtime.
 
+pub mod cgroup;
 mod config;
 pub mod detect;
 mod error;

@@ -4,11 +4,11 @@
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::OnceCell;
-use trainyard_agent::cgroup::{MemoryEnforcement, RunCgroup, WorkerCgroup, sweep_stale};
 use trainyard_agent::config::MemoryLimit;
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::ActorId;
 
+use crate::cgroup::{MemoryEnforcement, RunCgroup, WorkerCgroup, sweep_stale};
 use crate::lock;
 
 /// The longest run name used in a cgroup's directory name.

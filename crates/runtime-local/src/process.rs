@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::process::Child;
-use trainyard_agent::cgroup::WorkerCgroup;
 
+use crate::cgroup::WorkerCgroup;
 use crate::procfs::{parse_stat, read_stat};
 use trainyard_hub::{AgentExit, AgentProcess, TaskKiller};
 

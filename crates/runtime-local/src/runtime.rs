@@ -9,7 +9,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::watch;
-use trainyard_agent::cgroup::WorkerCgroup;
 use trainyard_agent::config::{AgentConfig, MemoryLimit};
 use trainyard_config::PlacementGroupFactory;
 use trainyard_hub::{AgentHub, Arrival, HubConfig};
@@ -21,6 +20,7 @@ use trainyard_runtime::{
     Request, Response, RuntimeError, Shortage,
 };
 
+use crate::cgroup::WorkerCgroup;
 use crate::config::LocalConfig;
 use crate::error::LocalError;
 use crate::ledger::{self, Ledger, LedgerLocation};

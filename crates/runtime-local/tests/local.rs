@@ -13,7 +13,6 @@ use futures::{FutureExt as _, StreamExt as _};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, sleep, timeout};
-use trainyard_agent::cgroup::MemoryEnforcement;
 use trainyard_agent::wire::{self, AgentMessage, Token};
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
 use trainyard_resources::{ActorOptions, ResourceAmount};
@@ -22,6 +21,7 @@ use trainyard_runtime::{
     ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, DeathCause, FunctionRegistry, RuntimeError,
     Stream, TaskEvent, TaskExit, TaskFailure, TaskSpec, TaskStatus, conformance,
 };
+use trainyard_runtime_local::cgroup::MemoryEnforcement;
 use trainyard_runtime_local::detect::{Machine, Overrides, plan_nodes};
 use trainyard_runtime_local::ledger::LedgerLocation;
 use trainyard_runtime_local::{AgentCommand, LocalConfig, LocalRuntime};

@@ -6,8 +6,9 @@ use std::ffi::OsStr;
 use std::path::{Component, Path, PathBuf};
 use std::thread;
 
-use trainyard_agent::cgroup::{CgroupLookupError, CgroupMount, CgroupQuery, Hierarchy, own_cgroup};
 use trainyard_resources::{ResourceAmount, STEPS_PER_UNIT};
+
+use crate::cgroup::{CgroupLookupError, CgroupMount, CgroupQuery, Hierarchy, own_cgroup};
 
 /// cgroup v1 reports "no memory limit" as a page-rounded `i64::MAX`
 /// (9223372036854771712); anything this large means unlimited.
