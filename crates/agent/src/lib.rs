@@ -75,6 +75,9 @@
 //!   [`AgentMessage`](wire::AgentMessage) in JSON frames; [`config`]: how an agent is started;
 //!   [`cgroup`]: how a task joins its worker's memory cgroup (made by the driver) and how
 //!   its OOM kills are told apart.
+//! - [`procfs`]: what `/proc` says of a process, and whether one still runs
+//!   ([`procfs::is_alive`]: pid and start time); [`process_group`]: the one way a task's
+//!   process group is signalled or killed.
 
 mod agent;
 pub mod cgroup;
@@ -82,6 +85,7 @@ pub mod config;
 mod exec;
 mod handin;
 mod process;
+pub mod process_group;
 pub mod procfs;
 mod python;
 mod report;

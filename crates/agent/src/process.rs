@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::Signal;
 use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
@@ -22,6 +22,7 @@ use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
 use crate::cgroup::OomCounter;
 use crate::config::{EXEC, ExecSpec, MemoryLimit, ROLE, ROLE_EXEC};
 use crate::handin::TaskReports;
+use crate::process_group;
 use crate::report::ReportSocket;
 
 /// The longest output line passed on; longer ones are cut into pieces of this size.
@@ -57,23 +58,16 @@ impl RunningCommand {
         if self.is_done() {
             return;
         }
-        signal_group(self.pid, Signal::SIGTERM);
+        process_group::signal(self.pid, Signal::SIGTERM);
         if tokio::time::timeout(grace, self.done.wait_for(Option::is_some))
             .await
             .is_err()
         {
-            signal_group(self.pid, Signal::SIGKILL);
+            process_group::signal(self.pid, Signal::SIGKILL);
             let _ =
                 tokio::time::timeout(Duration::from_secs(5), self.done.wait_for(Option::is_some))
                     .await;
         }
-    }
-}
-
-fn signal_group(pid: u32, signal: Signal) {
-    if let Ok(pid) = i32::try_from(pid) {
-        // The group is gone when the task has ended: nothing to signal then.
-        let _ = killpg(Pid::from_raw(pid), signal);
     }
 }
 
@@ -219,14 +213,21 @@ async fn follow(
     // Peek at the exit without reaping, so that the group id stays taken, then kill what the
     // task left running in its group (background children would outlive it and hold its
     // output open), then reap.
-    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-        let pid = Pid::from_raw(pid);
-        let exited = tokio::task::spawn_blocking(move || {
-            waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
-        })
-        .await;
-        if matches!(exited, Ok(Ok(_))) {
-            let _ = killpg(pid, Signal::SIGKILL);
+    if let Some(leader) = child.id() {
+        let exited = match i32::try_from(leader) {
+            Ok(raw) => {
+                let pid = Pid::from_raw(raw);
+                tokio::task::spawn_blocking(move || {
+                    waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
+                })
+                .await
+                .is_ok_and(|waited| waited.is_ok())
+            }
+            Err(_) => false,
+        };
+        if exited {
+            // The leader is a zombie still, so its group is the task's.
+            process_group::signal(leader, Signal::SIGKILL);
         }
     }
     let group = child.id();

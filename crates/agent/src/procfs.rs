@@ -45,6 +45,45 @@ pub fn own_start_time() -> Option<u64> {
     read_stat(std::process::id()).ok().flatten()?.start_time
 }
 
+/// Whether process `pid` still runs: it exists, is no zombie (an exited process owns
+/// nothing, though its pid stays taken until it is reaped) and, when `start_time` is given,
+/// started then (a pid alone may have been handed out again). A process this one may not
+/// see in `/proc` (mounted with `hidepid`), or whose stat cannot be parsed, is alive while a
+/// signal test finds it. The one test of liveness for every record that names a process.
+#[must_use]
+pub fn is_alive(pid: u32, start_time: Option<u64>) -> bool {
+    match read_stat(pid) {
+        Ok(Some(stat)) => {
+            !matches!(stat.state, 'Z' | 'X')
+                && start_time.is_none_or(|start| stat.start_time == Some(start))
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => false,
+        Ok(None) | Err(_) => exists(pid),
+    }
+}
+
+/// Whether a process with id `pid` exists, by a signal test (`kill(pid, 0)`): a process
+/// this one may not signal exists too.
+fn exists(pid: u32) -> bool {
+    match i32::try_from(pid) {
+        Ok(raw) if raw > 0 => !matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None),
+            Err(nix::errno::Errno::ESRCH)
+        ),
+        _ => false,
+    }
+}
+
+/// The process ids in `/proc`, as far as it can be listed. Blocks for a moment: one
+/// directory listing.
+pub(crate) fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +103,33 @@ mod tests {
         assert_eq!((short.state, short.group, short.start_time), ('Z', 9, None));
         assert_eq!(parse_stat("garbage"), None);
         assert_eq!(parse_stat("1 (x) R"), None);
+    }
+
+    #[test]
+    fn a_process_is_alive_by_its_pid_and_start_time_and_a_zombie_is_not() {
+        let me = std::process::id();
+        let start = own_start_time().expect("/proc/self/stat has a start time");
+        assert!(is_alive(me, Some(start)));
+        assert!(is_alive(me, None));
+        assert!(
+            !is_alive(me, Some(start.wrapping_sub(1))),
+            "same pid, another start time"
+        );
+        assert!(!is_alive(u32::MAX - 1, None), "no such pid");
+        assert!(!is_alive(0, None));
+
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("true starts");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while read_stat(child.id()).ok().flatten().map(|stat| stat.state) != Some('Z') {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never exited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!is_alive(child.id(), None), "an exited, unreaped process");
+        let _ = child.wait();
     }
 }

@@ -21,9 +21,6 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::{Mutex, OnceLock, PoisonError, mpsc};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
-
 use crate::config::{ROLE, ROLE_WATCHDOG};
 
 /// The running agent's watchdog, once started.
@@ -146,9 +143,9 @@ fn send_message(message: Message) -> bool {
 #[derive(Debug, PartialEq, Eq)]
 enum Line {
     /// A task's process group to kill once the agent is gone.
-    Watch(i32),
+    Watch(u32),
     /// A process group that is reaped: not to be killed.
-    Forget(i32),
+    Forget(u32),
     /// A directory to delete once the agent is gone (and its tasks killed).
     Remove(PathBuf),
 }
@@ -160,7 +157,7 @@ fn parse(line: &str) -> Option<Line> {
         return (path.is_absolute() && path.parent().is_some()).then_some(Line::Remove(path));
     }
     let (sign, group) = line.trim().split_at_checked(1)?;
-    let group: i32 = group.parse().ok().filter(|g| *g > 1)?;
+    let group: u32 = group.parse().ok().filter(|g| *g > 1)?;
     match sign {
         "+" => Some(Line::Watch(group)),
         "-" => Some(Line::Forget(group)),
@@ -189,7 +186,9 @@ pub(crate) fn run() -> ExitCode {
         }
     }
     for group in groups {
-        let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+        // The agent is gone: the task's own process may be reaped already, but what it left
+        // in its group is still the task's while it lives.
+        crate::process_group::kill(group);
     }
     for dir in dirs {
         // Gone already when the agent exited normally: it deletes its directory itself.

@@ -79,7 +79,6 @@ mod error;
 pub mod ledger;
 mod memory;
 mod process;
-mod procfs;
 mod runtime;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};

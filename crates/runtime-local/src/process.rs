@@ -1,16 +1,16 @@
 //! An agent that is a child process of this driver, and signals to it and to its task's
 //! process group, sent only while their targets are known to be what they were (a reaped
-//! pid may belong to someone else).
+//! pid may belong to someone else; see `trainyard_agent::process_group`).
 
 use std::io;
 
 use async_trait::async_trait;
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::Child;
 
 use crate::cgroup::WorkerCgroup;
-use crate::procfs::{parse_stat, read_stat};
+use trainyard_agent::process_group;
 use trainyard_hub::{AgentExit, AgentProcess, TaskKiller};
 
 /// An agent process started by this driver, with the memory cgroup it may have.
@@ -40,16 +40,17 @@ impl AgentProcess for LocalProcess {
         }
     }
 
-    /// SIGKILLs the task's process group (led by `task`) while it is alive, then the agent.
+    /// SIGKILLs the task's process group (led by `task`) while it is the task's, then the
+    /// agent.
     fn kill(&mut self, task: Option<u32>) {
         if let Some(task) = task {
-            kill_task_group(task);
+            process_group::kill(task);
         }
         let _ = self.child.start_kill();
     }
 
     fn task_killer(&self) -> Option<TaskKiller> {
-        Some(TaskKiller::new(kill_task_group))
+        Some(TaskKiller::new(process_group::kill))
     }
 
     /// The limit, when the OOM killer struck in the worker's cgroup (an address-space limit
@@ -66,67 +67,5 @@ impl AgentProcess for LocalProcess {
         if let Some(cgroup) = self.cgroup.take() {
             let _ = tokio::task::spawn_blocking(move || cgroup.remove()).await;
         }
-    }
-}
-
-/// SIGKILLs the process group led by `task`, while that process still exists and leads its
-/// group (a zombie counts: its pid cannot be reused until it is reaped), or while any
-/// process is still in the group (its id cannot be handed out again while it is in use).
-/// The first is one small read, done now; the second a scan of `/proc`, done off the async
-/// threads.
-pub(crate) fn kill_task_group(task: u32) {
-    let Ok(raw) = i32::try_from(task) else {
-        return;
-    };
-    if task_group_alive(task) {
-        let _ = killpg(Pid::from_raw(raw), Signal::SIGKILL);
-        return;
-    }
-    crate::off_async_threads(move || {
-        if group_has_members(task) {
-            let _ = killpg(Pid::from_raw(raw), Signal::SIGKILL);
-        }
-    });
-}
-
-/// Whether some process is in process group `group`.
-fn group_has_members(group: u32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .any(|e| {
-            std::fs::read_to_string(e.path().join("stat"))
-                .ok()
-                .and_then(|stat| parse_stat(&stat))
-                .is_some_and(|stat| stat.group == group && !matches!(stat.state, 'Z' | 'X'))
-        })
-}
-
-/// Whether process `pid` exists (perhaps as a zombie, whose pid is still taken) and leads
-/// its own process group.
-fn task_group_alive(pid: u32) -> bool {
-    read_stat(pid)
-        .ok()
-        .flatten()
-        .is_some_and(|stat| stat.state != 'X' && stat.group == pid)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn this_process_is_seen_alive_only_if_it_leads_its_group() {
-        let me = std::process::id();
-        let leads = nix::unistd::getpgrp().as_raw() == i32::try_from(me).unwrap_or(-1);
-        assert_eq!(task_group_alive(me), leads);
-        assert!(!task_group_alive(u32::MAX));
     }
 }

@@ -1,12 +1,9 @@
 //! Who made a directory: every one is named after the driver that made it, by pid and start
 //! time, so that those of drivers that are gone can be told apart and swept.
 
-use std::io;
 use std::path::PathBuf;
 
 use trainyard_agent::procfs;
-
-use super::tree::is_running;
 
 /// Prefix of every directory this module creates under the parent cgroup.
 pub(super) const DIR_PREFIX: &str = "trainyard-";
@@ -31,20 +28,9 @@ impl Owner {
     }
 
     /// Whether the driver still runs: the same pid with the same start time (a zombie is
-    /// gone); by the pid alone when the name has no start time, or when the process's
-    /// stat cannot be read.
+    /// gone); by the pid alone when the name has no start time.
     pub(super) fn is_alive(&self) -> bool {
-        let Some(start_time) = self.start_time else {
-            return is_running(self.pid);
-        };
-        match procfs::read_stat(self.pid) {
-            Ok(Some(stat)) => {
-                !matches!(stat.state, 'Z' | 'X') && stat.start_time == Some(start_time)
-            }
-            Ok(None) => is_running(self.pid),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => false,
-            Err(_) => is_running(self.pid),
-        }
+        procfs::is_alive(self.pid, self.start_time)
     }
 }
 

@@ -185,17 +185,6 @@ pub(super) fn signalable_pid(pid: u32) -> Option<Pid> {
         .map(Pid::from_raw)
 }
 
-/// Whether process `pid` exists (EPERM counts as existing).
-pub(super) fn is_running(pid: u32) -> bool {
-    if pid == std::process::id() {
-        return true;
-    }
-    match signalable_pid(pid) {
-        Some(pid) => !matches!(kill(pid, None), Err(Errno::ESRCH)),
-        None => false,
-    }
-}
-
 /// The pids of `cgroup.procs`, skipping malformed lines.
 pub(super) fn parse_procs(text: &str) -> Vec<u32> {
     text.lines()

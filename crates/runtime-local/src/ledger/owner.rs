@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::procfs::read_stat;
+use trainyard_agent::procfs::{self, read_stat};
 
 /// A process, told apart from a later one with the same pid by its start time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -34,23 +34,10 @@ impl Owner {
     }
 
     /// Whether the process still runs: its pid exists, is not a zombie, and started when
-    /// recorded. A process this one may not see (`/proc` mounted with `hidepid`) counts as
-    /// alive while a signal test says it exists.
+    /// recorded ([`procfs::is_alive`]).
     #[must_use]
     pub fn is_alive(&self) -> bool {
-        match read_stat(self.pid) {
-            Ok(Some(stat)) => {
-                !matches!(stat.state, 'Z' | 'X') && stat.start_time == Some(self.start_time)
-            }
-            Ok(None) => false,
-            Err(_) => {
-                let Ok(pid) = i32::try_from(self.pid) else {
-                    return false;
-                };
-                let probe = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None);
-                matches!(probe, Err(nix::errno::Errno::EPERM))
-            }
-        }
+        procfs::is_alive(self.pid, Some(self.start_time))
     }
 }
 

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::Command;
 use tokio::sync::oneshot;
+use trainyard_agent::process_group;
 
 use super::replies::{Shared, StartSignal, read_protocol};
 use super::{BRIDGE_SCRIPT, Bridge, BridgeConfig};
@@ -73,12 +73,11 @@ pub(super) fn launch(
 }
 
 /// SIGKILLs the bridge's process group: the bridge, if it still runs, and what it started
-/// (a throwaway head). Called only before the bridge is reaped or right as it exits: a group
-/// id is not handed out again while any member lives, and the bridge's own pid is at most
-/// just freed.
+/// (a throwaway head), while the group is the bridge's (`trainyard_agent::process_group`:
+/// its leader unreaped, or a member still in it).
 pub(super) fn sweep(pid: Option<u32>) {
-    if let Some(pgid) = pid.and_then(|p| i32::try_from(p).ok()) {
-        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), Signal::SIGKILL);
+    if let Some(group) = pid {
+        process_group::kill(group);
     }
 }
 
