@@ -5,11 +5,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{MARKER, left_behind};
+use common::{MARKER, Sandbox, left_behind};
 
 /// Bad input.
 const BAD_INPUT: i32 = 2;
@@ -29,16 +28,6 @@ const CLEANUP: Duration = Duration::from_secs(5);
 
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_trainyard"))
-}
-
-/// A marker no other test uses.
-fn marker(case: usize) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "bad-input-{case}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 /// One bad input: the arguments after the binary's name, what it must exit with, and a
@@ -234,10 +223,16 @@ fn cases(dir: &Path) -> Vec<Case> {
         // Unwritable: a folder below a regular file (even root cannot make it).
         run(&["--storage", "/etc/hostname/runs"], "/etc/hostname/runs"),
         run(&["--resume", "sometimes"], "sometimes"),
-        run(&["--checkpoints-to-keep", "0"], "`0` for `--checkpoints-to-keep`"),
+        run(
+            &["--checkpoints-to-keep", "0"],
+            "`0` for `--checkpoints-to-keep`",
+        ),
         run(&["--checkpoints-to-keep", "many"], "many"),
         run(&["--checkpoint-score", "loss:best"], "loss:best"),
-        run(&["--checkpoint-score", ":min"], "`:min` for `--checkpoint-score`"),
+        run(
+            &["--checkpoint-score", ":min"],
+            "`:min` for `--checkpoint-score`",
+        ),
         run(&["--runtime", "slurm"], "slurm"),
         run(&["--backend", "jax"], "jax"),
         run(&["--bogus"], "--bogus"),
@@ -260,15 +255,17 @@ fn wait_bounded(mut child: Child, limit: Duration) -> Result<Output, Output> {
 
 /// What is wrong with how the binary handled `case`, if anything.
 fn check(index: usize, case: &Case) -> Option<String> {
-    let mark = marker(index);
+    let sandbox = Sandbox::new(&format!("bad-input-{index}"));
     let mut command = Command::new(binary());
     let mut args = case.args.clone();
     if args[0] == "run" {
         // Before any `--`: the marker reaches every process the run starts.
-        args.splice(1..1, ["--env".to_owned(), format!("{MARKER}={mark}")]);
+        let marker = format!("{MARKER}={}", sandbox.mark());
+        args.splice(1..1, ["--env".to_owned(), marker]);
     }
     command
         .args(&args)
+        .envs(sandbox.env())
         .env("CI", "1")
         .env_remove("RUST_LOG")
         .env_remove("RUST_BACKTRACE")
@@ -311,7 +308,7 @@ fn check(index: usize, case: &Case) -> Option<String> {
         }
     }
     if args[0] == "run" {
-        let left = left_behind(&mark, CLEANUP);
+        let left = left_behind(sandbox.mark(), CLEANUP);
         if !left.is_empty() {
             problems.push(format!("processes left behind: {left:?}"));
         }

@@ -6,14 +6,16 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{MARKER, left_behind};
+use common::{LEDGER, MARKER, STORAGE, left_behind};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
 fn trainyard(ledger: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_trainyard"));
     command
-        .env("TRAINYARD_LEDGER", ledger)
+        .env(LEDGER, ledger)
+        // The run folders beside the ledger, in the test's temporary directory.
+        .env(STORAGE, ledger.with_file_name("results"))
         .env("CI", "1")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())

@@ -1,42 +1,33 @@
 //! `trainyard run` and `trainyard cluster` through the built binary, with real worker
 //! processes on this machine. Every run carries a marker in its workers' environment, and
-//! each test checks afterwards that no process with that marker is left.
+//! each test checks afterwards that no process with that marker is left; every run reserves
+//! through a ledger of its test's own ([`Sandbox`]).
 
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 mod common;
-use common::{MARKER, json_events, left_behind, marked, report_steps};
+use common::{MARKER, Sandbox, json_events, left_behind, marked, report_steps};
 
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_trainyard"))
 }
 
-/// A marker no other test uses.
-fn marker(test: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{test}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// `trainyard run` with `args` before `--` and `program` after, marked with `mark`.
-fn run_command(mark: &str, args: &[&str], program: &[&str]) -> Command {
+/// `trainyard run` with `args` before `--` and `program` after, in `sandbox`.
+fn run_command(sandbox: &Sandbox, args: &[&str], program: &[&str]) -> Command {
     let mut command = Command::new(binary());
     command
         .arg("run")
-        .args(["--env", &format!("{MARKER}={mark}")])
+        .args(["--env", &format!("{MARKER}={}", sandbox.mark())])
         .args(args)
         .arg("--")
         .args(program)
+        .envs(sandbox.env())
         .env("CI", "1")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null());
@@ -44,8 +35,8 @@ fn run_command(mark: &str, args: &[&str], program: &[&str]) -> Command {
 }
 
 /// Runs to the end, bounded by `limit`.
-fn run(mark: &str, args: &[&str], program: &[&str], limit: Duration) -> Output {
-    let child = run_command(mark, args, program)
+fn run(sandbox: &Sandbox, args: &[&str], program: &[&str], limit: Duration) -> Output {
+    let child = run_command(sandbox, args, program)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -72,9 +63,9 @@ fn wait_bounded(mut child: Child, limit: Duration) -> Output {
     }
 }
 
-/// Waits up to `limit` for every marked process to be gone.
-fn assert_nothing_left(mark: &str, limit: Duration) {
-    let left = left_behind(mark, limit);
+/// Waits up to `limit` for every process of `sandbox`'s runs to be gone.
+fn assert_nothing_left(sandbox: &Sandbox, limit: Duration) {
+    let left = left_behind(sandbox.mark(), limit);
     assert!(
         left.is_empty(),
         "processes left behind after {limit:?}: {left:?}"
@@ -87,9 +78,9 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn every_rank_gets_the_torch_environment_through_a_real_process() {
-    let mark = marker("env");
+    let sandbox = Sandbox::new("env");
     let out = run(
-        &mark,
+        &sandbox,
         &["-n", "2", "-r", "CPU=0.5,memory=64MiB"],
         &[
             "sh",
@@ -141,15 +132,15 @@ fn every_rank_gets_the_torch_environment_through_a_real_process() {
         stderr.contains("Setting up process group for: env:// [rank=0, world_size=2]"),
         "{stderr}"
     );
-    assert_nothing_left(&mark, Duration::from_secs(5));
+    assert_nothing_left(&sandbox, Duration::from_secs(5));
 }
 
 #[test]
 fn a_rank_that_exits_non_zero_fails_the_run_naming_it_its_code_and_its_last_lines() {
-    let mark = marker("exit");
+    let sandbox = Sandbox::new("exit");
     let started = Instant::now();
     let out = run(
-        &mark,
+        &sandbox,
         &["-n", "2", "-r", "CPU=0.5"],
         &[
             "sh",
@@ -177,14 +168,14 @@ fn a_rank_that_exits_non_zero_fails_the_run_naming_it_its_code_and_its_last_line
         "rank 0's sleep was not waited for: {:?}",
         started.elapsed()
     );
-    assert_nothing_left(&mark, Duration::from_secs(5));
+    assert_nothing_left(&sandbox, Duration::from_secs(5));
 }
 
 #[test]
 fn a_rank_killed_by_a_signal_is_reported_with_the_signal() {
-    let mark = marker("signal");
+    let sandbox = Sandbox::new("signal");
     let out = run(
-        &mark,
+        &sandbox,
         &["-n", "1", "-r", "CPU=0.5"],
         &["sh", "-c", "kill -9 $$"],
         Duration::from_secs(60),
@@ -195,14 +186,14 @@ fn a_rank_killed_by_a_signal_is_reported_with_the_signal() {
         stderr.contains("rank 0 was killed by signal 9 (SIGKILL)"),
         "{stderr}"
     );
-    assert_nothing_left(&mark, Duration::from_secs(5));
+    assert_nothing_left(&sandbox, Duration::from_secs(5));
 }
 
 #[test]
 fn a_rank_over_its_memory_limit_is_reported_as_such() {
-    let mark = marker("memory");
+    let sandbox = Sandbox::new("memory");
     let out = run(
-        &mark,
+        &sandbox,
         &[
             "-n",
             "1",
@@ -226,15 +217,15 @@ fn a_rank_over_its_memory_limit_is_reported_as_such() {
         "neither the cgroup nor the address-space limit stopped the worker: {stderr}"
     );
     assert!(!text(&out.stdout).contains("survived"));
-    assert_nothing_left(&mark, Duration::from_secs(5));
+    assert_nothing_left(&sandbox, Duration::from_secs(5));
 }
 
 #[test]
 fn a_rank_that_ignores_sigterm_is_killed_after_the_patience_when_another_fails() {
-    let mark = marker("hang");
+    let sandbox = Sandbox::new("hang");
     let started = Instant::now();
     let out = run(
-        &mark,
+        &sandbox,
         &["-n", "2", "-r", "CPU=0.5"],
         &[
             "sh",
@@ -251,14 +242,14 @@ fn a_rank_that_ignores_sigterm_is_killed_after_the_patience_when_another_fails()
         "stopping the hung rank took {:?}",
         started.elapsed()
     );
-    assert_nothing_left(&mark, Duration::from_secs(5));
+    assert_nothing_left(&sandbox, Duration::from_secs(5));
 }
 
 #[test]
 fn max_failures_restarts_once_and_a_transient_fault_then_succeeds() {
-    let mark = marker("restart");
+    let sandbox = Sandbox::new("restart");
     let out = run(
-        &mark,
+        &sandbox,
         &["-n", "2", "-r", "CPU=0.5", "--max-failures", "1"],
         &[
             "sh",
@@ -271,15 +262,15 @@ fn max_failures_restarts_once_and_a_transient_fault_then_succeeds() {
     assert!(out.status.success(), "{stderr}");
     assert_eq!(stdout.matches("attempt 1 ok").count(), 2, "{stdout}");
     assert!(stderr.contains("(2 attempts)"), "{stderr}");
-    assert_nothing_left(&mark, Duration::from_secs(5));
+    assert_nothing_left(&sandbox, Duration::from_secs(5));
 }
 
 #[test]
 fn a_program_that_does_not_exist_fails_once_not_once_per_restart() {
-    let mark = marker("missing");
+    let sandbox = Sandbox::new("missing");
     let started = Instant::now();
     let out = run(
-        &mark,
+        &sandbox,
         &["-n", "2", "-r", "CPU=0.5", "--max-failures", "5"],
         &["no-such-program-anywhere", "--flag"],
         Duration::from_secs(60),
@@ -292,15 +283,15 @@ fn a_program_that_does_not_exist_fails_once_not_once_per_restart() {
     );
     assert!(stderr.contains("after 1 attempt"), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(15));
-    assert_nothing_left(&mark, Duration::from_secs(5));
+    assert_nothing_left(&sandbox, Duration::from_secs(5));
 }
 
 #[test]
 fn a_request_no_node_can_hold_fails_at_once_with_exit_3() {
-    let mark = marker("infeasible");
+    let sandbox = Sandbox::new("infeasible");
     let started = Instant::now();
     let out = run(
-        &mark,
+        &sandbox,
         &["-n", "1", "-r", "CPU=1000"],
         &["true"],
         Duration::from_secs(30),
@@ -313,9 +304,9 @@ fn a_request_no_node_can_hold_fails_at_once_with_exit_3() {
 }
 
 /// Starts a run whose ranks print `started` and then sleep, and waits for both lines.
-fn start_sleeping_run(mark: &str) -> (Child, Vec<u32>) {
+fn start_sleeping_run(sandbox: &Sandbox) -> (Child, Vec<u32>) {
     let mut child = run_command(
-        mark,
+        sandbox,
         &["-n", "2", "-r", "CPU=0.5"],
         &["sh", "-c", "echo started; exec sleep 120"],
     )
@@ -346,10 +337,10 @@ fn start_sleeping_run(mark: &str) -> (Child, Vec<u32>) {
     // A task may be between `sh` and `exec sleep` for a moment; look again until all four
     // processes show.
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut workers = marked(mark);
+    let mut workers = marked(sandbox.mark());
     while workers.len() < 4 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
-        workers = marked(mark);
+        workers = marked(sandbox.mark());
     }
     assert!(workers.len() >= 4, "two agents and two tasks: {workers:?}");
     (child, workers)
@@ -358,8 +349,8 @@ fn start_sleeping_run(mark: &str) -> (Child, Vec<u32>) {
 #[test]
 fn sigint_and_sigterm_stop_the_workers_and_exit_130() {
     for signal in [Signal::SIGINT, Signal::SIGTERM] {
-        let mark = marker("interrupt");
-        let (child, _) = start_sleeping_run(&mark);
+        let sandbox = Sandbox::new("interrupt");
+        let (child, _) = start_sleeping_run(&sandbox);
         let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
         let sent = Instant::now();
         kill(pid, signal).expect("signal the driver");
@@ -370,17 +361,17 @@ fn sigint_and_sigterm_stop_the_workers_and_exit_130() {
             "{signal}: stopping took {:?}",
             sent.elapsed()
         );
-        assert_nothing_left(&mark, Duration::from_secs(5));
+        assert_nothing_left(&sandbox, Duration::from_secs(5));
     }
 }
 
 #[test]
 fn the_workers_die_with_a_driver_killed_by_sigkill() {
-    let mark = marker("sigkill");
-    let (mut child, _) = start_sleeping_run(&mark);
+    let sandbox = Sandbox::new("sigkill");
+    let (mut child, _) = start_sleeping_run(&sandbox);
     child.kill().expect("SIGKILL the driver");
     let _ = child.wait();
-    assert_nothing_left(&mark, Duration::from_secs(5));
+    assert_nothing_left(&sandbox, Duration::from_secs(5));
 }
 
 #[test]
@@ -418,9 +409,11 @@ fn bad_run_input_exits_2_with_one_line() {
         ],
         &["run", "--resources", "CPU=4", "--", "true"],
     ];
+    let sandbox = Sandbox::new("bad-run-input");
     for args in cases {
         let out = Command::new(binary())
             .args(*args)
+            .envs(sandbox.env())
             .env("RUST_BACKTRACE", "1")
             .output()
             .expect("trainyard runs");
@@ -433,7 +426,9 @@ fn bad_run_input_exits_2_with_one_line() {
 
 #[test]
 fn cluster_shows_the_nodes_as_text_and_json() {
+    let sandbox = Sandbox::new("cluster");
     let out = Command::new(binary())
+        .envs(sandbox.env())
         .args([
             "cluster",
             "--nodes",
@@ -456,6 +451,7 @@ fn cluster_shows_the_nodes_as_text_and_json() {
     assert_eq!(nodes[0]["resources"]["CPU"], 2);
     assert_eq!(nodes[1]["gpu_ids"], serde_json::json!(["1"]));
     let out = Command::new(binary())
+        .envs(sandbox.env())
         .args(["cluster", "--num-cpus", "3"])
         .output()
         .expect("trainyard runs");
@@ -471,9 +467,9 @@ fn cluster_shows_the_nodes_as_text_and_json() {
 /// does (a remote runtime passes only what it is given: see `tests/ray.rs`).
 #[test]
 fn the_local_runtime_passes_the_drivers_environment() {
-    let mark = marker("driver-env");
+    let sandbox = Sandbox::new("driver-env");
     let child = run_command(
-        &mark,
+        &sandbox,
         &["-n", "1"],
         &["sh", "-c", "echo driver=$TY_DRIVER_VAR"],
     )
@@ -489,7 +485,7 @@ fn the_local_runtime_passes_the_drivers_environment() {
         "{}",
         text(&output.stdout)
     );
-    assert!(left_behind(&mark, Duration::from_secs(10)).is_empty());
+    assert!(left_behind(sandbox.mark(), Duration::from_secs(10)).is_empty());
 }
 
 /// Every report a worker sent before it died reaches the driver, in order per rank: rank 1
@@ -497,7 +493,7 @@ fn the_local_runtime_passes_the_drivers_environment() {
 /// attempt and gets rank 1 stopped. Nothing either sent may be missing.
 #[test]
 fn reports_sent_before_a_worker_dies_are_not_lost() {
-    let mark = marker("reports");
+    let sandbox = Sandbox::new("reports");
     let scratch = tempfile::tempdir().expect("a scratch dir");
     let flag = scratch.path().join("rank-1-reported");
     let python_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../python");
@@ -509,7 +505,7 @@ fn reports_sent_before_a_worker_dies_are_not_lost() {
         os.kill(os.getpid(), signal.SIGKILL)\n";
     let env = format!("TY_FLAG={}", flag.display());
     let child = run_command(
-        &mark,
+        &sandbox,
         &["-n", "2", "--log-format", "json", "--env", &env],
         &["python3", "-c", script],
     )
@@ -529,5 +525,5 @@ fn reports_sent_before_a_worker_dies_are_not_lost() {
             "rank {rank}'s reports, all and in order"
         );
     }
-    assert!(left_behind(&mark, Duration::from_secs(10)).is_empty());
+    assert!(left_behind(sandbox.mark(), Duration::from_secs(10)).is_empty());
 }

@@ -10,11 +10,13 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{json_events, report_steps, root, torch_python};
+use common::{Sandbox, json_events, report_steps, root, torch_python};
 
 fn run_ddp(python: &Path, workers: u32, format: &str) -> (String, String) {
+    let sandbox = Sandbox::new("torch-ddp");
     let mut child = Command::new(env!("CARGO_BIN_EXE_trainyard"))
         .current_dir(root())
+        .envs(sandbox.env())
         .args([
             "run",
             "-n",

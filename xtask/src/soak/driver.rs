@@ -5,24 +5,26 @@
 //! `crates/cli/tests/soak.rs` (through `#[path]`), which alone gets the built binary's path
 //! without a nested cargo.
 //!
-//! Every run gets a private ledger in a temporary directory and carries the CLI tests'
-//! marker (`TRAINYARD_TEST_MARKER`, a value of the soak's own) in its driver's and its
-//! workers' environment, so the processes it leaves behind are told apart from the rest of a
-//! shared machine's.
+//! Every run reserves through a private ledger, keeps its folder in private storage, and
+//! carries the CLI tests' marker (`TRAINYARD_TEST_MARKER`, a value of the soak's own) in its
+//! driver's and its workers' environment, all from one [`Sandbox`], so the processes it
+//! leaves behind are told apart from the rest of a shared machine's. An agent's watchdog
+//! carries no marker: one left behind is found as a watchdog of this session, started
+//! after the soak, whose agent is gone.
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::io::{BufRead as _, BufReader, Read};
 use std::os::unix::fs::MetadataExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 // The marker and the search for marked processes are the CLI tests' own.
 #[path = "../../../crates/cli/tests/common/mod.rs"]
 mod common;
-use common::{MARKER, left_behind, marked};
+use common::{MARKER, Sandbox, left_behind, marked, orphaned_watchdogs};
 
 /// How long one run may take, interrupts and a restart's 1 s back-off included.
 const RUN_LIMIT: Duration = Duration::from_secs(60);
@@ -107,7 +109,7 @@ const CASES: [Case; 7] = [
 pub(crate) struct Figures {
     /// Processes of this user, the rest of the machine's activity included.
     user_processes: usize,
-    /// Live processes that carry the soak's marker.
+    /// Live processes that carry the soak's marker, and watchdogs left behind.
     marked: Vec<u32>,
     /// What the soak process's open file descriptors point at.
     open_fds: Vec<String>,
@@ -121,7 +123,10 @@ impl Figures {
     fn measure(mark: &str, ledger: &Path) -> Result<Self, String> {
         Ok(Self {
             user_processes: user_processes(),
-            marked: marked(mark),
+            marked: marked(mark)
+                .into_iter()
+                .chain(orphaned_watchdogs())
+                .collect(),
             open_fds: open_fds(),
             listening: listening_tcp(),
             ledger_entries: ledger_entries(ledger)?,
@@ -195,20 +200,15 @@ impl fmt::Display for Report {
 /// Runs `runs` runs of `trainyard` (the CLI binary) one after another; the figures, or the
 /// first run that ended wrong, or what was left behind.
 pub(crate) fn soak(trainyard: &Path, runs: usize) -> Result<Report, String> {
-    let dir = TempDir::new()?;
-    let ledger = dir.0.join("ledger");
-    let mark = dir
-        .0
-        .file_name()
-        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    let before = Figures::measure(&mark, &ledger)?;
+    let sandbox = Sandbox::new("soak");
+    let before = Figures::measure(sandbox.mark(), &sandbox.ledger())?;
     let started = Instant::now();
     for (run, case) in CASES.iter().cycle().take(runs).enumerate() {
-        run_case(trainyard, &ledger, &mark, case)
+        run_case(trainyard, &sandbox, case)
             .map_err(|problem| format!("run {run} ({}): {problem}", case.name))?;
     }
     let elapsed = started.elapsed();
-    let after = settle(&before, &mark, &ledger)?;
+    let after = settle(&before, sandbox.mark(), &sandbox.ledger())?;
     check(&before, &after)?;
     Ok(Report {
         runs,
@@ -276,17 +276,17 @@ fn check(before: &Figures, after: &Figures) -> Result<(), String> {
     }
 }
 
-fn command(trainyard: &Path, ledger: &Path, mark: &str, case: &Case) -> Command {
+fn command(trainyard: &Path, sandbox: &Sandbox, case: &Case) -> Command {
     let mut command = Command::new(trainyard);
     command
         .arg("run")
         .args(["--backend", "none", "--num-cpus", "4", "--memory", "4GB"])
-        .args(["--env", &format!("{MARKER}={mark}")])
+        .args(["--env", &format!("{MARKER}={}", sandbox.mark())])
         .args(case.args)
         .arg("--")
         .args(case.program)
-        .env(MARKER, mark)
-        .env("TRAINYARD_LEDGER", ledger)
+        .env(MARKER, sandbox.mark())
+        .envs(sandbox.env())
         .env("CI", "1")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
@@ -295,13 +295,13 @@ fn command(trainyard: &Path, ledger: &Path, mark: &str, case: &Case) -> Command 
 }
 
 /// One run, driven as its case says; an error names the exit and the run's stderr.
-fn run_case(trainyard: &Path, ledger: &Path, mark: &str, case: &Case) -> Result<(), String> {
+fn run_case(trainyard: &Path, sandbox: &Sandbox, case: &Case) -> Result<(), String> {
     let deadline = Instant::now() + RUN_LIMIT;
     let stdout = match case.drive {
         Drive::ToTheEnd => Stdio::null(),
         Drive::InterruptOnceUp(_) => Stdio::piped(),
     };
-    let mut child = command(trainyard, ledger, mark, case)
+    let mut child = command(trainyard, sandbox, case)
         .stdout(stdout)
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", trainyard.display()))?;
@@ -410,29 +410,6 @@ fn text(drained: &Receiver<String>, deadline: Instant) -> String {
     drained
         .recv_timeout(left)
         .unwrap_or_else(|_| "(still open: a process left behind holds it)".to_owned())
-}
-
-/// A directory of its own under the temporary directory, removed on drop.
-#[derive(Debug)]
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Result<Self, String> {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .subsec_nanos();
-        let path =
-            std::env::temp_dir().join(format!("trainyard-soak-{}-{nanos}", std::process::id()));
-        std::fs::create_dir(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        Ok(Self(path))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn pids() -> impl Iterator<Item = u32> {

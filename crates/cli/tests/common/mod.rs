@@ -1,32 +1,170 @@
 //! What the CLI's end-to-end tests share: every run carries a marker in its workers'
-//! environment, and these helpers find the processes that still carry it. The soak's driver
-//! (`xtask/src/soak/driver.rs`) marks its runs with them too.
+//! environment, and these helpers find the processes that still carry it; every run
+//! reserves through a ledger of its test's own and keeps its folder in the test's own
+//! storage ([`Sandbox`]). The soak's driver (`xtask/src/soak/driver.rs`) uses them too.
+//!
+//! std and serde_json only: the soak's driver includes this file.
 
 // Each test binary uses a part of this module.
 #![allow(dead_code)]
 
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The variable that marks a test's processes.
 pub(crate) const MARKER: &str = "TRAINYARD_TEST_MARKER";
 
-/// Live (not zombie) processes whose environment holds `MARKER=mark`.
+/// Where a run reserves what it holds (`trainyard_runtime_local::ledger::LEDGER_ENV`).
+pub(crate) const LEDGER: &str = "TRAINYARD_LEDGER";
+
+/// Where a run keeps its folder when `--storage` is not given.
+pub(crate) const STORAGE: &str = "TRAINYARD_STORAGE";
+
+/// The environment entry of an agent's watchdog, which starts with nothing else
+/// (`trainyard_agent::config::ROLE` set to `ROLE_WATCHDOG`, see `crates/agent/src/watchdog.rs`).
+const WATCHDOG_ROLE: &[u8] = b"TRAINYARD_ROLE=watchdog";
+
+/// The environment entry of a worker agent.
+const AGENT_ROLE: &[u8] = b"TRAINYARD_ROLE=agent";
+
+/// What a test's runs are confined to: a marker of their own, a ledger of their own (so a
+/// test never waits for another trainyard run on this machine, nor for another test, and
+/// never changes the machine's ledger), and storage of their own for their run folders
+/// (never `~/trainyard_results`). A directory under the temporary directory, removed on drop.
+#[derive(Debug)]
+pub(crate) struct Sandbox {
+    dir: PathBuf,
+    mark: String,
+}
+
+impl Sandbox {
+    /// A new sandbox; `name` starts its marker.
+    pub(crate) fn new(name: &str) -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos();
+        loop {
+            let mark = format!(
+                "{name}-{}-{}-{nanos}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            );
+            let dir = std::env::temp_dir().join(format!("trainyard-test-{mark}"));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => return Self { dir, mark },
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => panic!("cannot create {}: {e}", dir.display()),
+            }
+        }
+    }
+
+    /// The marker of this sandbox's runs.
+    pub(crate) fn mark(&self) -> &str {
+        &self.mark
+    }
+
+    /// The ledger of this sandbox's runs.
+    pub(crate) fn ledger(&self) -> PathBuf {
+        self.dir.join("ledger")
+    }
+
+    /// Where this sandbox's runs keep their folders.
+    pub(crate) fn storage(&self) -> PathBuf {
+        self.dir.join("results")
+    }
+
+    /// The variables that confine a `trainyard` command to this sandbox (not the marker:
+    /// a run passes that on with `--env`, where its workers get it).
+    pub(crate) fn env(&self) -> [(&'static str, PathBuf); 2] {
+        [(LEDGER, self.ledger()), (STORAGE, self.storage())]
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Live (not zombie) processes whose environment holds `MARKER=mark`, and the watchdogs
+/// they started (a watchdog starts with an empty environment, so it carries no marker).
 pub(crate) fn marked(mark: &str) -> Vec<u32> {
     let needle = format!("{MARKER}={mark}");
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let live: Vec<u32> = pids().filter(|pid| !is_zombie(*pid)).collect();
+    let mut found: Vec<u32> = live
+        .iter()
+        .copied()
+        .filter(|pid| environ_has(*pid, needle.as_bytes()))
+        .collect();
+    let watchdogs: Vec<u32> = live
+        .iter()
+        .copied()
+        .filter(|pid| is_watchdog(*pid))
+        .filter(|pid| stat(*pid).is_some_and(|s| found.contains(&s.parent)))
+        .collect();
+    found.extend(watchdogs);
+    found
+}
+
+/// Live watchdogs whose agent is gone, in this process's session and started after this
+/// process: left behind by a run this process started, though which one cannot be told
+/// (a watchdog's agent lives as long as it does, or it exits within moments of its agent).
+pub(crate) fn orphaned_watchdogs() -> Vec<u32> {
+    let Some(me) = stat(std::process::id()) else {
         return Vec::new();
     };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    pids()
+        .filter(|pid| is_watchdog(*pid) && !is_zombie(*pid))
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
-                && !is_zombie(*pid)
+            stat(*pid).is_some_and(|s| {
+                s.session == me.session
+                    && s.started >= me.started
+                    && !environ_has(s.parent, AGENT_ROLE)
+            })
         })
         .collect()
+}
+
+/// Whether `pid` is an agent's watchdog (its environment holds nothing but its role).
+pub(crate) fn is_watchdog(pid: u32) -> bool {
+    environ_has(pid, WATCHDOG_ROLE)
+}
+
+/// Waits up to `limit` for every marked process, and every watchdog left behind by this
+/// process's runs, to be gone; the ones left, if any.
+pub(crate) fn left_behind(mark: &str, limit: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut left = marked(mark);
+        for pid in orphaned_watchdogs() {
+            if !left.contains(&pid) {
+                left.push(pid);
+            }
+        }
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+}
+
+/// Whether `pid`'s environment holds the entry `entry` (`NAME=value`).
+fn environ_has(pid: u32, entry: &[u8]) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == entry))
 }
 
 fn is_zombie(pid: u32) -> bool {
@@ -37,16 +175,24 @@ fn is_zombie(pid: u32) -> bool {
     })
 }
 
-/// Waits up to `limit` for every marked process to be gone; the ones left, if any.
-pub(crate) fn left_behind(mark: &str, limit: Duration) -> Vec<u32> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = marked(mark);
-        if left.is_empty() || Instant::now() > deadline {
-            return left;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// What `/proc/PID/stat` says of a process's family.
+struct Stat {
+    parent: u32,
+    session: u32,
+    /// Clock ticks after boot.
+    started: u64,
+}
+
+fn stat(pid: u32) -> Option<Stat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state, ppid, pgrp, session, ... and the
+    // start time as the 20th.
+    let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(Stat {
+        parent: fields.get(1)?.parse().ok()?,
+        session: fields.get(3)?.parse().ok()?,
+        started: fields.get(19)?.parse().ok()?,
+    })
 }
 
 /// The events of a `--log-format json` run's stdout, one per line.
