@@ -11,7 +11,9 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray|bench-checkpoint|soak>
-  ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests
+  ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests;
+             the Ray tests too when TRAINYARD_RAY_PYTHON is set (under CI=true it must be,
+             unless TRAINYARD_RAY_SKIP says why not)
   tidy       fail on a workspace dependency that points up a layer
   bench-e2e  time whole runs: trainyard run vs torchrun vs processes by hand, crash-to-stop, 64 workers
   bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
@@ -70,7 +72,45 @@ fn has_nextest() -> bool {
         .is_ok_and(|out| out.status.success())
 }
 
+/// The Ray tests (each starts a Ray cluster), as nextest names them; `.config/nextest.toml`
+/// runs the same set one at a time.
+const RAY_TESTS: &str =
+    "(package(trainyard-runtime-ray) & kind(test)) | binary_id(trainyard-cli::ray)";
+
+/// What says why the Ray tests may be left out under `CI=true` (`.ci/run` sets it, loudly,
+/// when the package registry cannot be reached to install Ray).
+const RAY_SKIP: &str = "TRAINYARD_RAY_SKIP";
+
+/// A variable's value, when set and not empty.
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
+}
+
+/// Whether the Ray tests run: they are ignored unless asked for, and asked for when
+/// `TRAINYARD_RAY_PYTHON` names their interpreter. Under `CI=true` a missing interpreter is
+/// an error, unless `TRAINYARD_RAY_SKIP` says why (CI has said so loudly).
+fn ray_tests_wanted() -> Result<bool, String> {
+    if var("TRAINYARD_RAY_PYTHON").is_some() {
+        return Ok(true);
+    }
+    if let Some(why) = var(RAY_SKIP) {
+        eprintln!("SKIP: the Ray tests: {why}");
+        return Ok(false);
+    }
+    if var("CI").as_deref() == Some("true") {
+        return Err(format!(
+            "the Ray tests need TRAINYARD_RAY_PYTHON (export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\"), or {RAY_SKIP} saying why they cannot run"
+        ));
+    }
+    eprintln!(
+        "the Ray tests are not run (they show as skipped): export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\" to run them"
+    );
+    Ok(false)
+}
+
 fn ci() -> Result<(), String> {
+    // Before the long steps: a CI without the Ray tests' environment fails at once.
+    let ray = ray_tests_wanted()?;
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&[
         "clippy",
@@ -89,6 +129,19 @@ fn ci() -> Result<(), String> {
             "--all-features",
             "--no-fail-fast",
         ])?;
+        if ray {
+            cargo(&[
+                "nextest",
+                "run",
+                "--workspace",
+                "--all-features",
+                "--no-fail-fast",
+                "--run-ignored",
+                "only",
+                "-E",
+                RAY_TESTS,
+            ])?;
+        }
     } else {
         eprintln!("cargo-nextest is not installed; running the tests with cargo test");
         cargo(&[
@@ -99,6 +152,13 @@ fn ci() -> Result<(), String> {
             "--bins",
             "--tests",
         ])?;
+        if ray {
+            let runtime = ["test", "-p", "trainyard-runtime-ray", "--tests"];
+            let cli = ["test", "-p", "trainyard-cli", "--test", "ray"];
+            for tests in [&runtime[..], &cli[..]] {
+                cargo(&[tests, &["--all-features", "--", "--ignored"]].concat())?;
+            }
+        }
     }
     // No `cargo bench --no-run`: that is a release build of every bench, about half of this
     // task's time. The benches are still checked: clippy above runs with `--all-targets

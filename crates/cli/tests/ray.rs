@@ -1,8 +1,9 @@
 //! `trainyard run --runtime ray` on a real two-node Ray cluster on this machine: ranks over
 //! both nodes, PyTorch's all-reduce, a request no node can hold refused in seconds, a worker
 //! actor killed mid-run, a driver stopped by SIGTERM or SIGKILL, and nothing left in Ray afterwards. The cluster
-//! comes from `trainyard_runtime_ray::testing`; without `TRAINYARD_RAY_PYTHON` (an
-//! interpreter with `ray`) every test prints `SKIP:` and returns.
+//! comes from `trainyard_runtime_ray::testing`. The tests need `TRAINYARD_RAY_PYTHON` (an
+//! interpreter with `ray` and torch, from `scripts/ray-env.sh`), so they are ignored unless
+//! asked for (`cargo nextest run --run-ignored only`), and fail when it is missing.
 
 mod common;
 
@@ -128,28 +129,24 @@ fn only_what_is_given_reaches_ray_workers(cluster: &RayCluster) {
     );
 }
 
-/// Whether the cluster's interpreter has torch; says `SKIP:` for `what` when it has not.
-fn has_torch(cluster: &RayCluster, what: &str) -> bool {
+/// Fails `what` unless the cluster's interpreter has torch, as the one of
+/// `scripts/ray-env.sh` has (it runs `scripts/python-env.sh` first).
+fn assert_has_torch(cluster: &RayCluster, what: &str) {
     let probe = Command::new(&cluster.python)
         .args(["-c", "import torch"])
         .stderr(Stdio::null())
         .status();
-    let has = probe.is_ok_and(|status| status.success());
-    if !has {
-        eprintln!(
-            "SKIP: {what}: {} cannot import torch (scripts/python-env.sh installs it)",
-            cluster.python.display()
-        );
-    }
-    has
+    assert!(
+        probe.is_ok_and(|status| status.success()),
+        "{what}: {} cannot import torch; TRAINYARD_RAY_PYTHON must be the interpreter of scripts/ray-env.sh, which has torch",
+        cluster.python.display()
+    );
 }
 
 /// The scenario: `-r '{"memory": 10000}'`, two workers, the torch backend, and
 /// `examples/torch_ddp.py`; every rank prints the right sum.
 fn torch_all_reduces_on_ray(cluster: &RayCluster) {
-    if !has_torch(cluster, "torch on Ray") {
-        return;
-    }
+    assert_has_torch(cluster, "torch on Ray");
     let python = cluster.python.display().to_string();
     let output = run(
         cluster,
@@ -174,9 +171,7 @@ fn torch_all_reduces_on_ray(cluster: &RayCluster) {
 /// 1 SIGKILLs itself after epoch 3, and under `--max-failures 1` every rank of the second
 /// attempt starts at epoch 4 from the committed checkpoint.
 fn a_killed_rank_resumes_from_its_checkpoint_on_ray(cluster: &RayCluster, storage: &Path) {
-    if !has_torch(cluster, "checkpoints on Ray") {
-        return;
-    }
+    assert_has_torch(cluster, "checkpoints on Ray");
     let python = cluster.python.display().to_string();
     let storage = storage.display().to_string();
     let output = run(
@@ -346,11 +341,10 @@ fn a_sigtermed_driver_stops_and_cleans_up(cluster: &RayCluster) {
     assert_eq!(wait_exit(&mut child, Duration::from_secs(60)), Some(130));
 }
 
+#[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
-    let Some(cluster) = RayCluster::start(false) else {
-        return;
-    };
+    let cluster = RayCluster::start(false);
     let scratch = tempfile::tempdir().expect("a scratch dir");
     {
         let (bridge, _) = Bridge::start(cluster.bridge_config().namespace("wait"))
@@ -381,11 +375,10 @@ async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
 }
 
 /// Without an address the run starts a throwaway local head and stops it after.
+#[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[test]
 fn without_an_address_a_throwaway_head_runs_the_job() {
-    let Some(python) = trainyard::ray::testing::python() else {
-        return;
-    };
+    let python = trainyard::ray::testing::python();
     let output = Command::new(env!("CARGO_BIN_EXE_trainyard"))
         .current_dir(root())
         .args(["run", "--runtime", "ray", "-n", "2", "--"])

@@ -2,7 +2,7 @@
 //! workers with gloo. The interpreter comes from `TRAINYARD_TORCH_PYTHON`, or from
 //! `scripts/python-env.sh`, which installs CPU-usable torch into a venv cached outside the
 //! repository. When the package registry cannot be reached the test says so loudly and
-//! skips.
+//! skips; under `CI=true` only when CI has said so too (`common::torch_python`).
 
 mod common;
 

@@ -34,11 +34,12 @@
 //! ## Testing
 //!
 //! The end-to-end tests start real Ray clusters with the interpreter named by
-//! `TRAINYARD_RAY_PYTHON`; without it they print `SKIP:` and pass:
+//! `TRAINYARD_RAY_PYTHON`. They are ignored unless asked for, so that a run without Ray
+//! shows them as skipped, never as passed; asked for without the variable, they fail:
 //!
 //! ```text
 //! export TRAINYARD_RAY_PYTHON="$(scripts/ray-env.sh)"
-//! cargo nextest run -p trainyard-runtime-ray
+//! cargo nextest run -p trainyard-runtime-ray --run-ignored all
 //! ```
 //!
 //! ```no_run

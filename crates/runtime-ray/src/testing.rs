@@ -6,8 +6,12 @@
 //! GCS port, and on drop stops exactly those processes: SIGTERM to each `--block` process, then
 //! SIGKILL to its process group after a bound. It never runs `ray stop`, which would stop every
 //! cluster of this user. The interpreter comes from `TRAINYARD_RAY_PYTHON`
-//! (`export TRAINYARD_RAY_PYTHON="$(scripts/ray-env.sh)"`); without it, or without `ray`,
-//! `RayCluster::python` prints a loud `SKIP:` line and the test returns.
+//! (`export TRAINYARD_RAY_PYTHON="$(scripts/ray-env.sh)"`).
+//!
+//! The tests that need it are ignored by default, so that a run without Ray reads as such:
+//! `#[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]`.
+//! One that runs was asked for (`--run-ignored`, `--ignored`; `cargo xtask ci` does when the
+//! variable is set), and [`python`] fails it when the interpreter is missing or has no `ray`.
 
 use std::fs::File;
 use std::net::{TcpListener, TcpStream};
@@ -107,13 +111,17 @@ pub fn random_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The interpreter with `ray`, or `None` after printing why the test is skipped.
-pub fn python() -> Option<PathBuf> {
+/// The interpreter with `ray`: `$TRAINYARD_RAY_PYTHON`.
+///
+/// # Panics
+/// When it is not set, or cannot `import ray`: a test that needs Ray runs only when asked
+/// for, and then fails rather than pass without having tested anything.
+#[must_use]
+pub fn python() -> PathBuf {
     let Some(python) = std::env::var_os("TRAINYARD_RAY_PYTHON").filter(|p| !p.is_empty()) else {
-        skip(
-            "TRAINYARD_RAY_PYTHON is not set; run `export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\"` to test against a real Ray cluster",
+        panic!(
+            "TRAINYARD_RAY_PYTHON is not set; run `export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\"` to test against a real Ray cluster"
         );
-        return None;
     };
     let python = PathBuf::from(python);
     let ok = Command::new(&python)
@@ -122,14 +130,12 @@ pub fn python() -> Option<PathBuf> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !ok {
-        skip(&format!(
-            "{} cannot `import ray`; run scripts/ray-env.sh",
-            python.display()
-        ));
-        return None;
-    }
-    Some(python)
+    assert!(
+        ok,
+        "{} (TRAINYARD_RAY_PYTHON) cannot `import ray`; run scripts/ray-env.sh",
+        python.display()
+    );
+    python
 }
 
 /// A two-node Ray cluster owned by one test.
@@ -150,9 +156,13 @@ pub struct RayCluster {
 
 impl RayCluster {
     /// Starts the head (2 CPUs, [`HEAD_MEMORY`], `head_res: 1`) and a worker (1 CPU, 1 GPU,
-    /// [`WORKER_MEMORY`], `worker_res: 2`), with token auth when `auth`; `None` means skip.
-    pub fn start(auth: bool) -> Option<Self> {
-        let python = python()?;
+    /// [`WORKER_MEMORY`], `worker_res: 2`), with token auth when `auth`.
+    ///
+    /// # Panics
+    /// When there is no interpreter with `ray` ([`python`]) or the cluster cannot start.
+    #[must_use]
+    pub fn start(auth: bool) -> Self {
+        let python = python();
         let ray = python.with_file_name("ray");
         assert!(ray.exists(), "no `ray` next to {}", python.display());
         // Short: Ray puts unix sockets under it (108-byte limit).
@@ -211,7 +221,7 @@ impl RayCluster {
             if auth { "on" } else { "off" },
             started.elapsed()
         );
-        Some(cluster)
+        cluster
     }
 
     fn spawn(&mut self, ray: &Path, role: &str, args: &[String]) {
