@@ -4,7 +4,7 @@
 //! the soak, and no ledger entry may remain. The CI runs a short version,
 //! `crates/cli/tests/soak.rs`, through the same driver.
 
-mod driver;
+use trainyard_test_support::soak as driver;
 
 const RUNS: usize = 300;
 

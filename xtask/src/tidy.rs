@@ -9,6 +9,7 @@ use serde_json::Value;
 /// on crates listed before it.
 pub(crate) const LAYERS: &[&str] = &[
     "trainyard-resources",
+    "trainyard-test-support",
     "trainyard-config",
     "trainyard-checkpoint",
     "trainyard-runtime",

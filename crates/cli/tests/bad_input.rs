@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
 use common::{MARKER, Sandbox, left_behind};
+use trainyard_test_support::processes as common;
 
 /// Bad input.
 const BAD_INPUT: i32 = 2;

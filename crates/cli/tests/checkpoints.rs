@@ -3,7 +3,7 @@
 //! killed mid-run, a driver killed mid-run, S3 storage on a loopback S3 server, a shard per
 //! rank, and retention by score.
 
-mod common;
+use trainyard_test_support::processes as common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};

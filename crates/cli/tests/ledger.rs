@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
 use common::{LEDGER, MARKER, STORAGE, left_behind};
+use trainyard_test_support::processes as common;
 
 const LIMIT: Duration = Duration::from_secs(120);
 

@@ -6,7 +6,7 @@
 //! A test binary of its own: the watchdog it leaves behind on purpose, for a moment, is an
 //! orphan that the leftover checks of a test running beside it would wait for.
 
-mod common;
+use trainyard_test_support::processes as common;
 
 use std::fs::OpenOptions;
 use std::io::{BufRead as _, BufReader};

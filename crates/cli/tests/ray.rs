@@ -5,7 +5,7 @@
 //! interpreter with `ray` and torch, from `scripts/ray-env.sh`), so they are ignored unless
 //! asked for (`cargo nextest run --run-ignored only`), and fail when it is missing.
 
-mod common;
+use trainyard_test_support::processes as common;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};

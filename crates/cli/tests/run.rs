@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-mod common;
 use common::{MARKER, Sandbox, json_events, left_behind, marked, report_steps};
+use trainyard_test_support::processes as common;
 
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_trainyard"))

@@ -3,8 +3,7 @@
 
 use std::path::Path;
 
-#[path = "../../../xtask/src/soak/driver.rs"]
-mod driver;
+use trainyard_test_support::soak as driver;
 
 #[test]
 fn twenty_one_back_to_back_runs_end_as_expected_and_leave_nothing_behind() {

@@ -2,7 +2,7 @@
 //! refused before any worker starts, and a disk that fills while a rank's checkpoint is
 //! copied fails that rank's `report` and commits nothing.
 
-mod common;
+use trainyard_test_support::processes as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

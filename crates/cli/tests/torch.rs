@@ -4,7 +4,7 @@
 //! repository. When the package registry cannot be reached the test says so loudly and
 //! skips; under `CI=true` only when CI has said so too (`common::torch_python`).
 
-mod common;
+use trainyard_test_support::processes as common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

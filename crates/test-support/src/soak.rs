@@ -1,9 +1,8 @@
 //! The soak itself: back-to-back `trainyard run`s of the local runtime, a fixed mix of
 //! endings, and the machine's figures before and after.
 //!
-//! Shared, std and serde_json only, by `cargo xtask soak` and by the CLI's test
-//! `crates/cli/tests/soak.rs` (through `#[path]`), which alone gets the built binary's path
-//! without a nested cargo.
+//! Shared by `cargo xtask soak` and by the CLI's test `crates/cli/tests/soak.rs`, which alone
+//! gets the built binary's path without a nested cargo.
 //!
 //! Every run reserves through a private ledger, keeps its folder in private storage, and
 //! carries the CLI tests' marker (`TRAINYARD_TEST_MARKER`, a value of the soak's own) in its
@@ -21,10 +20,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-// The marker and the search for marked processes are the CLI tests' own.
-#[path = "../../../crates/cli/tests/common/mod.rs"]
-mod common;
-use common::{MARKER, Sandbox, left_behind, marked, orphaned_watchdogs};
+use crate::processes::{MARKER, Sandbox, left_behind, marked, orphaned_watchdogs};
 
 /// How long one run may take, interrupts and a restart's 1 s back-off included.
 const RUN_LIMIT: Duration = Duration::from_secs(60);
@@ -106,7 +102,7 @@ const CASES: [Case; 7] = [
 
 /// What the soak measures on the machine, before and after.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Figures {
+pub struct Figures {
     /// Processes of this user, the rest of the machine's activity included.
     user_processes: usize,
     /// Live processes that carry the soak's marker, and watchdogs left behind.
@@ -150,7 +146,7 @@ impl Figures {
 
 /// What a soak that passed measured.
 #[derive(Debug, Clone)]
-pub(crate) struct Report {
+pub struct Report {
     runs: usize,
     elapsed: Duration,
     before: Figures,
@@ -199,7 +195,7 @@ impl fmt::Display for Report {
 
 /// Runs `runs` runs of `trainyard` (the CLI binary) one after another; the figures, or the
 /// first run that ended wrong, or what was left behind.
-pub(crate) fn soak(trainyard: &Path, runs: usize) -> Result<Report, String> {
+pub fn soak(trainyard: &Path, runs: usize) -> Result<Report, String> {
     let sandbox = Sandbox::new("soak");
     let before = Figures::measure(sandbox.mark(), &sandbox.ledger())?;
     let started = Instant::now();

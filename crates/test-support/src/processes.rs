@@ -1,12 +1,7 @@
-//! What the CLI's end-to-end tests share: every run carries a marker in its workers'
-//! environment, and these helpers find the processes that still carry it; every run
-//! reserves through a ledger of its test's own and keeps its folder in the test's own
-//! storage ([`Sandbox`]). The soak's driver (`xtask/src/soak/driver.rs`) uses them too.
-//!
-//! std and serde_json only: the soak's driver includes this file.
-
-// Each test binary uses a part of this module.
-#![allow(dead_code)]
+//! Every run of a test carries a marker in its workers' environment, and these helpers find
+//! the processes that still carry it; every run reserves through a ledger of its test's own
+//! and keeps its folder in the test's own storage ([`Sandbox`]). The soak's driver
+//! ([`crate::soak`]) uses them too.
 
 use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
@@ -15,13 +10,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The variable that marks a test's processes.
-pub(crate) const MARKER: &str = "TRAINYARD_TEST_MARKER";
+pub const MARKER: &str = "TRAINYARD_TEST_MARKER";
 
 /// Where a run reserves what it holds (`trainyard_runtime_local::ledger::LEDGER_ENV`).
-pub(crate) const LEDGER: &str = "TRAINYARD_LEDGER";
+pub const LEDGER: &str = "TRAINYARD_LEDGER";
 
 /// Where a run keeps its folder when `--storage` is not given.
-pub(crate) const STORAGE: &str = "TRAINYARD_STORAGE";
+pub const STORAGE: &str = "TRAINYARD_STORAGE";
 
 /// The environment entry of an agent's watchdog, which starts with nothing else
 /// (`trainyard_agent::config::ROLE` set to `ROLE_WATCHDOG`, see `crates/agent/src/watchdog.rs`).
@@ -35,14 +30,14 @@ const AGENT_ROLE: &[u8] = b"TRAINYARD_ROLE=agent";
 /// never changes the machine's ledger), and storage of their own for their run folders
 /// (never `~/trainyard_results`). A directory under the temporary directory, removed on drop.
 #[derive(Debug)]
-pub(crate) struct Sandbox {
+pub struct Sandbox {
     dir: PathBuf,
     mark: String,
 }
 
 impl Sandbox {
     /// A new sandbox; `name` starts its marker.
-    pub(crate) fn new(name: &str) -> Self {
+    pub fn new(name: &str) -> Self {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -64,23 +59,23 @@ impl Sandbox {
     }
 
     /// The marker of this sandbox's runs.
-    pub(crate) fn mark(&self) -> &str {
+    pub fn mark(&self) -> &str {
         &self.mark
     }
 
     /// The ledger of this sandbox's runs.
-    pub(crate) fn ledger(&self) -> PathBuf {
+    pub fn ledger(&self) -> PathBuf {
         self.dir.join("ledger")
     }
 
     /// Where this sandbox's runs keep their folders.
-    pub(crate) fn storage(&self) -> PathBuf {
+    pub fn storage(&self) -> PathBuf {
         self.dir.join("results")
     }
 
     /// The variables that confine a `trainyard` command to this sandbox (not the marker:
     /// a run passes that on with `--env`, where its workers get it).
-    pub(crate) fn env(&self) -> [(&'static str, PathBuf); 2] {
+    pub fn env(&self) -> [(&'static str, PathBuf); 2] {
         [(LEDGER, self.ledger()), (STORAGE, self.storage())]
     }
 }
@@ -93,7 +88,7 @@ impl Drop for Sandbox {
 
 /// Live (not zombie) processes whose environment holds `MARKER=mark`, and the watchdogs
 /// they started (a watchdog starts with an empty environment, so it carries no marker).
-pub(crate) fn marked(mark: &str) -> Vec<u32> {
+pub fn marked(mark: &str) -> Vec<u32> {
     let needle = format!("{MARKER}={mark}");
     let live: Vec<u32> = pids().filter(|pid| !is_zombie(*pid)).collect();
     let mut found: Vec<u32> = live
@@ -114,7 +109,7 @@ pub(crate) fn marked(mark: &str) -> Vec<u32> {
 /// Live watchdogs whose agent is gone, in this process's session and started after this
 /// process: left behind by a run this process started, though which one cannot be told
 /// (a watchdog's agent lives as long as it does, or it exits within moments of its agent).
-pub(crate) fn orphaned_watchdogs() -> Vec<u32> {
+pub fn orphaned_watchdogs() -> Vec<u32> {
     let Some(me) = stat(std::process::id()) else {
         return Vec::new();
     };
@@ -131,13 +126,13 @@ pub(crate) fn orphaned_watchdogs() -> Vec<u32> {
 }
 
 /// Whether `pid` is an agent's watchdog (its environment holds nothing but its role).
-pub(crate) fn is_watchdog(pid: u32) -> bool {
+pub fn is_watchdog(pid: u32) -> bool {
     environ_has(pid, WATCHDOG_ROLE)
 }
 
 /// Waits up to `limit` for every marked process, and every watchdog left behind by this
 /// process's runs, to be gone; the ones left, if any.
-pub(crate) fn left_behind(mark: &str, limit: Duration) -> Vec<u32> {
+pub fn left_behind(mark: &str, limit: Duration) -> Vec<u32> {
     let deadline = Instant::now() + limit;
     loop {
         let mut left = marked(mark);
@@ -196,7 +191,7 @@ fn stat(pid: u32) -> Option<Stat> {
 }
 
 /// The events of a `--log-format json` run's stdout, one per line.
-pub(crate) fn json_events(stdout: &str) -> Vec<serde_json::Value> {
+pub fn json_events(stdout: &str) -> Vec<serde_json::Value> {
     stdout
         .lines()
         .map(|line| serde_json::from_str(line).expect("one JSON event per line"))
@@ -204,7 +199,7 @@ pub(crate) fn json_events(stdout: &str) -> Vec<serde_json::Value> {
 }
 
 /// The `step` of each report of `rank`, in the order they arrived.
-pub(crate) fn report_steps(events: &[serde_json::Value], rank: u64) -> Vec<u64> {
+pub fn report_steps(events: &[serde_json::Value], rank: u64) -> Vec<u64> {
     events
         .iter()
         .filter(|e| e["event"] == "report" && e["rank"] == rank)
@@ -213,19 +208,19 @@ pub(crate) fn report_steps(events: &[serde_json::Value], rank: u64) -> Vec<u64> 
 }
 
 /// The workspace's root.
-pub(crate) fn root() -> PathBuf {
+pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// Why the torch tests may skip, when CI knows and has said so loudly (`.ci/run`: the
 /// package registry could not be reached to install torch).
-pub(crate) const TORCH_SKIP: &str = "TRAINYARD_TORCH_SKIP";
+pub const TORCH_SKIP: &str = "TRAINYARD_TORCH_SKIP";
 
 /// The interpreter with torch: `$TRAINYARD_TORCH_PYTHON`, else the venv of
 /// `scripts/python-env.sh`, which installs torch when it is missing. `None` (after a loud
 /// `SKIP:`) only when the package registry cannot be reached, and then, under `CI=true`,
 /// only when CI has said so ([`TORCH_SKIP`]): any other way to miss torch fails the test.
-pub(crate) fn torch_python() -> Option<PathBuf> {
+pub fn torch_python() -> Option<PathBuf> {
     if let Some(python) = std::env::var_os("TRAINYARD_TORCH_PYTHON").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(python));
     }

@@ -1,0 +1,6 @@
+//! What trainyard's end-to-end tests (`crates/cli/tests`) and `cargo xtask soak` share: a
+//! marker in the environment of a run's processes and the search for the processes runs left
+//! behind ([`processes`]), and the soak's driver ([`soak`]). Not part of trainyard's API.
+
+pub mod processes;
+pub mod soak;
