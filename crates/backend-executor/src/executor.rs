@@ -2,26 +2,25 @@
 //! v2's restart policy around it. Each step is a small method; the run's state is one
 //! [`State`] value.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use futures::stream::{self, StreamExt};
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::{self, Sender};
 use tracing::{Instrument, info, info_span, warn};
 use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_resources::Resources;
-use trainyard_runtime::events::{self, ActorEvent, TaskEvents};
+use trainyard_runtime::events::{self, TaskEvents};
 use trainyard_runtime::{
     ActorRuntime, ActorRuntimeExt as _, DeathCause, PlacementGroupId, Request, Response,
-    RuntimeError, Stream, TaskEvent, TaskExit, TaskSpec,
+    RuntimeError, TaskSpec,
 };
 use trainyard_worker_group::WorkerGroup;
 
 use crate::error::{chain, is_death, runtime_error_in};
-use crate::run_folder::{CheckpointResult, RunStore};
+use crate::report::{FitReport, RunEvent, StartedWorker};
+use crate::run_folder::RunStore;
 use crate::{
     AcceleratorView, AttemptFailure, Backend, BackendContext, BackendError, Backoff, Disposition,
     ExecutorError, RankInfo, SharingRule, WorkerEnv, WorldRank, accelerator_env, assign_ranks,
@@ -33,23 +32,6 @@ pub const DEFAULT_PLACEMENT_TIMEOUT: Duration = Duration::from_secs(100);
 
 /// How many of a rank's last output lines a failure keeps.
 pub const LAST_LINES: usize = 20;
-
-/// After a failure, how long the other ranks' streams must be silent before the attempt
-/// stops taking in their lines and reports...
-const QUIET: Duration = Duration::from_millis(20);
-/// ... and how long it takes them in at most.
-const LINGER: Duration = Duration::from_millis(200);
-
-/// What the executor keeps of each rank's output while following an attempt.
-#[derive(Debug)]
-struct Output<'a> {
-    /// The process id each rank's lines come from.
-    pids: &'a [u32],
-    /// Each rank's last lines.
-    tails: Vec<VecDeque<String>>,
-    /// Lines the listener had no room for, per rank, not yet reported as dropped.
-    dropped: Vec<u64>,
-}
 
 /// Knobs of a [`BackendExecutor`], with Ray Train's defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,133 +67,9 @@ impl Default for ExecutorOptions {
     }
 }
 
-/// One started worker, as [`RunEvent::AttemptStarted`] lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StartedWorker {
-    /// Its ranks.
-    pub rank: RankInfo,
-    /// Its node.
-    pub node_id: String,
-    /// Its node's IP address.
-    pub node_ip: String,
-    /// Its process id.
-    pub pid: u32,
-}
-
-/// Something that happened during a run, streamed as it happens.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum RunEvent {
-    /// The placement group is asked for; the run waits until it is reserved.
-    Placing {
-        /// Restarts before this attempt.
-        restart_count: u32,
-        /// How many bundles.
-        bundles: usize,
-        /// Everything the group asks for.
-        requested: Resources,
-    },
-    /// The placement group is reserved; the workers are starting.
-    Placed {
-        /// The node of each bundle.
-        bundle_nodes: Vec<String>,
-    },
-    /// An attempt's workers are started and ranked.
-    AttemptStarted {
-        /// Restarts before this attempt.
-        restart_count: u32,
-        /// Number of workers.
-        world_size: u32,
-        /// The workers, in world-rank order.
-        workers: Vec<StartedWorker>,
-    },
-    /// A worker's task started.
-    TaskStarted {
-        /// The worker's rank.
-        rank: WorldRank,
-        /// The task's process id (the worker's when the task runs inside it).
-        pid: u32,
-    },
-    /// A worker reported metrics.
-    Report {
-        /// The worker's rank.
-        rank: WorldRank,
-        /// The metrics.
-        metrics: serde_json::Map<String, serde_json::Value>,
-    },
-    /// A worker printed a line.
-    Log {
-        /// The worker's rank.
-        rank: WorldRank,
-        /// The process that printed it.
-        pid: u32,
-        /// Which stream.
-        stream: Stream,
-        /// The line.
-        line: String,
-    },
-    /// Lines of a worker's output were dropped because the driver did not keep up.
-    LogsDropped {
-        /// The worker's rank.
-        rank: WorldRank,
-        /// How many.
-        count: u64,
-    },
-    /// The attempt starts every rank from a committed checkpoint: after a failure, or when a
-    /// run of the same name and storage is resumed.
-    Resuming {
-        /// Restarts before this attempt (in this driver).
-        restart_count: u32,
-        /// The checkpoint.
-        checkpoint: CheckpointResult,
-    },
-    /// Every rank reported a checkpoint's index and all its files are persisted: the
-    /// checkpoint is recorded in `run.json`.
-    CheckpointCommitted {
-        /// The checkpoint.
-        checkpoint: CheckpointResult,
-    },
-    /// An attempt failed; the run restarts after `backoff_ms`.
-    Restarting {
-        /// Restarts before the failed attempt.
-        restart_count: u32,
-        /// Why it failed.
-        failure: AttemptFailure,
-        /// The wait before the next attempt, in milliseconds.
-        backoff_ms: u64,
-    },
-}
-
-/// The outcome of [`BackendExecutor::fit`].
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct FitReport {
-    /// Attempts made (1 when nothing failed).
-    pub attempts: u32,
-    /// The failure of each failed attempt, in order.
-    pub failures: Vec<AttemptFailure>,
-    /// The last metrics each rank reported in the final attempt, by world rank.
-    pub metrics: Vec<Option<serde_json::Map<String, serde_json::Value>>>,
-    /// The last report of the final attempt, with its rank.
-    pub last_report: Option<(WorldRank, serde_json::Map<String, serde_json::Value>)>,
-    /// What each rank's task returned, by world rank (empty when the final attempt failed).
-    pub returns: Vec<serde_json::Value>,
-    /// Output lines dropped because the driver did not keep up, over the final attempt.
-    pub dropped_lines: u64,
-    /// The run's folder (`<storage>/<name>`), when `fit` ran with one.
-    #[serde(default)]
-    pub run_dir: Option<String>,
-    /// The latest committed checkpoint of the run (of this driver or an earlier one).
-    #[serde(default)]
-    pub checkpoint: Option<CheckpointResult>,
-    /// The checkpoints the run keeps, best first (by the score attribute of its checkpoint
-    /// config, else newest first).
-    #[serde(default)]
-    pub best_checkpoints: Vec<CheckpointResult>,
-}
-
 /// How an attempt ended badly.
 #[derive(Debug)]
-enum AttemptError {
+pub(crate) enum AttemptError {
     /// Not an attempt's failure: the run cannot go on (bad config, cannot be scheduled,
     /// backend misconfigured).
     Fatal(ExecutorError),
@@ -393,7 +251,7 @@ impl BackendExecutor {
         self.attempt().is_some()
     }
 
-    async fn emit(&self, event: RunEvent) {
+    pub(crate) async fn emit(&self, event: RunEvent) {
         if let Some(events) = &self.events {
             // A dropped receiver means nobody is listening any more; the run goes on.
             let _ = events.send(event).await;
@@ -401,7 +259,7 @@ impl BackendExecutor {
     }
 
     /// Sends an output line without waiting; `false` when it found no room.
-    fn emit_line(&self, event: RunEvent) -> bool {
+    pub(crate) fn emit_line(&self, event: RunEvent) -> bool {
         match &self.events {
             Some(events) => !matches!(
                 events.try_send(event),
@@ -651,7 +509,7 @@ impl BackendExecutor {
     /// Why the event stream of worker `i` ended without a death: the runtime says why the
     /// actor is gone (it may have been ended through the runtime by someone else); else the
     /// stream's connection was lost.
-    async fn why_silent(&self, i: usize) -> DeathCause {
+    pub(crate) async fn why_silent(&self, i: usize) -> DeathCause {
         let Some(worker) = self.attempt().and_then(|a| a.group.workers().get(i)) else {
             return DeathCause::ConnectionLost;
         };
@@ -742,170 +600,6 @@ impl BackendExecutor {
             pids.push(pid);
         }
         Ok(pids)
-    }
-
-    /// Follows every rank's events until all tasks succeed or one fails. A rank that stalls
-    /// holds back no other rank: the streams are merged as their events arrive. After a
-    /// failure, what the other ranks printed or reported just before is still taken in,
-    /// until their streams fall quiet for [`QUIET`] (at most [`LINGER`]).
-    async fn follow(
-        &self,
-        streams: Vec<TaskEvents>,
-        pids: &[u32],
-        report: &mut FitReport,
-        mut store: Option<&mut RunStore>,
-    ) -> Result<(), AttemptError> {
-        let n = streams.len();
-        report.metrics = vec![None; n];
-        let mut returns: Vec<Option<serde_json::Value>> = vec![None; n];
-        // How many ranks have not returned yet: counted, so that each return costs the same
-        // however many ranks there are.
-        let mut unreturned = n;
-        let mut output = Output {
-            pids,
-            tails: vec![VecDeque::new(); n],
-            dropped: vec![0; n],
-        };
-        // Each stream ends with a `None` marker, so that a stream closing early is seen.
-        let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, events)| {
-            events
-                .map(move |event| (i, Some(event)))
-                .chain(stream::once(async move { (i, None) }))
-                .boxed()
-        }));
-        let outcome = loop {
-            // Every stream ends with its marker, and the marker of a rank that has not
-            // finished ends the loop, so the merged stream never runs dry first.
-            let Some((i, event)) = merged.next().await else {
-                break Err(ExecutorError::NotStarted.into());
-            };
-            match event {
-                Some(ActorEvent::Task(event)) => {
-                    if let Err(failure) = self
-                        .take(i, event, &mut output, report, store.as_deref_mut())
-                        .await
-                    {
-                        break Err(AttemptError::Failed(failure));
-                    }
-                }
-                Some(ActorEvent::TaskExited(TaskExit::Succeeded { value })) => {
-                    if returns[i].replace(value).is_none() {
-                        unreturned -= 1;
-                    }
-                    if unreturned == 0 {
-                        report.returns = returns.into_iter().flatten().collect();
-                        break Ok(());
-                    }
-                }
-                Some(ActorEvent::TaskExited(TaskExit::Failed { failure })) => {
-                    break Err(AttemptError::Failed(AttemptFailure::TaskFailed {
-                        rank: rank_of(i),
-                        failure,
-                        last_lines: std::mem::take(&mut output.tails[i]).into(),
-                    }));
-                }
-                // A worker whose task finished may go; the others carry on.
-                Some(ActorEvent::Died(_)) | None if returns[i].is_some() => {}
-                Some(ActorEvent::Died(cause)) => break Err(died(i, cause)),
-                None => break Err(died(i, self.why_silent(i).await)),
-            }
-        };
-        if outcome.is_err() {
-            let deadline = tokio::time::Instant::now() + LINGER;
-            loop {
-                let quiet = (tokio::time::Instant::now() + QUIET).min(deadline);
-                let Ok(Some((i, event))) = tokio::time::timeout_at(quiet, merged.next()).await
-                else {
-                    break;
-                };
-                if let Some(ActorEvent::Task(event)) = event {
-                    // A checkpoint every rank reported before the failure still commits.
-                    let _ = self
-                        .take(i, event, &mut output, report, store.as_deref_mut())
-                        .await;
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    break;
-                }
-            }
-        }
-        // Drops not reported yet are reported now, waiting for room.
-        for (i, count) in output.dropped.into_iter().enumerate() {
-            if count > 0 {
-                report.dropped_lines += count;
-                self.emit(RunEvent::LogsDropped {
-                    rank: rank_of(i),
-                    count,
-                })
-                .await;
-            }
-        }
-        outcome
-    }
-
-    /// Takes in one report or line of rank `i`: recorded, booked towards a checkpoint, and
-    /// passed to the listener. A report that cannot be booked fails the attempt.
-    async fn take(
-        &self,
-        i: usize,
-        event: TaskEvent,
-        output: &mut Output<'_>,
-        report: &mut FitReport,
-        store: Option<&mut RunStore>,
-    ) -> Result<(), AttemptFailure> {
-        let rank = rank_of(i);
-        match event {
-            TaskEvent::Report {
-                metrics,
-                checkpoint,
-            } => {
-                report.metrics[i] = Some(metrics.clone());
-                report.last_report = Some((rank, metrics.clone()));
-                let committed = match store {
-                    Some(store) => store.report(rank.0, &metrics, checkpoint).await?,
-                    None => None,
-                };
-                self.emit(RunEvent::Report { rank, metrics }).await;
-                if let Some(checkpoint) = committed {
-                    report.checkpoint = Some(checkpoint.clone());
-                    self.emit(RunEvent::CheckpointCommitted { checkpoint })
-                        .await;
-                }
-            }
-            TaskEvent::Log { stream, line } => {
-                let tail = &mut output.tails[i];
-                if tail.len() == LAST_LINES {
-                    tail.pop_front();
-                }
-                tail.push_back(line.clone());
-                let line = RunEvent::Log {
-                    rank,
-                    pid: output.pids[i],
-                    stream,
-                    line,
-                };
-                // The count of earlier drops goes first, and while it finds no room the line
-                // is dropped too, so that the order stays true.
-                let dropped = &mut output.dropped[i];
-                if *dropped > 0
-                    && self.emit_line(RunEvent::LogsDropped {
-                        rank,
-                        count: *dropped,
-                    })
-                {
-                    report.dropped_lines += *dropped;
-                    *dropped = 0;
-                }
-                if *dropped > 0 || !self.emit_line(line) {
-                    *dropped += 1;
-                }
-            }
-            TaskEvent::LogsDropped { count } => {
-                report.dropped_lines += count;
-                self.emit(RunEvent::LogsDropped { rank, count }).await;
-            }
-        }
-        Ok(())
     }
 
     /// Releases everything: the backend's `on_shutdown` (errors from dead workers are logged
@@ -1068,11 +762,11 @@ fn with_env(task: &TaskSpec, mut env: BTreeMap<String, String>) -> TaskSpec {
     task
 }
 
-fn rank_of(worker: usize) -> WorldRank {
+pub(crate) fn rank_of(worker: usize) -> WorldRank {
     WorldRank(u32::try_from(worker).unwrap_or(u32::MAX))
 }
 
-fn died(worker: usize, cause: DeathCause) -> AttemptError {
+pub(crate) fn died(worker: usize, cause: DeathCause) -> AttemptError {
     AttemptError::Failed(AttemptFailure::WorkerDied {
         rank: Some(rank_of(worker)),
         cause,

@@ -70,7 +70,9 @@ mod context;
 mod error;
 mod executor;
 mod failure;
+mod follow;
 mod ranks;
+mod report;
 mod run_folder;
 mod sharing;
 
@@ -85,11 +87,11 @@ pub use context::{
 };
 pub use error::ExecutorError;
 pub use executor::{
-    BackendExecutor, DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, FitReport, LAST_LINES, RunEvent,
-    StartedWorker, unique_run_name,
+    BackendExecutor, DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, LAST_LINES, unique_run_name,
 };
 pub use failure::{AttemptFailure, Backoff, Disposition, classify};
 pub use ranks::{RankInfo, WorldRank, assign_ranks};
+pub use report::{FitReport, RunEvent, StartedWorker};
 pub use run_folder::CheckpointResult;
 pub use sharing::{
     AcceleratorView, MissingAcceleratorIds, SharingRule, accelerator_env, default_rules, shared_ids,
