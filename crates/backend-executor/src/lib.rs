@@ -27,7 +27,12 @@
 //! let nodes = [SimNode::new("node-a").cpus(2), SimNode::new("node-b").cpus(2)];
 //! let cluster = Arc::new(SimRuntime::new(nodes).with_functions(functions));
 //! let scaling = ScalingConfig::default().num_workers(4);
-//! let run = RunConfig::default().name("demo").failure_config(FailureConfig::restarts(1));
+//! # let results = tempfile::tempdir()?;
+//! // The run keeps its folder under the storage path (`~/trainyard_results` by default).
+//! let run = RunConfig::default()
+//!     .name("demo")
+//!     .storage_path(results.path().display().to_string())
+//!     .failure_config(FailureConfig::restarts(1));
 //! let mut executor = BackendExecutor::new(cluster, Arc::new(NoBackend), scaling)?
 //!     .with_run_config(run)?;
 //!
