@@ -6,7 +6,8 @@ use std::process::Command;
 use serde_json::Value;
 
 /// The workspace's crates, lowest layer first. A crate may depend (normal, build or dev) only
-/// on crates listed before it.
+/// on crates listed before it, and, through a dev-dependency, on itself: that is how Cargo
+/// enables a feature of a crate for its own tests (`testing`).
 pub(crate) const LAYERS: &[&str] = &[
     "trainyard-resources",
     "trainyard-test-support",
@@ -48,6 +49,9 @@ pub(crate) fn problems(packages: &[Package]) -> Vec<String> {
             continue;
         };
         for (dep, kind) in &package.deps {
+            if *dep == package.name && kind == "dev" {
+                continue;
+            }
             match rank.get(dep.as_str()) {
                 Some(&theirs) if theirs >= own => out.push(format!(
                     "`{}` has a {kind} dependency on `{dep}`, which is not below it (layers point down only)",
@@ -159,6 +163,17 @@ mod tests {
             found[0].contains("dev dependency on `trainyard-runtime`"),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn a_dev_dependency_on_itself_enables_features_and_is_no_edge() {
+        let own = [package("trainyard-config", &[("trainyard-config", "dev")])];
+        assert!(problems(&own).is_empty());
+        let normal = [package(
+            "trainyard-config",
+            &[("trainyard-config", "normal")],
+        )];
+        assert_eq!(problems(&normal).len(), 1);
     }
 
     #[test]

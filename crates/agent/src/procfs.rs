@@ -76,7 +76,7 @@ fn exists(pid: u32) -> bool {
 
 /// The process ids in `/proc`, as far as it can be listed. Blocks for a moment: one
 /// directory listing.
-pub(crate) fn pids() -> impl Iterator<Item = u32> {
+pub fn pids() -> impl Iterator<Item = u32> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use common::{MARKER, left_behind};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use trainyard::ray::testing::{HEAD_MEMORY, RayCluster};
 use trainyard::ray::{Bridge, GroupState};
+use trainyard_runtime_ray::testing::{HEAD_MEMORY, RayCluster};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -344,13 +344,16 @@ fn a_sigtermed_driver_stops_and_cleans_up(cluster: &RayCluster) {
 #[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
-    let cluster = RayCluster::start(false);
+    let cluster = RayCluster::start(false).unwrap_or_else(|error| panic!("{error}"));
     let scratch = tempfile::tempdir().expect("a scratch dir");
     {
         let (bridge, _) = Bridge::start(cluster.bridge_config().namespace("wait"))
             .await
             .expect("a bridge");
-        cluster.wait_for_nodes(&bridge, 2).await;
+        cluster
+            .wait_for_nodes(&bridge, 2)
+            .await
+            .unwrap_or_else(|error| panic!("{error}"));
         bridge
             .shutdown(Duration::from_secs(10))
             .await
@@ -378,7 +381,7 @@ async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
 #[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[test]
 fn without_an_address_a_throwaway_head_runs_the_job() {
-    let python = trainyard::ray::testing::python();
+    let python = trainyard_runtime_ray::testing::python().unwrap_or_else(|error| panic!("{error}"));
     let output = Command::new(env!("CARGO_BIN_EXE_trainyard"))
         .current_dir(root())
         .args(["run", "--runtime", "ray", "-n", "2", "--"])

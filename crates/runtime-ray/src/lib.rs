@@ -42,6 +42,10 @@
 //! cargo nextest run -p trainyard-runtime-ray --run-ignored all
 //! ```
 //!
+//! With the `testing` feature, `testing::RayCluster` starts such a cluster (two nodes, each in
+//! a process group of its own) for tests here and in the crates above, and stops exactly its
+//! own processes on drop.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use trainyard_runtime_ray::{Bridge, BridgeConfig};
@@ -62,6 +66,7 @@ pub mod bridge;
 mod error;
 pub mod protocol;
 mod runtime;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use auth::{AuthLookup, TokenSource};

@@ -1,17 +1,20 @@
-//! A real two-node Ray cluster on this machine, for end-to-end tests: of this crate, of
-//! the `trainyard` command line, and of whatever a user builds on a Ray runtime.
+//! Test support (the `testing` feature): a real two-node Ray cluster on this machine, for
+//! end-to-end tests of this crate, of the `trainyard` command line, and of whatever a user
+//! builds on a Ray runtime.
 //!
-//! `RayCluster::start` runs `ray start --head --block` and a second `ray start --block
+//! [`RayCluster::start`] runs `ray start --head --block` and a second `ray start --block
 //! --address=…` (each in its own process group, with a private `--temp-dir`), waits for the
 //! GCS port, and on drop stops exactly those processes: SIGTERM to each `--block` process, then
-//! SIGKILL to its process group after a bound. It never runs `ray stop`, which would stop every
-//! cluster of this user. The interpreter comes from `TRAINYARD_RAY_PYTHON`
+//! SIGKILL to its process group after a bound ([`process_group::kill`], while the unreaped
+//! `--block` process still holds the group's id). It never runs `ray stop`, which would stop
+//! every cluster of this user. The interpreter comes from `TRAINYARD_RAY_PYTHON`
 //! (`export TRAINYARD_RAY_PYTHON="$(scripts/ray-env.sh)"`).
 //!
 //! The tests that need it are ignored by default, so that a run without Ray reads as such:
 //! `#[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]`.
 //! One that runs was asked for (`--run-ignored`, `--ignored`; `cargo xtask ci` does when the
-//! variable is set), and [`python`] fails it when the interpreter is missing or has no `ray`.
+//! variable is set), and [`python`] returns an error for it to fail with when the interpreter
+//! is missing or has no `ray`.
 
 use std::fs::File;
 use std::net::{TcpListener, TcpStream};
@@ -19,9 +22,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{Bridge, BridgeConfig, RayNodeInfo};
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use trainyard_agent::{process_group, procfs};
+
+use crate::{Bridge, BridgeConfig, BridgeError, RayNodeInfo};
 
 /// Head node memory (the `memory` resource), in bytes.
 pub const HEAD_MEMORY: u64 = 4_000_000_000;
@@ -31,6 +36,107 @@ pub const WORKER_MEMORY: u64 = 2_000_000_000;
 const OBJECT_STORE: u64 = 100_000_000;
 /// How long a `--block` process gets to stop after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long the head's GCS port may take to open.
+const PORT_WITHIN: Duration = Duration::from_secs(60);
+/// How long the nodes may take to be alive.
+const NODES_WITHIN: Duration = Duration::from_secs(60);
+
+/// The test cluster cannot be found, started or asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RayClusterError {
+    /// `TRAINYARD_RAY_PYTHON` is not set.
+    #[error(
+        "TRAINYARD_RAY_PYTHON is not set; run `export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\"` to test against a real Ray cluster"
+    )]
+    PythonNotSet,
+    /// The interpreter cannot `import ray`.
+    #[error("{} (TRAINYARD_RAY_PYTHON) cannot `import ray`; run scripts/ray-env.sh", python.display())]
+    NoRay {
+        /// The interpreter.
+        python: PathBuf,
+    },
+    /// There is no `ray` command next to the interpreter.
+    #[error("no `ray` next to {}", python.display())]
+    NoRayCommand {
+        /// The interpreter.
+        python: PathBuf,
+    },
+    /// A program cannot be run.
+    #[error("cannot run {}", program.display())]
+    Spawn {
+        /// The program.
+        program: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Ray cannot say this machine's node IP.
+    #[error("{} cannot compute the node IP ({status}): {stderr}", python.display())]
+    NodeIp {
+        /// The interpreter.
+        python: PathBuf,
+        /// How it exited.
+        status: std::process::ExitStatus,
+        /// What it wrote to stderr.
+        stderr: String,
+    },
+    /// The cluster's private temp dir cannot be made.
+    #[error("cannot create a temp dir under /tmp")]
+    TempDir(#[source] std::io::Error),
+    /// A node's log file cannot be made.
+    #[error("cannot create the log {}", path.display())]
+    Log {
+        /// The log file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No port can be bound.
+    #[error("cannot bind an ephemeral port")]
+    Port(#[source] std::io::Error),
+    /// A `ray start` exited before the head's GCS port opened.
+    #[error(
+        "`ray start` ({role}) exited before the head's GCS port {port} opened; its log:\n{log}"
+    )]
+    Exited {
+        /// `head` or `worker`.
+        role: &'static str,
+        /// The GCS port.
+        port: u16,
+        /// Its log.
+        log: String,
+    },
+    /// The head's GCS port did not open in time.
+    #[error("the head's GCS port {port} did not open within {} s; its log:\n{log}", waited.as_secs())]
+    PortClosed {
+        /// The GCS port.
+        port: u16,
+        /// How long it was waited for.
+        waited: Duration,
+        /// The head's log.
+        log: String,
+    },
+    /// The bridge cannot list the nodes.
+    #[error("cannot list the cluster's nodes")]
+    Nodes(#[source] BridgeError),
+    /// Fewer nodes than expected are alive in time.
+    #[error(
+        "{count} nodes not alive within {} s ({alive} are); the worker's log:\n{log}",
+        waited.as_secs()
+    )]
+    NodesNotAlive {
+        /// How many were expected.
+        count: usize,
+        /// How many are.
+        alive: usize,
+        /// How long they were waited for.
+        waited: Duration,
+        /// The worker's log.
+        log: String,
+    },
+}
 
 /// Prints a loud skip reason.
 pub fn skip(reason: &str) {
@@ -40,35 +146,24 @@ pub fn skip(reason: &str) {
 }
 
 /// A port nobody listens on right now.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("0.0.0.0:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address").port()
-}
-
-/// Whether a process with this pid still exists (and is not a zombie).
-pub fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            stat.rsplit_once(')')
-                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
+///
+/// # Errors
+/// [`RayClusterError::Port`] when no port can be bound.
+pub fn free_port() -> Result<u16, RayClusterError> {
+    TcpListener::bind("0.0.0.0:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .map_err(RayClusterError::Port)
 }
 
 /// Pids of the live (not zombie) processes for which `keep` is true.
 fn processes_where(keep: impl Fn(u32) -> bool) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| keep(*pid) && alive(*pid))
+    procfs::pids()
+        .filter(|&pid| keep(pid) && procfs::is_alive(pid, None))
         .collect()
 }
 
-/// Pids of the processes whose command line mentions `needle`.
+/// Pids of the live processes whose command line mentions `needle`.
 pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     processes_where(|pid| {
         std::fs::read(format!("/proc/{pid}/cmdline"))
@@ -76,15 +171,13 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     })
 }
 
-/// Pids of the processes in process group `pgid`.
-pub fn processes_in_group(pgid: u32) -> Vec<u32> {
+/// Pids of the live processes in process group `group`.
+pub fn processes_in_group(group: u32) -> Vec<u32> {
     processes_where(|pid| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-            // After the command's closing parenthesis: state, ppid, pgrp.
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<u32>().ok())
-                == Some(pgid)
-        })
+        procfs::read_stat(pid)
+            .ok()
+            .flatten()
+            .is_some_and(|stat| stat.group == group)
     })
 }
 
@@ -102,40 +195,28 @@ pub async fn eventually(bound: Duration, mut check: impl FnMut() -> bool) -> boo
     }
 }
 
-/// A random hex token.
-pub fn random_token() -> String {
-    let mut bytes = [0u8; 32];
-    File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .expect("read /dev/urandom");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The interpreter with `ray`: `$TRAINYARD_RAY_PYTHON`.
 ///
-/// # Panics
-/// When it is not set, or cannot `import ray`: a test that needs Ray runs only when asked
-/// for, and then fails rather than pass without having tested anything.
-#[must_use]
-pub fn python() -> PathBuf {
-    let Some(python) = std::env::var_os("TRAINYARD_RAY_PYTHON").filter(|p| !p.is_empty()) else {
-        panic!(
-            "TRAINYARD_RAY_PYTHON is not set; run `export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\"` to test against a real Ray cluster"
-        );
-    };
-    let python = PathBuf::from(python);
-    let ok = Command::new(&python)
+/// # Errors
+/// When it is not set ([`RayClusterError::PythonNotSet`]), or cannot `import ray`
+/// ([`RayClusterError::NoRay`]): a test that needs Ray runs only when asked for, and then
+/// fails rather than pass without having tested anything.
+pub fn python() -> Result<PathBuf, RayClusterError> {
+    let python = std::env::var_os("TRAINYARD_RAY_PYTHON")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .ok_or(RayClusterError::PythonNotSet)?;
+    let imports = Command::new(&python)
         .args(["-c", "import ray"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "{} (TRAINYARD_RAY_PYTHON) cannot `import ray`; run scripts/ray-env.sh",
-        python.display()
-    );
-    python
+    if imports {
+        Ok(python)
+    } else {
+        Err(RayClusterError::NoRay { python })
+    }
 }
 
 /// A two-node Ray cluster owned by one test.
@@ -149,8 +230,10 @@ pub struct RayCluster {
     pub token: Option<String>,
     /// The private temp dir (every Ray process of this cluster names it on its command line).
     pub temp_dir: PathBuf,
-    /// The `--block` processes, head first.
-    blocks: Vec<Child>,
+    // Fields drop in order: the worker node stops first, then the head, then the temp dir goes.
+    worker: Node,
+    /// Held to be stopped on drop.
+    _head: Node,
     _temp: tempfile::TempDir,
 }
 
@@ -158,44 +241,29 @@ impl RayCluster {
     /// Starts the head (2 CPUs, [`HEAD_MEMORY`], `head_res: 1`) and a worker (1 CPU, 1 GPU,
     /// [`WORKER_MEMORY`], `worker_res: 2`), with token auth when `auth`.
     ///
-    /// # Panics
-    /// When there is no interpreter with `ray` ([`python`]) or the cluster cannot start.
-    #[must_use]
-    pub fn start(auth: bool) -> Self {
-        let python = python();
+    /// # Errors
+    /// When there is no interpreter with `ray` ([`python`]) or the cluster cannot start;
+    /// whatever had started is stopped.
+    pub fn start(auth: bool) -> Result<Self, RayClusterError> {
+        let python = python()?;
         let ray = python.with_file_name("ray");
-        assert!(ray.exists(), "no `ray` next to {}", python.display());
+        if !ray.exists() {
+            return Err(RayClusterError::NoRayCommand { python });
+        }
         // Short: Ray puts unix sockets under it (108-byte limit).
         let temp = tempfile::Builder::new()
             .prefix("tyr")
             .tempdir_in("/tmp")
-            .expect("temp dir");
-        let temp_dir = temp.path().to_path_buf();
-        let ip = node_ip(&python);
-        let port = free_port();
+            .map_err(RayClusterError::TempDir)?;
+        let ip = node_ip(&python)?;
+        let port = free_port()?;
         let address = format!("{ip}:{port}");
-        let token = auth.then(random_token);
-        let mut cluster = Self {
-            python,
-            address: address.clone(),
-            token,
-            temp_dir,
-            blocks: Vec::new(),
-            _temp: temp,
+        let start = Start {
+            ray: &ray,
+            temp_dir: temp.path(),
+            token: auth.then(crate::bridge::random_token),
         };
-        let common = |extra: &[String]| {
-            let mut args = vec![
-                "start".to_owned(),
-                "--block".to_owned(),
-                "--disable-usage-stats".to_owned(),
-                format!("--temp-dir={}", cluster.temp_dir.display()),
-                format!("--object-store-memory={OBJECT_STORE}"),
-                format!("--dashboard-agent-listen-port={}", free_port()),
-            ];
-            args.extend_from_slice(extra);
-            args
-        };
-        let head = common(&[
+        let head_args = start.args(&[
             "--head".to_owned(),
             format!("--port={port}"),
             "--num-cpus=2".to_owned(),
@@ -203,83 +271,43 @@ impl RayCluster {
             format!("--memory={HEAD_MEMORY}"),
             r#"--resources={"head_res": 1}"#.to_owned(),
             "--include-dashboard=false".to_owned(),
-        ]);
-        let worker = common(&[
+        ])?;
+        let worker_args = start.args(&[
             format!("--address={address}"),
             "--num-cpus=1".to_owned(),
             "--num-gpus=1".to_owned(),
             format!("--memory={WORKER_MEMORY}"),
             r#"--resources={"worker_res": 2}"#.to_owned(),
             "--include-log-monitor=false".to_owned(),
-        ]);
+        ])?;
         let started = Instant::now();
-        cluster.spawn(&ray, "head", &head);
-        cluster.wait_for_port(port, Duration::from_secs(60));
-        cluster.spawn(&ray, "worker", &worker);
+        let head = start.spawn("head", &head_args)?;
+        wait_for_port(&head, port, PORT_WITHIN, temp.path())?;
+        let worker = start.spawn("worker", &worker_args)?;
         eprintln!(
             "ray cluster {address} (auth {}) spawned in {:?}",
             if auth { "on" } else { "off" },
             started.elapsed()
         );
-        cluster
+        Ok(Self {
+            python,
+            address,
+            token: start.token,
+            temp_dir: temp.path().to_path_buf(),
+            worker,
+            _head: head,
+            _temp: temp,
+        })
     }
 
-    fn spawn(&mut self, ray: &Path, role: &str, args: &[String]) {
-        let log = File::create(self.temp_dir.join(format!("{role}.log"))).expect("log file");
-        let mut command = Command::new(ray);
-        command
-            .args(args)
-            .env_remove("RAY_AUTH_TOKEN_PATH")
-            .env(
-                "RAY_AUTH_MODE",
-                if self.token.is_some() {
-                    "token"
-                } else {
-                    "disabled"
-                },
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log file"))
-            .stderr(log);
-        match &self.token {
-            Some(token) => command.env("RAY_AUTH_TOKEN", token),
-            None => command.env_remove("RAY_AUTH_TOKEN"),
-        };
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", ray.display()));
-        self.blocks.push(child);
-    }
-
-    /// The log of one `ray start` (`head` or `worker`).
+    /// The log of one `ray start` (`head` or `worker`); empty when it cannot be read.
     pub fn log(&self, role: &str) -> String {
-        std::fs::read_to_string(self.temp_dir.join(format!("{role}.log"))).unwrap_or_default()
-    }
-
-    fn wait_for_port(&mut self, port: u16, bound: Duration) {
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            for child in &mut self.blocks {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("ray start exited ({status}):\n{}", self.log("head"));
-                }
-            }
-            assert!(
-                start.elapsed() < bound,
-                "the head's GCS port {port} did not open within {bound:?}:\n{}",
-                self.log("head")
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        log(&self.temp_dir, role)
     }
 
     /// SIGKILLs the worker node's whole process group (its raylet included), as a lost node.
     pub fn kill_worker_node(&mut self) {
-        let worker = self.blocks.get_mut(1).expect("a worker node");
-        let pid = Pid::from_raw(i32::try_from(worker.id()).expect("pid fits"));
-        killpg(pid, Signal::SIGKILL).expect("kill the worker's process group");
-        let _ = worker.wait();
+        self.worker.kill();
     }
 
     /// A bridge configuration for this cluster, with its auth settings.
@@ -296,56 +324,192 @@ impl RayCluster {
     }
 
     /// Waits (bounded) until `count` nodes are alive; returns the node list.
-    pub async fn wait_for_nodes(&self, bridge: &Bridge, count: usize) -> Vec<RayNodeInfo> {
+    ///
+    /// # Errors
+    /// When the bridge cannot list the nodes, or fewer than `count` are alive within 60 s.
+    pub async fn wait_for_nodes(
+        &self,
+        bridge: &Bridge,
+        count: usize,
+    ) -> Result<Vec<RayNodeInfo>, RayClusterError> {
         let start = Instant::now();
         loop {
-            let nodes = bridge.nodes().await.expect("nodes");
-            if nodes.iter().filter(|n| n.alive).count() >= count {
-                return nodes;
+            let nodes = bridge.nodes().await.map_err(RayClusterError::Nodes)?;
+            let alive = nodes.iter().filter(|n| n.alive).count();
+            if alive >= count {
+                return Ok(nodes);
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "{count} nodes not alive within 60 s: {nodes:?}\nworker log:\n{}",
-                self.log("worker")
-            );
+            if start.elapsed() >= NODES_WITHIN {
+                return Err(RayClusterError::NodesNotAlive {
+                    count,
+                    alive,
+                    waited: NODES_WITHIN,
+                    log: self.log("worker"),
+                });
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }
 
-impl Drop for RayCluster {
-    fn drop(&mut self) {
-        // Worker first, then head.
-        for child in self.blocks.iter_mut().rev() {
-            let Ok(raw) = i32::try_from(child.id()) else {
-                continue;
-            };
-            let pid = Pid::from_raw(raw);
-            let _ = kill(pid, Signal::SIGTERM);
-            let start = Instant::now();
-            while start.elapsed() < STOP_GRACE {
-                if matches!(child.try_wait(), Ok(Some(_))) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            // Whatever is left of its process group (the leader, if it did not stop).
-            let _ = killpg(pid, Signal::SIGKILL);
-            let _ = child.wait();
-        }
+/// What every `ray start` of one cluster shares.
+struct Start<'a> {
+    ray: &'a Path,
+    temp_dir: &'a Path,
+    token: Option<String>,
+}
+
+impl Start<'_> {
+    /// The arguments of a `--block` start with `extra`.
+    fn args(&self, extra: &[String]) -> Result<Vec<String>, RayClusterError> {
+        let mut args = vec![
+            "start".to_owned(),
+            "--block".to_owned(),
+            "--disable-usage-stats".to_owned(),
+            format!("--temp-dir={}", self.temp_dir.display()),
+            format!("--object-store-memory={OBJECT_STORE}"),
+            format!("--dashboard-agent-listen-port={}", free_port()?),
+        ];
+        args.extend_from_slice(extra);
+        Ok(args)
+    }
+
+    /// Runs `ray` with `args` in a process group of its own, its output in `<role>.log`.
+    fn spawn(&self, role: &str, args: &[String]) -> Result<Node, RayClusterError> {
+        let path = self.temp_dir.join(format!("{role}.log"));
+        let create = |source| RayClusterError::Log {
+            path: path.clone(),
+            source,
+        };
+        let log = File::create(&path).map_err(create)?;
+        let mut command = Command::new(self.ray);
+        command
+            .args(args)
+            .env_remove("RAY_AUTH_TOKEN_PATH")
+            .env(
+                "RAY_AUTH_MODE",
+                if self.token.is_some() {
+                    "token"
+                } else {
+                    "disabled"
+                },
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(create)?)
+            .stderr(log);
+        match &self.token {
+            Some(token) => command.env("RAY_AUTH_TOKEN", token),
+            None => command.env_remove("RAY_AUTH_TOKEN"),
+        };
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        command
+            .spawn()
+            .map(|child| Node(Some(child)))
+            .map_err(|source| RayClusterError::Spawn {
+                program: self.ray.to_path_buf(),
+                source,
+            })
     }
 }
 
+/// One `ray start --block` process, the leader of its own process group; stopped with its
+/// group on drop.
+#[derive(Debug)]
+struct Node(Option<Child>);
+
+impl Node {
+    /// The pid of the `--block` process, while it is not reaped.
+    fn pid(&self) -> Option<u32> {
+        self.0.as_ref().map(Child::id)
+    }
+
+    /// SIGTERM to the `--block` process; SIGKILL to its process group once it has stopped, or
+    /// after [`STOP_GRACE`]; then reaps it.
+    fn stop(&mut self) {
+        let Some(pid) = self.pid() else {
+            return;
+        };
+        if let Ok(raw) = i32::try_from(pid) {
+            let _ = kill(Pid::from_raw(raw), Signal::SIGTERM);
+        }
+        let start = Instant::now();
+        // Not reaped: an exited leader stays a zombie, not alive, and keeps its group's id.
+        while procfs::is_alive(pid, None) && start.elapsed() < STOP_GRACE {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+    }
+
+    /// SIGKILLs the process group (the `--block` process too, if it still runs) and reaps
+    /// the `--block` process.
+    fn kill(&mut self) {
+        let Some(mut child) = self.0.take() else {
+            return;
+        };
+        // Before the reap: the leader, even a zombie, still names the group.
+        process_group::kill(child.id());
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The log of one `ray start` in `temp_dir`; empty when it cannot be read.
+fn log(temp_dir: &Path, role: &str) -> String {
+    std::fs::read_to_string(temp_dir.join(format!("{role}.log"))).unwrap_or_default()
+}
+
+/// Waits (bounded) until the head's GCS port accepts connections.
+fn wait_for_port(
+    head: &Node,
+    port: u16,
+    bound: Duration,
+    temp_dir: &Path,
+) -> Result<(), RayClusterError> {
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if !head.pid().is_some_and(|pid| procfs::is_alive(pid, None)) {
+            return Err(RayClusterError::Exited {
+                role: "head",
+                port,
+                log: log(temp_dir, "head"),
+            });
+        }
+        if start.elapsed() >= bound {
+            return Err(RayClusterError::PortClosed {
+                port,
+                waited: bound,
+                log: log(temp_dir, "head"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
 /// This machine's node IP as Ray computes it.
-fn node_ip(python: &Path) -> String {
+fn node_ip(python: &Path) -> Result<String, RayClusterError> {
     let out = Command::new(python)
         .args([
             "-c",
             "from ray._private.services import get_node_ip_address; print(get_node_ip_address())",
         ])
-        .stderr(Stdio::inherit())
+        .stdin(Stdio::null())
         .output()
-        .expect("run python");
-    assert!(out.status.success(), "cannot compute the node IP");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        .map_err(|source| RayClusterError::Spawn {
+            program: python.to_path_buf(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(RayClusterError::NodeIp {
+            python: python.to_path_buf(),
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }

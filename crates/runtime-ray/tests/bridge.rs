@@ -10,10 +10,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{HEAD_MEMORY, RayCluster, WORKER_MEMORY, alive, eventually};
+use common::{HEAD_MEMORY, RayCluster, WORKER_MEMORY, eventually};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use tokio::sync::oneshot;
+use trainyard_agent::procfs::is_alive;
 use trainyard_config::PlacementStrategy;
 use trainyard_resources::{ActorOptions, Resources};
 use trainyard_runtime_ray::{
@@ -89,7 +90,7 @@ async fn ended(rx: oneshot::Receiver<ActorEnded>, what: &str) -> ActorEnded {
 async fn died_with_its_agent(end: &ActorEnded, kind: DeathKind, agent_pid: u32) {
     assert_eq!(end.died.as_ref().map(|d| d.kind), Some(kind), "{end:?}");
     assert!(
-        eventually(BOUND, || !alive(agent_pid)).await,
+        eventually(BOUND, || !is_alive(agent_pid, None)).await,
         "agent {agent_pid} outlived its actor ({kind:?})"
     );
 }
@@ -173,7 +174,11 @@ impl Scene {
 
     /// Both nodes alive, with the memory and custom resources they were started with.
     async fn nodes_are_listed_as_started(&self) -> (String, String) {
-        let nodes = self.cluster.wait_for_nodes(&self.bridge, 2).await;
+        let nodes = self
+            .cluster
+            .wait_for_nodes(&self.bridge, 2)
+            .await
+            .unwrap_or_else(|error| panic!("{error}"));
         let head = node(&nodes, "head_res");
         let worker = node(&nodes, "worker_res");
         assert_ne!(head.node_id, worker.node_id);
@@ -277,7 +282,10 @@ impl Scene {
             Some(9),
             "the task group was killed"
         );
-        assert!(alive(w0_started.actor_pid), "the actor outlives its agent");
+        assert!(
+            is_alive(w0_started.actor_pid, None),
+            "the actor outlives its agent"
+        );
 
         let (w1_started, w1_end) = w1;
         self.bridge.kill_actor("e2e-w1").await.expect("kill");
@@ -322,7 +330,7 @@ impl Scene {
         );
         assert!(end.died.is_some(), "{end:?}");
         assert!(
-            eventually(BOUND, || !alive(gpu.pid)).await,
+            eventually(BOUND, || !is_alive(gpu.pid, None)).await,
             "agent survived group removal"
         );
     }
@@ -349,7 +357,7 @@ async fn a_killed_bridge_leaves_nothing(cluster: &RayCluster, observer: &Bridge,
     assert!(matches!(err, BridgeError::Lost { .. }), "{err}");
     nothing_left(observer, "kill-").await;
     assert!(
-        eventually(BOUND, || !alive(started.pid)).await,
+        eventually(BOUND, || !is_alive(started.pid, None)).await,
         "agent survived"
     );
 }
@@ -390,7 +398,7 @@ async fn node_loss_is_reported_as_node_died(cluster: &mut RayCluster, bridge: &B
 #[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_two_node_cluster_places_starts_ends_and_cleans_up_through_the_bridge() {
-    let cluster = RayCluster::start(false);
+    let cluster = RayCluster::start(false).unwrap_or_else(|error| panic!("{error}"));
     let t = Instant::now();
     let (bridge, ready) = Bridge::start(cluster.bridge_config())
         .await
@@ -436,7 +444,7 @@ async fn a_two_node_cluster_places_starts_ends_and_cleans_up_through_the_bridge(
     bridge.shutdown(BOUND).await.expect("shutdown");
     nothing_left(&observer, "e2e-").await;
     eprintln!("timing: shutdown to nothing left {:?}", t.elapsed());
-    assert!(!alive(w0_actor), "actor process survived shutdown");
+    assert!(!is_alive(w0_actor, None), "actor process survived shutdown");
 
     a_killed_bridge_leaves_nothing(&cluster, &observer, dir.path()).await;
     node_loss_is_reported_as_node_died(&mut cluster, &observer, dir.path()).await;
@@ -452,7 +460,7 @@ async fn a_two_node_cluster_places_starts_ends_and_cleans_up_through_the_bridge(
 #[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_auth_rejects_a_wrong_or_missing_token_fast_and_accepts_the_right_one() {
-    let cluster = RayCluster::start(true);
+    let cluster = RayCluster::start(true).unwrap_or_else(|error| panic!("{error}"));
     let token = cluster.token.clone().expect("auth cluster");
 
     let t = Instant::now();
@@ -491,7 +499,10 @@ async fn token_auth_rejects_a_wrong_or_missing_token_fast_and_accepts_the_right_
         .await
         .expect("the right token");
     eprintln!("timing: bridge start with token {:?}", t.elapsed());
-    cluster.wait_for_nodes(&bridge, 2).await;
+    cluster
+        .wait_for_nodes(&bridge, 2)
+        .await
+        .unwrap_or_else(|error| panic!("{error}"));
     bridge.shutdown(BOUND).await.expect("shutdown");
 }
 
@@ -533,7 +544,7 @@ async fn its_processes_are_gone(bridge_pid: u32, how: &str) {
 #[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throwaway_head_writes_no_token_file_and_stops_with_its_bridge() {
-    let python = common::python();
+    let python = common::python().unwrap_or_else(|error| panic!("{error}"));
     let token_file = std::env::var_os("HOME").map(|h| Path::new(&h).join(".ray/auth_token"));
     let had_token = token_file.as_deref().is_some_and(Path::exists);
 
@@ -564,12 +575,12 @@ async fn a_throwaway_head_writes_no_token_file_and_stops_with_its_bridge() {
 #[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bridge_dies_with_its_parent_and_refuses_a_parent_it_was_not_meant_for() {
-    let python = common::python();
+    let python = common::python().unwrap_or_else(|error| panic!("{error}"));
     let dir = tempfile::tempdir().expect("temp dir");
     let script = dir.path().join("bridge.py");
     std::fs::write(&script, trainyard_runtime_ray::BRIDGE_SCRIPT).expect("write the script");
     // Nothing listens there: the bridge stays busy connecting, or is still importing ray.
-    let closed = format!("127.0.0.1:{}", common::free_port());
+    let closed = format!("127.0.0.1:{}", common::free_port().expect("a free port"));
 
     // A parent (sh) that starts the bridge and is then SIGKILLed.
     let mut parent = std::process::Command::new("sh")

@@ -45,7 +45,10 @@ async fn runtime(cluster: &RayCluster, run: &str) -> RayRuntime {
         .agent(agent())
         .stop_grace(Duration::from_secs(2));
     let runtime = RayRuntime::start(config).await.expect("the runtime starts");
-    cluster.wait_for_nodes(runtime.bridge(), 2).await;
+    cluster
+        .wait_for_nodes(runtime.bridge(), 2)
+        .await
+        .unwrap_or_else(|error| panic!("{error}"));
     runtime
 }
 
@@ -232,7 +235,7 @@ async fn a_worker_actor_killed_from_outside_dies_as_data(runtime: &RayRuntime) {
 #[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ray_runtime_conforms_places_refuses_and_leaves_nothing_behind() {
-    let cluster = RayCluster::start(false);
+    let cluster = RayCluster::start(false).unwrap_or_else(|error| panic!("{error}"));
     let run = "tyray-conform";
     let runtime = runtime(&cluster, run).await;
     timeout(LIMIT, async {

@@ -33,6 +33,8 @@ mod process;
 mod replies;
 
 pub use config::{ActorLaunch, BridgeConfig};
+#[cfg(feature = "testing")]
+pub(crate) use process::random_token;
 
 use process::{launch, probe, sweep};
 use replies::Shared;

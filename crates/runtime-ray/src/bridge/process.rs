@@ -133,8 +133,9 @@ fn write_script() -> Result<(tempfile::TempDir, PathBuf), BridgeError> {
 }
 
 /// A random token for a throwaway head, so that `ray.init()` does not write
-/// `$HOME/.ray/auth_token` (which would silently turn auth on for the user's later clusters).
-fn random_token() -> String {
+/// `$HOME/.ray/auth_token` (which would silently turn auth on for the user's later clusters),
+/// and for the test cluster's token auth.
+pub(crate) fn random_token() -> String {
     let mut bytes = [0u8; 32];
     if getrandom::fill(&mut bytes).is_err() {
         // No OS randomness: fall back to something unique per process and moment; the token
