@@ -8,7 +8,8 @@ use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
 use trainyard_resources::{ResourceAmount, Resources};
 
 use super::error::PlacementError;
-use super::layout::{Problem, Search, Shortfall};
+use super::layout::Search;
+use super::problem::{Problem, Shortfall};
 use super::room::{DEVICE, device_fit, free, most_left, servable};
 
 /// Whether the group described by `factory` can ever fit on nodes with these totals

@@ -48,8 +48,11 @@
 
 mod devices;
 mod error;
+mod exhaustive;
 mod feasibility;
 mod layout;
+mod matching;
+mod problem;
 mod room;
 
 pub use devices::{AcceleratorPool, GiveBackError};
