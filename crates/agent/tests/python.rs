@@ -1,7 +1,8 @@
 //! The Python package in `python/`: its own tests pass, and `pip install ./python` works
 //! with no package registry (its build backend is in the directory, standard library only).
 //!
-//! Without `python3`, or without `venv`/`pip` for it, a test says `SKIP:` and passes.
+//! Without `python3`, or without `venv`/`pip` for it, a test says `SKIP:` and passes; under
+//! `CI=true` it fails instead, as CI has them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -52,13 +53,22 @@ fn text(output: &Output) -> String {
     )
 }
 
-/// Whether `python3` runs here; says `SKIP:` when it does not.
+/// Says why a test cannot run: `SKIP:`, or under `CI=true` a failure.
+fn cannot_run(why: &str) {
+    assert!(
+        !std::env::var("CI").is_ok_and(|ci| ci == "true"),
+        "under CI=true the Python tests run: {why}"
+    );
+    println!("SKIP: {why}");
+}
+
+/// Whether `python3` runs here; says why not when it does not.
 async fn python3() -> bool {
     let found = run(Command::new("python3").arg("--version"))
         .await
         .is_ok_and(|out| out.status.success());
     if !found {
-        println!("SKIP: python3 is not on PATH");
+        cannot_run("python3 is not on PATH");
     }
     found
 }
@@ -87,10 +97,10 @@ async fn pip_installs_the_python_package_without_a_registry() {
         .await
         .expect("python3 runs");
     if !made.status.success() {
-        println!(
-            "SKIP: python3 cannot make a virtual environment with pip here: {}",
+        cannot_run(&format!(
+            "python3 cannot make a virtual environment with pip here: {}",
             text(&made)
-        );
+        ));
         return;
     }
     let python = venv.join("bin/python");
