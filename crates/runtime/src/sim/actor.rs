@@ -9,7 +9,7 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
-use super::lock;
+use super::{lock, queue};
 use crate::events::{ActorEvent, EventSender, TaskEvents};
 use crate::{
     ActorId, DeathCause, FunctionRegistry, PollResult, Request, Response, RuntimeError,
@@ -22,7 +22,9 @@ const FIRST_PORT: u32 = 29_500;
 /// A request and where to send its answer.
 pub(super) type Envelope = (Request, oneshot::Sender<Result<Response, RuntimeError>>);
 /// The sending side of an actor's request queue.
-pub(super) type Mailbox = mpsc::UnboundedSender<Envelope>;
+pub(super) type Mailbox = queue::Mailbox<Envelope>;
+/// The receiving side of an actor's request queue.
+pub(super) type Inbox = queue::Inbox<Envelope>;
 
 /// What the cluster's bookkeeping and the actor's task both see.
 pub(super) struct ActorShared {
@@ -199,7 +201,7 @@ impl Serving {
 }
 
 /// Answers requests until the mailbox closes, the actor ends or the task is aborted.
-pub(super) async fn serve(mut inbox: mpsc::UnboundedReceiver<Envelope>, mut actor: Serving) {
+pub(super) async fn serve(mut inbox: Inbox, mut actor: Serving) {
     while let Some((request, reply)) = inbox.recv().await {
         // An aborted task runs on until its next pause; requests still queued then are
         // dropped unanswered, which their callers see as the actor's death.
@@ -301,11 +303,12 @@ mod tests {
     async fn an_ended_actor_answers_no_more_queued_requests() {
         let shared = shared();
         let actor = serving(&shared, FunctionRegistry::with_builtins());
-        let (mailbox, inbox) = mpsc::unbounded_channel();
+        let (mailbox, inbox) = queue::queue();
         let (reply, answer) = oneshot::channel();
-        mailbox
-            .send((Request::NodeInfo, reply))
-            .expect("the inbox is open");
+        assert!(
+            mailbox.send((Request::NodeInfo, reply)).is_ok(),
+            "the inbox is open"
+        );
         shared.close();
         // Returns although the mailbox is still open: the actor ended.
         serve(inbox, actor).await;

@@ -48,6 +48,7 @@
 
 mod actor;
 pub mod faults;
+mod queue;
 mod state;
 
 use std::collections::BTreeMap;

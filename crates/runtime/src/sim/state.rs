@@ -6,12 +6,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use trainyard_config::PlacementGroupFactory;
 use trainyard_resources::Resources;
 
 use super::actor::{self, ActorShared, Mailbox};
+use super::queue;
 use super::{SimNode, lock};
 use crate::events::{ActorEvent, EVENT_BUFFER, EventSender, TaskEvents, event_channel};
 use crate::reservations::{NodeSpec, Phase, Reservations};
@@ -180,7 +181,7 @@ impl State {
         };
         let (events, stream) = event_channel(EVENT_BUFFER);
         let shared = Arc::new(ActorShared::new(spec.env, stream));
-        let (mailbox, inbox) = mpsc::unbounded_channel();
+        let (mailbox, inbox) = queue::queue();
         let serving = tokio::spawn(actor::serve(
             inbox,
             actor::Serving::new(
@@ -264,7 +265,7 @@ mod tests {
         let actor = sim.spawn(spec).await.expect("spawn");
         // Requests now go to a queue nobody reads and nobody drops, as one that lands in the
         // queue just as the actor ends.
-        let (mailbox, _unread) = mpsc::unbounded_channel();
+        let (mailbox, _unread) = queue::queue();
         lock(&sim.state)
             .actors
             .get_mut(&actor)
