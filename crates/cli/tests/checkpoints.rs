@@ -317,6 +317,7 @@ fn a_finished_run_of_the_same_name_exits_2_with_a_hint() {
     let dir = storage.path().display().to_string();
     let run = |extra: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_trainyard"))
+            .env(LEDGER, storage.path().join("ledger"))
             .args([
                 "run",
                 "--backend",
