@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) a Python virtualenv with a CPU-usable PyTorch, for running
-# trainyard's Python examples and tests (torch.distributed, gloo backend).
+# trainyard's Python examples and tests (torch.distributed, gloo backend), and
+# py-spy, with which the agent reads a hung rank's Python stacks (it looks for
+# py-spy beside the rank's python, i.e. in this venv's bin/).
 #
 # The venv lives OUTSIDE the repository:
 #   ${TRAINYARD_PYTHON_CACHE:-$HOME/.cache/trainyard}/venv
@@ -59,6 +61,8 @@ TORCH_PY_DEPS=(
   "fsspec>=0.8.5"
   "numpy"
 )
+# py-spy whose `dump --json` output the agent parses (checked against 0.4).
+PY_SPY_SPEC="py-spy>=0.4,<0.5"
 # ----------------------------------------------------------------------------
 
 CACHE_DIR="${TRAINYARD_PYTHON_CACHE:-${HOME:?HOME is not set}/.cache/trainyard}"
@@ -101,6 +105,30 @@ print(f"python-env: self-test ok: torch {torch.__version__}, gloo all_reduce")
 EOF
 }
 
+# py-spy is in the venv and runs.
+py_spy_ok() {
+  [ -x "${VENV}/bin/py-spy" ] && "${VENV}/bin/py-spy" --version >/dev/null 2>&1
+}
+
+# Installs py-spy into the venv unless it is there (silent then). Not fatal: without it
+# torch works and stacks show the kernel's view only, so a failure is a warning.
+ensure_py_spy() {
+  py_spy_ok && return 0
+  if command -v flock >/dev/null 2>&1; then
+    exec 8>"${CACHE_DIR}/.lock-py-spy"
+    flock 8
+  fi
+  py_spy_ok && return 0
+  log "installing ${PY_SPY_SPEC} into $VENV"
+  local log_file="${CACHE_DIR}/pip-py-spy.log"
+  if "$PY" -m pip install "${PIP_FLAGS[@]}" "$PY_SPY_SPEC" >"$log_file" 2>&1 && py_spy_ok; then
+    log "py-spy ready: $("${VENV}/bin/py-spy" --version)"
+  else
+    cat "$log_file" >&2
+    log "WARNING: could not install ${PY_SPY_SPEC}: stacks of hung ranks will lack Python frames"
+  fi
+}
+
 # Can pip reach its index? Short timeout so a dead network fails fast.
 registry_reachable() {
   "$PY" -m pip index versions torch "${PIP_FLAGS[@]}" --timeout 20 --retries 1 \
@@ -120,6 +148,7 @@ mkdir -p "$CACHE_DIR"
 
 # Fast path (no lock needed): marker matches and torch imports.
 if [ -f "$MARKER" ] && [ "$(head -n1 "$MARKER")" = "torch==${TORCH_VERSION}" ] && torch_ok; then
+  ensure_py_spy
   printf '%s\n' "$PY"
   exit 0
 fi
@@ -133,6 +162,7 @@ fi
 # Someone may have finished while we waited, or installed torch by hand.
 if torch_ok; then
   printf 'torch==%s\n' "$TORCH_VERSION" >"$MARKER"
+  ensure_py_spy
   printf '%s\n' "$PY"
   exit 0
 fi
@@ -171,4 +201,5 @@ fi
 
 printf 'torch==%s\nmode=%s\n' "$TORCH_VERSION" "$mode" >"$MARKER"
 log "torch ${TORCH_VERSION} ready (${mode} install, $(( $(date +%s) - start )) s)"
+ensure_py_spy
 printf '%s\n' "$PY"

@@ -24,6 +24,8 @@ use trainyard_runtime::{
 
 use crate::config::{AgentConfig, CONFIG, MemoryLimit, PRIVATE};
 use crate::process::{self, RunningCommand};
+use crate::root_cause;
+use crate::stacks::{self, PySpyLookup, Subject, TASK_THREAD};
 use crate::wire::{self, AgentMessage, DriverMessage, Token, WireError};
 use crate::workdir::WorkDir;
 
@@ -97,6 +99,10 @@ struct Agent {
     joined_cgroup: bool,
     /// The agent's private directory, made for its first task; deleted when the agent ends.
     workdir: Option<WorkDir>,
+    /// How many command tasks were started: the number of the next one's error file.
+    commands_started: u64,
+    /// Where the command task's stacks find py-spy: its environment's say.
+    py_spy: PySpyLookup,
 }
 
 /// Runs the agent configured by this process's environment until it stops.
@@ -213,6 +219,8 @@ async fn serve(config: AgentConfig, token: Token, functions: FunctionRegistry) -
         task: None,
         joined_cgroup: false,
         workdir: None,
+        commands_started: 0,
+        py_spy: PySpyLookup::default(),
     };
     let mut terminate = signal(SignalKind::terminate()).ok();
     let stop = loop {
@@ -380,6 +388,20 @@ impl Agent {
                 },
             })),
             Request::Stop => Ok(Response::Done),
+            Request::Stacks => Ok(Response::Stacks(
+                stacks::capture(self.subject(), self.py_spy.clone()).await,
+            )),
+        }
+    }
+
+    /// What runs, for its stacks.
+    fn subject(&self) -> Subject {
+        match &self.task {
+            Some(Running::Command(command)) if !command.is_done() => {
+                Subject::Command { pid: command.pid }
+            }
+            Some(task @ Running::Function(_)) if !task.is_done() => Subject::Function,
+            _ => Subject::Idle,
         }
     }
 
@@ -413,6 +435,7 @@ impl Agent {
             TaskSpec::Command { program, args, env } => {
                 let mut task_env = self.env.clone();
                 task_env.extend(env);
+                self.py_spy = PySpyLookup::from_env(&task_env);
                 self.run_command(program, args, task_env).await
             }
             TaskSpec::Function { name, arg, env } => {
@@ -437,8 +460,12 @@ impl Agent {
                 error,
             })
         };
+        self.commands_started += 1;
+        let number = self.commands_started;
         let workdir = self.workdir().map_err(|e| cannot_start(no_workdir(&e)))?;
         crate::python::prepend(&mut task_env, &workdir.python());
+        let error_file = root_cause::prepare_error_file(&mut task_env, workdir, number)
+            .map_err(|e| cannot_start(format!("cannot prepare the task's error file: {e}")))?;
         // The download counts against the driver's wait for the reply: the reply carries
         // the started process's id.
         if task_env.contains_key(CHECKPOINT_URI) {
@@ -456,6 +483,7 @@ impl Agent {
             args,
             task_env,
             self.config.memory.clone(),
+            error_file,
             self.events.clone(),
         )
         .await
@@ -512,7 +540,7 @@ impl Agent {
         // Threads of its own: a function that keeps its threads busy cannot hold up the
         // agent's replies and heartbeats.
         std::thread::Builder::new()
-            .name("trainyard-task".to_owned())
+            .name(TASK_THREAD.to_owned())
             .spawn(move || run_on_own_threads(future, rx, &events, &done_tx, cancelled))
             .map_err(|error| {
                 rejected(TaskRejection::SpawnFailed {
@@ -560,7 +588,9 @@ impl Agent {
 }
 
 /// Runs a function task on a runtime of its own, on this thread and [`FUNCTION_THREADS`]
-/// more, to its end (its exit sent, then told through `done`) or until it is cancelled.
+/// more, to its end (its exit sent, then told through `done`) or until it is cancelled. A
+/// failed exit goes after a root cause that names no exception: a function's error is in
+/// its exit already.
 fn run_on_own_threads(
     future: BoxFuture<'static, TaskResult>,
     produced: mpsc::UnboundedReceiver<TaskEvent>,
@@ -570,7 +600,7 @@ fn run_on_own_threads(
 ) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(FUNCTION_THREADS)
-        .thread_name("trainyard-task")
+        .thread_name(TASK_THREAD)
         .enable_all()
         .build();
     let runtime = match runtime {
@@ -581,7 +611,13 @@ fn run_on_own_threads(
                     message: format!("cannot start the function's runtime: {error}"),
                 },
             };
-            futures::executor::block_on(events.send(ActorEvent::TaskExited(exit.clone())));
+            let ended_ms = root_cause::now_ms();
+            futures::executor::block_on(root_cause::send_exit(
+                events,
+                exit.clone(),
+                ended_ms,
+                None,
+            ));
             done.send_replace(Some(exit));
             return;
         }
@@ -589,7 +625,8 @@ fn run_on_own_threads(
     runtime.block_on(async {
         tokio::select! {
             exit = trainyard_runtime::drive(future, produced, events) => {
-                events.send(ActorEvent::TaskExited(exit.clone())).await;
+                let ended_ms = root_cause::now_ms();
+                root_cause::send_exit(events, exit.clone(), ended_ms, None).await;
                 done.send_replace(Some(exit));
             }
             Ok(()) = cancelled => {}

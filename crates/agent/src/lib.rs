@@ -15,7 +15,19 @@
 //! (`from trainyard import train`, Ray Train's worker API) and `trainyard_report`, and puts
 //! them first on every command task's `PYTHONPATH`. A task whose environment names a remote
 //! checkpoint to resume from (`TRAINYARD_CHECKPOINT_URI`) starts once the agent has
-//! downloaded it and pointed `TRAINYARD_CHECKPOINT` at the local copy.
+//! downloaded it and pointed `TRAINYARD_CHECKPOINT` at the local copy. A task whose
+//! environment says `TRAINYARD_ERROR_FILE_VAR=NAME` ([`ERROR_FILE_VAR`]) gets `NAME` set to a
+//! fresh error file (torch's `@record` writes the exception that ended `main` there, given
+//! `NAME=TORCHELASTIC_ERROR_FILE`), unless it sets `NAME` itself.
+//!
+//! When a task fails, the agent sends its root cause
+//! ([`TaskEvent::RootCause`](trainyard_runtime::TaskEvent::RootCause): when it ended, and the
+//! exception from its error file, else the last Python traceback of its output) just before
+//! its failed exit. Asked for the task's stacks
+//! ([`Request::Stacks`](trainyard_runtime::Request::Stacks)), the agent answers within 3 s with
+//! every thread of the task's processes, its state and kernel wait channel, and for Python
+//! processes their frames, read by `py-spy` (found through [`PY_SPY`], beside the process's
+//! Python, or on `PATH`).
 //!
 //! # Make a binary able to host agents
 //!
@@ -89,6 +101,8 @@ pub mod process_group;
 pub mod procfs;
 mod python;
 mod report;
+mod root_cause;
+mod stacks;
 mod watchdog;
 pub mod wire;
 mod workdir;
@@ -99,6 +113,8 @@ pub use agent::AGENT_FAILED;
 pub use exec::CANNOT_EXECUTE;
 pub use process::MAX_LINE;
 pub use report::{MAX_REPORT, REPORT_ADDR, REPORT_TOKEN};
+pub use root_cause::ERROR_FILE_VAR;
+pub use stacks::PY_SPY;
 use trainyard_runtime::FunctionRegistry;
 
 /// Runs this process as an agent, or as a task's trampoline, when the runtime started it as

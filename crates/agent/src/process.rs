@@ -1,6 +1,7 @@
 //! A command task: resolved, started through the trampoline in a process group of its own,
 //! its output streamed line by line, its reports taken from a socket (their checkpoints
-//! persisted by the agent), and its end turned into a [`TaskExit`] that says what happened.
+//! persisted by the agent), and its end turned into a [`TaskExit`] that says what happened —
+//! after a failure, with its root cause (its error file, or its output's last traceback).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
@@ -16,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use trainyard_runtime::events::{ActorEvent, EventSender};
+use trainyard_runtime::events::EventSender;
 use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
 
 use crate::cgroup::OomCounter;
@@ -24,6 +25,7 @@ use crate::config::{EXEC, ExecSpec, MemoryLimit, ROLE, ROLE_EXEC};
 use crate::handin::TaskReports;
 use crate::process_group;
 use crate::report::ReportSocket;
+use crate::root_cause::{self, OutputTracebacks};
 
 /// The longest output line passed on; longer ones are cut into pieces of this size.
 pub const MAX_LINE: usize = 64 * 1024;
@@ -112,7 +114,8 @@ pub(crate) fn trampoline() -> Result<(PathBuf, Vec<String>), std::io::Error> {
 }
 
 /// Starts `program` with `args` and `env` as a task; its events go to `events`, ending
-/// with [`ActorEvent::TaskExited`].
+/// with [`ActorEvent::TaskExited`](trainyard_runtime::events::ActorEvent::TaskExited) (after
+/// a failure, preceded by its root cause, read from `error_file` when there is one).
 ///
 /// # Errors
 /// The rejection when the program cannot be found or started.
@@ -121,6 +124,7 @@ pub(crate) async fn start(
     args: Vec<String>,
     mut env: BTreeMap<String, String>,
     memory: Option<MemoryLimit>,
+    error_file: Option<PathBuf>,
     events: EventSender,
 ) -> Result<RunningCommand, TaskRejection> {
     let resolved = resolve(program, &env)?;
@@ -183,13 +187,23 @@ pub(crate) async fn start(
         }),
     ];
     tokio::spawn(async move {
+        let tracebacks = OutputTracebacks::default();
         let mut readers = JoinSet::new();
         for (stream, output) in outputs.into_iter().flatten() {
-            readers.spawn(read_lines(output, stream, events.clone()));
+            readers.spawn(read_lines(
+                output,
+                stream,
+                events.clone(),
+                tracebacks.clone(),
+            ));
         }
         let reporting = reports.serve(counted, events.clone());
-        let exit = follow(child, readers, reporting, cgroup.as_ref()).await;
-        events.send(ActorEvent::TaskExited(exit.clone())).await;
+        let (exit, ended_ms) = follow(child, readers, reporting, cgroup.as_ref()).await;
+        let error = match exit {
+            TaskExit::Failed { .. } => root_cause::command_error(error_file, &tracebacks).await,
+            TaskExit::Succeeded { .. } => None,
+        };
+        root_cause::send_exit(&events, exit.clone(), ended_ms, error).await;
         done_tx.send_replace(Some(exit));
     });
     Ok(RunningCommand { pid, done })
@@ -203,13 +217,14 @@ struct CgroupLimit {
     limit: u64,
 }
 
-/// Waits for the process, then (bounded) for its output and reports to end; how it ended.
+/// Waits for the process, then (bounded) for its output and reports to end; how it ended,
+/// and when (ms since the Unix epoch: its process's exit, not the end of its output).
 async fn follow(
     mut child: Child,
     mut readers: JoinSet<()>,
     reporting: crate::report::Serving,
     cgroup: Option<&CgroupLimit>,
-) -> TaskExit {
+) -> (TaskExit, u64) {
     // Peek at the exit without reaping, so that the group id stays taken, then kill what the
     // task left running in its group (background children would outlive it and hold its
     // output open), then reap.
@@ -232,6 +247,7 @@ async fn follow(
     }
     let group = child.id();
     let status = child.wait().await;
+    let ended_ms = root_cause::now_ms();
     if let Some(group) = group {
         crate::watchdog::tell(group, false);
     }
@@ -240,6 +256,15 @@ async fn follow(
         readers.abort_all();
     }
     reporting.finish(DRAIN).await;
+    (exit_of(status, cgroup), ended_ms)
+}
+
+/// How a task whose process ended with `status` ended: the memory limit when its cgroup saw
+/// an OOM kill since it started, else its exit code or signal.
+fn exit_of(
+    status: std::io::Result<std::process::ExitStatus>,
+    cgroup: Option<&CgroupLimit>,
+) -> TaskExit {
     if let Some(cgroup) = cgroup {
         if cgroup.counter.count() > cgroup.before {
             return TaskExit::Failed {
@@ -269,8 +294,14 @@ async fn follow(
 }
 
 /// Passes `output` on line by line (without line ends; invalid UTF-8 replaced; lines
-/// longer than [`MAX_LINE`] cut into pieces) until it closes.
-async fn read_lines(mut output: impl AsyncRead + Unpin, stream: Stream, events: EventSender) {
+/// longer than [`MAX_LINE`] cut into pieces) until it closes; every line goes through
+/// `tracebacks` too.
+async fn read_lines(
+    mut output: impl AsyncRead + Unpin,
+    stream: Stream,
+    events: EventSender,
+    tracebacks: OutputTracebacks,
+) {
     let mut pending: Vec<u8> = Vec::new();
     let mut chunk = vec![0u8; 16 * 1024];
     loop {
@@ -281,22 +312,24 @@ async fn read_lines(mut output: impl AsyncRead + Unpin, stream: Stream, events: 
         pending.extend_from_slice(&chunk[..read]);
         let mut start = 0;
         while let Some(end) = pending[start..].iter().position(|&b| b == b'\n') {
-            emit(&events, stream, &pending[start..start + end]);
+            emit(&events, &tracebacks, stream, &pending[start..start + end]);
             start += end + 1;
         }
         pending.drain(..start);
         while pending.len() >= MAX_LINE {
-            emit(&events, stream, &pending[..MAX_LINE]);
+            emit(&events, &tracebacks, stream, &pending[..MAX_LINE]);
             pending.drain(..MAX_LINE);
         }
     }
     if !pending.is_empty() {
-        emit(&events, stream, &pending);
+        emit(&events, &tracebacks, stream, &pending);
     }
 }
 
-fn emit(events: &EventSender, stream: Stream, line: &[u8]) {
+/// Passes one line on, and through `tracebacks`.
+fn emit(events: &EventSender, tracebacks: &OutputTracebacks, stream: Stream, line: &[u8]) {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
+    tracebacks.push(stream, &String::from_utf8_lossy(line));
     for piece in line.chunks(MAX_LINE) {
         events.log(stream, String::from_utf8_lossy(piece));
     }
@@ -306,7 +339,7 @@ fn emit(events: &EventSender, stream: Stream, line: &[u8]) {
 mod tests {
     use futures::StreamExt;
     use trainyard_runtime::TaskEvent;
-    use trainyard_runtime::events::event_channel;
+    use trainyard_runtime::events::{ActorEvent, event_channel};
 
     use super::*;
 
@@ -339,7 +372,8 @@ mod tests {
         let mut text = b"one\r\ntwo\n".to_vec();
         text.extend(vec![b'x'; MAX_LINE + 10]);
         text.extend(b"\n\xffbad\nlast");
-        read_lines(&text[..], Stream::Stdout, tx).await;
+        let tracebacks = OutputTracebacks::default();
+        read_lines(&text[..], Stream::Stdout, tx, tracebacks.clone()).await;
         let lines: Vec<String> = events
             .filter_map(|e| async move {
                 match e {

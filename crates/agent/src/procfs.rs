@@ -1,4 +1,5 @@
-//! What `/proc/<pid>/stat` says about a process: its state, process group and start time.
+//! What `/proc/<pid>/stat` says about a process: its state, parent, process group and start
+//! time.
 //! A pid with its start time names one process for good: a pid alone may be reused.
 
 /// The fields of a `/proc/<pid>/stat` line that the runtime uses.
@@ -6,6 +7,8 @@
 pub struct Stat {
     /// Field 3: `R`, `S`, `Z` (zombie), `X` (dead), ...
     pub state: char,
+    /// Field 4: the parent's process id.
+    pub parent: u32,
     /// Field 5: the process group.
     pub group: u32,
     /// Field 22: when the process started, in clock ticks after boot (absent from a
@@ -19,12 +22,13 @@ pub fn parse_stat(stat: &str) -> Option<Stat> {
     let after_comm = &stat[stat.rfind(')')? + 1..];
     let mut fields = after_comm.split_whitespace();
     let state = fields.next()?.chars().next()?;
-    let _ppid = fields.next()?;
+    let parent = fields.next()?.parse().ok()?;
     let group = fields.next()?.parse().ok()?;
     // Fields 3 to 5 are read; field 22 is 17 further on.
     let start_time = fields.nth(16).and_then(|field| field.parse().ok());
     Some(Stat {
         state,
+        parent,
         group,
         start_time,
     })
@@ -95,12 +99,16 @@ mod tests {
             parse_stat(line),
             Some(Stat {
                 state: 'S',
+                parent: 1,
                 group: 77,
                 start_time: Some(123_456)
             })
         );
-        let short = parse_stat("7 (a) b (c)) Z 1 9 9 0").expect("state and group");
-        assert_eq!((short.state, short.group, short.start_time), ('Z', 9, None));
+        let short = parse_stat("7 (a) b (c)) Z 3 9 9 0").expect("state and group");
+        assert_eq!(
+            (short.state, short.parent, short.group, short.start_time),
+            ('Z', 3, 9, None)
+        );
         assert_eq!(parse_stat("garbage"), None);
         assert_eq!(parse_stat("1 (x) R"), None);
     }

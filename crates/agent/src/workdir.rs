@@ -1,7 +1,9 @@
 //! The agent's private directory: a fresh `0700` folder under the temporary directory, made
 //! on the first task and deleted when the agent exits (by the watchdog when the agent is
 //! killed). It holds the Python files the agent carries (`python/`, put on the tasks'
-//! `PYTHONPATH`) and `scratch/`, where remote checkpoints are downloaded for a task.
+//! `PYTHONPATH`), `scratch/`, where remote checkpoints are downloaded for a task, and
+//! `errors/`, where tasks that ask for one get their error file
+//! ([`ERROR_FILE_VAR`](crate::root_cause::ERROR_FILE_VAR)).
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
@@ -48,6 +50,21 @@ impl WorkDir {
         }
         std::fs::create_dir(&scratch)?;
         Ok(scratch)
+    }
+
+    /// Where task number `task` writes its error file (`errors/task-<task>.json`): the folder
+    /// made, and a file already there removed.
+    ///
+    /// # Errors
+    /// When the folder cannot be made or the stale file cannot be removed.
+    pub(crate) fn error_file(&self, task: u64) -> std::io::Result<PathBuf> {
+        let errors = self.root.path().join("errors");
+        std::fs::create_dir_all(&errors)?;
+        let file = errors.join(format!("task-{task}.json"));
+        match std::fs::remove_file(&file) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
+            _ => Ok(file),
+        }
     }
 
     /// The directory itself.

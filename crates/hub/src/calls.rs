@@ -19,6 +19,7 @@ pub(crate) fn request_name(request: &Request) -> &'static str {
         Request::RunTask(_) => "run_task",
         Request::Poll => "poll",
         Request::Stop => "stop",
+        Request::Stacks => "stacks",
     }
 }
 

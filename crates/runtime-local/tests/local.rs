@@ -1164,8 +1164,15 @@ async fn a_killed_or_stopped_actors_stream_ends_with_its_death() {
             seen.push(event);
         }
         assert!(
-            matches!(seen.first(), Some(ActorEvent::TaskExited(_))),
-            "the task's end comes first: {seen:?}"
+            matches!(
+                seen.as_slice(),
+                [
+                    ActorEvent::Task(TaskEvent::RootCause { error: None, .. }),
+                    ActorEvent::TaskExited(_),
+                    ..
+                ]
+            ),
+            "the task's end, after its root cause, comes first: {seen:?}"
         );
         assert_eq!(
             seen.last(),

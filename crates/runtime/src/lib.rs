@@ -78,10 +78,12 @@ mod outcome;
 pub mod placement;
 mod protocol;
 pub mod reservations;
+pub mod root_cause;
 mod runtime;
 #[cfg(feature = "sim")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sim")))]
 pub mod sim;
+pub mod stacks;
 mod task;
 
 pub use cluster::{ACCELERATOR_RESOURCES, ClusterSnapshot, Holder, NodeInfo, Shortage};

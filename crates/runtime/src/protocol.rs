@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::root_cause::TaskError;
+use crate::stacks::TaskStacks;
 use crate::{NodeId, TaskExit};
 
 /// A request to one actor.
@@ -30,6 +32,10 @@ pub enum Request {
     Poll,
     /// Stops the task, if any, and lets the actor exit → [`Response::Done`].
     Stop,
+    /// Captures the stacks of the running task's processes, changing nothing →
+    /// [`Response::Stacks`]. Bounded: a worker answers within a few seconds, with what it
+    /// could read by then.
+    Stacks,
 }
 
 /// What an actor answers.
@@ -53,6 +59,8 @@ pub enum Response {
     },
     /// Answer to [`Request::Poll`].
     Poll(PollResult),
+    /// Answer to [`Request::Stacks`].
+    Stacks(TaskStacks),
 }
 
 /// Where an actor runs, fetched once after it starts.
@@ -136,6 +144,16 @@ pub enum TaskEvent {
     LogsDropped {
         /// How many.
         count: u64,
+    },
+    /// Why the task is about to end failed, sent just before its failed exit: when it ended
+    /// and the exception it left, so that the driver can name the first of several failures
+    /// by time, with its cause.
+    RootCause {
+        /// When the task ended, in milliseconds since the Unix epoch on the worker's clock.
+        ended_ms: u64,
+        /// The exception, from torch's error file or the task's last traceback.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<TaskError>,
     },
 }
 

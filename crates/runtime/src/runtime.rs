@@ -147,6 +147,17 @@ pub trait ActorRuntimeExt: ActorRuntime {
         }
     }
 
+    /// [`Request::Stacks`].
+    async fn stacks(&self, actor: ActorId) -> Result<crate::stacks::TaskStacks, RuntimeError> {
+        match self.call(actor, Request::Stacks).await? {
+            Response::Stacks(stacks) => Ok(stacks),
+            _ => Err(RuntimeError::UnexpectedResponse {
+                actor,
+                request: "stacks",
+            }),
+        }
+    }
+
     /// [`Request::Stop`].
     async fn stop(&self, actor: ActorId) -> Result<(), RuntimeError> {
         expect_done(actor, "stop", self.call(actor, Request::Stop).await?)

@@ -11,6 +11,7 @@ use tokio::task::AbortHandle;
 
 use super::{lock, queue};
 use crate::events::{ActorEvent, EventSender, TaskEvents};
+use crate::stacks::{Frame, ProcessStacks, TaskStacks, ThreadStack};
 use crate::{
     ActorId, DeathCause, FunctionRegistry, PollResult, Request, Response, RuntimeError,
     TaskContext, TaskEvent, TaskRejection, TaskSpec, TaskStatus, WorkerInfo,
@@ -94,6 +95,8 @@ pub(super) struct Serving {
     ports: Arc<AtomicU32>,
     events: EventSender,
     status: Arc<Mutex<TaskStatus>>,
+    /// The function of the last task started.
+    task_name: Option<String>,
 }
 
 impl Serving {
@@ -113,6 +116,7 @@ impl Serving {
             ports,
             events,
             status: Arc::new(Mutex::new(TaskStatus::Idle)),
+            task_name: None,
         }
     }
 
@@ -149,6 +153,33 @@ impl Serving {
             }
             // The runtime ends the actor itself on `Stop`; answering is all that is left.
             Request::Stop => Ok(Response::Done),
+            Request::Stacks => Ok(Response::Stacks(self.stacks())),
+        }
+    }
+
+    /// A simulated task has no process to read: one thread, its frame the function's name.
+    fn stacks(&self) -> TaskStacks {
+        let running = matches!(*lock(&self.status), TaskStatus::Running);
+        let Some(function) = self.task_name.clone().filter(|_| running) else {
+            return TaskStacks::default();
+        };
+        TaskStacks {
+            processes: vec![ProcessStacks {
+                pid: self.info.pid,
+                command: format!("simulated function {function}"),
+                threads: vec![ThreadStack {
+                    tid: self.info.pid,
+                    name: "sim-task".to_owned(),
+                    state: "S".to_owned(),
+                    wchan: None,
+                    frames: vec![Frame {
+                        function,
+                        file: None,
+                        line: None,
+                    }],
+                }],
+            }],
+            notes: Vec::new(),
         }
     }
 
@@ -187,6 +218,7 @@ impl Serving {
             });
         };
         *lock(&self.status) = TaskStatus::Running;
+        self.task_name = Some(name.to_owned());
         let status = Arc::clone(&self.status);
         let events = self.events.clone();
         let task = tokio::spawn(async move {
