@@ -67,6 +67,12 @@ pub enum ConfigError {
     /// A resume policy other than `auto` or `never`.
     #[error("resume must be `auto` or `never`, got `{0}`")]
     Resume(String),
+    /// A hang timeout that is not a positive duration.
+    #[error("hang timeout must be a positive duration such as `90s`, `10m` or `1h30m`, got `{0}`")]
+    HangTimeout(String),
+    /// A progress source other than `reports` or `output`.
+    #[error("progress must be `reports` or `output`, got `{0}`")]
+    Progress(String),
     /// A configuration file that cannot be read.
     #[error("cannot read config file `{}`", path.display())]
     Read {

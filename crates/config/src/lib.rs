@@ -70,7 +70,10 @@ mod strategy;
 pub use error::ConfigError;
 pub use load::Format;
 pub use plan::{Plan, WorkerPlan};
-pub use run::{CheckpointConfig, FailureConfig, ResumePolicy, RunConfig, ScoreOrder};
+pub use run::{
+    CheckpointConfig, FailureConfig, ProgressSource, ResumePolicy, RunConfig, ScoreOrder,
+    parse_hang_timeout,
+};
 pub use scaling::{
     ACCELERATOR_TYPE_AMOUNT, ACCELERATOR_TYPE_PREFIX, MAX_WORKERS, PlacementGroupFactory,
     ScalingConfig, checked_num_workers,

@@ -1,6 +1,7 @@
 //! [`FailureConfig`] and [`RunConfig`].
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -179,6 +180,94 @@ impl std::str::FromStr for ResumePolicy {
     }
 }
 
+/// What counts as a rank's progress for [`RunConfig::hang_timeout`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgressSource {
+    /// A report (with or without a checkpoint).
+    #[default]
+    Reports,
+    /// A report, or a line of output: for programs that do not report.
+    Output,
+}
+
+impl std::str::FromStr for ProgressSource {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "reports" => Ok(Self::Reports),
+            "output" => Ok(Self::Output),
+            other => Err(ConfigError::Progress(other.to_owned())),
+        }
+    }
+}
+
+impl std::fmt::Display for ProgressSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Reports => "reports",
+            Self::Output => "output",
+        })
+    }
+}
+
+/// Parses a hang timeout: a duration with units (`90s`, `10m`, `1h30m`, `500ms`) or a
+/// number of seconds; it must be positive.
+///
+/// ```
+/// use std::time::Duration;
+/// use trainyard_config::parse_hang_timeout;
+///
+/// assert_eq!(parse_hang_timeout("10m").unwrap(), Duration::from_secs(600));
+/// assert_eq!(parse_hang_timeout("90").unwrap(), Duration::from_secs(90));
+/// assert!(parse_hang_timeout("-1").is_err());
+/// assert!(parse_hang_timeout("0s").is_err());
+/// ```
+///
+/// # Errors
+/// [`ConfigError::HangTimeout`] for anything else.
+pub fn parse_hang_timeout(text: &str) -> Result<Duration, ConfigError> {
+    let trimmed = text.trim();
+    let parsed = match trimmed.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 && secs < 1e12 => {
+            Some(Duration::from_secs_f64(secs))
+        }
+        Ok(_) => None,
+        Err(_) => humantime::parse_duration(trimmed).ok(),
+    };
+    parsed
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| ConfigError::HangTimeout(text.to_owned()))
+}
+
+fn serialize_hang_timeout<S: Serializer>(
+    value: &Option<Duration>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+        None => s.serialize_none(),
+    }
+}
+
+fn deserialize_hang_timeout<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        Secs(f64),
+        Text(String),
+    }
+    match Option::<Given>::deserialize(d)? {
+        None => Ok(None),
+        Some(Given::Secs(secs)) => parse_hang_timeout(&secs.to_string())
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+        Some(Given::Text(text)) => parse_hang_timeout(&text)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+    }
+}
+
 /// What a run is called, where it keeps its folder, how it survives failures, and the
 /// environment its workers get.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +286,20 @@ pub struct RunConfig {
     pub failure_config: FailureConfig,
     /// Environment variables every worker's task gets.
     pub env: BTreeMap<String, String>,
+    /// How long a rank may go without progress (see [`RunConfig::progress`]) before the
+    /// attempt counts as hung: its ranks' stacks are captured, and it fails (and restarts
+    /// under `failure_config`). Counted from the task's start, then from the rank's last
+    /// progress. `None` (the default) never judges a run hung.
+    #[serde(
+        serialize_with = "serialize_hang_timeout",
+        deserialize_with = "deserialize_hang_timeout"
+    )]
+    pub hang_timeout: Option<Duration>,
+    /// What counts as progress.
+    pub progress: ProgressSource,
+    /// Where each rank's output is written, one file a rank and attempt
+    /// (`<log_dir>/attempt_<k>/rank_<r>.log`); the run folder's `logs/` when `None`.
+    pub log_dir: Option<String>,
 }
 
 impl RunConfig {
@@ -235,6 +338,27 @@ impl RunConfig {
         self
     }
 
+    /// Sets `hang_timeout`.
+    #[must_use]
+    pub const fn hang_timeout(mut self, timeout: Duration) -> Self {
+        self.hang_timeout = Some(timeout);
+        self
+    }
+
+    /// Sets `progress`.
+    #[must_use]
+    pub const fn progress(mut self, progress: ProgressSource) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    /// Sets `log_dir`.
+    #[must_use]
+    pub fn log_dir(mut self, dir: impl Into<String>) -> Self {
+        self.log_dir = Some(dir.into());
+        self
+    }
+
     /// Adds one environment variable.
     #[must_use]
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
@@ -262,6 +386,9 @@ impl RunConfig {
             }
         }
         self.checkpoint_config.validate()?;
+        if self.hang_timeout.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::HangTimeout("0s".to_owned()));
+        }
         match self
             .env
             .keys()
@@ -303,6 +430,36 @@ mod tests {
             FailureConfig::from_max_failures(3).unwrap(),
             FailureConfig::restarts(3)
         );
+    }
+
+    #[test]
+    fn hang_timeouts_read_units_and_plain_seconds() {
+        for (text, secs) in [
+            ("90s", 90.0),
+            ("10m", 600.0),
+            ("1h30m", 5400.0),
+            ("2.5", 2.5),
+            ("500ms", 0.5),
+        ] {
+            assert_eq!(
+                parse_hang_timeout(text).unwrap().as_secs_f64(),
+                secs,
+                "{text}"
+            );
+        }
+        for bad in ["-1", "0", "0s", "soon", "", "NaN", "inf"] {
+            let err = parse_hang_timeout(bad).unwrap_err();
+            assert!(err.to_string().contains(&format!("`{bad}`")), "{err}");
+        }
+        let run: RunConfig =
+            serde_json::from_str(r#"{"hang_timeout": "90s", "progress": "output"}"#).unwrap();
+        assert_eq!(run.hang_timeout, Some(Duration::from_secs(90)));
+        assert_eq!(run.progress, ProgressSource::Output);
+        let back: RunConfig = serde_json::from_str(&serde_json::to_string(&run).unwrap()).unwrap();
+        assert_eq!(back, run);
+        let run: RunConfig = toml::from_str("hang_timeout = 30").unwrap();
+        assert_eq!(run.hang_timeout, Some(Duration::from_secs(30)));
+        assert!(serde_json::from_str::<RunConfig>(r#"{"hang_timeout": "-1"}"#).is_err());
     }
 
     #[test]
