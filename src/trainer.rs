@@ -4,6 +4,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::Sender;
 use trainyard_backend_executor::{
     Backend, BackendConfig, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, RunEvent,
+    StacksTrigger,
 };
 use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_runtime::{ActorRuntime, TaskSpec};
@@ -69,6 +70,7 @@ pub struct Trainer {
     run: RunConfig,
     options: ExecutorOptions,
     events: Option<Sender<RunEvent>>,
+    stacks: Option<StacksTrigger>,
 }
 
 impl Trainer {
@@ -91,6 +93,7 @@ impl Trainer {
             run: RunConfig::default(),
             options: ExecutorOptions::default(),
             events: None,
+            stacks: None,
         }
     }
 
@@ -137,6 +140,14 @@ impl Trainer {
         self
     }
 
+    /// Captures and streams every rank's stacks ([`RunEvent::Stacks`]) whenever `trigger` is
+    /// pulled while the run goes on (see [`BackendExecutor::with_stacks_trigger`]).
+    #[must_use]
+    pub fn stacks_trigger(mut self, trigger: StacksTrigger) -> Self {
+        self.stacks = Some(trigger);
+        self
+    }
+
     /// Runs the task on every worker until it finishes, restarting failed attempts as the
     /// run's failure config allows. Nothing is left reserved or running afterwards.
     ///
@@ -156,6 +167,9 @@ impl Trainer {
             .with_options(self.options);
         if let Some(events) = self.events {
             executor = executor.with_events(events);
+        }
+        if let Some(trigger) = self.stacks {
+            executor = executor.with_stacks_trigger(trigger);
         }
         executor.fit(&self.task).await.map_err(config_error)
     }

@@ -126,6 +126,7 @@ async fn a_failed_attempt_is_restarted_and_recorded() {
                 "epoch 1 done".into(),
                 "epoch 2 done".into()
             ],
+            error: None,
         }]
     );
 }

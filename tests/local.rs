@@ -47,6 +47,18 @@ fn functions() -> FunctionRegistry {
             let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
             checkpoint_epochs(&ctx).await
         })
+        .register("sleep_on_rank_1", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            ctx.print(format!("rank {} ready", ctx.world_rank()));
+            if ctx.world_rank().0 == 1 {
+                // Blocks its thread, as a stuck data loader would.
+                std::thread::sleep(Duration::from_secs(600));
+            } else {
+                // Waits for rank 1, as a collective would.
+                tokio::time::sleep(Duration::from_secs(600)).await;
+            }
+            Ok(Value::Null)
+        })
         .register("exit_abruptly", |task| async move {
             let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
             if ctx.world_rank().0 == 0 {
@@ -179,6 +191,61 @@ async fn the_seed_scenario_runs_torch_workers_with_memory_per_worker_as_processe
     assert_eq!(reports, 6, "every report of both ranks arrives");
     lines.sort();
     assert_eq!(lines, ["rank 0 done", "rank 1 done"]);
+    runtime.shutdown().await;
+    assert!(runtime.agent_pids().is_empty());
+}
+
+#[tokio::test]
+async fn a_hung_rust_function_is_stopped_with_its_threads_state() {
+    let runtime = local(2, 1).await;
+    let storage = tempfile::tempdir().expect("a temporary directory");
+    let (events, mut received) = tokio::sync::mpsc::channel(1024);
+    let started = std::time::Instant::now();
+    let result = Trainer::new(
+        Arc::new(runtime.clone()),
+        &NoBackend,
+        function_task("sleep_on_rank_1", Value::Null),
+    )
+    .scaling_config(ScalingConfig::default().num_workers(2))
+    .run_config(
+        RunConfig::default()
+            .name("hung-function")
+            .storage_path(storage.path().display().to_string())
+            .hang_timeout(Duration::from_secs(2)),
+    )
+    .executor_options(options())
+    .events(events)
+    .fit()
+    .await;
+    let took = started.elapsed();
+    let Err(trainyard::Error::Executor(ExecutorError::TrainingFailed { report })) = result else {
+        panic!("the hang fails the run: {result:?}");
+    };
+    assert!(
+        matches!(report.failures.as_slice(), [AttemptFailure::Hung { ranks, .. }] if ranks.len() == 2),
+        "{:?}",
+        report.failures
+    );
+    assert!(took < Duration::from_secs(2 + 3 + 10), "{took:?}");
+    let mut stacks = None;
+    while let Ok(event) = received.try_recv() {
+        if let RunEvent::Stacks { ranks, .. } = event {
+            stacks = Some(ranks);
+        }
+    }
+    let stacks = stacks.expect("every rank's stacks were streamed");
+    let rank_1 = stacks[1].stacks.as_ref().expect("rank 1's stacks");
+    let (_, thread) = rank_1.focus().expect("a thread");
+    assert_eq!(
+        thread.name, "trainyard-task",
+        "the task's thread comes first"
+    );
+    assert_eq!(thread.state, "S");
+    assert!(
+        thread.wchan.as_deref().is_some_and(|w| w.contains("sleep")),
+        "std::thread::sleep waits in the kernel's nanosleep: {}",
+        stacks[1].summary()
+    );
     runtime.shutdown().await;
     assert!(runtime.agent_pids().is_empty());
 }

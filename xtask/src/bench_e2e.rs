@@ -125,6 +125,37 @@ fn crash_to_stop(trainyard: &Path) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64((ended - crashed).max(0.0)))
 }
 
+/// Rank 1 sleeps and rank 0 waits in `all_reduce` (`crates/cli/tests/python/hang.py`); with
+/// `--hang-timeout 3s --progress output` the deadline passes 3 s after the first rank's
+/// `ready` line. The time from then to `trainyard run` having printed every rank's stacks
+/// and stopped every rank.
+fn hang_to_stop(trainyard: &Path, python: &Path, root: &Path) -> Result<Duration, String> {
+    let timeout = 3.0;
+    let out = Command::new(trainyard)
+        .current_dir(root)
+        .args(["run", "-n", "2", "-r", "CPU=0.5", "--progress", "output"])
+        .args(["--hang-timeout", &format!("{timeout}s"), "--"])
+        .arg(python)
+        .arg("crates/cli/tests/python/hang.py")
+        .env("CI", "1")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let ended = now_secs();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !stderr.contains("every rank's stacks") {
+        return Err(format!("no stacks were printed:\n{stderr}"));
+    }
+    let ready = stdout
+        .lines()
+        .filter(|l| l.contains(" ready "))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(f64::min)
+        .ok_or_else(|| format!("no ready line in {stdout}"))?;
+    Ok(Duration::from_secs_f64((ended - ready - timeout).max(0.0)))
+}
+
 fn many_true(trainyard: &Path) -> Result<Duration, String> {
     timed(
         Command::new(trainyard)
@@ -201,6 +232,14 @@ pub(crate) fn run() -> Result<(), String> {
     println!(
         "crash of one rank to every rank stopped and the driver exited: median {:.0} ms (target < 100 ms plus the SIGTERM patience, which `exec sleep` does not use)",
         median(crashes).as_secs_f64() * 1000.0
+    );
+
+    let hangs: Vec<Duration> = (0..ROUNDS)
+        .map(|_| hang_to_stop(&trainyard, &python, &root))
+        .collect::<Result<_, _>>()?;
+    println!(
+        "hang of one rank (torch, 2 ranks): deadline passing to every rank's stacks printed and every rank stopped: median {:.0} ms (target < 2000 ms)",
+        median(hangs).as_secs_f64() * 1000.0
     );
 
     let (mut runs, mut spawns) = (Vec::new(), Vec::new());

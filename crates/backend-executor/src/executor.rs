@@ -19,6 +19,8 @@ use trainyard_runtime::{
 use trainyard_worker_group::WorkerGroup;
 
 use crate::error::{chain, is_death, runtime_error_in};
+use crate::hang::StacksTrigger;
+use crate::logs::RankLogs;
 use crate::report::{FitReport, RunEvent, StartedWorker};
 use crate::run_folder::RunStore;
 use crate::{
@@ -133,16 +135,18 @@ impl State {
 /// Runs a job's workers through one [`Backend`] on one [`ActorRuntime`].
 #[derive(Debug)]
 pub struct BackendExecutor {
-    runtime: Arc<dyn ActorRuntime>,
+    pub(crate) runtime: Arc<dyn ActorRuntime>,
     backend: Arc<dyn Backend>,
     scaling: ScalingConfig,
-    run: RunConfig,
+    pub(crate) run: RunConfig,
     run_name: String,
     options: ExecutorOptions,
     events: Option<Sender<RunEvent>>,
     state: State,
     /// What every rank's task gets in this attempt about checkpoints.
     checkpoint_env: BTreeMap<String, String>,
+    /// Pulled when someone wants every rank's stacks.
+    pub(crate) stacks_trigger: StacksTrigger,
 }
 
 /// A run name that no other run on the same machine or cluster has: `trainyard-`, the time
@@ -188,6 +192,7 @@ impl BackendExecutor {
             events: None,
             state: State::Idle,
             checkpoint_env: BTreeMap::new(),
+            stacks_trigger: StacksTrigger::new(),
         })
     }
 
@@ -217,6 +222,14 @@ impl BackendExecutor {
     #[must_use]
     pub fn with_events(mut self, events: Sender<RunEvent>) -> Self {
         self.events = Some(events);
+        self
+    }
+
+    /// Captures and streams every rank's stacks ([`RunEvent::Stacks`]) whenever `trigger` is
+    /// pulled while an attempt runs, stopping nothing.
+    #[must_use]
+    pub fn with_stacks_trigger(mut self, trigger: StacksTrigger) -> Self {
+        self.stacks_trigger = trigger;
         self
     }
 
@@ -488,7 +501,7 @@ impl BackendExecutor {
             attempts: 1,
             ..FitReport::default()
         };
-        single_attempt(self.train(task, &mut report, None).await)?;
+        single_attempt(self.train(task, &mut report, None, None).await)?;
         Ok(report)
     }
 
@@ -499,11 +512,12 @@ impl BackendExecutor {
         task: &TaskSpec,
         report: &mut FitReport,
         store: Option<&mut RunStore>,
+        logs: Option<&mut RankLogs>,
     ) -> Result<(), AttemptError> {
         let attempt = self.attempt().ok_or(ExecutorError::NotStarted)?;
         let streams = self.subscribe(attempt).await?;
         let pids = self.start_tasks(attempt, task).await?;
-        self.follow(streams, &pids, report, store).await
+        self.follow(streams, &pids, report, store, logs).await
     }
 
     /// Why the event stream of worker `i` ended without a death: the runtime says why the
@@ -657,6 +671,8 @@ impl BackendExecutor {
             let restart_count = u32::try_from(failures.len()).unwrap_or(u32::MAX);
             let span = info_span!("attempt", run = %self.run_name, restart_count);
             let mut report = FitReport::default();
+            let mut logs: Option<RankLogs> = None;
+            let mut upload: Option<String> = None;
             let outcome = async {
                 let (env, resumed) = store
                     .begin_attempt(self.scaling.num_workers, restart_count)
@@ -671,13 +687,30 @@ impl BackendExecutor {
                     })
                     .await;
                 }
+                let (dir, remote) = store.attempt_log_dir(self.run.log_dir.as_deref());
+                upload = remote;
+                let opened = logs.insert(RankLogs::open(dir, self.scaling.num_workers as usize));
+                self.emit(RunEvent::LogFiles {
+                    restart_count,
+                    dir: opened.dir().display().to_string(),
+                })
+                .await;
                 self.start_attempt(restart_count).await?;
-                self.train(task, &mut report, Some(&mut store)).await
+                self.train(task, &mut report, Some(&mut store), logs.as_mut())
+                    .await
             }
             .instrument(span)
             .await;
             self.shutdown().await;
             report.run_dir = Some(store.uri());
+            if let Some(logs) = logs {
+                let dir = logs.dir().to_path_buf();
+                report.log_dir = Some(dir.display().to_string());
+                logs.close().await;
+                if let Some(relative) = upload {
+                    store.upload_logs(&dir, &relative).await;
+                }
+            }
             let failure = match outcome {
                 Ok(()) => {
                     store.end_attempt(None).await;

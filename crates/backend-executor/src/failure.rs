@@ -5,6 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use trainyard_runtime::root_cause::TaskError;
 use trainyard_runtime::{DeathCause, TaskFailure, TaskRejection};
 
 use crate::WorldRank;
@@ -23,6 +24,21 @@ pub enum AttemptFailure {
         failure: TaskFailure,
         /// Its last lines of output, oldest first.
         last_lines: Vec<String>,
+        /// The exception it left: from torch's error file (`@record`), else the last
+        /// traceback in its output.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<Box<TaskError>>,
+    },
+    /// Ranks made no progress (no report, or with `progress: output` no line either) within
+    /// the run's hang timeout; their stacks were captured before the attempt was stopped.
+    Hung {
+        /// The ranks past their deadline.
+        ranks: Vec<WorldRank>,
+        /// How long the longest of them went without progress, in milliseconds.
+        idle_ms: u64,
+        /// The file with every rank's full stacks, when it could be written.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stacks_file: Option<String>,
     },
     /// A worker refused the task (its program does not exist, say).
     TaskRejected {
@@ -59,9 +75,10 @@ pub enum AttemptFailure {
 impl AttemptFailure {
     /// The rank the failure belongs to, when it belongs to one.
     #[must_use]
-    pub const fn rank(&self) -> Option<WorldRank> {
+    pub fn rank(&self) -> Option<WorldRank> {
         match self {
             Self::TaskFailed { rank, .. } | Self::TaskRejected { rank, .. } => Some(*rank),
+            Self::Hung { ranks, .. } => ranks.first().copied(),
             Self::WorkerDied { rank, .. } => *rank,
             Self::StartFailed { .. }
             | Self::CheckpointClash { .. }
@@ -70,10 +87,43 @@ impl AttemptFailure {
     }
 }
 
+/// `5 s`, `1.5 s`, `90 s`: a wait as the messages say it.
+fn seconds(d: Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs >= 10.0 || (secs - secs.round()).abs() < 0.05 {
+        format!("{secs:.0} s")
+    } else {
+        format!("{secs:.1} s")
+    }
+}
+
 impl fmt::Display for AttemptFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::TaskFailed { rank, failure, .. } => write!(f, "rank {rank} {failure}"),
+            Self::TaskFailed {
+                rank,
+                failure,
+                error,
+                ..
+            } => {
+                write!(f, "rank {rank} {failure}")?;
+                match error {
+                    Some(error) => write!(f, ": {error}"),
+                    None => Ok(()),
+                }
+            }
+            Self::Hung { ranks, idle_ms, .. } => {
+                let names: Vec<String> = ranks.iter().map(ToString::to_string).collect();
+                let who = match names.as_slice() {
+                    [one] => format!("rank {one}"),
+                    many => format!("ranks {}", many.join(", ")),
+                };
+                write!(
+                    f,
+                    "{who} made no progress for {}",
+                    seconds(Duration::from_millis(*idle_ms))
+                )
+            }
             Self::TaskRejected { rank, rejection } => {
                 write!(f, "rank {rank} cannot start its task: {rejection}")
             }
@@ -117,6 +167,7 @@ pub enum Disposition {
 ///     rank: WorldRank(3),
 ///     failure: TaskFailure::MemoryLimit { limit: 1 << 30 },
 ///     last_lines: vec![],
+///     error: None,
 /// };
 /// assert_eq!(classify(&oom), Disposition::Restart);
 /// let typo = AttemptFailure::TaskRejected {
@@ -129,6 +180,7 @@ pub enum Disposition {
 pub fn classify(failure: &AttemptFailure) -> Disposition {
     match failure {
         AttemptFailure::TaskFailed { .. }
+        | AttemptFailure::Hung { .. }
         | AttemptFailure::WorkerDied { .. }
         | AttemptFailure::StartFailed { .. }
         | AttemptFailure::StorageFailed { .. } => Disposition::Restart,
@@ -194,12 +246,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn hangs_and_root_causes_read_as_one_line() {
+        let hung = AttemptFailure::Hung {
+            ranks: vec![WorldRank(1)],
+            idle_ms: 90_000,
+            stacks_file: None,
+        };
+        assert_eq!(hung.to_string(), "rank 1 made no progress for 90 s");
+        let both = AttemptFailure::Hung {
+            ranks: vec![WorldRank(0), WorldRank(1)],
+            idle_ms: 5_020,
+            stacks_file: None,
+        };
+        assert_eq!(both.to_string(), "ranks 0, 1 made no progress for 5 s");
+        let error = trainyard_runtime::root_cause::TaskError {
+            source: trainyard_runtime::root_cause::ErrorSource::ErrorFile,
+            exception: "ValueError".into(),
+            message: "bad batch".into(),
+            file: Some("train.py".into()),
+            line: Some(12),
+            traceback: Vec::new(),
+        };
+        let failed = AttemptFailure::TaskFailed {
+            rank: WorldRank(1),
+            failure: TaskFailure::ExitCode { code: 1 },
+            last_lines: Vec::new(),
+            error: Some(Box::new(error)),
+        };
+        assert_eq!(
+            failed.to_string(),
+            "rank 1 exited with code 1: ValueError: bad batch (train.py:12)"
+        );
+    }
+
+    #[test]
     fn failures_are_classified_as_a_table() {
         let rank = WorldRank(1);
         let task = |failure| AttemptFailure::TaskFailed {
             rank,
             failure,
             last_lines: Vec::new(),
+            error: None,
         };
         let rejected = |rejection| AttemptFailure::TaskRejected { rank, rejection };
         let died = |cause| AttemptFailure::WorkerDied {
@@ -229,6 +316,14 @@ mod tests {
                 Disposition::Restart,
             ),
             (died(DeathCause::ConnectionLost), Disposition::Restart),
+            (
+                AttemptFailure::Hung {
+                    ranks: vec![rank],
+                    idle_ms: 90_000,
+                    stacks_file: None,
+                },
+                Disposition::Restart,
+            ),
             (
                 died(DeathCause::ProcessExited {
                     code: Some(1),
@@ -308,6 +403,7 @@ mod tests {
             rank: WorldRank(3),
             failure: TaskFailure::MemoryLimit { limit: 1 << 30 },
             last_lines: vec!["allocating".into()],
+            error: None,
         };
         assert_eq!(oom.to_string(), "rank 3 exceeded its memory limit of 1GiB");
         let signal = AttemptFailure::TaskFailed {
@@ -317,6 +413,7 @@ mod tests {
                 core_dumped: true,
             },
             last_lines: vec![],
+            error: None,
         };
         assert_eq!(
             signal.to_string(),

@@ -1,14 +1,20 @@
 //! Following an attempt: every rank's events merged as they arrive, reports booked towards
-//! checkpoints, lines passed on, until all tasks succeed or one fails.
+//! checkpoints, lines passed on and written to the rank's log file, progress timed against
+//! the hang timeout, until all tasks succeed, one fails, or one hangs.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
+use tokio::time::Instant;
+use trainyard_config::ProgressSource;
 use trainyard_runtime::events::{ActorEvent, TaskEvents};
-use trainyard_runtime::{TaskEvent, TaskExit};
+use trainyard_runtime::root_cause::TaskError;
+use trainyard_runtime::{TaskEvent, TaskExit, TaskFailure};
 
 use crate::executor::{AttemptError, died, rank_of};
+use crate::hang::{Progress, RankStacks, StacksReason, full_dump};
+use crate::logs::RankLogs;
 use crate::run_folder::RunStore;
 use crate::{AttemptFailure, BackendExecutor, ExecutorError, FitReport, LAST_LINES, RunEvent};
 
@@ -27,6 +33,32 @@ struct Output<'a> {
     tails: Vec<VecDeque<String>>,
     /// Lines the listener had no room for, per rank, not yet reported as dropped.
     dropped: Vec<u64>,
+    /// The attempt's log files.
+    logs: Option<&'a mut RankLogs>,
+    /// When each rank last made progress.
+    progress: Progress,
+    /// What counts as progress.
+    source: ProgressSource,
+    /// Each failed rank's root cause (when its task ended, and the exception it left), as its
+    /// worker sent it just before the exit.
+    causes: Vec<Option<(u64, Option<TaskError>)>>,
+}
+
+/// A rank's failed task, with when it ended, as a candidate for the attempt's first failure.
+struct Failed {
+    rank: usize,
+    ended_ms: u64,
+    failure: AttemptFailure,
+}
+
+/// What ended a wait for the next event.
+enum Woken {
+    /// An event of rank `i` (`None`: its stream ended).
+    Event(Option<(usize, Option<ActorEvent>)>),
+    /// The earliest progress deadline passed.
+    Deadline,
+    /// Someone asked for the stacks.
+    StacksWanted,
 }
 
 impl BackendExecutor {
@@ -40,6 +72,7 @@ impl BackendExecutor {
         pids: &[u32],
         report: &mut FitReport,
         mut store: Option<&mut RunStore>,
+        logs: Option<&mut RankLogs>,
     ) -> Result<(), AttemptError> {
         let n = streams.len();
         report.metrics = vec![None; n];
@@ -51,7 +84,13 @@ impl BackendExecutor {
             pids,
             tails: vec![VecDeque::new(); n],
             dropped: vec![0; n],
+            logs,
+            progress: Progress::new(n, self.run.hang_timeout, Instant::now()),
+            source: self.run.progress,
+            causes: vec![None; n],
         };
+        // The failed ranks heard of, the first to fail by time first once all are in.
+        let mut failed: Vec<Failed> = Vec::new();
         // Each stream ends with a `None` marker, so that a stream closing early is seen.
         let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, events)| {
             events
@@ -60,10 +99,37 @@ impl BackendExecutor {
                 .boxed()
         }));
         let outcome = loop {
-            // Every stream ends with its marker, and the marker of a rank that has not
-            // finished ends the loop, so the merged stream never runs dry first.
-            let Some((i, event)) = merged.next().await else {
-                break Err(ExecutorError::NotStarted.into());
+            let deadline = output.progress.deadline();
+            let woken = tokio::select! {
+                biased;
+                event = merged.next() => Woken::Event(event),
+                () = sleep_until(deadline) => Woken::Deadline,
+                () = self.stacks_trigger.requested() => Woken::StacksWanted,
+            };
+            let (i, event) = match woken {
+                // Every stream ends with its marker, and the marker of a rank that has not
+                // finished ends the loop, so the merged stream never runs dry first.
+                Woken::Event(Some(next)) => next,
+                Woken::Event(None) => break Err(ExecutorError::NotStarted.into()),
+                Woken::Deadline => {
+                    let (hung, idle) = output.progress.hung(Instant::now());
+                    if hung.is_empty() {
+                        continue;
+                    }
+                    let file = self
+                        .show_stacks(StacksReason::Hung, output.logs.as_deref_mut())
+                        .await;
+                    break Err(AttemptError::Failed(AttemptFailure::Hung {
+                        ranks: hung.into_iter().map(rank_of).collect(),
+                        idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
+                        stacks_file: file,
+                    }));
+                }
+                Woken::StacksWanted => {
+                    self.show_stacks(StacksReason::Requested, output.logs.as_deref_mut())
+                        .await;
+                    continue;
+                }
             };
             match event {
                 Some(ActorEvent::Task(event)) => {
@@ -75,6 +141,7 @@ impl BackendExecutor {
                     }
                 }
                 Some(ActorEvent::TaskExited(TaskExit::Succeeded { value })) => {
+                    output.progress.finished(i);
                     if returns[i].replace(value).is_none() {
                         unreturned -= 1;
                     }
@@ -84,11 +151,8 @@ impl BackendExecutor {
                     }
                 }
                 Some(ActorEvent::TaskExited(TaskExit::Failed { failure })) => {
-                    break Err(AttemptError::Failed(AttemptFailure::TaskFailed {
-                        rank: rank_of(i),
-                        failure,
-                        last_lines: std::mem::take(&mut output.tails[i]).into(),
-                    }));
+                    failed.push(output.failed(i, failure));
+                    break Err(AttemptError::Failed(failed[0].failure.clone()));
                 }
                 // A worker whose task finished may go; the others carry on.
                 Some(ActorEvent::Died(_)) | None if returns[i].is_some() => {}
@@ -104,17 +168,31 @@ impl BackendExecutor {
                 else {
                     break;
                 };
-                if let Some(ActorEvent::Task(event)) = event {
-                    // A checkpoint every rank reported before the failure still commits.
-                    let _ = self
-                        .take(i, event, &mut output, report, store.as_deref_mut())
-                        .await;
+                match event {
+                    Some(ActorEvent::Task(event)) => {
+                        // A checkpoint every rank reported before the failure still commits.
+                        let _ = self
+                            .take(i, event, &mut output, report, store.as_deref_mut())
+                            .await;
+                    }
+                    Some(ActorEvent::TaskExited(TaskExit::Failed { failure })) => {
+                        failed.push(output.failed(i, failure));
+                    }
+                    _ => {}
                 }
                 if tokio::time::Instant::now() >= deadline {
                     break;
                 }
             }
         }
+        // Of the ranks that failed, the first by the time its task ended: the others often
+        // fail because it did (a collective whose peer is gone).
+        let outcome = match (outcome, first_by_time(failed)) {
+            (Err(AttemptError::Failed(AttemptFailure::TaskFailed { .. })), Some(first)) => {
+                Err(AttemptError::Failed(first))
+            }
+            (outcome, _) => outcome,
+        };
         // Drops not reported yet are reported now, waiting for room.
         for (i, count) in output.dropped.into_iter().enumerate() {
             if count > 0 {
@@ -145,6 +223,7 @@ impl BackendExecutor {
                 metrics,
                 checkpoint,
             } => {
+                output.progress.made(i, Instant::now());
                 report.metrics[i] = Some(metrics.clone());
                 report.last_report = Some((rank, metrics.clone()));
                 let committed = match store {
@@ -159,6 +238,12 @@ impl BackendExecutor {
                 }
             }
             TaskEvent::Log { stream, line } => {
+                if output.source == ProgressSource::Output {
+                    output.progress.made(i, Instant::now());
+                }
+                if let Some(logs) = output.logs.as_deref_mut() {
+                    logs.line(i, stream, &line);
+                }
                 let tail = &mut output.tails[i];
                 if tail.len() == LAST_LINES {
                     tail.pop_front();
@@ -190,7 +275,70 @@ impl BackendExecutor {
                 report.dropped_lines += count;
                 self.emit(RunEvent::LogsDropped { rank, count }).await;
             }
+            TaskEvent::RootCause { ended_ms, error } => {
+                output.causes[i] = Some((ended_ms, error));
+            }
         }
         Ok(())
+    }
+
+    /// Captures every rank's stacks, writes them in full beside the rank logs, and streams
+    /// them; the dump file's path.
+    async fn show_stacks(
+        &self,
+        reason: StacksReason,
+        logs: Option<&mut RankLogs>,
+    ) -> Option<String> {
+        let ranks: Vec<RankStacks> = self.capture_stacks().await;
+        let file = logs.map(|logs| {
+            let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+                .to_string()
+                .replace(':', "");
+            let name = format!("stacks-{at}.txt");
+            logs.file(&name, full_dump(&ranks)).display().to_string()
+        });
+        tracing::debug!(?reason, ranks = ranks.len(), file = ?file, "captured every rank's stacks");
+        self.emit(RunEvent::Stacks {
+            reason,
+            ranks,
+            file: file.clone(),
+        })
+        .await;
+        file
+    }
+}
+
+impl Output<'_> {
+    /// Rank `i`'s failed task, with the root cause its worker sent just before.
+    fn failed(&mut self, i: usize, failure: TaskFailure) -> Failed {
+        self.progress.finished(i);
+        let (ended_ms, error) = self.causes[i].take().unwrap_or((u64::MAX, None));
+        Failed {
+            rank: i,
+            ended_ms,
+            failure: AttemptFailure::TaskFailed {
+                rank: rank_of(i),
+                failure,
+                last_lines: std::mem::take(&mut self.tails[i]).into(),
+                error: error.map(Box::new),
+            },
+        }
+    }
+}
+
+/// The failure of the rank whose task ended first (the first heard of among equals).
+fn first_by_time(failed: Vec<Failed>) -> Option<AttemptFailure> {
+    failed
+        .into_iter()
+        .enumerate()
+        .min_by_key(|(heard, f)| (f.ended_ms, *heard, f.rank))
+        .map(|(_, f)| f.failure)
+}
+
+/// Waits until `deadline`; forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }

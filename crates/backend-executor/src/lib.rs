@@ -76,6 +76,8 @@ mod error;
 mod executor;
 mod failure;
 mod follow;
+mod hang;
+mod logs;
 mod ranks;
 mod report;
 mod run_folder;
@@ -95,6 +97,7 @@ pub use executor::{
     BackendExecutor, DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, LAST_LINES, unique_run_name,
 };
 pub use failure::{AttemptFailure, Backoff, Disposition, classify};
+pub use hang::{RankStacks, STACKS_LIMIT, StacksReason, StacksTrigger, full_dump};
 pub use ranks::{RankInfo, WorldRank, assign_ranks};
 pub use report::{FitReport, RunEvent, StartedWorker};
 pub use run_folder::CheckpointResult;

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use trainyard_resources::Resources;
 use trainyard_runtime::Stream;
 
+use crate::hang::{RankStacks, StacksReason};
 use crate::run_folder::CheckpointResult;
 use crate::{AttemptFailure, RankInfo, WorldRank};
 
@@ -94,6 +95,25 @@ pub enum RunEvent {
         /// The checkpoint.
         checkpoint: CheckpointResult,
     },
+    /// Where an attempt writes each rank's output (`<dir>/rank_<r>.log`, every line with the
+    /// time it arrived).
+    LogFiles {
+        /// Restarts before this attempt.
+        restart_count: u32,
+        /// The attempt's log folder.
+        dir: String,
+    },
+    /// Every rank's stacks: a rank made no progress within the hang timeout (the attempt
+    /// stops next), or someone asked.
+    Stacks {
+        /// Why they were captured.
+        reason: StacksReason,
+        /// Each rank's stacks, in world-rank order.
+        ranks: Vec<RankStacks>,
+        /// The file with the full dumps, when it was written.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        file: Option<String>,
+    },
     /// An attempt failed; the run restarts after `backoff_ms`.
     Restarting {
         /// Restarts before the failed attempt.
@@ -130,4 +150,7 @@ pub struct FitReport {
     /// config, else newest first).
     #[serde(default)]
     pub best_checkpoints: Vec<CheckpointResult>,
+    /// The final attempt's log folder (`rank_<r>.log` in it), when it had one.
+    #[serde(default)]
+    pub log_dir: Option<String>,
 }

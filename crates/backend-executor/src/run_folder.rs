@@ -3,6 +3,7 @@
 //! when is [`CheckpointBook`]'s (sans IO).
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
@@ -263,6 +264,34 @@ impl RunStore {
         Ok(Some(committed))
     }
 
+    /// Where the current attempt's rank logs are written as it runs: `log_dir/attempt_<k>`
+    /// when given, else the run folder's `logs/attempt_<k>` (`k` counts the run's attempts
+    /// over every driver, from 0). Remote storage gets them in a local folder first; the
+    /// second value is then where in the run folder they go when the attempt ends.
+    pub(crate) fn attempt_log_dir(&self, log_dir: Option<&str>) -> (PathBuf, Option<String>) {
+        let attempt = format!("attempt_{}", self.record.attempts.len().saturating_sub(1));
+        if let Some(dir) = log_dir {
+            return (expand_home(dir).join(attempt), None);
+        }
+        match self.folder.local_path() {
+            Some(run_dir) => (run_dir.join("logs").join(attempt), None),
+            None => (
+                std::env::temp_dir()
+                    .join("trainyard-logs")
+                    .join(self.name())
+                    .join(&attempt),
+                Some(format!("logs/{attempt}")),
+            ),
+        }
+    }
+
+    /// Copies an attempt's local log folder into the run folder (remote storage).
+    pub(crate) async fn upload_logs(&self, local: &Path, relative: &str) {
+        if let Err(error) = self.folder.upload_directory(relative, local).await {
+            warn!(error = %chain(&error), "the attempt's log files could not be copied to the run's storage");
+        }
+    }
+
     /// Ends the current attempt, with its failure if it failed.
     pub(crate) async fn end_attempt(&mut self, failure: Option<&AttemptFailure>) {
         self.book = None;
@@ -285,6 +314,14 @@ impl RunStore {
 
     async fn save(&self) -> Result<(), StorageError> {
         self.folder.save(&self.record).await
+    }
+}
+
+/// `~/x` with the home folder for `~`.
+fn expand_home(dir: &str) -> PathBuf {
+    match (dir.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => PathBuf::from(dir),
     }
 }
 

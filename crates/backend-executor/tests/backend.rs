@@ -566,6 +566,7 @@ async fn a_user_error_on_one_rank_ends_the_run_while_others_block() {
                     message: "user error on rank 0".into()
                 },
                 last_lines: vec![],
+                error: None,
             }]
         ),
         other => panic!("expected a user error, got {other:?}"),
@@ -801,6 +802,7 @@ async fn a_ranks_failure_is_not_held_up_by_another_ranks_hung_poll() {
                     message: "rank 1 fails".into()
                 },
                 last_lines: vec![],
+                error: None,
             }]
         ),
         other => panic!("expected rank 1's error, got {other:?}"),

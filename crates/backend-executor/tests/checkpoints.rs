@@ -3,17 +3,15 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
+
+mod common;
 
 use serde_json::{Value, json};
 use trainyard_backend_executor::{
-    AttemptFailure, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, NoBackend,
-    RunEvent, TrainContext,
+    AttemptFailure, ExecutorError, FitReport, RunEvent, TrainContext,
 };
-use trainyard_config::{
-    CheckpointConfig, FailureConfig, ResumePolicy, RunConfig, ScalingConfig, ScoreOrder,
-};
+use trainyard_config::{CheckpointConfig, FailureConfig, ResumePolicy, RunConfig, ScoreOrder};
 use trainyard_runtime::sim::{SimNode, SimRuntime};
 use trainyard_runtime::{FunctionRegistry, TaskSpec};
 
@@ -95,29 +93,7 @@ async fn fit(
     run: RunConfig,
     arg: Value,
 ) -> (Result<FitReport, ExecutorError>, Vec<RunEvent>) {
-    let (tx, mut rx) = tokio::sync::mpsc::channel(10_000);
-    let mut executor = BackendExecutor::new(
-        Arc::new(sim.clone()),
-        Arc::new(NoBackend),
-        ScalingConfig::default().num_workers(2),
-    )
-    .expect("valid scaling config")
-    .with_options(ExecutorOptions {
-        restart_backoff: trainyard_backend_executor::Backoff::NONE,
-        ..ExecutorOptions::default()
-    })
-    .with_run_config(run)
-    .expect("valid run config")
-    .with_events(tx);
-    let result = tokio::time::timeout(Duration::from_secs(60), executor.fit(&task(arg)))
-        .await
-        .expect("the run ends within a minute");
-    drop(executor);
-    let mut events = Vec::new();
-    while let Ok(event) = rx.try_recv() {
-        events.push(event);
-    }
-    (result, events)
+    common::fit_two(sim, run, &task(arg), None).await
 }
 
 fn ran(report: &FitReport) -> Vec<Vec<u64>> {

@@ -78,6 +78,18 @@ pub(crate) struct RunArgs {
     /// The reported metric that ranks checkpoints, and which way is better [default order: max]
     #[arg(long, value_name = "ATTR[:min|max]")]
     pub(crate) checkpoint_score: Option<String>,
+    /// Judge a rank hung after this long without progress (a report; with --progress output, a line too): its stacks are printed and the attempt restarts under --max-failures, e.g. 90s, 10m [default: off]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub(crate) hang_timeout: Option<String>,
+    /// What counts as progress for --hang-timeout: reports, or output (any line, for programs that do not report)
+    #[arg(long, value_name = "reports|output", default_value = "reports")]
+    pub(crate) progress: String,
+    /// Where each rank's output is written, one file a rank and attempt (DIR/attempt_K/rank_R.log) [default: the run folder's logs/]
+    #[arg(long, value_name = "DIR")]
+    pub(crate) log_dir: Option<PathBuf>,
+    /// Show only these ranks' output on the console, e.g. 0 or 0,2-3; the log files keep every rank's [default: all]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
+    pub(crate) ranks: Option<String>,
     /// The program to run on every worker, and its arguments
     #[arg(last = true, value_name = "PROGRAM", required = true, num_args = 1..)]
     pub(crate) program: Vec<String>,

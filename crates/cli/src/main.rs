@@ -6,6 +6,7 @@ mod engine;
 mod local;
 mod output;
 mod plan;
+mod print;
 mod run;
 
 use std::error::Error;

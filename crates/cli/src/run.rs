@@ -2,22 +2,27 @@
 //! with its rank and its framework's environment, stream their output, and stop everything
 //! on failure or interruption.
 
-use std::io::{self, Write as _};
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeSet;
+
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use trainyard::backend::{
-    AttemptFailure, ExecutorError, ExecutorOptions, NoBackend, RunEvent, unique_run_name,
+    AttemptFailure, ExecutorError, ExecutorOptions, NoBackend, StacksTrigger, unique_run_name,
 };
 use trainyard::local::LocalRuntime;
-use trainyard::runtime::{Shortage, Stream, TaskRejection};
+use trainyard::runtime::TaskRejection;
 use trainyard::{Trainer, command_task};
-use trainyard_config::{CheckpointConfig, FailureConfig, ResumePolicy, RunConfig, ScoreOrder};
+use trainyard_config::{
+    CheckpointConfig, FailureConfig, ProgressSource, ResumePolicy, RunConfig, ScoreOrder,
+    parse_hang_timeout,
+};
 
 use crate::args::{BackendKind, FlagError, LogFormat, RunArgs, RuntimeKind};
 use crate::engine::Engine;
 use crate::output::{Progress, init_logging};
+use crate::print::{Shown, log_file_note, print_events, print_json};
 use crate::{EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_UNSCHEDULABLE, Failure};
 
 /// How many run events wait for the printer before output lines are dropped (and counted).
@@ -63,6 +68,17 @@ fn run_config(args: &RunArgs) -> Result<RunConfig, Failure> {
         .parse::<ResumePolicy>()
         .map_err(|e| Failure::bad_input(FlagError::new("--resume", &args.resume)(e.into())))?;
     run.checkpoint_config = checkpoint_config(args)?;
+    if let Some(text) = &args.hang_timeout {
+        run.hang_timeout =
+            Some(parse_hang_timeout(text).map_err(|e| {
+                Failure::bad_input(FlagError::new("--hang-timeout", text)(e.into()))
+            })?);
+    }
+    run.progress = args
+        .progress
+        .parse::<ProgressSource>()
+        .map_err(|e| Failure::bad_input(FlagError::new("--progress", &args.progress)(e.into())))?;
+    run.log_dir = args.log_dir.as_ref().map(|d| d.display().to_string());
     if let Some(name) = &args.name {
         run.validate()
             .map_err(|e| Failure::bad_input(FlagError::new("--name", name)(e.into())))?;
@@ -106,6 +122,44 @@ fn checkpoint_config(args: &RunArgs) -> Result<CheckpointConfig, Failure> {
         config = config.score(attribute.trim(), order);
     }
     Ok(config)
+}
+
+/// `--ranks`: rank numbers and ranges (`0`, `0,2-3`), each below the number of workers.
+fn console_ranks(text: &str, num_workers: u32) -> Result<BTreeSet<u32>, Failure> {
+    let bad = |reason: String| Failure::bad_input(FlagError::new("--ranks", text)(reason.into()));
+    let rank = |part: &str| {
+        let n = part.trim().parse::<u32>().map_err(|_| {
+            bad(format!(
+                "expected rank numbers or ranges such as 0 or 0,2-3; `{part}` is not a rank"
+            ))
+        })?;
+        if n >= num_workers {
+            return Err(bad(format!(
+                "rank {n} does not exist: the run has {num_workers} worker{} (ranks 0-{})",
+                if num_workers == 1 { "" } else { "s" },
+                num_workers.saturating_sub(1)
+            )));
+        }
+        Ok(n)
+    };
+    let mut ranks = BTreeSet::new();
+    for part in text.split(',') {
+        match part.split_once('-') {
+            Some((first, last)) => {
+                let (first, last) = (rank(first)?, rank(last)?);
+                if first > last {
+                    return Err(bad(format!(
+                        "the range {part} is empty: write the lower rank first"
+                    )));
+                }
+                ranks.extend(first..=last);
+            }
+            None => {
+                ranks.insert(rank(part)?);
+            }
+        }
+    }
+    Ok(ranks)
 }
 
 fn placement_timeout(args: &RunArgs) -> Result<Duration, Failure> {
@@ -203,6 +257,11 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
     check_runtime_flags(args)?;
     let scaling = args.scaling.to_config()?;
     let mut run = run_config(args)?;
+    let ranks = args
+        .ranks
+        .as_deref()
+        .map(|text| console_ranks(text, scaling.num_workers))
+        .transpose()?;
     let options = ExecutorOptions {
         placement_timeout: placement_timeout(args)?,
         ..ExecutorOptions::default()
@@ -228,7 +287,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
     if run.name.is_none() {
         run = run.name(name);
     }
-    let result = runtime.block_on(drive(args, scaling, run, options, start));
+    let result = runtime.block_on(drive(args, scaling, run, options, start, ranks));
     // What is left is clean-up on blocking threads (or a printer stuck on a stdout nobody
     // reads): bounded.
     runtime.shutdown_timeout(SHUTDOWN_LIMIT);
@@ -241,12 +300,22 @@ async fn drive(
     run: RunConfig,
     options: ExecutorOptions,
     start: Start,
+    ranks: Option<BTreeSet<u32>>,
 ) -> Result<(), Failure> {
     let progress = Progress::new(args.log_format);
     init_logging(args.log_format, &progress);
     // Before anything starts: an interrupt from here on stops what was started (a Ray head
     // that is coming up, say) rather than killing the driver outright.
     let mut interrupt = Interrupts::new()?;
+    // SIGQUIT (Ctrl-\) prints every rank's stacks, as a JVM's thread dump, and stops nothing.
+    let stacks = StacksTrigger::new();
+    let mut quit = signal(SignalKind::quit()).map_err(Failure::other)?;
+    let asked = stacks.clone();
+    let quit_listener = tokio::spawn(async move {
+        while quit.recv().await.is_some() {
+            asked.request();
+        }
+    });
     let runtime = tokio::select! {
         runtime = start_runtime(args, start, &progress) => runtime?,
         () = interrupt.next() => {
@@ -269,12 +338,14 @@ async fn drive(
         .scaling_config(scaling)
         .run_config(run)
         .executor_options(options)
-        .events(events);
+        .events(events)
+        .stacks_trigger(stacks);
     // Writing to a terminal or a pipe blocks: the printer has a thread of its own. It shows
     // what other runs keep the placement group waiting for too, in order with the events.
     let shown = Shown {
         events: received,
         shortages: runtime.shortages(),
+        ranks,
     };
     let format = args.log_format;
     let printing = progress.clone();
@@ -306,6 +377,7 @@ async fn drive(
         );
     }
     progress.finish();
+    quit_listener.abort();
     match outcome {
         None => Err(Failure::interrupted()),
         Some(Ok(result)) => {
@@ -364,6 +436,38 @@ fn print_checkpoints(report: &trainyard::FitReport) {
     }
 }
 
+/// What ended the final attempt, in the program's words: the first rank to fail by time,
+/// its exception and where it was raised, its traceback's last lines, and its log file.
+fn print_root_cause(report: &trainyard::FitReport) {
+    /// How many of the traceback's last lines are shown (the log file keeps them all).
+    const TRACEBACK_LINES: usize = 12;
+    let Some(failure) = report.failures.last() else {
+        return;
+    };
+    if let AttemptFailure::TaskFailed {
+        rank,
+        error: Some(error),
+        ..
+    } = failure
+    {
+        let source = match error.source {
+            trainyard::runtime::root_cause::ErrorSource::ErrorFile => "its error file",
+            trainyard::runtime::root_cause::ErrorSource::Output => "its output",
+        };
+        eprintln!("trainyard: root cause: rank {rank} failed first, with {error} (from {source})");
+        let skip = error.traceback.len().saturating_sub(TRACEBACK_LINES);
+        for line in &error.traceback[skip..] {
+            eprintln!("  (rank={rank}) {line}");
+        }
+    }
+    let note = log_file_note(failure, report.log_dir.as_deref());
+    if let Some(file) = note.strip_prefix("; its output: ") {
+        if let Some(rank) = failure.rank() {
+            eprintln!("trainyard: rank {rank}'s output: {file}");
+        }
+    }
+}
+
 /// The exit code and message of a failed run; the failed rank's last lines go to stderr
 /// first.
 fn failure_of(error: trainyard::Error, format: LogFormat) -> Failure {
@@ -382,6 +486,7 @@ fn failure_of(error: trainyard::Error, format: LogFormat) -> Failure {
     }
     if format == LogFormat::Text {
         if let trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) = &error {
+            print_root_cause(report);
             print_checkpoints(report);
             if report.checkpoint.is_some() {
                 eprintln!(
@@ -423,157 +528,6 @@ fn failure_of(error: trainyard::Error, format: LogFormat) -> Failure {
         _ => EXIT_FAILURE,
     };
     Failure::new(code, error)
-}
-
-/// One JSON object as one line of stdout (a closed stdout is no error here).
-fn print_json(value: &serde_json::Value) {
-    let _ = writeln!(io::stdout(), "{value}");
-}
-
-/// What the printer shows: the run's events, and what the placement group waits for while
-/// other runs on this machine hold it (local runs only).
-struct Shown {
-    events: mpsc::Receiver<RunEvent>,
-    shortages: Option<watch::Receiver<Option<Shortage>>>,
-}
-
-/// The next thing to show.
-enum Next {
-    Event(RunEvent),
-    Shortage(Shortage),
-    End,
-}
-
-impl Shown {
-    /// The next event or shortage, in the order they came (an event first when both are
-    /// there); [`Next::End`] once the run's events have ended.
-    async fn next(&mut self) -> Next {
-        loop {
-            let shortages = self.shortages.as_mut();
-            let changed = async {
-                match shortages {
-                    Some(shortages) => shortages.changed().await.is_ok(),
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                biased;
-                event = self.events.recv() => return event.map_or(Next::End, Next::Event),
-                open = changed => {
-                    let now = match self.shortages.as_mut() {
-                        Some(shortages) if open => shortages.borrow_and_update().clone(),
-                        _ => {
-                            self.shortages = None;
-                            None
-                        }
-                    };
-                    if let Some(shortage) = now {
-                        return Next::Shortage(shortage);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Prints what the run streams: worker output with its rank prefix (stdout lines to stdout,
-/// stderr lines to stderr), and in JSON mode every event as one line; and what the run waits
-/// for. Blocks: for a thread of its own, waiting for what comes next on `tokio`.
-fn print_events(
-    mut shown: Shown,
-    format: LogFormat,
-    progress: &Progress,
-    tokio: &tokio::runtime::Handle,
-) {
-    let mut out = io::stdout();
-    loop {
-        let event = match tokio.block_on(shown.next()) {
-            Next::End => return,
-            Next::Shortage(shortage) => {
-                progress.wait(&format!(
-                    "waiting for other runs on this machine: {shortage}"
-                ));
-                continue;
-            }
-            Next::Event(event) => event,
-        };
-        let written = match format {
-            LogFormat::Json => serde_json::to_string(&event)
-                .map_err(io::Error::other)
-                .and_then(|line| progress.suspend(|| writeln!(out, "{line}"))),
-            LogFormat::Text => print_text(&event, progress, &mut out),
-        };
-        if let Err(error) = written {
-            if error.kind() != io::ErrorKind::BrokenPipe {
-                tracing::warn!(%error, "cannot write the workers' output");
-            }
-        }
-    }
-}
-
-fn print_text(event: &RunEvent, progress: &Progress, out: &mut io::Stdout) -> io::Result<()> {
-    match event {
-        RunEvent::Log {
-            rank,
-            pid,
-            stream: Stream::Stdout,
-            line,
-        } => progress.suspend(|| writeln!(out, "(rank={rank}, pid={pid}) {line}")),
-        RunEvent::Log {
-            rank,
-            pid,
-            stream: Stream::Stderr,
-            line,
-        } => progress.suspend(|| writeln!(io::stderr(), "(rank={rank}, pid={pid}) {line}")),
-        RunEvent::LogsDropped { rank, count } => {
-            progress.line(&format!(
-                "trainyard: {count} lines of rank {rank}'s output were dropped (the driver did not keep up)"
-            ));
-            Ok(())
-        }
-        RunEvent::Placing {
-            bundles, requested, ..
-        } => {
-            progress.wait(&format!(
-                "waiting for the placement group: {bundles} bundle{} ({requested:#})",
-                if *bundles == 1 { "" } else { "s" }
-            ));
-            Ok(())
-        }
-        RunEvent::Placed { bundle_nodes } => {
-            progress.wait(&format!("starting {} workers", bundle_nodes.len()));
-            Ok(())
-        }
-        RunEvent::AttemptStarted { .. } => {
-            progress.clear();
-            Ok(())
-        }
-        RunEvent::Restarting {
-            failure,
-            backoff_ms,
-            restart_count,
-        } => {
-            progress.wait(&format!(
-                "attempt {} failed ({failure}); restarting in {:.1}s",
-                restart_count + 1,
-                *backoff_ms as f64 / 1000.0
-            ));
-            Ok(())
-        }
-        RunEvent::Resuming { checkpoint, .. } => {
-            progress.message(&format!(
-                "resuming from checkpoint {} ({})",
-                checkpoint.path,
-                serde_json::Value::Object(checkpoint.metrics.clone())
-            ));
-            Ok(())
-        }
-        RunEvent::CheckpointCommitted { checkpoint } => {
-            progress.message(&format!("checkpoint committed: {}", checkpoint.path));
-            Ok(())
-        }
-        RunEvent::TaskStarted { .. } | RunEvent::Report { .. } => Ok(()),
-    }
 }
 
 /// SIGINT and SIGTERM.

@@ -223,6 +223,13 @@ fn cases(dir: &Path) -> Vec<Case> {
         // Unwritable: a folder below a regular file (even root cannot make it).
         run(&["--storage", "/etc/hostname/runs"], "/etc/hostname/runs"),
         run(&["--resume", "sometimes"], "sometimes"),
+        run(&["--hang-timeout", "-1"], "`-1` for `--hang-timeout`"),
+        run(&["--hang-timeout", "0s"], "`0s` for `--hang-timeout`"),
+        run(&["--hang-timeout", "soon"], "`soon` for `--hang-timeout`"),
+        run(&["--progress", "lines"], "`lines` for `--progress`"),
+        run(&["-n", "2", "--ranks", "9"], "`9` for `--ranks`"),
+        run(&["-n", "2", "--ranks", "a-b"], "`a-b` for `--ranks`"),
+        run(&["-n", "4", "--ranks", "3-1"], "`3-1` for `--ranks`"),
         run(
             &["--checkpoints-to-keep", "0"],
             "`0` for `--checkpoints-to-keep`",

@@ -10,6 +10,7 @@ use trainyard_backend_executor::{
     Backend, BackendConfig, BackendContext, BackendError, RankInfo, WorkerAddress, WorkerEnv,
 };
 use trainyard_resources::{CPU, GPU};
+use trainyard_runtime::root_cause;
 
 /// The process-group backend: `nccl` for GPUs, `gloo` for CPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -257,6 +258,12 @@ pub fn torchrun_env(
         (
             "TORCHELASTIC_RESTART_COUNT".to_owned(),
             restart_count.to_string(),
+        ),
+        // The worker gives each task a fresh `TORCHELASTIC_ERROR_FILE`, where `@record`
+        // leaves the exception that ended it.
+        (
+            root_cause::ERROR_FILE_VAR.to_owned(),
+            root_cause::TORCHELASTIC_ERROR_FILE.to_owned(),
         ),
         (
             "TORCHELASTIC_MAX_RESTARTS".to_owned(),

@@ -192,6 +192,40 @@ impl RunFolder {
         }
     }
 
+    /// The run folder's directory when the storage is local.
+    #[must_use]
+    pub fn local_path(&self) -> Option<PathBuf> {
+        match &self.storage.backend {
+            Backend::Local(root) => Some(Self::local_dir(root, &self.name)),
+            Backend::S3 { .. } => None,
+        }
+    }
+
+    /// Copies every file under `source` to `relative` (a folder path with `/`) inside the run
+    /// folder, as checkpoints are copied; the bytes copied.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`] and the errors of the storage.
+    pub async fn upload_directory(
+        &self,
+        relative: &str,
+        source: &Path,
+    ) -> Result<u64, StorageError> {
+        let walked = source.to_path_buf();
+        let files = blocking("list", source, move || files::walk(&walked)).await?;
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                local::persist(&Self::local_dir(root, &self.name).join(relative), files).await
+            }
+            Backend::S3 { store, bucket, .. } => {
+                let prefix = self.key(relative);
+                bucket_of(store, bucket)
+                    .upload(prefix.as_ref(), files)
+                    .await
+            }
+        }
+    }
+
     /// The local run folder.
     fn local_dir(root: &Path, name: &str) -> PathBuf {
         root.join(name)

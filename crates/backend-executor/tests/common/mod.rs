@@ -1,0 +1,49 @@
+//! What several test files of this crate share: a whole `fit` of two workers on a simulated
+//! cluster, with the events it streamed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use trainyard_backend_executor::{
+    BackendExecutor, Backoff, ExecutorError, ExecutorOptions, FitReport, NoBackend, RunEvent,
+    StacksTrigger,
+};
+use trainyard_config::{RunConfig, ScalingConfig};
+use trainyard_runtime::TaskSpec;
+use trainyard_runtime::sim::SimRuntime;
+
+/// Runs `task` on two workers of `sim` to its end (restarting at once), with `trigger` for
+/// stacks when given; the result, and every event streamed.
+pub(crate) async fn fit_two(
+    sim: &SimRuntime,
+    run: RunConfig,
+    task: &TaskSpec,
+    trigger: Option<StacksTrigger>,
+) -> (Result<FitReport, ExecutorError>, Vec<RunEvent>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(10_000);
+    let mut executor = BackendExecutor::new(
+        Arc::new(sim.clone()),
+        Arc::new(NoBackend),
+        ScalingConfig::default().num_workers(2),
+    )
+    .expect("valid scaling config")
+    .with_options(ExecutorOptions {
+        restart_backoff: Backoff::NONE,
+        ..ExecutorOptions::default()
+    })
+    .with_run_config(run)
+    .expect("valid run config")
+    .with_events(tx);
+    if let Some(trigger) = trigger {
+        executor = executor.with_stacks_trigger(trigger);
+    }
+    let result = tokio::time::timeout(Duration::from_secs(60), executor.fit(task))
+        .await
+        .expect("the run ends within a minute");
+    drop(executor);
+    let mut events = Vec::new();
+    while let Ok(event) = rx.try_recv() {
+        events.push(event);
+    }
+    (result, events)
+}
