@@ -550,3 +550,24 @@ async fn an_s3_endpoint_where_nothing_listens_fails_the_check_in_seconds() {
     );
     eprintln!("failed after {elapsed:?}: {text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_is_uploaded_under_any_path_of_the_run_folder() {
+    let root = tempfile::tempdir().unwrap();
+    let folder = storage(root.path()).run("logged");
+    assert_eq!(folder.local_path(), Some(root.path().join("logged")));
+    let logs = tempfile::tempdir().unwrap();
+    write_file(&logs.path().join("rank_0.log"), 300, 1);
+    write_file(&logs.path().join("stacks/dump.txt"), 50, 2);
+    let bytes = folder
+        .upload_directory("logs/attempt_3", logs.path())
+        .await
+        .unwrap();
+    assert_eq!(bytes, 350);
+    let uploaded = root.path().join("logged/logs/attempt_3");
+    assert_eq!(files_under(&uploaded), ["rank_0.log", "stacks/dump.txt"]);
+    assert_eq!(
+        std::fs::read(uploaded.join("rank_0.log")).unwrap(),
+        std::fs::read(logs.path().join("rank_0.log")).unwrap()
+    );
+}

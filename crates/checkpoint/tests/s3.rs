@@ -148,6 +148,31 @@ async fn an_s3_run_folder_keeps_two_ranks_checkpoints_its_record_and_restores_th
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_uploaded_into_an_s3_run_folder_reads_back_the_same() {
+    let Some(server) = server() else { return };
+    let location: StorageLocation = "s3://runs/logs-test".parse().unwrap();
+    let folder = Storage::open(location, &server.env())
+        .unwrap()
+        .run("logged");
+    assert_eq!(folder.local_path(), None);
+    let logs = tempfile::tempdir().unwrap();
+    write_file(&logs.path().join("rank_0.log"), 300, 1);
+    write_file(&logs.path().join("rank_1.log"), 40, 2);
+    // Under a checkpoint's name, so that the crate's own restore reads it back.
+    let bytes = folder
+        .upload_directory("checkpoint_000007", logs.path())
+        .await
+        .unwrap();
+    assert_eq!(bytes, 340);
+    let back = tempfile::tempdir().unwrap();
+    let restored = folder
+        .download_checkpoint(7, &back.path().join("logs"))
+        .await
+        .unwrap();
+    assert_same_files(&restored, logs.path(), &["rank_0.log", "rank_1.log"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_that_does_not_exist_fails_the_check_and_the_persist_naming_it() {
     let Some(server) = server() else { return };
     let location: StorageLocation = "s3://no-such-bucket/x".parse().unwrap();
