@@ -1,16 +1,21 @@
+use std::fmt;
+
 use trainyard_backend_executor::ExecutorError;
 use trainyard_config::ConfigError;
 use trainyard_resources::ResourceError;
 use trainyard_runtime::RuntimeError;
+#[cfg(feature = "local")]
+use trainyard_runtime_local::LocalError;
 use trainyard_worker_group::WorkerGroupError;
 
 /// Any error of trainyard; the layer's own error is the [`source`](std::error::Error::source).
 ///
 /// `Display` says what failed and keeps the cause in [`source`](std::error::Error::source),
 /// as every error of the workspace does (so that a chain printer never repeats a cause).
-/// `Debug` says it with every cause on one line, so that `fn main() -> trainyard::Result<()>`
-/// and `{:?}` show the whole story rather than a nested dump; so does
-/// [`ErrorChain`](crate::resources::ErrorChain) for `{}`:
+/// The alternate form, `{error:#}`, says it with every cause, `a: b: c`, as `anyhow` does:
+/// what a program prints for its user. `Debug` says the same, so that
+/// `fn main() -> trainyard::Result<()>` and `{:?}` show the whole story rather than a nested
+/// dump; so does [`ErrorChain`](crate::resources::ErrorChain) for `{}`:
 ///
 /// ```
 /// use trainyard::config::ScalingConfig;
@@ -21,35 +26,115 @@ use trainyard_worker_group::WorkerGroupError;
 /// };
 /// let error = trainyard::Error::from(cause);
 /// assert_eq!(error.to_string(), "invalid configuration");
-/// assert!(format!("{error:?}").starts_with("invalid configuration: "));
-/// assert_eq!(ErrorChain(&error).to_string(), format!("{error:?}"));
+/// assert!(format!("{error:#}").starts_with("invalid configuration: "));
+/// assert_eq!(format!("{error:#}"), format!("{error:?}"));
+/// assert_eq!(ErrorChain(&error).to_string(), format!("{error:#}"));
+/// eprintln!("error: {error:#}");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A resource dictionary is invalid.
-    #[error("invalid resources")]
-    Resources(#[from] ResourceError),
+    Resources(ResourceError),
     /// A configuration is invalid.
-    #[error("invalid configuration")]
-    Config(#[from] ConfigError),
+    Config(ConfigError),
     /// The runtime failed.
-    #[error("the runtime failed")]
-    Runtime(#[from] RuntimeError),
+    Runtime(RuntimeError),
     /// The worker group failed.
-    #[error("the worker group failed")]
-    WorkerGroup(#[from] WorkerGroupError),
+    WorkerGroup(WorkerGroupError),
     /// The run could not be scheduled, started, or completed.
-    #[error("the training run failed")]
-    Executor(#[from] ExecutorError),
+    Executor(ExecutorError),
+    /// The local runtime cannot be configured or started.
+    #[cfg(feature = "local")]
+    Local(LocalError),
 }
 
 /// `Result` with trainyard's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl std::fmt::Debug for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", trainyard_resources::ErrorChain(self))
+impl Error {
+    /// What failed, without its cause.
+    const fn what(&self) -> &'static str {
+        match self {
+            Self::Resources(_) => "invalid resources",
+            Self::Config(_) => "invalid configuration",
+            Self::Runtime(_) => "the runtime failed",
+            Self::WorkerGroup(_) => "the worker group failed",
+            Self::Executor(_) => "the training run failed",
+            #[cfg(feature = "local")]
+            Self::Local(_) => "the local runtime cannot start",
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    /// What failed; with `{:#}`, followed by every cause: `a: b: c`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.what())?;
+        if f.alternate() {
+            let mut source = std::error::Error::source(self);
+            while let Some(cause) = source {
+                write!(f, ": {cause}")?;
+                source = cause.source();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:#}")
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Resources(error) => Some(error),
+            Self::Config(error) => Some(error),
+            Self::Runtime(error) => Some(error),
+            Self::WorkerGroup(error) => Some(error),
+            Self::Executor(error) => Some(error),
+            #[cfg(feature = "local")]
+            Self::Local(error) => Some(error),
+        }
+    }
+}
+
+impl From<ResourceError> for Error {
+    fn from(error: ResourceError) -> Self {
+        Self::Resources(error)
+    }
+}
+
+impl From<ConfigError> for Error {
+    fn from(error: ConfigError) -> Self {
+        Self::Config(error)
+    }
+}
+
+impl From<RuntimeError> for Error {
+    fn from(error: RuntimeError) -> Self {
+        Self::Runtime(error)
+    }
+}
+
+impl From<WorkerGroupError> for Error {
+    fn from(error: WorkerGroupError) -> Self {
+        Self::WorkerGroup(error)
+    }
+}
+
+impl From<ExecutorError> for Error {
+    fn from(error: ExecutorError) -> Self {
+        Self::Executor(error)
+    }
+}
+
+#[cfg(feature = "local")]
+impl From<LocalError> for Error {
+    fn from(error: LocalError) -> Self {
+        Self::Local(error)
     }
 }

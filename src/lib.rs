@@ -108,14 +108,15 @@
 //!     match tokio.block_on(train()) {
 //!         Ok(()) => ExitCode::SUCCESS,
 //!         Err(error) => {
-//!             eprintln!("error: {error}");
+//!             // `{:#}`: what failed and every cause, "the training run failed: ...: ..."
+//!             eprintln!("error: {error:#}");
 //!             ExitCode::FAILURE
 //!         }
 //!     }
 //! }
 //!
 //! # #[cfg(all(feature = "local", feature = "torch"))]
-//! async fn train() -> Result<(), Box<dyn std::error::Error>> {
+//! async fn train() -> trainyard::Result<()> {
 //!     let local = LocalRuntime::start(LocalConfig::detect("my-run")?).await?;
 //!     let result = Trainer::torch(Arc::new(local.clone()), function_task("train", serde_json::Value::Null))
 //!         .scaling_config(ScalingConfig::default().num_workers(2))
@@ -149,6 +150,9 @@
 //!     .fit()
 //!     .await
 //!     .expect_err("every attempt fails");
+//! // `{error:#}` says what failed and every cause: what a program prints for its user.
+//! let said = format!("{error:#}");
+//! assert!(said.starts_with("the training run failed: ") && said.ends_with("out of data"), "{said}");
 //! let Error::Executor(ExecutorError::TrainingFailed { report }) = error else {
 //!     return Err(error);
 //! };

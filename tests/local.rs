@@ -59,6 +59,14 @@ fn functions() -> FunctionRegistry {
             }
             Ok(Value::Null)
         })
+        .register("print_rank", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            let rank = ctx.world_rank().0;
+            println!("hello from rank {rank}");
+            eprintln!("rank {rank} is done");
+            print!("no line end from rank {rank}");
+            Ok(Value::Null)
+        })
         .register("exit_abruptly", |task| async move {
             let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
             if ctx.world_rank().0 == 0 {
@@ -193,6 +201,57 @@ async fn the_seed_scenario_runs_torch_workers_with_memory_per_worker_as_processe
     assert_eq!(lines, ["rank 0 done", "rank 1 done"]);
     runtime.shutdown().await;
     assert!(runtime.agent_pids().is_empty());
+}
+
+#[tokio::test]
+async fn what_a_rust_function_prints_is_its_ranks_output_on_its_stream() {
+    use trainyard::runtime::Stream;
+
+    let runtime = local(2, 1).await;
+    let (events, mut received) = tokio::sync::mpsc::channel(1024);
+    Trainer::new(
+        Arc::new(runtime.clone()),
+        &NoBackend,
+        function_task("print_rank", Value::Null),
+    )
+    .scaling_config(ScalingConfig::default().num_workers(2))
+    .executor_options(options())
+    .events(events)
+    .fit()
+    .await
+    .expect("the run succeeds");
+    runtime.shutdown().await;
+    let mut lines = Vec::new();
+    while let Ok(event) = received.try_recv() {
+        if let RunEvent::Log {
+            rank, stream, line, ..
+        } = event
+        {
+            lines.push((rank.0, stream, line));
+        }
+    }
+    for rank in 0..2u32 {
+        let of_rank = |stream: Stream| -> Vec<&str> {
+            lines
+                .iter()
+                .filter(|(r, s, _)| *r == rank && *s == stream)
+                .map(|(_, _, line)| line.as_str())
+                .collect()
+        };
+        assert_eq!(
+            of_rank(Stream::Stdout),
+            [
+                format!("hello from rank {rank}"),
+                format!("no line end from rank {rank}")
+            ],
+            "{lines:?}"
+        );
+        assert_eq!(
+            of_rank(Stream::Stderr),
+            [format!("rank {rank} is done")],
+            "{lines:?}"
+        );
+    }
 }
 
 #[tokio::test]

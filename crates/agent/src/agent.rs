@@ -23,6 +23,7 @@ use trainyard_runtime::{
 };
 
 use crate::config::{AgentConfig, CONFIG, MemoryLimit, PRIVATE};
+use crate::output::{TaskOutput, diagnose};
 use crate::process::{self, RunningCommand};
 use crate::root_cause;
 use crate::stacks::{self, PySpyLookup, Subject, TASK_THREAD};
@@ -103,6 +104,8 @@ struct Agent {
     commands_started: u64,
     /// Where the command task's stacks find py-spy: its environment's say.
     py_spy: PySpyLookup,
+    /// What the agent process writes to fds 1 and 2: a function task's output.
+    output: TaskOutput,
 }
 
 /// Runs the agent configured by this process's environment until it stops.
@@ -113,7 +116,7 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
     {
         Ok(config) => config,
         Err(error) => {
-            eprintln!("trainyard agent: no valid {CONFIG}: {error}");
+            diagnose(format_args!("trainyard agent: no valid {CONFIG}: {error}"));
             return ExitCode::from(AGENT_FAILED);
         }
     };
@@ -123,17 +126,18 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
         .ok()
         .and_then(|_| Token::from_hex(&line));
     let Some(token) = token else {
-        eprintln!("trainyard agent: no valid token on stdin");
+        diagnose("trainyard agent: no valid token on stdin");
         return ExitCode::from(AGENT_FAILED);
     };
     // SIGTERM when the driver dies; and if it died before this line, exit now.
     if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM).is_err()
         || nix::unistd::getppid().as_raw() != i32::try_from(config.parent).unwrap_or(-1)
     {
-        eprintln!("trainyard agent: the driver is gone");
+        diagnose("trainyard agent: the driver is gone");
         return ExitCode::from(AGENT_FAILED);
     }
     crate::watchdog::start();
+    let pipes = crate::output::redirect();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -141,33 +145,42 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("trainyard agent: cannot start: {error}");
+            diagnose(format_args!("trainyard agent: cannot start: {error}"));
             return ExitCode::from(AGENT_FAILED);
         }
     };
-    let code = runtime.block_on(serve(config, token, functions));
+    let output = {
+        let _entered = runtime.enter();
+        TaskOutput::start(pipes)
+    };
+    let code = runtime.block_on(serve(config, token, functions, output));
     // Tasks still running belong to a driver that is gone; do not wait for them.
     runtime.shutdown_timeout(Duration::from_millis(100));
     crate::watchdog::flush();
     code
 }
 
-async fn serve(config: AgentConfig, token: Token, functions: FunctionRegistry) -> ExitCode {
+async fn serve(
+    config: AgentConfig,
+    token: Token,
+    functions: FunctionRegistry,
+    output: TaskOutput,
+) -> ExitCode {
     let socket =
         match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&config.driver)).await {
             Ok(Ok(socket)) => socket,
             Ok(Err(error)) => {
-                eprintln!(
+                diagnose(format_args!(
                     "trainyard agent: cannot reach the driver at {}: {error}",
                     config.driver
-                );
+                ));
                 return ExitCode::from(AGENT_FAILED);
             }
             Err(_) => {
-                eprintln!(
+                diagnose(format_args!(
                     "trainyard agent: the driver at {} did not answer",
                     config.driver
-                );
+                ));
                 return ExitCode::from(AGENT_FAILED);
             }
         };
@@ -184,7 +197,9 @@ async fn serve(config: AgentConfig, token: Token, functions: FunctionRegistry) -
         Err(error) => Err(error.to_string()),
     };
     if let Err(error) = sent {
-        eprintln!("trainyard agent: cannot greet the driver: {error}");
+        diagnose(format_args!(
+            "trainyard agent: cannot greet the driver: {error}"
+        ));
         return ExitCode::from(AGENT_FAILED);
     }
     wire::authenticated(&mut framed);
@@ -221,6 +236,7 @@ async fn serve(config: AgentConfig, token: Token, functions: FunctionRegistry) -
         workdir: None,
         commands_started: 0,
         py_spy: PySpyLookup::default(),
+        output,
     };
     let mut terminate = signal(SignalKind::terminate()).ok();
     let stop = loop {
@@ -285,7 +301,9 @@ async fn read_frames(
                 let _ = credits.send(events);
             }
             Err(error) => {
-                eprintln!("trainyard agent: a message from the driver is not understood: {error}");
+                diagnose(format_args!(
+                    "trainyard agent: a message from the driver is not understood: {error}"
+                ));
                 return;
             }
         }
@@ -537,12 +555,21 @@ impl Agent {
         let events = self.events.clone();
         let (done_tx, done) = watch::channel(None);
         let (cancel, cancelled) = oneshot::channel();
+        // What the agent process prints from now on is the task's.
+        self.output.begin(events.clone());
+        let output = self.output.clone();
+        let ending = FunctionEnd {
+            events,
+            output,
+            done: done_tx,
+        };
         // Threads of its own: a function that keeps its threads busy cannot hold up the
         // agent's replies and heartbeats.
         std::thread::Builder::new()
             .name(TASK_THREAD.to_owned())
-            .spawn(move || run_on_own_threads(future, rx, &events, &done_tx, cancelled))
+            .spawn(move || run_on_own_threads(future, rx, &ending, cancelled))
             .map_err(|error| {
+                self.output.abandon();
                 rejected(TaskRejection::SpawnFailed {
                     program: function_name,
                     error: format!("cannot start the function's thread: {error}"),
@@ -580,24 +607,40 @@ impl Agent {
             match joined {
                 Ok(()) => self.joined_cgroup = true,
                 Err(error) => {
-                    eprintln!("trainyard agent: cannot enter the worker's memory cgroup: {error}");
+                    diagnose(format_args!(
+                        "trainyard agent: cannot enter the worker's memory cgroup: {error}"
+                    ));
                 }
             }
         }
     }
 }
 
+/// Where a function task's end goes.
+struct FunctionEnd {
+    /// The agent's events: the task's output, then its exit.
+    events: EventSender,
+    /// The agent process's output, the task's while it runs.
+    output: TaskOutput,
+    /// Told the task's exit once it is sent.
+    done: watch::Sender<Option<TaskExit>>,
+}
+
 /// Runs a function task on a runtime of its own, on this thread and [`FUNCTION_THREADS`]
-/// more, to its end (its exit sent, then told through `done`) or until it is cancelled. A
-/// failed exit goes after a root cause that names no exception: a function's error is in
-/// its exit already.
+/// more, to its end (its output passed on, its exit sent, then told through `done`) or until
+/// it is cancelled. A failed exit goes after a root cause that names no exception: a
+/// function's error is in its exit already.
 fn run_on_own_threads(
     future: BoxFuture<'static, TaskResult>,
     produced: mpsc::UnboundedReceiver<TaskEvent>,
-    events: &EventSender,
-    done: &watch::Sender<Option<TaskExit>>,
+    ending: &FunctionEnd,
     cancelled: oneshot::Receiver<()>,
 ) {
+    let FunctionEnd {
+        events,
+        output,
+        done,
+    } = ending;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(FUNCTION_THREADS)
         .thread_name(TASK_THREAD)
@@ -612,6 +655,7 @@ fn run_on_own_threads(
                 },
             };
             let ended_ms = root_cause::now_ms();
+            output.abandon();
             futures::executor::block_on(root_cause::send_exit(
                 events,
                 exit.clone(),
@@ -626,10 +670,12 @@ fn run_on_own_threads(
         tokio::select! {
             exit = trainyard_runtime::drive(future, produced, events) => {
                 let ended_ms = root_cause::now_ms();
+                // What it printed goes before its end.
+                output.end().await;
                 root_cause::send_exit(events, exit.clone(), ended_ms, None).await;
                 done.send_replace(Some(exit));
             }
-            Ok(()) = cancelled => {}
+            Ok(()) = cancelled => output.abandon(),
         }
     });
     // What the function left running is not waited for.

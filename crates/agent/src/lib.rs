@@ -8,6 +8,14 @@
 //! function never holds up the agent's replies and heartbeats), whose events it pushes to the
 //! driver as they happen, as fast as the driver's credit allows.
 //!
+//! A task's output is its lines on stdout and stderr, as
+//! [`TaskEvent::Log`](trainyard_runtime::TaskEvent::Log)s: a command's from pipes of its
+//! own; a function's from what the agent process writes to its fds 1 and 2 while the
+//! function runs (its `println!`, `eprintln!`, a panic's message, the processes it starts
+//! without redirecting them), which the agent points at pipes of its own as it starts. The
+//! agent's own messages, and what is printed while no function task runs, go to the
+//! agent's original stderr: they are never task output.
+//!
 //! A command task reports through a loopback socket ([`REPORT_ADDR`]); with protocol 2 a
 //! report hands in a checkpoint directory, which the agent persists into the run folder
 //! before the report goes on to the driver and before it answers the task. Python scripts
@@ -82,7 +90,8 @@
 //!
 //! # Main items
 //!
-//! - [`run_if_agent`]: serve as an agent (or a task's trampoline) when started as one.
+//! - [`run_if_agent`]: serve as an agent (or a task's trampoline) when started as one;
+//!   [`skipped_run_if_agent`]: whether a process started as one forgot to.
 //! - [`wire`]: [`Token`](wire::Token), [`DriverMessage`](wire::DriverMessage) and
 //!   [`AgentMessage`](wire::AgentMessage) in JSON frames; [`config`]: how an agent is started;
 //!   [`cgroup`]: how a task joins its worker's memory cgroup (made by the driver) and how
@@ -96,6 +105,7 @@ pub mod cgroup;
 pub mod config;
 mod exec;
 mod handin;
+mod output;
 mod process;
 pub mod process_group;
 pub mod procfs;
@@ -108,6 +118,7 @@ pub mod wire;
 mod workdir;
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use agent::AGENT_FAILED;
 pub use exec::CANNOT_EXECUTE;
@@ -117,12 +128,16 @@ pub use root_cause::ERROR_FILE_VAR;
 pub use stacks::PY_SPY;
 use trainyard_runtime::FunctionRegistry;
 
+/// Whether [`run_if_agent`] was called in this process.
+static CALLED: AtomicBool = AtomicBool::new(false);
+
 /// Runs this process as an agent, or as a task's trampoline, when the runtime started it as
 /// one ([`config::ROLE`] in its environment), serving the functions of `functions` (the
 /// built-ins are always there); returns the exit code then. Returns `None` in a process the
 /// user started: it goes on as itself.
 #[must_use]
 pub fn run_if_agent(functions: FunctionRegistry) -> Option<ExitCode> {
+    CALLED.store(true, Ordering::Relaxed);
     match std::env::var(config::ROLE).as_deref() {
         Ok(config::ROLE_AGENT) => Some(agent::main(
             FunctionRegistry::with_builtins().merge(functions),
@@ -131,4 +146,13 @@ pub fn run_if_agent(functions: FunctionRegistry) -> Option<ExitCode> {
         Ok(config::ROLE_WATCHDOG) => Some(watchdog::run()),
         _ => None,
     }
+}
+
+/// Whether a runtime started this process as an agent ([`config::ROLE`] in its environment)
+/// and its program went on without calling [`run_if_agent`]: it runs the user's program
+/// instead of serving, so it must not start workers of its own (each would do the same).
+/// A function task that starts a run inside a real agent is not such a process.
+#[must_use]
+pub fn skipped_run_if_agent() -> bool {
+    std::env::var_os(config::ROLE).is_some() && !CALLED.load(Ordering::Relaxed)
 }

@@ -78,7 +78,9 @@ pub(crate) fn start() {
             let _ = WATCHDOG.set(watchdog);
         }
         Err(error) => {
-            eprintln!("trainyard agent: cannot start its watchdog: {error}");
+            crate::output::diagnose(format_args!(
+                "trainyard agent: cannot start its watchdog: {error}"
+            ));
         }
     }
 }

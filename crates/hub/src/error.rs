@@ -19,4 +19,11 @@ pub enum HubError {
     /// The run's secret token cannot be made.
     #[error("cannot make the run's secret token")]
     Token(#[source] getrandom::Error),
+    /// This process was started as a worker's agent, but its program did not call
+    /// `run_if_agent` and went on as a driver: it would start workers that do the same.
+    #[error(
+        "this process was started as a worker, but its `main` does not call \
+         `trainyard::run_if_agent(functions)` first thing: a worker cannot start workers"
+    )]
+    NotServing,
 }

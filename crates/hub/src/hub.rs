@@ -191,12 +191,20 @@ impl AgentHub {
     /// what an actor held once it is gone (or once its start failed); it may be called
     /// more than once for an actor. Must be called within a tokio runtime.
     ///
+    /// A process that a runtime started as an agent and whose program did not call
+    /// `run_if_agent` cannot start a hub: rather than start workers of its own (which would
+    /// do the same), the program gets the error and exits, and its driver, instead of
+    /// waiting for a hello that never comes, says at once what to add to `main`.
+    ///
     /// # Errors
-    /// [`HubError::Token`] or [`HubError::Bind`].
+    /// [`HubError::NotServing`], [`HubError::Token`] or [`HubError::Bind`].
     pub async fn start(
         config: HubConfig,
         release: impl Fn(ActorId) + Send + Sync + 'static,
     ) -> Result<Self, HubError> {
+        if trainyard_agent::skipped_run_if_agent() {
+            return Err(HubError::NotServing);
+        }
         let token = Token::random().map_err(HubError::Token)?;
         let addr = SocketAddr::new(config.bind, 0);
         let listener = TcpListener::bind(addr)

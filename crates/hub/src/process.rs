@@ -3,6 +3,7 @@
 use std::fmt;
 use std::io;
 use std::os::unix::process::ExitStatusExt as _;
+use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::Arc;
 
@@ -77,6 +78,71 @@ impl fmt::Display for AgentExit {
     }
 }
 
+/// Why a spawn failed when its agent process (running `program`, where known) ended with
+/// `exit` before it connected. An exit code other than
+/// [`AGENT_FAILED`](trainyard_agent::AGENT_FAILED) (which an agent that cannot start exits
+/// with, having said why on its stderr) means the program ran something else than an agent:
+/// its `main` lacks `trainyard::run_if_agent`, and the reason says so.
+pub(crate) fn ended_before_connecting(program: Option<&Path>, exit: &AgentExit) -> String {
+    let worker = match program {
+        Some(program) => format!("the worker program `{}`", program.display()),
+        None => "the worker program".to_owned(),
+    };
+    match exit {
+        AgentExit::Exited { code } if *code == i32::from(trainyard_agent::AGENT_FAILED) => {
+            format!(
+                "{worker} exited with code {code} before it connected (it says why on its stderr)"
+            )
+        }
+        AgentExit::Exited { code } => format!(
+            "{worker} exited with code {code} before it connected: call \
+             `trainyard::run_if_agent(functions)` first thing in `main` so that it can serve as \
+             a worker"
+        ),
+        AgentExit::Signalled { .. } => format!("{worker} ended before it connected ({exit})"),
+        AgentExit::Died(cause) => format!("{worker} ended before it connected: {cause}"),
+    }
+}
+
+#[cfg(test)]
+mod connect_tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::never_connected;
+
+    #[test]
+    fn an_agent_that_never_connects_is_told_what_main_needs() {
+        let message = never_connected(Some(Path::new("/bin/app")), Duration::from_secs(30));
+        assert!(
+            message.starts_with("the agent did not connect within 30s: if `/bin/app`"),
+            "{message}"
+        );
+        assert!(
+            message.contains("trainyard::run_if_agent(functions)"),
+            "{message}"
+        );
+        assert_eq!(
+            never_connected(None, Duration::from_secs(30)),
+            "the agent did not connect within 30s"
+        );
+    }
+}
+
+/// Why an agent that still runs has not connected within `limit`: a slow start, or a
+/// program of the user's own that never hands over to the agent.
+pub(crate) fn never_connected(program: Option<&Path>, limit: std::time::Duration) -> String {
+    match program {
+        Some(program) => format!(
+            "the agent did not connect within {limit:?}: if `{}` is a program of your own, \
+             call `trainyard::run_if_agent(functions)` first thing in its `main` so that it \
+             can serve as a worker",
+            program.display()
+        ),
+        None => format!("the agent did not connect within {limit:?}"),
+    }
+}
+
 /// Kills, at once and without waiting, the processes of an agent's task from the driver's
 /// side: those of the process group that the task's process (its pid, as the agent
 /// reported it) leads.
@@ -108,6 +174,12 @@ pub trait AgentProcess: Send + 'static {
     /// Its process id, where the runtime knows it (for logs).
     fn pid(&self) -> Option<u32>;
 
+    /// The program it runs, where the runtime knows it: to name it when it ends before it
+    /// connects. `None` (the default) leaves it unnamed.
+    fn program(&self) -> Option<&Path> {
+        None
+    }
+
     /// Waits until the process has ended. Cancel safe: the hub polls it inside `select!`.
     async fn wait(&mut self) -> io::Result<AgentExit>;
 
@@ -135,4 +207,34 @@ pub trait AgentProcess: Send + 'static {
 
     /// Releases what the process held on its machine (its cgroup, say), once it is gone.
     async fn cleanup(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_that_exits_before_it_connects_is_told_to_call_run_if_agent() {
+        let program = Path::new("/path/to/bin");
+        let said = ended_before_connecting(Some(program), &AgentExit::Exited { code: 0 });
+        assert_eq!(
+            said,
+            "the worker program `/path/to/bin` exited with code 0 before it connected: call \
+             `trainyard::run_if_agent(functions)` first thing in `main` so that it can serve as \
+             a worker"
+        );
+        let failed = AgentExit::Exited {
+            code: i32::from(trainyard_agent::AGENT_FAILED),
+        };
+        let said = ended_before_connecting(Some(program), &failed);
+        assert!(
+            !said.contains("run_if_agent"),
+            "an agent that could not start: {said}"
+        );
+        let killed = ended_before_connecting(None, &AgentExit::Signalled { signal: 9 });
+        assert_eq!(
+            killed,
+            "the worker program ended before it connected (signal: 9 (SIGKILL))"
+        );
+    }
 }

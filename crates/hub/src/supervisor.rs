@@ -22,6 +22,7 @@ use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError, Ta
 use crate::calls::{Pending, Reply, reply_result, request_name};
 use crate::death::{Seen, cause_of_death};
 use crate::hub::{HubCore, REAP_TIMEOUT};
+use crate::process::{ended_before_connecting, never_connected};
 use crate::{AgentExit, AgentProcess};
 
 /// How long a dead connection's agent gets to be reaped for its exit status, and how long
@@ -187,14 +188,11 @@ impl Supervisor {
                     }
                 },
                 exit = self.process.wait() => Connect::Failed(match exit {
-                    Ok(AgentExit::Died(cause)) => {
-                        format!("the agent ended before it connected: {cause}")
-                    }
-                    Ok(exit) => format!("the agent exited before it connected ({exit})"),
+                    Ok(exit) => ended_before_connecting(self.process.program(), &exit),
                     Err(error) => format!("cannot wait for the agent: {error}"),
                 }),
                 () = tokio::time::sleep_until(deadline) => {
-                    Connect::Failed(format!("the agent did not connect within {limit:?}"))
+                    Connect::Failed(never_connected(self.process.program(), limit))
                 }
                 () = ready.closed() => Connect::Failed("the spawn was given up".to_owned()),
                 command = self.commands.recv() => match command {

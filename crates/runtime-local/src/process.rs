@@ -3,6 +3,7 @@
 //! pid may belong to someone else; see `trainyard_agent::process_group`).
 
 use std::io;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use nix::sys::signal::{Signal, kill};
@@ -17,6 +18,8 @@ use trainyard_hub::{AgentExit, AgentProcess, TaskKiller};
 pub(crate) struct LocalProcess {
     /// The agent; killed when dropped.
     pub(crate) child: Child,
+    /// The program it runs.
+    pub(crate) program: PathBuf,
     /// The worker's cgroup, removed once the agent is gone.
     pub(crate) cgroup: Option<WorkerCgroup>,
     /// The worker's hard memory limit, in bytes.
@@ -27,6 +30,10 @@ pub(crate) struct LocalProcess {
 impl AgentProcess for LocalProcess {
     fn pid(&self) -> Option<u32> {
         self.child.id()
+    }
+
+    fn program(&self) -> Option<&Path> {
+        Some(&self.program)
     }
 
     async fn wait(&mut self) -> io::Result<AgentExit> {

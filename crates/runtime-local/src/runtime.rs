@@ -107,9 +107,17 @@ impl LocalRuntime {
     /// Listens for agents on [`LocalConfig::bind`] and starts accepting them. Must be called
     /// within a tokio runtime.
     ///
+    /// A process that was started as a worker's agent and whose program did not call
+    /// `run_if_agent` is refused before it touches anything
+    /// ([`HubError::NotServing`](trainyard_hub::HubError::NotServing)): it exits, and its
+    /// driver says at once what to add to `main`.
+    ///
     /// # Errors
     /// [`LocalError::NoNodes`], [`LocalError::Ledger`] or [`LocalError::Hub`].
     pub async fn start(config: LocalConfig) -> Result<Self, LocalError> {
+        if trainyard_agent::skipped_run_if_agent() {
+            return Err(LocalError::Hub(trainyard_hub::HubError::NotServing));
+        }
         if config.nodes.is_empty() {
             return Err(LocalError::NoNodes);
         }
@@ -280,6 +288,7 @@ impl LocalRuntime {
         starting.armed = false;
         Ok(LocalProcess {
             child,
+            program: core.config.agent.program.clone(),
             cgroup: starting.cgroup.take(),
             memory_limit: memory.as_ref().map(MemoryLimit::bytes),
         })

@@ -39,6 +39,41 @@ fn agent_entry() {
     }
 }
 
+/// The code [`forgetful_driver_entry`] exits with when starting a runtime was refused.
+const REFUSED: i32 = 17;
+
+/// An agent entry that forgets `run_if_agent`: a program that does nothing of the kind.
+#[test]
+fn forgetful_entry() {}
+
+/// An agent entry that forgets `run_if_agent` and goes on as a driver: started as an agent,
+/// it exits with [`REFUSED`] when starting a runtime of its own is refused.
+#[test]
+fn forgetful_driver_entry() {
+    if std::env::var_os(trainyard_agent::config::ROLE).is_none() {
+        return;
+    }
+    let Ok(tokio) = tokio::runtime::Runtime::new() else {
+        std::process::exit(1);
+    };
+    let started = tokio.block_on(LocalRuntime::start(two_nodes("forgetful-inner")));
+    std::process::exit(match started {
+        Err(trainyard_runtime_local::LocalError::Hub(trainyard_hub::HubError::NotServing)) => {
+            REFUSED
+        }
+        _ => 1,
+    });
+}
+
+/// This test binary as the agent, running only `entry`.
+fn entry_agent(entry: &str) -> AgentCommand {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    AgentCommand::new(
+        exe,
+        ["--exact", entry, "--nocapture", "--test-threads=1", "-q"],
+    )
+}
+
 /// The functions the agents of these tests serve besides the built-ins.
 fn functions() -> FunctionRegistry {
     FunctionRegistry::new()
@@ -100,17 +135,7 @@ fn spin_until(until: std::time::Instant) {
 
 /// This test binary as the agent, serving [`functions`] (function tasks need no trampoline).
 fn functions_agent() -> AgentCommand {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    AgentCommand::new(
-        exe,
-        [
-            "--exact",
-            "agent_entry",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ],
-    )
+    entry_agent("agent_entry")
 }
 
 /// This machine as two nodes of 2 CPUs and 4 GiB each (and whatever GPUs it has).
@@ -587,6 +612,34 @@ async fn rogue_connections_are_dropped_and_real_agents_still_connect() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_program_without_run_if_agent_fails_the_spawn_at_once_saying_what_to_add() {
+    for (entry, code) in [("forgetful_entry", 0), ("forgetful_driver_entry", REFUSED)] {
+        let config = two_nodes("forgetful").with_agent(entry_agent(entry));
+        let runtime = LocalRuntime::start(config).await.expect("start");
+        let started = Instant::now();
+        let spawned = timeout(TEST_LIMIT, runtime.spawn(spec("forgetful")))
+            .await
+            .expect("in time");
+        let took = started.elapsed();
+        let error = spawned.expect_err("the worker never connects");
+        let program = std::env::current_exe().expect("the test binary's path");
+        let expected = format!(
+            "the worker program `{}` exited with code {code} before it connected: call \
+             `trainyard::run_if_agent(functions)` first thing in `main` so that it can serve \
+             as a worker",
+            program.display()
+        );
+        assert!(
+            matches!(&error, RuntimeError::SpawnFailed { reason, .. } if *reason == expected),
+            "{entry}: {error:?}"
+        );
+        assert!(took < Duration::from_secs(10), "{entry}: {took:?}");
+        assert!(runtime.agent_pids().is_empty());
+        runtime.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_cannot_start_fails_the_spawn_and_frees_its_resources() {
     let config = two_nodes("broken").connect_timeout(Duration::from_secs(5));
     let broken = LocalConfig {
@@ -609,7 +662,7 @@ async fn an_agent_that_cannot_start_fails_the_spawn_and_frees_its_resources() {
     let said = |text: &str| error.to_string().contains(text);
     assert!(
         matches!(&error, RuntimeError::SpawnFailed { name, .. } if name == "broken")
-            && said("exit status: 7"),
+            && said("exited with code 7 before it connected"),
         "{error}"
     );
     assert!(runtime.agent_pids().is_empty());
