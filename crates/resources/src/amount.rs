@@ -45,8 +45,10 @@ pub enum AmountError {
     /// Not a decimal number at all.
     #[error("amount must be a non-negative number such as 1, 0.5 or 2e3, got `{0}`")]
     NotANumber(String),
-    /// Larger than the largest representable amount.
-    #[error("amount is too large, got {0}")]
+    /// Larger than [`ResourceAmount::MAX`], the most Ray can represent.
+    #[error(
+        "amount is too large, got {0}: at most 922337203685477.5807 (Ray keeps amounts as 64-bit numbers of 0.0001 steps)"
+    )]
     TooLarge(String),
 }
 
@@ -57,6 +59,19 @@ impl ResourceAmount {
     pub const ONE: Self = Self(STEPS_PER_UNIT);
     /// The smallest positive amount, 0.0001.
     pub const STEP: Self = Self(1);
+    /// The largest amount parsing accepts, 922337203685477.5807: Ray keeps every resource
+    /// quantity as a signed 64-bit number of 0.0001 steps, so nothing larger can be asked of
+    /// it, and such an amount always prints (as text and as a JSON number). Sums of amounts
+    /// may go beyond it.
+    ///
+    /// ```
+    /// use trainyard_resources::{AmountError, ResourceAmount};
+    ///
+    /// assert_eq!(ResourceAmount::MAX.to_string(), "922337203685477.5807");
+    /// assert_eq!("922337203685477.5807".parse(), Ok(ResourceAmount::MAX));
+    /// assert!(matches!("1e30".parse::<ResourceAmount>(), Err(AmountError::TooLarge(_))));
+    /// ```
+    pub const MAX: Self = Self(i64::MAX as u128);
 
     /// `units` whole units.
     #[must_use]
@@ -186,7 +201,8 @@ impl FromStr for ResourceAmount {
             DecimalError::TooLarge => AmountError::TooLarge(trimmed.to_owned()),
         })?;
         match decimal.scaled_exact(STEPS_PER_UNIT) {
-            Ok(Some(steps)) => Ok(Self(steps)),
+            Ok(Some(steps)) if steps <= Self::MAX.0 => Ok(Self(steps)),
+            Ok(Some(_)) => Err(AmountError::TooLarge(trimmed.to_owned())),
             Ok(None) => Err(AmountError::TooPrecise(trimmed.to_owned())),
             Err(_) => Err(AmountError::TooLarge(trimmed.to_owned())),
         }
@@ -261,19 +277,21 @@ impl Visitor<'_> for AmountVisitor {
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(ResourceAmount::from_units(v))
+        self.visit_u128(u128::from(v))
     }
 
     fn visit_u128<E: de::Error>(self, v: u128) -> Result<Self::Value, E> {
         v.checked_mul(STEPS_PER_UNIT)
+            .filter(|steps| *steps <= ResourceAmount::MAX.0)
             .map(ResourceAmount)
             .ok_or_else(|| E::custom(AmountError::TooLarge(v.to_string())))
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-        u64::try_from(v)
-            .map(ResourceAmount::from_units)
-            .map_err(|_| E::custom(AmountError::Negative(v.to_string())))
+        match u64::try_from(v) {
+            Ok(v) => self.visit_u64(v),
+            Err(_) => Err(E::custom(AmountError::Negative(v.to_string()))),
+        }
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
@@ -354,6 +372,35 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "amount must be a non-negative number such as 1, 0.5 or 2e3, got `abc`"
+        );
+    }
+
+    #[test]
+    fn amounts_beyond_what_ray_can_represent_are_refused_and_name_the_value() {
+        for text in ["1e30", "922337203685477.5808", "99999999999999999999999"] {
+            assert_eq!(
+                text.parse::<ResourceAmount>(),
+                Err(AmountError::TooLarge(text.into())),
+                "{text}"
+            );
+        }
+        assert!(matches!(
+            ResourceAmount::try_from(1e30),
+            Err(AmountError::TooLarge(_))
+        ));
+        let err = serde_json::from_str::<ResourceAmount>("99999999999999999999").unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
+        let err = serde_json::from_str::<ResourceAmount>("1000000000000000").unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
+        assert_eq!(
+            serde_json::to_string(&ResourceAmount::MAX).unwrap(),
+            "922337203685477.6",
+            "the largest amount prints as a JSON number"
+        );
+        let largest_whole: ResourceAmount = "922337203685477".parse().unwrap();
+        assert_eq!(
+            serde_json::to_string(&largest_whole).unwrap(),
+            "922337203685477"
         );
     }
 

@@ -125,6 +125,69 @@ impl fmt::Display for ByteSize {
     }
 }
 
+impl ByteSize {
+    /// The size as a person reads it, the one rendering of byte sizes in text output. It is
+    /// exact where a unit gives a short number — at most four digits and one decimal
+    /// (`10GB`, `1.5GiB`, `1000KiB`, `7B`) — and otherwise rounded to a tenth of the
+    /// largest binary unit that leaves a number below 1024 (`23.5GiB`). JSON keeps bytes.
+    ///
+    /// ```
+    /// use trainyard_resources::ByteSize;
+    ///
+    /// assert_eq!(ByteSize::new(25_276_063_744).human().to_string(), "23.5GiB");
+    /// assert_eq!(ByteSize::new(10_000_000_000).human().to_string(), "10GB");
+    /// assert_eq!(ByteSize::new(1_610_612_736).human().to_string(), "1.5GiB");
+    /// assert_eq!(ByteSize::new(0).human().to_string(), "0B");
+    /// ```
+    #[must_use]
+    pub const fn human(self) -> HumanBytes {
+        HumanBytes(self.0)
+    }
+}
+
+/// A byte size shown as a person reads it; see [`ByteSize::human`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanBytes(u64);
+
+/// The most digits before the point of an exact rendering; longer ones are rounded.
+const EXACT_LIMIT: u128 = 10_000;
+
+/// The binary units, smallest first, for rounded renderings.
+const BINARY_UNITS: [(&str, u128); 5] = [
+    ("B", 1),
+    ("KiB", 1 << 10),
+    ("MiB", 1 << 20),
+    ("GiB", 1 << 30),
+    ("TiB", 1 << 40),
+];
+
+impl fmt::Display for HumanBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let bytes = u128::from(self.0);
+        // Exact to a tenth, in the unit with the smallest count.
+        let exact = BYTE_UNITS
+            .iter()
+            .filter(|&&(_, factor)| (bytes * 10) % factor == 0 && (bytes >= factor || factor == 1))
+            .map(|&(unit, factor)| (unit, bytes * 10 / factor))
+            .min_by_key(|&(_, tenths)| tenths)
+            .filter(|&(_, tenths)| tenths < EXACT_LIMIT * 10);
+        let (unit, tenths) = exact.unwrap_or_else(|| {
+            // Rounded to a tenth, in the smallest unit that leaves less than 1024 (the
+            // largest unit for what is larger still).
+            let rounded = |factor: u128| (bytes * 10 + factor / 2) / factor;
+            BINARY_UNITS
+                .iter()
+                .map(|&(unit, factor)| (unit, rounded(factor)))
+                .find(|&(_, tenths)| tenths < 10_240)
+                .unwrap_or(("TiB", rounded(1 << 40)))
+        });
+        match tenths % 10 {
+            0 if exact.is_some() => write!(f, "{}{unit}", tenths / 10),
+            tenth => write!(f, "{}.{tenth}{unit}", tenths / 10),
+        }
+    }
+}
+
 impl FromStr for ByteSize {
     type Err = ByteSizeError;
 
@@ -242,6 +305,28 @@ mod tests {
             let shown = format!("{:#}", ByteSize::new(size));
             assert_eq!(shown, text);
             assert_eq!(bytes(&shown), size);
+        }
+    }
+
+    #[test]
+    fn the_human_form_is_exact_when_short_and_rounded_to_a_tenth_otherwise() {
+        for (size, text) in [
+            (0, "0B"),
+            (7, "7B"),
+            (1000, "1KB"),
+            (1001, "1001B"),
+            (2048, "2KiB"),
+            (1_024_000, "1000KiB"),
+            (1536 << 20, "1.5GiB"),
+            (10_000_000_000, "10GB"),
+            (3 << 40, "3TiB"),
+            (25_276_063_744, "23.5GiB"),
+            (24_683_656 * 1024, "23.5GiB"),
+            (123_456_789, "117.7MiB"),
+            ((1 << 30) - 1, "1.0GiB"),
+            (u64::MAX, "16777216.0TiB"),
+        ] {
+            assert_eq!(ByteSize::new(size).human().to_string(), text, "{size}");
         }
     }
 

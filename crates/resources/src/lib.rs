@@ -62,10 +62,10 @@ mod options;
 mod resources;
 
 pub use amount::{AmountError, ResourceAmount, STEPS_PER_UNIT};
-pub use bytes::{BYTE_UNITS, ByteSize, ByteSizeError};
+pub use bytes::{BYTE_UNITS, ByteSize, ByteSizeError, HumanBytes};
 pub use chain::ErrorChain;
 pub use options::ActorOptions;
 pub use resources::{
-    CPU, GPU, MEMORY, OBJECT_STORE_MEMORY, RESERVED, ResourceError, Resources, WHOLE_ABOVE_ONE,
-    is_byte_resource, is_reserved, near_reserved_name,
+    CPU, GPU, HumanResources, MEMORY, OBJECT_STORE_MEMORY, RESERVED, ResourceError, Resources,
+    WHOLE_ABOVE_ONE, is_byte_resource, is_reserved, near_reserved_name,
 };

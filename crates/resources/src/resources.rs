@@ -335,8 +335,8 @@ impl Resources {
             .map(|(name, _)| name)
     }
 
-    /// Checks the rules that apply per resource: byte resources are whole numbers, and
-    /// GPU-like accelerators above 1 are whole.
+    /// Checks the rules that apply per resource: no amount is above [`ResourceAmount::MAX`],
+    /// byte resources are whole numbers, and GPU-like accelerators above 1 are whole.
     ///
     /// # Errors
     /// The first entry (by name) that breaks a rule.
@@ -362,7 +362,14 @@ impl Resources {
                         name: name.to_owned(),
                         source,
                     })?;
-            ResourceAmount::from_units(size.bytes())
+            let amount = ResourceAmount::from_units(size.bytes());
+            if amount > ResourceAmount::MAX {
+                return Err(ResourceError::InvalidAmount {
+                    name: name.to_owned(),
+                    source: AmountError::TooLarge(value.trim().to_owned()),
+                });
+            }
+            amount
         } else {
             value
                 .parse()
@@ -414,6 +421,12 @@ fn validate_entry(name: &str, amount: ResourceAmount) -> Result<(), ResourceErro
             name: name.to_owned(),
         });
     }
+    if amount > ResourceAmount::MAX {
+        return Err(ResourceError::InvalidAmount {
+            name: name.to_owned(),
+            source: AmountError::TooLarge(amount.to_string()),
+        });
+    }
     if is_byte_resource(name) && !amount.is_whole() {
         return Err(ResourceError::FractionalBytes {
             name: name.to_owned(),
@@ -446,6 +459,46 @@ impl fmt::Display for Resources {
             match amount.as_whole_u64() {
                 Some(bytes) if f.alternate() && is_byte_resource(name) => {
                     write!(f, "{name}={:#}", ByteSize::new(bytes))?;
+                }
+                _ => write!(f, "{name}={amount}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Resources {
+    /// The dictionary as a person reads it: `NAME=AMOUNT` pairs joined by commas, byte
+    /// resources in [`ByteSize::human`]'s rendering (`memory=23.5GiB`), which may be rounded.
+    /// The exact forms are `{}` and `{:#}`, and JSON.
+    ///
+    /// ```
+    /// use trainyard_resources::Resources;
+    ///
+    /// let node: Resources = "CPU=0,memory=25276063744".parse()?;
+    /// assert_eq!(node.human().to_string(), "CPU=0,memory=23.5GiB");
+    /// assert_eq!(format!("{node:#}"), "CPU=0,memory=24683656KiB");
+    /// # Ok::<(), trainyard_resources::ResourceError>(())
+    /// ```
+    #[must_use]
+    pub fn human(&self) -> HumanResources<'_> {
+        HumanResources(self)
+    }
+}
+
+/// A [`Resources`] dictionary shown as a person reads it; see [`Resources::human`].
+#[derive(Debug, Clone, Copy)]
+pub struct HumanResources<'a>(&'a Resources);
+
+impl fmt::Display for HumanResources<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (name, amount)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            match amount.as_whole_u64() {
+                Some(bytes) if is_byte_resource(name) => {
+                    write!(f, "{name}={}", ByteSize::new(bytes).human())?;
                 }
                 _ => write!(f, "{name}={amount}")?,
             }

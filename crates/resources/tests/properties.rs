@@ -8,6 +8,9 @@ use trainyard_resources::{
 /// Amounts with at most 15 significant digits: every `f64` text of them is exact.
 const MAX_F64_EXACT_STEPS: u128 = 1_000_000_000_000_000;
 
+/// The most bytes a byte resource may hold: [`ResourceAmount::MAX`]'s whole part.
+const MAX_BYTES: u64 = 922_337_203_685_477;
+
 /// An amount with a whole part below 1000 and any fraction: where `whole + frac` in
 /// floating point would round twice.
 fn small_amount() -> impl Strategy<Value = ResourceAmount> {
@@ -43,8 +46,8 @@ fn valid_dict() -> impl Strategy<Value = Resources> {
     (
         proptest::option::of(0..=100_000_000u128),
         proptest::option::of(gpu_amount()),
-        proptest::option::of(any::<u64>()),
-        proptest::option::of(any::<u64>()),
+        proptest::option::of(0..=MAX_BYTES),
+        proptest::option::of(0..=MAX_BYTES),
         proptest::collection::btree_map(custom_name(), 0..=MAX_F64_EXACT_STEPS, 0..6),
     )
         .prop_map(|(cpu, gpu, memory, object_store, custom)| {
@@ -98,12 +101,18 @@ proptest! {
 
 proptest! {
     #[test]
-    fn amounts_survive_parse_display_parse(steps in any::<u128>()) {
+    fn amounts_survive_parse_display_parse(steps in 0..=ResourceAmount::MAX.steps()) {
         let original = ResourceAmount::from_steps(steps);
         let text = original.to_string();
         let parsed: ResourceAmount = text.parse().map_err(|e| TestCaseError::fail(format!("{text}: {e}")))?;
         prop_assert_eq!(parsed, original);
         prop_assert_eq!(parsed.to_string(), text);
+    }
+
+    #[test]
+    fn amounts_above_the_largest_are_refused_by_name(steps in ResourceAmount::MAX.steps() + 1..) {
+        let text = ResourceAmount::from_steps(steps).to_string();
+        prop_assert_eq!(text.parse::<ResourceAmount>(), Err(AmountError::TooLarge(text.clone())));
     }
 
     #[test]

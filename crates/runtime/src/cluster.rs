@@ -81,8 +81,10 @@ impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "run `{}` (pid {}) holds {:#}",
-            self.run, self.pid, self.holds
+            "run `{}` (pid {}) holds {}",
+            self.run,
+            self.pid,
+            self.holds.human()
         )?;
         let devices: Vec<String> = self
             .devices
@@ -111,11 +113,11 @@ pub struct Shortage {
 }
 
 impl std::fmt::Display for Shortage {
-    /// `CPU=2 is not free; held by run `a` (pid 12) holds CPU=4`.
+    /// `CPU=2 is not free: run `a` (pid 12) holds CPU=4; run `b` (pid 13) holds CPU=1`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:#} is not free", self.missing)?;
+        write!(f, "{} is not free", self.missing.human())?;
         for (i, holder) in self.holders.iter().enumerate() {
-            f.write_str(if i == 0 { "; held by " } else { "; " })?;
+            f.write_str(if i == 0 { ": " } else { "; " })?;
             write!(f, "{holder}")?;
         }
         Ok(())

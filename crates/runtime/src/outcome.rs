@@ -266,7 +266,7 @@ pub fn signal_name(signal: i32) -> Option<&'static str> {
 
 /// A byte count with its unit, exact when it can be (`1GiB`, `10GB`).
 fn human_bytes(bytes: u64) -> String {
-    format!("{:#}", ByteSize::new(bytes))
+    ByteSize::new(bytes).human().to_string()
 }
 
 #[cfg(test)]

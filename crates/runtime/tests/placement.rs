@@ -459,7 +459,7 @@ fn an_infeasible_bundle_names_the_bundle_the_resource_the_ask_and_the_best_node(
     );
     assert_eq!(
         err.to_string(),
-        "bundle 2 needs memory=10000000000 but the most memory any node has is 8000000000"
+        "bundle 2 needs memory=10GB but the most memory any node has is 8GB"
     );
 }
 

@@ -160,7 +160,7 @@ async fn a_group_that_can_never_fit_fails_at_once_with_an_explanation() {
     };
     assert_eq!(
         why.to_string(),
-        "bundle 1 needs memory=3000 but the most memory any node has is 2000"
+        "bundle 1 needs memory=3KB but the most memory any node has is 2KB"
     );
     assert!(matches!(
         why,

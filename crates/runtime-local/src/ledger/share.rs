@@ -213,7 +213,7 @@ mod tests {
         assert_eq!(holder.devices["GPU"], ["0", "1"]);
         assert_eq!(
             shortage.to_string(),
-            "GPU=1 is not free; held by run `gpus` (pid 11) holds CPU=2,GPU=2 (GPU 0,1)"
+            "GPU=1 is not free: run `gpus` (pid 11) holds CPU=2,GPU=2 (GPU 0,1)"
         );
     }
 

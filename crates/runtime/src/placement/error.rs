@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use trainyard_config::PlacementStrategy;
-use trainyard_resources::{ResourceAmount, Resources};
+use trainyard_resources::{ByteSize, ResourceAmount, Resources, is_byte_resource};
 
 /// Why a placement group can never be scheduled on the cluster as it is.
 ///
@@ -21,7 +21,7 @@ pub enum PlacementError {
         strategy: PlacementStrategy,
     },
     /// One bundle asks for more of a resource than any node has.
-    #[error("bundle {bundle} needs {resource}={needed} but {}", most_any_node(.resource, *.best))]
+    #[error("bundle {bundle} needs {resource}={} but {}", human(.resource, *.needed), most_any_node(.resource, *.best))]
     BundleTooLarge {
         /// The bundle's index.
         bundle: usize,
@@ -36,7 +36,9 @@ pub enum PlacementError {
     },
     /// Each resource of a bundle exists on some node, but no node has all of them at once.
     #[error(
-        "bundle {bundle} needs {demand} but no node has all of it at once; the closest has {closest}"
+        "bundle {bundle} needs {} but no node has all of it at once; the closest has {}",
+        .demand.human(),
+        .closest.human()
     )]
     BundleFitsNoNode {
         /// The bundle's index.
@@ -49,7 +51,11 @@ pub enum PlacementError {
         strategy: PlacementStrategy,
     },
     /// All bundles together ask for more of a resource than the whole cluster has.
-    #[error("the bundles together need {resource}={needed} but the cluster has {resource}={total}")]
+    #[error(
+        "the bundles together need {resource}={} but the cluster has {resource}={}",
+        human(.resource, *.needed),
+        human(.resource, *.total)
+    )]
     ClusterTooSmall {
         /// The resource that is short.
         resource: String,
@@ -62,7 +68,8 @@ pub enum PlacementError {
     },
     /// `STRICT_PACK`: the bundles together ask for more of a resource than any node has.
     #[error(
-        "{strategy} needs all {bundles} bundles on one node: together they need {resource}={needed} but {}",
+        "{strategy} needs all {bundles} bundles on one node: together they need {resource}={} but {}",
+        human(.resource, *.needed),
         most_any_node(.resource, *.best)
     )]
     GroupTooLargeForOneNode {
@@ -79,7 +86,9 @@ pub enum PlacementError {
     },
     /// `STRICT_PACK`: each resource of the sum exists on some node, but no node has all of it.
     #[error(
-        "{strategy} needs all {bundles} bundles on one node: together they need {demand} but no node has all of it at once; the closest has {closest}"
+        "{strategy} needs all {bundles} bundles on one node: together they need {} but no node has all of it at once; the closest has {}",
+        .demand.human(),
+        .closest.human()
     )]
     GroupFitsNoNode {
         /// How many bundles the group has.
@@ -214,7 +223,18 @@ fn most_any_node(resource: &str, best: ResourceAmount) -> String {
     if best.is_zero() {
         format!("no node has any {resource}")
     } else {
-        format!("the most {resource} any node has is {best}")
+        format!(
+            "the most {resource} any node has is {}",
+            human(resource, best)
+        )
+    }
+}
+
+/// An amount of `resource` as a person reads it: a byte resource as a size (`23.5GiB`).
+fn human(resource: &str, amount: ResourceAmount) -> String {
+    match amount.as_whole_u64() {
+        Some(bytes) if is_byte_resource(resource) => ByteSize::new(bytes).human().to_string(),
+        _ => amount.to_string(),
     }
 }
 

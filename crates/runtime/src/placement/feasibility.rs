@@ -295,7 +295,7 @@ mod tests {
         let err = check_feasible(&n, &f).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "bundle 2 needs memory=10000000000 but the most memory any node has is 8000000000"
+            "bundle 2 needs memory=10GB but the most memory any node has is 8GB"
         );
         assert_eq!(err.bundle(), Some(2));
         assert_eq!(err.resource(), Some("memory"));
