@@ -235,6 +235,15 @@ pub trait Backend: Send + Sync + Debug + 'static {
         false
     }
 
+    /// The variables this backend's hooks set on every worker's task, each with what its
+    /// value is. The run's own environment (`RunConfig::env`) cannot set them: the backend's
+    /// value replaces it. A variable the backend sets only where the run's environment does
+    /// not (torch's `OMP_NUM_THREADS`) is not listed. [`reserved_env`](#method.reserved_env)
+    /// adds the executor's own variables.
+    fn owned_env(&self) -> BTreeMap<&'static str, &'static str> {
+        BTreeMap::new()
+    }
+
     /// After the workers are started and sorted, before training: set up the framework's
     /// rendezvous. Returns environment for each worker's task.
     async fn on_start(&self, ctx: BackendContext<'_>) -> Result<WorkerEnv, BackendError> {
@@ -254,6 +263,27 @@ pub trait Backend: Send + Sync + Debug + 'static {
     async fn on_shutdown(&self, group: &WorkerGroup) -> Result<(), BackendError> {
         let _ = group;
         Ok(())
+    }
+}
+
+impl dyn Backend {
+    /// Every variable of a worker's task that the run's environment cannot set, each with
+    /// what its value is: the executor's (the rank context of
+    /// [`rank_env`](crate::rank_env), and where the task's checkpoints go and come from) and
+    /// the backend's ([`Backend::owned_env`]).
+    ///
+    /// ```
+    /// use trainyard_backend_executor::{BackendConfig, NoBackend};
+    ///
+    /// let reserved = NoBackend.build().reserved_env();
+    /// assert!(reserved.contains_key("TRAINYARD_WORLD_RANK"));
+    /// assert!(!reserved.contains_key("RANK"), "no backend, no torchrun variables");
+    /// ```
+    #[must_use]
+    pub fn reserved_env(&self) -> BTreeMap<&'static str, &'static str> {
+        let mut reserved: BTreeMap<_, _> = crate::context::EXECUTOR_ENV.iter().copied().collect();
+        reserved.extend(self.owned_env());
+        reserved
     }
 }
 

@@ -22,6 +22,34 @@ pub const RESTART_COUNT: &str = "TRAINYARD_RESTART_COUNT";
 /// `TRAINYARD_RUN_NAME`: the run's name.
 pub const RUN_NAME: &str = "TRAINYARD_RUN_NAME";
 
+/// The variables the executor sets on every worker's task, each with what its value is: the
+/// rank context of [`rank_env`], and where the task's checkpoints go and come from.
+pub(crate) const EXECUTOR_ENV: &[(&str, &str)] = &[
+    (WORLD_RANK, "the worker's world rank"),
+    (WORLD_SIZE, "the number of workers"),
+    (LOCAL_RANK, "the worker's rank on its node"),
+    (
+        LOCAL_WORLD_SIZE,
+        "the number of workers on the worker's node",
+    ),
+    (NODE_RANK, "the index of the worker's node"),
+    (RESTART_COUNT, "how many times the run was restarted"),
+    (RUN_NAME, "the run's name"),
+    (trainyard_checkpoint::RUN_DIR, "the run's folder"),
+    (
+        trainyard_checkpoint::CHECKPOINT_BASE,
+        "the index the task's checkpoints count from",
+    ),
+    (
+        trainyard_checkpoint::CHECKPOINT,
+        "the checkpoint the task resumes from",
+    ),
+    (
+        trainyard_checkpoint::CHECKPOINT_URI,
+        "the checkpoint the task resumes from, in remote storage",
+    ),
+];
+
 /// The environment that tells a worker its place in the run.
 #[must_use]
 pub fn rank_env(rank: &RankInfo, restart_count: u32, run_name: &str) -> BTreeMap<String, String> {
@@ -199,5 +227,27 @@ impl TrainContext {
     /// Prints one line of output to the driver.
     pub fn print(&self, line: impl Into<String>) {
         self.task.log(Stream::Stdout, line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rank_variable_is_listed_as_the_executors() {
+        let rank = RankInfo {
+            world_rank: WorldRank(1),
+            world_size: 2,
+            local_rank: 1,
+            local_world_size: 2,
+            node_rank: 0,
+        };
+        for name in rank_env(&rank, 0, "demo").keys() {
+            assert!(
+                EXECUTOR_ENV.iter().any(|(listed, _)| listed == name),
+                "{name} is set but not listed"
+            );
+        }
     }
 }

@@ -227,50 +227,141 @@ impl Backend for TorchBackend {
 
     async fn on_training_start(&self, ctx: BackendContext<'_>) -> Result<WorkerEnv, BackendError> {
         let max_restarts = ctx.run.failure_config.max_failures.map_or(-1, i64::from);
-        Ok(ctx
-            .ranks
+        let run_id = ctx.run.name.as_deref().unwrap_or(DEFAULT_RUN_ID);
+        Ok(torchrun_env(
+            ctx.ranks,
+            run_id,
+            ctx.restart_count,
+            max_restarts,
+        ))
+    }
+
+    fn owned_env(&self) -> BTreeMap<&'static str, &'static str> {
+        let mut owned: BTreeMap<_, _> = TORCHRUN_ENV
             .iter()
-            .map(|rank| torchrun_env(rank, ctx.restart_count, max_restarts))
-            .collect())
+            .chain(PROCESS_GROUP_ENV)
+            .copied()
+            .collect();
+        if self.config.init_method == InitMethod::Env {
+            owned.extend(MASTER_ENV.iter().copied());
+        }
+        owned
     }
 }
 
-/// The variables `torchrun` gives its workers, for one rank.
+/// torchrun's `--rdzv-id` when none is given: `TORCHELASTIC_RUN_ID` of a run that has no
+/// name in its `RunConfig`.
+const DEFAULT_RUN_ID: &str = "none";
+
+/// The variables of [`torchrun_env`], each with what its value is.
+const TORCHRUN_ENV: &[(&str, &str)] = &[
+    ("RANK", "the worker's world rank"),
+    ("LOCAL_RANK", "the worker's rank on its node"),
+    ("WORLD_SIZE", "the number of workers"),
+    (
+        "LOCAL_WORLD_SIZE",
+        "the number of workers on the worker's node",
+    ),
+    ("NODE_RANK", "the index of the worker's node"),
+    ("GROUP_RANK", "the index of the worker's node"),
+    ("GROUP_WORLD_SIZE", "the number of nodes the workers are on"),
+    ("ROLE_RANK", "the worker's world rank"),
+    ("ROLE_WORLD_SIZE", "the number of workers"),
+    ("ROLE_NAME", "torchrun's role, `default`"),
+    (
+        "TORCHELASTIC_RESTART_COUNT",
+        "how many times the run was restarted",
+    ),
+    (
+        "TORCHELASTIC_MAX_RESTARTS",
+        "the restarts the run allows (its failure config)",
+    ),
+    ("TORCHELASTIC_RUN_ID", "the run's name"),
+    (
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "`False`: rank 0 hosts the rendezvous store",
+    ),
+    (
+        root_cause::ERROR_FILE_VAR,
+        "the variable that names the task's error file",
+    ),
+    (
+        root_cause::TORCHELASTIC_ERROR_FILE,
+        "a fresh error file for each task",
+    ),
+];
+
+/// The process-group settings every worker gets, each with what its value is.
+const PROCESS_GROUP_ENV: &[(&str, &str)] = &[
+    (INIT_METHOD_VAR, "how the workers find each other"),
+    (BACKEND_VAR, "the process-group backend, nccl or gloo"),
+    (TIMEOUT_VAR, "the process-group timeout in seconds"),
+];
+
+/// The rendezvous of `env://`, each with what its value is.
+const MASTER_ENV: &[(&str, &str)] = &[
+    ("MASTER_ADDR", "the address of rank 0's node"),
+    ("MASTER_PORT", "a port found free on rank 0's node"),
+];
+
+/// The variables `torchrun` gives its workers, for every rank of an attempt in world-rank
+/// order: `ranks` as [`assign_ranks`](trainyard_backend_executor::assign_ranks) gives them,
+/// the run's name (`TORCHELASTIC_RUN_ID`), how many times the run was restarted and how
+/// many restarts it allows (`-1`: unlimited). `GROUP_WORLD_SIZE` is the number of nodes
+/// the ranks are on.
 #[must_use]
 pub fn torchrun_env(
-    rank: &RankInfo,
+    ranks: &[RankInfo],
+    run_id: &str,
     restart_count: u32,
     max_restarts: i64,
-) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("RANK".to_owned(), rank.world_rank.to_string()),
-        ("LOCAL_RANK".to_owned(), rank.local_rank.to_string()),
-        ("WORLD_SIZE".to_owned(), rank.world_size.to_string()),
-        (
-            "LOCAL_WORLD_SIZE".to_owned(),
-            rank.local_world_size.to_string(),
-        ),
-        ("NODE_RANK".to_owned(), rank.node_rank.to_string()),
-        ("GROUP_RANK".to_owned(), rank.node_rank.to_string()),
-        ("ROLE_RANK".to_owned(), rank.world_rank.to_string()),
-        ("ROLE_WORLD_SIZE".to_owned(), rank.world_size.to_string()),
-        ("ROLE_NAME".to_owned(), "default".to_owned()),
-        (
-            "TORCHELASTIC_RESTART_COUNT".to_owned(),
-            restart_count.to_string(),
-        ),
-        // The worker gives each task a fresh `TORCHELASTIC_ERROR_FILE`, where `@record`
-        // leaves the exception that ended it.
-        (
-            root_cause::ERROR_FILE_VAR.to_owned(),
-            root_cause::TORCHELASTIC_ERROR_FILE.to_owned(),
-        ),
-        (
-            "TORCHELASTIC_MAX_RESTARTS".to_owned(),
-            max_restarts.to_string(),
-        ),
-        ("TORCHELASTIC_RUN_ID".to_owned(), "none".to_owned()),
-    ])
+) -> Vec<BTreeMap<String, String>> {
+    let nodes = ranks
+        .iter()
+        .map(|rank| rank.node_rank.saturating_add(1))
+        .max()
+        .unwrap_or(0);
+    ranks
+        .iter()
+        .map(|rank| {
+            BTreeMap::from([
+                ("RANK".to_owned(), rank.world_rank.to_string()),
+                ("LOCAL_RANK".to_owned(), rank.local_rank.to_string()),
+                ("WORLD_SIZE".to_owned(), rank.world_size.to_string()),
+                (
+                    "LOCAL_WORLD_SIZE".to_owned(),
+                    rank.local_world_size.to_string(),
+                ),
+                ("NODE_RANK".to_owned(), rank.node_rank.to_string()),
+                ("GROUP_RANK".to_owned(), rank.node_rank.to_string()),
+                ("GROUP_WORLD_SIZE".to_owned(), nodes.to_string()),
+                ("ROLE_RANK".to_owned(), rank.world_rank.to_string()),
+                ("ROLE_WORLD_SIZE".to_owned(), rank.world_size.to_string()),
+                ("ROLE_NAME".to_owned(), "default".to_owned()),
+                (
+                    "TORCHELASTIC_RESTART_COUNT".to_owned(),
+                    restart_count.to_string(),
+                ),
+                // The worker gives each task a fresh `TORCHELASTIC_ERROR_FILE`, where
+                // `@record` leaves the exception that ended it.
+                (
+                    root_cause::ERROR_FILE_VAR.to_owned(),
+                    root_cause::TORCHELASTIC_ERROR_FILE.to_owned(),
+                ),
+                (
+                    "TORCHELASTIC_MAX_RESTARTS".to_owned(),
+                    max_restarts.to_string(),
+                ),
+                ("TORCHELASTIC_RUN_ID".to_owned(), run_id.to_owned()),
+                // No agent hosts a store: rank 0 creates it at MASTER_ADDR:MASTER_PORT, as
+                // `init_process_group("env://")` does when this is not `True`.
+                (
+                    "TORCHELASTIC_USE_AGENT_STORE".to_owned(),
+                    "False".to_owned(),
+                ),
+            ])
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -95,6 +95,14 @@ async fn every_rank_gets_the_torchrun_environment() {
         assert_eq!(var(env, "GROUP_RANK"), node.to_string());
         assert_eq!(var(env, "ROLE_RANK"), rank.to_string());
         assert_eq!(var(env, "ROLE_WORLD_SIZE"), "4");
+        assert_eq!(var(env, "ROLE_NAME"), "default");
+        assert_eq!(var(env, "GROUP_WORLD_SIZE"), "2", "two nodes");
+        assert_eq!(
+            var(env, "TORCHELASTIC_RUN_ID"),
+            "none",
+            "torchrun's default for a run without a name"
+        );
+        assert_eq!(var(env, "TORCHELASTIC_USE_AGENT_STORE"), "False");
         assert_eq!(var(env, "TORCHELASTIC_RESTART_COUNT"), "0");
         assert_eq!(var(env, "TORCHELASTIC_MAX_RESTARTS"), "0");
         assert_eq!(var(env, "TRAINYARD_TORCH_INIT_METHOD"), "env://");
@@ -197,4 +205,66 @@ async fn the_restart_count_reaches_torchelastic_variables() {
         assert_eq!(var(env, "TRAINYARD_RESTART_COUNT"), "1");
         assert_eq!(var(env, "TORCHELASTIC_MAX_RESTARTS"), "2");
     }
+}
+
+#[tokio::test]
+async fn the_run_id_is_the_runs_name() {
+    let sim = cluster("10.0.0.1", "10.0.0.2", 0);
+    let storage = tempfile::tempdir().expect("a temp dir");
+    let run = RunConfig::default()
+        .name("resnet")
+        .storage_path(storage.path().display().to_string());
+    let scaling = ScalingConfig::default().num_workers(2);
+    let report = envs(&sim, TorchConfig::default(), scaling, run, "trainyard.env").await;
+    for env in &report.returns {
+        assert_eq!(var(env, "TORCHELASTIC_RUN_ID"), "resnet");
+        assert_eq!(var(env, "TRAINYARD_RUN_NAME"), "resnet");
+        assert_eq!(
+            var(env, "GROUP_WORLD_SIZE"),
+            "1",
+            "both workers fit on one node"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_variable_the_run_cannot_set_is_listed_as_reserved() {
+    let sim = cluster("10.0.0.1", "10.0.0.2", 2);
+    let scaling = ScalingConfig::default().num_workers(4).use_gpu(true);
+    let config = TorchConfig::default();
+    let reserved = config.build().reserved_env();
+    let report = envs(&sim, config, scaling, RunConfig::default(), "trainyard.env").await;
+    // Set only where the run's environment does not set them, or by accelerator sharing
+    // from the GPUs each worker holds.
+    let yielding = [
+        "OMP_NUM_THREADS",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "CUDA_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+    ];
+    for env in &report.returns {
+        let names = env.as_object().expect("an object of variables").keys();
+        for name in names.filter(|name| !yielding.contains(&name.as_str())) {
+            assert!(
+                reserved.contains_key(name.as_str()),
+                "{name} is set but not reserved"
+            );
+        }
+    }
+    for name in [
+        "RANK",
+        "MASTER_PORT",
+        "TRAINYARD_TORCH_TIMEOUT_S",
+        "TRAINYARD_WORLD_RANK",
+    ] {
+        assert!(reserved.contains_key(name), "{name}");
+    }
+    let tcp = TorchConfig {
+        init_method: InitMethod::Tcp,
+        ..TorchConfig::default()
+    };
+    assert!(
+        !tcp.build().reserved_env().contains_key("MASTER_ADDR"),
+        "tcp init sets no MASTER_ADDR"
+    );
 }
