@@ -4,7 +4,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::Sender;
 use trainyard_backend_executor::{
     Backend, BackendConfig, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, RunEvent,
-    StacksTrigger,
+    StacksTrigger, StopTrigger,
 };
 use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_runtime::{ActorRuntime, TaskSpec};
@@ -71,6 +71,7 @@ pub struct Trainer {
     options: ExecutorOptions,
     events: Option<Sender<RunEvent>>,
     stacks: Option<StacksTrigger>,
+    stop: Option<StopTrigger>,
 }
 
 impl Trainer {
@@ -94,6 +95,7 @@ impl Trainer {
             options: ExecutorOptions::default(),
             events: None,
             stacks: None,
+            stop: None,
         }
     }
 
@@ -148,6 +150,15 @@ impl Trainer {
         self
     }
 
+    /// Stops the run gracefully when `trigger` is pulled: the tasks are stopped while their
+    /// last output is still streamed, and [`fit`](Trainer::fit) returns
+    /// `ExecutorError::Interrupted` (see [`BackendExecutor::with_stop_trigger`]).
+    #[must_use]
+    pub fn stop_trigger(mut self, trigger: StopTrigger) -> Self {
+        self.stop = Some(trigger);
+        self
+    }
+
     /// Runs the task on every worker until it finishes, restarting failed attempts as the
     /// run's failure config allows. Nothing is left reserved or running afterwards.
     ///
@@ -170,6 +181,9 @@ impl Trainer {
         }
         if let Some(trigger) = self.stacks {
             executor = executor.with_stacks_trigger(trigger);
+        }
+        if let Some(trigger) = self.stop {
+            executor = executor.with_stop_trigger(trigger);
         }
         executor.fit(&self.task).await.map_err(config_error)
     }

@@ -18,8 +18,10 @@ pub enum ExecutorError {
     Unschedulable(#[source] Box<RuntimeError>),
     /// The placement group did not become ready in time; it has been removed.
     #[error(
-        "the placement group was not ready after {}s: the run asks for {requested} in total, the cluster has {available} free; raise the placement timeout or free resources",
-        waited.as_secs_f64()
+        "the placement group was not ready after {}s: the run asks for {} in total, the cluster has {} free; raise the placement timeout or free resources",
+        waited.as_secs_f64(),
+        requested.human(),
+        available.human()
     )]
     PlacementTimeout {
         /// How long it was waited for.
@@ -58,6 +60,13 @@ pub enum ExecutorError {
     /// starts), or a committed checkpoint to resume from is gone.
     #[error("the run's storage cannot be used")]
     Storage(#[source] trainyard_checkpoint::StorageError),
+    /// The run was asked to stop ([`crate::StopTrigger`]): its tasks were stopped, their last
+    /// output streamed, and everything released. The run stays resumable.
+    #[error("the run was interrupted; its workers were stopped")]
+    Interrupted {
+        /// What happened until then: attempts, failures, the last metrics, checkpoints.
+        report: Box<FitReport>,
+    },
     /// A run of this name in this storage has finished; it is not run again.
     #[error(
         "run `{name}` in `{path}` has already finished; choose another name, or start it afresh in a new folder with resume `never` (CLI: --resume never)"
@@ -98,4 +107,25 @@ pub(crate) fn runtime_error_in<'a>(
 /// Whether a runtime error somewhere in `error`'s chain is an actor's death.
 pub(crate) fn is_death(error: &(dyn std::error::Error + 'static)) -> bool {
     runtime_error_in(error).is_some_and(RuntimeError::is_actor_death)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placement_timeout_shows_sizes_as_people_read_them() {
+        let error = ExecutorError::PlacementTimeout {
+            waited: Duration::from_secs(100),
+            requested: "CPU=1,memory=1GiB".parse().expect("resources"),
+            available: "CPU=0,memory=25276063744".parse().expect("resources"),
+        };
+        let text = error.to_string();
+        assert!(
+            text.contains(
+                "asks for CPU=1,memory=1GiB in total, the cluster has CPU=0,memory=23.5GiB free"
+            ),
+            "{text}"
+        );
+    }
 }

@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use tokio::sync::mpsc::{self, Sender};
+use tokio::sync::watch;
 use tracing::{Instrument, info, info_span, warn};
 use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_resources::Resources;
 use trainyard_runtime::events::{self, TaskEvents};
 use trainyard_runtime::{
-    ActorRuntime, ActorRuntimeExt as _, DeathCause, PlacementGroupId, Request, Response,
+    ActorId, ActorRuntime, ActorRuntimeExt as _, DeathCause, PlacementGroupId, Request, Response,
     RuntimeError, TaskSpec,
 };
 use trainyard_worker_group::WorkerGroup;
@@ -28,6 +29,11 @@ use crate::{
     ExecutorError, RankInfo, SharingRule, WorkerEnv, WorldRank, accelerator_env, assign_ranks,
     classify, default_rules, rank_env,
 };
+
+/// The target of the log line that says an attempt failed and the run restarts, so that a
+/// program that shows [`RunEvent::Restarting`] itself can filter the line out
+/// (`trainyard_backend_executor::restarts=off`).
+pub const RESTARTS_TARGET: &str = "trainyard_backend_executor::restarts";
 
 /// Ray Train's default wait for a placement group (`TRAIN_PLACEMENT_GROUP_TIMEOUT_S`).
 pub const DEFAULT_PLACEMENT_TIMEOUT: Duration = Duration::from_secs(100);
@@ -69,6 +75,50 @@ impl Default for ExecutorOptions {
     }
 }
 
+/// How long stopping the workers after an interrupt may take beyond the
+/// [shutdown patience](ExecutorOptions::shutdown_patience) before they are killed.
+const STOP_SLACK: Duration = Duration::from_secs(5);
+
+/// Asks a running [`BackendExecutor`] to stop: every rank's task is stopped gracefully
+/// (SIGTERM to its process group, killed after the patience) while the executor keeps
+/// streaming what the ranks print as they stop, and [`BackendExecutor::fit`] then returns
+/// [`ExecutorError::Interrupted`]. `trainyard run` pulls it on Ctrl-C. Cheap to clone; once
+/// pulled it stays pulled.
+#[derive(Debug, Clone)]
+pub struct StopTrigger(Arc<watch::Sender<bool>>);
+
+impl Default for StopTrigger {
+    fn default() -> Self {
+        Self(Arc::new(watch::Sender::new(false)))
+    }
+}
+
+impl StopTrigger {
+    /// A trigger no one has pulled.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks the run to stop.
+    pub fn request(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Whether the run was asked to stop.
+    #[must_use]
+    pub fn is_requested(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Waits until the run is asked to stop.
+    pub(crate) async fn requested(&self) {
+        let mut asked = self.0.subscribe();
+        // The sender lives in `self`, so the channel never closes while this waits.
+        let _ = asked.wait_for(|asked| *asked).await;
+    }
+}
+
 /// How an attempt ended badly.
 #[derive(Debug)]
 pub(crate) enum AttemptError {
@@ -77,6 +127,8 @@ pub(crate) enum AttemptError {
     Fatal(ExecutorError),
     /// A failure of this attempt, for [`classify`] to judge.
     Failed(AttemptFailure),
+    /// The [`StopTrigger`] was pulled; the ranks' tasks are stopped (or being killed).
+    Interrupted,
 }
 
 /// The result of an attempt run on its own, outside [`BackendExecutor::fit`]'s restarts.
@@ -87,6 +139,12 @@ fn single_attempt<T>(outcome: Result<T, AttemptError>) -> Result<T, ExecutorErro
             report: Box::new(FitReport {
                 attempts: 1,
                 failures: vec![failure],
+                ..FitReport::default()
+            }),
+        },
+        AttemptError::Interrupted => ExecutorError::Interrupted {
+            report: Box::new(FitReport {
+                attempts: 1,
                 ..FitReport::default()
             }),
         },
@@ -147,6 +205,8 @@ pub struct BackendExecutor {
     checkpoint_env: BTreeMap<String, String>,
     /// Pulled when someone wants every rank's stacks.
     pub(crate) stacks_trigger: StacksTrigger,
+    /// Pulled when someone wants the run stopped.
+    pub(crate) stop_trigger: StopTrigger,
 }
 
 /// A run name that no other run on the same machine or cluster has: `trainyard-`, the time
@@ -193,6 +253,7 @@ impl BackendExecutor {
             state: State::Idle,
             checkpoint_env: BTreeMap::new(),
             stacks_trigger: StacksTrigger::new(),
+            stop_trigger: StopTrigger::new(),
         })
     }
 
@@ -233,6 +294,13 @@ impl BackendExecutor {
         self
     }
 
+    /// Stops the run gracefully when `trigger` is pulled: see [`StopTrigger`].
+    #[must_use]
+    pub fn with_stop_trigger(mut self, trigger: StopTrigger) -> Self {
+        self.stop_trigger = trigger;
+        self
+    }
+
     /// The run's name: the run config's, or a generated one.
     #[must_use]
     pub fn run_name(&self) -> &str {
@@ -244,6 +312,18 @@ impl BackendExecutor {
             State::Started(attempt) => Some(attempt),
             State::Idle | State::Reserved(_) => None,
         }
+    }
+
+    /// The started workers' actors, in world-rank order (none before a start).
+    pub(crate) fn worker_actors(&self) -> Vec<ActorId> {
+        self.attempt()
+            .map(|a| a.group.workers().iter().map(|w| w.actor).collect())
+            .unwrap_or_default()
+    }
+
+    /// How long stopping the tasks after a stop request may take before they are killed.
+    pub(crate) fn stop_bound(&self) -> Duration {
+        self.options.shutdown_patience.saturating_add(STOP_SLACK)
     }
 
     /// The started worker group, in world-rank order.
@@ -440,7 +520,6 @@ impl BackendExecutor {
             .map(|w| w.metadata.node_id.clone())
             .collect();
         attempt.ranks = assign_ranks(&nodes);
-        info!("{}", describe_workers(&attempt.group, &attempt.ranks));
         Ok(())
     }
 
@@ -517,6 +596,10 @@ impl BackendExecutor {
         let attempt = self.attempt().ok_or(ExecutorError::NotStarted)?;
         let streams = self.subscribe(attempt).await?;
         let pids = self.start_tasks(attempt, task).await?;
+        info!(
+            "{}",
+            describe_workers(&attempt.group, &attempt.ranks, &pids)
+        );
         self.follow(streams, &pids, report, store, logs).await
     }
 
@@ -620,8 +703,19 @@ impl BackendExecutor {
     /// and swallowed), a graceful stop with patience, then kills, then the placement group.
     /// Safe to call at any point, and more than once.
     pub async fn shutdown(&mut self) {
+        self.release(self.options.shutdown_patience).await;
+    }
+
+    /// Releases everything as [`BackendExecutor::shutdown`] does, giving the workers
+    /// `patience` to stop; with none (their tasks were stopped already), the backend's
+    /// `on_shutdown` is skipped and what is left is killed at once.
+    async fn release(&mut self, patience: Duration) {
         if let State::Started(attempt) = &mut self.state {
-            let patience = self.options.shutdown_patience;
+            if patience.is_zero() {
+                attempt.group.shutdown(patience).await;
+                self.remove_placement_group().await;
+                return;
+            }
             match tokio::time::timeout(patience, self.backend.on_shutdown(&attempt.group)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => warn!(
@@ -673,7 +767,11 @@ impl BackendExecutor {
             let mut report = FitReport::default();
             let mut logs: Option<RankLogs> = None;
             let mut upload: Option<String> = None;
+            let stop = self.stop_trigger.clone();
             let outcome = async {
+                if stop.is_requested() {
+                    return Err(AttemptError::Interrupted);
+                }
                 let (env, resumed) = store
                     .begin_attempt(self.scaling.num_workers, restart_count)
                     .await
@@ -695,13 +793,23 @@ impl BackendExecutor {
                     dir: opened.dir().display().to_string(),
                 })
                 .await;
-                self.start_attempt(restart_count).await?;
+                // Until the tasks run, a stop drops the start; from then on the attempt stops
+                // its tasks itself, streaming what they print as they stop.
+                tokio::select! {
+                    biased;
+                    () = stop.requested() => return Err(AttemptError::Interrupted),
+                    started = self.start_attempt(restart_count) => started?,
+                }
                 self.train(task, &mut report, Some(&mut store), logs.as_mut())
                     .await
             }
             .instrument(span)
             .await;
-            self.shutdown().await;
+            if matches!(outcome, Err(AttemptError::Interrupted)) {
+                self.release(Duration::ZERO).await;
+            } else {
+                self.shutdown().await;
+            }
             report.run_dir = Some(store.uri());
             if let Some(logs) = logs {
                 let dir = logs.dir().to_path_buf();
@@ -728,6 +836,18 @@ impl BackendExecutor {
                     store.finish(trainyard_checkpoint::RunStatus::Failed).await;
                     return Err(error);
                 }
+                Err(AttemptError::Interrupted) => {
+                    // The run stays resumable: its record is not finished.
+                    store.end_attempt(None).await;
+                    report.attempts = restart_count + 1;
+                    report.failures = failures;
+                    report.returns.clear();
+                    report.checkpoint = store.latest();
+                    report.best_checkpoints = store.best();
+                    return Err(ExecutorError::Interrupted {
+                        report: Box::new(report),
+                    });
+                }
                 Err(AttemptError::Failed(failure)) => failure,
             };
             store.end_attempt(Some(&failure)).await;
@@ -748,28 +868,43 @@ impl BackendExecutor {
                 });
             }
             let backoff = self.options.restart_backoff.delay(count);
-            warn!(%failure, restart_count, backoff_s = backoff.as_secs_f64(), "attempt failed; restarting all workers");
+            warn!(target: RESTARTS_TARGET, %failure, restart_count, backoff_s = backoff.as_secs_f64(), "attempt failed; restarting all workers");
             self.emit(RunEvent::Restarting {
                 restart_count,
                 failure,
                 backoff_ms: u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX),
             })
             .await;
-            tokio::time::sleep(backoff).await;
+            let stop = self.stop_trigger.clone();
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = stop.requested() => {
+                    report.attempts = count;
+                    report.failures = failures;
+                    report.returns.clear();
+                    report.checkpoint = store.latest();
+                    report.best_checkpoints = store.best();
+                    return Err(ExecutorError::Interrupted {
+                        report: Box::new(report),
+                    });
+                }
+            }
         }
     }
 }
 
-/// `Started distributed worker processes:` and one line per worker, as Ray Train logs it.
+/// `Started distributed worker processes:` and one line per worker, as Ray Train logs it,
+/// with the process id of each worker's task (`pids`, by world rank): the one its output
+/// lines carry.
 #[must_use]
-pub(crate) fn describe_workers(group: &WorkerGroup, ranks: &[RankInfo]) -> String {
+pub(crate) fn describe_workers(group: &WorkerGroup, ranks: &[RankInfo], pids: &[u32]) -> String {
     let mut text = String::from("Started distributed worker processes:");
-    for (worker, rank) in group.workers().iter().zip(ranks) {
+    for ((worker, rank), pid) in group.workers().iter().zip(ranks).zip(pids) {
         text.push_str(&format!(
             "\n- (node_id={}, ip={}, pid={}) world_rank={}, local_rank={}, node_rank={}",
             worker.metadata.node_id,
             worker.metadata.node_ip,
-            worker.metadata.pid,
+            pid,
             rank.world_rank,
             rank.local_rank,
             rank.node_rank

@@ -5,12 +5,13 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use futures::stream::{self, StreamExt};
+use futures::future::join_all;
+use futures::stream::{self, Stream, StreamExt};
 use tokio::time::Instant;
 use trainyard_config::ProgressSource;
 use trainyard_runtime::events::{ActorEvent, TaskEvents};
 use trainyard_runtime::root_cause::TaskError;
-use trainyard_runtime::{TaskEvent, TaskExit, TaskFailure};
+use trainyard_runtime::{ActorRuntimeExt as _, TaskEvent, TaskExit, TaskFailure};
 
 use crate::executor::{AttemptError, died, rank_of};
 use crate::hang::{Progress, RankStacks, StacksReason, full_dump};
@@ -59,6 +60,8 @@ enum Woken {
     Deadline,
     /// Someone asked for the stacks.
     StacksWanted,
+    /// Someone asked for the run to stop.
+    StopWanted,
 }
 
 impl BackendExecutor {
@@ -91,6 +94,9 @@ impl BackendExecutor {
         };
         // The failed ranks heard of, the first to fail by time first once all are in.
         let mut failed: Vec<Failed> = Vec::new();
+        // Whose event stream has ended.
+        let mut ended = vec![false; n];
+        let stop = self.stop_trigger.clone();
         // Each stream ends with a `None` marker, so that a stream closing early is seen.
         let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, events)| {
             events
@@ -105,6 +111,7 @@ impl BackendExecutor {
                 event = merged.next() => Woken::Event(event),
                 () = sleep_until(deadline) => Woken::Deadline,
                 () = self.stacks_trigger.requested() => Woken::StacksWanted,
+                () = stop.requested() => Woken::StopWanted,
             };
             let (i, event) = match woken {
                 // Every stream ends with its marker, and the marker of a rank that has not
@@ -130,6 +137,7 @@ impl BackendExecutor {
                         .await;
                     continue;
                 }
+                Woken::StopWanted => break Err(AttemptError::Interrupted),
             };
             match event {
                 Some(ActorEvent::Task(event)) => {
@@ -155,12 +163,16 @@ impl BackendExecutor {
                     break Err(AttemptError::Failed(failed[0].failure.clone()));
                 }
                 // A worker whose task finished may go; the others carry on.
-                Some(ActorEvent::Died(_)) | None if returns[i].is_some() => {}
+                None if returns[i].is_some() => ended[i] = true,
+                Some(ActorEvent::Died(_)) if returns[i].is_some() => {}
                 Some(ActorEvent::Died(cause)) => break Err(died(i, cause)),
                 None => break Err(died(i, self.why_silent(i).await)),
             }
         };
-        if outcome.is_err() {
+        if matches!(outcome, Err(AttemptError::Interrupted)) {
+            self.stop_and_drain(&mut merged, &mut ended, &mut output, report, store)
+                .await;
+        } else if outcome.is_err() {
             let deadline = tokio::time::Instant::now() + LINGER;
             loop {
                 let quiet = (tokio::time::Instant::now() + QUIET).min(deadline);
@@ -205,6 +217,60 @@ impl BackendExecutor {
             }
         }
         outcome
+    }
+
+    /// After a stop request: asks every worker whose stream goes on to stop its task, and
+    /// meanwhile takes in what the ranks print and report as they stop, until every rank's
+    /// stream has ended. Bounded by the shutdown patience and a few seconds; what is left
+    /// then is killed as the attempt is released.
+    async fn stop_and_drain(
+        &self,
+        merged: &mut (impl Stream<Item = (usize, Option<ActorEvent>)> + Unpin),
+        ended: &mut [bool],
+        output: &mut Output<'_>,
+        report: &mut FitReport,
+        mut store: Option<&mut RunStore>,
+    ) {
+        let bound = self.stop_bound();
+        let deadline = Instant::now() + bound;
+        let actors = self.worker_actors();
+        let runtime = &self.runtime;
+        let stops = join_all(
+            actors
+                .into_iter()
+                .zip(ended.iter())
+                .filter(|(_, ended)| !**ended)
+                .map(|(actor, _)| async move {
+                    // A worker that is gone already, or does not stop in time, is killed
+                    // with the rest as the attempt is released.
+                    let _ = tokio::time::timeout(bound, runtime.stop(actor)).await;
+                }),
+        );
+        tokio::pin!(stops);
+        let mut stopped = false;
+        while ended.iter().any(|ended| !ended) {
+            let next = tokio::select! {
+                _ = &mut stops, if !stopped => {
+                    stopped = true;
+                    continue;
+                }
+                next = tokio::time::timeout_at(deadline, merged.next()) => next,
+            };
+            let Ok(Some((i, event))) = next else {
+                break;
+            };
+            match event {
+                // A checkpoint every rank reported before the stop still commits.
+                Some(ActorEvent::Task(event)) => {
+                    let _ = self
+                        .take(i, event, output, report, store.as_deref_mut())
+                        .await;
+                }
+                None => ended[i] = true,
+                // Exits and deaths are what the stop is for.
+                Some(ActorEvent::TaskExited(_) | ActorEvent::Died(_)) => {}
+            }
+        }
     }
 
     /// Takes in one report or line of rank `i`: recorded, booked towards a checkpoint, and

@@ -94,7 +94,8 @@ pub use context::{
 };
 pub use error::ExecutorError;
 pub use executor::{
-    BackendExecutor, DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, LAST_LINES, unique_run_name,
+    BackendExecutor, DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, LAST_LINES, RESTARTS_TARGET,
+    StopTrigger, unique_run_name,
 };
 pub use failure::{AttemptFailure, Backoff, Disposition, classify};
 pub use hang::{RankStacks, STACKS_LIMIT, StacksReason, StacksTrigger, full_dump};

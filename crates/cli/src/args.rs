@@ -1,9 +1,12 @@
 //! Flags of the `trainyard` command line, as in the CLI contract.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use trainyard::backend::{Backend, BackendConfig, NoBackend, default_rules};
+use trainyard::torch::{TIMEOUT_VAR, TorchConfig};
 use trainyard_config::resources::{Resources, near_reserved_name};
 use trainyard_config::{ScalingConfig, checked_num_workers};
 
@@ -32,6 +35,17 @@ pub(crate) enum Command {
 pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) scaling: ScalingArgs,
+    /// torchrun's spelling of -n: N workers on this machine (--runtime local, one node; on Ray or with --nodes the workers span nodes and -n is their total)
+    // A flag of its own rather than an alias of -n: the two mean the same only on one
+    // node, and only a flag of its own can be told apart, to be refused where they differ.
+    #[arg(
+        long = "nproc-per-node",
+        visible_alias = "nproc_per_node",
+        value_name = "N",
+        allow_negative_numbers = true,
+        conflicts_with = "num_workers"
+    )]
+    pub(crate) nproc_per_node: Option<i64>,
     #[command(flatten)]
     pub(crate) local: LocalArgs,
     /// Where the workers run: local (this machine) or ray
@@ -39,15 +53,23 @@ pub(crate) struct RunArgs {
     pub(crate) runtime: RuntimeKind,
     #[command(flatten)]
     pub(crate) ray: RayArgs,
-    /// The framework whose environment the workers get
+    /// The framework whose environment the workers get: torch sets PyTorch's process-group variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) and logs `Setting up process group for: env://...`; none runs plain commands without them (the TRAINYARD_* ranks only)
     #[arg(long, value_enum, default_value_t = BackendKind::Torch)]
     pub(crate) backend: BackendKind,
     /// Restarts allowed after a failure; -1 is unlimited [default: 0]
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        visible_aliases = ["max-restarts", "max_restarts"]
+    )]
     pub(crate) max_failures: Option<i64>,
-    /// An environment variable for every worker (repeatable)
+    /// An environment variable for every worker (repeatable); not one that trainyard sets itself (RANK, MASTER_PORT, ...)
     #[arg(long = "env", value_name = "K=V")]
     pub(crate) env: Vec<String>,
+    /// The process-group timeout, in seconds, that the workers are given in TRAINYARD_TORCH_TIMEOUT_S (Ray's TorchConfig.timeout_s; --backend torch) [default: 1800]
+    #[arg(long, value_name = "SECS", value_parser = parse_torch_timeout)]
+    pub(crate) torch_timeout: Option<u64>,
     /// Driver variables a remote runtime copies to the workers (repeatable; the local runtime passes the whole environment)
     #[arg(long, value_name = "PATTERN")]
     pub(crate) env_from_driver: Vec<String>,
@@ -90,9 +112,109 @@ pub(crate) struct RunArgs {
     /// Show only these ranks' output on the console, e.g. 0 or 0,2-3; the log files keep every rank's [default: all]
     #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     pub(crate) ranks: Option<String>,
-    /// The program to run on every worker, and its arguments
-    #[arg(last = true, value_name = "PROGRAM", required = true, num_args = 1..)]
+    /// The program to run on every worker, and its arguments: the first word that is not a flag, or everything after `--`; the flags after it are the program's
+    #[arg(
+        value_name = "PROGRAM",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true
+    )]
     pub(crate) program: Vec<String>,
+}
+
+/// The longest `--torch-timeout`: a year, well within what every clock and `timedelta` of
+/// torch holds.
+const MAX_TORCH_TIMEOUT_S: u64 = 365 * 24 * 3600;
+
+/// `--torch-timeout`: whole seconds, from 1 to [`MAX_TORCH_TIMEOUT_S`].
+fn parse_torch_timeout(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|secs| (1..=MAX_TORCH_TIMEOUT_S).contains(secs))
+        .ok_or_else(|| {
+            format!("expected a whole number of seconds from 1 to {MAX_TORCH_TIMEOUT_S} (a year)")
+        })
+}
+
+impl RunArgs {
+    /// The scaling config of the SCALING flags, with `--nproc-per-node` as `-n`.
+    pub(crate) fn scaling_config(&self) -> Result<ScalingConfig, Failure> {
+        self.scaling
+            .to_config_with_workers(self.scaling.num_workers.or(self.nproc_per_node))
+    }
+
+    /// The torch backend's configuration: the default one, with `--torch-timeout`.
+    pub(crate) fn torch_config(&self) -> TorchConfig {
+        let mut config = TorchConfig::default();
+        if let Some(secs) = self.torch_timeout {
+            config.timeout_s = secs;
+        }
+        config
+    }
+
+    /// The backend that `--backend` names, configured by the flags.
+    pub(crate) fn backend(&self) -> Arc<dyn Backend> {
+        match self.backend {
+            BackendKind::Torch => self.torch_config().build(),
+            BackendKind::None => NoBackend.build(),
+        }
+    }
+}
+
+/// A `--env KEY=VALUE` that sets a variable trainyard sets itself (`reserved`, with what
+/// its value is), which would be replaced: the error names it and the flag that sets it
+/// instead, where one does.
+pub(crate) fn reserved_env_error(
+    pair: &str,
+    key: &str,
+    reserved: &BTreeMap<&'static str, &'static str>,
+) -> Option<FlagError> {
+    let meaning = reserved.get(key)?;
+    let instead = match flag_setting(key) {
+        Some(flag) => format!("set it with {flag}"),
+        None => "it cannot be set".to_owned(),
+    };
+    Some(FlagError::new("--env", pair)(
+        format!("trainyard sets `{key}` on every worker ({meaning}); {instead}").into(),
+    ))
+}
+
+/// The flag that sets a variable trainyard sets on every worker, where one does.
+fn flag_setting(name: &str) -> Option<&'static str> {
+    use trainyard::backend::{RUN_NAME, WORLD_SIZE as TRAINYARD_WORLD_SIZE};
+    match name {
+        TIMEOUT_VAR => Some("--torch-timeout SECS"),
+        RUN_NAME | "TORCHELASTIC_RUN_ID" => Some("--name NAME"),
+        "TORCHELASTIC_MAX_RESTARTS" => Some("--max-failures N (or --max-restarts N)"),
+        TRAINYARD_WORLD_SIZE | "WORLD_SIZE" | "ROLE_WORLD_SIZE" => Some("-n N"),
+        _ => None,
+    }
+}
+
+/// A `--env` variable that accelerator sharing sets on every worker requesting its
+/// resource (`CUDA_VISIBLE_DEVICES` for `GPU`), which would be replaced by the ids of the
+/// devices the run holds on the worker's node.
+pub(crate) fn shared_accelerator_error(
+    env: &BTreeMap<String, String>,
+    worker: &Resources,
+    share_gpus: bool,
+) -> Option<FlagError> {
+    default_rules(share_gpus).into_iter().find_map(|rule| {
+        let value = env.get(&rule.env_var)?;
+        if worker.amount(&rule.resource).is_zero() {
+            return None;
+        }
+        let pair = format!("{}={value}", rule.env_var);
+        Some(FlagError::new("--env", &pair)(
+            format!(
+                "trainyard sets `{}` on every worker that requests {} to the ids of the devices the run holds on its node; \
+                 to choose the devices of this machine that workers may be given, set it in trainyard's own environment",
+                rule.env_var, rule.resource
+            )
+            .into(),
+        ))
+    })
 }
 
 /// The RAY flags: which Ray cluster.
@@ -248,11 +370,16 @@ where
 impl ScalingArgs {
     /// The config file (if any) with the flags laid over it, validated.
     pub(crate) fn to_config(&self) -> Result<ScalingConfig, Failure> {
+        self.to_config_with_workers(self.num_workers)
+    }
+
+    /// [`to_config`](Self::to_config) with `num_workers` for `-n`.
+    fn to_config_with_workers(&self, num_workers: Option<i64>) -> Result<ScalingConfig, Failure> {
         let mut config = match &self.config {
             Some(path) => ScalingConfig::parse_file(path).map_err(Failure::bad_input)?,
             None => ScalingConfig::default(),
         };
-        if let Some(n) = self.num_workers {
+        if let Some(n) = num_workers {
             config.num_workers = checked_num_workers(n).map_err(Failure::bad_input)?;
         }
         if self.use_gpu {
@@ -293,9 +420,123 @@ pub(crate) fn warn_case_mistakes<'a>(specs: impl IntoIterator<Item = &'a Resourc
         .filter_map(|name| Some((name, near_reserved_name(name)?)))
         .collect();
     for (name, meant) in mistaken {
-        eprintln!(
+        say!(
             "warning: resource `{}` is not `{meant}`; resource names are case-sensitive",
             escape_newlines(name)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `trainyard run ARGS`, parsed.
+    fn run_args(args: &[&str]) -> RunArgs {
+        let cli = Cli::try_parse_from(["trainyard", "run"].iter().chain(args))
+            .unwrap_or_else(|e| panic!("{args:?} does not parse: {e}"));
+        match cli.command {
+            Command::Run(args) => *args,
+            other => panic!("not a run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_first_word_that_is_not_a_flag_starts_the_program_and_its_flags_are_its_own() {
+        let with_dashes = run_args(&["-n", "2", "--", "python", "x.py", "--name", "y"]);
+        let without = run_args(&["-n", "2", "python", "x.py", "--name", "y"]);
+        for args in [&with_dashes, &without] {
+            assert_eq!(args.program, ["python", "x.py", "--name", "y"]);
+            assert_eq!(args.name, None, "--name after the program is the program's");
+            assert_eq!(args.scaling.num_workers, Some(2));
+        }
+        let args = run_args(&["--name", "a", "python", "-n", "3", "--", "b"]);
+        assert_eq!(args.name.as_deref(), Some("a"));
+        assert_eq!(args.program, ["python", "-n", "3", "--", "b"]);
+        assert_eq!(args.scaling.num_workers, None);
+    }
+
+    #[test]
+    fn a_flag_trainyard_does_not_know_before_the_program_is_refused_not_run() {
+        let error = Cli::try_parse_from(["trainyard", "run", "--nmae", "x", "python"])
+            .expect_err("an unknown flag");
+        assert_eq!(error.kind(), clap::error::ErrorKind::UnknownArgument);
+    }
+
+    #[test]
+    fn torchruns_spellings_set_the_workers_and_the_restarts() {
+        for spelling in [
+            &["--nproc-per-node", "3"][..],
+            &["--nproc_per_node", "3"],
+            &["--nproc-per-node=3"],
+        ] {
+            let args = run_args(&[spelling, &["--max-restarts", "2", "true"]].concat());
+            let scaling = args.scaling_config().expect("a valid scaling config");
+            assert_eq!(scaling.num_workers, 3, "{spelling:?}");
+            assert_eq!(args.max_failures, Some(2));
+        }
+        assert_eq!(
+            run_args(&["--max_restarts", "-1", "true"]).max_failures,
+            Some(-1)
+        );
+    }
+
+    #[test]
+    fn the_torch_timeout_reaches_the_torch_config_and_is_bounded() {
+        let args = run_args(&["--torch-timeout", "60", "true"]);
+        assert_eq!(args.torch_config().timeout_s, 60);
+        assert_eq!(
+            run_args(&["true"]).torch_config(),
+            TorchConfig::default(),
+            "Ray's 1800 s unless given"
+        );
+        for bad in ["0", "-1", "1.5", "soon", "31536001"] {
+            assert!(parse_torch_timeout(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_torch_timeout("31536000"), Ok(MAX_TORCH_TIMEOUT_S));
+    }
+
+    #[test]
+    fn a_reserved_variable_is_refused_naming_the_flag_that_sets_it() {
+        let reserved = run_args(&["true"]).backend().reserved_env();
+        let message = |pair: &str| {
+            let key = pair.split_once('=').map_or(pair, |(key, _)| key);
+            reserved_env_error(pair, key, &reserved).map(|error| {
+                let source = std::error::Error::source(&error).map(ToString::to_string);
+                format!("{error}: {}", source.unwrap_or_default())
+            })
+        };
+        assert_eq!(
+            message("TRAINYARD_TORCH_TIMEOUT_S=10").as_deref(),
+            Some(
+                "invalid value `TRAINYARD_TORCH_TIMEOUT_S=10` for `--env`: trainyard sets `TRAINYARD_TORCH_TIMEOUT_S` on every worker (the process-group timeout in seconds); set it with --torch-timeout SECS"
+            )
+        );
+        assert!(message("RANK=7").is_some_and(|m| m.ends_with("it cannot be set")));
+        assert!(
+            message("OMP_NUM_THREADS=4").is_none(),
+            "the backend yields it"
+        );
+        assert!(message("TORCH_NCCL_ASYNC_ERROR_HANDLING=0").is_none());
+        let none = run_args(&["--backend", "none", "true"])
+            .backend()
+            .reserved_env();
+        assert!(
+            !none.contains_key("RANK"),
+            "no backend, no torchrun variables"
+        );
+        assert!(none.contains_key("TRAINYARD_WORLD_RANK"));
+    }
+
+    #[test]
+    fn a_sharing_variable_is_refused_only_for_workers_that_request_its_resource() {
+        let env = BTreeMap::from([("CUDA_VISIBLE_DEVICES".to_owned(), "1".to_owned())]);
+        let gpu: Resources = "CPU=1,GPU=1".parse().expect("resources");
+        let cpu: Resources = "CPU=1".parse().expect("resources");
+        assert!(shared_accelerator_error(&env, &gpu, true).is_some());
+        assert!(
+            shared_accelerator_error(&env, &cpu, true).is_none(),
+            "hiding the GPUs from CPU workers is the user's to do"
         );
     }
 }

@@ -111,13 +111,15 @@ fn render(nodes: &[Node], runs: Option<&[Holder]>) -> String {
             format!("  gpu_ids={}", node.gpu_ids.join(","))
         };
         let free = match &node.available {
-            Some(available) => format!("  free: {available:#}"),
+            Some(available) => format!("  free: {}", available.human()),
             None => String::new(),
         };
         let _ = writeln!(
             out,
-            "{:width$}  {:9}  {:#}{gpus}{free}",
-            node.id, node.ip, node.resources
+            "{:width$}  {:9}  {}{gpus}{free}",
+            node.id,
+            node.ip,
+            node.resources.human()
         );
     }
     let Some(runs) = runs else {

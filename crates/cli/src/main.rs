@@ -1,5 +1,14 @@
 //! The `trainyard` command line: `plan` a scaling config, `run` its workers, show the `cluster`.
 
+/// `eprintln!` that never panics: a closed stderr (`trainyard run ... 2>&1 | head -1`) loses
+/// the line instead of ending the driver before it has stopped its workers.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod args;
 mod cluster;
 mod engine;
@@ -54,11 +63,11 @@ fn main() -> ExitCode {
                 ErrorKind::MissingSubcommand | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
             ) =>
         {
-            eprintln!("error: {}", missing_subcommand());
+            say!("error: {}", missing_subcommand());
             return ExitCode::from(EXIT_BAD_INPUT);
         }
         Err(err) => {
-            eprintln!("{}", one_line(&err.render().to_string()));
+            say!("{}", one_line(&err.render().to_string()));
             return ExitCode::from(EXIT_BAD_INPUT);
         }
     };
@@ -71,7 +80,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             let message = ErrorChain(failure.error.as_ref()).to_string();
-            eprintln!("error: {}", escape_newlines(&message));
+            say!("error: {}", escape_newlines(&message));
             ExitCode::from(failure.code)
         }
     }

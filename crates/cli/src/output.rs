@@ -16,8 +16,9 @@ use tracing_subscriber::registry::LookupSpan;
 use crate::args::LogFormat;
 
 /// The log filter unless `RUST_LOG` says otherwise: warnings, and the lines a user of Ray
-/// Train expects to see (the workers' ranks, rank 0's process-group setup).
-const DEFAULT_FILTER: &str = "warn,trainyard_backend_executor=info,trainyard_torch_backend=info";
+/// Train expects to see (the workers' ranks, rank 0's process-group setup). The executor's
+/// line about a restart is left out: the printer shows the restart event itself.
+const DEFAULT_FILTER: &str = "warn,trainyard_backend_executor=info,trainyard_torch_backend=info,trainyard_backend_executor::restarts=off";
 
 /// The waiting indicator: a spinner with the elapsed time on a terminal, plain lines
 /// elsewhere. Cheap to clone.

@@ -6,7 +6,6 @@ use std::io::{self, BufWriter, Write as _};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use trainyard::backend::ExecutorError;
 use trainyard::local::ledger::{self, LedgerLocation, RunEntry};
 use trainyard::runtime::reservations::{NodeSpec, Reservations};
 use trainyard::runtime::{NodeInfo, PlacementGroupFactory, RuntimeError, Shortage};
@@ -39,6 +38,28 @@ struct NodeEntry {
 
 const fn one() -> u32 {
     1
+}
+
+/// A plan that can never be placed on the cluster it was placed on: nothing ran.
+#[derive(Debug, thiserror::Error)]
+#[error("the workers cannot be scheduled on {cluster}")]
+struct Unschedulable {
+    /// The cluster's name.
+    cluster: String,
+    /// Why not.
+    #[source]
+    source: RuntimeError,
+}
+
+/// Exit 3 with why the plan can never be placed on `cluster`.
+fn unschedulable(cluster: &str, source: RuntimeError) -> Failure {
+    Failure::new(
+        EXIT_UNSCHEDULABLE,
+        Unschedulable {
+            cluster: cluster.to_owned(),
+            source,
+        },
+    )
 }
 
 /// Where the plan's bundles land, or what it waits for.
@@ -102,11 +123,7 @@ fn place_on_ray(args: &PlanArgs, factory: &PlacementGroupFactory) -> Result<Plac
     };
     let totals: Vec<&Resources> = snapshot.nodes.iter().map(|n| &n.total).collect();
     if let Err(error) = trainyard::runtime::placement::check_feasible(&totals, factory) {
-        let error = ExecutorError::Unschedulable(Box::new(RuntimeError::Infeasible(error)));
-        return Err(Failure::new(
-            EXIT_UNSCHEDULABLE,
-            trainyard::Error::from(error),
-        ));
+        return Err(unschedulable(&cluster, RuntimeError::Infeasible(error)));
     }
     let free: Vec<NodeSpec> = snapshot
         .nodes
@@ -163,11 +180,9 @@ fn place(
 ) -> Result<Placement, Failure> {
     let mut book = Reservations::new(nodes);
     book.set_held_elsewhere(others.iter().flat_map(|r| &r.bundles));
-    let unschedulable = |error: RuntimeError| {
-        let error = trainyard::Error::from(ExecutorError::Unschedulable(Box::new(error)));
-        Failure::new(EXIT_UNSCHEDULABLE, error)
-    };
-    let pg = book.create_group(factory).map_err(unschedulable)?;
+    let pg = book
+        .create_group(factory)
+        .map_err(|error| unschedulable(cluster, error))?;
     let cluster = cluster.to_owned();
     match book.placement_info(pg).map_err(Failure::other)? {
         Some(info) => Ok(Placement::Placed {
@@ -258,7 +273,7 @@ fn write_placement(out: &mut impl io::Write, plan: &Plan, placement: &Placement)
         } => {
             write!(out, "\nplacement on {cluster}:")?;
             for (index, (bundle, node)) in bundles.iter().zip(bundle_nodes).enumerate() {
-                write!(out, "\n  bundle {index} ({bundle:#}) -> {node}")?;
+                write!(out, "\n  bundle {index} ({}) -> {node}", bundle.human())?;
             }
         }
         Placement::Waits { cluster, shortage } => {

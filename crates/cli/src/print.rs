@@ -1,7 +1,7 @@
 //! What `trainyard run` shows while a run goes on: worker output with its rank prefix, the
 //! run's events as text or JSON lines, stacks, and what the run waits for.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write as _};
 use std::path::Path;
 
@@ -76,7 +76,14 @@ pub(crate) fn print_events(
     tokio: &tokio::runtime::Handle,
 ) {
     let mut out = io::stdout();
-    let mut log_dir: Option<String> = None;
+    let mut seen = Seen {
+        report_rank: shown
+            .ranks
+            .as_ref()
+            .and_then(|ranks| ranks.first().copied())
+            .unwrap_or(0),
+        ..Seen::default()
+    };
     loop {
         let event = match tokio.block_on(shown.next()) {
             Next::End => return,
@@ -95,14 +102,12 @@ pub(crate) fn print_events(
         if rank.is_some_and(|rank| shown.ranks.as_ref().is_some_and(|r| !r.contains(&rank))) {
             continue;
         }
-        if let RunEvent::LogFiles { dir, .. } = &event {
-            log_dir = Some(dir.clone());
-        }
+        seen.note(&event);
         let written = match format {
             LogFormat::Json => serde_json::to_string(&event)
                 .map_err(io::Error::other)
                 .and_then(|line| progress.suspend(|| writeln!(out, "{line}"))),
-            LogFormat::Text => print_text(&event, progress, &mut out, log_dir.as_deref()),
+            LogFormat::Text => print_text(&event, progress, &mut out, &seen),
         };
         if let Err(error) = written {
             if error.kind() != io::ErrorKind::BrokenPipe {
@@ -112,12 +117,63 @@ pub(crate) fn print_events(
     }
 }
 
+/// What the text printer keeps track of across events.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The current attempt's log folder.
+    log_dir: Option<String>,
+    /// The rank whose reports get a line (rank 0, or the lowest that `--ranks` shows).
+    report_rank: u32,
+    /// The index of the current attempt's first report, less one: the checkpoint it resumes
+    /// from (0 when it starts afresh).
+    base: u64,
+    /// How many reports each rank sent in the current attempt, by world rank.
+    reports: BTreeMap<u32, u64>,
+}
+
+impl Seen {
+    /// Takes in what `event` tells about the attempt.
+    fn note(&mut self, event: &RunEvent) {
+        match event {
+            RunEvent::LogFiles { dir, .. } => self.log_dir = Some(dir.clone()),
+            RunEvent::Restarting { .. } => self.base = 0,
+            RunEvent::Resuming { checkpoint, .. } => self.base = checkpoint.index,
+            RunEvent::AttemptStarted { .. } => self.reports.clear(),
+            RunEvent::Report { rank, .. } => *self.reports.entry(rank.0).or_default() += 1,
+            _ => {}
+        }
+    }
+
+    /// The index of rank `rank`'s latest report (the N-th report of every rank belongs to
+    /// checkpoint N).
+    fn report_index(&self, rank: u32) -> u64 {
+        self.base + self.reports.get(&rank).copied().unwrap_or(0)
+    }
+}
+
+/// Metrics as `loss=0.21 epoch=3`: text values bare, everything else as JSON.
+pub(crate) fn metrics_text(metrics: &serde_json::Map<String, serde_json::Value>) -> String {
+    let pairs: Vec<String> = metrics
+        .iter()
+        .map(|(name, value)| match value {
+            serde_json::Value::String(text) => format!("{name}={text}"),
+            other => format!("{name}={other}"),
+        })
+        .collect();
+    if pairs.is_empty() {
+        "(no metrics)".to_owned()
+    } else {
+        pairs.join(" ")
+    }
+}
+
 fn print_text(
     event: &RunEvent,
     progress: &Progress,
     out: &mut io::Stdout,
-    log_dir: Option<&str>,
+    seen: &Seen,
 ) -> io::Result<()> {
+    let log_dir = seen.log_dir.as_deref();
     match event {
         RunEvent::Log {
             rank,
@@ -141,8 +197,9 @@ fn print_text(
             bundles, requested, ..
         } => {
             progress.wait(&format!(
-                "waiting for the placement group: {bundles} bundle{} ({requested:#})",
-                if *bundles == 1 { "" } else { "s" }
+                "waiting for the placement group: {bundles} bundle{} ({})",
+                if *bundles == 1 { "" } else { "s" },
+                requested.human()
             ));
             Ok(())
         }
@@ -159,7 +216,9 @@ fn print_text(
             backoff_ms,
             restart_count,
         } => {
-            progress.wait(&format!(
+            // The one line about the restart: the executor's own log line of it is filtered
+            // out (`output::DEFAULT_FILTER`).
+            progress.message(&format!(
                 "attempt {} failed ({failure}); restarting in {:.1}s{}",
                 restart_count + 1,
                 *backoff_ms as f64 / 1000.0,
@@ -198,6 +257,14 @@ fn print_text(
                 block.push(format!("trainyard: full stacks: {file}"));
             }
             progress.suspend(|| writeln!(io::stderr(), "{}", block.join("\n")))
+        }
+        RunEvent::Report { rank, metrics } if rank.0 == seen.report_rank => {
+            progress.message(&format!(
+                "report {} (rank {rank}): {}",
+                seen.report_index(rank.0),
+                metrics_text(metrics)
+            ));
+            Ok(())
         }
         RunEvent::TaskStarted { .. } | RunEvent::Report { .. } | RunEvent::LogFiles { .. } => {
             Ok(())

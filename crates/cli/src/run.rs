@@ -4,12 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use trainyard::backend::{
-    AttemptFailure, ExecutorError, ExecutorOptions, NoBackend, StacksTrigger, unique_run_name,
+    AttemptFailure, ExecutorError, ExecutorOptions, NoBackend, StacksTrigger, StopTrigger,
+    unique_run_name,
 };
 use trainyard::local::LocalRuntime;
 use trainyard::runtime::TaskRejection;
@@ -19,7 +20,10 @@ use trainyard_config::{
     parse_hang_timeout,
 };
 
-use crate::args::{BackendKind, FlagError, LogFormat, RunArgs, RuntimeKind};
+use crate::args::{
+    BackendKind, FlagError, LogFormat, RunArgs, RuntimeKind, reserved_env_error,
+    shared_accelerator_error,
+};
 use crate::engine::Engine;
 use crate::output::{Progress, init_logging};
 use crate::print::{Shown, log_file_note, print_events, print_json};
@@ -38,8 +42,12 @@ const PRINTER_DRAIN: Duration = Duration::from_secs(30);
 /// How long the driver waits, as it exits, for work left on its blocking threads.
 const SHUTDOWN_LIMIT: Duration = Duration::from_secs(10);
 
-/// The RUN flags turned into the run's configuration.
-fn run_config(args: &RunArgs) -> Result<RunConfig, Failure> {
+/// The RUN flags turned into the run's configuration; `reserved` are the variables that
+/// trainyard sets on every worker, which `--env` cannot set.
+fn run_config(
+    args: &RunArgs,
+    reserved: &BTreeMap<&'static str, &'static str>,
+) -> Result<RunConfig, Failure> {
     let mut run = RunConfig::default();
     if let Some(n) = args.max_failures {
         run.failure_config = FailureConfig::from_max_failures(n).map_err(Failure::bad_input)?;
@@ -50,6 +58,9 @@ fn run_config(args: &RunArgs) -> Result<RunConfig, Failure> {
                 "expected KEY=VALUE with a non-empty KEY".into(),
             )));
         };
+        if let Some(error) = reserved_env_error(pair, key, reserved) {
+            return Err(Failure::bad_input(error));
+        }
         run.env.insert(key.to_owned(), value.to_owned());
     }
     run.name.clone_from(&args.name);
@@ -184,13 +195,39 @@ enum Start {
     Ray(trainyard::ray::RayConfig),
 }
 
-/// The flags that only one runtime reads, refused with the other.
+/// The flags that only one runtime or backend reads, refused with the other.
 fn check_runtime_flags(args: &RunArgs) -> Result<(), Failure> {
     let misplaced = |flag: &'static str, value: &str, reason: &str| {
         Err(Failure::bad_input(FlagError::new(flag, value)(
             reason.to_owned().into(),
         )))
     };
+    if let (Some(secs), BackendKind::None) = (args.torch_timeout, args.backend) {
+        return misplaced(
+            "--torch-timeout",
+            &secs.to_string(),
+            "applies to --backend torch only; --backend none sets up no process group",
+        );
+    }
+    if let Some(n) = args.nproc_per_node {
+        let nodes = args.local.nodes.filter(|nodes| *nodes > 1);
+        if args.runtime == RuntimeKind::Ray {
+            return misplaced(
+                "--nproc-per-node",
+                &n.to_string(),
+                "on --runtime ray the workers span the cluster's nodes, so there is no count per node: give the total number of workers with -n",
+            );
+        }
+        if let Some(nodes) = nodes {
+            return misplaced(
+                "--nproc-per-node",
+                &n.to_string(),
+                &format!(
+                    "with --nodes {nodes} the workers span {nodes} virtual nodes, so there is no count per node: give the total number of workers with -n"
+                ),
+            );
+        }
+    }
     match args.runtime {
         RuntimeKind::Local => {
             if let Some(address) = &args.ray.address {
@@ -229,8 +266,12 @@ fn check_runtime_flags(args: &RunArgs) -> Result<(), Failure> {
 }
 
 /// The driver's variables that `--env-from-driver` copies to a remote runtime's workers:
-/// exact names, or a prefix ending in `*`.
-fn env_from_driver(patterns: &[String]) -> Result<Vec<(String, String)>, Failure> {
+/// exact names, or a prefix ending in `*`. A name that trainyard sets on every worker
+/// (`reserved`) is refused; a prefix passes over such names.
+fn env_from_driver(
+    patterns: &[String],
+    reserved: &BTreeMap<&'static str, &'static str>,
+) -> Result<Vec<(String, String)>, Failure> {
     for pattern in patterns {
         let name = pattern.strip_suffix('*').unwrap_or(pattern);
         if name.is_empty() || name.contains(['*', '=']) {
@@ -241,22 +282,39 @@ fn env_from_driver(patterns: &[String]) -> Result<Vec<(String, String)>, Failure
                 "expected a variable name, or a prefix ending in `*` such as `WANDB_*`".into(),
             )));
         }
+        if let Some(meaning) = reserved.get(pattern.as_str()) {
+            return Err(Failure::bad_input(FlagError::new(
+                "--env-from-driver",
+                pattern,
+            )(
+                format!("trainyard sets `{pattern}` on every worker ({meaning})").into(),
+            )));
+        }
     }
     let matches = |name: &str| {
-        patterns
-            .iter()
-            .any(|pattern| match pattern.strip_suffix('*') {
-                Some(prefix) => name.starts_with(prefix),
-                None => name == pattern,
-            })
+        !reserved.contains_key(name)
+            && patterns
+                .iter()
+                .any(|pattern| match pattern.strip_suffix('*') {
+                    Some(prefix) => name.starts_with(prefix),
+                    None => name == pattern,
+                })
     };
     Ok(std::env::vars().filter(|(name, _)| matches(name)).collect())
 }
 
 pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
     check_runtime_flags(args)?;
-    let scaling = args.scaling.to_config()?;
-    let mut run = run_config(args)?;
+    let scaling = args.scaling_config()?;
+    let backend = args.backend();
+    let reserved = backend.reserved_env();
+    let mut run = run_config(args, &reserved)?;
+    let worker = scaling.worker_resources().map_err(Failure::bad_input)?;
+    if let Some(error) =
+        shared_accelerator_error(&run.env, &worker, backend.share_accelerator_ids())
+    {
+        return Err(Failure::bad_input(error));
+    }
     let ranks = args
         .ranks
         .as_deref()
@@ -270,7 +328,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
     let start = match args.runtime {
         RuntimeKind::Local => Start::Local(args.local.config(&name, args.no_wait)?),
         RuntimeKind::Ray => {
-            for (key, value) in env_from_driver(&args.env_from_driver)? {
+            for (key, value) in env_from_driver(&args.env_from_driver, &reserved)? {
                 run.env.entry(key).or_insert(value);
             }
             let config = args
@@ -327,19 +385,23 @@ async fn drive(
     let (program, program_args) = args
         .program
         .split_first()
-        .ok_or_else(|| Failure::bad_input("a program to run is required after --"))?;
+        .ok_or_else(|| Failure::bad_input("a program to run is required (PROGRAM [ARGS...])"))?;
     let task = command_task(program.clone(), program_args.iter().cloned());
     let (events, received) = mpsc::channel(EVENT_BUFFER);
     let trainer = match args.backend {
-        BackendKind::Torch => Trainer::torch(runtime.runtime(), task),
+        BackendKind::Torch => Trainer::new(runtime.runtime(), &args.torch_config(), task),
         BackendKind::None => Trainer::new(runtime.runtime(), &NoBackend, task),
     };
+    // A first interrupt pulls it: the executor stops the tasks gracefully and streams what
+    // they print as they stop.
+    let stop = StopTrigger::new();
     let trainer = trainer
         .scaling_config(scaling)
         .run_config(run)
         .executor_options(options)
         .events(events)
-        .stacks_trigger(stacks);
+        .stacks_trigger(stacks)
+        .stop_trigger(stop.clone());
     // Writing to a terminal or a pipe blocks: the printer has a thread of its own. It shows
     // what other runs keep the placement group waiting for too, in order with the events.
     let shown = Shown {
@@ -353,19 +415,42 @@ async fn drive(
     let printer =
         tokio::task::spawn_blocking(move || print_events(shown, format, &printing, &tokio));
     let started = Instant::now();
+    let mut fit = Box::pin(trainer.fit());
+    let mut interrupted = false;
     let outcome = tokio::select! {
-        result = trainer.fit() => Some(result),
+        result = &mut fit => Some(result),
         () = interrupt.next() => None,
     };
-    let stopping = runtime.shutdown();
-    match &outcome {
-        Some(_) => stopping.await,
+    // After an interrupt the run goes on until its tasks have stopped and their last output is
+    // streamed (bounded); a second interrupt stops waiting, and the driver's exit ends the rest.
+    let mut again = false;
+    let outcome = match outcome {
+        Some(result) => Some(result),
         None => {
+            interrupted = true;
             progress.message("interrupted: stopping the workers");
+            stop.request();
+            tokio::select! {
+                result = tokio::time::timeout(STOP_LIMIT, &mut fit) => result.ok(),
+                () = interrupt.next() => {
+                    again = true;
+                    None
+                }
+            }
+        }
+    };
+    drop(fit);
+    if again {
+        progress.message("interrupted again: killing the workers");
+    } else {
+        let stopping = runtime.shutdown();
+        if interrupted {
             tokio::select! {
                 _ = tokio::time::timeout(STOP_LIMIT, stopping) => {}
                 () = interrupt.next() => progress.message("interrupted again: killing the workers"),
             }
+        } else {
+            stopping.await;
         }
     }
     // The printer ends once the run's events are printed; a stdout nobody reads would hold
@@ -378,6 +463,9 @@ async fn drive(
     }
     progress.finish();
     quit_listener.abort();
+    if interrupted {
+        return Err(interrupted_run(outcome, args.log_format));
+    }
     match outcome {
         None => Err(Failure::interrupted()),
         Some(Ok(result)) => {
@@ -389,10 +477,11 @@ async fn drive(
                     "run_dir": result.run_dir,
                     "checkpoint": result.checkpoint,
                     "best_checkpoints": result.best_checkpoints,
+                    "metrics": result.metrics,
                 }));
             }
             if args.log_format == LogFormat::Text {
-                eprintln!(
+                say!(
                     "trainyard: the run succeeded in {:.2}s ({} attempt{})",
                     started.elapsed().as_secs_f64(),
                     result.attempts,
@@ -426,14 +515,62 @@ async fn start_runtime(
     })
 }
 
-/// The run's folder and its latest checkpoint, as the last lines of a text run.
+/// The run's last metrics, its folder and its latest checkpoint, as the last lines of a text
+/// run.
 fn print_checkpoints(report: &trainyard::FitReport) {
+    if let Some(line) = last_metrics(report) {
+        say!("trainyard: {line}");
+    }
     if let Some(dir) = &report.run_dir {
-        eprintln!("trainyard: run folder: {dir}");
+        say!("trainyard: run folder: {dir}");
     }
     if let Some(checkpoint) = &report.checkpoint {
-        eprintln!("trainyard: latest checkpoint: {}", checkpoint.path);
+        say!("trainyard: latest checkpoint: {}", checkpoint.path);
     }
+}
+
+/// `last report (rank 0): loss=0.21 epoch=3`: rank 0's last metrics in the final attempt, or
+/// the last report of any rank when rank 0 sent none.
+fn last_metrics(report: &trainyard::FitReport) -> Option<String> {
+    let (rank, metrics) = match report.metrics.first() {
+        Some(Some(metrics)) => (0, metrics),
+        _ => {
+            let (rank, metrics) = report.last_report.as_ref()?;
+            (rank.0, metrics)
+        }
+    };
+    Some(format!(
+        "last report (rank {rank}): {}",
+        crate::print::metrics_text(metrics)
+    ))
+}
+
+/// How an interrupted run ends: in JSON a `run_interrupted` event (with what the run did until
+/// then, when the executor got to say), in text its last metrics and checkpoint; exit 130.
+fn interrupted_run(
+    outcome: Option<Result<trainyard::FitReport, trainyard::Error>>,
+    format: LogFormat,
+) -> Failure {
+    let report = match outcome {
+        Some(Err(trainyard::Error::Executor(
+            ExecutorError::Interrupted { report } | ExecutorError::TrainingFailed { report },
+        ))) => Some(*report),
+        Some(Ok(report)) => Some(report),
+        _ => None,
+    };
+    match format {
+        LogFormat::Json => print_json(&serde_json::json!({
+            "event": "run_interrupted",
+            "stopped": report.is_some(),
+            "report": report,
+        })),
+        LogFormat::Text => {
+            if let Some(report) = &report {
+                print_checkpoints(report);
+            }
+        }
+    }
+    Failure::interrupted()
 }
 
 /// What ended the final attempt, in the program's words: the first rank to fail by time,
@@ -454,16 +591,16 @@ fn print_root_cause(report: &trainyard::FitReport) {
             trainyard::runtime::root_cause::ErrorSource::ErrorFile => "its error file",
             trainyard::runtime::root_cause::ErrorSource::Output => "its output",
         };
-        eprintln!("trainyard: root cause: rank {rank} failed first, with {error} (from {source})");
+        say!("trainyard: root cause: rank {rank} failed first, with {error} (from {source})");
         let skip = error.traceback.len().saturating_sub(TRACEBACK_LINES);
         for line in &error.traceback[skip..] {
-            eprintln!("  (rank={rank}) {line}");
+            say!("  (rank={rank}) {line}");
         }
     }
     let note = log_file_note(failure, report.log_dir.as_deref());
     if let Some(file) = note.strip_prefix("; its output: ") {
         if let Some(rank) = failure.rank() {
-            eprintln!("trainyard: rank {rank}'s output: {file}");
+            say!("trainyard: rank {rank}'s output: {file}");
         }
     }
 }
@@ -489,9 +626,7 @@ fn failure_of(error: trainyard::Error, format: LogFormat) -> Failure {
             print_root_cause(report);
             print_checkpoints(report);
             if report.checkpoint.is_some() {
-                eprintln!(
-                    "trainyard: the same command (same --name and --storage) resumes from it"
-                );
+                say!("trainyard: the same command (same --name and --storage) resumes from it");
             }
         }
     }
@@ -504,14 +639,15 @@ fn failure_of(error: trainyard::Error, format: LogFormat) -> Failure {
         trainyard::Error::Executor(
             ExecutorError::Unschedulable(_) | ExecutorError::PlacementTimeout { .. },
         ) => EXIT_UNSCHEDULABLE,
+        trainyard::Error::Executor(ExecutorError::Interrupted { .. }) => crate::EXIT_INTERRUPTED,
         trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) => {
             match report.failures.last() {
                 Some(AttemptFailure::TaskFailed {
                     rank, last_lines, ..
                 }) if !last_lines.is_empty() && format == LogFormat::Text => {
-                    eprintln!("trainyard: the last lines of rank {rank}:");
+                    say!("trainyard: the last lines of rank {rank}:");
                     for line in last_lines {
-                        eprintln!("  (rank={rank}) {line}");
+                        say!("  (rank={rank}) {line}");
                     }
                     EXIT_FAILURE
                 }

@@ -122,6 +122,18 @@ fn cases(dir: &Path) -> Vec<Case> {
         plan(&["-r", "CPU=NaN"], "NaN"),
         plan(&["-r", "GPU=inf"], "inf"),
         plan(&["-r", "CPU=1e40"], "1e40"),
+        plan(&["--format", "json", "-r", "CPU=1e30"], "1e30"),
+        plan(
+            &[
+                "--format",
+                "json",
+                "-r",
+                r#"{"CPU": 99999999999999999999999}"#,
+            ],
+            "too large",
+        ),
+        plan(&["-r", "CPU=922337203685477.5808"], "922337203685477.5808"),
+        plan(&["-r", "memory=1000TB"], "1000TB"),
         plan(&["-r", "memory=1e30"], "1e30"),
         plan(&["-r", "CPU=0.00001"], "0.00001"),
         plan(&["-r", "GPU=0.12345"], "0.12345"),
@@ -189,6 +201,69 @@ fn cases(dir: &Path) -> Vec<Case> {
         // The program.
         run_raw(&["-n", "1", "--"], "PROGRAM"),
         run_raw(&["-n", "1"], "PROGRAM"),
+        run_raw(&["-n", "1", "--name", "x"], "PROGRAM"),
+        // torchrun's spellings: the same as -n on one node only.
+        run(
+            &["--runtime", "ray", "--nproc-per-node", "2"],
+            "`2` for `--nproc-per-node`",
+        ),
+        run(
+            &["--nodes", "2", "--nproc-per-node", "2"],
+            "`2` for `--nproc-per-node`",
+        ),
+        run(&["--nproc-per-node", "2", "-n", "2"], "--nproc-per-node"),
+        run(
+            &["--nproc_per_node", "0"],
+            "`num_workers` must be between 1 and 1000000, got 0",
+        ),
+        run(&["--max-restarts", "-2"], "got -2"),
+        // Variables trainyard sets on every worker, refused with what sets them.
+        run(&["--env", "RANK=7"], "`RANK=7` for `--env`"),
+        run(&["--env", "MASTER_PORT=1"], "`MASTER_PORT=1` for `--env`"),
+        run(
+            &["--env", "TRAINYARD_TORCH_TIMEOUT_S=10"],
+            "set it with --torch-timeout",
+        ),
+        run(&["--env", "TORCHELASTIC_RUN_ID=x"], "set it with --name"),
+        run(
+            &["--env", "TORCHELASTIC_MAX_RESTARTS=3"],
+            "set it with --max-failures",
+        ),
+        run(&["--env", "GROUP_WORLD_SIZE=2"], "`GROUP_WORLD_SIZE=2`"),
+        run(
+            &["--env", "TRAINYARD_WORLD_RANK=1"],
+            "`TRAINYARD_WORLD_RANK=1`",
+        ),
+        run(
+            &["--env", "TRAINYARD_CHECKPOINT=/tmp"],
+            "`TRAINYARD_CHECKPOINT=/tmp`",
+        ),
+        run(
+            &[
+                "--use-gpu",
+                "--num-gpus",
+                "1",
+                "--env",
+                "CUDA_VISIBLE_DEVICES=1",
+            ],
+            "`CUDA_VISIBLE_DEVICES=1` for `--env`",
+        ),
+        run(
+            &["--runtime", "ray", "--env-from-driver", "MASTER_ADDR"],
+            "`MASTER_ADDR` for `--env-from-driver`",
+        ),
+        // The process-group timeout.
+        run(&["--torch-timeout", "0"], "'0' for '--torch-timeout"),
+        run(&["--torch-timeout", "soon"], "'soon' for '--torch-timeout"),
+        run(&["--torch-timeout", "1.5"], "'1.5' for '--torch-timeout"),
+        run(
+            &["--torch-timeout", "31536001"],
+            "'31536001' for '--torch-timeout",
+        ),
+        run(
+            &["--backend", "none", "--torch-timeout", "60"],
+            "`60` for `--torch-timeout`",
+        ),
         // LOCAL flags.
         run(&["--nodes", "0"], "`0` for `--nodes`"),
         run(&["--nodes", "-1"], "-1"),

@@ -114,3 +114,89 @@ fn an_interrupt_while_the_runtime_starts_stops_what_was_started_and_exits_130() 
         );
     }
 }
+
+/// A Ctrl-C while the tasks run reaches them as SIGTERM, and what their handlers print still
+/// reaches stdout before the driver exits 130; JSON output ends with `run_interrupted`.
+#[test]
+fn what_the_tasks_print_as_they_stop_reaches_stdout_and_json_ends_with_run_interrupted() {
+    use std::io::{BufRead as _, BufReader};
+
+    use trainyard_test_support::processes::{MARKER, Sandbox, left_behind};
+
+    for format in ["text", "json"] {
+        let sandbox = Sandbox::new("last-words");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_trainyard"))
+            .args(["run", "-n", "2", "-r", "CPU=0.5", "--log-format", format])
+            .args(["--env", &format!("{MARKER}={}", sandbox.mark())])
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "trap 'echo bye from $RANK; exit 0' TERM; echo up; sleep 600 & wait",
+            ])
+            .envs(sandbox.env())
+            .env("CI", "1")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("trainyard starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut lines = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while lines
+            .iter()
+            .filter(|l: &&String| l.contains(" up") || l.contains("\"line\":\"up\""))
+            .count()
+            < 2
+        {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) => lines.push(line),
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("{format}: the tasks did not start: {lines:?}");
+                }
+            }
+        }
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        kill(pid, Signal::SIGINT).expect("interrupt the driver");
+        let code = exit_code_within(&mut child, Duration::from_secs(30));
+        reader.join().expect("the reader ends with stdout");
+        lines.extend(rx.try_iter());
+        let mut stderr = String::new();
+        if let Some(mut pipe) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+        }
+        assert_eq!(code, Some(130), "{format}: {stderr}");
+        for rank in 0..2 {
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| l.contains(&format!("bye from {rank}"))),
+                "{format}: rank {rank}'s handler's line is missing: {lines:?} {stderr}"
+            );
+        }
+        if format == "json" {
+            let last: serde_json::Value =
+                serde_json::from_str(lines.last().expect("a line")).expect("JSON");
+            assert_eq!(last["event"], "run_interrupted", "{lines:?}");
+            assert_eq!(last["stopped"], true, "{lines:?}");
+        } else {
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| l.starts_with("(rank=1, pid=") && l.ends_with(") bye from 1")),
+                "{lines:?}"
+            );
+        }
+        let left = left_behind(sandbox.mark(), Duration::from_secs(10));
+        assert!(left.is_empty(), "{format}: processes left behind: {left:?}");
+    }
+}

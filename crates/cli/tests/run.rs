@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use common::{MARKER, Sandbox, json_events, left_behind, marked, report_steps};
+use common::{MARKER, Sandbox, json_events, left_behind, marked, report_steps, wait_bounded};
 use trainyard_test_support::processes as common;
 
 fn binary() -> PathBuf {
@@ -42,25 +42,6 @@ fn run(sandbox: &Sandbox, args: &[&str], program: &[&str], limit: Duration) -> O
         .spawn()
         .expect("trainyard starts");
     wait_bounded(child, limit)
-}
-
-fn wait_bounded(mut child: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let output = child.wait_with_output().expect("output");
-            panic!(
-                "trainyard did not finish within {limit:?}; stdout: {} stderr: {}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Waits up to `limit` for every process of `sandbox`'s runs to be gone.

@@ -5,7 +5,7 @@
 
 use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -254,5 +254,26 @@ pub fn torch_python() -> Option<PathBuf> {
             "scripts/python-env.sh failed: {}",
             String::from_utf8_lossy(&out.stderr)
         ),
+    }
+}
+
+/// Waits for `child` to end, with its piped output; kills it and panics, showing what it
+/// printed, when it runs past `limit`.
+pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("output");
+            panic!(
+                "the process did not finish within {limit:?}; stdout: {} stderr: {}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -1,0 +1,225 @@
+//! What `trainyard run`, `plan` and `cluster` print, through the built binary: reports,
+//! restarts, the worker list, sizes, the wording of what cannot be placed, and `--help`.
+//! Every run carries its sandbox's marker, and each test checks that nothing is left running.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{MARKER, Sandbox, left_behind};
+use trainyard_test_support::processes as common;
+
+fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_trainyard"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `trainyard ARGS` in `sandbox`, run to the end within `limit`.
+fn trainyard(sandbox: &Sandbox, args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(binary())
+        .args(args)
+        .envs(sandbox.env())
+        .env("CI", "1")
+        .env_remove("RUST_LOG")
+        .env(
+            "PYTHONPATH",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../python"),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trainyard starts");
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "trainyard did not finish within {limit:?}; stderr: {}",
+                text(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// `trainyard run` with the sandbox's marker, `args`, then `--` and `program`.
+fn run(sandbox: &Sandbox, args: &[&str], program: &[&str]) -> Output {
+    let marker = format!("{MARKER}={}", sandbox.mark());
+    let mut all = vec!["run", "--env", &marker];
+    all.extend_from_slice(args);
+    all.push("--");
+    all.extend_from_slice(program);
+    let out = trainyard(sandbox, &all, Duration::from_secs(60));
+    let left = left_behind(sandbox.mark(), Duration::from_secs(10));
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    out
+}
+
+#[test]
+fn each_report_of_rank_0_is_one_line_and_the_last_metrics_end_the_run() {
+    let sandbox = Sandbox::new("report-lines");
+    let script = "import os, trainyard_report as r\n\
+        rank = int(os.environ['RANK'])\n\
+        for epoch in range(1, 4): r.report({'epoch': epoch, 'loss': 1.0 / (epoch * (rank + 1)), 'phase': 'train'})\n";
+    let out = run(
+        &sandbox,
+        &["-n", "2", "-r", "CPU=0.5"],
+        &["python3", "-c", script],
+    );
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("trainyard: report "))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "trainyard: report 1 (rank 0): epoch=1 loss=1.0 phase=train",
+            "trainyard: report 2 (rank 0): epoch=2 loss=0.5 phase=train",
+            "trainyard: report 3 (rank 0): epoch=3 loss=0.3333333333333333 phase=train",
+        ],
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "trainyard: last report (rank 0): epoch=3 loss=0.3333333333333333 phase=train"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_restart_is_told_once() {
+    let sandbox = Sandbox::new("restart-once");
+    let out = run(
+        &sandbox,
+        &["-n", "1", "-r", "CPU=0.5", "--max-failures", "1"],
+        &["sh", "-c", "exit 3"],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let told: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("restarting"))
+        .collect();
+    assert_eq!(told.len(), 1, "{stderr}");
+    assert!(
+        told[0].starts_with("trainyard: attempt 1 failed"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_worker_list_shows_the_pid_that_output_lines_carry() {
+    let sandbox = Sandbox::new("worker-pids");
+    let out = run(
+        &sandbox,
+        &["-n", "2", "-r", "CPU=0.5"],
+        &["sh", "-c", "echo hello"],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let pid_of = |line: &str| -> String {
+        let start = line.find("pid=").expect("a pid") + 4;
+        line[start..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect()
+    };
+    let listed: Vec<String> = stderr
+        .lines()
+        .filter(|l| l.starts_with("- (node_id="))
+        .map(pid_of)
+        .collect();
+    let printed: Vec<String> = ["(rank=0, ", "(rank=1, "]
+        .iter()
+        .map(|prefix| {
+            pid_of(
+                stdout
+                    .lines()
+                    .find(|l| l.starts_with(prefix))
+                    .unwrap_or_else(|| panic!("no line of {prefix} in {stdout}")),
+            )
+        })
+        .collect();
+    assert_eq!(listed, printed, "stdout: {stdout} stderr: {stderr}");
+}
+
+#[test]
+fn sizes_read_as_people_read_them_in_text_and_as_bytes_in_json() {
+    let sandbox = Sandbox::new("sizes");
+    let args = ["cluster", "--num-cpus", "2", "--memory", "25276063744"];
+    let out = trainyard(&sandbox, &args, Duration::from_secs(30));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(stdout.contains("memory=23.5GiB"), "{stdout}");
+    let mut json_args = args.to_vec();
+    json_args.extend(["--format", "json"]);
+    let out = trainyard(&sandbox, &json_args, Duration::from_secs(30));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["nodes"][0]["resources"]["memory"], 25_276_063_744_u64);
+
+    let out = trainyard(
+        &sandbox,
+        &[
+            "plan",
+            "--runtime",
+            "local",
+            "--num-cpus",
+            "2",
+            "--memory",
+            "25276063744",
+            "-r",
+            "CPU=1,memory=1536MiB",
+        ],
+        Duration::from_secs(30),
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(stdout.contains("(CPU=1,memory=1.5GiB) ->"), "{stdout}");
+}
+
+#[test]
+fn a_plan_that_cannot_be_placed_says_so_not_that_a_run_failed() {
+    let sandbox = Sandbox::new("plan-wording");
+    let out = trainyard(
+        &sandbox,
+        &[
+            "plan",
+            "--runtime",
+            "local",
+            "--num-cpus",
+            "2",
+            "-r",
+            "CPU=4",
+        ],
+        Duration::from_secs(30),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.starts_with("error: the workers cannot be scheduled on local: "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("run failed"), "{stderr}");
+}
+
+#[test]
+fn run_help_says_that_backend_none_runs_plain_commands() {
+    let sandbox = Sandbox::new("help");
+    let out = trainyard(&sandbox, &["run", "--help"], Duration::from_secs(30));
+    let help = text(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(out.status.success());
+    assert!(help.contains("none runs plain commands"), "{help}");
+    assert!(help.contains("Setting up process group"), "{help}");
+}
