@@ -760,6 +760,8 @@ impl BackendExecutor {
         }
         let mut store = RunStore::open(&self.run, &self.run_name).await?;
         self.run_name = store.name().to_owned();
+        // The backends see the folder's name (`name-2` under `resume: never`).
+        self.run.name = Some(self.run_name.clone());
         let mut failures: Vec<AttemptFailure> = Vec::new();
         loop {
             let restart_count = u32::try_from(failures.len()).unwrap_or(u32::MAX);

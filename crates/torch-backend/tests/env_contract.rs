@@ -99,9 +99,10 @@ async fn every_rank_gets_the_torchrun_environment() {
         assert_eq!(var(env, "GROUP_WORLD_SIZE"), "2", "two nodes");
         assert_eq!(
             var(env, "TORCHELASTIC_RUN_ID"),
-            "none",
-            "torchrun's default for a run without a name"
+            var(env, "TRAINYARD_RUN_NAME"),
+            "a run without a name given gets a generated one, which is its run id"
         );
+        assert!(var(env, "TORCHELASTIC_RUN_ID").starts_with("trainyard-"));
         assert_eq!(var(env, "TORCHELASTIC_USE_AGENT_STORE"), "False");
         assert_eq!(var(env, "TORCHELASTIC_RESTART_COUNT"), "0");
         assert_eq!(var(env, "TORCHELASTIC_MAX_RESTARTS"), "0");
