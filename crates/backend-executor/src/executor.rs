@@ -827,10 +827,7 @@ impl BackendExecutor {
                     store
                         .finish(trainyard_checkpoint::RunStatus::Finished)
                         .await;
-                    report.attempts = restart_count + 1;
-                    report.failures = failures;
-                    report.checkpoint = store.latest();
-                    report.best_checkpoints = store.best();
+                    store.conclude(&mut report, restart_count + 1, failures, true);
                     return Ok(report);
                 }
                 Err(AttemptError::Fatal(error)) => {
@@ -841,11 +838,7 @@ impl BackendExecutor {
                 Err(AttemptError::Interrupted) => {
                     // The run stays resumable: its record is not finished.
                     store.end_attempt(None).await;
-                    report.attempts = restart_count + 1;
-                    report.failures = failures;
-                    report.returns.clear();
-                    report.checkpoint = store.latest();
-                    report.best_checkpoints = store.best();
+                    store.conclude(&mut report, restart_count + 1, failures, false);
                     return Err(ExecutorError::Interrupted {
                         report: Box::new(report),
                     });
@@ -860,11 +853,7 @@ impl BackendExecutor {
             {
                 store.finish(trainyard_checkpoint::RunStatus::Failed).await;
                 // What the final attempt reported before it failed stays in the report.
-                report.attempts = count;
-                report.failures = failures;
-                report.returns.clear();
-                report.checkpoint = store.latest();
-                report.best_checkpoints = store.best();
+                store.conclude(&mut report, count, failures, false);
                 return Err(ExecutorError::TrainingFailed {
                     report: Box::new(report),
                 });
@@ -881,11 +870,7 @@ impl BackendExecutor {
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
                 () = stop.requested() => {
-                    report.attempts = count;
-                    report.failures = failures;
-                    report.returns.clear();
-                    report.checkpoint = store.latest();
-                    report.best_checkpoints = store.best();
+                    store.conclude(&mut report, count, failures, false);
                     return Err(ExecutorError::Interrupted {
                         report: Box::new(report),
                     });

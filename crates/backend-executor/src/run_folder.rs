@@ -143,6 +143,24 @@ impl RunStore {
         kept.into_iter().map(|c| self.result(c)).collect()
     }
 
+    /// Fills the run's ending into `report`: how many attempts and their failures, and the
+    /// run's checkpoints; what the tasks returned stays only when the run `succeeded`.
+    pub(crate) fn conclude(
+        &self,
+        report: &mut crate::FitReport,
+        attempts: u32,
+        failures: Vec<AttemptFailure>,
+        succeeded: bool,
+    ) {
+        report.attempts = attempts;
+        report.failures = failures;
+        if !succeeded {
+            report.returns.clear();
+        }
+        report.checkpoint = self.latest();
+        report.best_checkpoints = self.best();
+    }
+
     fn result(&self, checkpoint: &CheckpointRecord) -> CheckpointResult {
         CheckpointResult {
             index: checkpoint.index,

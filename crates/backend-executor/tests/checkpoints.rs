@@ -1,7 +1,6 @@
 //! Checkpoints on the simulated cluster: Rust function tasks hand in a checkpoint with every
 //! epoch's report; restarts and later runs of the same name resume from the latest one.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use trainyard_backend_executor::{
     AttemptFailure, ExecutorError, FitReport, RunEvent, TrainContext,
 };
 use trainyard_config::{CheckpointConfig, FailureConfig, ResumePolicy, RunConfig, ScoreOrder};
-use trainyard_runtime::sim::{SimNode, SimRuntime};
+use trainyard_runtime::sim::SimRuntime;
 use trainyard_runtime::{FunctionRegistry, TaskSpec};
 
 /// What `epochs` is told to do, as its argument.
@@ -67,19 +66,16 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
 }
 
 fn sim() -> SimRuntime {
-    let functions = FunctionRegistry::with_builtins().register("epochs", |task| async move {
-        let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
-        epochs(ctx).await
-    });
-    SimRuntime::new([SimNode::new("node-0").cpus(4)]).with_functions(functions)
+    common::sim_serving(
+        FunctionRegistry::new().register("epochs", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            epochs(ctx).await
+        }),
+    )
 }
 
 fn task(arg: Value) -> TaskSpec {
-    TaskSpec::Function {
-        name: "epochs".to_owned(),
-        arg,
-        env: BTreeMap::new(),
-    }
+    common::function_task("epochs", arg)
 }
 
 fn run_config(storage: &Path, name: &str) -> RunConfig {

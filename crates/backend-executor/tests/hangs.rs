@@ -2,7 +2,6 @@
 //! the attempt with every rank's stacks captured first, and the run restarts; stacks asked
 //! for on demand stop nothing; every rank's output lands in a log file per attempt.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use trainyard_backend_executor::{
     WorldRank,
 };
 use trainyard_config::{FailureConfig, ProgressSource, RunConfig};
-use trainyard_runtime::sim::{SimNode, SimRuntime};
+use trainyard_runtime::sim::SimRuntime;
 use trainyard_runtime::{FunctionRegistry, TaskSpec};
 
 /// Runs `steps` steps 20 ms apart, each reported (or, with `"print": true`, printed only).
@@ -45,19 +44,16 @@ async fn steps(ctx: TrainContext) -> Result<Value, String> {
 }
 
 fn sim() -> SimRuntime {
-    let functions = FunctionRegistry::with_builtins().register("steps", |task| async move {
-        let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
-        steps(ctx).await
-    });
-    SimRuntime::new([SimNode::new("node-0").cpus(4)]).with_functions(functions)
+    common::sim_serving(
+        FunctionRegistry::new().register("steps", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            steps(ctx).await
+        }),
+    )
 }
 
 fn task(arg: Value) -> TaskSpec {
-    TaskSpec::Function {
-        name: "steps".to_owned(),
-        arg,
-        env: BTreeMap::new(),
-    }
+    common::function_task("steps", arg)
 }
 
 fn run_config(storage: &Path, name: &str) -> RunConfig {

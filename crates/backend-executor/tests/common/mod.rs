@@ -9,8 +9,23 @@ use trainyard_backend_executor::{
     StacksTrigger,
 };
 use trainyard_config::{RunConfig, ScalingConfig};
-use trainyard_runtime::TaskSpec;
-use trainyard_runtime::sim::SimRuntime;
+use trainyard_runtime::sim::{SimNode, SimRuntime};
+use trainyard_runtime::{FunctionRegistry, TaskSpec};
+
+/// One node of four CPUs that serves `functions` (and the built-ins).
+pub(crate) fn sim_serving(functions: FunctionRegistry) -> SimRuntime {
+    SimRuntime::new([SimNode::new("node-0").cpus(4)])
+        .with_functions(FunctionRegistry::with_builtins().merge(functions))
+}
+
+/// The task that runs the registered function `name` with `arg`.
+pub(crate) fn function_task(name: &str, arg: serde_json::Value) -> TaskSpec {
+    TaskSpec::Function {
+        name: name.to_owned(),
+        arg,
+        env: std::collections::BTreeMap::new(),
+    }
+}
 
 /// Runs `task` on two workers of `sim` to its end (restarting at once), with `trigger` for
 /// stacks when given; the result, and every event streamed.
