@@ -1,8 +1,15 @@
 """trainyard's bridge to Ray: line-delimited JSON on stdin/stdout, nothing decided here.
 
-Requests on stdin:   {"id": N, "op": "...", ...args}
+Requests on stdin:   {"id": N, "op": "...", "deadline_ms": D, ...args}
 Replies on stdout:   {"id": N, "ok": {...}} | {"id": N, "error": {"kind": "...", "message": "..."}}
 Events on stdout:    {"event": "ready" | "failed" | "actor_ended", ...}
+
+`deadline_ms` is when the driver stops waiting for the reply (Unix time in milliseconds): work
+not started by then is refused (kind "deadline"), blocking Ray calls are bounded by it, and a
+spawn that completes past it kills the actor it made, since nobody would hold it. A line that
+is not a request object is answered with a "protocol" error, with its id when one can be read
+and `null` otherwise. Control requests (kill, signal, remove_pg, actors, ping, shutdown) run on
+their own threads, never queued behind spawns and other blocking work.
 
 Ray prints to fd 1 (raylet error lines, autoscaler messages), so the protocol gets a private
 duplicate of fd 1 and fd 1 itself becomes stderr before ray is imported. Placement, sizing and
@@ -12,6 +19,7 @@ every other decision belong to the Rust driver; this file only translates.
 import ctypes
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -83,12 +91,35 @@ UNAVAILABLE_GRACE_S = float(os.environ.get("TRAINYARD_RAY_UNAVAILABLE_GRACE_S", 
 ACCELERATOR_KEYS = ("GPU", "neuron_cores", "TPU", "NPU", "HPU")
 
 
+def _proc_stat(pid):
+    """The fields of `/proc/<pid>/stat` from field 3 (state) on: 4 is the parent, 5 the process
+    group, 6 the session, 22 the start time (`fields[19]`); None when the process is gone or
+    its line cannot be read (the command name may hold spaces and parentheses: fields are
+    counted after the last `)`)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except (OSError, ValueError):
+        return None
+    fields = text[text.rfind(")") + 1 :].split()
+    return fields if len(fields) >= 20 else None
+
+
+def _start_time(pid):
+    """When process `pid` started (field 22, clock ticks after boot); None when it is gone."""
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields is not None else None
+
+
 @ray.remote
 class TrainyardActor:
     """Hosts one trainyard agent process, in this actor's own process group."""
 
     def __init__(self):
         self.proc = None
+        # The agent's start time, read when its pid was learned: with the pid it names the
+        # agent for good (a pid alone may be handed out again once the agent is reaped).
+        self.agent_start = None
 
     def start(self, program, args, env, config, token, cwd=None):
         import subprocess
@@ -116,6 +147,7 @@ class TrainyardActor:
             # The driver's directory when this node has it (same machine, shared file system).
             cwd=cwd if cwd and os.path.isdir(cwd) else None,
         )
+        self.agent_start = _start_time(self.proc.pid)
         try:
             self.proc.stdin.write((token + "\n").encode())
             self.proc.stdin.close()
@@ -137,14 +169,50 @@ class TrainyardActor:
         return True
 
     def signal(self, signum, task_pgid):
-        if signum == signal.SIGKILL and task_pgid:
+        """Sends `signum` to the agent while it is the process started (pid and start time);
+        with SIGKILL, first kills process group `task_pgid` while it is one of the agent's
+        tasks. Returns whether the agent was signalled."""
+        if signum == signal.SIGKILL and task_pgid and self._is_agents_task_group(int(task_pgid)):
             try:
-                os.killpg(task_pgid, signal.SIGKILL)
+                os.killpg(int(task_pgid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signum)
-            return True
+        if self.proc is None or self.proc.poll() is not None or not self._is_the_agent():
+            return False
+        self.proc.send_signal(signum)
+        return True
+
+    def _is_the_agent(self):
+        """Whether the agent's pid still names the agent: started when it was recorded, and
+        not a zombie (whose pid is still taken, but which a signal no longer reaches)."""
+        fields = _proc_stat(self.proc.pid)
+        if fields is None or fields[0] in ("Z", "X"):
+            return False
+        return self.agent_start is None or int(fields[19]) == self.agent_start
+
+    def _is_agents_task_group(self, group):
+        """Whether process group `group` is one of the agent's tasks: never this actor's own
+        group (the agent is in it) nor init's; its leader, a child of the agent, still leads
+        it (a zombie counts: its pid is not free until the agent reaps it); or, its leader
+        reaped, a live process of the agent's session is still in it."""
+        if group <= 1 or group == os.getpgid(0) or not self._is_the_agent():
+            return False
+        leader = _proc_stat(group)
+        if leader is not None:
+            return leader[0] != "X" and int(leader[2]) == group and int(leader[1]) == self.proc.pid
+        try:
+            session = os.getsid(self.proc.pid)
+        except OSError:
+            return False
+        for entry in os.listdir("/proc"):
+            fields = _proc_stat(entry) if entry.isdigit() else None
+            if (
+                fields is not None
+                and fields[0] not in ("Z", "X")
+                and int(fields[2]) == group
+                and int(fields[3]) == session
+            ):
+                return True
         return False
 
 
@@ -163,6 +231,41 @@ class OpError(Exception):
     def __init__(self, kind, message):
         super().__init__(message)
         self.kind = kind
+
+
+# How long before its deadline a reply must be sent to reach the driver while it still waits.
+DEADLINE_MARGIN_S = 0.25
+
+
+def deadline_of(req):
+    """The request's deadline (Unix time in seconds), or None when it has none."""
+    value = req.get("deadline_ms")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise OpError("protocol", f"deadline_ms is {value!r}; Unix time in milliseconds is expected")
+    return value / 1000.0
+
+
+def time_left(req, what):
+    """Seconds left to work on the request before its reply must be sent; raises the
+    `deadline` error when none are (the driver stopped waiting, or is about to)."""
+    deadline = deadline_of(req)
+    if deadline is None:
+        return None
+    left = deadline - DEADLINE_MARGIN_S - time.time()
+    if left <= 0:
+        raise OpError(
+            "deadline",
+            f"{what} is past its deadline by {-left:.3f} s: the driver no longer waits for it",
+        )
+    return left
+
+
+def bounded(req, what, seconds):
+    """`seconds`, cut short by the request's deadline."""
+    left = time_left(req, what)
+    return seconds if left is None else min(seconds, left)
 
 
 def classify(exc):
@@ -298,7 +401,7 @@ def op_pg_state(req):
 
 def op_wait_pg(req):
     pg = _group(req["pg"])
-    ready, _ = ray.wait([pg.ready()], timeout=float(req["timeout_s"]))
+    ready, _ = ray.wait([pg.ready()], timeout=bounded(req, "wait_pg", float(req["timeout_s"])))
     table = placement_group_table(pg)
     return {"ready": bool(ready), "bundle_nodes": _bundle_nodes(table)}
 
@@ -338,10 +441,19 @@ def actor_options(req):
 
 
 def op_spawn(req):
+    """Creates the actor and starts its agent. The actor is killed again when anything fails,
+    and when the start completes past the request's deadline: the driver has given up on it
+    and would never end it."""
     name = req["name"]
+    time_left(req, "spawn")
     handle = TrainyardActor.options(**actor_options(req)).remote()
     with STATE.lock:
-        STATE.actors[name] = {"handle": handle, "state": "starting", "pg": req.get("pg")}
+        closing = STATE.closing
+        if not closing:
+            STATE.actors[name] = {"handle": handle, "state": "starting", "pg": req.get("pg")}
+    if closing:
+        _kill_quietly(handle)
+        raise OpError("closing", f"the bridge is shutting down: actor {name} is not started")
     try:
         started = ray.get(
             handle.start.remote(
@@ -352,20 +464,27 @@ def op_spawn(req):
                 req.get("token", ""),
                 req.get("cwd"),
             ),
-            timeout=float(req.get("timeout_s", 120)),
+            timeout=bounded(req, "spawn", float(req.get("timeout_s", 120))),
         )
+        time_left(req, "spawn")
     except BaseException:
-        try:
-            ray.kill(handle)
-        except Exception:
-            pass
+        _kill_quietly(handle)
         with STATE.lock:
-            STATE.actors.pop(name, None)
+            record = STATE.actors.get(name)
+            if record is not None and record["handle"] is handle:
+                del STATE.actors[name]
         raise
     with STATE.lock:
         STATE.actors[name]["state"] = "alive"
     threading.Thread(target=watch_actor, args=(name, handle), daemon=True).start()
     return started
+
+
+def _kill_quietly(handle):
+    try:
+        ray.kill(handle)
+    except Exception as exc:
+        print(f"trainyard-bridge: cannot kill an actor: {_cause_text(exc)}", file=sys.stderr)
 
 
 def watch_actor(name, handle):
@@ -432,7 +551,7 @@ def op_signal(req):
     record = _actor(req["name"])
     sent = ray.get(
         record["handle"].signal.remote(int(req["signal"]), req.get("task_pgid")),
-        timeout=float(req.get("timeout_s", 10)),
+        timeout=bounded(req, "signal", float(req.get("timeout_s", 10))),
     )
     return {"sent": bool(sent)}
 
@@ -495,6 +614,10 @@ def op_shutdown(req):
     return {}
 
 
+def op_ping(req):
+    return {}
+
+
 OPS = {
     "nodes": op_nodes,
     "create_pg": op_create_pg,
@@ -507,7 +630,37 @@ OPS = {
     "actors": op_actors,
     "cluster": op_cluster,
     "shutdown": op_shutdown,
+    "ping": op_ping,
 }
+# Quick calls that end or inspect what runs: their own threads, never queued behind spawns.
+CONTROL_OPS = frozenset(("kill", "signal", "remove_pg", "actors", "ping", "shutdown"))
+
+
+_LINE_ID = re.compile(r'"id"\s*:\s*(\d+)')
+
+
+def parse_request(line):
+    """The request on `line` and None, or None and the error reply the line gets: with the
+    line's id when one can be read, else a null id."""
+    try:
+        req = json.loads(line)
+    except ValueError as exc:
+        found = _LINE_ID.search(line)
+        rid = int(found.group(1)) if found else None
+        return None, {"id": rid, "error": failure("protocol", f"the request line is not JSON: {exc}")}
+    if not isinstance(req, dict):
+        kind = type(req).__name__
+        return None, {
+            "id": None,
+            "error": failure("protocol", f"the request line is a JSON {kind}, not an object"),
+        }
+    rid = req.get("id")
+    if isinstance(rid, bool) or not isinstance(rid, int) or rid < 0:
+        return None, {
+            "id": None,
+            "error": failure("protocol", f"the request's id is {rid!r}; a non-negative integer is expected"),
+        }
+    return req, None
 
 
 def handle(req):
@@ -516,6 +669,7 @@ def handle(req):
     try:
         if op is None:
             raise OpError("protocol", f"unknown op {req.get('op')!r}")
+        time_left(req, req["op"])
         emit({"id": rid, "ok": op(req)})
     except BaseException as exc:
         emit({"id": rid, "error": failure(classify(exc), _cause_text(exc))})
@@ -575,17 +729,17 @@ def main():
     )
     from concurrent.futures import ThreadPoolExecutor
 
-    pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="trainyard-op")
+    work = ThreadPoolExecutor(max_workers=32, thread_name_prefix="trainyard-op")
+    control = ThreadPoolExecutor(max_workers=8, thread_name_prefix="trainyard-control")
     for line in sys.stdin:
         line = line.strip()
         if not line:
             continue
-        try:
-            req = json.loads(line)
-        except ValueError as exc:
-            emit({"event": "protocol_error", "message": f"bad request line: {exc}"})
+        req, rejected = parse_request(line)
+        if rejected is not None:
+            emit(rejected)
             continue
-        pool.submit(handle, req)
+        (control if req.get("op") in CONTROL_OPS else work).submit(handle, req)
     # EOF: the driver closed our stdin (or exited): leave nothing behind.
     cleanup()
     finish(0)

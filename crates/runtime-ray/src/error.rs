@@ -92,7 +92,8 @@ pub enum BridgeError {
         supported: &'static str,
     },
     /// A Ray call failed; `kind` is the bridge's classification (`invalid`, `timeout`,
-    /// `name_taken`, `actor_died`, `unknown_group`, `unknown_actor`, `protocol`, `ray`).
+    /// `deadline`, `closing`, `name_taken`, `actor_died`, `unknown_group`, `unknown_actor`,
+    /// `protocol`, `ray`).
     #[error("ray {op} failed ({kind}): {message}")]
     Ray {
         /// The op.
@@ -113,6 +114,27 @@ pub enum BridgeError {
     /// The bridge process is gone.
     #[error("the Ray bridge process was lost; its last stderr lines:\n  {stderr}")]
     Lost {
+        /// Its last stderr lines.
+        stderr: StderrTail,
+    },
+    /// The operating system gives no randomness for the token of a throwaway head: the bridge
+    /// is not started rather than guarded by a guessable token.
+    #[error(
+        "cannot make an authentication token for the throwaway Ray head: the operating system gives no randomness"
+    )]
+    Randomness {
+        /// Why.
+        #[source]
+        source: getrandom::Error,
+    },
+    /// The bridge wrote a protocol line longer than the client accepts; the bridge was
+    /// stopped, as what it says can no longer be followed.
+    #[error(
+        "the Ray bridge wrote a line longer than {limit} bytes, which breaks its protocol; it was stopped. Its last stderr lines:\n  {stderr}"
+    )]
+    LineTooLong {
+        /// The longest line accepted, in bytes.
+        limit: usize,
         /// Its last stderr lines.
         stderr: StderrTail,
     },

@@ -1,8 +1,11 @@
 //! The bridge's wire messages: one JSON object per line, each a serde type.
 //!
-//! Requests go to the bridge's stdin as `{"id": N, "op": "...", ...}`; replies come back on its
-//! protocol stream as `{"id": N, "ok": {...}}` or `{"id": N, "error": {"kind", "message"}}`;
-//! events (`ready`, `failed`, `actor_ended`) carry `"event"` instead of an id.
+//! Requests go to the bridge's stdin as `{"id": N, "op": "...", "deadline_ms": D, ...}`, where
+//! `D` is when the caller stops waiting (Unix time in milliseconds): the bridge refuses work it
+//! would start later, and kills an actor whose start completes later. Replies come back on its
+//! protocol stream as `{"id": N, "ok": {...}}` or `{"id": N, "error": {"kind", "message"}}`
+//! (`"id": null` for a request line without a readable id); events (`ready`, `failed`,
+//! `actor_ended`) carry `"event"` instead of an id.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,8 +29,22 @@ impl fmt::Display for RayPlacementGroupId {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct BridgeRequest<'a> {
     pub(crate) id: u64,
+    /// When the caller stops waiting for the reply, in milliseconds after the Unix epoch (the
+    /// bridge runs on this machine: both read the same clock).
+    pub(crate) deadline_ms: u64,
     #[serde(flatten)]
     pub(crate) op: Op<'a>,
+}
+
+/// A secret on the wire: serialised as the string, shown by `Debug` as `<redacted>`.
+#[derive(Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub(crate) struct Secret<'a>(pub(crate) &'a str);
+
+impl fmt::Debug for Secret<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// The operations the bridge understands, tagged by `op`.
@@ -59,7 +76,7 @@ pub(crate) enum Op<'a> {
         args: &'a [String],
         env: &'a BTreeMap<String, String>,
         config: &'a serde_json::Value,
-        token: &'a str,
+        token: Secret<'a>,
         cwd: Option<&'a str>,
         timeout_s: f64,
     },
@@ -73,6 +90,7 @@ pub(crate) enum Op<'a> {
     },
     Actors,
     Cluster,
+    Ping,
     Shutdown,
 }
 
@@ -90,6 +108,7 @@ impl Op<'_> {
             Self::Kill { .. } => "kill",
             Self::Actors => "actors",
             Self::Cluster => "cluster",
+            Self::Ping => "ping",
             Self::Shutdown => "shutdown",
         }
     }
@@ -108,7 +127,8 @@ pub(crate) enum Incoming {
 /// A reply line.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub(crate) struct Reply {
-    pub(crate) id: u64,
+    /// The request's id; `None` for a request line whose id could not be read.
+    pub(crate) id: Option<u64>,
     #[serde(flatten)]
     pub(crate) outcome: Outcome,
 }
@@ -133,17 +153,13 @@ pub(crate) enum Event {
     Failed(RayFailure),
     /// An actor's agent exited or the actor died.
     ActorEnded(ActorEnded),
-    /// The bridge could not parse a request line.
-    ProtocolError {
-        /// What was wrong.
-        message: String,
-    },
 }
 
 /// An error as the bridge reports it: a kind to match on and Ray's own text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RayFailure {
-    /// `invalid`, `timeout`, `name_taken`, `actor_died`, `unknown_group`, `unknown_actor`,
+    /// `invalid`, `timeout`, `deadline` (the request's deadline passed before its work could
+    /// be done), `closing`, `name_taken`, `actor_died`, `unknown_group`, `unknown_actor`,
     /// `protocol`, `ray` for requests; `auth`, `unreachable`, `start` for start-up.
     pub kind: String,
     /// Ray's message, with its chain of causes.
@@ -419,6 +435,7 @@ mod tests {
         let config = serde_json::json!({"driver": "127.0.0.1:1"});
         let request = BridgeRequest {
             id: 7,
+            deadline_ms: 1_700_000_000_000,
             op: Op::Spawn {
                 name: "run-w0",
                 pg: Some(&pg),
@@ -428,14 +445,16 @@ mod tests {
                 args: &[],
                 env: &env,
                 config: &config,
-                token: "t",
+                token: Secret("t"),
                 cwd: Some("/work"),
                 timeout_s: 5.0,
             },
         };
         let json = serde_json::to_value(&request).expect("serialises");
         assert_eq!(json["id"], 7);
+        assert_eq!(json["deadline_ms"], 1_700_000_000_000u64);
         assert_eq!(json["op"], "spawn");
+        assert_eq!(json["token"], "t");
         assert_eq!(json["pg"], "ab12");
         assert_eq!(json["bundle"], 1);
         assert_eq!(json["options"]["memory"], 10000);
@@ -455,10 +474,11 @@ mod tests {
     fn unit_ops_serialise_to_just_their_name() {
         let line = serde_json::to_string(&BridgeRequest {
             id: 1,
+            deadline_ms: 2,
             op: Op::Nodes,
         })
         .expect("serialises");
-        assert_eq!(line, r#"{"id":1,"op":"nodes"}"#);
+        assert_eq!(line, r#"{"id":1,"deadline_ms":2,"op":"nodes"}"#);
     }
 
     #[test]
@@ -469,6 +489,7 @@ mod tests {
         ];
         let json = serde_json::to_value(BridgeRequest {
             id: 2,
+            deadline_ms: 3,
             op: Op::CreatePg {
                 name: "g",
                 bundles: &bundles,
@@ -489,7 +510,7 @@ mod tests {
         assert_eq!(
             ok,
             Incoming::Reply(Reply {
-                id: 3,
+                id: Some(3),
                 outcome: Outcome::Ok(serde_json::json!({"pg": "ff"}))
             })
         );
@@ -499,7 +520,7 @@ mod tests {
         assert_eq!(
             err,
             Incoming::Reply(Reply {
-                id: 4,
+                id: Some(4),
                 outcome: Outcome::Error(RayFailure {
                     kind: "invalid".into(),
                     message: "bad".into()
@@ -527,6 +548,48 @@ mod tests {
                 ..
             }))
         ));
+    }
+
+    #[test]
+    fn the_run_token_never_shows_in_a_requests_debug_output() {
+        let options = ActorOptions::default();
+        let env = BTreeMap::new();
+        let config = serde_json::json!({});
+        let token = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        let request = BridgeRequest {
+            id: 1,
+            deadline_ms: 1,
+            op: Op::Spawn {
+                name: "run-w0",
+                pg: None,
+                bundle: 0,
+                options: &options,
+                program: "/bin/agent",
+                args: &[],
+                env: &env,
+                config: &config,
+                token: Secret(token),
+                cwd: None,
+                timeout_s: 1.0,
+            },
+        };
+        let shown = format!("{request:?} {request:#?}");
+        assert!(!shown.contains(token), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+        let line = serde_json::to_string(&request).expect("serialises");
+        assert!(line.contains(token), "the wire still carries it: {line}");
+    }
+
+    #[test]
+    fn a_rejected_request_line_is_a_reply_without_an_id() {
+        let rejected: Incoming = serde_json::from_str(
+            r#"{"id":null,"error":{"kind":"protocol","message":"not an object"}}"#,
+        )
+        .expect("parses");
+        assert!(
+            matches!(rejected, Incoming::Reply(Reply { id: None, outcome: Outcome::Error(ref f) }) if f.kind == "protocol"),
+            "{rejected:?}"
+        );
     }
 
     #[test]

@@ -81,6 +81,9 @@ pub enum RayClusterError {
         /// What it wrote to stderr.
         stderr: String,
     },
+    /// No token can be made for a cluster with auth.
+    #[error("cannot make the cluster's authentication token")]
+    Token(#[source] BridgeError),
     /// The cluster's private temp dir cannot be made.
     #[error("cannot create a temp dir under /tmp")]
     TempDir(#[source] std::io::Error),
@@ -261,7 +264,10 @@ impl RayCluster {
         let start = Start {
             ray: &ray,
             temp_dir: temp.path(),
-            token: auth.then(crate::bridge::random_token),
+            token: auth
+                .then(crate::bridge::random_token)
+                .transpose()
+                .map_err(RayClusterError::Token)?,
         };
         let head_args = start.args(&[
             "--head".to_owned(),

@@ -22,9 +22,11 @@ use trainyard_runtime_ray::{
     Started,
 };
 
-/// The agent stand-in: records its config, role, token and process group, then sleeps.
+/// The agent stand-in: records its config, role, token and process group, then sleeps; with
+/// `TY_TEST_TASK` set it first starts a task (`sleep`) in a process group of its own, as the
+/// agent does, and records its pid.
 const AGENT: &str = r#"
-import json, os, sys, time
+import json, os, subprocess, sys, time
 token = sys.stdin.readline().strip()
 out = os.environ["TY_TEST_OUT"]
 record = {
@@ -34,6 +36,8 @@ record = {
     "pid": os.getpid(),
     "pgid": os.getpgid(0),
 }
+if os.environ.get("TY_TEST_TASK"):
+    record["task"] = subprocess.Popen(["sleep", "600"], preexec_fn=os.setpgrp).pid
 with open(out + ".tmp", "w") as f:
     json.dump(record, f)
 os.rename(out + ".tmp", out)
@@ -219,9 +223,13 @@ impl Scene {
         for (i, bundle_node) in (0..2u32).zip(&bundle_nodes) {
             let name = format!("e2e-w{i}");
             let t = Instant::now();
+            let mut launch = self.launch(&name, Some((pg.clone(), i)), BUNDLE);
+            if i == 0 {
+                launch.env.insert("TY_TEST_TASK".to_owned(), "1".to_owned());
+            }
             let (started, end) = self
                 .bridge
-                .spawn_actor(&self.launch(&name, Some((pg.clone(), i)), BUNDLE))
+                .spawn_actor(&launch)
                 .await
                 .expect("actor spawns");
             let record = agent_record(self.dir.path(), &name).await;
@@ -256,15 +264,17 @@ impl Scene {
         (pg, running)
     }
 
-    /// A signal reaches the agent, after the task's process group (the actor lives on); `ray.kill` ends an actor as `killed`
-    /// and takes its agent along.
+    /// A signal reaches the agent, after the agent's task's process group (the actor lives
+    /// on); `ray.kill` ends an actor as `killed` and takes its agent along.
     async fn signal_and_kill_end_what_they_should(&self, w0: Running, w1: Running) {
         let (w0_started, w0_end) = w0;
-        // SIGKILL with a task group: the group goes first (a local process group stands in).
-        let mut task = std::process::Command::new("sleep");
-        std::os::unix::process::CommandExt::process_group(task.arg("600"), 0);
-        let mut task = task.spawn().expect("sleep");
-        let task_pgid = i32::try_from(task.id()).expect("pid fits");
+        // SIGKILL with a task group: the agent's task goes first.
+        let record = agent_record(self.dir.path(), "e2e-w0").await;
+        let task = record["task"]
+            .as_u64()
+            .and_then(|task| u32::try_from(task).ok())
+            .expect("the agent of e2e-w0 records its task");
+        let task_pgid = i32::try_from(task).expect("pid fits");
         let sent = self
             .bridge
             .signal_actor("e2e-w0", Signal::SIGKILL, Some(task_pgid))
@@ -276,11 +286,9 @@ impl Scene {
             (None, Some(9), None),
             "{end:?}"
         );
-        let status = task.wait().expect("reap the task stand-in");
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&status),
-            Some(9),
-            "the task group was killed"
+        assert!(
+            eventually(BOUND, || !is_alive(task, None)).await,
+            "the agent's task group was not killed"
         );
         assert!(
             is_alive(w0_started.actor_pid, None),

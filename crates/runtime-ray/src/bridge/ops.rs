@@ -12,7 +12,7 @@ use super::{ActorLaunch, Bridge};
 use crate::error::BridgeError;
 use crate::protocol::{
     ActorEnded, ClusterView, CreatePgReply, Empty, GroupReadiness, GroupStatus, Holdings,
-    NodesReply, Op, RayNodeInfo, RayPlacementGroupId, SignalReply, Started,
+    NodesReply, Op, RayNodeInfo, RayPlacementGroupId, Secret, SignalReply, Started,
 };
 
 /// Extra time a call waits beyond the bound it gives the bridge for the same work.
@@ -91,9 +91,14 @@ impl Bridge {
     /// Creates the actor, starts its agent, and returns what the actor reported together with
     /// a receiver that resolves once, when the agent exits or the actor dies.
     ///
+    /// An actor whose start the bridge completes after this call stopped waiting is killed by
+    /// the bridge, and one whose spawn it could only begin after that is never made: a failed
+    /// spawn leaves no actor behind.
+    ///
     /// # Errors
     /// [`BridgeError::Ray`] (`invalid` options, `name_taken`, `actor_died`, `timeout` when the
-    /// actor could not be scheduled within the request timeout) and the bridge's own failures.
+    /// actor could not be scheduled within the request timeout, `deadline` when the bridge
+    /// could not start or finish the spawn in time) and the bridge's own failures.
     pub async fn spawn_actor(
         &self,
         launch: &ActorLaunch,
@@ -119,7 +124,7 @@ impl Bridge {
             args: &launch.args,
             env: &launch.env,
             config: &launch.config,
-            token: &launch.token,
+            token: Secret(&launch.token),
             cwd: launch.cwd.as_deref(),
             timeout_s: self.request_timeout.as_secs_f64(),
         };
@@ -161,7 +166,18 @@ impl Bridge {
         Ok(())
     }
 
-    /// What the bridge holds: its actors with their state, and its groups.
+    /// Whether the bridge answers: a call that, like kills, signals and group removals, is
+    /// never queued behind spawns and other blocking work.
+    ///
+    /// # Errors
+    /// A [`BridgeError`] when the call fails or times out.
+    pub async fn ping(&self) -> Result<(), BridgeError> {
+        let _: Empty = self.call(Op::Ping, self.request_timeout).await?;
+        Ok(())
+    }
+
+    /// What the bridge holds: its actors with their state, and its groups (answered without
+    /// waiting behind spawns).
     ///
     /// # Errors
     /// A [`BridgeError`] when the call fails or times out.

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::io::BufReader;
 use tokio::process::Command;
 use tokio::sync::oneshot;
 use trainyard_agent::process_group;
 
-use super::replies::{Shared, StartSignal, read_protocol};
+use super::replies::{Line, MAX_LINE, Shared, StartSignal, read_line, read_protocol};
 use super::{BRIDGE_SCRIPT, Bridge, BridgeConfig};
 use crate::auth::{AUTH_MODE_VAR, AUTH_TOKEN_VAR, AuthLookup};
 use crate::error::{BridgeError, StderrTail};
@@ -29,12 +29,13 @@ pub(super) fn launch(
     config: &BridgeConfig,
     auth: &AuthLookup,
 ) -> Result<(Bridge, oneshot::Receiver<StartSignal>), BridgeError> {
+    let env = bridge_env(config, auth)?;
     let (dir, script) = write_script()?;
     let mut command = Command::new(&config.python);
     command
         .arg("-u")
         .arg(&script)
-        .envs(bridge_env(config, auth))
+        .envs(env)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -58,7 +59,13 @@ pub(super) fn launch(
         unreachable!("stdin, stdout and stderr are piped");
     };
     let stderr_task = tokio::spawn(pump_stderr(Arc::clone(&shared), stderr));
-    let reader = tokio::spawn(read_protocol(Arc::clone(&shared), stdout, stderr_task, pid));
+    let reader = tokio::spawn(read_protocol(
+        Arc::clone(&shared),
+        stdout,
+        stderr_task,
+        pid,
+        MAX_LINE,
+    ));
     let bridge = Bridge {
         shared,
         stdin: tokio::sync::Mutex::new(Some(stdin)),
@@ -134,23 +141,29 @@ fn write_script() -> Result<(tempfile::TempDir, PathBuf), BridgeError> {
 
 /// A random token for a throwaway head, so that `ray.init()` does not write
 /// `$HOME/.ray/auth_token` (which would silently turn auth on for the user's later clusters),
-/// and for the test cluster's token auth.
-pub(crate) fn random_token() -> String {
+/// and for the test cluster's token auth: 32 bytes from the operating system, in hex.
+///
+/// # Errors
+/// [`BridgeError::Randomness`] when the operating system gives no randomness: a token made
+/// of anything guessable (the time, a pid) would guard nothing.
+pub(crate) fn random_token() -> Result<String, BridgeError> {
+    token_from(getrandom::fill)
+}
+
+/// A token of 32 bytes from `fill`, in hex.
+fn token_from(
+    fill: impl FnOnce(&mut [u8]) -> Result<(), getrandom::Error>,
+) -> Result<String, BridgeError> {
     let mut bytes = [0u8; 32];
-    if getrandom::fill(&mut bytes).is_err() {
-        // No OS randomness: fall back to something unique per process and moment; the token
-        // only guards a head that lives as long as this bridge.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        bytes[..16].copy_from_slice(&nanos.to_le_bytes());
-        bytes[16..20].copy_from_slice(&std::process::id().to_le_bytes());
-    }
-    hex::encode(bytes)
+    fill(&mut bytes).map_err(|source| BridgeError::Randomness { source })?;
+    Ok(hex::encode(bytes))
 }
 
 /// The environment the bridge gets, besides this process's.
-fn bridge_env(config: &BridgeConfig, auth: &AuthLookup) -> Vec<(String, String)> {
+fn bridge_env(
+    config: &BridgeConfig,
+    auth: &AuthLookup,
+) -> Result<Vec<(String, String)>, BridgeError> {
     let mut env = vec![
         ("PYTHONUNBUFFERED".to_owned(), "1".to_owned()),
         (
@@ -178,16 +191,25 @@ fn bridge_env(config: &BridgeConfig, auth: &AuthLookup) -> Vec<(String, String)>
         env.push((AUTH_MODE_VAR.to_owned(), mode.to_owned()));
     }
     if config.address.is_none() && auth.token.is_none() && auth.mode.is_none() {
-        env.push((AUTH_TOKEN_VAR.to_owned(), random_token()));
+        env.push((AUTH_TOKEN_VAR.to_owned(), random_token()?));
     }
     env.extend(config.env.iter().cloned());
-    env
+    Ok(env)
 }
+
+/// The longest stderr line kept, in bytes; a longer one is kept as a note of its dropping.
+const MAX_STDERR_LINE: usize = 64 * 1024;
 
 /// Reads the bridge's stderr into the ring and `tracing`.
 async fn pump_stderr(shared: Arc<Shared>, stderr: tokio::process::ChildStderr) {
-    let mut lines = BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    let mut reader = BufReader::new(stderr);
+    let mut buf = Vec::new();
+    loop {
+        let line = match read_line(&mut reader, MAX_STDERR_LINE, &mut buf).await {
+            Ok(Line::Text) => String::from_utf8_lossy(&buf).into_owned(),
+            Ok(Line::TooLong) => format!("(a stderr line over {MAX_STDERR_LINE} bytes, dropped)"),
+            Ok(Line::End) | Err(_) => break,
+        };
         tracing::debug!(target: "trainyard_runtime_ray::bridge::stderr", "{line}");
         shared.push_stderr(line);
     }
@@ -230,14 +252,15 @@ mod tests {
             token: None,
             looked_at: Vec::new(),
         };
-        let local = bridge_env(&BridgeConfig::default(), &none);
+        let local = bridge_env(&BridgeConfig::default(), &none).expect("randomness");
         let token = local
             .iter()
             .find(|(k, _)| k == AUTH_TOKEN_VAR)
             .map(|(_, v)| v.clone())
             .expect("a throwaway head gets a token");
         assert_eq!(token.len(), 64);
-        let remote = bridge_env(&BridgeConfig::default().address("10.0.0.1:6379"), &none);
+        let remote = bridge_env(&BridgeConfig::default().address("10.0.0.1:6379"), &none)
+            .expect("no token needed");
         assert!(!remote.iter().any(|(k, _)| k == AUTH_TOKEN_VAR));
         assert!(
             remote
@@ -256,7 +279,7 @@ mod tests {
         let config = BridgeConfig::default()
             .address("h:1")
             .env("RAY_AUTH_MODE", "disabled");
-        let env = bridge_env(&config, &found);
+        let env = bridge_env(&config, &found).expect("no token needed");
         let modes: Vec<&str> = env
             .iter()
             .filter(|(k, _)| k == AUTH_MODE_VAR)
@@ -267,6 +290,22 @@ mod tests {
             ["token", "disabled"],
             "the user's value is applied last"
         );
+    }
+
+    #[test]
+    fn no_randomness_is_an_error_not_a_guessable_token() {
+        let err = token_from(|_| Err(getrandom::Error::UNSUPPORTED)).expect_err("no randomness");
+        assert!(matches!(err, BridgeError::Randomness { .. }), "{err}");
+        assert!(err.to_string().contains("no randomness"), "{err}");
+        let token = token_from(|bytes| {
+            bytes.fill(0xab);
+            Ok(())
+        })
+        .expect("a token");
+        assert_eq!(token, "ab".repeat(32));
+        let (a, b) = (random_token().expect("one"), random_token().expect("two"));
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 64);
     }
 
     #[tokio::test]
