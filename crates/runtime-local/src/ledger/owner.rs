@@ -1,11 +1,18 @@
-//! Who owns a ledger entry: a process id and the process's start time, so that a pid the
-//! kernel hands out again does not keep a dead run's entry alive.
+//! Who owns a ledger entry: a process id, the process's start time (so that a pid the
+//! kernel hands out again does not keep a dead run's entry alive) and its user id, and the
+//! test of whether such an entry is to be believed; and the entry's members, the run's
+//! agents, which keep it while they live after its owner has gone.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io;
 
 use serde::{Deserialize, Serialize};
 
 use trainyard_agent::procfs::{self, read_stat};
 
-/// A process, told apart from a later one with the same pid by its start time.
+/// A process, told apart from a later one with the same pid by its start time, and the
+/// user it runs as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Owner {
@@ -13,24 +20,81 @@ pub struct Owner {
     pub pid: u32,
     /// When it started, in clock ticks after boot (field 22 of `/proc/<pid>/stat`).
     pub start_time: u64,
+    /// Its real user id (the first `Uid:` of `/proc/<pid>/status`).
+    pub uid: u32,
+}
+
+/// A process of the run besides its owner (an agent), told apart from a later one with the
+/// same pid by its start time. It runs as the user of its entry's owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Member {
+    /// The process id.
+    pub pid: u32,
+    /// When it started, in clock ticks after boot (field 22 of `/proc/<pid>/stat`).
+    pub start_time: u64,
+}
+
+impl Member {
+    /// Whether it keeps an entry of user `uid` whose owner has gone: it runs, started when
+    /// recorded, and runs as `uid` (a process whose user cannot be read keeps nothing).
+    #[must_use]
+    pub fn keeps(&self, uid: u32) -> bool {
+        procfs::is_alive(self.pid, Some(self.start_time))
+            && matches!(real_uid(self.pid), Ok(Some(actual)) if actual == uid)
+    }
+}
+
+/// Why an entry holds nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Untrusted {
+    /// Its process is gone: the pid is free, a zombie, or taken by a later process.
+    Gone,
+    /// Its process runs as another user than the entry says.
+    OtherUser {
+        /// The user the process runs as.
+        actual: u32,
+    },
+    /// Its process does not hold the ledger's liveness lock: it is no run of this ledger.
+    NotARun,
+}
+
+impl fmt::Display for Untrusted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Gone => f.write_str("its process is gone"),
+            Self::OtherUser { actual } => write!(f, "its process runs as uid {actual}"),
+            Self::NotARun => f.write_str("its process holds no lock on the ledger"),
+        }
+    }
 }
 
 impl Owner {
     /// This process.
     ///
     /// # Errors
-    /// When `/proc/self/stat` cannot be read or parsed.
-    pub fn this_process() -> std::io::Result<Self> {
+    /// When `/proc/self/stat` or `/proc/self/status` cannot be read or parsed.
+    pub fn this_process() -> io::Result<Self> {
         let pid = std::process::id();
         let start_time = read_stat(pid)?
             .and_then(|stat| stat.start_time)
             .ok_or_else(|| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
                     format!("/proc/{pid}/stat has no start time"),
                 )
             })?;
-        Ok(Self { pid, start_time })
+        let uid = real_uid(pid)?.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("/proc/{pid}/status has no `Uid:` line"),
+            )
+        })?;
+        Ok(Self {
+            pid,
+            start_time,
+            uid,
+        })
     }
 
     /// Whether the process still runs: its pid exists, is not a zombie, and started when
@@ -39,6 +103,45 @@ impl Owner {
     pub fn is_alive(&self) -> bool {
         procfs::is_alive(self.pid, Some(self.start_time))
     }
+
+    /// Whether the entry is to be believed: its process runs, started when recorded, runs
+    /// as the user recorded and, when `runs` (the processes holding the ledger's liveness
+    /// lock) is known, is one of them.
+    pub(crate) fn check(&self, runs: Option<&BTreeSet<u32>>) -> Result<(), Untrusted> {
+        if !self.is_alive() {
+            return Err(Untrusted::Gone);
+        }
+        match real_uid(self.pid) {
+            Ok(Some(actual)) if actual != self.uid => {
+                return Err(Untrusted::OtherUser { actual });
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Err(Untrusted::Gone),
+            // A status this process may not read (`hidepid`) leaves the lock to decide.
+            Ok(_) | Err(_) => {}
+        }
+        match runs {
+            Some(runs) if !runs.contains(&self.pid) => Err(Untrusted::NotARun),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The real user id of process `pid`, from `/proc/<pid>/status` (`None` without a
+/// parsable `Uid:` line).
+pub(crate) fn real_uid(pid: u32) -> io::Result<Option<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok(parse_real_uid(&status))
+}
+
+/// The first id of the `Uid:` line (`Uid:\t<real>\t<effective>\t<saved>\t<fs>`).
+fn parse_real_uid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -54,11 +157,69 @@ mod tests {
             ..me
         };
         assert!(!earlier.is_alive(), "same pid, another start time");
+        assert_eq!(earlier.check(None), Err(Untrusted::Gone));
         let gone = Owner {
             pid: u32::MAX - 1,
             start_time: 0,
+            uid: 0,
         };
         assert!(!gone.is_alive());
+    }
+
+    #[test]
+    fn an_entry_naming_another_user_or_no_run_of_the_ledger_is_not_believed() {
+        let me = Owner::this_process().expect("/proc/self");
+        assert_eq!(me.check(None), Ok(()));
+        assert_eq!(me.check(Some(&BTreeSet::from([me.pid]))), Ok(()));
+        assert_eq!(
+            me.check(Some(&BTreeSet::new())),
+            Err(Untrusted::NotARun),
+            "a live process of the right user that holds no liveness lock"
+        );
+        let impostor = Owner {
+            uid: me.uid.wrapping_add(1),
+            ..me
+        };
+        assert_eq!(
+            impostor.check(None),
+            Err(Untrusted::OtherUser { actual: me.uid })
+        );
+    }
+
+    #[test]
+    fn a_member_keeps_an_entry_of_its_own_user_while_it_runs_as_it_started() {
+        let me = Owner::this_process().expect("/proc/self");
+        let member = Member {
+            pid: me.pid,
+            start_time: me.start_time,
+        };
+        assert!(member.keeps(me.uid));
+        assert!(
+            !member.keeps(me.uid.wrapping_add(1)),
+            "a process of another user than the entry's"
+        );
+        let reused = Member {
+            start_time: me.start_time.wrapping_add(1),
+            ..member
+        };
+        assert!(!reused.keeps(me.uid), "same pid, another start time");
+        let init = read_stat(1).expect("/proc/1/stat").expect("parsed");
+        let init = Member {
+            pid: 1,
+            start_time: init.start_time.expect("a start time"),
+        };
+        let init_uid = real_uid(1).expect("/proc/1/status").expect("a uid");
+        assert!(
+            !init.keeps(init_uid.wrapping_add(1)),
+            "pid 1 keeps no entry of a user it does not run as"
+        );
+    }
+
+    #[test]
+    fn the_real_uid_is_the_first_of_the_status_line() {
+        let status = "Name:\tx\nUmask:\t0022\nUid:\t1000\t0\t0\t0\nGid:\t5\t5\t5\t5\n";
+        assert_eq!(parse_real_uid(status), Some(1000));
+        assert_eq!(parse_real_uid("Name:\tx\n"), None);
     }
 
     #[test]
@@ -74,6 +235,7 @@ mod tests {
                 break Owner {
                     pid,
                     start_time: stat.start_time.expect("a start time"),
+                    uid: 0,
                 };
             }
             assert!(

@@ -1,14 +1,17 @@
 //! The local runtime's side of the ledger: its book is reserved only under the ledger's
 //! lock, against what the other runs leave free, and what it then holds is written back in
-//! the same step — a group is reserved whole, or not at all, machine-wide.
+//! the same step — a group is reserved whole, or not at all, machine-wide; and its agents
+//! are members of its entry from their start until they are reaped, so that what it holds
+//! outlasts its driver while they run.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use trainyard_agent::procfs::ProcessHandle;
 use trainyard_resources::Resources;
 use trainyard_runtime::{Holder, PlacementGroupId, PlacementInfo, RuntimeError, Shortage};
 
-use super::{LedgerError, RunEntry};
+use super::{Ledger, LedgerError, Member, RunEntry};
 use crate::config::WhenBusy;
 use crate::runtime::Core;
 
@@ -63,6 +66,60 @@ pub(crate) fn release_now(core: &Core) {
 pub(crate) async fn release(core: &Arc<Core>) {
     let core = Arc::clone(core);
     let _ = tokio::task::spawn_blocking(move || release_now(&core)).await;
+}
+
+/// An agent of the run, a member of the run's ledger entry until [`Membership::end`].
+#[derive(Debug)]
+pub(crate) struct Membership {
+    ledger: Arc<Ledger>,
+    member: Member,
+}
+
+/// Records `agent`, just started and not reaped, as a member of the run's ledger entry (off
+/// the async threads). `None` without a ledger.
+pub(crate) async fn join(
+    core: &Core,
+    agent: &ProcessHandle,
+) -> Result<Option<Membership>, RuntimeError> {
+    let Some(ledger) = core.ledger.clone() else {
+        return Ok(None);
+    };
+    let membership = Membership {
+        ledger,
+        member: Member {
+            pid: agent.pid(),
+            start_time: agent.start_time(),
+        },
+    };
+    let ledger = Arc::clone(&membership.ledger);
+    let member = membership.member;
+    match tokio::task::spawn_blocking(move || ledger.add_member(member)).await {
+        Ok(Ok(())) => Ok(Some(membership)),
+        Ok(Err(error)) => Err(bookkeeping(error)),
+        Err(join) => Err(RuntimeError::Backend {
+            action: "update the machine's reservation ledger",
+            source: Arc::new(join),
+        }),
+    }
+}
+
+impl Membership {
+    /// Removes the agent, ended and reaped, from the run's entry (off the async threads; a
+    /// warning when it cannot: a member that is gone keeps nothing).
+    pub(crate) async fn end(&self) {
+        let ledger = Arc::clone(&self.ledger);
+        let member = self.member;
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Err(error) = ledger.remove_member(member) {
+                tracing::warn!(
+                    pid = member.pid,
+                    error = %trainyard_resources::ErrorChain(&error),
+                    "cannot remove an ended agent from the ledger"
+                );
+            }
+        })
+        .await;
+    }
 }
 
 /// Waits up to `timeout` for group `pg`, looking at the ledger every [`POLL`], and says
@@ -188,9 +245,14 @@ mod tests {
             .collect();
         RunEntry {
             run: run.to_owned(),
-            owner: Owner { pid, start_time: 1 },
+            owner: Owner {
+                pid,
+                start_time: 1,
+                uid: 0,
+            },
             instance: 0,
             bundles,
+            members: std::collections::BTreeSet::new(),
         }
     }
 
