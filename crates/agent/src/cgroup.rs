@@ -1,10 +1,12 @@
-//! What a worker's own processes do about its hard memory limit.
+//! What a worker's own processes do about its cgroup and its hard memory limit.
 //!
-//! The driver makes one memory cgroup per worker, with the limit (the local runtime's
-//! `cgroup` module), and tells the agent its directory
-//! ([`MemoryLimit::Cgroup`](crate::config::MemoryLimit::Cgroup)). The task's trampoline
-//! joins it with [`join_self`] before `exec`, so nothing the task forks escapes the limit;
-//! a function task's agent joins it itself. After a task ends, an [`OomCounter`] tells an
+//! Where cgroups can be made, the driver makes one per worker (the local runtime's `cgroup`
+//! module), with the memory limit when one was asked
+//! ([`MemoryLimit::Cgroup`](crate::config::MemoryLimit::Cgroup)), else without
+//! ([`MemoryLimit::Unlimited`](crate::config::MemoryLimit::Unlimited)), and tells the agent
+//! its directory. The task's trampoline joins it with [`join_self`] before `exec`, so nothing
+//! the task forks escapes the limit, nor [`kill_members`] at the task's end; a function
+//! task's agent joins a limited one itself. After a task ends, an [`OomCounter`] tells an
 //! OOM kill apart from a crash. Where the driver found no cgroup to use, the trampoline
 //! caps its own address space instead ([`limit_address_space`]), a weak per-process limit.
 //!
@@ -131,6 +133,64 @@ pub fn join_self(procs_file: &Path) -> Result<(), LimitError> {
         procs_file: procs_file.to_owned(),
         source,
     })
+}
+
+/// How many rounds [`kill_members`] reads the cgroup's processes and kills them, at most.
+const KILL_ROUNDS: u32 = 200;
+/// Pause between two rounds of [`kill_members`].
+const KILL_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// SIGKILLs every process of the cgroup `dir` but the caller, until none is left (at most
+/// [`KILL_ROUNDS`] rounds, about 2 s); returns whether none is left. A cgroup v2 with
+/// `cgroup.kill` that does not hold the caller is killed through it, at once; otherwise (v1)
+/// each round reads `cgroup.procs`, takes a hold on each process
+/// ([`ProcessHandle`](crate::procfs::ProcessHandle)), reads `cgroup.procs` again, and kills
+/// those still listed, so that a pid handed out again between the reads is never killed. A
+/// cgroup that is gone holds nothing. Blocks.
+pub fn kill_members(dir: &Path) -> bool {
+    let own = std::process::id();
+    let procs = dir.join("cgroup.procs");
+    let listed = || -> Option<Vec<u32>> {
+        match fs::read_to_string(&procs) {
+            Ok(text) => Some(
+                text.lines()
+                    .filter_map(|line| line.trim().parse().ok())
+                    .filter(|&pid| pid != own)
+                    .collect(),
+            ),
+            Err(error) => {
+                if error.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(path = %procs.display(), %error, "cannot list a cgroup's processes");
+                }
+                None
+            }
+        }
+    };
+    let kill_file = dir.join("cgroup.kill");
+    let holds_caller = fs::read_to_string(&procs)
+        .is_ok_and(|text| text.lines().any(|line| line.trim() == own.to_string()));
+    if kill_file.exists() && !holds_caller {
+        if let Err(error) = fs::write(&kill_file, "1") {
+            tracing::warn!(path = %kill_file.display(), %error, "cgroup.kill failed");
+        }
+    }
+    for _ in 0..KILL_ROUNDS {
+        let Some(pids) = listed().filter(|pids| !pids.is_empty()) else {
+            return true;
+        };
+        let held: Vec<_> = pids
+            .into_iter()
+            .filter_map(crate::procfs::ProcessHandle::open)
+            .collect();
+        let still = listed().unwrap_or_default();
+        for handle in held.iter().filter(|handle| still.contains(&handle.pid())) {
+            handle.signal(nix::sys::signal::Signal::SIGKILL);
+        }
+        std::thread::sleep(KILL_PAUSE);
+    }
+    let left = listed().map_or(0, |pids| pids.len());
+    tracing::warn!(path = %dir.display(), left, "processes of a cgroup survived SIGKILL");
+    left == 0
 }
 
 /// The RLIMIT_AS fallback for the calling process (`setrlimit`), soft = hard = `limit`.

@@ -28,7 +28,8 @@ pub const EXEC: &str = "TRAINYARD_EXEC_SPEC";
 /// Every variable of the agent's own: none reaches a task.
 pub const PRIVATE: [&str; 3] = [ROLE, CONFIG, EXEC];
 
-/// How the agent enforces its worker's memory limit.
+/// How the agent enforces its worker's memory limit, and the worker's cgroup when it has
+/// one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum MemoryLimit {
@@ -44,14 +45,30 @@ pub enum MemoryLimit {
         /// The limit, in bytes.
         limit: u64,
     },
+    /// No limit was asked, but the worker has a cgroup, made by the runtime: the task joins
+    /// it all the same, so that every process it starts is killed through it at its end.
+    Unlimited {
+        /// Its directory.
+        path: PathBuf,
+    },
 }
 
 impl MemoryLimit {
-    /// The limit, in bytes.
+    /// The limit, in bytes; `None` for [`MemoryLimit::Unlimited`].
     #[must_use]
-    pub const fn bytes(&self) -> u64 {
+    pub const fn bytes(&self) -> Option<u64> {
         match self {
-            Self::Cgroup { limit, .. } | Self::AddressSpace { limit } => *limit,
+            Self::Cgroup { limit, .. } | Self::AddressSpace { limit } => Some(*limit),
+            Self::Unlimited { .. } => None,
+        }
+    }
+
+    /// The worker's cgroup directory, when it has one.
+    #[must_use]
+    pub fn cgroup(&self) -> Option<&std::path::Path> {
+        match self {
+            Self::Cgroup { path, .. } | Self::Unlimited { path } => Some(path),
+            Self::AddressSpace { .. } => None,
         }
     }
 }

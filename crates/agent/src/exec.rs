@@ -3,8 +3,8 @@
 //!
 //! Everything here runs in a freshly started process before `exec`, so it may allocate and
 //! log freely (no `pre_exec`, which the workspace forbids): it asks for SIGKILL when the
-//! agent dies, checks the agent is still its parent, joins the worker's memory cgroup (or
-//! caps its address space), and executes the program. The process group was set by the
+//! agent dies, checks the agent is still its parent, joins the worker's cgroup (or caps its
+//! address space), and executes the program. The process group was set by the
 //! agent when it started the trampoline, and it survives `exec`.
 
 use std::os::unix::process::CommandExt as _;
@@ -44,6 +44,13 @@ pub(crate) fn run() -> ExitCode {
             if let Err(error) = cgroup::join_self(&path.join("cgroup.procs")) {
                 eprintln!("trainyard: cannot enter the worker's memory cgroup: {error}");
                 return ExitCode::from(CANNOT_EXECUTE);
+            }
+        }
+        // No limit hangs on it: the task runs all the same, and its agent alone ends what
+        // it leaves.
+        Some(MemoryLimit::Unlimited { path }) => {
+            if let Err(error) = cgroup::join_self(&path.join("cgroup.procs")) {
+                eprintln!("trainyard: the task runs outside the worker's cgroup: {error}");
             }
         }
         Some(MemoryLimit::AddressSpace { limit }) => {

@@ -2,6 +2,9 @@
 //! its output streamed line by line, its reports taken from a socket (their checkpoints
 //! persisted by the agent), and its end turned into a [`TaskExit`] that says what happened —
 //! after a failure, with its root cause (its error file, or its output's last traceback).
+//! Its end is reported only once every process it started is gone (within
+//! [`SWEEP_BOUND`](crate::descendants::SWEEP_BOUND)): its group, what detached from it
+//! ([`crate::descendants`]), and what is in the worker's cgroup.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
@@ -22,6 +25,7 @@ use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
 
 use crate::cgroup::OomCounter;
 use crate::config::{EXEC, ExecSpec, MemoryLimit, ROLE, ROLE_EXEC};
+use crate::descendants::{self, SWEEP_BOUND};
 use crate::handin::TaskReports;
 use crate::process_group;
 use crate::report::ReportSocket;
@@ -55,7 +59,7 @@ impl RunningCommand {
     }
 
     /// Stops the task: SIGTERM to its process group, SIGKILL after `grace`, then waits
-    /// (bounded) for its end to be sent.
+    /// (bounded: the sweep of what it left, and a little more) for its end to be sent.
     pub(crate) async fn terminate(&mut self, grace: Duration) {
         if self.is_done() {
             return;
@@ -66,9 +70,8 @@ impl RunningCommand {
             .is_err()
         {
             process_group::signal(self.pid, Signal::SIGKILL);
-            let _ =
-                tokio::time::timeout(Duration::from_secs(5), self.done.wait_for(Option::is_some))
-                    .await;
+            let bound = SWEEP_BOUND + Duration::from_secs(5);
+            let _ = tokio::time::timeout(bound, self.done.wait_for(Option::is_some)).await;
         }
     }
 }
@@ -170,7 +173,22 @@ pub(crate) async fn start(
     let pid = child
         .id()
         .ok_or_else(|| spawn_failed(&"the process ended at once"))?;
-    crate::watchdog::tell(pid, true);
+    // The trampoline is this process's unreaped child: its pid is its own still.
+    match crate::procfs::read_stat(pid)
+        .ok()
+        .flatten()
+        .and_then(|stat| stat.start_time)
+    {
+        Some(start_time) => crate::watchdog::watch(pid, start_time),
+        None => tracing::debug!(pid, "the task's process ended before the watchdog was told"),
+    }
+    let worker_cgroup = memory
+        .as_ref()
+        .and_then(MemoryLimit::cgroup)
+        .map(PathBuf::from);
+    if let Some(dir) = &worker_cgroup {
+        crate::watchdog::kill_cgroup_at_end(dir);
+    }
     let (done_tx, done) = watch::channel(None);
     let outputs = [
         child.stdout.take().map(|out| {
@@ -198,7 +216,8 @@ pub(crate) async fn start(
             ));
         }
         let reporting = reports.serve(counted, events.clone());
-        let (exit, ended_ms) = follow(child, readers, reporting, cgroup.as_ref()).await;
+        let (exit, ended_ms) =
+            follow(child, readers, reporting, cgroup.as_ref(), worker_cgroup).await;
         let error = match exit {
             TaskExit::Failed { .. } => root_cause::command_error(error_file, &tracebacks).await,
             TaskExit::Succeeded { .. } => None,
@@ -217,13 +236,16 @@ struct CgroupLimit {
     limit: u64,
 }
 
-/// Waits for the process, then (bounded) for its output and reports to end; how it ended,
-/// and when (ms since the Unix epoch: its process's exit, not the end of its output).
+/// Waits for the process, kills and reaps what it left (its group, what detached from it,
+/// what is in the worker's cgroup `worker_cgroup`), then waits (bounded) for its output and
+/// reports to end; how it ended, and when (ms since the Unix epoch: its process's exit, not
+/// the end of its output).
 async fn follow(
     mut child: Child,
     mut readers: JoinSet<()>,
     reporting: crate::report::Serving,
     cgroup: Option<&CgroupLimit>,
+    worker_cgroup: Option<PathBuf>,
 ) -> (TaskExit, u64) {
     // Peek at the exit without reaping, so that the group id stays taken, then kill what the
     // task left running in its group (background children would outlive it and hold its
@@ -248,8 +270,21 @@ async fn follow(
     let group = child.id();
     let status = child.wait().await;
     let ended_ms = root_cause::now_ms();
+    // What detached from the group, and what joined the worker's cgroup, are gone before
+    // the end is reported: nothing of the task outlives it (nor holds its output open).
+    let swept = tokio::task::spawn_blocking(move || {
+        let left = descendants::sweep(descendants::Scope::Task);
+        if let Some(dir) = worker_cgroup {
+            crate::cgroup::kill_members(&dir);
+        }
+        left
+    })
+    .await;
+    if let Ok(left @ 1..) = swept {
+        tracing::warn!(left, "processes the task left are still there");
+    }
     if let Some(group) = group {
-        crate::watchdog::tell(group, false);
+        crate::watchdog::forget(group);
     }
     let drained = async { while readers.join_next().await.is_some() {} };
     if tokio::time::timeout(DRAIN, drained).await.is_err() {

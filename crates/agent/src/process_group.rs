@@ -56,6 +56,19 @@ pub fn kill(group: u32) {
     }
 }
 
+/// [`kill`], for a caller that knows when the group's leader started (clock ticks after
+/// boot): a group whose id is led by a process that started at another time is another
+/// group, handed the same id since, and is left alone. Used by the agent's watchdog, which
+/// is no parent of the task and kills it only after the agent is gone.
+pub fn kill_started(group: u32, start_time: u64) {
+    let led_by_another = read_stat(group).ok().flatten().is_some_and(|stat| {
+        stat.state != 'X' && stat.group == group && stat.start_time != Some(start_time)
+    });
+    if !led_by_another {
+        kill(group);
+    }
+}
+
 /// The group as `killpg` takes it; never 0 (the caller's own group) or 1 (init's), and
 /// within `i32`.
 fn target(group: u32) -> Option<Pid> {
@@ -137,6 +150,30 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(!has_members(group));
+    }
+
+    #[test]
+    fn a_group_led_by_a_process_that_started_at_another_time_is_not_killed() {
+        let mut leader = Command::new("sleep")
+            .arg("30")
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("sleep starts");
+        let group = leader.id();
+        let start = read_stat(group)
+            .ok()
+            .flatten()
+            .and_then(|stat| stat.start_time)
+            .expect("a start time");
+        kill_started(group, start + 1);
+        assert!(
+            procfs::is_alive(group, Some(start)),
+            "another start time: another group, not killed"
+        );
+        kill_started(group, start);
+        let status = leader.wait().expect("reaped");
+        assert_eq!(status.signal(), Some(9));
     }
 
     #[test]

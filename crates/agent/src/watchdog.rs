@@ -1,19 +1,23 @@
 //! The agent's watchdog: a small process of its own (this very binary, started again) that
-//! SIGKILLs the process groups of the agent's tasks once the agent is gone, however it went.
+//! SIGKILLs the process groups of the agent's tasks, and the processes of the worker's
+//! cgroup, once the agent is gone, however it went.
 //!
-//! The agent kills its task's group itself when it exits normally, and a task's own process
-//! dies with the agent (parent-death signal), but a task's children would outlive an agent
-//! killed by SIGKILL: the OOM killer, or Ray, which kills an actor's children so when the
-//! actor's job ends. The watchdog closes that gap. The agent tells it each task group as it
-//! starts (`+PGID`) and once it is reaped (`-PGID`), one line each on the watchdog's stdin,
-//! and its private directory (`=PATH`, see [`crate::workdir`]), which the watchdog deletes
-//! after the kill, as the agent itself would have; end of file means the agent is gone. The
-//! watchdog leads its own process group (a kill of the agent's group does not reach it) and
-//! inherits nothing of the agent's environment. The agent writes those lines from a thread
+//! The agent kills what its task left itself when it exits normally ([`crate::descendants`]),
+//! and a task's own process dies with the agent (parent-death signal), but a task's children
+//! would outlive an agent killed by SIGKILL: the OOM killer, or Ray, which kills an actor's
+//! children so when the actor's job ends. The watchdog closes that gap. The agent tells it
+//! each task group as it starts (`+PGID START`, the leader's start time, so that a group id
+//! handed out again is never killed) and once it is reaped (`-PGID`), the worker's cgroup
+//! (`@PATH`, whose processes it kills: those a task detached from its group too), one line
+//! each on the watchdog's stdin, and its private directory (`=PATH`, see [`crate::workdir`]),
+//! which the watchdog deletes after the kill, as the agent itself would have; end of file
+//! means the agent is gone. Without a cgroup, what a task detached from its group (`setsid`)
+//! outlives an agent killed by SIGKILL. The watchdog leads its own process group (a kill of
+//! the agent's group does not reach it) and inherits nothing of the agent's environment. The agent writes those lines from a thread
 //! of its own, so that a watchdog slow to read never holds up the agent, and waits for them
 //! to be written before it exits.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead as _, Write};
 use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
@@ -35,7 +39,7 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 struct Watchdog {
     lines: Mutex<mpsc::Sender<Message>>,
     /// Kept so that the watchdog is not reaped by anyone else; it exits on its own.
-    _child: Child,
+    child: Child,
 }
 
 /// What the writing thread is asked to do.
@@ -70,7 +74,7 @@ pub(crate) fn start() {
             .spawn(move || write_lines(stdin, &pending))?;
         Ok(Watchdog {
             lines: Mutex::new(lines),
-            _child: child,
+            child,
         })
     });
     match started {
@@ -100,9 +104,29 @@ fn write_lines(mut stdin: impl Write, pending: &mpsc::Receiver<Message>) {
     }
 }
 
-/// Tells the watchdog about a task's process group (`started`) or that it is reaped.
-pub(crate) fn tell(group: u32, started: bool) {
-    send(format!("{}{group}\n", if started { '+' } else { '-' }));
+/// Tells the watchdog about a task's process group, led by the task's process, which
+/// started at `start_time` (clock ticks after boot).
+pub(crate) fn watch(group: u32, start_time: u64) {
+    send(format!("+{group} {start_time}\n"));
+}
+
+/// Tells the watchdog that a task's process group is reaped: not to be killed.
+pub(crate) fn forget(group: u32) {
+    send(format!("-{group}\n"));
+}
+
+/// Asks the watchdog to kill the processes of the worker's cgroup `dir` once the agent is
+/// gone. A path that cannot be one line of text is not sent.
+pub(crate) fn kill_cgroup_at_end(dir: &std::path::Path) {
+    match dir.to_str() {
+        Some(dir) if dir.starts_with('/') && !dir.contains('\n') => send(format!("@{dir}\n")),
+        _ => {}
+    }
+}
+
+/// The watchdog's process id, once it is started: a process of the agent's own.
+pub(crate) fn pid() -> Option<u32> {
+    WATCHDOG.get().map(|watchdog| watchdog.child.id())
 }
 
 /// Asks the watchdog to delete `dir`, the agent's private directory, once the agent is gone.
@@ -144,53 +168,74 @@ fn send_message(message: Message) -> bool {
 /// One line from the agent.
 #[derive(Debug, PartialEq, Eq)]
 enum Line {
-    /// A task's process group to kill once the agent is gone.
-    Watch(u32),
+    /// A task's process group to kill once the agent is gone, and when its leader started.
+    Watch(u32, u64),
     /// A process group that is reaped: not to be killed.
     Forget(u32),
+    /// A cgroup whose processes to kill once the agent is gone.
+    Cgroup(PathBuf),
     /// A directory to delete once the agent is gone (and its tasks killed).
     Remove(PathBuf),
 }
 
 fn parse(line: &str) -> Option<Line> {
-    if let Some(dir) = line.trim_end_matches(['\n', '\r']).strip_prefix('=') {
-        // Only an absolute path below the root: never `/` itself.
-        let path = PathBuf::from(dir);
-        return (path.is_absolute() && path.parent().is_some()).then_some(Line::Remove(path));
+    let bare = line.trim_end_matches(['\n', '\r']);
+    for (sign, made) in [
+        ('=', Line::Remove as fn(PathBuf) -> Line),
+        ('@', Line::Cgroup),
+    ] {
+        if let Some(dir) = bare.strip_prefix(sign) {
+            // Only an absolute path below the root: never `/` itself.
+            let path = PathBuf::from(dir);
+            return (path.is_absolute() && path.parent().is_some()).then(|| made(path));
+        }
     }
-    let (sign, group) = line.trim().split_at_checked(1)?;
-    let group: u32 = group.parse().ok().filter(|g| *g > 1)?;
-    match sign {
-        "+" => Some(Line::Watch(group)),
-        "-" => Some(Line::Forget(group)),
+    let (sign, rest) = line.trim().split_at_checked(1)?;
+    let mut fields = rest.split(' ');
+    let group: u32 = fields.next()?.parse().ok().filter(|g| *g > 1)?;
+    let start_time = fields.next().map(str::parse::<u64>).transpose().ok()?;
+    if fields.next().is_some() {
+        return None;
+    }
+    match (sign, start_time) {
+        ("+", Some(start_time)) => Some(Line::Watch(group, start_time)),
+        ("-", None) => Some(Line::Forget(group)),
         _ => None,
     }
 }
 
 /// The watchdog's `main`: follows the agent's lines until end of file, then SIGKILLs every
-/// group still watched and deletes the directories it was given.
+/// group still watched and every process of the cgroups it was given, and deletes the
+/// directories it was given.
 pub(crate) fn run() -> ExitCode {
-    let mut groups = BTreeSet::new();
+    let mut groups = BTreeMap::new();
+    let mut cgroups = BTreeSet::new();
     let mut dirs = Vec::new();
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else {
             break;
         };
         match parse(&line) {
-            Some(Line::Watch(group)) => {
-                groups.insert(group);
+            Some(Line::Watch(group, start_time)) => {
+                groups.insert(group, start_time);
             }
             Some(Line::Forget(group)) => {
                 groups.remove(&group);
+            }
+            Some(Line::Cgroup(dir)) => {
+                cgroups.insert(dir);
             }
             Some(Line::Remove(dir)) => dirs.push(dir),
             None => {}
         }
     }
-    for group in groups {
+    for (group, start_time) in groups {
         // The agent is gone: the task's own process may be reaped already, but what it left
         // in its group is still the task's while it lives.
-        crate::process_group::kill(group);
+        crate::process_group::kill_started(group, start_time);
+    }
+    for cgroup in cgroups {
+        crate::cgroup::kill_members(&cgroup);
     }
     for dir in dirs {
         // Gone already when the agent exited normally: it deletes its directory itself.
@@ -228,7 +273,7 @@ mod tests {
         let pipe = Slow(std::sync::Arc::clone(&written));
         let writer = std::thread::spawn(move || write_lines(pipe, &pending));
         let sent = std::time::Instant::now();
-        for line in ["+41\n", "-41\n", "=/tmp/x\n"] {
+        for line in ["+41 7\n", "-41\n", "=/tmp/x\n"] {
             lines.send(Message::Line(line.to_owned())).expect("send");
         }
         assert!(
@@ -242,7 +287,7 @@ mod tests {
             .expect("flushed");
         assert_eq!(
             *written.lock().unwrap_or_else(PoisonError::into_inner),
-            b"+41\n-41\n=/tmp/x\n"
+            b"+41 7\n-41\n=/tmp/x\n"
         );
         drop(lines);
         writer.join().expect("the writer ends with the agent's end");
@@ -250,10 +295,18 @@ mod tests {
 
     #[test]
     fn lines_name_a_group_to_watch_or_forget_and_nothing_else_counts() {
-        assert_eq!(parse("+4242\n"), Some(Line::Watch(4242)));
+        assert_eq!(parse("+4242 881234\n"), Some(Line::Watch(4242, 881_234)));
+        assert_eq!(
+            parse("+4242\n"),
+            None,
+            "a group to watch comes with its start time"
+        );
+        assert_eq!(parse("+4242 x"), None);
+        assert_eq!(parse("+4242 1 2"), None);
         assert_eq!(parse("-4242"), Some(Line::Forget(4242)));
-        assert_eq!(parse("+1"), None, "never the init process's group");
-        assert_eq!(parse("+0"), None, "never the caller's own group");
+        assert_eq!(parse("-4242 1"), None);
+        assert_eq!(parse("+1 5"), None, "never the init process's group");
+        assert_eq!(parse("+0 5"), None, "never the caller's own group");
         assert_eq!(parse("+-5"), None);
         assert_eq!(parse("4242"), None);
         assert_eq!(parse(""), None);
@@ -269,5 +322,13 @@ mod tests {
         assert_eq!(parse("=/"), None, "never the root");
         assert_eq!(parse("="), None);
         assert_eq!(parse("=relative/dir"), None);
+        assert_eq!(
+            parse("@/sys/fs/cgroup/memory/run/actor-0\n"),
+            Some(Line::Cgroup(PathBuf::from(
+                "/sys/fs/cgroup/memory/run/actor-0"
+            )))
+        );
+        assert_eq!(parse("@/"), None, "never the root");
+        assert_eq!(parse("@cgroup"), None);
     }
 }

@@ -1,5 +1,7 @@
-//! Hard per-worker memory limits: one cgroup per run, made on first need, with a child per
-//! worker; or, where no cgroup can be made, an address-space limit on each task process.
+//! Per-worker cgroups and hard memory limits: one cgroup per run, made on first need, with a
+//! child per worker, limited when a limit is asked, so that every process of a worker is
+//! found, and killed, through it once the worker is gone; or, where no cgroup can be made,
+//! an address-space limit on each task process, and no cgroup.
 
 use std::sync::{Arc, Mutex};
 
@@ -20,7 +22,7 @@ enum Mode {
     AddressSpace,
 }
 
-/// The run's memory enforcement; nothing touches the machine until the first limited worker.
+/// The run's worker cgroups; nothing touches the machine until the first worker.
 #[derive(Debug)]
 pub(crate) struct Memory {
     run_name: String,
@@ -37,18 +39,20 @@ impl Memory {
         }
     }
 
-    /// The limit of actor `actor` holding `limit` bytes, and its cgroup when it has one.
+    /// The memory limit of actor `actor`, holding `limit` bytes when one is asked, and its
+    /// cgroup when it has one. Without a limit, a cgroup that cannot be made is no error:
+    /// the worker goes without (its agent still ends what its tasks leave).
     ///
     /// # Errors
-    /// Why the worker's cgroup cannot be made, as text for the spawn's error.
-    pub(crate) async fn limit(
+    /// Why a limited worker's cgroup cannot be made, as text for the spawn's error.
+    pub(crate) async fn worker(
         &self,
         actor: ActorId,
-        limit: u64,
-    ) -> Result<(MemoryLimit, Option<WorkerCgroup>), String> {
+        limit: Option<u64>,
+    ) -> Result<(Option<MemoryLimit>, Option<WorkerCgroup>), String> {
         let mode = *self.mode.get_or_init(|| self.set_up()).await;
         if mode == Mode::AddressSpace {
-            return Ok((MemoryLimit::AddressSpace { limit }, None));
+            return Ok((limit.map(|limit| MemoryLimit::AddressSpace { limit }), None));
         }
         let run = Arc::clone(&self.run);
         let name = format!("actor-{}", actor.0);
@@ -56,17 +60,30 @@ impl Memory {
             let run = lock(&run);
             let run = run
                 .as_ref()
-                .ok_or_else(|| "the run's memory cgroup was removed".to_owned())?;
-            run.create_worker(&name, limit)
-                .map_err(|error| ErrorChain(&error).to_string())
+                .ok_or_else(|| "the run's cgroup was removed".to_owned())?;
+            match limit {
+                Some(limit) => run.create_worker(&name, limit),
+                None => run.create_unlimited_worker(&name),
+            }
+            .map_err(|error| ErrorChain(&error).to_string())
         })
         .await
-        .map_err(|error| format!("making the worker's memory cgroup failed: {error}"))??;
-        let memory = MemoryLimit::Cgroup {
-            path: made.path().to_owned(),
-            limit,
+        .map_err(|error| format!("making the worker's cgroup failed: {error}"))
+        .and_then(std::convert::identity);
+        let made = match (made, limit) {
+            (Ok(made), _) => made,
+            (Err(why), Some(_)) => return Err(why),
+            (Err(why), None) => {
+                tracing::warn!(%why, actor = actor.0, "the worker has no cgroup");
+                return Ok((None, None));
+            }
         };
-        Ok((memory, Some(made)))
+        let path = made.path().to_owned();
+        let memory = match limit {
+            Some(limit) => MemoryLimit::Cgroup { path, limit },
+            None => MemoryLimit::Unlimited { path },
+        };
+        Ok((Some(memory), Some(made)))
     }
 
     /// Probes the machine once, sweeps cgroups of dead runs, and makes the run's cgroup.
@@ -96,7 +113,7 @@ impl Memory {
         };
         tracing::warn!(
             %why,
-            "memory limits are enforced with RLIMIT_AS per task process: no memory cgroup can be used"
+            "no cgroup can be used for workers: memory limits are enforced with RLIMIT_AS per task process, and what a task leaves is ended by its agent alone"
         );
         Mode::AddressSpace
     }

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::watch;
 use trainyard_agent::config::{AgentConfig, MemoryLimit};
+use trainyard_agent::procfs::ProcessHandle;
 use trainyard_config::PlacementGroupFactory;
 use trainyard_hub::{AgentHub, Arrival, HubConfig};
 use trainyard_resources::ErrorChain;
@@ -204,25 +205,23 @@ impl LocalRuntime {
         &self.handle.hub
     }
 
-    /// The memory limit of a new actor, and its cgroup when it gets one.
+    /// The memory limit of a new actor, and its cgroup: every worker gets one where cgroups
+    /// can be made, limited when the run enforces memory and the actor asks for some.
     async fn memory_limit(
         &self,
         actor: ActorId,
         spec: &ActorSpec,
     ) -> Result<(Option<MemoryLimit>, Option<WorkerCgroup>), RuntimeError> {
         let core = self.core();
-        if !core.config.enforce_memory || spec.options.memory == 0 {
-            return Ok((None, None));
-        }
-        let (limit, cgroup) = core
-            .memory
-            .limit(actor, spec.options.memory)
+        let limit =
+            (core.config.enforce_memory && spec.options.memory > 0).then_some(spec.options.memory);
+        core.memory
+            .worker(actor, limit)
             .await
             .map_err(|reason| RuntimeError::SpawnFailed {
                 name: spec.name.clone(),
                 reason,
-            })?;
-        Ok((Some(limit), cgroup))
+            })
     }
 
     /// The agent's command: the driver's environment, the actor's, then the agent's own.
@@ -275,6 +274,13 @@ impl LocalRuntime {
                 core.config.agent.program.display()
             ),
         })?;
+        // Not reaped yet: the pid is the agent's. It joins the run's ledger entry before it
+        // has its token, so before it can start anything; an agent already gone needs no place.
+        let handle = child.id().and_then(ProcessHandle::open);
+        let membership = match &handle {
+            Some(handle) => ledger::join(core, handle).await?,
+            None => None,
+        };
         // The token travels on the agent's stdin: it fits in the pipe's buffer, so this
         // write does not wait for the agent.
         if let Some(mut stdin) = child.stdin.take() {
@@ -286,12 +292,14 @@ impl LocalRuntime {
             }
         }
         starting.armed = false;
-        Ok(LocalProcess {
+        Ok(LocalProcess::new(
             child,
-            program: core.config.agent.program.clone(),
-            cgroup: starting.cgroup.take(),
-            memory_limit: memory.as_ref().map(MemoryLimit::bytes),
-        })
+            handle,
+            core.config.agent.program.clone(),
+            starting.cgroup.take(),
+            memory.as_ref().and_then(MemoryLimit::bytes),
+            membership,
+        ))
     }
 
     fn agent_config(&self, actor: ActorId, held: Held, memory: Option<MemoryLimit>) -> AgentConfig {

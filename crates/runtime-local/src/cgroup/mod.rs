@@ -1,12 +1,15 @@
-//! Per-worker hard memory limits, the driver's side, written directly against cgroupfs.
+//! Per-worker cgroups and hard memory limits, the driver's side, written directly against
+//! cgroupfs.
 //!
 //! The driver calls [`MemoryEnforcement::probe`] once. It finds the process's own memory
 //! cgroup (cgroup v1 `memory` controller, or cgroup v2 when that hierarchy holds the memory
 //! controller) and checks that it may create children there. Each run gets one directory,
-//! [`RunCgroup`], and each worker one child with a hard limit, [`WorkerCgroup`]. The worker's
-//! trampoline joins its cgroup before `exec` (`trainyard_agent::cgroup::join_self`), so
-//! nothing it forks escapes the limit. After the worker exits, [`WorkerCgroup::oom_kills`]
-//! tells an OOM kill apart from a user error (read it *before* removing the cgroup).
+//! [`RunCgroup`], and each worker one child, [`WorkerCgroup`], with a hard limit when one
+//! was asked. The worker's trampoline joins its cgroup before `exec`
+//! (`trainyard_agent::cgroup::join_self`), so nothing it forks escapes the limit, nor
+//! [`WorkerCgroup::kill_all`] once the worker is gone. After the worker exits,
+//! [`WorkerCgroup::oom_kills`] tells an OOM kill apart from a user error (read it *before*
+//! removing the cgroup).
 //!
 //! On cgroup v2 a cgroup whose children use the memory controller holds no process itself
 //! ("no internal processes"), and the driver's own cgroup usually holds the driver. So, as
@@ -78,7 +81,7 @@ use setup::{
     check_v2_memory, check_writable, delegate_memory, enable_memory_controller, limit_v1, limit_v2,
     validate_name,
 };
-use tree::{Cgroupfs, Tree, create_dir, remove_tree, write_value};
+use tree::{Cgroupfs, Tree, create_dir, kill_all, remove_tree, write_value};
 
 /// How worker memory limits are enforced on this machine.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -226,7 +229,22 @@ impl RunCgroup {
         tracing::debug!(path = %path.display(), limit, "created worker cgroup");
         Ok(WorkerCgroup {
             path,
-            limit,
+            limit: Some(limit),
+            hierarchy: self.hierarchy,
+            tree: Arc::clone(&self.tree),
+        })
+    }
+
+    /// A child cgroup `name` without a memory limit: for a worker whose processes are to be
+    /// found, and killed, through it ([`WorkerCgroup::kill_all`]).
+    pub fn create_unlimited_worker(&self, name: &str) -> Result<WorkerCgroup, CgroupError> {
+        validate_name(name)?;
+        let path = self.path.join(name);
+        create_dir(self.tree.as_ref(), &path)?;
+        tracing::debug!(path = %path.display(), "created worker cgroup without a limit");
+        Ok(WorkerCgroup {
+            path,
+            limit: None,
             hierarchy: self.hierarchy,
             tree: Arc::clone(&self.tree),
         })
@@ -241,11 +259,11 @@ impl RunCgroup {
     }
 }
 
-/// The cgroup of one worker, with its hard memory limit.
+/// The cgroup of one worker, with its hard memory limit when it has one.
 #[derive(Debug, Clone)]
 pub struct WorkerCgroup {
     path: PathBuf,
-    limit: u64,
+    limit: Option<u64>,
     hierarchy: Hierarchy,
     tree: Arc<dyn Tree>,
 }
@@ -256,8 +274,8 @@ impl WorkerCgroup {
         &self.path
     }
 
-    /// The hard memory limit in bytes, as requested.
-    pub fn limit(&self) -> u64 {
+    /// The hard memory limit in bytes, as requested; `None` for a cgroup without one.
+    pub fn limit(&self) -> Option<u64> {
         self.limit
     }
 
@@ -277,6 +295,13 @@ impl WorkerCgroup {
     /// before removing the cgroup).
     pub fn oom_kills(&self) -> u64 {
         OomCounter::of(&self.path, self.hierarchy).count()
+    }
+
+    /// SIGKILLs every process of this cgroup (never this process) until none is left, for a
+    /// bounded number of rounds (about 1 s): v2 `cgroup.kill` where there is one, else each
+    /// process listed in `cgroup.procs`, again until it is empty. The cgroup stays. Blocks.
+    pub fn kill_all(&self) {
+        kill_all(self.tree.as_ref(), &self.path);
     }
 
     /// SIGKILLs every process listed in cgroup.procs until it is empty

@@ -40,6 +40,37 @@ fn without_a_cgroup_create_run_reports_the_probe_reason() {
     ));
 }
 #[test]
+fn a_worker_without_a_limit_gets_a_cgroup_whose_processes_are_killed_and_which_stays() {
+    let (tree, job) = fake_host(&[]);
+    let enforcement = MemoryEnforcement::CgroupV2 {
+        parent: job.clone(),
+    };
+    let run = enforcement
+        .create_run_in(Arc::clone(&tree) as Arc<dyn Tree>, "unlimited")
+        .expect("the run's cgroup is made");
+    let worker = run
+        .create_unlimited_worker("actor-0")
+        .expect("the worker's cgroup is made");
+    assert_eq!(worker.limit(), None);
+    let max = fs::read_to_string(worker.path().join("memory.max")).expect("read");
+    assert_eq!(max.trim(), "max", "no limit is written");
+    worker.join(SOMEONE_ELSE).expect("a worker joins");
+    worker.kill_all();
+    assert!(
+        tree.killed.lock().expect("lock").contains(&SOMEONE_ELSE),
+        "its process is killed"
+    );
+    assert!(tree.procs(worker.path()).is_empty());
+    assert!(worker.path().is_dir(), "killing leaves the cgroup");
+    assert!(matches!(
+        run.create_unlimited_worker("../x"),
+        Err(CgroupError::InvalidName { .. })
+    ));
+    run.remove();
+    assert!(!worker.path().exists());
+}
+
+#[test]
 fn on_cgroup_v2_the_driver_moves_into_a_leaf_so_that_its_cgroup_can_limit_workers() {
     let (tree, job) = fake_host(&[]);
     let me = Owner::this_process();
@@ -262,7 +293,7 @@ fn a_worker_over_its_limit_is_oom_killed_and_counted_then_everything_is_removed(
     };
     let written = fs::read_to_string(worker.path().join(limit_file)).expect("read limit");
     assert_eq!(written.trim(), (64 * MIB).to_string());
-    assert_eq!(worker.limit(), 64 * MIB);
+    assert_eq!(worker.limit(), Some(64 * MIB));
 
     let mut child = python(
         "import time; time.sleep(0.3); b = bytearray(512*1024*1024); \
@@ -382,7 +413,7 @@ fn sweeping_removes_runs_of_dead_drivers_and_keeps_our_own() {
     fs::create_dir(&stale_worker).expect("create stale worker");
     let leftover = WorkerCgroup {
         path: stale_worker.clone(),
-        limit: 0,
+        limit: None,
         hierarchy: Hierarchy::V1,
         tree: Arc::new(Cgroupfs),
     };

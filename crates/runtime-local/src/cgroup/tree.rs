@@ -121,7 +121,7 @@ pub(super) fn remove_tree(tree: &dyn Tree, dir: &Path) -> bool {
 
 /// SIGKILLs the processes of one cgroup until `cgroup.procs` is empty, for a
 /// bounded number of rounds. Never signals this process. Blocks.
-fn kill_all(tree: &dyn Tree, dir: &Path) {
+pub(super) fn kill_all(tree: &dyn Tree, dir: &Path) {
     let kill_file = dir.join("cgroup.kill");
     if tree.exists(&kill_file) {
         if let Err(err) = tree.write(&kill_file, "1") {
