@@ -15,6 +15,15 @@ then every report as one compact JSON object per line. Nothing is read back.
 The connection stays open and is shut down for writing, then closed, when the
 interpreter exits, so the driver sees EOF after the last line.
 
+A connection that is refused, or reset before the first report on it went
+out, is tried again, after 50 ms and then twice as long each time (up to 1 s),
+for up to 10 s in all: the agent drops connections that have not shown the
+token yet when newer ones crowd in (another user's idle connections, say).
+As nothing is read back, a connection dropped just after its first report
+went out loses that report, and the next write raises ``OSError``;
+``trainyard.train.report`` (protocol 2) waits for each answer and has no such
+gap.
+
 Without ``TRAINYARD_REPORT_ADDR`` (e.g. under torchrun) each report is printed
 to stderr as ``trainyard_report: {...}`` instead.
 """
@@ -27,13 +36,30 @@ import os
 import socket
 import sys
 import threading
-from typing import Any, Mapping, Optional
+import time
+from typing import Any, Callable, Mapping, Optional, TypeVar
 
 __all__ = ["report", "close", "world_rank", "local_rank", "world_size"]
 
 ADDR_ENV = "TRAINYARD_REPORT_ADDR"
 TOKEN_ENV = "TRAINYARD_REPORT_TOKEN"
 STDERR_PREFIX = "trainyard_report: "
+
+# How long, in seconds, a report connection is tried in all, and the pauses between tries.
+CONNECT_PATIENCE = 10.0
+_FIRST_PAUSE = 0.05
+_LONGEST_PAUSE = 1.0
+
+# The agent refused the connection, or dropped it before it read the first line (a newer
+# connection took its place): nothing sent on it was taken, and a new one may be tried.
+_RETRYABLE = (
+    ConnectionRefusedError,
+    ConnectionResetError,
+    ConnectionAbortedError,
+    BrokenPipeError,
+)
+
+_T = TypeVar("_T")
 
 _lock = threading.Lock()
 _sock: Optional[socket.socket] = None
@@ -66,6 +92,26 @@ def _open_connection(addr: str, hello: str) -> socket.socket:
     return sock
 
 
+def _retry(attempt: Callable[[], _T]) -> _T:
+    """Call ``attempt`` until it does not fail with a refused or reset connection.
+
+    Pauses 50 ms after the first failure, twice as long after each next one (at
+    most 1 s), and gives up after ``CONNECT_PATIENCE`` seconds in all, raising
+    the last failure. Other errors are raised at once.
+    """
+    deadline = time.monotonic() + CONNECT_PATIENCE
+    pause = _FIRST_PAUSE
+    while True:
+        try:
+            return attempt()
+        except _RETRYABLE:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+            time.sleep(min(pause, remaining))
+            pause = min(2 * pause, _LONGEST_PAUSE)
+
+
 def _connect(addr: str) -> socket.socket:
     """Open the report connection and send the token line."""
     token = os.environ.get(TOKEN_ENV, "")
@@ -83,7 +129,8 @@ def report(metrics: Mapping[str, Any]) -> None:
     with ``trainyard_report: `` instead.
 
     Raises ``TypeError``/``ValueError`` if ``metrics`` is not JSON-serializable
-    and ``OSError`` if the driver cannot be reached.
+    and ``OSError`` if the driver cannot be reached (within ``CONNECT_PATIENCE``
+    seconds, for a new connection).
     """
     global _sock, _atexit_registered
     line = json.dumps(metrics, separators=(",", ":"))
@@ -94,13 +141,24 @@ def report(metrics: Mapping[str, Any]) -> None:
             print(STDERR_PREFIX + line + "\n", end="", file=sys.stderr, flush=True)
         return
     data = (line + "\n").encode("utf-8")
+
+    def first() -> socket.socket:
+        sock = _connect(addr)
+        try:
+            sock.sendall(data)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
     with _lock:
-        if _sock is None:
-            _sock = _connect(addr)
-            if not _atexit_registered:
-                atexit.register(close)
-                _atexit_registered = True
-        _sock.sendall(data)
+        if _sock is not None:
+            _sock.sendall(data)
+            return
+        _sock = _retry(first)
+        if not _atexit_registered:
+            atexit.register(close)
+            _atexit_registered = True
 
 
 def close() -> None:

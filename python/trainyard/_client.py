@@ -14,6 +14,13 @@ and reads one line back for each::
 
 The agent answers only once the checkpoint's files are persisted (or failed
 to be), and only after the report has gone on to the driver.
+
+A connection that is refused, or reset before its first answer (the agent
+drops connections that have not shown the token when newer ones crowd in;
+such a report was never counted), is tried again with a short backoff for up
+to ``trainyard_report.CONNECT_PATIENCE`` (10 s) in all. A connection closed
+without an answer, or one that fails after answering, is an error: the report
+may have counted.
 """
 
 from __future__ import annotations
@@ -23,11 +30,11 @@ import json
 import os
 import socket
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 # The protocol-1 module ships beside this package (the agent carries both, the wheel holds
 # both) and is standard library only: the variables and the way to connect come from there.
-from trainyard_report import ADDR_ENV, TOKEN_ENV, _open_connection
+from trainyard_report import ADDR_ENV, TOKEN_ENV, _open_connection, _retry
 
 PROTOCOL = 2
 
@@ -100,8 +107,9 @@ def send(metrics: Dict[str, Any], checkpoint: Optional[str]) -> int:
 
     Raises ``ReportError`` when the agent says the report failed (its
     checkpoint was not persisted), ``OSError`` when the agent cannot be
-    reached, ``TypeError``/``ValueError`` when ``metrics`` is not JSON (NaN
-    and infinities are not JSON either).
+    reached (within ``CONNECT_PATIENCE`` seconds, for a new connection),
+    ``TypeError``/``ValueError`` when ``metrics`` is not JSON (NaN and
+    infinities are not JSON either).
     """
     global _conn, _atexit_registered
     line = json.dumps(
@@ -121,17 +129,27 @@ def send(metrics: Dict[str, Any], checkpoint: Optional[str]) -> int:
             token = os.environ.get(TOKEN_ENV, "")
             if not token:
                 raise RuntimeError(f"{ADDR_ENV} is set but {TOKEN_ENV} is not")
-            _conn = _Connection(addr, token)
+
+            def first() -> Tuple[_Connection, Dict[str, Any]]:
+                conn = _Connection(addr, token)
+                try:
+                    return conn, conn.exchange(data)
+                except BaseException:
+                    conn.close()
+                    raise
+
+            _conn, answer = _retry(first)
             if not _atexit_registered:
                 atexit.register(close)
                 _atexit_registered = True
-        try:
-            answer = _conn.exchange(data)
-        except BaseException:
-            # The connection is in an unknown state: the next report opens a new one.
-            broken, _conn = _conn, None
-            broken.close()
-            raise
+        else:
+            try:
+                answer = _conn.exchange(data)
+            except BaseException:
+                # The connection is in an unknown state: the next report opens a new one.
+                broken, _conn = _conn, None
+                broken.close()
+                raise
     index = answer.get("index")
     if not answer["ok"]:
         raise ReportError(str(answer.get("error", "the report failed")), index)

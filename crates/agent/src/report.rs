@@ -5,7 +5,10 @@
 //! A client first sends one line: the token (64 hex digits) for protocol 1, or the token, a
 //! space and `2` for protocol 2. A client that has not sent the token within 2 s and 128
 //! bytes is dropped; one that asks for another protocol is answered `{"ok": false, "index":
-//! null, "error": "..."}` and dropped.
+//! null, "error": "..."}` and dropped. Up to 64 clients wait for their token at once; a newer
+//! connection evicts the oldest of them (see [`crate::admission`]), so idle connections of
+//! another local user cannot keep the task's clients out, and up to 64 clients with the token
+//! are served at once.
 //!
 //! - **Protocol 1**: then one JSON object per line, each a report (its metrics). Nothing is
 //!   sent back; a line that is not an object is logged to the task's stderr and skipped.
@@ -20,7 +23,9 @@
 //! either protocol counts: the N-th report of the task, over all its connections, belongs
 //! to checkpoint index `base + N` (see [`crate::handin`]).
 
+use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -28,11 +33,12 @@ use tokio::io::{
     AsyncBufRead, AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader,
 };
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use trainyard_runtime::Stream;
 use trainyard_runtime::events::EventSender;
 
+use crate::admission::{Gate, Limits, Ticket};
 use crate::handin::{Reported, TaskReports};
 use crate::wire::Token;
 
@@ -43,8 +49,14 @@ pub const REPORT_TOKEN: &str = "TRAINYARD_REPORT_TOKEN";
 /// The longest report line accepted.
 pub const MAX_REPORT: usize = 1024 * 1024;
 
-/// How many report clients may be connected at once.
+/// How many report clients that have shown the token may be connected at once.
 const MAX_CLIENTS: usize = 64;
+/// How many connections may wait to show the token at once; a newer one evicts the oldest
+/// silent one. All come from loopback, so the cap per peer is the same. Each holds two
+/// descriptors of the agent's (its socket and the look at it).
+const MAX_PENDING: Limits = Limits::new(64, 64);
+/// Pause after a failed `accept` (out of file descriptors, say) before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// How long a client has to send the token, and how long that line may be.
 const TOKEN_TIMEOUT: Duration = Duration::from_secs(2);
@@ -94,29 +106,34 @@ impl ReportSocket {
         let (closing, closed) = watch::channel(false);
         let accept = tokio::spawn(async move {
             let mut clients = JoinSet::new();
+            let pending = Gate::new(MAX_PENDING);
+            let served = Arc::new(Semaphore::new(MAX_CLIENTS));
             loop {
-                tokio::select! {
+                let accepted = tokio::select! {
                     _ = &mut stopped => break,
-                    accepted = self.listener.accept() => match accepted {
-                        Ok((socket, _)) => {
-                            while clients.try_join_next().is_some() {}
-                            if clients.len() >= MAX_CLIENTS {
-                                tracing::warn!("too many report clients; one was dropped");
-                                continue;
-                            }
-                            clients.spawn(client(
-                                socket,
-                                self.token.clone(),
-                                Task {
-                                    reports: reports.clone(),
-                                    events: events.clone(),
-                                },
-                                closed.clone(),
-                            ));
+                    accepted = self.listener.accept() => accepted,
+                };
+                let (socket, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!(%error, "accepting a report client failed");
+                        tokio::select! {
+                            _ = &mut stopped => break,
+                            () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
                         }
-                        Err(error) => tracing::debug!(%error, "accepting a report client failed"),
-                    },
-                }
+                    }
+                };
+                while clients.try_join_next().is_some() {}
+                let client = Client {
+                    ticket: pending.enter_tcp(peer.ip(), &socket),
+                    served: Arc::clone(&served),
+                    token: self.token.clone(),
+                };
+                let task = Task {
+                    reports: reports.clone(),
+                    events: events.clone(),
+                };
+                clients.spawn(client.serve(socket, task, closed.clone()));
             }
             clients
         });
@@ -223,26 +240,84 @@ impl Answer {
     }
 }
 
-/// Serves one client: its token, then its reports, until it closes or `closing` turns.
-async fn client(socket: TcpStream, token: Token, task: Task, mut closing: watch::Receiver<bool>) {
-    let _ = socket.set_nodelay(true);
-    let mut lines = BufReader::new(socket);
-    // Little is read, for little time, before the client has shown the token.
-    let first = tokio::time::timeout(TOKEN_TIMEOUT, next_line(&mut lines, TOKEN_LINE)).await;
-    let protocol = match first.ok().flatten().map(|line| hello(&line, &token)) {
-        Some(Hello::Speaks(protocol)) => protocol,
-        Some(Hello::Unsupported(asked)) => {
-            let answer = Answer::refused(format!(
-                "report protocol `{asked}` is not spoken here; this agent speaks 1 and 2"
-            ));
-            let _ = send(&mut lines, &answer).await;
+/// A connection that has not shown the token yet.
+struct Client {
+    ticket: Ticket<IpAddr>,
+    /// Places for clients that have shown the token.
+    served: Arc<Semaphore>,
+    token: Token,
+}
+
+impl Client {
+    /// Serves the connection: its token, then its reports, until it closes or `closing`
+    /// turns.
+    async fn serve(self, socket: TcpStream, task: Task, closing: watch::Receiver<bool>) {
+        let _ = socket.set_nodelay(true);
+        let mut lines = BufReader::new(socket);
+        let Some((protocol, _place)) = self.admit(&mut lines).await else {
             return;
+        };
+        reports(lines, protocol, &task, closing).await;
+    }
+
+    /// Reads the first line, and takes the client in when it shows the token and a place
+    /// is free; `None` when the connection is to be dropped.
+    async fn admit(
+        self,
+        lines: &mut BufReader<TcpStream>,
+    ) -> Option<(Protocol, OwnedSemaphorePermit)> {
+        let Self {
+            ticket,
+            served,
+            token,
+        } = self;
+        // Little is read, for little time, before the client has shown the token.
+        let read = async {
+            // A connection that has sent nothing yet is the first to go when places run out.
+            if lines.get_ref().readable().await.is_ok() {
+                ticket.spoke();
+            }
+            next_line(lines, TOKEN_LINE).await
+        };
+        let first = ticket.run(tokio::time::timeout(TOKEN_TIMEOUT, read)).await;
+        let Some(first) = first else {
+            tracing::debug!(
+                "a report connection without its token yet was evicted for a newer one"
+            );
+            return None;
+        };
+        // Its first line is read: it waits no more, whatever that line says.
+        drop(ticket);
+        match first.ok().flatten().map(|line| hello(&line, &token)) {
+            Some(Hello::Speaks(protocol)) => {
+                let Ok(place) = served.try_acquire_owned() else {
+                    tracing::warn!("too many report clients; one was dropped");
+                    return None;
+                };
+                Some((protocol, place))
+            }
+            Some(Hello::Unsupported(asked)) => {
+                let answer = Answer::refused(format!(
+                    "report protocol `{asked}` is not spoken here; this agent speaks 1 and 2"
+                ));
+                let _ = send(lines, &answer).await;
+                None
+            }
+            Some(Hello::Stranger) | None => {
+                tracing::warn!("a report client without the task's token was dropped");
+                None
+            }
         }
-        Some(Hello::Stranger) | None => {
-            tracing::warn!("a report client without the task's token was dropped");
-            return;
-        }
-    };
+    }
+}
+
+/// Passes on a client's reports, until it closes or `closing` turns.
+async fn reports(
+    mut lines: BufReader<TcpStream>,
+    protocol: Protocol,
+    task: &Task,
+    mut closing: watch::Receiver<bool>,
+) {
     loop {
         let line = tokio::select! {
             biased;
@@ -256,9 +331,9 @@ async fn client(socket: TcpStream, token: Token, task: Task, mut closing: watch:
             continue;
         }
         match protocol {
-            Protocol::V1 => report_v1(&task, &line).await,
+            Protocol::V1 => report_v1(task, &line).await,
             Protocol::V2 => {
-                let answer = report_v2(&task, &line).await;
+                let answer = report_v2(task, &line).await;
                 if send(&mut lines, &answer).await.is_err() {
                     break;
                 }
@@ -531,6 +606,152 @@ mod tests {
         let mut client = Client::connect(&addr, &format!("{stranger} 2")).await;
         assert_eq!(client.answer().await, None);
         serving.finish(Duration::from_secs(1)).await;
+    }
+
+    /// `n` connections to `addr` that never send a byte.
+    async fn idle(addr: &str, n: usize) -> Vec<TcpStream> {
+        let mut idle = Vec::with_capacity(n);
+        for _ in 0..n {
+            idle.push(TcpStream::connect(addr).await.expect("connected"));
+        }
+        idle
+    }
+
+    #[tokio::test]
+    async fn idle_connections_without_the_token_do_not_keep_the_tasks_client_out() {
+        let (addr, token, serving, mut events) = serving(0).await;
+        // Accepted in the order they connected: every one of them before the client.
+        let idle = idle(&addr, 100).await;
+        let mut client = Client::connect(&addr, &format!("{token} 2")).await;
+        client
+            .send(r#"{"metrics": {"step": 1}, "checkpoint": null}"#)
+            .await;
+        assert_eq!(
+            client.answer().await,
+            Some(serde_json::json!({"ok": true, "index": 1}))
+        );
+        assert_eq!(reports(&mut events, 1).await.len(), 1);
+        drop((client, idle));
+        serving.finish(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test]
+    async fn clients_with_the_token_are_capped_apart_from_connections_without_it() {
+        let (addr, token, serving, mut events) = serving(0).await;
+        let report = r#"{"metrics": {}, "checkpoint": null}"#;
+        let mut clients = Vec::new();
+        for _ in 0..MAX_CLIENTS {
+            let mut client = Client::connect(&addr, &format!("{token} 2")).await;
+            client.send(report).await;
+            assert_eq!(client.answer().await.expect("answered")["ok"], true);
+            assert_eq!(reports(&mut events, 1).await.len(), 1);
+            clients.push(client);
+        }
+        let idle = idle(&addr, 100).await;
+        // The served clients keep their places, and a client beyond them is dropped.
+        let mut beyond = Client::connect(&addr, &format!("{token} 2")).await;
+        assert_eq!(beyond.answer().await, None);
+        for client in &mut clients {
+            client.send(report).await;
+            assert_eq!(client.answer().await.expect("answered")["ok"], true);
+            assert_eq!(reports(&mut events, 1).await.len(), 1);
+        }
+        drop((clients, idle));
+        serving.finish(Duration::from_secs(1)).await;
+    }
+
+    /// Set in the child process of
+    /// [`a_failed_accept_is_retried_after_a_pause_not_at_once`].
+    const ACCEPT_CHILD: &str = "TRAINYARD_TEST_ACCEPT_CHILD";
+
+    /// Counts the events this module logs.
+    struct CountEvents(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl tracing::Subscriber for CountEvents {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            if event.metadata().target() == "trainyard_agent::report" {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// In a child process of its own, as it lowers the limit on open files: serves a report
+    /// socket for 1 s while each `accept` fails for want of a file descriptor, and prints how
+    /// many times the socket logged. Does nothing in a process of the test run.
+    #[test]
+    fn accept_child() {
+        if std::env::var_os(ACCEPT_CHILD).is_none() {
+            return;
+        }
+        let logged = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let _subscriber = tracing::subscriber::set_default(CountEvents(Arc::clone(&logged)));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let (addr, _token, serving, _events) = serving(0).await;
+            let waiting = std::net::TcpStream::connect(&addr).expect("connected");
+            // The lowest free descriptor is the next one handed out: from now on none is.
+            let lowest = std::fs::File::open("/dev/null").expect("opened");
+            let free = std::os::fd::AsRawFd::as_raw_fd(&lowest);
+            drop(lowest);
+            let limit = u64::try_from(free).expect("a descriptor is not negative");
+            let (_, hard) =
+                nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                    .expect("the limit");
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, limit, hard)
+                .expect("the limit is lowered");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            println!(
+                "logged {}",
+                logged.load(std::sync::atomic::Ordering::Relaxed)
+            );
+            drop(waiting);
+            serving.finish(Duration::from_millis(10)).await;
+        });
+        std::process::exit(0);
+    }
+
+    #[tokio::test]
+    async fn a_failed_accept_is_retried_after_a_pause_not_at_once() {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let child = tokio::process::Command::new(exe)
+            .args([
+                "--exact",
+                "report::tests::accept_child",
+                "--nocapture",
+                "-q",
+            ])
+            .env(ACCEPT_CHILD, "1")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let output = tokio::time::timeout(Duration::from_secs(60), child)
+            .await
+            .expect("the child ends within 60 s")
+            .expect("the child ran");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let logged: usize = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix("logged "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the child says how often it logged: {stdout}"));
+        // One failure every ACCEPT_BACKOFF (100 ms) in 1 s; spinning makes thousands.
+        assert!(
+            (1..=30).contains(&logged),
+            "failed accepts logged {logged} times in 1 s"
+        );
     }
 
     #[test]

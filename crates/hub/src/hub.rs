@@ -1,23 +1,25 @@
-//! [`AgentHub`]: agents connect back to it over TCP with the run's secret token; it serves
-//! each one's requests, routes its replies and events, and turns its end into a death with
-//! a cause.
+//! [`AgentHub`]: agents connect back to it over TCP and prove that they hold the run's secret
+//! token, as the hub proves it to them (see `hello`); it serves each one's requests, routes
+//! its replies and events, and turns its end into a death with a cause.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tracing::Instrument as _;
+use trainyard_agent::admission::{Gate, Limits};
+use trainyard_agent::auth::Role;
 use trainyard_agent::wire::{self, Token};
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
 
-use crate::hello::{HELLO_TIMEOUT, HelloError, read_hello};
+use crate::hello::{HELLO_TIMEOUT, HelloError, authenticate};
 use crate::supervisor::{Command, Connection, Supervisor};
 use crate::{AgentProcess, HubConfig, HubError, TaskKiller, lock};
 
@@ -25,10 +27,18 @@ use crate::{AgentProcess, HubConfig, HubError, TaskKiller, lock};
 pub const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time on top of a wait's own bound for the cleanup after it (reaping, cgroup removal).
 const CLEANUP_SLACK: Duration = Duration::from_secs(10);
-/// How many connections may be waiting to say hello at once; more are dropped.
-const MAX_HANDSHAKES: usize = 256;
+/// How many connections may wait to say hello at once, in all and from one IP address; a
+/// newer connection evicts the oldest silent one (of its address first), so idle connections
+/// cannot keep agents out. One address gets half of the places: a host runs no more agents
+/// than its workers and each says hello as soon as it connects, so 64 at once is ample for
+/// one node, and a flood from one host cannot take the places of agents on others. Each
+/// pending connection holds two descriptors (its socket and the look at it), so a flood
+/// holds at most 256 of the driver's, as many as before eviction.
+const MAX_HANDSHAKES: Limits = Limits::new(128, 64);
 /// Pause after a failed `accept` (out of file descriptors, say) before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How many dead actors' causes are kept: those of the most recent deaths.
+const DEAD_KEPT: usize = 4096;
 
 /// An actor id handed out by [`AgentHub::expect`], waiting for its agent's hello. Dropping it
 /// before [`AgentHub::attach`] stops the wait.
@@ -112,12 +122,53 @@ pub(crate) struct HubState {
     /// Actors that take commands (starting or serving).
     pub(crate) callable: HashMap<ActorId, mpsc::UnboundedSender<Command>>,
     pub(crate) agents: BTreeMap<ActorId, AgentEntry>,
-    pub(crate) dead: HashMap<ActorId, DeathCause>,
+    pub(crate) dead: DeadActors,
     /// Spawns waiting for their agent's hello.
     pub(crate) waiting: HashMap<ActorId, oneshot::Sender<Connection>>,
     /// Event streams not taken yet.
     pub(crate) streams: HashMap<ActorId, TaskEvents>,
     shut_down: bool,
+}
+
+/// The causes of the most recent deaths, at most `kept` of them, so that a long run with
+/// many restarts holds no more. Calls to an actor whose cause was let go fail as to an
+/// unknown actor; ending it succeeds, as for every id handed out (it is gone).
+pub(crate) struct DeadActors {
+    causes: HashMap<ActorId, DeathCause>,
+    /// Oldest death first.
+    order: VecDeque<ActorId>,
+    kept: usize,
+}
+
+impl DeadActors {
+    fn new(kept: usize) -> Self {
+        Self {
+            causes: HashMap::new(),
+            order: VecDeque::new(),
+            kept: kept.max(1),
+        }
+    }
+
+    /// Records `actor`'s death (a second record of it replaces the cause), and lets go of
+    /// the oldest beyond the bound.
+    pub(crate) fn insert(&mut self, actor: ActorId, cause: DeathCause) {
+        if self.causes.insert(actor, cause).is_none() {
+            self.order.push_back(actor);
+        }
+        while self.order.len() > self.kept {
+            if let Some(oldest) = self.order.pop_front() {
+                self.causes.remove(&oldest);
+            }
+        }
+    }
+
+    pub(crate) fn get(&self, actor: &ActorId) -> Option<&DeathCause> {
+        self.causes.get(actor)
+    }
+
+    pub(crate) fn contains_key(&self, actor: &ActorId) -> bool {
+        self.causes.contains_key(actor)
+    }
 }
 
 impl HubCore {
@@ -224,7 +275,7 @@ impl AgentHub {
                 next_actor: 0,
                 callable: HashMap::new(),
                 agents: BTreeMap::new(),
-                dead: HashMap::new(),
+                dead: DeadActors::new(DEAD_KEPT),
                 waiting: HashMap::new(),
                 streams: HashMap::new(),
                 shut_down: false,
@@ -244,7 +295,8 @@ impl AgentHub {
         &self.handle.core
     }
 
-    /// The run's secret token, which every agent presents in its hello.
+    /// The run's secret token, which every agent proves it holds (without sending it) as it
+    /// connects.
     #[must_use]
     pub fn token(&self) -> &Token {
         &self.core().token
@@ -542,7 +594,7 @@ fn reachable(bound: SocketAddr) -> SocketAddr {
 /// Accepts connections and checks each one's hello in a task of its own, so that a slow or
 /// hostile peer holds up nobody.
 async fn accept_loop(listener: TcpListener, core: Arc<HubCore>) {
-    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let handshakes = Gate::new(MAX_HANDSHAKES);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -552,36 +604,50 @@ async fn accept_loop(listener: TcpListener, core: Arc<HubCore>) {
                 continue;
             }
         };
-        let Ok(permit) = Arc::clone(&handshakes).try_acquire_owned() else {
-            tracing::warn!(%peer, "too many connections wait to say hello; dropped one");
-            continue;
-        };
+        // Pending until its handshake ends: a waiting agent's connection is handed over the
+        // moment it authenticates.
+        let ticket = handshakes.enter_tcp(peer.ip(), &stream);
         let core = Arc::clone(&core);
         tokio::spawn(async move {
-            handshake(&core, stream, peer).await;
-            drop(permit);
+            let checked = async {
+                // An agent speaks first, its hello as soon as it connects: a connection that
+                // has sent nothing yet is the first to go when places run out, and one that
+                // sends nothing at all goes within the hello's time.
+                match tokio::time::timeout(HELLO_TIMEOUT, stream.readable()).await {
+                    Ok(Ok(())) => ticket.spoke(),
+                    Ok(Err(_)) => {}
+                    Err(_) => return,
+                }
+                handshake(&core, stream, peer).await;
+            };
+            if ticket.run(checked).await.is_none() {
+                tracing::debug!(%peer, "evicted for a newer connection before its hello");
+            }
         });
     }
 }
 
-/// Hands a connection whose hello is right to the spawn waiting for it; drops any other.
+/// Hands a connection whose agent proved it holds the run's secret to the spawn waiting for
+/// it; drops any other.
 async fn handshake(core: &HubCore, stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
     let mut link = wire::framed(stream);
-    let checked = read_hello(&mut link, &core.token, HELLO_TIMEOUT)
+    let waited_for = |actor| core.lock().waiting.contains_key(&actor);
+    let checked = authenticate(&mut link, &core.token, waited_for, HELLO_TIMEOUT)
         .await
-        .and_then(|hello| {
+        .and_then(|(hello, key)| {
+            // Only an agent that proved itself claims its actor; of two that did, the first.
             let waiting = core.lock().waiting.remove(&hello.actor);
             waiting
-                .map(|waiting| (hello, waiting))
+                .map(|waiting| (hello, key, waiting))
                 .ok_or(HelloError::NotWaiting {
                     actor: hello.actor,
                     pid: hello.pid,
                 })
         });
     match checked {
-        Ok((hello, waiting)) => {
-            wire::authenticated(&mut link);
+        Ok((hello, key, waiting)) => {
+            wire::authenticated(&mut link, &key, Role::Driver);
             let connection = Connection {
                 link,
                 pid: hello.pid,
@@ -597,5 +663,66 @@ async fn handshake(core: &HubCore, stream: TcpStream, peer: SocketAddr) {
                 "dropped a connection that is not a waiting agent"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dead_map_keeps_only_the_most_recent_causes() {
+        let mut dead = DeadActors::new(DEAD_KEPT);
+        let deaths = 10 * DEAD_KEPT as u64;
+        for n in 0..deaths {
+            // Actors do not die in the order of their ids: a long-lived one dies late.
+            let actor = ActorId(if n % 2 == 0 { n } else { deaths + n });
+            dead.insert(actor, DeathCause::Killed);
+            // A second record of one death replaces it and takes no more room.
+            dead.insert(actor, DeathCause::Stopped);
+            assert!(dead.causes.len() <= DEAD_KEPT && dead.order.len() <= DEAD_KEPT);
+        }
+        assert_eq!(dead.causes.len(), DEAD_KEPT);
+        assert_eq!(dead.order.len(), DEAD_KEPT);
+        let last = ActorId(2 * deaths - 1);
+        assert_eq!(dead.get(&last), Some(&DeathCause::Stopped));
+        assert!(
+            !dead.contains_key(&ActorId(0)),
+            "the oldest death is let go"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_actor_whose_cause_was_let_go_is_gone_for_calls_and_kills() {
+        let hub = AgentHub::start(HubConfig::new("dead-map"), |_| {})
+            .await
+            .expect("a hub");
+        let core = hub.core();
+        let spawned: Vec<ActorId> = (0..DEAD_KEPT + 10)
+            .map(|_| hub.expect("worker").expect("an id").actor())
+            .collect();
+        for actor in &spawned {
+            core.lock().dead.insert(*actor, DeathCause::Killed);
+        }
+        let forgotten = spawned[0];
+        let recent = spawned[spawned.len() - 1];
+        assert!(matches!(
+            hub.call(recent, Request::NodeInfo).await,
+            Err(RuntimeError::ActorDied {
+                cause: DeathCause::Killed,
+                ..
+            })
+        ));
+        assert!(matches!(
+            hub.call(forgotten, Request::NodeInfo).await,
+            Err(RuntimeError::UnknownActor(actor)) if actor == forgotten
+        ));
+        assert!(hub.kill(forgotten, Duration::ZERO).await.is_ok());
+        let never = ActorId(u64::MAX);
+        assert!(matches!(
+            hub.kill(never, Duration::ZERO).await,
+            Err(RuntimeError::UnknownActor(_))
+        ));
+        hub.shutdown().await;
     }
 }
