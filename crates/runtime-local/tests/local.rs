@@ -13,7 +13,8 @@ use futures::{FutureExt as _, StreamExt as _};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, sleep, timeout};
-use trainyard_agent::wire::{self, AgentMessage, Token};
+use trainyard_agent::auth::Nonce;
+use trainyard_agent::wire::{self, AgentMessage};
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
 use trainyard_resources::{ActorOptions, ResourceAmount};
 use trainyard_runtime::events::{ActorEvent, TaskEvents};
@@ -571,11 +572,11 @@ async fn rogue_connections_are_dropped_and_real_agents_still_connect() {
     let runtime = start("rogue").await;
     let driver = runtime.driver_address();
     let test = async {
-        let wrong_token = wire::encode(&AgentMessage::Hello {
+        let stranger = wire::encode(&AgentMessage::Hello {
             protocol: wire::PROTOCOL,
-            token: Token::random().expect("randomness").to_hex(),
             actor: ActorId(0),
             pid: 1,
+            nonce: Nonce::random().expect("randomness"),
         })
         .expect("encode");
         let rogues: Vec<(&str, Vec<u8>)> = vec![
@@ -585,7 +586,7 @@ async fn rogue_connections_are_dropped_and_real_agents_still_connect() {
                 "a frame that is no message",
                 frame(b"{\"message\":\"nonsense\"}"),
             ),
-            ("a wrong token", frame(&wrong_token)),
+            ("a hello for an actor nobody waits for", frame(&stranger)),
         ];
         // One peer connects and says nothing: it must hold up nobody.
         let _silent = TcpStream::connect(driver).await.expect("connect");
@@ -1147,6 +1148,86 @@ async fn replies_are_not_held_up_by_reports_the_driver_has_not_read() {
     };
     timeout(TEST_LIMIT, test).await.expect("in time");
     runtime.shutdown().await;
+}
+
+/// A 200 MiB burst of reports that the driver does not read yet: the driver holds what its
+/// windows allow (`EVENT_BYTES` in the actor's buffer, the hub's byte window and one frame),
+/// not the burst, and every report still arrives, in order, once it reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_large_reports_does_not_grow_the_driver_past_its_windows() {
+    /// The bound: 32 MiB of buffer, 8 MiB of window and a frame, and room for the rest.
+    const BOUND: u64 = 96 << 20;
+    let config = two_nodes("burst").with_agent(functions_agent());
+    let runtime = LocalRuntime::start(config).await.expect("start");
+    let count: u64 = 200;
+    let test = async {
+        let (actor, mut events) = one_cpu_actor(&runtime, "burster").await;
+        let before = resident_bytes();
+        let task = TaskSpec::Function {
+            name: FLOOD.to_owned(),
+            arg: serde_json::json!({ "count": count, "pad": 1 << 20 }),
+            env: BTreeMap::new(),
+        };
+        runtime.run_task(actor, task).await.expect("run");
+        // Until the driver stops growing: held back by its windows, or (unbounded) holding the
+        // whole burst.
+        let (mut most, mut grew_at) = (0, Instant::now());
+        let started = Instant::now();
+        while grew_at.elapsed() < Duration::from_secs(2) && started.elapsed() < TEST_LIMIT / 4 {
+            sleep(Duration::from_millis(100)).await;
+            let grown = resident_bytes().saturating_sub(before);
+            if grown > most + (1 << 20) {
+                grew_at = Instant::now();
+            }
+            most = most.max(grown);
+        }
+        assert!(
+            most < BOUND,
+            "the driver grew by {} MiB while 200 MiB of reports were unread (bound {} MiB)",
+            most >> 20,
+            BOUND >> 20
+        );
+        let mut next_step = 0;
+        loop {
+            match next_event(&mut events).await.expect("open") {
+                ActorEvent::Task(TaskEvent::Report { metrics, .. }) => {
+                    assert_eq!(metrics["step"], next_step, "reports arrive in order");
+                    next_step += 1;
+                }
+                ActorEvent::Task(_) => {}
+                ActorEvent::TaskExited(exit) => {
+                    assert_eq!(
+                        exit,
+                        TaskExit::Succeeded {
+                            value: count.into()
+                        }
+                    );
+                    break;
+                }
+                ActorEvent::Died(cause) => panic!("the actor died: {cause}"),
+            }
+        }
+        assert_eq!(next_step, count, "every report arrives");
+    };
+    timeout(TEST_LIMIT, test).await.expect("in time");
+    runtime.shutdown().await;
+}
+
+/// This process's resident memory, from `/proc/self/status`.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kib| kib << 10)
+        .expect("VmRSS in /proc/self/status")
 }
 
 /// A function task that keeps every thread it can busy runs apart from the agent's own

@@ -2,9 +2,11 @@
 //!
 //! A runtime hands the executor one [`TaskEvents`] stream per actor
 //! ([`ActorRuntime::task_events`]). Every stream is fed
-//! through a bounded [`event_channel`]: log lines that find it full are dropped and counted
-//! (the count arrives as [`TaskEvent::LogsDropped`]), while reports, the task's end and the
-//! actor's death wait for room and are never dropped. A runtime that can only answer
+//! through a bounded [`event_channel`], bounded both in events ([`EVENT_BUFFER`]) and in
+//! bytes ([`EVENT_BYTES`], each event weighed by [`event_bytes`]): log lines that find it
+//! full are dropped and counted (the count arrives as [`TaskEvent::LogsDropped`]), while
+//! reports, the task's end and the actor's death wait for room and are never dropped. A
+//! burst of large reports therefore holds back its sender instead of growing the buffer. A runtime that can only answer
 //! [`Request::Poll`] is turned into a stream by [`polled_events`].
 
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::{
     ActorId, ActorRuntime, DeathCause, Request, Response, RuntimeError, Stream, TaskEvent,
@@ -21,6 +23,13 @@ use crate::{
 
 /// How many events an actor's stream buffers before log lines are dropped.
 pub const EVENT_BUFFER: usize = 4096;
+
+/// How many bytes of events (as [`event_bytes`] weighs them) an actor's stream buffers
+/// before log lines are dropped and other events wait.
+pub const EVENT_BYTES: usize = 32 * 1024 * 1024;
+
+/// What every event weighs besides its text: its place in the buffer, its fields.
+const EVENT_OVERHEAD: usize = 64;
 
 /// Something that happened to an actor or its task.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,11 +50,65 @@ pub type TaskEvents = BoxStream<'static, ActorEvent>;
 /// The sending half of an actor's event buffer; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EventSender {
-    tx: mpsc::Sender<ActorEvent>,
+    tx: mpsc::Sender<Weighed>,
+    /// Room left in bytes, one permit a byte; an event's permits go back when it is taken.
+    room: Arc<Semaphore>,
+    /// The most one event may take: the whole room.
+    bytes: usize,
     dropped: Arc<AtomicU64>,
 }
 
-/// A bounded buffer of `capacity` events and the stream that drains it.
+/// An event in the buffer and the room it takes there.
+#[derive(Debug)]
+struct Weighed {
+    event: ActorEvent,
+    _room: OwnedSemaphorePermit,
+}
+
+/// About how many bytes `event` holds: its text (lines, metrics, tracebacks) and a little
+/// for the rest. The measure of [`EVENT_BYTES`].
+#[must_use]
+pub fn event_bytes(event: &ActorEvent) -> usize {
+    let text = match event {
+        ActorEvent::Task(TaskEvent::Log { line, .. }) => line.len(),
+        ActorEvent::Task(TaskEvent::Report {
+            metrics,
+            checkpoint,
+        }) => {
+            map_bytes(metrics)
+                + checkpoint
+                    .as_ref()
+                    .and_then(|c| serde_json::to_vec(c).ok())
+                    .map_or(0, |c| c.len())
+        }
+        ActorEvent::Task(TaskEvent::RootCause {
+            error: Some(error), ..
+        }) => serde_json::to_vec(error).map_or(0, |e| e.len()),
+        ActorEvent::Task(TaskEvent::LogsDropped { .. } | TaskEvent::RootCause { .. })
+        | ActorEvent::TaskExited(_)
+        | ActorEvent::Died(_) => 0,
+    };
+    EVENT_OVERHEAD + text
+}
+
+fn map_bytes(map: &serde_json::Map<String, serde_json::Value>) -> usize {
+    map.iter()
+        .map(|(key, value)| key.len() + value_bytes(value))
+        .sum()
+}
+
+fn value_bytes(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    match value {
+        Value::Null | Value::Bool(_) | Value::Number(_) => 8,
+        Value::String(text) => text.len(),
+        Value::Array(items) => items.iter().map(value_bytes).sum::<usize>() + 8,
+        Value::Object(map) => map_bytes(map) + 8,
+    }
+}
+
+/// A bounded buffer of `capacity` events and [`EVENT_BYTES`] bytes, and the stream that
+/// drains it; [`event_channel_with`] sets the bytes too.
 ///
 /// ```
 /// use trainyard_runtime::events::{ActorEvent, event_channel};
@@ -66,14 +129,25 @@ pub struct EventSender {
 /// ```
 #[must_use]
 pub fn event_channel(capacity: usize) -> (EventSender, TaskEvents) {
-    let (tx, rx) = mpsc::channel(capacity.max(1));
+    event_channel_with(capacity, EVENT_BYTES)
+}
+
+/// A bounded buffer of `capacity` events and `bytes` bytes (as [`event_bytes`] weighs them),
+/// and the stream that drains it. An event heavier than `bytes` waits for the buffer to be
+/// empty and then fills it alone.
+#[must_use]
+pub fn event_channel_with(capacity: usize, bytes: usize) -> (EventSender, TaskEvents) {
+    let (tx, rx) = mpsc::channel::<Weighed>(capacity.max(1));
+    let bytes = bytes.clamp(EVENT_OVERHEAD, u32::MAX as usize);
     let events = stream::unfold(rx, |mut rx| async move {
-        let event = rx.recv().await?;
-        Some((event, rx))
+        let weighed = rx.recv().await?;
+        Some((weighed.event, rx))
     });
     (
         EventSender {
             tx,
+            room: Arc::new(Semaphore::new(bytes)),
+            bytes,
             dropped: Arc::new(AtomicU64::new(0)),
         },
         events.boxed(),
@@ -92,7 +166,7 @@ impl EventSender {
             stream,
             line: line.into(),
         });
-        if self.tx.try_send(event).is_err() {
+        if self.try_put(event).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -119,13 +193,10 @@ impl EventSender {
     pub async fn send(&self, event: ActorEvent) {
         let dropped = self.dropped.swap(0, Ordering::Relaxed);
         if dropped > 0 {
-            let _ = self
-                .tx
-                .send(ActorEvent::Task(TaskEvent::LogsDropped { count: dropped }))
+            self.put(ActorEvent::Task(TaskEvent::LogsDropped { count: dropped }))
                 .await;
         }
-        // A closed stream means nobody listens any more; the event is moot then.
-        let _ = self.tx.send(event).await;
+        self.put(event).await;
     }
 
     /// Sends an event without waiting, as `log` does, for callers that cannot wait. Returns
@@ -137,11 +208,7 @@ impl EventSender {
         if !self.flush_dropped() {
             return Err(event);
         }
-        self.tx.try_send(event).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(event) | mpsc::error::TrySendError::Closed(event) => {
-                event
-            }
-        })
+        self.try_put(event)
     }
 
     /// Whether nobody listens any more.
@@ -156,16 +223,42 @@ impl EventSender {
         if dropped == 0 {
             return true;
         }
-        match self
-            .tx
-            .try_send(ActorEvent::Task(TaskEvent::LogsDropped { count: dropped }))
-        {
+        match self.try_put(ActorEvent::Task(TaskEvent::LogsDropped { count: dropped })) {
             Ok(()) => true,
             Err(_) => {
                 self.dropped.fetch_add(dropped, Ordering::Relaxed);
                 false
             }
         }
+    }
+
+    /// The permits `event` takes: its weight, at most the whole room.
+    fn weight(&self, event: &ActorEvent) -> u32 {
+        u32::try_from(event_bytes(event).min(self.bytes)).unwrap_or(u32::MAX)
+    }
+
+    /// Puts `event` in the buffer, waiting for room in bytes and in events. A closed stream
+    /// means nobody listens any more; the event is moot then.
+    async fn put(&self, event: ActorEvent) {
+        let weight = self.weight(&event);
+        let Ok(room) = Arc::clone(&self.room).acquire_many_owned(weight).await else {
+            return;
+        };
+        let _ = self.tx.send(Weighed { event, _room: room }).await;
+    }
+
+    /// Puts `event` in the buffer if there is room for it now; the event back if not.
+    fn try_put(&self, event: ActorEvent) -> Result<(), ActorEvent> {
+        let weight = self.weight(&event);
+        let Ok(room) = Arc::clone(&self.room).try_acquire_many_owned(weight) else {
+            return Err(event);
+        };
+        self.tx
+            .try_send(Weighed { event, _room: room })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(weighed)
+                | mpsc::error::TrySendError::Closed(weighed) => weighed.event,
+            })
     }
 }
 
@@ -274,6 +367,64 @@ mod tests {
         assert!(matches!(
             &seen[3],
             ActorEvent::Task(TaskEvent::Report { .. })
+        ));
+    }
+
+    fn report_of(bytes: usize) -> serde_json::Map<String, serde_json::Value> {
+        let mut metrics = serde_json::Map::new();
+        metrics.insert("blob".into(), "x".repeat(bytes).into());
+        metrics
+    }
+
+    #[tokio::test]
+    async fn the_buffer_is_bounded_in_bytes_as_well_as_in_events() {
+        let (tx, mut events) = event_channel_with(1000, 10 * 1024);
+        let line = "y".repeat(1024);
+        for _ in 0..20 {
+            tx.log(Stream::Stdout, line.clone());
+        }
+        // Ten lines' room (less their overhead): the rest are dropped, not buffered.
+        let sender = tx.clone();
+        let report = tokio::spawn(async move { sender.report(report_of(4 * 1024)).await });
+        tokio::task::yield_now().await;
+        assert!(
+            !report.is_finished(),
+            "a report waits while its bytes do not fit"
+        );
+        let mut lines = 0;
+        let mut dropped = 0;
+        loop {
+            match events.next().await.expect("open") {
+                ActorEvent::Task(TaskEvent::Log { .. }) => lines += 1,
+                ActorEvent::Task(TaskEvent::LogsDropped { count }) => dropped += count,
+                ActorEvent::Task(TaskEvent::Report { metrics, .. }) => {
+                    assert_eq!(value_bytes(&metrics["blob"]), 4 * 1024);
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        report.await.expect("join");
+        assert_eq!(lines + dropped, 20);
+        assert!((8..=10).contains(&lines), "{lines} lines were buffered");
+    }
+
+    #[tokio::test]
+    async fn an_event_heavier_than_the_whole_buffer_goes_alone() {
+        let (tx, mut events) = event_channel_with(16, 1024);
+        tx.report(report_of(1024)).await;
+        assert!(
+            tx.try_send(ActorEvent::Task(TaskEvent::LogsDropped { count: 1 }))
+                .is_err()
+        );
+        assert!(matches!(
+            events.next().await,
+            Some(ActorEvent::Task(TaskEvent::Report { .. }))
+        ));
+        tx.report(report_of(10)).await;
+        assert!(matches!(
+            events.next().await,
+            Some(ActorEvent::Task(TaskEvent::Report { .. }))
         ));
     }
 }
