@@ -13,19 +13,20 @@ use tokio::net::TcpStream;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::bytes::Bytes;
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use trainyard_checkpoint::{CHECKPOINT_URI, StorageError, prepare_task_env};
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{ActorEvent, EVENT_BUFFER, EventSender, TaskEvents, event_channel};
 use trainyard_runtime::{
-    FunctionRegistry, PollResult, Request, Response, TaskContext, TaskEvent, TaskExit, TaskFailure,
-    TaskRejection, TaskResult, TaskSpec, TaskStatus, WorkerInfo,
+    ActorId, FunctionRegistry, PollResult, Request, Response, TaskContext, TaskEvent, TaskExit,
+    TaskFailure, TaskRejection, TaskResult, TaskSpec, TaskStatus, WorkerInfo,
 };
 
+use crate::auth::{Handshake, Nonce, Role};
 use crate::config::{AgentConfig, CONFIG, MemoryLimit, PRIVATE};
 use crate::output::{TaskOutput, diagnose};
 use crate::process::{self, RunningCommand};
 use crate::root_cause;
+use crate::seal::SessionKey;
 use crate::stacks::{self, PySpyLookup, Subject, TASK_THREAD};
 use crate::wire::{self, AgentMessage, DriverMessage, Token, WireError};
 use crate::workdir::WorkDir;
@@ -35,9 +36,14 @@ pub const AGENT_FAILED: u8 = 2;
 
 /// How long the agent waits to reach the driver.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the agent gives the handshake with the driver, once connected.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first pause before a handshake is tried again, and the longest.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MOST: Duration = Duration::from_secs(1);
 
 /// The agent's connection to the driver.
-type Link = Framed<TcpStream, LengthDelimitedCodec>;
+type Link = wire::Link<TcpStream>;
 
 /// Why the agent stops.
 enum Stop {
@@ -136,6 +142,7 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
         diagnose("trainyard agent: the driver is gone");
         return ExitCode::from(AGENT_FAILED);
     }
+    crate::descendants::become_subreaper();
     crate::watchdog::start();
     let pipes = crate::output::redirect();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -156,6 +163,7 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
     let code = runtime.block_on(serve(config, token, functions, output));
     // Tasks still running belong to a driver that is gone; do not wait for them.
     runtime.shutdown_timeout(Duration::from_millis(100));
+    crate::descendants::sweep(crate::descendants::Scope::All);
     crate::watchdog::flush();
     code
 }
@@ -166,43 +174,13 @@ async fn serve(
     functions: FunctionRegistry,
     output: TaskOutput,
 ) -> ExitCode {
-    let socket =
-        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&config.driver)).await {
-            Ok(Ok(socket)) => socket,
-            Ok(Err(error)) => {
-                diagnose(format_args!(
-                    "trainyard agent: cannot reach the driver at {}: {error}",
-                    config.driver
-                ));
-                return ExitCode::from(AGENT_FAILED);
-            }
-            Err(_) => {
-                diagnose(format_args!(
-                    "trainyard agent: the driver at {} did not answer",
-                    config.driver
-                ));
-                return ExitCode::from(AGENT_FAILED);
-            }
-        };
-    let _ = socket.set_nodelay(true);
-    let mut framed = wire::framed(socket);
-    let hello = AgentMessage::Hello {
-        protocol: wire::PROTOCOL,
-        token: token.to_hex(),
-        actor: config.actor,
-        pid: std::process::id(),
+    let framed = match connect(&config, &token).await {
+        Ok(framed) => framed,
+        Err(why) => {
+            diagnose(format_args!("trainyard agent: {why}"));
+            return ExitCode::from(AGENT_FAILED);
+        }
     };
-    let sent = match wire::encode(&hello) {
-        Ok(frame) => framed.send(frame).await.map_err(|e| e.to_string()),
-        Err(error) => Err(error.to_string()),
-    };
-    if let Err(error) = sent {
-        diagnose(format_args!(
-            "trainyard agent: cannot greet the driver: {error}"
-        ));
-        return ExitCode::from(AGENT_FAILED);
-    }
-    wire::authenticated(&mut framed);
     let (sink, frames) = framed.split();
 
     let (events, stream) = event_channel(EVENT_BUFFER);
@@ -282,23 +260,161 @@ async fn serve(
     ExitCode::SUCCESS
 }
 
+/// Connects to the driver and goes through the handshake. A connection the driver closes
+/// before its challenge (it makes room for newer ones while a flood of unproven connections
+/// lasts) is tried again, after a pause that doubles from [`RETRY_FIRST`] to [`RETRY_MOST`],
+/// until [`CONNECT_TIMEOUT`] has passed; any other failure is final. Nothing a peer sends is
+/// run unless it proved itself.
+async fn connect(config: &AgentConfig, token: &Token) -> Result<Link, String> {
+    let driver = &config.driver;
+    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+    let mut pause = RETRY_FIRST;
+    loop {
+        let socket = match tokio::time::timeout_at(deadline, TcpStream::connect(driver)).await {
+            Ok(Ok(socket)) => socket,
+            Ok(Err(error)) => return Err(format!("cannot reach the driver at {driver}: {error}")),
+            Err(_) => return Err(format!("the driver at {driver} did not answer")),
+        };
+        let _ = socket.set_nodelay(true);
+        let mut framed = wire::framed(socket);
+        let checked = tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            handshake(&mut framed, config.actor, token),
+        )
+        .await
+        .unwrap_or(Err(HandshakeError::Timeout(HANDSHAKE_TIMEOUT)));
+        match checked {
+            Ok(key) => {
+                wire::authenticated(&mut framed, &key, Role::Agent);
+                return Ok(framed);
+            }
+            Err(error)
+                if error.is_retryable() && tokio::time::Instant::now() + pause < deadline =>
+            {
+                tracing::debug!(error = %ErrorChain(&error), "the handshake is tried again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MOST);
+            }
+            Err(error) => return Err(format!("the driver at {driver} {}", ErrorChain(&error))),
+        }
+    }
+}
+
+/// Why the handshake with the driver failed; each reads after "the driver at ADDR". Never
+/// holds the secret or a proof.
+#[derive(Debug, thiserror::Error)]
+enum HandshakeError {
+    #[error("cannot be greeted: there is no randomness for a nonce")]
+    Randomness(#[source] getrandom::Error),
+    #[error("cannot be written to")]
+    Send(#[source] std::io::Error),
+    #[error("did not finish the handshake within {0:?}")]
+    Timeout(Duration),
+    #[error("closed the connection during the handshake")]
+    Closed,
+    #[error("sent a frame that cannot be read")]
+    Frame(#[source] std::io::Error),
+    #[error(
+        "answered the hello with something other than a challenge of protocol {}",
+        wire::PROTOCOL
+    )]
+    NotChallenge(#[source] Option<serde_json::Error>),
+    #[error("could not prove it holds the run's secret")]
+    WrongProof,
+}
+
+impl HandshakeError {
+    /// Whether the connection ended before the driver answered: a driver making room for
+    /// newer connections does that, so a new connection may go through.
+    fn is_retryable(&self) -> bool {
+        match self {
+            Self::Send(_) | Self::Closed | Self::Frame(_) => true,
+            Self::Randomness(_) | Self::Timeout(_) | Self::NotChallenge(_) | Self::WrongProof => {
+                false
+            }
+        }
+    }
+}
+
+/// The agent's side of the handshake (see [`wire`]): says hello with a fresh nonce, checks
+/// that the driver's challenge proves it holds `token`, and answers with the agent's proof.
+async fn handshake(
+    link: &mut Link,
+    actor: ActorId,
+    token: &Token,
+) -> Result<SessionKey, HandshakeError> {
+    let agent_nonce = Nonce::random().map_err(HandshakeError::Randomness)?;
+    let pid = std::process::id();
+    let hello = AgentMessage::Hello {
+        protocol: wire::PROTOCOL,
+        actor,
+        pid,
+        nonce: agent_nonce,
+    };
+    send_handshake(link, &hello).await?;
+    let frame = match link.next().await {
+        None => return Err(HandshakeError::Closed),
+        Some(Err(error)) => return Err(HandshakeError::Frame(error)),
+        Some(Ok(frame)) => frame,
+    };
+    let (driver_nonce, proof) = match wire::decode(&frame) {
+        Ok(DriverMessage::Challenge { nonce, proof }) => (nonce, proof),
+        Ok(_) => return Err(HandshakeError::NotChallenge(None)),
+        Err(error) => return Err(HandshakeError::NotChallenge(Some(error))),
+    };
+    let handshake = Handshake {
+        agent_nonce,
+        driver_nonce,
+        actor,
+        pid,
+    };
+    handshake
+        .verify(token, Role::Driver, &proof)
+        .map_err(|_| HandshakeError::WrongProof)?;
+    let proof = handshake.prove(token, Role::Agent);
+    send_handshake(link, &AgentMessage::Proof { proof }).await?;
+    Ok(handshake.session_key(token))
+}
+
+/// Sends one message of the handshake.
+async fn send_handshake(link: &mut Link, message: &AgentMessage) -> Result<(), HandshakeError> {
+    // Wire messages always serialise; the error is kept as a write error all the same.
+    let frame = wire::encode(message)
+        .map_err(|error| HandshakeError::Send(std::io::Error::other(error)))?;
+    link.send(frame).await.map_err(HandshakeError::Send)
+}
+
 /// Reads the driver's messages: requests go to the agent, credit to the writer. Ends (and
 /// with it the agent's requests) when the connection does or a message is not understood.
 async fn read_frames(
     mut frames: SplitStream<Link>,
     requests: mpsc::UnboundedSender<(u64, Request)>,
-    credits: mpsc::UnboundedSender<u32>,
+    credits: mpsc::UnboundedSender<Credit>,
 ) {
-    while let Some(Ok(frame)) = frames.next().await {
+    while let Some(frame) = frames.next().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(error) => {
+                // A frame that fails its seal was not sent by the driver: nothing of it runs.
+                diagnose(format_args!(
+                    "trainyard agent: the connection to the driver broke: {error}"
+                ));
+                return;
+            }
+        };
         match wire::decode(&frame) {
             Ok(DriverMessage::Request { id, request }) => {
                 if requests.send((id, request)).is_err() {
                     return;
                 }
             }
-            Ok(DriverMessage::Credit { events }) => {
+            Ok(DriverMessage::Credit { events, bytes }) => {
                 // The writer is gone only when the agent ends.
-                let _ = credits.send(events);
+                let _ = credits.send(Credit { events, bytes });
+            }
+            Ok(DriverMessage::Challenge { .. }) => {
+                diagnose("trainyard agent: the driver sent a second challenge");
+                return;
             }
             Err(error) => {
                 diagnose(format_args!(
@@ -310,6 +426,13 @@ async fn read_frames(
     }
 }
 
+/// Room the driver grants for events ([`DriverMessage::Credit`]).
+#[derive(Debug, Clone, Copy)]
+struct Credit {
+    events: u32,
+    bytes: u64,
+}
+
 /// What the writer sends.
 struct Outgoing {
     /// Replies, sent as soon as they are made.
@@ -317,7 +440,7 @@ struct Outgoing {
     /// The task's events, sent while the driver's credit lasts.
     events: TaskEvents,
     /// Credit the driver grants.
-    credits: mpsc::UnboundedReceiver<u32>,
+    credits: mpsc::UnboundedReceiver<Credit>,
 }
 
 /// Writes replies at once, events while there is credit, and a heartbeat every `heartbeat`,
@@ -329,7 +452,10 @@ async fn write_frames(mut sink: SplitSink<Link, Bytes>, outgoing: Outgoing, hear
         mut credits,
     } = outgoing;
     let (mut replies_open, mut events_open, mut credits_open) = (true, true, true);
+    // Events and bytes the driver has room for; the last event sent may take the bytes
+    // below zero.
     let mut credit: u64 = 0;
+    let mut credit_bytes: i64 = 0;
     let mut beat = tokio::time::interval(heartbeat);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while replies_open || events_open {
@@ -344,13 +470,17 @@ async fn write_frames(mut sink: SplitSink<Link, Bytes>, outgoing: Outgoing, hear
             },
             granted = credits.recv(), if credits_open => {
                 match granted {
-                    Some(granted) => credit = credit.saturating_add(u64::from(granted)),
+                    Some(granted) => {
+                        credit = credit.saturating_add(u64::from(granted.events));
+                        credit_bytes = credit_bytes
+                            .saturating_add(i64::try_from(granted.bytes).unwrap_or(i64::MAX));
+                    }
                     None => credits_open = false,
                 }
                 continue;
             }
             _ = beat.tick() => AgentMessage::Heartbeat,
-            event = events.next(), if events_open && credit > 0 => match event {
+            event = events.next(), if events_open && credit > 0 && credit_bytes > 0 => match event {
                 Some(ActorEvent::Task(event)) => {
                     credit -= 1;
                     AgentMessage::Event { event }
@@ -369,6 +499,13 @@ async fn write_frames(mut sink: SplitSink<Link, Bytes>, outgoing: Outgoing, hear
         let Ok(frame) = wire::encode(&message) else {
             continue;
         };
+        if matches!(
+            message,
+            AgentMessage::Event { .. } | AgentMessage::TaskExited { .. }
+        ) {
+            credit_bytes =
+                credit_bytes.saturating_sub(i64::try_from(frame.len()).unwrap_or(i64::MAX));
+        }
         if sink.send(frame).await.is_err() {
             break;
         }

@@ -1,8 +1,9 @@
 //! The trainyard worker agent, and the protocol between it and the driver.
 //!
 //! A real runtime (such as `trainyard-runtime-local`) starts one agent process per worker. The
-//! agent connects back to the driver, proves it belongs to the run with the run's secret
-//! [`Token`](wire::Token), and serves [`Request`](trainyard_runtime::Request)s: where it runs,
+//! agent connects back to the driver; each proves to the other that it holds the run's secret
+//! [`Token`](wire::Token) without sending it ([`auth`]: HMAC-SHA256 over fresh nonces), and
+//! the agent serves [`Request`](trainyard_runtime::Request)s: where it runs,
 //! free ports, environment, and tasks (a command in its own process group and memory
 //! [`cgroup`], or a function of a [`FunctionRegistry`] on threads of its own, so that a busy
 //! function never holds up the agent's replies and heartbeats), whose events it pushes to the
@@ -62,27 +63,49 @@
 //!
 //! ```
 //! use futures::{SinkExt, StreamExt};
+//! use trainyard_agent::auth::{Handshake, Nonce, Role};
 //! use trainyard_agent::wire::{self, AgentMessage, DriverMessage, PROTOCOL, Token};
 //! use trainyard_runtime::{ActorId, Request};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let token = Token::random()?;
+//! let token = Token::random()?; // both sides hold it; it never crosses the wire
 //! let (driver_end, agent_end) = tokio::io::duplex(64 * 1024); // a TCP stream, in real life
 //! let (mut driver, mut agent) = (wire::framed(driver_end), wire::framed(agent_end));
 //!
-//! // The agent speaks first: which actor it serves, and the run's token.
-//! let (actor, pid) = (ActorId(0), std::process::id());
-//! let hello = AgentMessage::Hello { protocol: PROTOCOL, token: token.to_hex(), actor, pid };
+//! // The agent speaks first: which actor it serves, and a fresh nonce.
+//! let (actor, pid, agent_nonce) = (ActorId(0), std::process::id(), Nonce::random()?);
+//! let hello = AgentMessage::Hello { protocol: PROTOCOL, actor, pid, nonce: agent_nonce };
 //! agent.send(wire::encode(&hello)?).await?;
 //!
-//! // The driver checks the token before it accepts frames larger than a hello.
+//! // The driver answers with a nonce of its own and its proof over both.
 //! let frame = driver.next().await.ok_or("the agent hung up")??;
-//! let AgentMessage::Hello { token: presented, .. } = wire::decode(&frame)? else {
+//! let AgentMessage::Hello { nonce, .. } = wire::decode(&frame)? else {
 //!     return Err("expected a hello".into());
 //! };
-//! assert!(token.matches(&presented));
-//! wire::authenticated(&mut driver);
+//! let handshake = Handshake { agent_nonce: nonce, driver_nonce: Nonce::random()?, actor, pid };
+//! let proof = handshake.prove(&token, Role::Driver);
+//! let challenge = DriverMessage::Challenge { nonce: handshake.driver_nonce, proof };
+//! driver.send(wire::encode(&challenge)?).await?;
+//!
+//! // The agent checks the driver's proof, then proves itself.
+//! let frame = agent.next().await.ok_or("the driver hung up")??;
+//! let DriverMessage::Challenge { nonce, proof } = wire::decode(&frame)? else {
+//!     return Err("expected a challenge".into());
+//! };
+//! let seen = Handshake { agent_nonce, driver_nonce: nonce, actor, pid };
+//! seen.verify(&token, Role::Driver, &proof)?;
+//! let answer = AgentMessage::Proof { proof: seen.prove(&token, Role::Agent) };
+//! agent.send(wire::encode(&answer)?).await?;
+//!
+//! // The driver checks it before it accepts frames larger than a handshake's.
+//! let frame = driver.next().await.ok_or("the agent hung up")??;
+//! let AgentMessage::Proof { proof } = wire::decode(&frame)? else {
+//!     return Err("expected a proof".into());
+//! };
+//! handshake.verify(&token, Role::Agent, &proof)?;
+//! wire::authenticated(&mut driver, &handshake.session_key(&token), Role::Driver);
+//! wire::authenticated(&mut agent, &seen.session_key(&token), Role::Agent);
 //! let request = DriverMessage::Request { id: 1, request: Request::NodeInfo };
 //! driver.send(wire::encode(&request)?).await?;
 //! # Ok(()) }
@@ -93,16 +116,20 @@
 //! - [`run_if_agent`]: serve as an agent (or a task's trampoline) when started as one;
 //!   [`skipped_run_if_agent`]: whether a process started as one forgot to.
 //! - [`wire`]: [`Token`](wire::Token), [`DriverMessage`](wire::DriverMessage) and
-//!   [`AgentMessage`](wire::AgentMessage) in JSON frames; [`config`]: how an agent is started;
+//!   [`AgentMessage`](wire::AgentMessage) in JSON frames; [`auth`]: the proofs of the
+//!   handshake; [`config`]: how an agent is started;
 //!   [`cgroup`]: how a task joins its worker's memory cgroup (made by the driver) and how
 //!   its OOM kills are told apart.
 //! - [`procfs`]: what `/proc` says of a process, and whether one still runs
 //!   ([`procfs::is_alive`]: pid and start time); [`process_group`]: the one way a task's
 //!   process group is signalled or killed.
 
+pub mod admission;
 mod agent;
+pub mod auth;
 pub mod cgroup;
 pub mod config;
+mod descendants;
 mod exec;
 mod handin;
 mod output;
@@ -112,6 +139,7 @@ pub mod procfs;
 mod python;
 mod report;
 mod root_cause;
+pub mod seal;
 mod stacks;
 mod watchdog;
 pub mod wire;

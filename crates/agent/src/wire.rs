@@ -1,10 +1,27 @@
 //! The driver⇄agent protocol: length-delimited frames (tokio-util) holding JSON messages.
 //!
-//! The agent connects to the driver and sends [`AgentMessage::Hello`] with the run's token
-//! first. Until the driver has checked it, frames are limited to [`HELLO_FRAME_LIMIT`] bytes,
-//! so an unauthenticated peer cannot make the driver allocate; after it, to
-//! [`FRAME_LIMIT`]. Then the driver sends [`DriverMessage::Request`]s and the agent answers
-//! each with an [`AgentMessage::Reply`] carrying the same id, and pushes task events
+//! A connection starts with a handshake in which each side proves that it holds the run's
+//! secret ([`Token`]) without sending it ([`crate::auth`]):
+//!
+//! 1. the agent connects and sends [`AgentMessage::Hello`]: the protocol, its actor and pid,
+//!    and a fresh nonce;
+//! 2. the driver answers only a hello for an actor it waits for, with
+//!    [`DriverMessage::Challenge`]: a nonce of its own and its proof over both nonces;
+//! 3. the agent checks the driver's proof (and, when it does not check, exits without
+//!    running anything that peer sends), then sends [`AgentMessage::Proof`], its own;
+//! 4. the driver checks it, and only then takes the connection as the actor's.
+//!
+//! A recorded hello or proof is worth nothing on another connection: the other side's nonce
+//! is new each time. Until the handshake is done, frames are limited to
+//! [`HELLO_FRAME_LIMIT`] bytes, so an unauthenticated peer cannot make either side allocate;
+//! after it, to [`FRAME_LIMIT`]. From then on every frame is sealed ([`crate::seal`]) with
+//! a key that only the two ends of this connection can derive, so a frame that either did not
+//! send, or that was altered, replayed or reordered on the way, ends the connection: whoever
+//! can intercept the connection cannot run anything on the agent. Payloads are not encrypted:
+//! whoever sees the traffic reads the requests and events, but never the secret.
+//!
+//! Then the driver sends [`DriverMessage::Request`]s and the agent answers each with an
+//! [`AgentMessage::Reply`] carrying the same id, and pushes task events
 //! ([`AgentMessage::Event`], [`AgentMessage::TaskExited`]) as they happen. Errors travel as
 //! data ([`WireError`]), never as text to be parsed.
 //!
@@ -18,13 +35,16 @@ use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::bytes::Bytes;
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::codec::Framed;
 use trainyard_runtime::{ActorId, Request, Response, TaskEvent, TaskExit, TaskRejection};
 
-/// The protocol version both sides must speak.
-pub const PROTOCOL: u32 = 3;
+use crate::auth::{Nonce, Proof, Role};
+use crate::seal::{FrameCodec, SessionKey};
 
-/// The largest frame accepted before the hello is checked.
+/// The protocol version both sides must speak.
+pub const PROTOCOL: u32 = 4;
+
+/// The largest frame accepted before the handshake is done.
 pub const HELLO_FRAME_LIMIT: usize = 4 * 1024;
 
 /// The largest frame accepted after it.
@@ -65,6 +85,11 @@ impl Token {
         Some(Self(bytes))
     }
 
+    /// The secret's bytes, which keys the handshake's proofs.
+    pub(crate) const fn secret(&self) -> &[u8; 32] {
+        &self.0
+    }
+
     /// Whether `presented` (hex) is this token, compared in constant time.
     #[must_use]
     pub fn matches(&self, presented: &str) -> bool {
@@ -76,6 +101,14 @@ impl Token {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "message", rename_all = "snake_case")]
 pub enum DriverMessage {
+    /// The answer to a hello: the driver's nonce, and its proof that it holds the run's
+    /// secret (see [`crate::auth`]).
+    Challenge {
+        /// The driver's fresh nonce, which the agent's proof covers.
+        nonce: Nonce,
+        /// The driver's proof over both nonces, the actor and the agent's pid.
+        proof: Proof,
+    },
     /// A request to answer with [`AgentMessage::Reply`] of the same `id`.
     Request {
         /// Matches the reply to the request.
@@ -83,11 +116,15 @@ pub enum DriverMessage {
         /// What to do.
         request: Request,
     },
-    /// Room for `events` more events ([`AgentMessage::Event`] or [`AgentMessage::TaskExited`]):
-    /// the agent starts with none and sends an event only while it holds some.
+    /// Room for `events` more events ([`AgentMessage::Event`] or [`AgentMessage::TaskExited`])
+    /// and `bytes` more bytes of their frames: the agent starts with none and sends an event
+    /// only while it holds credit of both (the event it sends may take its byte credit below
+    /// zero, so the driver holds at most the bytes it granted and one frame more).
     Credit {
-        /// How many.
+        /// How many events.
         events: u32,
+        /// How many bytes of frames.
+        bytes: u64,
     },
 }
 
@@ -95,16 +132,22 @@ pub enum DriverMessage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "message", rename_all = "snake_case")]
 pub enum AgentMessage {
-    /// The first message: who is connecting, and the run's token.
+    /// The first message: who is connecting, and its challenge to the driver.
     Hello {
         /// [`PROTOCOL`].
         protocol: u32,
-        /// The run's token, as hex.
-        token: String,
         /// The actor this agent serves.
         actor: ActorId,
         /// The agent's process id.
         pid: u32,
+        /// The agent's fresh nonce, which the driver's proof covers.
+        nonce: Nonce,
+    },
+    /// The answer to [`DriverMessage::Challenge`]: the agent's proof that it holds the run's
+    /// secret (see [`crate::auth`]).
+    Proof {
+        /// The agent's proof over both nonces, the actor and its pid.
+        proof: Proof,
     },
     /// The answer to a request.
     Reply {
@@ -149,16 +192,19 @@ pub enum WireError {
     },
 }
 
-/// Frames over `io`, limited to [`HELLO_FRAME_LIMIT`] until [`authenticated`] raises it.
-pub fn framed<T: AsyncRead + AsyncWrite>(io: T) -> Framed<T, LengthDelimitedCodec> {
-    LengthDelimitedCodec::builder()
-        .max_frame_length(HELLO_FRAME_LIMIT)
-        .new_framed(io)
+/// A connection's frames: see [`framed`].
+pub type Link<T> = Framed<T, FrameCodec>;
+
+/// Frames over `io`, limited to [`HELLO_FRAME_LIMIT`] and not sealed until [`authenticated`].
+pub fn framed<T: AsyncRead + AsyncWrite>(io: T) -> Link<T> {
+    Framed::new(io, FrameCodec::new(HELLO_FRAME_LIMIT))
 }
 
-/// Raises the frame limit to [`FRAME_LIMIT`] once the peer is known.
-pub fn authenticated<T>(framed: &mut Framed<T, LengthDelimitedCodec>) {
-    framed.codec_mut().set_max_frame_length(FRAME_LIMIT);
+/// Once the peer has proved it holds the secret: seals every frame from now on under the
+/// connection's `key` ([`crate::auth::Handshake::session_key`]), this end speaking as `role`,
+/// and raises the frame limit to [`FRAME_LIMIT`].
+pub fn authenticated<T>(framed: &mut Link<T>, key: &SessionKey, role: Role) {
+    framed.codec_mut().seal(key, role, FRAME_LIMIT);
 }
 
 /// A message as one frame.
@@ -180,6 +226,7 @@ pub fn decode<'a, M: Deserialize<'a>>(frame: &'a [u8]) -> Result<M, serde_json::
 #[cfg(test)]
 mod tests {
     use futures::{SinkExt, StreamExt};
+    use tokio_util::codec::LengthDelimitedCodec;
 
     use super::*;
 
@@ -206,6 +253,51 @@ mod tests {
         let frame = encode(&reply).expect("encode");
         assert_eq!(decode::<AgentMessage>(&frame).expect("decode"), reply);
         assert!(decode::<AgentMessage>(b"{\"message\":\"nonsense\"}").is_err());
+    }
+
+    #[test]
+    fn handshake_messages_round_trip_in_a_hello_frame_and_carry_no_secret() {
+        let token = Token::random().expect("randomness");
+        let handshake = crate::auth::Handshake {
+            agent_nonce: Nonce::random().expect("randomness"),
+            driver_nonce: Nonce::random().expect("randomness"),
+            actor: ActorId(u64::MAX),
+            pid: u32::MAX,
+        };
+        let hello = AgentMessage::Hello {
+            protocol: PROTOCOL,
+            actor: handshake.actor,
+            pid: handshake.pid,
+            nonce: handshake.agent_nonce,
+        };
+        let challenge = DriverMessage::Challenge {
+            nonce: handshake.driver_nonce,
+            proof: handshake.prove(&token, crate::auth::Role::Driver),
+        };
+        let proof = AgentMessage::Proof {
+            proof: handshake.prove(&token, crate::auth::Role::Agent),
+        };
+        for frame in [
+            encode(&hello).expect("encode"),
+            encode(&challenge).expect("encode"),
+            encode(&proof).expect("encode"),
+        ] {
+            assert!(frame.len() <= HELLO_FRAME_LIMIT, "{}", frame.len());
+            let text = String::from_utf8_lossy(&frame);
+            assert!(!text.contains(&token.to_hex()), "{text}");
+        }
+        let frame = encode(&hello).expect("encode");
+        assert_eq!(decode::<AgentMessage>(&frame).expect("decode"), hello);
+        let frame = encode(&challenge).expect("encode");
+        assert_eq!(decode::<DriverMessage>(&frame).expect("decode"), challenge);
+        let frame = encode(&proof).expect("encode");
+        assert_eq!(decode::<AgentMessage>(&frame).expect("decode"), proof);
+        // A hello of the previous protocol, with its token and no nonce, is no hello now.
+        let old = format!(
+            "{{\"message\":\"hello\",\"protocol\":3,\"token\":\"{}\",\"actor\":0,\"pid\":1}}",
+            token.to_hex()
+        );
+        assert!(decode::<AgentMessage>(old.as_bytes()).is_err());
     }
 
     #[tokio::test]

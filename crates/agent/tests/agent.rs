@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, timeout};
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use trainyard_agent::auth::{Handshake, Nonce, Role};
 use trainyard_agent::config::{AgentConfig, token_line};
 use trainyard_agent::wire::{self, AgentMessage, DriverMessage, Token, WireError};
 use trainyard_agent::{ERROR_FILE_VAR, PY_SPY};
@@ -64,7 +64,7 @@ fn functions() -> FunctionRegistry {
 
 /// An agent started by the test, and its connection.
 struct Driver {
-    link: Framed<TcpStream, LengthDelimitedCodec>,
+    link: wire::Link<TcpStream>,
     agent: Child,
     /// The agent's process id.
     pid: u32,
@@ -117,13 +117,32 @@ impl Driver {
         let mut link = wire::framed(socket);
         let frame = link.next().await.expect("a hello").expect("a frame");
         let AgentMessage::Hello {
-            token: shown, pid, ..
+            actor, pid, nonce, ..
         } = wire::decode(&frame).expect("a message")
         else {
             panic!("the agent did not say hello first");
         };
-        assert!(token.matches(&shown));
-        wire::authenticated(&mut link);
+        let handshake = Handshake {
+            agent_nonce: nonce,
+            driver_nonce: Nonce::random().expect("randomness"),
+            actor,
+            pid,
+        };
+        let challenge = DriverMessage::Challenge {
+            nonce: handshake.driver_nonce,
+            proof: handshake.prove(&token, Role::Driver),
+        };
+        link.send(wire::encode(&challenge).expect("encodable"))
+            .await
+            .expect("the challenge is sent");
+        let frame = link.next().await.expect("a proof").expect("a frame");
+        let AgentMessage::Proof { proof } = wire::decode(&frame).expect("a message") else {
+            panic!("the agent did not answer the challenge");
+        };
+        handshake
+            .verify(&token, Role::Agent, &proof)
+            .expect("the agent proves it holds the token");
+        wire::authenticated(&mut link, &handshake.session_key(&token), Role::Driver);
         let mut driver = Self {
             link,
             agent,
@@ -132,7 +151,10 @@ impl Driver {
             events: VecDeque::new(),
         };
         driver
-            .send(&DriverMessage::Credit { events: 1_000_000 })
+            .send(&DriverMessage::Credit {
+                events: 1_000_000,
+                bytes: 1 << 40,
+            })
             .await;
         driver
     }

@@ -2,9 +2,13 @@
 //! runtime, the Ray runtime).
 //!
 //! An agent is the worker process a runtime starts for each actor (`trainyard-agent`). It
-//! connects back to the driver's [`AgentHub`] over TCP and presents the run's secret token;
-//! the hub serves its requests, routes its replies and events, and turns its end into a
-//! death with a cause.
+//! connects back to the driver's [`AgentHub`] over TCP, and each proves to the other that it
+//! holds the run's secret token without sending it: a challenge-response over fresh nonces
+//! (HMAC-SHA256, `trainyard_agent::auth`), so that a recorded handshake is worth nothing and
+//! an agent runs nothing for a peer that cannot answer its challenge. Only then does the hub
+//! serve the agent's requests, route its replies and events, and turn its end into a death
+//! with a cause. The hub listens on the address agents are told
+//! ([`HubConfig::bind`]); what the connection carries after the handshake is not encrypted.
 //!
 //! How an agent process is started, and where, is the runtime's business: the local runtime
 //! starts a child process; the Ray runtime asks a Ray actor to start one on its node. Either

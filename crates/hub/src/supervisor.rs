@@ -14,9 +14,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::bytes::Bytes;
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use trainyard_agent::wire::{self, AgentMessage, DriverMessage};
-use trainyard_runtime::events::{ActorEvent, EVENT_BUFFER, EventSender};
+use trainyard_runtime::events::{ActorEvent, EVENT_BUFFER, EVENT_BYTES, EventSender};
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError, TaskEvent};
 
 use crate::calls::{Pending, Reply, reply_result, request_name};
@@ -33,15 +32,22 @@ const EXIT_WAIT: Duration = Duration::from_secs(1);
 /// with, and the most events a supervisor holds back while the actor's reader is slow.
 pub(crate) const EVENT_WINDOW: u32 = 128;
 
-/// Credit is given back in batches of this many events passed on.
+/// How many bytes of event frames an agent may have sent that are not passed on yet, besides
+/// the one frame that may go past it ([`wire::FRAME_LIMIT`]): with [`EVENT_BYTES`] in the
+/// actor's buffer, what the driver holds of one actor's events.
+pub(crate) const BYTE_WINDOW: u64 = 8 * 1024 * 1024;
+
+/// Credit is given back in batches of this many events passed on, or of this many bytes.
 const CREDIT_BATCH: u32 = EVENT_WINDOW / 4;
+const CREDIT_BATCH_BYTES: u64 = BYTE_WINDOW / 4;
 
 /// The credit an agent that is stopped or killed gets, to send what it still holds (the
-/// task's end, say) as it goes: as many events as its own buffer holds.
+/// task's end, say) as it goes: as much as its own buffer holds.
 const LAST_CREDIT: u32 = EVENT_BUFFER as u32;
+const LAST_CREDIT_BYTES: u64 = EVENT_BYTES as u64;
 
 /// An agent's authenticated connection.
-pub(crate) type Link = Framed<TcpStream, LengthDelimitedCodec>;
+pub(crate) type Link = wire::Link<TcpStream>;
 
 /// A connection whose hello named a waiting actor.
 #[derive(Debug)]
@@ -94,19 +100,33 @@ struct Serving {
     outgoing: mpsc::UnboundedSender<Bytes>,
     writer: JoinHandle<()>,
     pending: Pending,
-    /// The event at the head of `queue`, waiting for room in the actor's event buffer.
-    forwarding: Option<BoxFuture<'static, ()>>,
-    /// Events read and not passed on yet, in order; at most [`EVENT_WINDOW`] (the agent's
-    /// credit), so that frames are always read and replies never wait behind events.
-    queue: VecDeque<ActorEvent>,
-    /// Events passed on since credit was last given back.
+    /// The event at the head of `queue`, waiting for room in the actor's event buffer, and
+    /// the size of its frame.
+    forwarding: Option<(BoxFuture<'static, ()>, usize)>,
+    /// Events read and not passed on yet, in order, with the size of their frames; at most
+    /// [`EVENT_WINDOW`] events and [`BYTE_WINDOW`] bytes and one frame (the agent's credit),
+    /// so that frames are always read and replies never wait behind events.
+    queue: VecDeque<(ActorEvent, usize)>,
+    /// The bytes of `queue` and `forwarding`.
+    held_bytes: u64,
+    /// Events, and bytes of their frames, passed on since credit was last given back.
     owed: u32,
+    owed_bytes: u64,
     /// Events read after the agent died, sent after the cleanup.
     backlog: Vec<ActorEvent>,
     /// The running task's process id (its group's leader), until it exits.
     task: Option<u32>,
     exited: Option<AgentExit>,
     child_done: bool,
+}
+
+impl Serving {
+    /// Counts an event of a frame of `bytes` as passed on: no longer held, owed as credit.
+    fn passed_on(&mut self, bytes: usize) {
+        self.held_bytes = self.held_bytes.saturating_sub(bytes as u64);
+        self.owed += 1;
+        self.owed_bytes += bytes as u64;
+    }
 }
 
 /// Owns one agent; see the [module docs](self).
@@ -128,7 +148,7 @@ struct Abandoned {
 
 /// What ended the wait for the agent's hello.
 enum Connect {
-    Connected(Connection),
+    Connected(Box<Connection>),
     Failed(String),
     Killed(DeathCause, oneshot::Sender<()>),
     Ignored,
@@ -159,13 +179,15 @@ impl Supervisor {
             pending: Pending::default(),
             forwarding: None,
             queue: VecDeque::new(),
+            held_bytes: 0,
             owed: 0,
+            owed_bytes: 0,
             backlog: Vec::new(),
             task: None,
             exited: None,
             child_done: false,
         };
-        grant(&serving, EVENT_WINDOW);
+        grant(&serving, EVENT_WINDOW, BYTE_WINDOW);
         let end = self.serve(&mut serving).await;
         self.finish(end, serving).await;
     }
@@ -182,7 +204,7 @@ impl Supervisor {
         loop {
             let outcome = tokio::select! {
                 connection = &mut hello => match connection {
-                    Ok(connection) => Connect::Connected(connection),
+                    Ok(connection) => Connect::Connected(Box::new(connection)),
                     Err(_) => {
                         Connect::Failed("the runtime stopped waiting for the agent".to_owned())
                     }
@@ -215,7 +237,7 @@ impl Supervisor {
                     }
                     if ready.send(Ok(())).is_ok() {
                         tracing::debug!("agent connected");
-                        return Ok(connection);
+                        return Ok(*connection);
                     }
                     return Err(Abandoned {
                         reason: "the spawn was given up".to_owned(),
@@ -303,8 +325,9 @@ impl Supervisor {
                     }
                 },
                 () = until_forwarded(&mut serving.forwarding) => {
-                    serving.forwarding = None;
-                    serving.owed += 1;
+                    if let Some((_, bytes)) = serving.forwarding.take() {
+                        serving.passed_on(bytes);
+                    }
                     self.pump(serving);
                 }
                 // Frames are always read, however slow the reader of events: silence is the
@@ -323,7 +346,7 @@ impl Supervisor {
                         heard = Instant::now();
                         match wire::decode::<AgentMessage>(&frame) {
                             Ok(message) => {
-                                if let Some(end) = self.on_message(serving, message) {
+                                if let Some(end) = self.on_message(serving, message, frame.len()) {
                                     return end;
                                 }
                             }
@@ -381,7 +404,12 @@ impl Supervisor {
         }
     }
 
-    fn on_message(&self, serving: &mut Serving, message: AgentMessage) -> Option<End> {
+    fn on_message(
+        &self,
+        serving: &mut Serving,
+        message: AgentMessage,
+        frame_bytes: usize,
+    ) -> Option<End> {
         match message {
             AgentMessage::Reply { id, result } => {
                 let Some(call) = serving.pending.take(id) else {
@@ -400,32 +428,37 @@ impl Supervisor {
                     .reply
                     .send(reply_result(self.actor, call.request, result));
             }
-            AgentMessage::Event { event } => return self.queue(serving, ActorEvent::Task(event)),
+            AgentMessage::Event { event } => {
+                return self.queue(serving, ActorEvent::Task(event), frame_bytes);
+            }
             AgentMessage::TaskExited { exit } => {
                 self.set_task(serving, None);
-                return self.queue(serving, ActorEvent::TaskExited(exit));
+                return self.queue(serving, ActorEvent::TaskExited(exit), frame_bytes);
             }
-            AgentMessage::Hello { .. } => {
-                tracing::warn!("the agent said hello twice; ignored");
+            AgentMessage::Hello { .. } | AgentMessage::Proof { .. } => {
+                tracing::warn!("the agent repeated its handshake; ignored");
             }
             AgentMessage::Heartbeat => {}
         }
         None
     }
 
-    /// Takes in an event the agent sent, to be passed on in order; an agent that sends more
-    /// than its credit breaks the protocol, and its connection ends.
-    fn queue(&self, serving: &mut Serving, event: ActorEvent) -> Option<End> {
+    /// Takes in an event the agent sent in a frame of `bytes`, to be passed on in order; an
+    /// agent that sends more than its credit breaks the protocol, and its connection ends.
+    fn queue(&self, serving: &mut Serving, event: ActorEvent, bytes: usize) -> Option<End> {
         let held = serving.queue.len() + usize::from(serving.forwarding.is_some());
-        if held >= EVENT_WINDOW as usize {
+        let held_bytes = serving.held_bytes.saturating_add(bytes as u64);
+        if held >= EVENT_WINDOW as usize || held_bytes > BYTE_WINDOW + wire::FRAME_LIMIT as u64 {
             tracing::warn!(
                 window = EVENT_WINDOW,
+                window_bytes = BYTE_WINDOW,
                 "the agent sent more events than it had credit for; dropping its connection"
             );
             serving.eof = true;
             return Some(End::Lost);
         }
-        serving.queue.push_back(event);
+        serving.held_bytes = held_bytes;
+        serving.queue.push_back((event, bytes));
         self.pump(serving);
         None
     }
@@ -434,23 +467,24 @@ impl Supervisor {
     /// is no room they are dropped and counted), and gives the agent credit for what went.
     fn pump(&self, serving: &mut Serving) {
         while serving.forwarding.is_none() {
-            let Some(event) = serving.queue.pop_front() else {
+            let Some((event, bytes)) = serving.queue.pop_front() else {
                 break;
             };
             match event {
                 ActorEvent::Task(TaskEvent::Log { stream, line }) => {
                     self.events.log(stream, line);
-                    serving.owed += 1;
+                    serving.passed_on(bytes);
                 }
                 event => match self.events.try_send(event) {
-                    Ok(()) => serving.owed += 1,
-                    Err(event) => serving.forwarding = Some(forward(&self.events, event)),
+                    Ok(()) => serving.passed_on(bytes),
+                    Err(event) => serving.forwarding = Some((forward(&self.events, event), bytes)),
                 },
             }
         }
-        if serving.owed >= CREDIT_BATCH {
-            grant(serving, serving.owed);
+        if serving.owed >= CREDIT_BATCH || serving.owed_bytes >= CREDIT_BATCH_BYTES {
+            grant(serving, serving.owed, serving.owed_bytes);
             serving.owed = 0;
+            serving.owed_bytes = 0;
         }
     }
 
@@ -470,7 +504,7 @@ impl Supervisor {
             End::Killed { cause, grace, done } => {
                 kills.extend(done);
                 self.declare_dead(&cause, &mut serving, &mut kills);
-                grant(&serving, LAST_CREDIT);
+                grant(&serving, LAST_CREDIT, LAST_CREDIT_BYTES);
                 self.process.terminate();
                 self.reap_within(grace, &mut serving).await;
                 cause
@@ -479,7 +513,7 @@ impl Supervisor {
                 stop_replies.push(reply);
                 let cause = DeathCause::Stopped;
                 self.declare_dead(&cause, &mut serving, &mut kills);
-                grant(&serving, LAST_CREDIT);
+                grant(&serving, LAST_CREDIT, LAST_CREDIT_BYTES);
                 self.reap_within(self.core.config.stop_grace, &mut serving)
                     .await;
                 // The task's end may follow the reply to the stop.
@@ -533,11 +567,12 @@ impl Supervisor {
         // Last, as they may wait for a slow reader: what the agent sent (what a killed agent
         // sent before it went, too), then its death. Every stream ends with its cause.
         let _ = self.read_remains(&mut serving).await;
-        if let Some(forwarding) = serving.forwarding.take() {
+        if let Some((forwarding, _)) = serving.forwarding.take() {
             forwarding.await;
         }
         let sent = std::mem::take(&mut serving.queue);
-        for event in sent.into_iter().chain(serving.backlog.drain(..)) {
+        let sent = sent.into_iter().map(|(event, _)| event);
+        for event in sent.chain(serving.backlog.drain(..)) {
             match event {
                 ActorEvent::Task(TaskEvent::Log { stream, line }) => self.events.log(stream, line),
                 event => self.events.send(event).await,
@@ -626,7 +661,9 @@ impl Supervisor {
                     serving.task = None;
                     serving.backlog.push(ActorEvent::TaskExited(exit));
                 }
-                AgentMessage::Hello { .. } | AgentMessage::Heartbeat => {}
+                AgentMessage::Hello { .. }
+                | AgentMessage::Proof { .. }
+                | AgentMessage::Heartbeat => {}
             }
         }
         serving.eof = true;
@@ -659,9 +696,9 @@ async fn write_frames(
     }
 }
 
-/// Gives the agent credit for `events` more events.
-fn grant(serving: &Serving, events: u32) {
-    if let Ok(frame) = wire::encode(&DriverMessage::Credit { events }) {
+/// Gives the agent credit for `events` more events and `bytes` more bytes of them.
+fn grant(serving: &Serving, events: u32, bytes: u64) {
+    if let Ok(frame) = wire::encode(&DriverMessage::Credit { events, bytes }) {
         // A writer that is gone means a dead connection, which the reader sees too.
         let _ = serving.outgoing.send(frame);
     }
@@ -674,9 +711,9 @@ fn forward(events: &EventSender, event: ActorEvent) -> BoxFuture<'static, ()> {
 }
 
 /// Completes when the event being forwarded has found room; never without one.
-async fn until_forwarded(forwarding: &mut Option<BoxFuture<'static, ()>>) {
+async fn until_forwarded(forwarding: &mut Option<(BoxFuture<'static, ()>, usize)>) {
     match forwarding {
-        Some(forwarding) => forwarding.await,
+        Some((forwarding, _)) => forwarding.await,
         None => std::future::pending().await,
     }
 }

@@ -48,9 +48,14 @@ pub struct RayConfig {
     /// Wait for a group that the cluster as it is can never hold (an autoscaler may add
     /// nodes), instead of failing at once.
     pub wait_for_resources: bool,
-    /// Where the driver listens for its agents (all interfaces by default; every agent
-    /// presents the run's secret token).
-    pub bind: IpAddr,
+    /// Where the driver listens for its agents. `None` (the default): on the address they
+    /// are told, which is the IP Ray reports for the driver's node, or loopback when the
+    /// bridge started a throwaway local head (its agents run on this machine). An
+    /// unspecified address (`0.0.0.0`) listens on every interface and still tells agents
+    /// that address; any other is both where the driver listens and what agents are told.
+    /// Wherever it listens, an agent and the driver prove to each other that they hold the
+    /// run's secret before anything else crosses the connection.
+    pub bind: Option<IpAddr>,
     /// How long an actor may take from its creation to its agent's hello (Ray starts a
     /// worker process for it first).
     pub connect_timeout: Duration,
@@ -82,7 +87,7 @@ impl RayConfig {
             run_name,
             agent,
             wait_for_resources: false,
-            bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            bind: None,
             connect_timeout: Duration::from_secs(60),
             call_timeout: hub.call_timeout,
             stop_grace: hub.stop_grace,
@@ -114,6 +119,13 @@ impl RayConfig {
     #[must_use]
     pub fn wait_for_resources(mut self, wait: bool) -> Self {
         self.wait_for_resources = wait;
+        self
+    }
+
+    /// Sets [`RayConfig::bind`].
+    #[must_use]
+    pub fn bind(mut self, bind: IpAddr) -> Self {
+        self.bind = Some(bind);
         self
     }
 
@@ -193,12 +205,10 @@ impl RayRuntime {
     pub async fn start(config: RayConfig) -> Result<Self, RayError> {
         let (bridge, ready) = Bridge::start(config.bridge.clone()).await?;
         let bridge = Arc::new(bridge);
-        let advertise: IpAddr = ready.node_ip.parse().map_err(|_| RayError::NodeIp {
-            ip: ready.node_ip.clone(),
-        })?;
+        let (bind, advertise) = hub_addresses(config.bind, &ready)?;
         let hub_config = HubConfig {
             name: config.run_name.clone(),
-            bind: config.bind,
+            bind,
             advertise: Some(advertise),
             connect_timeout: config.connect_timeout,
             call_timeout: config.call_timeout,
@@ -283,6 +293,24 @@ impl RayRuntime {
             grace_ms: u64::try_from(self.inner.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
             heartbeat_ms: self.inner.hub.config().heartbeat_ms(),
         }
+    }
+}
+
+/// Where the hub listens and what its agents are told, for [`RayConfig::bind`] `bind` on
+/// the cluster the bridge reported as `ready`: see [`RayConfig::bind`].
+fn hub_addresses(bind: Option<IpAddr>, ready: &ReadyInfo) -> Result<(IpAddr, IpAddr), RayError> {
+    let node = || -> Result<IpAddr, RayError> {
+        if ready.started_head {
+            return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        ready.node_ip.parse().map_err(|_| RayError::NodeIp {
+            ip: ready.node_ip.clone(),
+        })
+    };
+    match bind {
+        None => node().map(|ip| (ip, ip)),
+        Some(any) if any.is_unspecified() => node().map(|ip| (any, ip)),
+        Some(ip) => Ok((ip, ip)),
     }
 }
 
@@ -686,6 +714,55 @@ impl Drop for RayAgent {
 mod tests {
     use super::*;
     use crate::protocol::ActorDeath;
+
+    fn ready(node_ip: &str, started_head: bool) -> ReadyInfo {
+        ReadyInfo {
+            ray_version: "2.60.0".into(),
+            node_ip: node_ip.into(),
+            address: format!("{node_ip}:6379"),
+            started_head,
+            init_s: 0.1,
+        }
+    }
+
+    #[test]
+    fn the_hub_listens_on_the_address_its_agents_are_told_by_default() {
+        let node: IpAddr = "10.0.0.1".parse().expect("an ip");
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+        let cluster = ready("10.0.0.1", false);
+        assert_eq!(hub_addresses(None, &cluster).expect("ok"), (node, node));
+        // A throwaway local head's agents run on this machine: loopback, whatever Ray says.
+        let local = ready("10.0.0.1", true);
+        assert_eq!(
+            hub_addresses(None, &local).expect("ok"),
+            (loopback, loopback)
+        );
+        // Every interface only when asked, agents still told an address that reaches it.
+        assert_eq!(hub_addresses(Some(any), &cluster).expect("ok"), (any, node));
+        assert_eq!(
+            hub_addresses(Some(any), &local).expect("ok"),
+            (any, loopback)
+        );
+        let chosen: IpAddr = "192.168.1.5".parse().expect("an ip");
+        assert_eq!(
+            hub_addresses(Some(chosen), &cluster).expect("ok"),
+            (chosen, chosen)
+        );
+        assert!(RayConfig::new("r").expect("config").bind.is_none());
+    }
+
+    #[test]
+    fn a_node_ip_that_is_no_ip_is_refused_naming_it_unless_unused() {
+        let bad = ready("node-a.local", false);
+        assert!(matches!(
+            hub_addresses(None, &bad),
+            Err(RayError::NodeIp { ip }) if ip == "node-a.local"
+        ));
+        let chosen: IpAddr = "192.168.1.5".parse().expect("an ip");
+        assert!(hub_addresses(Some(chosen), &bad).is_ok());
+        assert!(hub_addresses(None, &ready("node-a.local", true)).is_ok());
+    }
 
     #[test]
     fn each_ray_death_kind_becomes_one_death_cause() {
