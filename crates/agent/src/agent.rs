@@ -22,7 +22,7 @@ use trainyard_runtime::{
 };
 
 use crate::auth::{Handshake, Nonce, Role};
-use crate::config::{AgentConfig, CONFIG, MemoryLimit, PRIVATE};
+use crate::config::{AgentConfig, CONFIG, LEDGER_LIVE, MemoryLimit, PRIVATE};
 use crate::output::{TaskOutput, diagnose};
 use crate::process::{self, RunningCommand};
 use crate::root_cause;
@@ -126,6 +126,7 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
             return ExitCode::from(AGENT_FAILED);
         }
     };
+    hold_ledger_lock();
     let mut line = String::new();
     let token = std::io::stdin()
         .read_line(&mut line)
@@ -258,6 +259,33 @@ async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
     reader.abort();
     ExitCode::SUCCESS
+}
+
+/// Takes a shared lock on the ledger's liveness file that [`LEDGER_LIVE`] names, if any, and
+/// keeps it while this process lives (it is not inherited: tasks never hold it). A ledger
+/// keeps a run's entry after its driver is gone only while an agent of the run holds it.
+fn hold_ledger_lock() {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let Some(path) = std::env::var_os(LEDGER_LIVE).filter(|path| !path.is_empty()) else {
+        return;
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
+        .open(&path);
+    let held = file.map_err(|error| error.to_string()).and_then(|file| {
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock)
+            .map_err(|(_, errno)| errno.to_string())
+    });
+    match held {
+        // Held until the process ends: the lock goes with its last descriptor.
+        Ok(lock) => std::mem::forget(lock),
+        Err(error) => diagnose(format_args!(
+            "trainyard agent: cannot lock the ledger's liveness file {}: {error}; the run's \
+             entry ends with its driver",
+            std::path::Path::new(&path).display()
+        )),
+    }
 }
 
 /// Connects to the driver and goes through the handshake. A connection the driver closes

@@ -25,8 +25,13 @@ pub const CONFIG: &str = "TRAINYARD_AGENT_CONFIG";
 /// The trampoline's [`ExecSpec`], as JSON.
 pub const EXEC: &str = "TRAINYARD_EXEC_SPEC";
 
+/// The ledger's liveness file, when the runtime keeps a ledger: the agent holds a shared
+/// lock on it while it lives, so that its run's entry counts the agent as one of the run's
+/// processes even once the driver is gone.
+pub const LEDGER_LIVE: &str = "TRAINYARD_LEDGER_LIVE";
+
 /// Every variable of the agent's own: none reaches a task.
-pub const PRIVATE: [&str; 3] = [ROLE, CONFIG, EXEC];
+pub const PRIVATE: [&str; 4] = [ROLE, CONFIG, EXEC, LEDGER_LIVE];
 
 /// How the agent enforces its worker's memory limit, and the worker's cgroup when it has
 /// one.

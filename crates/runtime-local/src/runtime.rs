@@ -245,6 +245,9 @@ impl LocalRuntime {
             .stderr(Stdio::inherit())
             .process_group(0)
             .kill_on_drop(true);
+        if let Some(ledger) = &core.ledger {
+            command.env(trainyard_agent::config::LEDGER_LIVE, ledger.live_path());
+        }
         Ok(command)
     }
 

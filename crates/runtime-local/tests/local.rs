@@ -1124,27 +1124,7 @@ async fn replies_are_not_held_up_by_reports_the_driver_has_not_read() {
             );
             sleep(call_timeout / 2).await;
         }
-        let mut next_step = 0;
-        loop {
-            match next_event(&mut events).await.expect("open") {
-                ActorEvent::Task(TaskEvent::Report { metrics, .. }) => {
-                    assert_eq!(metrics["step"], next_step, "reports arrive in order");
-                    next_step += 1;
-                }
-                ActorEvent::Task(_) => {}
-                ActorEvent::TaskExited(exit) => {
-                    assert_eq!(
-                        exit,
-                        TaskExit::Succeeded {
-                            value: count.into()
-                        }
-                    );
-                    break;
-                }
-                ActorEvent::Died(cause) => panic!("the actor died: {cause}"),
-            }
-        }
-        assert_eq!(next_step, count, "every report arrives");
+        every_flooded_report_in_order(&mut events, count).await;
     };
     timeout(TEST_LIMIT, test).await.expect("in time");
     runtime.shutdown().await;
@@ -1187,30 +1167,36 @@ async fn a_burst_of_large_reports_does_not_grow_the_driver_past_its_windows() {
             most >> 20,
             BOUND >> 20
         );
-        let mut next_step = 0;
-        loop {
-            match next_event(&mut events).await.expect("open") {
-                ActorEvent::Task(TaskEvent::Report { metrics, .. }) => {
-                    assert_eq!(metrics["step"], next_step, "reports arrive in order");
-                    next_step += 1;
-                }
-                ActorEvent::Task(_) => {}
-                ActorEvent::TaskExited(exit) => {
-                    assert_eq!(
-                        exit,
-                        TaskExit::Succeeded {
-                            value: count.into()
-                        }
-                    );
-                    break;
-                }
-                ActorEvent::Died(cause) => panic!("the actor died: {cause}"),
-            }
-        }
-        assert_eq!(next_step, count, "every report arrives");
+        every_flooded_report_in_order(&mut events, count).await;
     };
     timeout(TEST_LIMIT, test).await.expect("in time");
     runtime.shutdown().await;
+}
+
+/// Reads the events of a [`FLOOD`] task of `count` reports to its end: every report
+/// arrives, in order, and the task succeeds.
+async fn every_flooded_report_in_order(events: &mut TaskEvents, count: u64) {
+    let mut next_step = 0;
+    loop {
+        match next_event(events).await.expect("open") {
+            ActorEvent::Task(TaskEvent::Report { metrics, .. }) => {
+                assert_eq!(metrics["step"], next_step, "reports arrive in order");
+                next_step += 1;
+            }
+            ActorEvent::Task(_) => {}
+            ActorEvent::TaskExited(exit) => {
+                assert_eq!(
+                    exit,
+                    TaskExit::Succeeded {
+                        value: count.into()
+                    }
+                );
+                break;
+            }
+            ActorEvent::Died(cause) => panic!("the actor died: {cause}"),
+        }
+    }
+    assert_eq!(next_step, count, "every report arrives");
 }
 
 /// This process's resident memory, from `/proc/self/status`.

@@ -23,14 +23,16 @@
 //! holds resources still while one of its members runs: the run's agents, each recorded by
 //! its pid and start time once the run has started it and removed once it has ended and
 //! been reaped. A member counts only while its process runs, started when the entry says,
-//! and runs as the user the entry says (as `/proc/<pid>/status` shows; where it cannot be
-//! read, it does not count): so what a run holds, its GPUs among them, goes to no other run
+//! runs as the user the entry says (as `/proc/<pid>/status` shows; where it cannot be
+//! read, it does not count), and holds the liveness file locked as the owner does (each
+//! agent takes that lock when it starts, from `TRAINYARD_LEDGER_LIVE`): so what a run
+//! holds, its GPUs among them, goes to no other run
 //! while its workers stop their tasks, even when its driver was SIGKILLed. Every other
 //! entry is dropped by the next run that takes the lock: a run's entries go away however it
 //! ends, SIGKILL included, once its agents are gone, and an entry someone wrote by hand
 //! (naming pid 1, or another user's process, or a process that is no run of this ledger)
-//! holds nothing and is dropped with a warning; a member naming a process of another user
-//! than the entry's (pid 1, in an entry of any user but root) keeps nothing.
+//! holds nothing and is dropped with a warning; a member naming a process that is no agent
+//! of a run (pid 1), or one of another user than the entry's, keeps nothing.
 //!
 //! # Where it is
 //!
@@ -64,9 +66,9 @@
 //! a run waits for a lock at most [`LOCK_TIMEOUT`] and then fails with
 //! [`LedgerError::Busy`], naming the holder's pid and uid. What it does not: such a member
 //! can remove or change the entries of live runs (and so be given what another run holds),
-//! can forge entries naming a live run of the ledger (its own or another's), or whose
-//! members name live processes of the user the entry names, which hold what they say while
-//! that run or those processes live, and can keep runs from starting by holding a lock or
+//! can forge entries naming a live run of the ledger (its own or another's) or, as members,
+//! live agents of such runs, which hold what they say while that run or those agents live,
+//! and can keep runs from starting by holding a lock or
 //! by putting a file nobody can open in a lock's place. Sharing a ledger means trusting the
 //! group with the machine's reservations; the checks keep a hand-made, stale or damaged
 //! entry or file from holding resources or stopping runs, and a run from waiting without
@@ -185,11 +187,12 @@ impl RunEntry {
         self.owner == owner && self.instance == instance
     }
 
-    /// Whether one of its members runs as its owner's user ([`Member::keeps`]).
-    fn has_live_member(&self) -> bool {
+    /// Whether one of its members runs as its owner's user and is one of `holders`, the
+    /// processes that hold the liveness file ([`Member::keeps`]).
+    fn has_live_member(&self, holders: Option<&BTreeSet<u32>>) -> bool {
         self.members
             .iter()
-            .any(|member| member.keeps(self.owner.uid))
+            .any(|member| member.keeps(self.owner.uid, holders))
     }
 }
 
@@ -218,7 +221,7 @@ impl Contents {
         self.runs
             .retain(|entry| match entry.owner.check(runs.as_ref()) {
                 Ok(()) => true,
-                Err(owner::Untrusted::Gone) => entry.has_live_member(),
+                Err(owner::Untrusted::Gone) => entry.has_live_member(runs.as_ref()),
                 Err(why) => {
                     tracing::warn!(
                         ledger_run = entry.run,
@@ -426,6 +429,13 @@ impl Ledger {
         &self.files.path
     }
 
+    /// Its liveness file, which every process of a live run holds locked: the agents hold
+    /// it from [`trainyard_agent::config::LEDGER_LIVE`].
+    #[must_use]
+    pub fn live_path(&self) -> &Path {
+        &self.files.live
+    }
+
     /// Under the lock: drops the entries that cannot be believed, hands the others' live
     /// entries to `change`, and records what it returns as all this run holds, with the
     /// run's members (nothing removes the run's entry).
@@ -529,15 +539,20 @@ mod tests {
         }
     }
 
-    /// The entries of `runs` that [`Contents::reclaim`] keeps.
+    /// The entries of `runs` that [`Contents::reclaim`] keeps, this process holding the
+    /// liveness file locked as an agent does.
     fn kept(runs: Vec<RunEntry>) -> Vec<String> {
         let dir = tempfile::tempdir().expect("temp dir");
+        let live = dir.path().join("ledger.live");
+        let file = std::fs::File::create(&live).expect("the liveness file");
+        let _held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock)
+            .map_err(|(_, errno)| errno)
+            .expect("a shared lock");
         let mut contents = Contents {
             version: FORMAT_VERSION,
             runs,
         };
-        // No liveness file: no run of the ledger lives.
-        contents.reclaim(&dir.path().join("ledger.live"));
+        contents.reclaim(&live);
         contents.runs.into_iter().map(|entry| entry.run).collect()
     }
 

@@ -37,11 +37,14 @@ pub struct Member {
 
 impl Member {
     /// Whether it keeps an entry of user `uid` whose owner has gone: it runs, started when
-    /// recorded, and runs as `uid` (a process whose user cannot be read keeps nothing).
+    /// recorded, runs as `uid` (a process whose user cannot be read keeps nothing), and is
+    /// one of `holders`, the processes that hold the ledger's liveness file locked (`None`
+    /// when `/proc/locks` cannot tell). A run's agents hold it; pid 1 never does.
     #[must_use]
-    pub fn keeps(&self, uid: u32) -> bool {
+    pub fn keeps(&self, uid: u32, holders: Option<&BTreeSet<u32>>) -> bool {
         procfs::is_alive(self.pid, Some(self.start_time))
             && matches!(real_uid(self.pid), Ok(Some(actual)) if actual == uid)
+            && holders.is_none_or(|holders| holders.contains(&self.pid))
     }
 }
 
@@ -193,16 +196,25 @@ mod tests {
             pid: me.pid,
             start_time: me.start_time,
         };
-        assert!(member.keeps(me.uid));
+        let holders = BTreeSet::from([me.pid]);
+        assert!(member.keeps(me.uid, Some(&holders)));
+        assert!(member.keeps(me.uid, None), "where /proc/locks cannot tell");
         assert!(
-            !member.keeps(me.uid.wrapping_add(1)),
+            !member.keeps(me.uid, Some(&BTreeSet::new())),
+            "a process that holds no lock on the liveness file"
+        );
+        assert!(
+            !member.keeps(me.uid.wrapping_add(1), Some(&holders)),
             "a process of another user than the entry's"
         );
         let reused = Member {
             start_time: me.start_time.wrapping_add(1),
             ..member
         };
-        assert!(!reused.keeps(me.uid), "same pid, another start time");
+        assert!(
+            !reused.keeps(me.uid, Some(&holders)),
+            "same pid, another start time"
+        );
         let init = read_stat(1).expect("/proc/1/stat").expect("parsed");
         let init = Member {
             pid: 1,
@@ -210,8 +222,12 @@ mod tests {
         };
         let init_uid = real_uid(1).expect("/proc/1/status").expect("a uid");
         assert!(
-            !init.keeps(init_uid.wrapping_add(1)),
+            !init.keeps(init_uid.wrapping_add(1), None),
             "pid 1 keeps no entry of a user it does not run as"
+        );
+        assert!(
+            !init.keeps(init_uid, Some(&holders)),
+            "nor one of its own user: it holds no lock on the liveness file"
         );
     }
 
