@@ -126,11 +126,12 @@ fn crash_to_stop(trainyard: &Path) -> Result<Duration, String> {
 }
 
 /// Rank 1 sleeps and rank 0 waits in `all_reduce` (`crates/cli/tests/python/hang.py`); with
-/// `--hang-timeout 3s --progress output` the deadline passes 3 s after the first rank's
-/// `ready` line. The time from then to `trainyard run` having printed every rank's stacks
+/// `--hang-timeout 10s --progress output` the deadline passes 10 s after the first rank's
+/// `ready` line (10 s: importing torch and joining the group, silent, must fit in it on a
+/// slow machine). The time from then to `trainyard run` having printed every rank's stacks
 /// and stopped every rank.
 fn hang_to_stop(trainyard: &Path, python: &Path, root: &Path) -> Result<Duration, String> {
-    let timeout = 3.0;
+    let timeout = 10.0;
     let out = Command::new(trainyard)
         .current_dir(root)
         .args(["run", "-n", "2", "-r", "CPU=0.5", "--progress", "output"])
