@@ -329,14 +329,16 @@ fn one_gpu() -> PlacementGroupFactory {
 /// Run `a` holds the machine's one GPU with a task that detached a `sleep`; run `b` waits
 /// for the GPU; `a` lets go as `end` does; when `b` gets the GPU, the sleep is gone.
 async fn the_gpu_is_handed_on_only_after_what_held_it_is_gone(
+    name: &str,
     ledger: &Path,
     end: impl AsyncFnOnce(&LocalRuntime, PlacementGroupId),
 ) {
     let at = || LedgerLocation::At(ledger.to_owned());
-    let a = LocalRuntime::start(config("gpu-a", 1, false, at()))
+    // Names of their own: tests in one process must not share a run's cgroups.
+    let a = LocalRuntime::start(config(&format!("{name}-a"), 1, false, at()))
         .await
         .expect("a starts");
-    let b = LocalRuntime::start(config("gpu-b", 1, false, at()))
+    let b = LocalRuntime::start(config(&format!("{name}-b"), 1, false, at()))
         .await
         .expect("b starts");
     let mut reaper = Reaper(Vec::new());
@@ -388,6 +390,7 @@ async fn the_gpu_is_handed_on_only_after_what_held_it_is_gone(
 async fn a_gpu_is_not_handed_to_another_run_while_a_detached_process_of_a_shut_down_run_lives() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     the_gpu_is_handed_on_only_after_what_held_it_is_gone(
+        "shut-down",
         &dir.path().join("ledger"),
         async |a, _| a.shutdown().await,
     )
@@ -401,6 +404,7 @@ async fn a_gpu_is_not_handed_to_another_run_while_a_detached_process_of_a_killed
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
     the_gpu_is_handed_on_only_after_what_held_it_is_gone(
+        "killed-agent",
         &dir.path().join("ledger"),
         async |a, pa| {
             let agent = a.agent_pids()[0];
@@ -509,9 +513,14 @@ async fn a_gpu_is_not_handed_to_another_run_while_a_worker_of_its_sigkilled_driv
         .kill_on_drop(true)
         .spawn()
         .expect("the driver starts");
-    let b = LocalRuntime::start(config("gpu-b", 1, false, LedgerLocation::At(ledger)))
-        .await
-        .expect("b starts");
+    let b = LocalRuntime::start(config(
+        "killed-driver-b",
+        1,
+        false,
+        LedgerLocation::At(ledger),
+    ))
+    .await
+    .expect("b starts");
     let test = async {
         let agent = driver_agent(&mut driver).await;
         let agent_started = trainyard_agent::procfs::read_stat(agent)
