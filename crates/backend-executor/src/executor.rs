@@ -426,7 +426,9 @@ impl BackendExecutor {
                 after: limit,
             })?
             .map_err(|e| match e {
-                RuntimeError::Infeasible(_) => ExecutorError::Unschedulable(Box::new(e)),
+                RuntimeError::Infeasible(_) | RuntimeError::Refused { .. } => {
+                    ExecutorError::Unschedulable(Box::new(e))
+                }
                 other => ExecutorError::Runtime(Box::new(other)),
             })?;
         self.state = State::Reserved(pg);
@@ -456,7 +458,7 @@ impl BackendExecutor {
                 }
                 .into())
             }
-            Err(e @ RuntimeError::Busy(_)) => {
+            Err(e @ (RuntimeError::Busy(_) | RuntimeError::Refused { .. })) => {
                 self.remove_placement_group().await;
                 Err(ExecutorError::Unschedulable(Box::new(e)).into())
             }
@@ -763,6 +765,8 @@ impl BackendExecutor {
         // The backends see the folder's name (`name-2` under `resume: never`).
         self.run.name = Some(self.run_name.clone());
         let mut failures: Vec<AttemptFailure> = Vec::new();
+        // How many of them were preemptions, which `max_failures` does not count.
+        let mut requeued = 0_usize;
         loop {
             let restart_count = u32::try_from(failures.len()).unwrap_or(u32::MAX);
             let span = info_span!("attempt", run = %self.run_name, restart_count);
@@ -847,18 +851,25 @@ impl BackendExecutor {
             };
             store.end_attempt(Some(&failure)).await;
             failures.push(failure.clone());
-            let count = u32::try_from(failures.len()).unwrap_or(u32::MAX);
-            if classify(&failure) == Disposition::Fatal
-                || !self.run.failure_config.should_restart(count)
+            let disposition = classify(&failure);
+            // A preemption restarts without using up the budget of `max_failures`.
+            if disposition == Disposition::Requeue {
+                requeued += 1;
+            }
+            let attempts = u32::try_from(failures.len()).unwrap_or(u32::MAX);
+            let count = u32::try_from(failures.len() - requeued).unwrap_or(u32::MAX);
+            if disposition == Disposition::Fatal
+                || (disposition == Disposition::Restart
+                    && !self.run.failure_config.should_restart(count))
             {
                 store.finish(trainyard_checkpoint::RunStatus::Failed).await;
                 // What the final attempt reported before it failed stays in the report.
-                store.conclude(&mut report, count, failures, false);
+                store.conclude(&mut report, attempts, failures, false);
                 return Err(ExecutorError::TrainingFailed {
                     report: Box::new(report),
                 });
             }
-            let backoff = self.options.restart_backoff.delay(count);
+            let backoff = self.options.restart_backoff.delay(count.max(1));
             warn!(target: RESTARTS_TARGET, %failure, restart_count, backoff_s = backoff.as_secs_f64(), "attempt failed; restarting all workers");
             self.emit(RunEvent::Restarting {
                 restart_count,
@@ -870,7 +881,7 @@ impl BackendExecutor {
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
                 () = stop.requested() => {
-                    store.conclude(&mut report, count, failures, false);
+                    store.conclude(&mut report, attempts, failures, false);
                     return Err(ExecutorError::Interrupted {
                         report: Box::new(report),
                     });

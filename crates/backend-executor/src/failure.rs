@@ -147,6 +147,9 @@ impl fmt::Display for AttemptFailure {
 pub enum Disposition {
     /// Counts against `max_failures`; start again from scratch if the budget allows.
     Restart,
+    /// Start again without counting it: the scheduler took the workers' resources back
+    /// (a preemption), which says nothing about the training.
+    Requeue,
     /// Another attempt would fail the same way: end the run now.
     Fatal,
 }
@@ -179,6 +182,15 @@ pub enum Disposition {
 #[must_use]
 pub fn classify(failure: &AttemptFailure) -> Disposition {
     match failure {
+        AttemptFailure::WorkerDied {
+            cause: DeathCause::Preempted,
+            ..
+        } => Disposition::Requeue,
+        // The user cancelled the job, or its time is up: another attempt in it cannot run.
+        AttemptFailure::WorkerDied {
+            cause: DeathCause::Cancelled | DeathCause::TimeLimit,
+            ..
+        } => Disposition::Fatal,
         AttemptFailure::TaskFailed { .. }
         | AttemptFailure::Hung { .. }
         | AttemptFailure::WorkerDied { .. }
@@ -341,6 +353,9 @@ mod tests {
                 }),
                 Disposition::Restart,
             ),
+            (died(DeathCause::Preempted), Disposition::Requeue),
+            (died(DeathCause::Cancelled), Disposition::Fatal),
+            (died(DeathCause::TimeLimit), Disposition::Fatal),
             (
                 AttemptFailure::StartFailed {
                     reason: "timeout".into(),

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -13,7 +14,10 @@ use trainyard_config::{FailureConfig, PlacementStrategy, RunConfig, ScalingConfi
 use trainyard_resources::Resources;
 use trainyard_runtime::sim::faults::KillActorAfterCalls;
 use trainyard_runtime::sim::{SimNode, SimRuntime};
-use trainyard_runtime::{ActorRuntime, FunctionRegistry, TaskFailure, TaskSpec};
+use trainyard_runtime::{ActorRuntime, DeathCause, FunctionRegistry, TaskFailure, TaskSpec};
+
+/// How many ranks of `preempted_until` wait for their preemption.
+static WAITING_FOR_PREEMPTION: AtomicU32 = AtomicU32::new(0);
 
 fn functions() -> FunctionRegistry {
     FunctionRegistry::with_builtins()
@@ -42,6 +46,15 @@ fn functions() -> FunctionRegistry {
                     .cloned()
                     .unwrap_or_default(),
             );
+            Ok(json!(ctx.restart_count()))
+        })
+        .register("preempted_until", |task| async move {
+            // Blocks, to be preempted, while the restart count is below the argument.
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            if u64::from(ctx.restart_count()) < ctx.arg().as_u64().unwrap_or(u64::MAX) {
+                WAITING_FOR_PREEMPTION.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(1_000_000)).await;
+            }
             Ok(json!(ctx.restart_count()))
         })
         .register("rank0_fails_rank1_blocks", |task| async move {
@@ -533,6 +546,48 @@ async fn max_failures_allows_exactly_that_many_restarts() {
             other => panic!("n={n}: expected TrainingFailed, got {other:?}"),
         }
     }
+}
+
+#[tokio::test]
+async fn preemptions_restart_without_counting_against_max_failures() {
+    let sim = one_node(2);
+    // The scheduler takes a worker back once both ranks of an attempt run, twice.
+    let preempter = {
+        let sim = sim.clone();
+        tokio::spawn(async move {
+            loop {
+                if WAITING_FOR_PREEMPTION.load(Ordering::SeqCst) >= 2 {
+                    WAITING_FOR_PREEMPTION.store(0, Ordering::SeqCst);
+                    if let Some(actor) = sim.live_actors().first() {
+                        sim.end_actor(*actor, DeathCause::Preempted);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let report = executor(&sim, ScalingConfig::default().num_workers(2))
+        .with_run_config(RunConfig::default().failure_config(FailureConfig::restarts(0)))
+        .expect("valid run config")
+        .fit(&task_with_arg("preempted_until", json!(2)))
+        .await
+        .expect("preemptions are no failures of the run");
+    preempter.abort();
+    assert_eq!(report.attempts, 3);
+    assert_eq!(report.returns, [json!(2), json!(2)]);
+    assert_eq!(report.failures.len(), 2);
+    assert!(
+        report.failures.iter().all(|f| matches!(
+            f,
+            AttemptFailure::WorkerDied {
+                cause: DeathCause::Preempted,
+                ..
+            }
+        )),
+        "{:?}",
+        report.failures
+    );
+    assert_nothing_left(&sim).await;
 }
 
 #[tokio::test]

@@ -25,6 +25,15 @@ pub enum RuntimeError {
     /// runtime was told not to wait.
     #[error("placement group {} cannot be reserved now: {}", .0.pg, .0)]
     Busy(Box<Shortage>),
+    /// The cluster's scheduler refused the placement group outright (Slurm would never
+    /// grant the allocation that holds it, say).
+    #[error("{scheduler} refused the placement group: {reason}")]
+    Refused {
+        /// The scheduler (`Slurm`).
+        scheduler: &'static str,
+        /// What it said.
+        reason: String,
+    },
     /// The runtime's own machinery failed: the local runtime's machine-wide ledger, the Ray
     /// runtime's bridge to its cluster.
     #[error("cannot {action}")]

@@ -204,6 +204,13 @@ pub enum DeathCause {
         /// What went wrong.
         error: String,
     },
+    /// Its scheduler cancelled it from outside the run (Slurm's `scancel`).
+    Cancelled,
+    /// Its scheduler ended it when its job reached its time limit.
+    TimeLimit,
+    /// Its scheduler took its resources back for other work (a preemption): not the
+    /// worker's fault.
+    Preempted,
 }
 
 impl fmt::Display for DeathCause {
@@ -235,6 +242,9 @@ impl fmt::Display for DeathCause {
                 write!(f, "it did not answer for {}s", *after_ms as f64 / 1000.0)
             }
             Self::Unreachable { error } => write!(f, "it cannot be reached: {error}"),
+            Self::Cancelled => f.write_str("its scheduler cancelled it (scancel)"),
+            Self::TimeLimit => f.write_str("its job reached its time limit"),
+            Self::Preempted => f.write_str("its scheduler preempted it"),
         }
     }
 }

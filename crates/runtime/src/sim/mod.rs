@@ -230,6 +230,13 @@ impl SimRuntime {
     pub fn lose_node(&self, node: &NodeId) {
         lock(&self.state).lose_node(node);
     }
+
+    /// Ends `actor` from outside the run with `cause`, as a cluster's scheduler does when it
+    /// preempts, cancels or times out a worker; its resources go back to its bundle. Ending
+    /// an unknown or dead actor does nothing.
+    pub fn end_actor(&self, actor: ActorId, cause: DeathCause) {
+        lock(&self.state).remove_actor(actor, cause);
+    }
 }
 
 #[async_trait]
