@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt as _, StreamExt as _};
+use nix::sys::signal::Signal;
 use tokio::net::TcpStream;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -46,9 +47,12 @@ const RETRY_MOST: Duration = Duration::from_secs(1);
 type Link = wire::Link<TcpStream>;
 
 /// Why the agent stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {
     /// The driver asked; the reply goes out once the task is stopped.
     Asked(u64),
+    /// A scheduler ended the job (SIGTERM under [`AgentConfig::scheduler_stops`]).
+    Scheduler,
     /// The driver is gone, or the agent got SIGTERM.
     Lost,
 }
@@ -136,9 +140,14 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
         diagnose("trainyard agent: no valid token on stdin");
         return ExitCode::from(AGENT_FAILED);
     };
-    // SIGTERM when the driver dies; and if it died before this line, exit now.
+    // SIGTERM when the driver dies; and if it died before this line, exit now. A parent of
+    // 0 is whichever process started the agent (a scheduler's step daemon).
+    let parent = match config.parent {
+        0 => nix::unistd::getppid().as_raw(),
+        parent => i32::try_from(parent).unwrap_or(-1),
+    };
     if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM).is_err()
-        || nix::unistd::getppid().as_raw() != i32::try_from(config.parent).unwrap_or(-1)
+        || nix::unistd::getppid().as_raw() != parent
     {
         diagnose("trainyard agent: the driver is gone");
         return ExitCode::from(AGENT_FAILED);
@@ -218,15 +227,28 @@ async fn serve(
         output,
     };
     let mut terminate = signal(SignalKind::terminate()).ok();
+    // A scheduler's warning before it ends the job (Slurm's `--signal=USR1@90`, `scancel
+    // --signal=USR1`) reaches the agent, which runs the task in a process group of its own:
+    // the agent hands it on, so the task can save a checkpoint.
+    let mut usr1 = signal(SignalKind::user_defined1()).ok();
     let stop = loop {
         let next = tokio::select! {
             next = requests.recv() => next,
+            () = async {
+                match usr1.as_mut() {
+                    Some(usr1) => { usr1.recv().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => {
+                agent.relay(Signal::SIGUSR1);
+                continue;
+            }
             () = async {
                 match terminate.as_mut() {
                     Some(terminate) => { terminate.recv().await; }
                     None => std::future::pending::<()>().await,
                 }
-            } => break Stop::Lost,
+            } => break if agent.config.scheduler_stops { Stop::Scheduler } else { Stop::Lost },
         };
         let Some((id, request)) = next else {
             break Stop::Lost;
@@ -243,6 +265,11 @@ async fn serve(
             break Stop::Lost;
         }
     };
+    if stop == Stop::Scheduler {
+        // The driver hears why from the scheduler (the step's end), not a task ended by
+        // SIGTERM: nothing more is sent.
+        writer.abort();
+    }
     if let Some(task) = agent.task.as_mut() {
         task.terminate(grace).await;
     }
@@ -542,6 +569,19 @@ async fn write_frames(mut sink: SplitSink<Link, Bytes>, outgoing: Outgoing, hear
 }
 
 impl Agent {
+    /// Hands `signal` on to the running command task's process group; a function task runs
+    /// in the agent's own process and has no process of its own to signal.
+    fn relay(&self, signal: Signal) {
+        match &self.task {
+            Some(Running::Command(command)) if !command.is_done() => {
+                if !crate::process_group::signal(command.pid, signal) {
+                    tracing::debug!(pid = command.pid, ?signal, "the task's group is gone");
+                }
+            }
+            _ => tracing::debug!(?signal, "no command task to hand the signal to"),
+        }
+    }
+
     async fn handle(&mut self, request: Request) -> Result<Response, WireError> {
         match request {
             Request::NodeInfo => Ok(Response::NodeInfo(self.info())),

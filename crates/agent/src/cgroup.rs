@@ -85,6 +85,39 @@ pub struct OomCounter {
     events: PathBuf,
 }
 
+/// The OOM counter of the memory cgroup this process runs in (a scheduler put it there),
+/// from `/proc/self/cgroup`: v1's `memory` controller under `/sys/fs/cgroup/memory`, else
+/// v2's unified hierarchy (at `/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid host).
+#[must_use]
+pub fn own_oom_counter() -> Option<OomCounter> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    own_memory_cgroups(&text)
+        .into_iter()
+        .find_map(|dir| OomCounter::open(&dir))
+}
+
+/// Where the memory cgroup named in a `/proc/self/cgroup` text may be, most likely first.
+fn own_memory_cgroups(text: &str) -> Vec<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup");
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let relative = path.trim_start_matches('/');
+        if controllers.split(',').any(|c| c == "memory") {
+            found.insert(0, root.join("memory").join(relative));
+        } else if controllers.is_empty() {
+            found.push(root.join(relative));
+            found.push(root.join("unified").join(relative));
+        }
+    }
+    found
+}
+
 impl OomCounter {
     /// The counter of the memory cgroup `dir`; `None` when `dir` is no memory cgroup.
     #[must_use]
@@ -226,6 +259,29 @@ mod tests {
     use std::time::{Duration, Instant};
 
     const MIB: u64 = 1024 * 1024;
+
+    #[test]
+    fn a_process_finds_its_memory_cgroup_in_either_hierarchy() {
+        let hybrid = "12:memory:/slurm_n1/uid_0/job_5/step_0/task_0\n0::/init.scope\n";
+        assert_eq!(
+            own_memory_cgroups(hybrid),
+            [
+                "/sys/fs/cgroup/memory/slurm_n1/uid_0/job_5/step_0/task_0",
+                "/sys/fs/cgroup/init.scope",
+                "/sys/fs/cgroup/unified/init.scope",
+            ]
+            .map(PathBuf::from)
+        );
+        assert_eq!(
+            own_memory_cgroups("0::/system.slice/slurmstepd.scope/job_7/step_0\n"),
+            [
+                "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_0",
+                "/sys/fs/cgroup/unified/system.slice/slurmstepd.scope/job_7/step_0",
+            ]
+            .map(PathBuf::from)
+        );
+        assert!(own_memory_cgroups("garbage").is_empty());
+    }
 
     #[test]
     fn oom_kill_counters_are_read_from_either_file_format() {

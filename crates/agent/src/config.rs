@@ -56,6 +56,13 @@ pub enum MemoryLimit {
         /// Its directory.
         path: PathBuf,
     },
+    /// A scheduler holds the worker to `limit` in the memory cgroup the agent was started in
+    /// (a Slurm job step's): the task stays there too, and the agent counts the OOM kills
+    /// of its own cgroup.
+    Scheduler {
+        /// The limit, in bytes.
+        limit: u64,
+    },
 }
 
 impl MemoryLimit {
@@ -63,7 +70,9 @@ impl MemoryLimit {
     #[must_use]
     pub const fn bytes(&self) -> Option<u64> {
         match self {
-            Self::Cgroup { limit, .. } | Self::AddressSpace { limit } => Some(*limit),
+            Self::Cgroup { limit, .. }
+            | Self::AddressSpace { limit }
+            | Self::Scheduler { limit } => Some(*limit),
             Self::Unlimited { .. } => None,
         }
     }
@@ -73,7 +82,7 @@ impl MemoryLimit {
     pub fn cgroup(&self) -> Option<&std::path::Path> {
         match self {
             Self::Cgroup { path, .. } | Self::Unlimited { path } => Some(path),
-            Self::AddressSpace { .. } => None,
+            Self::AddressSpace { .. } | Self::Scheduler { .. } => None,
         }
     }
 }
@@ -85,7 +94,8 @@ pub struct AgentConfig {
     pub driver: String,
     /// The actor this agent serves.
     pub actor: ActorId,
-    /// The driver's process id: the agent exits when its parent is another.
+    /// The driver's process id: the agent exits when its parent is another. 0: whichever
+    /// process started it (a scheduler's step daemon), whose death ends it too.
     pub parent: u32,
     /// The node the worker runs on.
     pub node_id: NodeId,
@@ -100,6 +110,12 @@ pub struct AgentConfig {
     /// How often the agent says it is alive, in ms ([`crate::wire::AgentMessage::Heartbeat`]).
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
+    /// A SIGTERM comes from a scheduler ending the job (Slurm's `scancel`, a time limit, a
+    /// preemption), not from the driver: the agent stops its task without reporting the
+    /// task's end, so that the driver hears the scheduler's reason (the job step's end)
+    /// rather than a task killed by SIGTERM.
+    #[serde(default)]
+    pub scheduler_stops: bool,
 }
 
 /// The default of [`AgentConfig::heartbeat_ms`].

@@ -59,7 +59,8 @@ pub(crate) fn run() -> ExitCode {
                 return ExitCode::from(CANNOT_EXECUTE);
             }
         }
-        None => {}
+        // The scheduler's cgroup holds the agent, so the task too already.
+        Some(MemoryLimit::Scheduler { .. }) | None => {}
     }
     let mut command = Command::new(&spec.program);
     command.args(&spec.args);

@@ -155,6 +155,13 @@ pub(crate) async fn start(
                 limit: *limit,
             })
         }
+        Some(MemoryLimit::Scheduler { limit }) => {
+            crate::cgroup::own_oom_counter().map(|counter| CgroupLimit {
+                before: counter.count(),
+                counter,
+                limit: *limit,
+            })
+        }
         _ => None,
     };
     let mut child = Command::new(exe)

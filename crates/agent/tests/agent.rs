@@ -87,6 +87,7 @@ impl Driver {
             memory: None,
             grace_ms: 2_000,
             heartbeat_ms: 1_000,
+            scheduler_stops: false,
         };
         let token = Token::random().expect("randomness");
         let exe = std::env::current_exe().expect("the test binary's path");

@@ -57,6 +57,7 @@ async fn start_agent(listener: &TcpListener, token: &Token) -> (Child, Link, u32
         memory: None,
         grace_ms: 1_000,
         heartbeat_ms: 1_000,
+        scheduler_stops: false,
     };
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut agent = Command::new(exe)

@@ -96,6 +96,7 @@ async fn start_agent(hub: &AgentHub, actor: ActorId, driver: String) -> ChildAge
         memory: None,
         grace_ms: 1_000,
         heartbeat_ms: hub.config().heartbeat_ms(),
+        scheduler_stops: false,
     };
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut child = Command::new(exe)

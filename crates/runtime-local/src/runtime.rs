@@ -317,6 +317,7 @@ impl LocalRuntime {
             memory,
             grace_ms: u64::try_from(core.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
             heartbeat_ms: self.hub().config().heartbeat_ms(),
+            scheduler_stops: false,
         }
     }
 }

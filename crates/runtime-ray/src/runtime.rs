@@ -292,6 +292,7 @@ impl RayRuntime {
             memory: None,
             grace_ms: u64::try_from(self.inner.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
             heartbeat_ms: self.inner.hub.config().heartbeat_ms(),
+            scheduler_stops: false,
         }
     }
 }
