@@ -21,6 +21,7 @@ pub(crate) const LAYERS: &[&str] = &[
     "trainyard-hub",
     "trainyard-runtime-local",
     "trainyard-runtime-ray",
+    "trainyard-runtime-slurm",
     "trainyard",
     "trainyard-cli",
 ];

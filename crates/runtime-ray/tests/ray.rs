@@ -7,7 +7,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::RayCluster;
@@ -27,14 +26,10 @@ const LIMIT: Duration = Duration::from_secs(300);
 
 /// The stand-alone agent of `examples/ray_agent.rs`, built beside the test binary.
 fn agent() -> AgentCommand {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let example = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join("examples").join("ray_agent"))
-        .filter(|path| path.exists())
-        .expect("examples/ray_agent is built with the tests (cargo test builds examples)");
-    AgentCommand::new(example, Vec::<String>::new())
+    AgentCommand::new(
+        trainyard_test_support::processes::example("ray_agent"),
+        Vec::<String>::new(),
+    )
 }
 
 async fn runtime(cluster: &RayCluster, run: &str) -> RayRuntime {

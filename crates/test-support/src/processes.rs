@@ -207,6 +207,22 @@ pub fn report_steps(events: &[serde_json::Value], rank: u64) -> Vec<u64> {
         .collect()
 }
 
+/// The example program `name` of the test's own package, which cargo builds beside the
+/// test binary (`target/<profile>/examples/<name>`).
+///
+/// # Panics
+/// When it is not there.
+pub fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("examples").join(name))
+        .filter(|path| path.exists())
+        .unwrap_or_else(|| {
+            panic!("examples/{name} is built with the tests (cargo test builds examples)")
+        })
+}
+
 /// The workspace's root.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -1,0 +1,325 @@
+//! Allocations: reading one (its nodes and what it holds on each), and requesting one of the
+//! runtime's own with `salloc`, which is released however the driver ends.
+//!
+//! # Release, the driver SIGKILLed included
+//!
+//! `salloc` runs a holder command for as long as the allocation should live: `sh -c 'cat
+//! >/dev/null; scancel "$SLURM_JOB_ID"'`, whose stdin is a pipe from the driver. Nothing else
+//! holds the pipe's writing end (descriptors are close-on-exec), so when the driver ends in
+//! any way — returns, panics, is SIGKILLed — the holder reads EOF and the allocation ends
+//! twice over: `salloc` relinquishes it when its command exits, and the holder has already
+//! cancelled it with `scancel`, which also covers a `salloc` that was itself killed. Ending
+//! the job ends every job step in it, so every worker. A release from the driver
+//! ([`OwnAllocation::release`]) closes the pipe, runs `scancel` and reaps `salloc`.
+
+use std::fmt;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::watch;
+use trainyard_runtime::reservations::NodeSpec;
+
+use crate::error::SlurmError;
+use crate::slurm::{self, JobInfo, node_resources, parse_nodes};
+
+/// What `salloc` runs while the allocation lives: until the driver's pipe closes.
+const HOLDER: &str = "cat >/dev/null; scancel \"$SLURM_JOB_ID\" 2>/dev/null";
+/// How long a released `salloc` gets to exit before it is killed.
+const RELEASE_GRACE: Duration = Duration::from_secs(10);
+
+/// An allocation that Slurm is still to grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queued {
+    /// Its job id, once Slurm has given one.
+    pub job: Option<String>,
+    /// Slurm's pending reason (`Resources`, `Priority`, …), once known.
+    pub reason: Option<String>,
+}
+
+impl fmt::Display for Queued {
+    /// `Slurm job 12 is pending (Priority)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.job {
+            Some(job) => write!(f, "Slurm job {job} is pending")?,
+            None => f.write_str("the Slurm allocation is being submitted")?,
+        }
+        match &self.reason {
+            Some(reason) => write!(f, " ({reason})"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Where `salloc` is in granting the allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Grant {
+    /// Submitted; `Some` job id once Slurm said it.
+    Waiting(Option<String>),
+    /// Granted: the job id.
+    Granted(String),
+    /// Refused or ended before it was granted: what Slurm said.
+    Refused(String),
+}
+
+/// What `salloc`'s stderr says, line by line.
+pub(crate) fn grant_line(line: &str) -> Option<Grant> {
+    let rest = line.trim().strip_prefix("salloc: ")?;
+    let job_id = |text: &str| {
+        text.split_whitespace()
+            .find_map(|word| word.trim_end_matches('.').parse::<u64>().ok())
+            .map(|id| id.to_string())
+    };
+    if let Some(text) = rest.strip_prefix("Granted job allocation") {
+        return job_id(text).map(Grant::Granted);
+    }
+    if let Some(text) = rest.strip_prefix("Pending job allocation") {
+        return Some(Grant::Waiting(job_id(text)));
+    }
+    if let Some(text) = rest.strip_prefix("error: ") {
+        return Some(Grant::Refused(text.trim().to_owned()));
+    }
+    None
+}
+
+/// An allocation this runtime requested with `salloc`; see the [module docs](self).
+pub(crate) struct OwnAllocation {
+    salloc: Child,
+    /// The holder's stdin: closing it ends the allocation.
+    holder: Option<ChildStdin>,
+    grant: watch::Receiver<Grant>,
+    job: Option<String>,
+}
+
+impl OwnAllocation {
+    /// Submits `salloc` with `flags` under the job name `name`; it waits in Slurm's queue
+    /// until granted ([`OwnAllocation::granted`]).
+    ///
+    /// # Errors
+    /// [`SlurmError::Missing`] without `salloc`, or when it cannot be started.
+    pub(crate) fn submit(name: &str, flags: &[String]) -> Result<Self, SlurmError> {
+        let mut command = Command::new("salloc");
+        command
+            .arg(format!("--job-name={name}"))
+            .args(flags)
+            .args(["sh", "-c", HOLDER])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            // Not in the terminal's process group: Ctrl-C is the driver's to handle.
+            .process_group(0)
+            .kill_on_drop(true);
+        tracing::debug!(?command, "requesting a Slurm allocation");
+        let mut salloc = command.spawn().map_err(|error| match error.kind() {
+            std::io::ErrorKind::NotFound => SlurmError::Missing {
+                program: "salloc".to_owned(),
+            },
+            _ => SlurmError::Command {
+                command: "salloc".to_owned(),
+                message: error.to_string(),
+            },
+        })?;
+        let holder = salloc.stdin.take();
+        let (tx, grant) = watch::channel(Grant::Waiting(None));
+        if let Some(stderr) = salloc.stderr.take() {
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                let mut refused: Vec<String> = Vec::new();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::debug!(%line, "salloc");
+                    match grant_line(&line) {
+                        Some(Grant::Refused(text)) => refused.push(text),
+                        Some(Grant::Waiting(None)) | None => {}
+                        Some(other) => {
+                            let _ = tx.send(other);
+                        }
+                    }
+                }
+                // salloc is gone: unless granted, that is its answer.
+                tx.send_if_modified(|grant| match grant {
+                    Grant::Waiting(_) => {
+                        *grant = Grant::Refused(if refused.is_empty() {
+                            "salloc exited before the allocation was granted".to_owned()
+                        } else {
+                            refused.join("; ")
+                        });
+                        true
+                    }
+                    _ => false,
+                });
+            });
+        }
+        Ok(Self {
+            salloc,
+            holder,
+            grant,
+            job: None,
+        })
+    }
+
+    /// The job id, once Slurm has given one.
+    pub(crate) fn job(&self) -> Option<String> {
+        match &*self.grant.borrow() {
+            Grant::Waiting(job) => job.clone(),
+            Grant::Granted(job) => Some(job.clone()),
+            Grant::Refused(_) => self.job.clone(),
+        }
+    }
+
+    /// Waits until Slurm grants the allocation (its job id), refuses it (`Err` with what it
+    /// said), or `limit` passes (`Ok(None)`); `queued` is told the job id and Slurm's
+    /// pending reason meanwhile.
+    pub(crate) async fn granted(
+        &mut self,
+        limit: Duration,
+        queued: &watch::Sender<Option<Queued>>,
+    ) -> Result<Option<String>, String> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let state = self.grant.borrow_and_update().clone();
+            match state {
+                Grant::Granted(job) => {
+                    self.job = Some(job.clone());
+                    queued.send_replace(None);
+                    return Ok(Some(job));
+                }
+                Grant::Refused(reason) => {
+                    queued.send_replace(None);
+                    return Err(reason);
+                }
+                Grant::Waiting(job) => {
+                    let reason = match &job {
+                        Some(job) => pending_reason(job).await,
+                        None => None,
+                    };
+                    if job.is_some() {
+                        self.job.clone_from(&job);
+                    }
+                    queued.send_replace(Some(Queued { job, reason }));
+                }
+            }
+            let step = tokio::time::Instant::now() + Duration::from_secs(1);
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            let _ = tokio::time::timeout_at(step.min(deadline), self.grant.changed()).await;
+        }
+    }
+
+    /// Ends the allocation: closes the holder's pipe, cancels the job and reaps `salloc`
+    /// (bounded; killed after [`RELEASE_GRACE`]).
+    pub(crate) async fn release(&mut self) {
+        self.holder = None;
+        if let Some(job) = self.job() {
+            if let Err(error) = slurm::output("scancel", &[&job]).await {
+                tracing::debug!(%error, %job, "cannot cancel the allocation");
+            }
+        }
+        if tokio::time::timeout(RELEASE_GRACE, self.salloc.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.salloc.start_kill();
+            let _ = self.salloc.wait().await;
+        }
+    }
+}
+
+/// Slurm's reason for keeping `job` pending (`Resources`, `Priority`, …).
+async fn pending_reason(job: &str) -> Option<String> {
+    let text = slurm::output("squeue", &["-h", "-j", job, "-o", "%r"])
+        .await
+        .ok()?;
+    slurm::last_line(&text).filter(|reason| reason != "None")
+}
+
+/// The nodes of running job `job`, each with what the job holds on it: the nodes a placement
+/// group is laid over. Node ids are Slurm's node names.
+///
+/// # Errors
+/// [`SlurmError::NotRunning`] when the job is not running; Slurm's commands failing.
+pub(crate) async fn nodes_of(job: &str) -> Result<Vec<NodeSpec>, SlurmError> {
+    let info: JobInfo = slurm::job(job)
+        .await?
+        .ok_or_else(|| SlurmError::NotRunning {
+            job: job.to_owned(),
+            state: "unknown to Slurm".to_owned(),
+        })?;
+    if info.state != "RUNNING" {
+        return Err(SlurmError::NotRunning {
+            job: job.to_owned(),
+            state: info.state,
+        });
+    }
+    let table =
+        parse_nodes(&slurm::output("scontrol", &["-o", "show", "node", &info.node_list]).await?);
+    let mut nodes = Vec::new();
+    for holding in &info.holdings {
+        for name in slurm::hostnames(&holding.nodes).await? {
+            let known = table.iter().find(|node| node.name == name);
+            let mut spec = NodeSpec::new(
+                &name,
+                node_resources(holding.cpus, holding.memory_mb, holding.gpus.len() as u64),
+            );
+            if let Some(node) = known {
+                spec.ip.clone_from(&node.addr);
+                spec.hostname.clone_from(&node.hostname);
+            }
+            if !holding.gpus.is_empty() {
+                spec.devices
+                    .insert(trainyard_resources::GPU.to_owned(), holding.gpus.clone());
+            }
+            nodes.push(spec);
+        }
+    }
+    Ok(nodes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sallocs_lines_say_where_the_grant_is() {
+        assert_eq!(
+            grant_line("salloc: Granted job allocation 12"),
+            Some(Grant::Granted("12".into()))
+        );
+        assert_eq!(
+            grant_line("salloc: Pending job allocation 13"),
+            Some(Grant::Waiting(Some("13".into())))
+        );
+        assert_eq!(
+            grant_line(
+                "salloc: error: Unable to allocate resources: Requested node configuration is not available"
+            ),
+            Some(Grant::Refused(
+                "Unable to allocate resources: Requested node configuration is not available"
+                    .into()
+            ))
+        );
+        assert_eq!(
+            grant_line("salloc: job 13 queued and waiting for resources"),
+            None
+        );
+        assert_eq!(grant_line("something else"), None);
+    }
+
+    #[test]
+    fn a_queued_allocation_reads_as_a_progress_line() {
+        let queued = Queued {
+            job: Some("12".into()),
+            reason: Some("Priority".into()),
+        };
+        assert_eq!(queued.to_string(), "Slurm job 12 is pending (Priority)");
+        let submitting = Queued {
+            job: None,
+            reason: None,
+        };
+        assert_eq!(
+            submitting.to_string(),
+            "the Slurm allocation is being submitted"
+        );
+    }
+}

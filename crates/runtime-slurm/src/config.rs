@@ -1,0 +1,127 @@
+//! [`SlurmConfig`]: where a [`SlurmRuntime`](crate::SlurmRuntime) runs its workers, and what
+//! it asks Slurm for when it requests an allocation of its own.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use trainyard_hub::{AgentCommand, HubConfig};
+
+use crate::error::SlurmError;
+
+/// The variable Slurm sets inside an allocation (`sbatch`, `salloc`, `srun`).
+pub const JOB_ID_VAR: &str = "SLURM_JOB_ID";
+/// The variable naming the agent binary, when the driver's own is not one (as on Ray).
+pub const AGENT_BIN_VAR: &str = "TRAINYARD_AGENT_BIN";
+
+/// What an allocation of the runtime's own is requested with (`salloc`/`sbatch` options).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllocationOptions {
+    /// `--partition` (else the cluster's default partition).
+    pub partition: Option<String>,
+    /// `--account`.
+    pub account: Option<String>,
+    /// `--qos`.
+    pub qos: Option<String>,
+    /// `--time`, in Slurm's forms (`30`, `1:00:00`, `2-00:00:00`).
+    pub time: Option<String>,
+    /// `--signal`, such as `USR1@90`: Slurm signals the workers that long before the time
+    /// limit or a preemption, and the agents hand the signal on to the tasks.
+    pub signal: Option<String>,
+}
+
+impl AllocationOptions {
+    /// The `salloc`/`sbatch` options for these settings.
+    #[must_use]
+    pub fn flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        for (flag, value) in [
+            ("--partition", &self.partition),
+            ("--account", &self.account),
+            ("--qos", &self.qos),
+            ("--time", &self.time),
+            ("--signal", &self.signal),
+        ] {
+            if let Some(value) = value {
+                flags.push(format!("{flag}={value}"));
+            }
+        }
+        flags
+    }
+}
+
+/// How a [`SlurmRuntime`](crate::SlurmRuntime) runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmConfig {
+    /// Names the run: its allocation's job name and its steps' names start with it.
+    pub run_name: String,
+    /// The agent program, as a path valid on every node (`$TRAINYARD_AGENT_BIN`, else the
+    /// running executable: right on a shared file system, as Slurm clusters have).
+    pub agent: AgentCommand,
+    /// The allocation to run in: `$SLURM_JOB_ID` inside `sbatch`/`salloc`. `None`: the
+    /// runtime requests one that fits the placement group, and releases it at the end.
+    pub job: Option<String>,
+    /// What that allocation is requested with.
+    pub allocation: AllocationOptions,
+    /// Where the driver listens for its agents; `None`: the address this host's name
+    /// resolves to, which the nodes reach it at.
+    pub bind: Option<IpAddr>,
+    /// How long a step may take from `srun` to its agent's hello.
+    pub connect_timeout: Duration,
+    /// How long an agent gets to answer a request.
+    pub call_timeout: Duration,
+    /// How long a stopped agent gets to exit.
+    pub stop_grace: Duration,
+}
+
+impl SlurmConfig {
+    /// The defaults for a run named `run_name`: inside the allocation of `$SLURM_JOB_ID`
+    /// when it is set, the agent from `$TRAINYARD_AGENT_BIN` or the running executable.
+    ///
+    /// # Errors
+    /// [`SlurmError::AgentBinary`] when neither names a file.
+    pub fn new(run_name: impl Into<String>) -> Result<Self, SlurmError> {
+        let run_name = run_name.into();
+        let program = match std::env::var_os(AGENT_BIN_VAR).filter(|v| !v.is_empty()) {
+            Some(path) => PathBuf::from(path),
+            None => std::env::current_exe().map_err(|source| SlurmError::AgentBinary {
+                path: PathBuf::from("<current executable>"),
+                source,
+            })?,
+        };
+        let hub = HubConfig::new(&run_name);
+        Ok(Self {
+            job: std::env::var(JOB_ID_VAR)
+                .ok()
+                .filter(|id| !id.trim().is_empty()),
+            run_name,
+            agent: AgentCommand::new(program, Vec::<String>::new()),
+            allocation: AllocationOptions::default(),
+            bind: None,
+            connect_timeout: Duration::from_secs(60),
+            call_timeout: hub.call_timeout,
+            stop_grace: hub.stop_grace,
+        })
+    }
+
+    /// Sets [`SlurmConfig::job`].
+    #[must_use]
+    pub fn job(mut self, job: Option<String>) -> Self {
+        self.job = job;
+        self
+    }
+
+    /// Sets [`SlurmConfig::allocation`].
+    #[must_use]
+    pub fn allocation(mut self, allocation: AllocationOptions) -> Self {
+        self.allocation = allocation;
+        self
+    }
+
+    /// Sets [`SlurmConfig::agent`].
+    #[must_use]
+    pub fn agent(mut self, agent: AgentCommand) -> Self {
+        self.agent = agent;
+        self
+    }
+}

@@ -1,0 +1,553 @@
+//! [`SlurmRuntime`]: actors are job steps of one Slurm allocation, each running the trainyard
+//! agent, which connects back to this driver's [`AgentHub`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::io::AsyncWriteExt as _;
+use tokio::sync::watch;
+use trainyard_agent::config::{AgentConfig, MemoryLimit};
+use trainyard_agent::procfs::ProcessHandle;
+use trainyard_config::PlacementGroupFactory;
+use trainyard_hub::{AgentHub, HubConfig};
+use trainyard_resources::{CPU, GPU, Resources};
+use trainyard_runtime::events::TaskEvents;
+use trainyard_runtime::placement::check_feasible;
+use trainyard_runtime::reservations::{self, Reservations};
+use trainyard_runtime::{
+    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, NodeId, NodeInfo,
+    PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
+};
+
+use crate::allocation::{self, OwnAllocation, Queued};
+use crate::config::SlurmConfig;
+use crate::error::SlurmError;
+use crate::request::{Shape, slurm_bundle, slurm_factory};
+use crate::slurm::{self, MIB};
+use crate::step::{self, StepAgent};
+
+/// A trainyard runtime on a Slurm cluster; see the [crate docs](crate).
+///
+/// Cheap to clone: clones share the runtime. [`SlurmRuntime::shutdown`] ends every worker and
+/// releases the allocation it requested; dropping the last clone does so too, without grace.
+#[derive(Clone)]
+pub struct SlurmRuntime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: SlurmConfig,
+    hub: AgentHub,
+    state: Arc<Mutex<State>>,
+    /// The allocation this runtime requested, if it did.
+    own: tokio::sync::Mutex<Option<OwnAllocation>>,
+    queued: watch::Sender<Option<Queued>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.hub.end_now();
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// The running allocation the workers are placed in.
+    job: Option<String>,
+    /// Its nodes, as reserved by this run's groups and actors.
+    book: Option<Reservations>,
+    next_group: u64,
+    groups: HashMap<PlacementGroupId, Slot>,
+}
+
+/// A placement group as the driver knows it: in Slurm's units, and its id in the book once
+/// it is laid over the allocation.
+struct Slot {
+    factory: PlacementGroupFactory,
+    placed: Option<PlacementGroupId>,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl SlurmRuntime {
+    /// Checks that Slurm answers (and, inside an allocation, that it runs), then starts the
+    /// hub the agents connect to. No allocation is requested until the first placement
+    /// group needs one.
+    ///
+    /// # Errors
+    /// [`SlurmError::Missing`] without Slurm's commands, [`SlurmError::NotRunning`] for a
+    /// given allocation that does not run, [`SlurmError::NoPartition`], or
+    /// [`SlurmError::Hub`].
+    pub async fn start(config: SlurmConfig) -> Result<Self, SlurmError> {
+        let mut state = State::default();
+        match &config.job {
+            Some(job) => {
+                state.book = Some(Reservations::new(allocation::nodes_of(job).await?));
+                state.job = Some(job.clone());
+            }
+            None => {
+                slurm::partition_nodes(config.allocation.partition.as_deref()).await?;
+            }
+        }
+        let bind = match config.bind {
+            Some(bind) => bind,
+            None => host_address().await,
+        };
+        let hub_config = HubConfig {
+            name: config.run_name.clone(),
+            bind,
+            advertise: None,
+            connect_timeout: config.connect_timeout,
+            call_timeout: config.call_timeout,
+            stop_grace: config.stop_grace,
+            heartbeat_timeout: HubConfig::new(&config.run_name).heartbeat_timeout,
+        };
+        let state = Arc::new(Mutex::new(state));
+        let released = Arc::clone(&state);
+        let hub = AgentHub::start(hub_config, move |actor| {
+            if let Some(book) = lock(&released).book.as_mut() {
+                book.release(actor);
+            }
+        })
+        .await?;
+        tracing::info!(
+            run = %config.run_name,
+            job = ?config.job,
+            driver = %hub.driver_address(),
+            "Slurm runtime started"
+        );
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                hub,
+                state,
+                own: tokio::sync::Mutex::new(None),
+                queued: watch::Sender::new(None),
+            }),
+        })
+    }
+
+    /// Ends every worker, then releases the allocation this runtime requested (a given one
+    /// is left as it is). Calling it again does nothing.
+    pub async fn shutdown(&self) {
+        self.inner.hub.shutdown().await;
+        if let Some(mut own) = self.inner.own.lock().await.take() {
+            own.release().await;
+        }
+    }
+
+    /// The allocation the workers run in, once there is one: its job id.
+    #[must_use]
+    pub fn job(&self) -> Option<String> {
+        self.state().job.clone()
+    }
+
+    /// What the allocation this runtime requested waits for in Slurm's queue (`None` while
+    /// nothing waits): for a driver to show.
+    #[must_use]
+    pub fn queued(&self) -> watch::Receiver<Option<Queued>> {
+        self.inner.queued.subscribe()
+    }
+
+    /// The address agents connect to.
+    #[must_use]
+    pub fn driver_address(&self) -> std::net::SocketAddr {
+        self.inner.hub.driver_address()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.inner.state)
+    }
+
+    /// Lays `factory` over the allocation in use, as group `pg`, when there is one it fits:
+    /// `Some(result)`; `None` when a new allocation must be requested for it.
+    fn place_in_current(
+        &self,
+        pg: PlacementGroupId,
+        asked: &PlacementGroupFactory,
+        own: bool,
+    ) -> Option<Result<(), RuntimeError>> {
+        let factory = &slurm_factory(asked);
+        let mut state = self.state();
+        let book = state.book.as_mut()?;
+        // As asked first, for an error in the user's own amounts.
+        let totals: Vec<Resources> = book.snapshot().nodes.into_iter().map(|n| n.total).collect();
+        let checked = check_feasible(&totals, asked)
+            .map_err(RuntimeError::from)
+            .and_then(|()| book.create_group(factory));
+        match checked {
+            Ok(placed) => {
+                state.groups.insert(
+                    pg,
+                    Slot {
+                        factory: factory.clone(),
+                        placed: Some(placed),
+                    },
+                );
+                Some(Ok(()))
+            }
+            // An allocation of the runtime's own that is too small now is replaced.
+            Err(RuntimeError::Infeasible(_)) if own => None,
+            Err(error) => Some(Err(error)),
+        }
+    }
+
+    /// Requests an allocation for `factory` (failing at once when no set of the partition's
+    /// nodes can hold it), replacing one of the runtime's own that no longer fits or runs.
+    async fn request_allocation(
+        &self,
+        factory: &PlacementGroupFactory,
+    ) -> Result<(), RuntimeError> {
+        let options = &self.inner.config.allocation;
+        let (partition, nodes) = slurm::partition_nodes(options.partition.as_deref())
+            .await
+            .map_err(backend("read the Slurm partition's nodes"))?;
+        let totals: Vec<Resources> = nodes.iter().map(slurm::SlurmNode::total).collect();
+        let shape = Shape::for_group(factory, &totals)?;
+        let mut own = self.inner.own.lock().await;
+        if let Some(mut old) = own.take() {
+            old.release().await;
+        }
+        {
+            let mut state = self.state();
+            state.job = None;
+            state.book = None;
+        }
+        let mut flags = shape.flags();
+        flags.extend(options.flags());
+        tracing::info!(%partition, ?flags, "requesting a Slurm allocation");
+        let name = self.inner.config.run_name.clone();
+        *own = Some(
+            OwnAllocation::submit(&name, &flags).map_err(backend("request a Slurm allocation"))?,
+        );
+        Ok(())
+    }
+
+    /// Whether the allocation in use still runs (a time limit, a cancellation or a node
+    /// failure may have ended it).
+    async fn current_runs(&self) -> bool {
+        let Some(job) = self.job() else {
+            return false;
+        };
+        matches!(slurm::job(&job).await, Ok(Some(info)) if info.state == "RUNNING")
+    }
+
+    /// The agent's configuration for `actor` on `node`.
+    fn agent_config(
+        &self,
+        actor: ActorId,
+        held: &reservations::Held,
+        memory: Option<MemoryLimit>,
+    ) -> AgentConfig {
+        AgentConfig {
+            driver: self.inner.hub.driver_address().to_string(),
+            actor,
+            parent: 0,
+            node_id: held.node.id.clone(),
+            node_ip: held.node.ip.clone(),
+            accelerator_ids: held.accelerator_ids.clone(),
+            memory,
+            grace_ms: u64::try_from(self.inner.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
+            heartbeat_ms: self.inner.hub.config().heartbeat_ms(),
+            scheduler_stops: true,
+        }
+    }
+}
+
+/// The address this host's name resolves to (the one Slurm's nodes reach it at), else
+/// loopback.
+async fn host_address() -> IpAddr {
+    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let Ok(name) = nix::unistd::gethostname() else {
+        return loopback;
+    };
+    let Some(name) = name.to_str().map(str::to_owned) else {
+        return loopback;
+    };
+    match tokio::net::lookup_host((name.as_str(), 0)).await {
+        Ok(addresses) => {
+            let addresses: Vec<IpAddr> = addresses.map(|a| a.ip()).collect();
+            addresses
+                .iter()
+                .find(|ip| ip.is_ipv4() && !ip.is_loopback())
+                .or_else(|| addresses.iter().find(|ip| ip.is_ipv4()))
+                .copied()
+                .unwrap_or(loopback)
+        }
+        Err(_) => loopback,
+    }
+}
+
+/// A failed Slurm call as the runtime's error, saying what was being done.
+fn backend(action: &'static str) -> impl FnOnce(SlurmError) -> RuntimeError {
+    move |error| RuntimeError::Backend {
+        action,
+        source: Arc::new(error),
+    }
+}
+
+impl fmt::Debug for SlurmRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlurmRuntime")
+            .field("run", &self.inner.config.run_name)
+            .field("job", &self.job())
+            .field("hub", &self.inner.hub)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl ActorRuntime for SlurmRuntime {
+    /// The allocation's nodes with what this run's groups leave of them, once there is an
+    /// allocation; before, the partition's usable nodes as Slurm's node table has them.
+    async fn cluster(&self) -> Result<ClusterSnapshot, RuntimeError> {
+        if let Some(book) = self.state().book.as_ref() {
+            return Ok(book.snapshot());
+        }
+        let (_, nodes) = slurm::partition_nodes(self.inner.config.allocation.partition.as_deref())
+            .await
+            .map_err(backend("read the Slurm partition's nodes"))?;
+        let nodes = nodes
+            .into_iter()
+            .map(|node| NodeInfo {
+                id: NodeId::from(node.name.as_str()),
+                total: node.total(),
+                available: node.available(),
+                ip: node.addr,
+                hostname: node.hostname,
+                accelerator_ids: Default::default(),
+            })
+            .collect();
+        Ok(ClusterSnapshot { nodes })
+    }
+
+    async fn create_placement_group(
+        &self,
+        factory: &PlacementGroupFactory,
+    ) -> Result<PlacementGroupId, RuntimeError> {
+        let own = self.inner.config.job.is_none();
+        let pg = {
+            let mut state = self.state();
+            let pg = PlacementGroupId(state.next_group);
+            state.next_group += 1;
+            pg
+        };
+        if !own || self.current_runs().await {
+            if let Some(placed) = self.place_in_current(pg, factory, own) {
+                return placed.map(|()| pg);
+            }
+        }
+        self.request_allocation(factory).await?;
+        self.state().groups.insert(
+            pg,
+            Slot {
+                factory: slurm_factory(factory),
+                placed: None,
+            },
+        );
+        Ok(pg)
+    }
+
+    async fn wait_placement_group_ready(
+        &self,
+        pg: PlacementGroupId,
+        timeout: Duration,
+    ) -> Result<PlacementInfo, RuntimeError> {
+        let (placed, factory) = {
+            let state = self.state();
+            let slot = state
+                .groups
+                .get(&pg)
+                .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
+            (slot.placed, slot.factory.clone())
+        };
+        if let Some(placed) = placed {
+            let state = self.state();
+            let book = state
+                .book
+                .as_ref()
+                .ok_or(RuntimeError::PlacementGroupNotReady(pg))?;
+            return book
+                .placement_info(placed)?
+                .ok_or(RuntimeError::PlacementGroupNotReady(pg));
+        }
+        let mut guard = self.inner.own.lock().await;
+        let own = guard
+            .as_mut()
+            .ok_or(RuntimeError::PlacementGroupNotReady(pg))?;
+        let job = match own.granted(timeout, &self.inner.queued).await {
+            Ok(Some(job)) => job,
+            Ok(None) => {
+                if let Some(mut own) = guard.take() {
+                    own.release().await;
+                }
+                return Err(RuntimeError::PlacementTimeout {
+                    pg,
+                    waited: timeout,
+                });
+            }
+            Err(reason) => {
+                guard.take();
+                return Err(RuntimeError::Refused {
+                    scheduler: "Slurm",
+                    reason,
+                });
+            }
+        };
+        drop(guard);
+        let nodes = allocation::nodes_of(&job)
+            .await
+            .map_err(backend("read the Slurm allocation's nodes"))?;
+        tracing::info!(%job, nodes = nodes.len(), "Slurm granted the allocation");
+        let mut state = self.state();
+        let mut book = Reservations::new(nodes);
+        let placed = book.create_group(&factory)?;
+        let info = book
+            .placement_info(placed)?
+            .ok_or(RuntimeError::PlacementGroupNotReady(pg))?;
+        state.job = Some(job);
+        state.book = Some(book);
+        if let Some(slot) = state.groups.get_mut(&pg) {
+            slot.placed = Some(placed);
+        }
+        Ok(info)
+    }
+
+    async fn remove_placement_group(&self, pg: PlacementGroupId) -> Result<(), RuntimeError> {
+        let inside = {
+            let mut state = self.state();
+            let slot = state
+                .groups
+                .remove(&pg)
+                .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
+            match (slot.placed, state.book.as_mut()) {
+                (Some(placed), Some(book)) => book.remove_group(placed)?,
+                _ => Vec::new(),
+            }
+        };
+        self.inner
+            .hub
+            .end_all(inside, &DeathCause::PlacementGroupRemoved)
+            .await;
+        Ok(())
+    }
+
+    async fn spawn(&self, spec: ActorSpec) -> Result<ActorId, RuntimeError> {
+        let arrival = self.inner.hub.expect(&spec.name)?;
+        let actor = arrival.actor();
+        // The book's groups are in Slurm's units; so is what a pinned actor takes of one.
+        let mut rounded = spec.clone();
+        if spec.placement.is_some() {
+            rounded.options = trainyard_resources::ActorOptions::try_from(&slurm_bundle(
+                &Resources::from(&spec.options),
+            ))
+            .unwrap_or_else(|_| spec.options.clone());
+        }
+        let (held, job) = {
+            let mut state = self.state();
+            let job = state.job.clone();
+            let book = state.book.as_mut().ok_or(RuntimeError::SpawnFailed {
+                name: spec.name.clone(),
+                reason: "there is no Slurm allocation yet: reserve a placement group first".into(),
+            })?;
+            (book.hold(actor, &rounded)?, job.unwrap_or_default())
+        };
+        let release = |inner: &Inner| {
+            if let Some(book) = lock(&inner.state).book.as_mut() {
+                book.release(actor);
+            }
+        };
+        let demand = slurm_bundle(&Resources::from(&spec.options));
+        let cpus = demand.amount(CPU).whole_units().max(1);
+        let step_name = format!("{}-{}-{}", self.inner.config.run_name, spec.name, actor.0);
+        let mut flags = vec![
+            format!("--jobid={job}"),
+            "--nodes=1".to_owned(),
+            "--ntasks=1".to_owned(),
+            "--exact".to_owned(),
+            format!("--nodelist={}", held.node.id),
+            format!("--job-name={step_name}"),
+            format!("--cpus-per-task={cpus}"),
+        ];
+        let memory = (spec.options.memory > 0).then(|| spec.options.memory.div_ceil(MIB) * MIB);
+        if let Some(bytes) = memory {
+            flags.push(format!("--mem={}M", bytes / MIB));
+        }
+        let gpus = demand.amount(GPU).whole_units();
+        if gpus > 0 {
+            flags.push(format!("--gpus-per-task={gpus}"));
+        }
+        let config = self.agent_config(
+            actor,
+            &held,
+            memory.map(|limit| MemoryLimit::Scheduler { limit }),
+        );
+        let env = match config.to_env() {
+            Ok(env) => env,
+            Err(error) => {
+                release(&self.inner);
+                return Err(RuntimeError::SpawnFailed {
+                    name: spec.name,
+                    reason: format!("the agent's configuration cannot be encoded: {error}"),
+                });
+            }
+        };
+        let agent = &self.inner.config.agent;
+        let mut command = step::srun(&agent.program, &agent.args, &flags);
+        command.envs(&spec.env).envs(env);
+        tracing::debug!(%actor, node = %held.node.id, ?flags, "starting a job step");
+        let mut srun = match command.spawn() {
+            Ok(child) => child,
+            Err(error) => {
+                release(&self.inner);
+                return Err(RuntimeError::SpawnFailed {
+                    name: spec.name,
+                    reason: format!("cannot start `srun`: {error}"),
+                });
+            }
+        };
+        // The token reaches the agent on its stdin, which srun forwards to the step's task.
+        if let Some(mut stdin) = srun.stdin.take() {
+            let line = trainyard_agent::config::token_line(self.inner.hub.token());
+            if let Err(error) = stdin.write_all(line.as_bytes()).await {
+                tracing::debug!(%error, "the step did not take its token");
+            }
+        }
+        let handle = srun.id().and_then(ProcessHandle::open).map(Arc::new);
+        let mut process = StepAgent {
+            handle,
+            srun,
+            job,
+            step_name,
+            node: held.node.id.clone(),
+            program: agent.program.clone(),
+            memory_limit: memory,
+            end: Arc::default(),
+            stderr: None,
+            exited: None,
+        };
+        process.watch_stderr();
+        self.inner
+            .hub
+            .attach(arrival, spec.name, Box::new(process))
+            .await
+    }
+
+    async fn call(&self, actor: ActorId, request: Request) -> Result<Response, RuntimeError> {
+        self.inner.hub.call(actor, request).await
+    }
+
+    async fn kill(&self, actor: ActorId, grace: Duration) -> Result<(), RuntimeError> {
+        self.inner.hub.kill(actor, grace).await
+    }
+
+    async fn task_events(&self, actor: ActorId) -> Result<Option<TaskEvents>, RuntimeError> {
+        self.inner.hub.task_events(actor)
+    }
+}
