@@ -22,10 +22,13 @@ use tokio::sync::watch;
 use trainyard_runtime::reservations::NodeSpec;
 
 use crate::error::SlurmError;
-use crate::slurm::{self, JobInfo, node_resources, parse_nodes};
+use crate::slurm::{self, JobInfo, SlurmNode, node_resources, parse_nodes};
 
-/// What `salloc` runs while the allocation lives: until the driver's pipe closes.
-const HOLDER: &str = "cat >/dev/null; scancel \"$SLURM_JOB_ID\" 2>/dev/null";
+/// What `salloc` runs while the allocation lives: it says what was granted (the line
+/// [`Granted::parse`] reads), then waits until the driver's pipe closes.
+const HOLDER: &str = "printf 'trainyard-allocation %s %s %s %s\\n' \"$SLURM_JOB_ID\" \
+     \"$SLURM_JOB_NODELIST\" \"$SLURM_JOB_CPUS_PER_NODE\" \"${SLURM_MEM_PER_NODE:-0}\"; \
+     cat >/dev/null; scancel \"$SLURM_JOB_ID\" 2>/dev/null";
 /// How long a released `salloc` gets to exit before it is killed.
 const RELEASE_GRACE: Duration = Duration::from_secs(10);
 
@@ -57,13 +60,74 @@ impl fmt::Display for Queued {
 pub(crate) enum Grant {
     /// Submitted; `Some` job id once Slurm said it.
     Waiting(Option<String>),
-    /// Granted: the job id.
-    Granted(String),
+    /// Granted, as the holder said.
+    Granted(Granted),
     /// Refused or ended before it was granted: what Slurm said.
     Refused(String),
 }
 
-/// What `salloc`'s stderr says, line by line.
+/// What the holder says once the allocation is granted, from the variables `salloc` gives
+/// it: the job, its nodes, and the CPUs and memory it holds on each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Granted {
+    pub(crate) job: String,
+    /// The host list (`n[1-4]`).
+    pub(crate) node_list: String,
+    /// CPUs on each node, in the host list's order (`SLURM_JOB_CPUS_PER_NODE`: `2(x3),1`).
+    pub(crate) cpus: Vec<u64>,
+    /// Memory on each node, in MiB; 0 when the allocation was asked without `--mem`.
+    pub(crate) memory_mb: u64,
+}
+
+impl Granted {
+    /// `trainyard-allocation JOB NODELIST CPUS_PER_NODE MEM_PER_NODE`.
+    pub(crate) fn parse(line: &str) -> Option<Self> {
+        let mut words = line.split_whitespace();
+        if words.next()? != "trainyard-allocation" {
+            return None;
+        }
+        let job = words.next()?.to_owned();
+        let node_list = words.next()?.to_owned();
+        let mut cpus = Vec::new();
+        for group in words.next()?.split(',') {
+            let (count, times) = match group.split_once("(x") {
+                Some((count, times)) => (count, times.trim_end_matches(')').parse().ok()?),
+                None => (group, 1),
+            };
+            let count: u64 = count.parse().ok()?;
+            cpus.extend(std::iter::repeat_n(count, times));
+        }
+        let memory_mb = words.next()?.parse().ok()?;
+        Some(Self {
+            job,
+            node_list,
+            cpus,
+            memory_mb,
+        })
+    }
+
+    /// The nodes as the book holds them, with addresses from `table`; `None` when the
+    /// counts do not match the host list, or memory is unknown: Slurm is asked then.
+    pub(crate) fn nodes(&self, table: &[SlurmNode]) -> Option<Vec<NodeSpec>> {
+        let names = slurm::expand_hostlist(&self.node_list)?;
+        if names.len() != self.cpus.len() || self.memory_mb == 0 {
+            return None;
+        }
+        names
+            .iter()
+            .zip(&self.cpus)
+            .map(|(name, cpus)| {
+                let node = table.iter().find(|node| node.name == *name)?;
+                let mut spec = NodeSpec::new(name, node_resources(*cpus, self.memory_mb, 0));
+                spec.ip.clone_from(&node.addr);
+                spec.hostname.clone_from(&node.hostname);
+                Some(spec)
+            })
+            .collect()
+    }
+}
+
+/// What `salloc`'s stderr says, line by line (its grant is the holder's line on stdout).
 pub(crate) fn grant_line(line: &str) -> Option<Grant> {
     let rest = line.trim().strip_prefix("salloc: ")?;
     let job_id = |text: &str| {
@@ -71,9 +135,6 @@ pub(crate) fn grant_line(line: &str) -> Option<Grant> {
             .find_map(|word| word.trim_end_matches('.').parse::<u64>().ok())
             .map(|id| id.to_string())
     };
-    if let Some(text) = rest.strip_prefix("Granted job allocation") {
-        return job_id(text).map(Grant::Granted);
-    }
     if let Some(text) = rest.strip_prefix("Pending job allocation") {
         return Some(Grant::Waiting(job_id(text)));
     }
@@ -105,7 +166,7 @@ impl OwnAllocation {
             .args(flags)
             .args(["sh", "-c", HOLDER])
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // Not in the terminal's process group: Ctrl-C is the driver's to handle.
             .process_group(0)
@@ -122,6 +183,17 @@ impl OwnAllocation {
         })?;
         let holder = salloc.stdin.take();
         let (tx, grant) = watch::channel(Grant::Waiting(None));
+        if let Some(stdout) = salloc.stdout.take() {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(granted) = Granted::parse(&line) {
+                        let _ = tx.send(Grant::Granted(granted));
+                    }
+                }
+            });
+        }
         if let Some(stderr) = salloc.stderr.take() {
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stderr).lines();
@@ -162,27 +234,27 @@ impl OwnAllocation {
     pub(crate) fn job(&self) -> Option<String> {
         match &*self.grant.borrow() {
             Grant::Waiting(job) => job.clone(),
-            Grant::Granted(job) => Some(job.clone()),
+            Grant::Granted(granted) => Some(granted.job.clone()),
             Grant::Refused(_) => self.job.clone(),
         }
     }
 
-    /// Waits until Slurm grants the allocation (its job id), refuses it (`Err` with what it
-    /// said), or `limit` passes (`Ok(None)`); `queued` is told the job id and Slurm's
-    /// pending reason meanwhile.
+    /// Waits until Slurm grants the allocation, refuses it (`Err` with what it said), or
+    /// `limit` passes (`Ok(None)`); `queued` is told the job id and Slurm's pending reason
+    /// meanwhile.
     pub(crate) async fn granted(
         &mut self,
         limit: Duration,
         queued: &watch::Sender<Option<Queued>>,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<Granted>, String> {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let state = self.grant.borrow_and_update().clone();
             match state {
-                Grant::Granted(job) => {
-                    self.job = Some(job.clone());
+                Grant::Granted(granted) => {
+                    self.job = Some(granted.job.clone());
                     queued.send_replace(None);
-                    return Ok(Some(job));
+                    return Ok(Some(granted));
                 }
                 Grant::Refused(reason) => {
                     queued.send_replace(None);
@@ -212,8 +284,17 @@ impl OwnAllocation {
     pub(crate) async fn release(&mut self) {
         self.holder = None;
         if let Some(job) = self.job() {
-            if let Err(error) = slurm::output("scancel", &[&job]).await {
-                tracing::debug!(%error, %job, "cannot cancel the allocation");
+            match slurm::output("scancel", &[&job]).await {
+                // The job is gone from the controller's view: salloc only has to notice.
+                Ok(_) => {
+                    if let Ok(Some(_)) = self.salloc.try_wait() {
+                        return;
+                    }
+                    let _ =
+                        tokio::time::timeout(Duration::from_millis(200), self.salloc.wait()).await;
+                    return;
+                }
+                Err(error) => tracing::debug!(%error, %job, "cannot cancel the allocation"),
             }
         }
         if tokio::time::timeout(RELEASE_GRACE, self.salloc.wait())
@@ -239,7 +320,7 @@ async fn pending_reason(job: &str) -> Option<String> {
 ///
 /// # Errors
 /// [`SlurmError::NotRunning`] when the job is not running; Slurm's commands failing.
-pub(crate) async fn nodes_of(job: &str) -> Result<Vec<NodeSpec>, SlurmError> {
+pub(crate) async fn nodes_of(job: &str, known: &[SlurmNode]) -> Result<Vec<NodeSpec>, SlurmError> {
     let info: JobInfo = slurm::job(job)
         .await?
         .ok_or_else(|| SlurmError::NotRunning {
@@ -252,11 +333,27 @@ pub(crate) async fn nodes_of(job: &str) -> Result<Vec<NodeSpec>, SlurmError> {
             state: info.state,
         });
     }
-    let table =
-        parse_nodes(&slurm::output("scontrol", &["-o", "show", "node", &info.node_list]).await?);
-    let mut nodes = Vec::new();
+    let mut holdings = Vec::new();
     for holding in &info.holdings {
-        for name in slurm::hostnames(&holding.nodes).await? {
+        holdings.push((holding, slurm::hostnames(&holding.nodes).await?));
+    }
+    // Addresses and host names from the node table the caller has, else from Slurm.
+    let all_known = holdings
+        .iter()
+        .flat_map(|(_, names)| names)
+        .all(|name| known.iter().any(|node| node.name == *name));
+    let fetched;
+    let table = if all_known {
+        known
+    } else {
+        fetched = parse_nodes(
+            &slurm::output("scontrol", &["-o", "show", "node", &info.node_list]).await?,
+        );
+        &fetched[..]
+    };
+    let mut nodes = Vec::new();
+    for (holding, names) in holdings {
+        for name in names {
             let known = table.iter().find(|node| node.name == name);
             let mut spec = NodeSpec::new(
                 &name,
@@ -282,10 +379,7 @@ mod tests {
 
     #[test]
     fn sallocs_lines_say_where_the_grant_is() {
-        assert_eq!(
-            grant_line("salloc: Granted job allocation 12"),
-            Some(Grant::Granted("12".into()))
-        );
+        assert_eq!(grant_line("salloc: Granted job allocation 12"), None);
         assert_eq!(
             grant_line("salloc: Pending job allocation 13"),
             Some(Grant::Waiting(Some("13".into())))
@@ -304,6 +398,37 @@ mod tests {
             None
         );
         assert_eq!(grant_line("something else"), None);
+    }
+
+    #[test]
+    fn the_holders_line_says_what_was_granted_on_each_node() {
+        let granted =
+            Granted::parse("trainyard-allocation 92 n[1-3],n7 2(x3),1 300").expect("a grant");
+        assert_eq!(granted.job, "92");
+        assert_eq!(granted.node_list, "n[1-3],n7");
+        assert_eq!(granted.cpus, [2, 2, 2, 1]);
+        assert_eq!(granted.memory_mb, 300);
+        let table: Vec<SlurmNode> = crate::slurm::parse_nodes(
+            "NodeName=n1 NodeAddr=10.0.0.1 NodeHostName=a\nNodeName=n2 NodeAddr=10.0.0.2 NodeHostName=b\nNodeName=n3 NodeAddr=10.0.0.3 NodeHostName=c\nNodeName=n7 NodeAddr=10.0.0.7 NodeHostName=g\n",
+        );
+        let nodes = granted.nodes(&table).expect("all known");
+        assert_eq!(nodes.len(), 4);
+        assert_eq!(
+            (nodes[3].id.as_str(), nodes[3].ip.as_str()),
+            ("n7", "10.0.0.7")
+        );
+        assert_eq!(
+            nodes[3].resources,
+            "CPU=1,memory=300MiB".parse().expect("spec")
+        );
+        assert!(
+            granted.nodes(&table[..2]).is_none(),
+            "an unknown node: Slurm is asked"
+        );
+        let unknown_memory = Granted::parse("trainyard-allocation 9 n1 1 0").expect("a grant");
+        assert!(unknown_memory.nodes(&table).is_none());
+        assert_eq!(Granted::parse("trainyard-allocation 9 n1 x 0"), None);
+        assert_eq!(Granted::parse("something else"), None);
     }
 
     #[test]

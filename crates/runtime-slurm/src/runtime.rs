@@ -27,7 +27,7 @@ use crate::allocation::{self, OwnAllocation, Queued};
 use crate::config::SlurmConfig;
 use crate::error::SlurmError;
 use crate::request::{Shape, slurm_bundle, slurm_factory};
-use crate::slurm::{self, MIB};
+use crate::slurm::{self, MIB, SlurmNode};
 use crate::step::{self, StepAgent};
 
 /// A trainyard runtime on a Slurm cluster; see the [crate docs](crate).
@@ -62,6 +62,9 @@ struct State {
     book: Option<Reservations>,
     next_group: u64,
     groups: HashMap<PlacementGroupId, Slot>,
+    /// The partition's node table as last read, with the partition's name; taken (so read
+    /// afresh) by the next allocation request, and kept for its nodes' addresses.
+    table: Option<(String, Vec<SlurmNode>)>,
 }
 
 /// A placement group as the driver knows it: in Slurm's units, and its id in the book once
@@ -88,11 +91,14 @@ impl SlurmRuntime {
         let mut state = State::default();
         match &config.job {
             Some(job) => {
-                state.book = Some(Reservations::new(allocation::nodes_of(job).await?));
+                state.book = Some(Reservations::new(allocation::nodes_of(job, &[]).await?));
                 state.job = Some(job.clone());
             }
             None => {
-                slurm::partition_nodes(config.allocation.partition.as_deref()).await?;
+                // Read now: Slurm answers, the partition exists, and the first request
+                // needs the table.
+                state.table =
+                    Some(slurm::partition_nodes(config.allocation.partition.as_deref()).await?);
             }
         }
         let bind = match config.bind {
@@ -205,9 +211,13 @@ impl SlurmRuntime {
         factory: &PlacementGroupFactory,
     ) -> Result<(), RuntimeError> {
         let options = &self.inner.config.allocation;
-        let (partition, nodes) = slurm::partition_nodes(options.partition.as_deref())
-            .await
-            .map_err(backend("read the Slurm partition's nodes"))?;
+        let cached = self.state().table.take();
+        let (partition, nodes) = match cached {
+            Some(table) => table,
+            None => slurm::partition_nodes(options.partition.as_deref())
+                .await
+                .map_err(backend("read the Slurm partition's nodes"))?,
+        };
         let totals: Vec<Resources> = nodes.iter().map(slurm::SlurmNode::total).collect();
         let shape = Shape::for_group(factory, &totals)?;
         let mut own = self.inner.own.lock().await;
@@ -219,6 +229,7 @@ impl SlurmRuntime {
             state.job = None;
             state.book = None;
         }
+        self.state().table = Some((partition.clone(), nodes));
         let mut flags = shape.flags();
         flags.extend(options.flags());
         tracing::info!(%partition, ?flags, "requesting a Slurm allocation");
@@ -381,8 +392,8 @@ impl ActorRuntime for SlurmRuntime {
         let own = guard
             .as_mut()
             .ok_or(RuntimeError::PlacementGroupNotReady(pg))?;
-        let job = match own.granted(timeout, &self.inner.queued).await {
-            Ok(Some(job)) => job,
+        let granted = match own.granted(timeout, &self.inner.queued).await {
+            Ok(Some(granted)) => granted,
             Ok(None) => {
                 if let Some(mut own) = guard.take() {
                     own.release().await;
@@ -401,9 +412,21 @@ impl ActorRuntime for SlurmRuntime {
             }
         };
         drop(guard);
-        let nodes = allocation::nodes_of(&job)
-            .await
-            .map_err(backend("read the Slurm allocation's nodes"))?;
+        let job = granted.job.clone();
+        let known = self
+            .state()
+            .table
+            .clone()
+            .map(|(_, nodes)| nodes)
+            .unwrap_or_default();
+        // What the grant said is enough without GPUs (whose ids only Slurm's job has).
+        let gpus = factory.bundles.iter().any(|b| !b.amount(GPU).is_zero());
+        let nodes = match granted.nodes(&known).filter(|_| !gpus) {
+            Some(nodes) => nodes,
+            None => allocation::nodes_of(&job, &known)
+                .await
+                .map_err(backend("read the Slurm allocation's nodes"))?,
+        };
         tracing::info!(%job, nodes = nodes.len(), "Slurm granted the allocation");
         let mut state = self.state();
         let mut book = Reservations::new(nodes);

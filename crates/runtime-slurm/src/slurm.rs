@@ -316,6 +316,49 @@ pub fn parse_job(text: &str) -> JobInfo {
     job
 }
 
+/// The node names of a host list with at most one bracket group per name (`n[1-3],gpu[07-08]`
+/// → n1, n2, n3, gpu07, gpu08), zero padding kept; `None` for what this does not read
+/// (several groups in one name), which Slurm then expands.
+#[must_use]
+pub fn expand_hostlist(list: &str) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    let mut depth = 0_u32;
+    let mut start = 0;
+    let mut items = Vec::new();
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.checked_sub(1)?,
+            ',' if depth == 0 => {
+                items.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&list[start..]);
+    for item in items.into_iter().filter(|item| !item.is_empty()) {
+        let Some((prefix, rest)) = item.split_once('[') else {
+            names.push(item.to_owned());
+            continue;
+        };
+        let (ranges, suffix) = rest.split_once(']')?;
+        if suffix.contains(['[', ']']) {
+            return None;
+        }
+        for range in ranges.split(',') {
+            let (low, high) = range.split_once('-').unwrap_or((range, range));
+            let width = low.len();
+            let (low, high) = (low.parse::<u64>().ok()?, high.parse::<u64>().ok()?);
+            if high < low || high - low > 1 << 16 {
+                return None;
+            }
+            names.extend((low..=high).map(|n| format!("{prefix}{n:0width$}{suffix}")));
+        }
+    }
+    Some(names)
+}
+
 /// The node names of a host list (`n[1-3],gpu7` → n1, n2, n3, gpu7), as Slurm expands them.
 ///
 /// # Errors
@@ -323,6 +366,9 @@ pub fn parse_job(text: &str) -> JobInfo {
 pub(crate) async fn hostnames(list: &str) -> Result<Vec<String>, SlurmError> {
     if list.is_empty() || list == "(null)" {
         return Ok(Vec::new());
+    }
+    if let Some(names) = expand_hostlist(list) {
+        return Ok(names);
     }
     Ok(output("scontrol", &["show", "hostnames", list])
         .await?
@@ -352,7 +398,11 @@ pub(crate) async fn job(id: &str) -> Result<Option<JobInfo>, SlurmError> {
 pub async fn partition_nodes(
     partition: Option<&str>,
 ) -> Result<(String, Vec<SlurmNode>), SlurmError> {
-    let partitions = parse_partitions(&output("scontrol", &["-o", "show", "partitions"]).await?);
+    let (partitions, nodes) = tokio::join!(
+        output("scontrol", &["-o", "show", "partitions"]),
+        output("scontrol", &["-o", "show", "nodes"]),
+    );
+    let (partitions, nodes) = (parse_partitions(&partitions?), parse_nodes(&nodes?));
     let name = match partition {
         Some(name) => {
             if !partitions.iter().any(|(p, _)| p == name) {
@@ -373,7 +423,7 @@ pub async fn partition_nodes(
                 known: Vec::new(),
             })?,
     };
-    let nodes = parse_nodes(&output("scontrol", &["-o", "show", "nodes"]).await?)
+    let nodes = nodes
         .into_iter()
         .filter(|node| node.partitions.contains(&name) && node.is_usable())
         .collect();
@@ -450,6 +500,26 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn host_lists_expand_as_slurm_expands_them() {
+        let names = |list: &str| expand_hostlist(list).expect("readable");
+        assert_eq!(names("n[1-3],gpu7"), ["n1", "n2", "n3", "gpu7"]);
+        assert_eq!(
+            names("gpu[07-09,11]-ib"),
+            ["gpu07-ib", "gpu08-ib", "gpu09-ib", "gpu11-ib"]
+        );
+        assert_eq!(names("a[1-2],b[3]"), ["a1", "a2", "b3"]);
+        assert_eq!(names("vm"), ["vm"]);
+        assert!(names("").is_empty());
+        assert_eq!(
+            expand_hostlist("rack[1-2]-n[1-2]"),
+            None,
+            "two groups: Slurm's to do"
+        );
+        assert_eq!(expand_hostlist("n[3-1]"), None);
+        assert_eq!(expand_hostlist("n[1-2"), None);
     }
 
     #[test]
