@@ -244,6 +244,9 @@ pub use trainyard_runtime_local as local;
 #[cfg(feature = "ray")]
 #[doc(inline)]
 pub use trainyard_runtime_ray as ray;
+#[cfg(feature = "slurm")]
+#[doc(inline)]
+pub use trainyard_runtime_slurm as slurm;
 #[cfg(feature = "torch")]
 #[doc(inline)]
 pub use trainyard_torch_backend as torch;

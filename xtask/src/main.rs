@@ -4,19 +4,22 @@
 mod bench_checkpoint;
 mod bench_e2e;
 mod bench_ray;
+mod bench_slurm;
 mod soak;
 mod tidy;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray|bench-checkpoint|soak>
+const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray|bench-slurm|bench-checkpoint|soak>
   ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests;
              the Ray tests too when TRAINYARD_RAY_PYTHON is set (under CI=true it must be,
              unless TRAINYARD_RAY_SKIP says why not)
   tidy       fail on a workspace dependency that points up a layer
   bench-e2e  time whole runs: trainyard run vs torchrun vs processes by hand, crash-to-stop, 64 workers
   bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
+  bench-slurm  time 4 workers of a trivial task on 4 Slurm test nodes: trainyard run --runtime slurm
+             vs srun -N 4 -n 4
   bench-checkpoint  persist 1 GiB of checkpoint vs cp -r; a rank's death to every rank resumed
              from a 100 MB checkpoint
   soak       [--runs N] N (300) back-to-back local runs, a mix of endings; fails on a wrong exit
@@ -29,6 +32,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
         Some("bench-e2e") => bench_e2e::run(),
         Some("bench-ray") => bench_ray::run(),
+        Some("bench-slurm") => bench_slurm::run(),
         Some("bench-checkpoint") => bench_checkpoint::run(),
         Some("soak") => soak::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => {

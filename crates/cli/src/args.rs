@@ -48,11 +48,19 @@ pub(crate) struct RunArgs {
     pub(crate) nproc_per_node: Option<i64>,
     #[command(flatten)]
     pub(crate) local: LocalArgs,
-    /// Where the workers run: local (this machine) or ray
+    /// Where the workers run: local (this machine), ray or slurm
     #[arg(long, value_enum, default_value_t = RuntimeKind::Local)]
     pub(crate) runtime: RuntimeKind,
     #[command(flatten)]
     pub(crate) ray: RayArgs,
+    #[command(flatten)]
+    pub(crate) slurm: SlurmArgs,
+    /// Submit the whole run as a Slurm batch job (runtime slurm) whose script is this same command inside the allocation, print its job id and exit
+    #[arg(long)]
+    pub(crate) detach: bool,
+    /// Where a --detach run's output goes; %j is the job id [default: trainyard-%j.out in this directory]
+    #[arg(long, value_name = "FILE", requires = "detach")]
+    pub(crate) output: Option<PathBuf>,
     /// The framework whose environment the workers get: torch sets PyTorch's process-group variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) and logs `Setting up process group for: env://...`; none runs plain commands without them (the TRAINYARD_* ranks only)
     #[arg(long, value_enum, default_value_t = BackendKind::Torch)]
     pub(crate) backend: BackendKind,
@@ -225,16 +233,39 @@ pub(crate) struct RayArgs {
     pub(crate) address: Option<String>,
 }
 
+/// The SLURM flags: what an allocation of the run's own is requested with (outside an
+/// allocation; inside one, `$SLURM_JOB_ID`'s is used).
+#[derive(Debug, Args)]
+pub(crate) struct SlurmArgs {
+    /// Slurm partition for the run's allocation (runtime slurm) [default: the cluster's default partition]
+    #[arg(long, value_name = "P")]
+    pub(crate) partition: Option<String>,
+    /// Slurm account the allocation is charged to (runtime slurm)
+    #[arg(long, value_name = "A")]
+    pub(crate) account: Option<String>,
+    /// Slurm quality of service of the allocation (runtime slurm)
+    #[arg(long, value_name = "Q")]
+    pub(crate) qos: Option<String>,
+    /// Time limit of the allocation (runtime slurm), in Slurm's forms: MINUTES, H:MM:SS, D-HH[:MM[:SS]]
+    #[arg(long, value_name = "T")]
+    pub(crate) time: Option<String>,
+    /// Have Slurm signal the workers this long before the time limit or a preemption, e.g. USR1@90 (runtime slurm); the tasks get the signal
+    #[arg(long, value_name = "SIG@SECS")]
+    pub(crate) signal: Option<String>,
+}
+
 /// `cluster`'s flags.
 #[derive(Debug, Args)]
 pub(crate) struct ClusterArgs {
     #[command(flatten)]
     pub(crate) local: LocalArgs,
-    /// Where the workers run: local (this machine) or ray
+    /// Where the workers run: local (this machine), ray or slurm
     #[arg(long, value_enum, default_value_t = RuntimeKind::Local)]
     pub(crate) runtime: RuntimeKind,
     #[command(flatten)]
     pub(crate) ray: RayArgs,
+    #[command(flatten)]
+    pub(crate) slurm: SlurmArgs,
     /// Output format
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub(crate) format: OutputFormat,
@@ -267,6 +298,7 @@ pub(crate) struct LocalArgs {
 pub(crate) enum RuntimeKind {
     Local,
     Ray,
+    Slurm,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -321,6 +353,8 @@ pub(crate) struct PlanArgs {
     pub(crate) local: LocalArgs,
     #[command(flatten)]
     pub(crate) ray: RayArgs,
+    #[command(flatten)]
+    pub(crate) slurm: SlurmArgs,
     /// Output format
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub(crate) format: OutputFormat,

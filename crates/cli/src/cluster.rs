@@ -1,4 +1,4 @@
-//! `trainyard cluster`: the nodes of the local runtime or of a Ray cluster, what each offers,
+//! `trainyard cluster`: the nodes of the local runtime, of a Ray cluster or of a Slurm partition, what each offers,
 //! and (on this machine) what the live runs hold.
 
 use std::fmt::Write as _;
@@ -25,8 +25,15 @@ struct Node {
 }
 
 pub(crate) fn run(args: &ClusterArgs) -> Result<(), Failure> {
-    if args.runtime == RuntimeKind::Ray {
-        return ray(args);
+    if args.runtime != RuntimeKind::Slurm {
+        if let Some((flag, value)) = args.slurm.given() {
+            return Err(Failure::bad_input(FlagError::new(flag, value)(
+                "applies to --runtime slurm only".into(),
+            )));
+        }
+    }
+    if matches!(args.runtime, RuntimeKind::Ray | RuntimeKind::Slurm) {
+        return remote(args);
     }
     if let Some(address) = &args.ray.address {
         return Err(Failure::bad_input(FlagError::new("--address", address)(
@@ -63,14 +70,19 @@ pub(crate) fn run(args: &ClusterArgs) -> Result<(), Failure> {
     print(&text)
 }
 
-/// The live nodes of the Ray cluster at `--address` (or `$RAY_ADDRESS`).
-fn ray(args: &ClusterArgs) -> Result<(), Failure> {
+/// The live nodes of the Ray cluster at `--address` (or `$RAY_ADDRESS`), or of the Slurm
+/// partition (`--partition`, else the default one; inside an allocation, its nodes with
+/// what the job holds on each).
+fn remote(args: &ClusterArgs) -> Result<(), Failure> {
     if let Some(flag) = args.local.given() {
         return Err(Failure::bad_input(FlagError::new(flag, "(given)")(
             "describes this machine and applies to --runtime local only".into(),
         )));
     }
-    let snapshot = crate::engine::ray_snapshot(&args.ray)?;
+    let snapshot = match args.runtime {
+        RuntimeKind::Slurm => args.slurm.snapshot()?,
+        _ => crate::engine::ray_snapshot(&args.ray)?,
+    };
     let nodes: Vec<Node> = snapshot
         .nodes
         .into_iter()

@@ -1,11 +1,12 @@
-//! The runtime a command uses: this machine ([`LocalRuntime`]) or a Ray cluster
-//! ([`RayRuntime`]), started from the RAY flags.
+//! The runtime a command uses: this machine ([`LocalRuntime`]), a Ray cluster
+//! ([`RayRuntime`]), started from the RAY flags, or a Slurm cluster ([`SlurmRuntime`]).
 
 use std::sync::Arc;
 use tokio::sync::watch;
 use trainyard::local::LocalRuntime;
 use trainyard::ray::{BridgeError, RayConfig, RayError, RayRuntime};
-use trainyard::runtime::{ActorRuntime, ClusterSnapshot, Shortage};
+use trainyard::runtime::{ActorRuntime, ClusterSnapshot};
+use trainyard::slurm::SlurmRuntime;
 
 use crate::Failure;
 use crate::args::{FlagError, RayArgs};
@@ -40,6 +41,8 @@ pub(crate) enum Engine {
     Local(LocalRuntime),
     /// A Ray cluster.
     Ray(RayRuntime),
+    /// A Slurm cluster.
+    Slurm(SlurmRuntime),
 }
 
 impl Engine {
@@ -48,24 +51,50 @@ impl Engine {
         match self {
             Self::Local(local) => Arc::new(local.clone()),
             Self::Ray(ray) => Arc::new(ray.clone()),
+            Self::Slurm(slurm) => Arc::new(slurm.clone()),
         }
     }
 
-    /// Ends every worker, and on Ray the run's actors, groups and bridge.
+    /// Ends every worker, and on Ray the run's actors, groups and bridge, on Slurm the
+    /// run's allocation.
     pub(crate) async fn shutdown(&self) {
         match self {
             Self::Local(local) => local.shutdown().await,
             Self::Ray(ray) => ray.shutdown().await,
+            Self::Slurm(slurm) => slurm.shutdown().await,
         }
     }
 
-    /// What a waiting placement group lacks while other runs on this machine hold it.
-    pub(crate) fn shortages(&self) -> Option<watch::Receiver<Option<Shortage>>> {
+    /// What a waiting placement group waits for, as a progress line: what other runs on
+    /// this machine hold, or the Slurm job that is pending and why.
+    pub(crate) fn waits(&self) -> Option<watch::Receiver<Option<String>>> {
         match self {
-            Self::Local(local) => Some(local.shortages()),
+            Self::Local(local) => Some(said(local.shortages(), |shortage| {
+                format!("waiting for other runs on this machine: {shortage}")
+            })),
             Self::Ray(_) => None,
+            Self::Slurm(slurm) => Some(said(slurm.queued(), |queued| {
+                format!("waiting for Slurm to grant the allocation: {queued}")
+            })),
         }
     }
+}
+
+/// What `states` holds, as the progress lines `say` makes of it, as it changes.
+fn said<T: Send + Sync + 'static>(
+    mut states: watch::Receiver<Option<T>>,
+    say: impl Fn(&T) -> String + Send + 'static,
+) -> watch::Receiver<Option<String>> {
+    let (lines, out) = watch::channel(states.borrow_and_update().as_ref().map(&say));
+    tokio::spawn(async move {
+        while states.changed().await.is_ok() {
+            let line = states.borrow_and_update().as_ref().map(&say);
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    out
 }
 
 impl RayArgs {

@@ -17,6 +17,7 @@ mod output;
 mod plan;
 mod print;
 mod run;
+mod slurm;
 
 use std::error::Error;
 use std::process::ExitCode;

@@ -80,6 +80,7 @@ pub(crate) fn run(args: &PlanArgs) -> Result<(), Failure> {
     let plan = config.plan().map_err(Failure::bad_input)?;
     let placement = match (args.runtime, &args.cluster) {
         (Some(RuntimeKind::Ray), _) => Some(place_on_ray(args, &plan.placement_group_factory)?),
+        (Some(RuntimeKind::Slurm), _) => Some(place_on_slurm(args, &plan.placement_group_factory)?),
         (Some(RuntimeKind::Local), _) => {
             let nodes = args.local.config("plan", false)?.node_specs();
             let others = other_runs()?;
@@ -114,6 +115,35 @@ fn place_on_ray(args: &PlanArgs, factory: &PlacementGroupFactory) -> Result<Plac
     }
     let snapshot = crate::engine::ray_snapshot(&args.ray)?;
     let cluster = format!("ray {}", args.ray.address().unwrap_or_default());
+    place_on_snapshot(cluster, &snapshot, factory)
+}
+
+/// Places `factory` on the Slurm partition's nodes as Slurm's node table has them now.
+fn place_on_slurm(args: &PlanArgs, factory: &PlacementGroupFactory) -> Result<Placement, Failure> {
+    if let Some(flag) = args.local.given() {
+        return Err(Failure::bad_input(FlagError::new(flag, "(given)")(
+            "describes this machine and applies to --runtime local only".into(),
+        )));
+    }
+    let snapshot = args.slurm.snapshot()?;
+    let cluster = format!(
+        "slurm {}",
+        args.slurm
+            .partition
+            .as_deref()
+            .unwrap_or("(default partition)")
+    );
+    let factory = trainyard::slurm::request::slurm_factory(factory);
+    place_on_snapshot(cluster, &snapshot, &factory)
+}
+
+/// Places `factory` on the cluster `snapshot` shows: refused as `run` would refuse it when
+/// it can never fit the live nodes; else on the nodes' free resources, or what it waits for.
+fn place_on_snapshot(
+    cluster: String,
+    snapshot: &trainyard::runtime::ClusterSnapshot,
+    factory: &PlacementGroupFactory,
+) -> Result<Placement, Failure> {
     let spec = |node: &NodeInfo, resources: &Resources| NodeSpec {
         id: node.id.clone(),
         ip: node.ip.clone(),

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use tokio::sync::{mpsc, watch};
 use trainyard::backend::{AttemptFailure, RunEvent, StacksReason};
-use trainyard::runtime::{Shortage, Stream};
+use trainyard::runtime::Stream;
 
 use crate::args::LogFormat;
 use crate::output::Progress;
@@ -17,11 +17,11 @@ pub(crate) fn print_json(value: &serde_json::Value) {
     let _ = writeln!(io::stdout(), "{value}");
 }
 
-/// What the printer shows: the run's events, and what the placement group waits for while
-/// other runs on this machine hold it (local runs only).
+/// What the printer shows: the run's events, and what the placement group waits for (other
+/// runs on this machine, a Slurm job in the queue), as a progress line.
 pub(crate) struct Shown {
     pub(crate) events: mpsc::Receiver<RunEvent>,
-    pub(crate) shortages: Option<watch::Receiver<Option<Shortage>>>,
+    pub(crate) waits: Option<watch::Receiver<Option<String>>>,
     /// The ranks whose output the console shows (`--ranks`); all when `None`. The log files
     /// keep every rank's.
     pub(crate) ranks: Option<BTreeSet<u32>>,
@@ -30,7 +30,7 @@ pub(crate) struct Shown {
 /// The next thing to show.
 enum Next {
     Event(RunEvent),
-    Shortage(Shortage),
+    Wait(String),
     End,
 }
 
@@ -39,10 +39,10 @@ impl Shown {
     /// there); [`Next::End`] once the run's events have ended.
     async fn next(&mut self) -> Next {
         loop {
-            let shortages = self.shortages.as_mut();
+            let waits = self.waits.as_mut();
             let changed = async {
-                match shortages {
-                    Some(shortages) => shortages.changed().await.is_ok(),
+                match waits {
+                    Some(waits) => waits.changed().await.is_ok(),
                     None => std::future::pending().await,
                 }
             };
@@ -50,15 +50,15 @@ impl Shown {
                 biased;
                 event = self.events.recv() => return event.map_or(Next::End, Next::Event),
                 open = changed => {
-                    let now = match self.shortages.as_mut() {
-                        Some(shortages) if open => shortages.borrow_and_update().clone(),
+                    let now = match self.waits.as_mut() {
+                        Some(waits) if open => waits.borrow_and_update().clone(),
                         _ => {
-                            self.shortages = None;
+                            self.waits = None;
                             None
                         }
                     };
-                    if let Some(shortage) = now {
-                        return Next::Shortage(shortage);
+                    if let Some(line) = now {
+                        return Next::Wait(line);
                     }
                 }
             }
@@ -87,10 +87,8 @@ pub(crate) fn print_events(
     loop {
         let event = match tokio.block_on(shown.next()) {
             Next::End => return,
-            Next::Shortage(shortage) => {
-                progress.wait(&format!(
-                    "waiting for other runs on this machine: {shortage}"
-                ));
+            Next::Wait(line) => {
+                progress.wait(&line);
                 continue;
             }
             Next::Event(event) => event,

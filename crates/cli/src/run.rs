@@ -193,6 +193,7 @@ fn placement_timeout(args: &RunArgs) -> Result<Duration, Failure> {
 enum Start {
     Local(trainyard::local::LocalConfig),
     Ray(trainyard::ray::RayConfig),
+    Slurm(trainyard::slurm::SlurmConfig),
 }
 
 /// The flags that only one runtime or backend reads, refused with the other.
@@ -211,11 +212,11 @@ fn check_runtime_flags(args: &RunArgs) -> Result<(), Failure> {
     }
     if let Some(n) = args.nproc_per_node {
         let nodes = args.local.nodes.filter(|nodes| *nodes > 1);
-        if args.runtime == RuntimeKind::Ray {
+        if matches!(args.runtime, RuntimeKind::Ray | RuntimeKind::Slurm) {
             return misplaced(
                 "--nproc-per-node",
                 &n.to_string(),
-                "on --runtime ray the workers span the cluster's nodes, so there is no count per node: give the total number of workers with -n",
+                "on --runtime ray and slurm the workers span the cluster's nodes, so there is no count per node: give the total number of workers with -n",
             );
         }
         if let Some(nodes) = nodes {
@@ -225,6 +226,18 @@ fn check_runtime_flags(args: &RunArgs) -> Result<(), Failure> {
                 &format!(
                     "with --nodes {nodes} the workers span {nodes} virtual nodes, so there is no count per node: give the total number of workers with -n"
                 ),
+            );
+        }
+    }
+    if args.runtime != RuntimeKind::Slurm {
+        if let Some((flag, value)) = args.slurm.given() {
+            return misplaced(flag, value, "applies to --runtime slurm only");
+        }
+        if args.detach {
+            return misplaced(
+                "--detach",
+                "true",
+                "applies to --runtime slurm only (it submits the run as a Slurm batch job)",
             );
         }
     }
@@ -258,6 +271,38 @@ fn check_runtime_flags(args: &RunArgs) -> Result<(), Failure> {
                     flag,
                     "(given)",
                     "describes this machine and applies to --runtime local only; a Ray cluster describes itself",
+                );
+            }
+        }
+        RuntimeKind::Slurm => {
+            if let Some(address) = &args.ray.address {
+                return misplaced(
+                    "--address",
+                    address,
+                    "--address names a Ray cluster and applies to --runtime ray only",
+                );
+            }
+            for (given, flag, why) in [
+                (
+                    args.no_wait,
+                    "--no-wait",
+                    "applies to --runtime local only (runs sharing this machine); Slurm queues the allocation up to --placement-timeout",
+                ),
+                (
+                    args.wait_for_resources,
+                    "--wait-for-resources",
+                    "applies to --runtime ray only; Slurm queues the allocation up to --placement-timeout",
+                ),
+            ] {
+                if given {
+                    return misplaced(flag, "true", why);
+                }
+            }
+            if let Some(flag) = args.local.given() {
+                return misplaced(
+                    flag,
+                    "(given)",
+                    "describes this machine and applies to --runtime local only; a Slurm cluster describes itself",
                 );
             }
         }
@@ -337,6 +382,22 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
                 .wait_for_resources(args.wait_for_resources);
             Start::Ray(config)
         }
+        RuntimeKind::Slurm => {
+            // In a batch job of `--detach`, the run is the submitted one: it runs here.
+            let submitted = std::env::var_os(crate::slurm::DETACHED_VAR).is_some()
+                && std::env::var_os(trainyard::slurm::JOB_ID_VAR).is_some();
+            if args.detach && !submitted {
+                return crate::slurm::detach(
+                    &args.slurm,
+                    &scaling,
+                    args.name.as_deref(),
+                    args.output.as_deref(),
+                );
+            }
+            // Job steps get the driver's whole environment (srun --export=ALL). The
+            // allocation's job is named after the run, as `squeue` shows it.
+            Start::Slurm(args.slurm.config(args.name.as_deref().unwrap_or(&name))?)
+        }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -406,7 +467,7 @@ async fn drive(
     // what other runs keep the placement group waiting for too, in order with the events.
     let shown = Shown {
         events: received,
-        shortages: runtime.shortages(),
+        waits: runtime.waits(),
         ranks,
     };
     let format = args.log_format;
@@ -512,6 +573,7 @@ async fn start_runtime(
             }
             Engine::Ray(args.ray.start(config).await?)
         }
+        Start::Slurm(config) => Engine::Slurm(args.slurm.start(config).await?),
     })
 }
 

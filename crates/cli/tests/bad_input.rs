@@ -315,7 +315,7 @@ fn cases(dir: &Path) -> Vec<Case> {
             &["--checkpoint-score", ":min"],
             "`:min` for `--checkpoint-score`",
         ),
-        run(&["--runtime", "slurm"], "slurm"),
+        run(&["--runtime", "pbs"], "pbs"),
         run(&["--backend", "jax"], "jax"),
         run(&["--bogus"], "--bogus"),
     ]

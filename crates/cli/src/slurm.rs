@@ -1,0 +1,315 @@
+//! `--runtime slurm`: the SLURM flags, starting the Slurm runtime, its node table for
+//! `cluster` and `plan`, and `run --detach`, which submits the whole run as a batch job.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use trainyard::runtime::{ActorRuntime, ClusterSnapshot, RuntimeError};
+use trainyard::slurm::request::Shape;
+use trainyard::slurm::{AllocationOptions, JOB_ID_VAR, SlurmConfig, SlurmError, SlurmRuntime};
+use trainyard_config::ScalingConfig;
+
+use crate::Failure;
+use crate::args::{FlagError, SlurmArgs};
+
+/// Set in a `--detach` run's batch script: the run inside it is the submitted one.
+pub(crate) const DETACHED_VAR: &str = "TRAINYARD_SLURM_DETACHED";
+
+impl SlurmArgs {
+    /// The first SLURM flag given, for refusing it with another runtime.
+    pub(crate) fn given(&self) -> Option<(&'static str, &str)> {
+        [
+            ("--partition", &self.partition),
+            ("--account", &self.account),
+            ("--qos", &self.qos),
+            ("--time", &self.time),
+            ("--signal", &self.signal),
+        ]
+        .into_iter()
+        .find_map(|(flag, value)| value.as_deref().map(|value| (flag, value)))
+    }
+
+    /// The allocation options of the flags, each checked.
+    pub(crate) fn options(&self) -> Result<AllocationOptions, Failure> {
+        for (flag, value) in [
+            ("--partition", &self.partition),
+            ("--account", &self.account),
+            ("--qos", &self.qos),
+        ] {
+            if let Some(value) = value {
+                if value.is_empty() || value.contains(|c: char| c.is_whitespace() || c == ',') {
+                    return Err(Failure::bad_input(FlagError::new(flag, value)(
+                        "expected one Slurm name, without spaces or commas".into(),
+                    )));
+                }
+            }
+        }
+        if let Some(time) = &self.time {
+            if !is_slurm_time(time) {
+                return Err(Failure::bad_input(FlagError::new("--time", time)(
+                    "expected a Slurm time limit: MINUTES, MM:SS, H:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED".into(),
+                )));
+            }
+        }
+        if let Some(signal) = &self.signal {
+            if !is_slurm_signal(signal) {
+                return Err(Failure::bad_input(FlagError::new("--signal", signal)(
+                    "expected SIGNAL[@SECONDS] such as USR1@90 (a signal name or number, seconds up to 65535)".into(),
+                )));
+            }
+        }
+        Ok(AllocationOptions {
+            partition: self.partition.clone(),
+            account: self.account.clone(),
+            qos: self.qos.clone(),
+            time: self.time.clone(),
+            signal: self.signal.clone(),
+        })
+    }
+
+    /// The Slurm runtime's configuration for a run named `run_name`: inside `$SLURM_JOB_ID`'s
+    /// allocation when it is set, else with an allocation of its own.
+    pub(crate) fn config(&self, run_name: &str) -> Result<SlurmConfig, Failure> {
+        let options = self.options()?;
+        let config = SlurmConfig::new(run_name).map_err(Failure::other)?;
+        // A `--detach` run's batch job was requested with the flags already.
+        let submitted = std::env::var_os(DETACHED_VAR).is_some();
+        if let (Some(job), Some((flag, value)), false) = (&config.job, self.given(), submitted) {
+            return Err(Failure::bad_input(FlagError::new(flag, value)(
+                format!(
+                    "this runs inside Slurm job {job} (${JOB_ID_VAR}), whose allocation is used as it is; the flag applies to an allocation of the run's own"
+                )
+                .into(),
+            )));
+        }
+        Ok(config.allocation(options))
+    }
+
+    /// Starts the Slurm runtime; a cluster without Slurm, or a partition it does not have,
+    /// is the flags' fault (exit 2).
+    pub(crate) async fn start(&self, config: SlurmConfig) -> Result<SlurmRuntime, Failure> {
+        SlurmRuntime::start(config)
+            .await
+            .map_err(|error| self.failure(error))
+    }
+
+    /// A Slurm error as the command's failure.
+    pub(crate) fn failure(&self, error: SlurmError) -> Failure {
+        match error {
+            error @ SlurmError::Missing { .. } => {
+                Failure::bad_input(FlagError::new("--runtime", "slurm")(Box::new(error)))
+            }
+            error @ SlurmError::NoPartition { .. } => {
+                Failure::bad_input(FlagError::new(
+                    "--partition",
+                    self.partition.as_deref().unwrap_or("(default)"),
+                )(Box::new(error)))
+            }
+            error => Failure::other(error),
+        }
+    }
+
+    /// The partition's nodes (or the allocation's) as they are now.
+    pub(crate) fn snapshot(&self) -> Result<ClusterSnapshot, Failure> {
+        let config = self.config(&trainyard::backend::unique_run_name())?;
+        let tokio = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(Failure::other)?;
+        tokio.block_on(async {
+            let slurm = self.start(config).await?;
+            let snapshot = slurm.cluster().await;
+            slurm.shutdown().await;
+            snapshot.map_err(Failure::other)
+        })
+    }
+}
+
+/// `MINUTES`, `MM:SS`, `H:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`, `UNLIMITED`/`INFINITE`.
+fn is_slurm_time(text: &str) -> bool {
+    if matches!(text, "UNLIMITED" | "INFINITE" | "unlimited" | "infinite") {
+        return true;
+    }
+    let numbers = |part: &str, most: usize| {
+        let fields: Vec<&str> = part.split(':').collect();
+        fields.len() <= most
+            && fields
+                .iter()
+                .all(|f| !f.is_empty() && f.len() <= 9 && f.bytes().all(|b| b.is_ascii_digit()))
+    };
+    match text.split_once('-') {
+        Some((days, rest)) => numbers(days, 1) && numbers(rest, 3),
+        None => numbers(text, 3),
+    }
+}
+
+/// `[R:|B:]SIGNAL[@SECONDS]`, the signal a name (`USR1`, `SIGUSR1`) or a number.
+fn is_slurm_signal(text: &str) -> bool {
+    let text = text
+        .strip_prefix("R:")
+        .or_else(|| text.strip_prefix("B:"))
+        .unwrap_or(text);
+    let (signal, secs) = match text.split_once('@') {
+        Some((signal, secs)) => (signal, Some(secs)),
+        None => (text, None),
+    };
+    let name = signal.strip_prefix("SIG").unwrap_or(signal);
+    let known = name.parse::<u8>().is_ok_and(|n| (1..=64).contains(&n))
+        || format!("SIG{name}")
+            .parse::<nix::sys::signal::Signal>()
+            .is_ok();
+    known && secs.is_none_or(|secs| secs.parse::<u16>().is_ok())
+}
+
+/// `run --detach`: checks that some set of the partition's nodes can hold the run (exit 3
+/// at once when none can), then submits a batch job shaped like the allocation the run
+/// would request, whose script is this very command line (run inside the allocation), and
+/// prints its job id and output file.
+pub(crate) fn detach(
+    args: &SlurmArgs,
+    scaling: &ScalingConfig,
+    name: Option<&str>,
+    output: Option<&Path>,
+) -> Result<(), Failure> {
+    let options = args.options()?;
+    let factory = scaling
+        .placement_group_factory()
+        .map_err(Failure::bad_input)?;
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Failure::other)?;
+    let nodes = tokio
+        .block_on(trainyard::slurm::slurm::partition_nodes(
+            options.partition.as_deref(),
+        ))
+        .map_err(|error| args.failure(error))?
+        .1;
+    let totals: Vec<_> = nodes
+        .iter()
+        .map(trainyard::slurm::slurm::SlurmNode::total)
+        .collect();
+    let shape = Shape::for_group(&factory, &totals).map_err(|error| {
+        Failure::new(
+            crate::EXIT_UNSCHEDULABLE,
+            trainyard::backend::ExecutorError::Unschedulable(Box::new(RuntimeError::Infeasible(
+                error,
+            ))),
+        )
+    })?;
+    let exe = std::env::current_exe().map_err(Failure::other)?;
+    let mut script = String::from("#!/bin/sh\n# written by trainyard run --detach\n");
+    script.push_str(&format!("export {DETACHED_VAR}=1\nexec"));
+    for word in std::iter::once(exe.to_string_lossy().into_owned()).chain(std::env::args().skip(1))
+    {
+        script.push(' ');
+        script.push_str(&shell_quoted(&word));
+    }
+    script.push('\n');
+    let output = output.map_or_else(|| PathBuf::from("trainyard-%j.out"), Path::to_path_buf);
+    let output = std::path::absolute(&output).unwrap_or(output);
+    let mut command = Command::new("sbatch");
+    command
+        .arg("--parsable")
+        .arg(format!(
+            "--job-name={}",
+            name.map_or_else(trainyard::backend::unique_run_name, str::to_owned)
+        ))
+        .arg(format!("--output={}", output.display()))
+        .args(shape.flags())
+        .args(options.flags())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().map_err(|error| {
+        args.failure(SlurmError::Missing {
+            program: format!("sbatch ({error})"),
+        })
+    })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(script.as_bytes()).map_err(Failure::other)?;
+    }
+    let out = child.wait_with_output().map_err(Failure::other)?;
+    if !out.status.success() {
+        let said = String::from_utf8_lossy(&out.stderr);
+        return Err(Failure::new(
+            crate::EXIT_UNSCHEDULABLE,
+            trainyard::backend::ExecutorError::Unschedulable(Box::new(RuntimeError::Refused {
+                scheduler: "Slurm",
+                reason: said.trim().to_owned(),
+            })),
+        ));
+    }
+    let job = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let file = output.to_string_lossy().replace("%j", &job);
+    println!("{job}");
+    eprintln!("trainyard: submitted Slurm job {job}; its output goes to {file}");
+    Ok(())
+}
+
+/// `word` as one word for `sh`.
+fn shell_quoted(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,@%+".contains(&b))
+    {
+        return word.to_owned();
+    }
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_time_limits_are_checked_in_slurms_forms() {
+        for good in [
+            "30",
+            "30:00",
+            "1:00:00",
+            "2-00",
+            "2-12:30",
+            "2-12:30:00",
+            "UNLIMITED",
+        ] {
+            assert!(is_slurm_time(good), "{good}");
+        }
+        for bad in ["", "1h", "1:2:3:4", "-5", "2-", "1.5", "a-1"] {
+            assert!(!is_slurm_time(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn slurm_signals_are_names_or_numbers_with_a_lead_time() {
+        for good in [
+            "USR1",
+            "USR1@90",
+            "SIGUSR1@90",
+            "10@60",
+            "B:USR1@90",
+            "R:TERM",
+        ] {
+            assert!(is_slurm_signal(good), "{good}");
+        }
+        for bad in ["", "USR3", "USR1@", "USR1@-1", "USR1@soon", "0", "99"] {
+            assert!(!is_slurm_signal(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn words_are_quoted_for_the_batch_script_only_when_needed() {
+        assert_eq!(shell_quoted("-n"), "-n");
+        assert_eq!(shell_quoted("{\"CPU\":1}"), "'{\"CPU\":1}'");
+        assert_eq!(shell_quoted("it's"), "'it'\\''s'");
+        assert_eq!(shell_quoted(""), "''");
+        assert_eq!(shell_quoted("a b"), "'a b'");
+    }
+}

@@ -1,0 +1,437 @@
+//! `trainyard run --runtime slurm` on a real Slurm cluster of four fake nodes on this machine
+//! (`scripts/slurm-env.sh`): PyTorch DDP over two nodes, memory per step, an OOM kill, a
+//! cancelled allocation, an interrupted and a SIGKILLed driver leaving nothing behind, a
+//! request no node can hold, and `--detach`. Without the cluster the tests print `SKIP:` and
+//! why; under `CI=true` they fail unless `TRAINYARD_SLURM_SKIP` says why.
+
+use trainyard_test_support::processes as common;
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{MARKER, Sandbox, left_behind, root, torch_python, wait_bounded};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use trainyard_runtime_slurm::testing::{cluster, jobs_named, wait_for_no_jobs};
+
+/// A `trainyard run --runtime slurm --name NAME` in `sandbox`, its workers marked.
+fn slurm_run(sandbox: &Sandbox, name: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_trainyard"));
+    command
+        .current_dir(root())
+        .envs(sandbox.env())
+        .env(MARKER, sandbox.mark())
+        .args(["run", "--runtime", "slurm", "--name", name])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A name of this test's own for its run (and so its Slurm job).
+fn name(test: &str) -> String {
+    format!("tyslurm-cli-{test}-{}", std::process::id())
+}
+
+/// Waits until the run's allocation runs `count` steps (its workers have started), and a
+/// moment more for their tasks to start.
+fn wait_for_steps(name: &str, count: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(job) = jobs_named(name).into_iter().next() {
+            let steps = Command::new("squeue")
+                .args(["-h", "-s", "-j", &job, "-t", "RUNNING", "-o", "%i"])
+                .output()
+                .expect("squeue");
+            if String::from_utf8_lossy(&steps.stdout).lines().count() >= count {
+                std::thread::sleep(Duration::from_millis(500));
+                return job;
+            }
+        }
+        assert!(Instant::now() < deadline, "the run's steps never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Nothing of the run is left: no job in Slurm's queue, no worker process.
+fn nothing_left(sandbox: &Sandbox, name: &str) {
+    let jobs = wait_for_no_jobs(name, Duration::from_secs(10));
+    assert!(jobs.is_empty(), "jobs left in squeue: {jobs:?}");
+    let processes = left_behind(sandbox.mark(), Duration::from_secs(10));
+    assert!(processes.is_empty(), "worker processes left: {processes:?}");
+}
+
+#[test]
+fn torch_ddp_spreads_over_two_nodes_and_every_rank_sums_right() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-ddp");
+    let run = name("ddp");
+    let child = slurm_run(
+        &sandbox,
+        &run,
+        &["-n", "2", "-s", "SPREAD", "-r", "CPU=1,memory=1GiB", "--"],
+    )
+    .arg(&python)
+    .arg("examples/torch_ddp.py")
+    .spawn()
+    .expect("trainyard starts");
+    let out = wait_bounded(child, Duration::from_secs(300));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for (rank, node) in [(0, "n1"), (1, "n2")] {
+        let placed = stderr.lines().any(|line| {
+            line.starts_with(&format!("- (node_id={node}, ip=127.0.0.1, pid="))
+                && line.ends_with(&format!(
+                    "world_rank={rank}, local_rank=0, node_rank={rank}"
+                ))
+        });
+        assert!(placed, "rank {rank} on node {node}: {stderr}");
+        let want = format!("rank {rank}: all_reduce sum = 3 (expected 3)");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("(rank={rank}, pid=")) && l.ends_with(&want)),
+            "no `{want}` in {stdout}"
+        );
+    }
+    nothing_left(&sandbox, &run);
+}
+
+#[test]
+fn memory_per_worker_is_each_steps_limit_and_past_it_is_the_ranks_limit() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-memory");
+    // The seed's memory-only scenario: Slurm's cgroup holds each step to its --mem.
+    let run = name("memory");
+    let probe = "cat /sys/fs/cgroup/memory/slurm_$SLURMD_NODENAME/uid_$(id -u)/job_$SLURM_JOB_ID/step_$SLURM_STEP_ID/memory.limit_in_bytes 2>/dev/null || echo no-cgroup";
+    let child = slurm_run(
+        &sandbox,
+        &run,
+        &[
+            "-n",
+            "2",
+            "-r",
+            r#"{"memory": "200MiB"}"#,
+            "--backend",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            probe,
+        ],
+    )
+    .spawn()
+    .expect("trainyard starts");
+    let out = wait_bounded(child, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for rank in 0..2 {
+        assert!(
+            stdout.contains(&format!("(rank={rank}, pid="))
+                && (stdout.contains(") 209715200") || stdout.contains(") no-cgroup")),
+            "rank {rank}'s step limit: {stdout}"
+        );
+    }
+    nothing_left(&sandbox, &run);
+
+    let run = name("oom");
+    let child = slurm_run(
+        &sandbox,
+        &run,
+        &[
+            "-r",
+            "memory=100MiB",
+            "--backend",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            "head -c 400000000 /dev/zero | tail >/dev/null && echo survived",
+        ],
+    )
+    .spawn()
+    .expect("trainyard starts");
+    let out = wait_bounded(child, Duration::from_secs(120));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("rank 0 exceeded its memory limit of 100MiB"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stdout.contains("survived"), "{stdout}");
+    nothing_left(&sandbox, &run);
+}
+
+#[test]
+fn a_cancelled_allocation_fails_the_run_with_that_cause() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-scancel");
+    let run = name("scancel");
+    let child = slurm_run(
+        &sandbox,
+        &run,
+        &[
+            "-n",
+            "2",
+            "-s",
+            "SPREAD",
+            "--backend",
+            "none",
+            "--max-failures",
+            "3",
+            "--",
+            "sleep",
+            "60",
+        ],
+    )
+    .spawn()
+    .expect("trainyard starts");
+    let job = wait_for_steps(&run, 2);
+    let status = Command::new("scancel").arg(&job).status().expect("scancel");
+    assert!(status.success());
+    let out = wait_bounded(child, Duration::from_secs(60));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("died: its scheduler cancelled it (scancel)"),
+        "not retried, with its cause: {stderr}"
+    );
+    assert!(stderr.contains("failed after 1 attempt"), "{stderr}");
+    nothing_left(&sandbox, &run);
+}
+
+/// Starts a two-worker run that sleeps, waits for its steps, and ends its driver with
+/// `signal`; returns the driver for its exit.
+fn interrupted(sandbox: &Sandbox, run: &str, signal: Signal) -> Child {
+    let child = slurm_run(
+        sandbox,
+        run,
+        &[
+            "-n",
+            "2",
+            "-s",
+            "SPREAD",
+            "--backend",
+            "none",
+            "--",
+            "sleep",
+            "60",
+        ],
+    )
+    .spawn()
+    .expect("trainyard starts");
+    wait_for_steps(run, 2);
+    let pid = Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
+    kill(pid, signal).expect("signalled");
+    child
+}
+
+#[test]
+fn an_interrupted_or_sigkilled_driver_leaves_no_job_and_no_worker() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-interrupt");
+    let run = name("sigint");
+    let out = wait_bounded(
+        interrupted(&sandbox, &run, Signal::SIGINT),
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(130), "{:?}", text(&out));
+    nothing_left(&sandbox, &run);
+
+    let run = name("sigkill");
+    let out = wait_bounded(
+        interrupted(&sandbox, &run, Signal::SIGKILL),
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), None, "killed");
+    nothing_left(&sandbox, &run);
+}
+
+#[test]
+fn what_no_node_can_hold_exits_3_at_once_and_bad_flags_exit_2() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-infeasible");
+    let run = name("huge");
+    let started = Instant::now();
+    let out = slurm_run(&sandbox, &run, &["-r", "memory=100GB", "--", "true"])
+        .output()
+        .expect("trainyard runs");
+    let took = started.elapsed();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert!(
+        stderr.contains("bundle 0 needs memory=100GB but the most memory any node has is 4GiB"),
+        "{stderr}"
+    );
+    assert!(jobs_named(&run).is_empty());
+
+    for (flags, said) in [
+        (
+            &["--partition", "nope"][..],
+            "partition `nope` does not exist",
+        ),
+        (&["--time", "1h"][..], "invalid value `1h` for `--time`"),
+        (
+            &["--signal", "USR3@90"][..],
+            "invalid value `USR3@90` for `--signal`",
+        ),
+        (&["--num-cpus", "4"][..], "a Slurm cluster describes itself"),
+    ] {
+        let out = slurm_run(&sandbox, &run, &[flags, &["--", "true"]].concat())
+            .output()
+            .expect("trainyard runs");
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stdout}\n{stderr}");
+        assert!(stderr.contains(said), "{flags:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_detached_run_is_a_batch_job_whose_output_file_shows_the_ranks() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-detach");
+    let run = name("detach");
+    let output = std::env::temp_dir().join(format!("{run}-%j.out"));
+    let out = slurm_run(
+        &sandbox,
+        &run,
+        &[
+            "--detach",
+            "--output",
+            &output.to_string_lossy(),
+            "-n",
+            "2",
+            "-s",
+            "SPREAD",
+            "--backend",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            "echo rank $TRAINYARD_WORLD_RANK on $SLURMD_NODENAME",
+        ],
+    )
+    .output()
+    .expect("trainyard submits");
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let job = stdout.trim().to_owned();
+    assert!(
+        job.parse::<u64>().is_ok(),
+        "the job id alone on stdout: {stdout}"
+    );
+    let file = output.to_string_lossy().replace("%j", &job);
+    assert!(
+        stderr.contains(&format!(
+            "submitted Slurm job {job}; its output goes to {file}"
+        )),
+        "{stderr}"
+    );
+    // The job runs to its end.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !jobs_named(&run).is_empty() && job_is_queued(&job) {
+        assert!(Instant::now() < deadline, "job {job} did not end");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let shown = std::fs::read_to_string(&file).expect("the output file");
+    let _ = std::fs::remove_file(&file);
+    for (rank, node) in [(0, "n1"), (1, "n2")] {
+        assert!(shown.contains(&format!("rank {rank} on {node}")), "{shown}");
+    }
+    assert!(shown.contains("trainyard: the run succeeded"), "{shown}");
+}
+
+/// Whether `job` is pending or running still.
+fn job_is_queued(job: &str) -> bool {
+    let out = Command::new("squeue")
+        .args(["-h", "-j", job, "-o", "%T"])
+        .output()
+        .expect("squeue");
+    let state = String::from_utf8_lossy(&out.stdout);
+    matches!(
+        state.trim(),
+        "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING"
+    )
+}
+
+#[test]
+fn cluster_and_plan_show_the_partitions_nodes() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_trainyard"))
+        .args(["cluster", "--runtime", "slurm", "--format", "json"])
+        .output()
+        .expect("trainyard runs");
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let shown: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    let names: Vec<&str> = shown["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|node| node["id"].as_str())
+        .collect();
+    assert_eq!(names, ["n1", "n2", "n3", "n4"], "{stdout}");
+    assert_eq!(shown["nodes"][0]["resources"]["CPU"], 2, "{stdout}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_trainyard"))
+        .args([
+            "plan",
+            "-n",
+            "3",
+            "-s",
+            "STRICT_SPREAD",
+            "-r",
+            "memory=200MiB",
+        ])
+        .args(["--runtime", "slurm"])
+        .output()
+        .expect("trainyard runs");
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for (bundle, node) in [(0, "n1"), (1, "n2"), (2, "n3")] {
+        assert!(
+            stdout.contains(&format!("bundle {bundle} ("))
+                && stdout.contains(&format!("-> {node}")),
+            "{stdout}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_trainyard"))
+        .args([
+            "plan",
+            "-n",
+            "5",
+            "-s",
+            "STRICT_SPREAD",
+            "--runtime",
+            "slurm",
+        ])
+        .output()
+        .expect("trainyard runs");
+    assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
+}
