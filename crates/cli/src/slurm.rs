@@ -1,9 +1,7 @@
 //! `--runtime slurm`: the SLURM flags, starting the Slurm runtime, its node table for
 //! `cluster` and `plan`, and `run --detach`, which submits the whole run as a batch job.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use trainyard::runtime::{ActorRuntime, ClusterSnapshot, RuntimeError};
 use trainyard::slurm::request::Shape;
@@ -199,58 +197,63 @@ pub(crate) fn detach(
         )
     })?;
     let exe = std::env::current_exe().map_err(Failure::other)?;
-    let mut script = String::from("#!/bin/sh\n# written by trainyard run --detach\n");
-    script.push_str(&format!("export {DETACHED_VAR}=1\nexec"));
+    let mut script = format!("export {DETACHED_VAR}=1; exec");
     for word in std::iter::once(exe.to_string_lossy().into_owned()).chain(std::env::args().skip(1))
     {
         script.push(' ');
         script.push_str(&shell_quoted(&word));
     }
-    script.push('\n');
     let output = output.map_or_else(|| PathBuf::from("trainyard-%j.out"), Path::to_path_buf);
     let output = std::path::absolute(&output).unwrap_or(output);
-    let mut command = Command::new("sbatch");
-    command
-        .arg("--parsable")
-        .arg(format!(
+    let mut sbatch = vec![
+        "--parsable".to_owned(),
+        format!(
             "--job-name={}",
             name.map_or_else(trainyard::backend::unique_run_name, str::to_owned)
-        ))
-        .arg(format!("--output={}", output.display()))
-        .args(shape.flags())
-        .args(options.flags())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = command.spawn().map_err(|error| {
-        args.failure(SlurmError::Missing {
-            program: format!("sbatch ({error})"),
-        })
-    })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(script.as_bytes()).map_err(Failure::other)?;
-    }
-    let out = child.wait_with_output().map_err(Failure::other)?;
-    if !out.status.success() {
-        let said = String::from_utf8_lossy(&out.stderr);
-        return Err(Failure::new(
-            crate::EXIT_UNSCHEDULABLE,
-            trainyard::backend::ExecutorError::Unschedulable(Box::new(RuntimeError::Refused {
-                scheduler: "Slurm",
-                reason: said.trim().to_owned(),
-            })),
-        ));
-    }
-    let job = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
+        ),
+        format!("--output={}", output.display()),
+    ];
+    sbatch.extend(shape.flags());
+    sbatch.extend(options.flags());
+    sbatch.push(format!("--wrap={script}"));
+    let sbatch: Vec<&str> = sbatch.iter().map(String::as_str).collect();
+    let submitted = tokio.block_on(trainyard::slurm::slurm::output("sbatch", &sbatch));
+    let job = match submitted {
+        Ok(out) => out.trim().split(';').next().unwrap_or_default().to_owned(),
+        Err(SlurmError::Command { message, .. }) => return Err(refused(args, &message)),
+        Err(error) => return Err(args.failure(error)),
+    };
     let file = output.to_string_lossy().replace("%j", &job);
     println!("{job}");
     eprintln!("trainyard: submitted Slurm job {job}; its output goes to {file}");
     Ok(())
+}
+
+/// Slurm's refusal of a submission: a flag naming what Slurm does not have (an account, a
+/// QOS, a partition) is bad input (exit 2); anything else cannot be scheduled (exit 3).
+fn refused(args: &SlurmArgs, said: &str) -> Failure {
+    let said = said.trim();
+    let lower = said.to_ascii_lowercase();
+    for (word, flag, value) in [
+        ("account", "--account", &args.account),
+        ("qos", "--qos", &args.qos),
+        ("partition", "--partition", &args.partition),
+    ] {
+        if lower.contains("invalid") && lower.contains(word) {
+            if let Some(value) = value {
+                return Failure::bad_input(FlagError::new(flag, value)(
+                    format!("Slurm refused it: {said}").into(),
+                ));
+            }
+        }
+    }
+    Failure::new(
+        crate::EXIT_UNSCHEDULABLE,
+        trainyard::backend::ExecutorError::Unschedulable(Box::new(RuntimeError::Refused {
+            scheduler: "Slurm",
+            reason: said.to_owned(),
+        })),
+    )
 }
 
 /// `word` as one word for `sh`.

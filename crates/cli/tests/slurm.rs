@@ -267,6 +267,60 @@ fn an_interrupted_or_sigkilled_driver_leaves_no_job_and_no_worker() {
 }
 
 #[test]
+fn a_sigkilled_driver_whose_allocation_is_still_queued_leaves_no_job() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-queued-kill");
+    let run = name("queued-kill");
+    // Every CPU of every node is held: the run's allocation waits in the queue.
+    let hog = trainyard_runtime_slurm::testing::HeldAllocation::new(
+        &format!("{run}-hog"),
+        &[
+            "--nodes=4",
+            "--ntasks-per-node=1",
+            "--cpus-per-task=2",
+            "--mem=100M",
+        ],
+    );
+    let child = slurm_run(
+        &sandbox,
+        &run,
+        &["-n", "2", "--backend", "none", "--", "true"],
+    )
+    .spawn()
+    .expect("trainyard starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while jobs_named(&run).iter().all(|job| *job == hog.job) {
+        assert!(
+            Instant::now() < deadline,
+            "the run's allocation was never queued"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
+    kill(pid, Signal::SIGKILL).expect("killed");
+    let out = wait_bounded(child, Duration::from_secs(10));
+    assert_eq!(out.status.code(), None, "killed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mine = || -> Vec<String> {
+        jobs_named(&run)
+            .into_iter()
+            .filter(|job| *job != hog.job)
+            .collect()
+    };
+    while !mine().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the queued request outlived its driver: {:?}",
+            mine()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(hog);
+}
+
+#[test]
 fn what_no_node_can_hold_exits_3_at_once_and_bad_flags_exit_2() {
     let Some(_cluster) = cluster() else {
         return;

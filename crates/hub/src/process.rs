@@ -183,6 +183,13 @@ pub trait AgentProcess: Send + 'static {
     /// Waits until the process has ended. Cancel safe: the hub polls it inside `select!`.
     async fn wait(&mut self) -> io::Result<AgentExit>;
 
+    /// How long, once its connection is lost, the process gets to end before the loss of
+    /// the connection is taken as its end (1 s by default). A runtime that learns of the end
+    /// from afar takes longer: `srun` waits for its job step to finish.
+    fn exit_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
+    }
+
     /// Asks the agent to exit (SIGTERM): it stops its task within its grace and exits.
     fn terminate(&mut self);
 

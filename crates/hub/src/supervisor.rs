@@ -522,7 +522,8 @@ impl Supervisor {
             }
             End::Lost => {
                 if !serving.child_done {
-                    self.reap_within(EXIT_WAIT, &mut serving).await;
+                    let wait = self.process.exit_wait();
+                    self.reap_within(wait, &mut serving).await;
                 }
                 let mut stops = self.read_remains(&mut serving).await;
                 stops.extend(

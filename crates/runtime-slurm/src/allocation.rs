@@ -3,14 +3,20 @@
 //!
 //! # Release, the driver SIGKILLed included
 //!
-//! `salloc` runs a holder command for as long as the allocation should live: `sh -c 'cat
-//! >/dev/null; scancel "$SLURM_JOB_ID"'`, whose stdin is a pipe from the driver. Nothing else
-//! holds the pipe's writing end (descriptors are close-on-exec), so when the driver ends in
-//! any way — returns, panics, is SIGKILLed — the holder reads EOF and the allocation ends
-//! twice over: `salloc` relinquishes it when its command exits, and the holder has already
-//! cancelled it with `scancel`, which also covers a `salloc` that was itself killed. Ending
-//! the job ends every job step in it, so every worker. A release from the driver
-//! ([`OwnAllocation::release`]) closes the pipe, runs `scancel` and reaps `salloc`.
+//! Everything hangs on one pipe from the driver, whose writing end nothing else holds
+//! (descriptors are close-on-exec): when the driver ends in any way — returns, panics, is
+//! SIGKILLed — its readers see EOF.
+//!
+//! - Once granted, `salloc` runs a holder command for as long as the allocation should live:
+//!   `sh -c '…; cat >/dev/null; scancel "$SLURM_JOB_ID"'`, reading the pipe. At EOF the
+//!   allocation ends twice over: the holder cancels it with `scancel` (which also covers a
+//!   `salloc` that was itself killed), and `salloc` relinquishes it when its command exits.
+//! - While it is pending there is no holder yet: `salloc` runs under a small guard (`sh`)
+//!   that reads the same pipe and, at EOF, sends `salloc` SIGTERM, on which it withdraws a
+//!   pending request (`Job allocation N has been revoked`).
+//!
+//! Ending the job ends every job step in it, so every worker. A release from the driver
+//! ([`OwnAllocation::release`]) closes the pipe, runs `scancel` and reaps the guard.
 
 use std::fmt;
 use std::process::Stdio;
@@ -29,6 +35,17 @@ use crate::slurm::{self, JobInfo, SlurmNode, node_resources, parse_nodes};
 const HOLDER: &str = "printf 'trainyard-allocation %s %s %s %s\\n' \"$SLURM_JOB_ID\" \
      \"$SLURM_JOB_NODELIST\" \"$SLURM_JOB_CPUS_PER_NODE\" \"${SLURM_MEM_PER_NODE:-0}\"; \
      cat >/dev/null; scancel \"$SLURM_JOB_ID\" 2>/dev/null";
+/// Runs `salloc "$@"` with the pipe on fd 0 as its stdin (for the holder), and withdraws
+/// it with SIGTERM once that pipe ends, as long as it runs; exits as `salloc` does.
+const GUARD: &str = "exec 3<&0
+salloc \"$@\" <&3 &
+s=$!
+(while IFS= read -r _; do :; done <&3; kill -TERM \"$s\" 2>/dev/null) &
+g=$!
+wait \"$s\"
+status=$?
+kill \"$g\" 2>/dev/null
+exit \"$status\"";
 /// How long a released `salloc` gets to exit before it is killed.
 const RELEASE_GRACE: Duration = Duration::from_secs(10);
 
@@ -160,17 +177,18 @@ impl OwnAllocation {
     /// # Errors
     /// [`SlurmError::Missing`] without `salloc`, or when it cannot be started.
     pub(crate) fn submit(name: &str, flags: &[String]) -> Result<Self, SlurmError> {
-        let mut command = Command::new("salloc");
+        let mut command = Command::new("sh");
         command
+            .args(["-c", GUARD, "trainyard-salloc"])
             .arg(format!("--job-name={name}"))
             .args(flags)
             .args(["sh", "-c", HOLDER])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            // Not in the terminal's process group: Ctrl-C is the driver's to handle.
-            .process_group(0)
-            .kill_on_drop(true);
+            // Not in the terminal's process group: Ctrl-C is the driver's to handle. Not
+            // killed when dropped either: closing the pipe ends it, and what it holds.
+            .process_group(0);
         tracing::debug!(?command, "requesting a Slurm allocation");
         let mut salloc = command.spawn().map_err(|error| match error.kind() {
             std::io::ErrorKind::NotFound => SlurmError::Missing {
@@ -189,7 +207,7 @@ impl OwnAllocation {
                 let mut lines = BufReader::new(stdout).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
                     if let Some(granted) = Granted::parse(&line) {
-                        let _ = tx.send(Grant::Granted(granted));
+                        tx.send_replace(Grant::Granted(granted));
                     }
                 }
             });
@@ -202,10 +220,17 @@ impl OwnAllocation {
                     tracing::debug!(%line, "salloc");
                     match grant_line(&line) {
                         Some(Grant::Refused(text)) => refused.push(text),
-                        Some(Grant::Waiting(None)) | None => {}
-                        Some(other) => {
-                            let _ = tx.send(other);
+                        // The job id, unless the holder has said more already.
+                        Some(Grant::Waiting(Some(job))) => {
+                            tx.send_if_modified(|grant| match grant {
+                                Grant::Waiting(_) => {
+                                    *grant = Grant::Waiting(Some(job));
+                                    true
+                                }
+                                _ => false,
+                            });
                         }
+                        _ => {}
                     }
                 }
                 // salloc is gone: unless granted, that is its answer.

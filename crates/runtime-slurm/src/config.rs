@@ -63,8 +63,8 @@ pub struct SlurmConfig {
     pub job: Option<String>,
     /// What that allocation is requested with.
     pub allocation: AllocationOptions,
-    /// Where the driver listens for its agents; `None`: the address this host's name
-    /// resolves to, which the nodes reach it at.
+    /// Where the driver listens for its agents; `None`: this host's address on the route to
+    /// the nodes (loopback for fake nodes on this machine).
     pub bind: Option<IpAddr>,
     /// How long a step may take from `srun` to its agent's hello.
     pub connect_timeout: Duration,

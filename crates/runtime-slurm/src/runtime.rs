@@ -103,7 +103,14 @@ impl SlurmRuntime {
         }
         let bind = match config.bind {
             Some(bind) => bind,
-            None => host_address().await,
+            None => {
+                let nodes = match (&state.book, &state.table) {
+                    (Some(book), _) => book.snapshot().nodes.into_iter().map(|n| n.ip).collect(),
+                    (None, Some((_, nodes))) => nodes.iter().map(|n| n.addr.clone()).collect(),
+                    (None, None) => Vec::new(),
+                };
+                driver_address(nodes).await
+            }
         };
         let hub_config = HubConfig {
             name: config.run_name.clone(),
@@ -271,14 +278,190 @@ impl SlurmRuntime {
     }
 }
 
-/// The address this host's name resolves to (the one Slurm's nodes reach it at), else
-/// loopback.
-async fn host_address() -> IpAddr {
+/// One worker's job step: what `srun` is asked for.
+struct Step {
+    job: String,
+    /// Unique in the job: the step is found (and cancelled) by it.
+    name: String,
+    flags: Vec<String>,
+    /// The step's own memory limit, in bytes, when the worker asked for memory.
+    memory: Option<u64>,
+}
+
+impl Step {
+    /// `srun --jobid J --nodes 1 --ntasks 1 --exact --nodelist NODE --job-name NAME
+    /// --cpus-per-task C [--mem M] [--gpus-per-task G]` for the actor `spec` held on `held`.
+    fn new(
+        run: &str,
+        spec: &ActorSpec,
+        actor: ActorId,
+        job: &str,
+        held: &reservations::Held,
+    ) -> Self {
+        let demand = slurm_bundle(&Resources::from(&spec.options));
+        let name = format!("{run}-{}-{}", spec.name, actor.0);
+        let mut flags = vec![
+            format!("--jobid={job}"),
+            "--nodes=1".to_owned(),
+            "--ntasks=1".to_owned(),
+            "--exact".to_owned(),
+            format!("--nodelist={}", held.node.id),
+            format!("--job-name={name}"),
+            format!(
+                "--cpus-per-task={}",
+                demand.amount(CPU).whole_units().max(1)
+            ),
+        ];
+        let memory = (spec.options.memory > 0).then(|| spec.options.memory.div_ceil(MIB) * MIB);
+        if let Some(bytes) = memory {
+            flags.push(format!("--mem={}M", bytes / MIB));
+        }
+        let gpus = demand.amount(GPU).whole_units();
+        if gpus > 0 {
+            flags.push(format!("--gpus-per-task={gpus}"));
+        }
+        Self {
+            job: job.to_owned(),
+            name,
+            flags,
+            memory,
+        }
+    }
+}
+
+/// Whether `srun` would read the variable `name` as one of its options. Inside `sbatch` or
+/// `salloc` the driver's environment holds the job's own (`SLURM_MEM_PER_NODE`,
+/// `SLURM_GPUS_PER_NODE`, `SLURM_NTASKS`, …): a step must not take them as its own. Slurm
+/// sets the step's variables in the step itself; `SLURM_CONF` says where Slurm is.
+fn is_srun_input(name: &str) -> bool {
+    name.starts_with("SLURM_") && name != "SLURM_CONF"
+}
+
+impl SlurmRuntime {
+    /// Holds what `spec` takes in the book, in Slurm's units (whole CPUs, MiB): in its
+    /// bundle (the runtime's group id translated to the book's), or on a node with room.
+    fn hold(
+        &self,
+        actor: ActorId,
+        spec: &ActorSpec,
+    ) -> Result<(reservations::Held, String), RuntimeError> {
+        let mut rounded = spec.clone();
+        rounded.options = trainyard_resources::ActorOptions::try_from(&slurm_bundle(
+            &Resources::from(&spec.options),
+        ))
+        .unwrap_or_else(|_| spec.options.clone());
+        let mut state = self.state();
+        if let Some((pg, index)) = spec.placement {
+            let slot = state
+                .groups
+                .get(&pg)
+                .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
+            let placed = slot
+                .placed
+                .ok_or(RuntimeError::PlacementGroupNotReady(pg))?;
+            rounded.placement = Some((placed, index));
+        }
+        let job = state.job.clone().unwrap_or_default();
+        let book = state
+            .book
+            .as_mut()
+            .ok_or_else(|| RuntimeError::SpawnFailed {
+                name: spec.name.clone(),
+                reason: "there is no Slurm allocation yet: reserve a placement group first".into(),
+            })?;
+        Ok((book.hold(actor, &rounded)?, job))
+    }
+
+    /// Starts `step` for the held actor: its agent, told its configuration in the
+    /// environment and the run's token on its stdin.
+    async fn start_step(
+        &self,
+        actor: ActorId,
+        spec: &ActorSpec,
+        held: &reservations::Held,
+        step: Step,
+    ) -> Result<StepAgent, RuntimeError> {
+        let failed = |reason: String| RuntimeError::SpawnFailed {
+            name: spec.name.clone(),
+            reason,
+        };
+        let memory = step.memory.map(|limit| MemoryLimit::Scheduler { limit });
+        let env = self
+            .agent_config(actor, held, memory)
+            .to_env()
+            .map_err(|error| {
+                failed(format!(
+                    "the agent's configuration cannot be encoded: {error}"
+                ))
+            })?;
+        let agent = &self.inner.config.agent;
+        let mut command = step::srun(&agent.program, &agent.args, &step.flags);
+        for (name, _) in std::env::vars_os() {
+            if name.to_str().is_some_and(is_srun_input) {
+                command.env_remove(name);
+            }
+        }
+        command.envs(&spec.env).envs(env);
+        tracing::debug!(%actor, node = %held.node.id, flags = ?step.flags, "starting a job step");
+        let mut srun = command
+            .spawn()
+            .map_err(|error| failed(format!("cannot start `srun`: {error}")))?;
+        // The token reaches the agent on its stdin, which srun forwards to the step's task.
+        if let Some(mut stdin) = srun.stdin.take() {
+            let line = trainyard_agent::config::token_line(self.inner.hub.token());
+            if let Err(error) = stdin.write_all(line.as_bytes()).await {
+                tracing::debug!(%error, "the step did not take its token");
+            }
+        }
+        let handle = srun.id().and_then(ProcessHandle::open).map(Arc::new);
+        let mut process = StepAgent {
+            handle,
+            srun,
+            job: step.job,
+            step_name: step.name,
+            node: held.node.id.clone(),
+            program: agent.program.clone(),
+            memory_limit: step.memory,
+            end: Arc::default(),
+            stderr: None,
+            exited: None,
+        };
+        process.watch_stderr();
+        Ok(process)
+    }
+}
+
+/// The address of this host that Slurm's nodes reach it at: the one the kernel would send
+/// from to the first node's address (found with an unconnected UDP socket, which sends
+/// nothing), else what this host's name resolves to (not loopback where it can), else
+/// loopback. Fake nodes on this machine (`NodeAddr=127.0.0.1`) give loopback.
+async fn driver_address(node_addresses: Vec<String>) -> IpAddr {
     let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let Ok(name) = nix::unistd::gethostname() else {
-        return loopback;
-    };
-    let Some(name) = name.to_str().map(str::to_owned) else {
+    for address in node_addresses.into_iter().take(1) {
+        let Ok(mut resolved) = tokio::net::lookup_host((address.as_str(), 6818)).await else {
+            continue;
+        };
+        let Some(target) = resolved.next() else {
+            continue;
+        };
+        let any = if target.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        };
+        let Ok(socket) = tokio::net::UdpSocket::bind(any).await else {
+            continue;
+        };
+        if socket.connect(target).await.is_ok() {
+            if let Ok(local) = socket.local_addr() {
+                return local.ip();
+            }
+        }
+    }
+    let Some(name) = nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.to_str().map(str::to_owned))
+    else {
         return loopback;
     };
     match tokio::net::lookup_host((name.as_str(), 0)).await {
@@ -464,98 +647,17 @@ impl ActorRuntime for SlurmRuntime {
     async fn spawn(&self, spec: ActorSpec) -> Result<ActorId, RuntimeError> {
         let arrival = self.inner.hub.expect(&spec.name)?;
         let actor = arrival.actor();
-        // The book's groups are in Slurm's units; so is what a pinned actor takes of one.
-        let mut rounded = spec.clone();
-        if spec.placement.is_some() {
-            rounded.options = trainyard_resources::ActorOptions::try_from(&slurm_bundle(
-                &Resources::from(&spec.options),
-            ))
-            .unwrap_or_else(|_| spec.options.clone());
-        }
-        let (held, job) = {
-            let mut state = self.state();
-            let job = state.job.clone();
-            let book = state.book.as_mut().ok_or(RuntimeError::SpawnFailed {
-                name: spec.name.clone(),
-                reason: "there is no Slurm allocation yet: reserve a placement group first".into(),
-            })?;
-            (book.hold(actor, &rounded)?, job.unwrap_or_default())
-        };
-        let release = |inner: &Inner| {
-            if let Some(book) = lock(&inner.state).book.as_mut() {
-                book.release(actor);
-            }
-        };
-        let demand = slurm_bundle(&Resources::from(&spec.options));
-        let cpus = demand.amount(CPU).whole_units().max(1);
-        let step_name = format!("{}-{}-{}", self.inner.config.run_name, spec.name, actor.0);
-        let mut flags = vec![
-            format!("--jobid={job}"),
-            "--nodes=1".to_owned(),
-            "--ntasks=1".to_owned(),
-            "--exact".to_owned(),
-            format!("--nodelist={}", held.node.id),
-            format!("--job-name={step_name}"),
-            format!("--cpus-per-task={cpus}"),
-        ];
-        let memory = (spec.options.memory > 0).then(|| spec.options.memory.div_ceil(MIB) * MIB);
-        if let Some(bytes) = memory {
-            flags.push(format!("--mem={}M", bytes / MIB));
-        }
-        let gpus = demand.amount(GPU).whole_units();
-        if gpus > 0 {
-            flags.push(format!("--gpus-per-task={gpus}"));
-        }
-        let config = self.agent_config(
-            actor,
-            &held,
-            memory.map(|limit| MemoryLimit::Scheduler { limit }),
-        );
-        let env = match config.to_env() {
-            Ok(env) => env,
+        let (held, job) = self.hold(actor, &spec)?;
+        let step = Step::new(&self.inner.config.run_name, &spec, actor, &job, &held);
+        let process = match self.start_step(actor, &spec, &held, step).await {
+            Ok(process) => process,
             Err(error) => {
-                release(&self.inner);
-                return Err(RuntimeError::SpawnFailed {
-                    name: spec.name,
-                    reason: format!("the agent's configuration cannot be encoded: {error}"),
-                });
+                if let Some(book) = self.state().book.as_mut() {
+                    book.release(actor);
+                }
+                return Err(error);
             }
         };
-        let agent = &self.inner.config.agent;
-        let mut command = step::srun(&agent.program, &agent.args, &flags);
-        command.envs(&spec.env).envs(env);
-        tracing::debug!(%actor, node = %held.node.id, ?flags, "starting a job step");
-        let mut srun = match command.spawn() {
-            Ok(child) => child,
-            Err(error) => {
-                release(&self.inner);
-                return Err(RuntimeError::SpawnFailed {
-                    name: spec.name,
-                    reason: format!("cannot start `srun`: {error}"),
-                });
-            }
-        };
-        // The token reaches the agent on its stdin, which srun forwards to the step's task.
-        if let Some(mut stdin) = srun.stdin.take() {
-            let line = trainyard_agent::config::token_line(self.inner.hub.token());
-            if let Err(error) = stdin.write_all(line.as_bytes()).await {
-                tracing::debug!(%error, "the step did not take its token");
-            }
-        }
-        let handle = srun.id().and_then(ProcessHandle::open).map(Arc::new);
-        let mut process = StepAgent {
-            handle,
-            srun,
-            job,
-            step_name,
-            node: held.node.id.clone(),
-            program: agent.program.clone(),
-            memory_limit: memory,
-            end: Arc::default(),
-            stderr: None,
-            exited: None,
-        };
-        process.watch_stderr();
         self.inner
             .hub
             .attach(arrival, spec.name, Box::new(process))

@@ -24,6 +24,8 @@ use crate::slurm;
 const STDERR_DRAIN: Duration = Duration::from_secs(2);
 /// How long a cancelled step's `srun` gets to see the step end before it is killed.
 const SRUN_KILL_AFTER: Duration = Duration::from_secs(3);
+/// How long `srun` gets to exit once its agent's connection is lost.
+const SRUN_EXIT_WAIT: Duration = Duration::from_secs(10);
 
 /// What Slurm said about a step's end, from `srun`'s stderr.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -39,6 +41,10 @@ pub(crate) struct StepEnd {
 impl StepEnd {
     /// Takes in one line of `srun`'s stderr.
     pub(crate) fn note(&mut self, line: &str, node: &NodeId) {
+        // Slurm's own lines only, not what the agent itself prints.
+        if !(line.starts_with("srun:") || line.starts_with("slurmstepd")) {
+            return;
+        }
         if line.contains("Out Of Memory") || line.contains("oom-kill event") {
             self.out_of_memory = true;
         }
@@ -53,7 +59,7 @@ impl StepEnd {
         if line.contains("***") && line.contains(" CANCELLED AT ") {
             let cause = if line.contains("DUE TO TIME LIMIT") {
                 DeathCause::TimeLimit
-            } else if line.contains("DUE TO PREEMPTION") {
+            } else if line.contains("DUE TO PREEMPTION") || line.contains("DUE TO JOB REQUEUE") {
                 DeathCause::Preempted
             } else if line.contains("DUE TO NODE FAILURE") {
                 DeathCause::NodeLost { node: node.clone() }
@@ -182,9 +188,11 @@ impl AgentProcess for StepAgent {
         if let Some(exit) = &self.exited {
             return Ok(exit.clone());
         }
+        // Both awaits keep what they need in `self`: a wait dropped half-way resumes.
         let status = self.srun.wait().await?;
-        if let Some(reader) = self.stderr.take() {
+        if let Some(reader) = self.stderr.as_mut() {
             let _ = tokio::time::timeout(STDERR_DRAIN, reader).await;
+            self.stderr = None;
         }
         let mut exit = AgentExit::from(status);
         let end = self.end();
@@ -202,11 +210,19 @@ impl AgentProcess for StepAgent {
         Ok(exit)
     }
 
-    /// SIGTERM to `srun`, which hands it to the step's task (the agent).
+    /// SIGTERM to the step's task (the agent), through Slurm: it stops its task within its
+    /// grace and exits, and the step ends.
     fn terminate(&mut self) {
-        if let Some(pid) = self.srun.id().and_then(|pid| i32::try_from(pid).ok()) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM);
+        let (job, name) = (self.job.clone(), self.step_name.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { cancel_step(&job, &name, Some(Signal::SIGTERM)).await });
         }
+    }
+
+    /// `srun` exits once Slurm has told it its step ended: a few seconds after a
+    /// cancellation ("waiting up to 7 seconds for job step to finish").
+    fn exit_wait(&self) -> Duration {
+        SRUN_EXIT_WAIT
     }
 
     /// SIGKILL to the step's tasks through Slurm, which then ends the step and every process
@@ -254,7 +270,7 @@ mod tests {
     #[test]
     fn slurms_lines_say_how_a_step_ended() {
         let node = NodeId::from("n2");
-        let cases: [(&str, StepEnd); 6] = [
+        let cases: [(&str, StepEnd); 7] = [
             (
                 "srun: error: n2: task 0: Out Of Memory",
                 StepEnd {
@@ -289,6 +305,10 @@ mod tests {
                     ended: Some(DeathCause::Preempted),
                     ..StepEnd::default()
                 },
+            ),
+            (
+                "trainyard agent: my task printed Out Of Memory, and *** STEP 4.0 ON n2 CANCELLED AT 1 ***",
+                StepEnd::default(),
             ),
             (
                 "slurmstepd: error: *** STEP 4.0 ON n2 CANCELLED AT 2026-12-02T02:12:27 DUE TO NODE FAILURE ***",

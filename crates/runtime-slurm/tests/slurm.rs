@@ -167,7 +167,31 @@ async fn an_allocation_of_its_own_is_shaped_by_the_strategy_used_and_released() 
             .wait_placement_group_ready(again, Duration::from_secs(30))
             .await
             .expect("placed again");
-        assert_eq!(runtime.job(), Some(job));
+        assert_eq!(runtime.job(), Some(job.clone()));
+        runtime.remove_placement_group(again).await.expect("removed");
+        // One it does not fit replaces it; actors pinned to the new group's bundles land
+        // where they belong (the runtime's group ids are not the new book's).
+        let wider = PlacementGroupFactory {
+            bundles: vec![resources("CPU=1,memory=100MiB"); 3],
+            strategy: PlacementStrategy::StrictSpread,
+        };
+        let third = runtime.create_placement_group(&wider).await.expect("group");
+        let placed = runtime
+            .wait_placement_group_ready(third, Duration::from_secs(60))
+            .await
+            .expect("a new allocation");
+        let new_job = runtime.job().expect("an allocation");
+        assert_ne!(new_job, job, "the old allocation is replaced");
+        assert_eq!(jobs_named(&run), std::slice::from_ref(&new_job), "and released");
+        let spec = ActorSpec {
+            name: "third-2".into(),
+            options: ActorOptions::try_from(&wider.bundles[2]).expect("options"),
+            placement: Some((third, 2)),
+            env: Default::default(),
+        };
+        let actor = runtime.spawn(spec).await.expect("spawn into bundle 2");
+        let info = runtime.node_info(actor).await.expect("node info");
+        assert_eq!(info.node_id, placed.bundle_nodes[2]);
     })
     .await
     .expect("the scenario ends in time");
