@@ -8,15 +8,18 @@
 //! SIGKILLed — its readers see EOF.
 //!
 //! - Once granted, `salloc` runs a holder command for as long as the allocation should live:
-//!   `sh -c '…; cat >/dev/null; scancel "$SLURM_JOB_ID"'`, reading the pipe. At EOF the
-//!   allocation ends twice over: the holder cancels it with `scancel` (which also covers a
-//!   `salloc` that was itself killed), and `salloc` relinquishes it when its command exits.
+//!   `sh -c '…; cat >/dev/null'`, reading the pipe. At EOF the holder exits, and `salloc`
+//!   relinquishes the allocation as it does when its command ends; ending the job ends every
+//!   job step in it, so every worker.
 //! - While it is pending there is no holder yet: `salloc` runs under a small guard (`sh`)
-//!   that reads the same pipe and, at EOF, sends `salloc` SIGTERM, on which it withdraws a
-//!   pending request (`Job allocation N has been revoked`).
-//!
-//! Ending the job ends every job step in it, so every worker. A release from the driver
-//! ([`OwnAllocation::release`]) closes the pipe, runs `scancel` and reaps the guard.
+//!   that reads the same pipe and, at EOF, cancels the run's *pending* job by name
+//!   (`scancel --state=PENDING --name=… --me`); `salloc` then says the job was cancelled and
+//!   exits.
+//! - Nothing signals `salloc` or cancels its job while its command runs: a `salloc` whose
+//!   job is revoked just as its command exits can spin on `wait4` (`ECHILD`) forever (seen
+//!   with Slurm 22.05). Should it not exit within 10 s of the pipe's end all the same, the
+//!   guard SIGKILLs it; the driver's own release ([`OwnAllocation::release`]) then cancels
+//!   the job and ends the guard's process group too.
 
 use std::fmt;
 use std::process::Stdio;
@@ -31,23 +34,30 @@ use crate::error::SlurmError;
 use crate::slurm::{self, JobInfo, SlurmNode, node_resources, parse_nodes};
 
 /// What `salloc` runs while the allocation lives: it says what was granted (the line
-/// [`Granted::parse`] reads), then waits until the driver's pipe closes.
+/// [`Granted::parse`] reads), then waits until the driver's pipe ends.
 const HOLDER: &str = "printf 'trainyard-allocation %s %s %s %s\\n' \"$SLURM_JOB_ID\" \
      \"$SLURM_JOB_NODELIST\" \"$SLURM_JOB_CPUS_PER_NODE\" \"${SLURM_MEM_PER_NODE:-0}\"; \
-     cat >/dev/null; scancel \"$SLURM_JOB_ID\" 2>/dev/null";
-/// Runs `salloc "$@"` with the pipe on fd 0 as its stdin (for the holder), and withdraws
-/// it with SIGTERM once that pipe ends, as long as it runs; exits as `salloc` does.
+     exec cat >/dev/null";
+/// Runs `salloc "$@"` with the pipe on fd 0 as its stdin (for the holder). Once that pipe
+/// ends it cancels the job named `$TRAINYARD_SALLOC_NAME` if it is still pending, and
+/// SIGKILLs a `salloc` still there 10 s later; at `salloc`'s exit it ends the rest of its
+/// process group (that watcher) and exits as `salloc` did.
 const GUARD: &str = "exec 3<&0
 salloc \"$@\" <&3 &
 s=$!
-(while IFS= read -r _; do :; done <&3; kill -TERM \"$s\" 2>/dev/null) &
-g=$!
+(while IFS= read -r _; do :; done <&3
+ scancel --state=PENDING --name=\"$TRAINYARD_SALLOC_NAME\" --me 2>/dev/null
+ sleep 10
+ kill -KILL \"$s\" 2>/dev/null) &
 wait \"$s\"
 status=$?
-kill \"$g\" 2>/dev/null
+trap '' TERM
+kill -TERM 0 2>/dev/null
 exit \"$status\"";
-/// How long a released `salloc` gets to exit before it is killed.
-const RELEASE_GRACE: Duration = Duration::from_secs(10);
+/// The variable that names the job to the guard.
+const GUARD_NAME_VAR: &str = "TRAINYARD_SALLOC_NAME";
+/// How long a released `salloc` gets to exit (its guard SIGKILLs it after 10 s).
+const RELEASE_GRACE: Duration = Duration::from_secs(12);
 
 /// An allocation that Slurm is still to grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,6 +193,7 @@ impl OwnAllocation {
             .arg(format!("--job-name={name}"))
             .args(flags)
             .args(["sh", "-c", HOLDER])
+            .env(GUARD_NAME_VAR, name)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -304,31 +315,30 @@ impl OwnAllocation {
         }
     }
 
-    /// Ends the allocation: closes the holder's pipe, cancels the job and reaps `salloc`
-    /// (bounded; killed after [`RELEASE_GRACE`]).
+    /// Ends the allocation: closes the pipe (the holder exits and `salloc` relinquishes the
+    /// allocation, or the guard withdraws a pending request) and reaps the guard; after
+    /// [`RELEASE_GRACE`] cancels the job and kills what is left of the guard's group.
     pub(crate) async fn release(&mut self) {
         self.holder = None;
-        if let Some(job) = self.job() {
-            match slurm::output("scancel", &[&job]).await {
-                // The job is gone from the controller's view: salloc only has to notice.
-                Ok(_) => {
-                    if let Ok(Some(_)) = self.salloc.try_wait() {
-                        return;
-                    }
-                    let _ =
-                        tokio::time::timeout(Duration::from_millis(200), self.salloc.wait()).await;
-                    return;
-                }
-                Err(error) => tracing::debug!(%error, %job, "cannot cancel the allocation"),
-            }
-        }
         if tokio::time::timeout(RELEASE_GRACE, self.salloc.wait())
             .await
-            .is_err()
+            .is_ok()
         {
-            let _ = self.salloc.start_kill();
-            let _ = self.salloc.wait().await;
+            return;
         }
+        if let Some(job) = self.job() {
+            if let Err(error) = slurm::output("scancel", &[&job]).await {
+                tracing::warn!(%error, %job, "cannot cancel the allocation");
+            }
+        }
+        // The guard leads its process group, salloc and the holder with it.
+        if let Some(pid) = self.salloc.id().and_then(|pid| i32::try_from(pid).ok()) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = self.salloc.wait().await;
     }
 }
 
