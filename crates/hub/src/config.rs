@@ -5,6 +5,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The variable naming the agent binary on remote nodes ([`AgentCommand::for_remote_nodes`]).
+pub const AGENT_BIN_VAR: &str = "TRAINYARD_AGENT_BIN";
 /// The default of [`HubConfig::stop_grace`].
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
 /// The default of [`HubConfig::connect_timeout`].
@@ -80,6 +82,19 @@ impl AgentCommand {
     /// When the path of the running executable cannot be found.
     pub fn current_exe() -> std::io::Result<Self> {
         Ok(Self::new(std::env::current_exe()?, Vec::<String>::new()))
+    }
+
+    /// The agent for workers on other nodes: the program `$TRAINYARD_AGENT_BIN`
+    /// ([`AGENT_BIN_VAR`]) names, else this very binary (right when the nodes share this
+    /// machine or its file system).
+    ///
+    /// # Errors
+    /// When neither is set and the path of the running executable cannot be found.
+    pub fn for_remote_nodes() -> std::io::Result<Self> {
+        match std::env::var_os(AGENT_BIN_VAR).filter(|v| !v.is_empty()) {
+            Some(path) => Ok(Self::new(PathBuf::from(path), Vec::<String>::new())),
+            None => Self::current_exe(),
+        }
     }
 
     /// `program` with `args`.

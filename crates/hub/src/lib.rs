@@ -51,8 +51,8 @@ mod supervisor;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use config::{
-    AgentCommand, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT,
-    DEFAULT_STOP_GRACE, HubConfig,
+    AGENT_BIN_VAR, AgentCommand, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_STOP_GRACE, HubConfig,
 };
 pub use error::HubError;
 pub use hub::{AgentHub, Arrival, REAP_TIMEOUT};

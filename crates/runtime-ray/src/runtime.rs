@@ -28,8 +28,7 @@ use crate::bridge::{ActorLaunch, Bridge, BridgeConfig};
 use crate::error::{BridgeError, RayError};
 use crate::protocol::{ActorEnded, DeathKind, RayPlacementGroupId, ReadyInfo};
 
-/// The variable naming the agent binary on the Ray nodes.
-pub const AGENT_BIN_VAR: &str = "TRAINYARD_AGENT_BIN";
+pub use trainyard_hub::AGENT_BIN_VAR;
 /// How often a waited-for group is looked at.
 const WAIT_STEP: Duration = Duration::from_secs(1);
 /// How long the Ray actors and groups get to go at shutdown.
@@ -73,14 +72,10 @@ impl RayConfig {
     /// [`RayError::AgentBinary`] when neither names a file.
     pub fn new(run_name: impl Into<String>) -> Result<Self, RayError> {
         let run_name = run_name.into();
-        let program = match std::env::var_os(AGENT_BIN_VAR).filter(|v| !v.is_empty()) {
-            Some(path) => PathBuf::from(path),
-            None => std::env::current_exe().map_err(|source| RayError::AgentBinary {
-                path: PathBuf::from("<current executable>"),
-                source,
-            })?,
-        };
-        let agent = AgentCommand::new(program, Vec::<String>::new());
+        let agent = AgentCommand::for_remote_nodes().map_err(|source| RayError::AgentBinary {
+            path: PathBuf::from("<current executable>"),
+            source,
+        })?;
         let hub = HubConfig::new(&run_name);
         Ok(Self {
             bridge: BridgeConfig::default().namespace(run_name.clone()),

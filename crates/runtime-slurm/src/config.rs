@@ -11,8 +11,7 @@ use crate::error::SlurmError;
 
 /// The variable Slurm sets inside an allocation (`sbatch`, `salloc`, `srun`).
 pub const JOB_ID_VAR: &str = "SLURM_JOB_ID";
-/// The variable naming the agent binary, when the driver's own is not one (as on Ray).
-pub const AGENT_BIN_VAR: &str = "TRAINYARD_AGENT_BIN";
+pub use trainyard_hub::AGENT_BIN_VAR;
 
 /// What an allocation of the runtime's own is requested with (`salloc`/`sbatch` options).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,20 +81,17 @@ impl SlurmConfig {
     /// [`SlurmError::AgentBinary`] when neither names a file.
     pub fn new(run_name: impl Into<String>) -> Result<Self, SlurmError> {
         let run_name = run_name.into();
-        let program = match std::env::var_os(AGENT_BIN_VAR).filter(|v| !v.is_empty()) {
-            Some(path) => PathBuf::from(path),
-            None => std::env::current_exe().map_err(|source| SlurmError::AgentBinary {
-                path: PathBuf::from("<current executable>"),
-                source,
-            })?,
-        };
+        let agent = AgentCommand::for_remote_nodes().map_err(|source| SlurmError::AgentBinary {
+            path: PathBuf::from("<current executable>"),
+            source,
+        })?;
         let hub = HubConfig::new(&run_name);
         Ok(Self {
             job: std::env::var(JOB_ID_VAR)
                 .ok()
                 .filter(|id| !id.trim().is_empty()),
             run_name,
-            agent: AgentCommand::new(program, Vec::<String>::new()),
+            agent,
             allocation: AllocationOptions::default(),
             bind: None,
             connect_timeout: Duration::from_secs(60),
