@@ -370,6 +370,16 @@ impl ActorRuntime for LocalRuntime {
         Ok(self.core().book().snapshot())
     }
 
+    /// Other runs' releases reach this one through the ledger, looked at every 100 ms.
+    async fn free_changed(&self, timeout: Duration) {
+        let core = self.core();
+        if core.ledger.is_some() {
+            ledger::free_changed(core, timeout).await;
+        } else {
+            tokio::time::sleep(timeout).await;
+        }
+    }
+
     async fn create_placement_group(
         &self,
         factory: &PlacementGroupFactory,

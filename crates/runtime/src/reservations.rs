@@ -133,6 +133,19 @@ struct Node {
     elsewhere: Elsewhere,
 }
 
+impl Node {
+    /// A live node with everything available.
+    fn new(spec: NodeSpec) -> Self {
+        Self {
+            devices: AcceleratorPool::new(&device_ids(&spec)),
+            available: spec.resources.clone(),
+            spec,
+            alive: true,
+            elsewhere: Elsewhere::default(),
+        }
+    }
+}
+
 /// The device ids of a node's pool: its own, and for an accelerator resource it has no ids
 /// for, `floor(amount)` unnamed devices (`"0"`, `"1"`, ...) that are never reported, so that
 /// reservation counts devices exactly as [`placement::check_feasible`] does.
@@ -250,13 +263,7 @@ impl Reservations {
                 tracing::warn!(node = %spec.id, "a node repeats an earlier id; left out");
                 continue;
             }
-            list.push(Node {
-                devices: AcceleratorPool::new(&device_ids(&spec)),
-                available: spec.resources.clone(),
-                spec,
-                alive: true,
-                elsewhere: Elsewhere::default(),
-            });
+            list.push(Node::new(spec));
         }
         Self {
             nodes: list,
@@ -765,6 +772,17 @@ impl Reservations {
             }
         }
         true
+    }
+
+    /// Adds a node that joined the cluster (one whose id is already known is left out, with
+    /// a warning); pending groups may be reserved on it at once.
+    pub fn add_node(&mut self, spec: NodeSpec) {
+        if self.nodes.iter().any(|n| n.spec.id == spec.id) {
+            tracing::warn!(node = %spec.id, "a node repeats an earlier id; left out");
+            return;
+        }
+        self.nodes.push(Node::new(spec));
+        self.schedule_if_automatic();
     }
 
     /// Loses a node: what its actors hold is released (they are returned, for the runtime to

@@ -85,6 +85,14 @@ pub trait ActorRuntime: Send + Sync + Debug + 'static {
         let _ = actor;
         Ok(None)
     }
+
+    /// Waits at most `timeout` for what is free on the cluster to change (another run
+    /// released or took resources, a node joined or left), for runtimes that can tell
+    /// sooner than a look at [`ActorRuntime::cluster`] every `timeout` would. Elastic runs
+    /// look for room to grow when it returns. The default waits out the timeout.
+    async fn free_changed(&self, timeout: Duration) {
+        tokio::time::sleep(timeout).await;
+    }
 }
 
 /// Typed helpers over [`ActorRuntime::call`], for every runtime.

@@ -171,6 +171,27 @@ pub(crate) async fn wait_ready(
     outcome
 }
 
+/// Waits at most `timeout` until what is free on this machine changes (another run took or
+/// released resources), looking at the ledger every [`POLL`].
+pub(crate) async fn free_changed(core: &Arc<Core>, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let free = |core: &Core| core.book().snapshot();
+    let before = match settle(core).await {
+        Ok(_) => free(core),
+        Err(_) => return tokio::time::sleep_until(deadline).await,
+    };
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return;
+        }
+        tokio::time::sleep(POLL.min(deadline - now)).await;
+        if settle(core).await.is_ok() && free(core) != before {
+            return;
+        }
+    }
+}
+
 /// What group `pg` lacks (`missing`, from [`Reservations::shortfall`](trainyard_runtime::reservations::Reservations::shortfall)), and the other runs that hold some of it (every other run that
 /// holds anything when none holds the missing resources themselves).
 pub fn shortage(pg: PlacementGroupId, missing: Resources, others: &[RunEntry]) -> Shortage {

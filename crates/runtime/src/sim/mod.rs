@@ -231,6 +231,12 @@ impl SimRuntime {
         lock(&self.state).lose_node(node);
     }
 
+    /// Adds a node, as when one joins a cluster: pending groups may be reserved on it at
+    /// once. A node whose id is already known is left out (with a warning).
+    pub fn add_node(&self, node: SimNode) {
+        lock(&self.state).add_node(node);
+    }
+
     /// Ends `actor` from outside the run with `cause`, as a cluster's scheduler does when it
     /// preempts, cancels or times out a worker; its resources go back to its bundle. Ending
     /// an unknown or dead actor does nothing.

@@ -30,6 +30,16 @@ struct Actor {
     ended: watch::Sender<bool>,
 }
 
+fn node_spec(node: SimNode) -> NodeSpec {
+    NodeSpec {
+        id: node.id,
+        ip: node.ip,
+        hostname: node.hostname,
+        resources: node.resources,
+        devices: node.devices,
+    }
+}
+
 pub(super) struct State {
     book: Reservations,
     ports: HashMap<NodeId, Arc<AtomicU32>>,
@@ -42,16 +52,7 @@ pub(super) struct State {
 
 impl State {
     pub(super) fn new(nodes: impl IntoIterator<Item = SimNode>) -> Self {
-        let specs: Vec<NodeSpec> = nodes
-            .into_iter()
-            .map(|node| NodeSpec {
-                id: node.id,
-                ip: node.ip,
-                hostname: node.hostname,
-                resources: node.resources,
-                devices: node.devices,
-            })
-            .collect();
+        let specs: Vec<NodeSpec> = nodes.into_iter().map(node_spec).collect();
         let ports = specs
             .iter()
             .map(|n| (n.id.clone(), Arc::new(AtomicU32::new(0))))
@@ -64,6 +65,14 @@ impl State {
             next_actor: 0,
             functions: FunctionRegistry::with_builtins(),
         }
+    }
+
+    pub(super) fn add_node(&mut self, node: SimNode) {
+        let spec = node_spec(node);
+        self.ports
+            .entry(spec.id.clone())
+            .or_insert_with(|| Arc::new(AtomicU32::new(0)));
+        self.book.add_node(spec);
     }
 
     pub(super) fn set_functions(&mut self, functions: FunctionRegistry) {
