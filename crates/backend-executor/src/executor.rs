@@ -14,8 +14,8 @@ use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_resources::Resources;
 use trainyard_runtime::events::{self, TaskEvents};
 use trainyard_runtime::{
-    ActorId, ActorRuntime, ActorRuntimeExt as _, DeathCause, PlacementGroupId, Request, Response,
-    RuntimeError, TaskSpec,
+    ActorId, ActorRuntime, ActorRuntimeExt as _, DeathCause, NodeId, PlacementGroupId, Request,
+    Response, RuntimeError, TaskSpec,
 };
 use trainyard_worker_group::WorkerGroup;
 
@@ -23,7 +23,8 @@ use crate::error::{chain, is_death, runtime_error_in};
 use crate::hang::StacksTrigger;
 use crate::logs::RankLogs;
 use crate::report::{FitReport, RunEvent, StartedWorker};
-use crate::run_folder::RunStore;
+use crate::elastic::{ResizeReason, room_with, workers_that_fit};
+use crate::run_folder::{AttemptEnd, RunStore};
 use crate::{
     AcceleratorView, AttemptFailure, Backend, BackendContext, BackendError, Backoff, Disposition,
     ExecutorError, RankInfo, SharingRule, WorkerEnv, WorldRank, accelerator_env, assign_ranks,
@@ -129,6 +130,12 @@ pub(crate) enum AttemptError {
     Failed(AttemptFailure),
     /// The [`StopTrigger`] was pulled; the ranks' tasks are stopped (or being killed).
     Interrupted,
+    /// Room for `to` workers appeared: the ranks' tasks are stopped (or being killed) so
+    /// that the run restarts at that size.
+    Resize {
+        /// The world size the next attempt has room for.
+        to: u32,
+    },
 }
 
 /// The result of an attempt run on its own, outside [`BackendExecutor::fit`]'s restarts.
@@ -142,7 +149,7 @@ fn single_attempt<T>(outcome: Result<T, AttemptError>) -> Result<T, ExecutorErro
                 ..FitReport::default()
             }),
         },
-        AttemptError::Interrupted => ExecutorError::Interrupted {
+        AttemptError::Interrupted | AttemptError::Resize { .. } => ExecutorError::Interrupted {
             report: Box::new(FitReport {
                 attempts: 1,
                 ..FitReport::default()
@@ -161,6 +168,8 @@ impl From<ExecutorError> for AttemptError {
 #[derive(Debug)]
 struct Attempt {
     placement_group: PlacementGroupId,
+    /// Each bundle of the group, with the node it is reserved on.
+    held: Vec<(NodeId, Resources)>,
     group: WorkerGroup,
     ranks: Vec<RankInfo>,
     /// Accelerator, backend and rank environment per worker.
@@ -196,6 +205,9 @@ pub struct BackendExecutor {
     pub(crate) runtime: Arc<dyn ActorRuntime>,
     backend: Arc<dyn Backend>,
     scaling: ScalingConfig,
+    /// How many workers the current (or next) attempt has: the fixed number, or for an
+    /// elastic run what fit when it started.
+    world_size: u32,
     pub(crate) run: RunConfig,
     run_name: String,
     options: ExecutorOptions,
@@ -245,6 +257,7 @@ impl BackendExecutor {
         Ok(Self {
             runtime,
             backend,
+            world_size: scaling.num_workers.max(),
             scaling,
             run: RunConfig::default(),
             run_name: unique_run_name(),
@@ -299,6 +312,11 @@ impl BackendExecutor {
     pub fn with_stop_trigger(mut self, trigger: StopTrigger) -> Self {
         self.stop_trigger = trigger;
         self
+    }
+
+    /// How many workers the run has: fixed, or an elastic range.
+    pub(crate) fn scaling_range(&self) -> trainyard_config::NumWorkers {
+        self.scaling.num_workers
     }
 
     /// The run's name: the run config's, or a generated one.
@@ -379,8 +397,8 @@ impl BackendExecutor {
         if !matches!(self.state, State::Idle) {
             return Err(ExecutorError::AlreadyStarted.into());
         }
-        let pg = self.reserve(restart_count).await?;
-        self.launch(pg, restart_count).await?;
+        let (pg, held) = self.reserve(restart_count).await?;
+        self.launch(pg, held, restart_count).await?;
         self.prepare_environment().await?;
         if let Some(attempt) = self.attempt() {
             let workers = attempt
@@ -405,11 +423,15 @@ impl BackendExecutor {
         Ok(())
     }
 
-    /// Asks for the placement group and waits until it is reserved.
-    async fn reserve(&mut self, restart_count: u32) -> Result<PlacementGroupId, AttemptError> {
+    /// Asks for the placement group of [`world_size`](Self::world_size) workers and waits
+    /// until it is reserved; each bundle with the node it is reserved on.
+    async fn reserve(
+        &mut self,
+        restart_count: u32,
+    ) -> Result<(PlacementGroupId, Vec<(NodeId, Resources)>), AttemptError> {
         let factory = self
             .scaling
-            .placement_group_factory()
+            .placement_group_factory_for(self.world_size)
             .map_err(ExecutorError::from)?;
         let requested = factory.total_resources().map_err(ExecutorError::from)?;
         self.emit(RunEvent::Placing {
@@ -446,7 +468,7 @@ impl BackendExecutor {
                         .collect(),
                 })
                 .await;
-                Ok(pg)
+                Ok((pg, placed.bundle_nodes.into_iter().zip(factory.bundles).collect()))
             }
             Err(RuntimeError::PlacementTimeout { waited, .. }) => {
                 let available = self.free_resources().await;
@@ -486,13 +508,14 @@ impl BackendExecutor {
     async fn launch(
         &mut self,
         pg: PlacementGroupId,
+        held: Vec<(NodeId, Resources)>,
         restart_count: u32,
     ) -> Result<(), AttemptError> {
         let worker = self
             .scaling
             .worker_resources()
             .map_err(ExecutorError::from)?;
-        let n = self.scaling.num_workers as usize;
+        let n = self.world_size as usize;
         let group = WorkerGroup::new(Arc::clone(&self.runtime), pg, vec![worker; n])
             .map_err(|e| start_failed(&e))?
             .with_env(self.run.env.clone())
@@ -501,6 +524,7 @@ impl BackendExecutor {
         // happened, whichever step fails or times out.
         self.state = State::Started(Box::new(Attempt {
             placement_group: pg,
+            held,
             group,
             ranks: Vec::new(),
             env: Vec::new(),
@@ -764,11 +788,10 @@ impl BackendExecutor {
         self.run_name = store.name().to_owned();
         // The backends see the folder's name (`name-2` under `resume: never`).
         self.run.name = Some(self.run_name.clone());
-        let mut failures: Vec<AttemptFailure> = Vec::new();
-        // How many of them were preemptions, which `max_failures` does not count.
-        let mut requeued = 0_usize;
-        loop {
-            let restart_count = u32::try_from(failures.len()).unwrap_or(u32::MAX);
+        let mut history = History::default();
+        let (mut report, ending) = loop {
+            let restart_count = history.restarts();
+            history.attempts += 1;
             let span = info_span!("attempt", run = %self.run_name, restart_count);
             let mut report = FitReport::default();
             let mut logs: Option<RankLogs> = None;
@@ -778,8 +801,13 @@ impl BackendExecutor {
                 if stop.is_requested() {
                     return Err(AttemptError::Interrupted);
                 }
+                self.world_size = self.next_world_size().await;
+                if let Some(&from) = history.world_sizes.last() {
+                    self.resized(from, restart_count).await;
+                }
+                history.world_sizes.push(self.world_size);
                 let (env, resumed) = store
-                    .begin_attempt(self.scaling.num_workers, restart_count)
+                    .begin_attempt(self.world_size, restart_count)
                     .await
                     .map_err(ExecutorError::Storage)?;
                 self.checkpoint_env = env;
@@ -793,7 +821,7 @@ impl BackendExecutor {
                 }
                 let (dir, remote) = store.attempt_log_dir(self.run.log_dir.as_deref());
                 upload = remote;
-                let opened = logs.insert(RankLogs::open(dir, self.scaling.num_workers as usize));
+                let opened = logs.insert(RankLogs::open(dir, self.world_size as usize));
                 self.emit(RunEvent::LogFiles {
                     restart_count,
                     dir: opened.dir().display().to_string(),
@@ -811,7 +839,10 @@ impl BackendExecutor {
             }
             .instrument(span)
             .await;
-            if matches!(outcome, Err(AttemptError::Interrupted)) {
+            if matches!(
+                outcome,
+                Err(AttemptError::Interrupted | AttemptError::Resize { .. })
+            ) {
                 self.release(Duration::ZERO).await;
             } else {
                 self.shutdown().await;
@@ -827,47 +858,46 @@ impl BackendExecutor {
             }
             let failure = match outcome {
                 Ok(()) => {
-                    store.end_attempt(None).await;
+                    store.end_attempt(AttemptEnd::Ended).await;
                     store
                         .finish(trainyard_checkpoint::RunStatus::Finished)
                         .await;
-                    store.conclude(&mut report, restart_count + 1, failures, true);
-                    return Ok(report);
+                    break (report, Ending::Finished);
                 }
                 Err(AttemptError::Fatal(error)) => {
-                    store.end_attempt(None).await;
+                    store.end_attempt(AttemptEnd::Ended).await;
                     store.finish(trainyard_checkpoint::RunStatus::Failed).await;
                     return Err(error);
                 }
                 Err(AttemptError::Interrupted) => {
                     // The run stays resumable: its record is not finished.
-                    store.end_attempt(None).await;
-                    store.conclude(&mut report, restart_count + 1, failures, false);
-                    return Err(ExecutorError::Interrupted {
-                        report: Box::new(report),
-                    });
+                    store.end_attempt(AttemptEnd::Ended).await;
+                    break (report, Ending::Interrupted);
+                }
+                Err(AttemptError::Resize { to }) => {
+                    // Not a failure: the next attempt starts at once, from the latest
+                    // committed checkpoint.
+                    store.end_attempt(AttemptEnd::Resized(to)).await;
+                    history.resizes += 1;
+                    continue;
                 }
                 Err(AttemptError::Failed(failure)) => failure,
             };
-            store.end_attempt(Some(&failure)).await;
-            failures.push(failure.clone());
+            store.end_attempt(AttemptEnd::Failed(&failure)).await;
+            history.failures.push(failure.clone());
             let disposition = classify(&failure);
             // A preemption restarts without using up the budget of `max_failures`.
             if disposition == Disposition::Requeue {
-                requeued += 1;
+                history.requeued += 1;
             }
-            let attempts = u32::try_from(failures.len()).unwrap_or(u32::MAX);
-            let count = u32::try_from(failures.len() - requeued).unwrap_or(u32::MAX);
+            let count = history.counted_failures();
             if disposition == Disposition::Fatal
                 || (disposition == Disposition::Restart
                     && !self.run.failure_config.should_restart(count))
             {
                 store.finish(trainyard_checkpoint::RunStatus::Failed).await;
                 // What the final attempt reported before it failed stays in the report.
-                store.conclude(&mut report, attempts, failures, false);
-                return Err(ExecutorError::TrainingFailed {
-                    report: Box::new(report),
-                });
+                break (report, Ending::Failed);
             }
             let backoff = self.options.restart_backoff.delay(count.max(1));
             warn!(target: RESTARTS_TARGET, %failure, restart_count, backoff_s = backoff.as_secs_f64(), "attempt failed; restarting all workers");
@@ -880,15 +910,127 @@ impl BackendExecutor {
             let stop = self.stop_trigger.clone();
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
-                () = stop.requested() => {
-                    store.conclude(&mut report, attempts, failures, false);
-                    return Err(ExecutorError::Interrupted {
-                        report: Box::new(report),
-                    });
-                }
+                () = stop.requested() => break (report, Ending::Interrupted),
+            }
+        };
+        store.conclude(
+            &mut report,
+            history.attempts,
+            history.failures,
+            history.world_sizes,
+            ending == Ending::Finished,
+        );
+        let report = Box::new(report);
+        match ending {
+            Ending::Finished => Ok(*report),
+            Ending::Interrupted => Err(ExecutorError::Interrupted { report }),
+            Ending::Failed => Err(ExecutorError::TrainingFailed { report }),
+        }
+    }
+
+    /// The world size of the next attempt: the fixed number; for an elastic run, as many as
+    /// fit now (up to its maximum), or its minimum when fewer fit (the attempt then waits
+    /// for room as a fixed run does).
+    async fn next_world_size(&self) -> u32 {
+        let range = self.scaling.num_workers;
+        if !range.is_elastic() {
+            return range.max();
+        }
+        self.workers_fitting(&[]).await.unwrap_or(range.min())
+    }
+
+    /// How many workers fit on the cluster now, with `held` (the run's own bundles) given
+    /// back first; `None` when not even the minimum fits or the cluster cannot be read.
+    pub(crate) async fn workers_fitting(&self, held: &[(NodeId, Resources)]) -> Option<u32> {
+        let limit = self.options.health_check_timeout;
+        let cluster = match tokio::time::timeout(limit, self.runtime.cluster()).await {
+            Ok(Ok(cluster)) => cluster,
+            Ok(Err(e)) => {
+                warn!(error = %e, "cannot read the cluster's free resources to size the run");
+                return None;
+            }
+            Err(_) => {
+                warn!("reading the cluster's free resources to size the run timed out");
+                return None;
+            }
+        };
+        workers_that_fit(&self.scaling, &room_with(&cluster, held))
+            .ok()
+            .flatten()
+    }
+
+    /// Waits until more than the current attempt's workers fit, looking every resize
+    /// interval and whenever the runtime says what is free changed; how many fit then.
+    pub(crate) async fn room_to_grow(&self) -> u32 {
+        let interval = self.scaling.resize_every();
+        let held = self.attempt().map(|a| a.held.clone()).unwrap_or_default();
+        loop {
+            self.runtime.free_changed(interval).await;
+            match self.workers_fitting(&held).await {
+                Some(n) if n > self.world_size => return n,
+                _ => {}
             }
         }
     }
+
+    /// Says that the run changed size from `from` workers to the current world size, if it
+    /// did.
+    async fn resized(&self, from: u32, restart_count: u32) {
+        let to = self.world_size;
+        if from == to {
+            return;
+        }
+        let reason = if to > from {
+            ResizeReason::RoomAppeared
+        } else {
+            ResizeReason::WorkersLost
+        };
+        info!(run = %self.run_name, from, to, %reason, "the run resizes");
+        self.emit(RunEvent::Resized {
+            restart_count,
+            from,
+            to,
+            reason,
+        })
+        .await;
+    }
+}
+
+/// What the attempts of a [`BackendExecutor::fit`] came to so far.
+#[derive(Debug, Default)]
+struct History {
+    /// Attempts begun.
+    attempts: u32,
+    /// The failure of each failed attempt.
+    failures: Vec<AttemptFailure>,
+    /// How many of them were preemptions, which `max_failures` does not count.
+    requeued: usize,
+    /// Attempts stopped to resize the run, which are not failures either.
+    resizes: u32,
+    /// Each attempt's world size.
+    world_sizes: Vec<u32>,
+}
+
+impl History {
+    /// Restarts before the next attempt: one per failure and per resize.
+    fn restarts(&self) -> u32 {
+        u32::try_from(self.failures.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(self.resizes)
+    }
+
+    /// The failures that count against `max_failures`.
+    fn counted_failures(&self) -> u32 {
+        u32::try_from(self.failures.len() - self.requeued).unwrap_or(u32::MAX)
+    }
+}
+
+/// How a [`BackendExecutor::fit`] that has a report ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Finished,
+    Interrupted,
+    Failed,
 }
 
 /// `Started distributed worker processes:` and one line per worker, as Ray Train logs it,

@@ -24,6 +24,9 @@ use crate::{AttemptFailure, BackendExecutor, ExecutorError, FitReport, LAST_LINE
 const QUIET: Duration = Duration::from_millis(20);
 /// ... and how long it takes them in at most.
 const LINGER: Duration = Duration::from_millis(200);
+/// How long a resize waits for a checkpoint some ranks have handed in to commit before it
+/// stops the attempt anyway (the run then restarts from the checkpoint before).
+const CHECKPOINT_WAIT: Duration = Duration::from_secs(60);
 
 /// What the executor keeps of each rank's output while following an attempt.
 #[derive(Debug)]
@@ -62,6 +65,10 @@ enum Woken {
     StacksWanted,
     /// Someone asked for the run to stop.
     StopWanted,
+    /// Room for this many workers appeared (elastic runs).
+    Grow(u32),
+    /// A resize waited as long as it does for a checkpoint in flight.
+    GrowAnyway,
 }
 
 impl BackendExecutor {
@@ -97,6 +104,20 @@ impl BackendExecutor {
         // Whose event stream has ended.
         let mut ended = vec![false; n];
         let stop = self.stop_trigger.clone();
+        // An elastic run below its maximum looks for room to grow while it trains.
+        let growing = self.scaling_range().is_elastic()
+            && n < self.scaling_range().max() as usize;
+        let room = async {
+            if growing {
+                self.room_to_grow().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        tokio::pin!(room);
+        // Room found while a checkpoint was in flight: the size, and how long to wait for
+        // the checkpoint.
+        let mut grow: Option<(u32, Instant)> = None;
         // Each stream ends with a `None` marker, so that a stream closing early is seen.
         let mut merged = stream::select_all(streams.into_iter().enumerate().map(|(i, events)| {
             events
@@ -112,6 +133,8 @@ impl BackendExecutor {
                 () = sleep_until(deadline) => Woken::Deadline,
                 () = self.stacks_trigger.requested() => Woken::StacksWanted,
                 () = stop.requested() => Woken::StopWanted,
+                to = &mut room, if grow.is_none() => Woken::Grow(to),
+                () = sleep_until(grow.map(|(_, until)| until)) => Woken::GrowAnyway,
             };
             let (i, event) = match woken {
                 // Every stream ends with its marker, and the marker of a rank that has not
@@ -138,6 +161,19 @@ impl BackendExecutor {
                     continue;
                 }
                 Woken::StopWanted => break Err(AttemptError::Interrupted),
+                Woken::Grow(to) => {
+                    if in_flight(store.as_deref()) {
+                        tracing::info!(to, "room for more workers; the resize waits for the checkpoint in flight to commit");
+                        grow = Some((to, Instant::now() + CHECKPOINT_WAIT));
+                        continue;
+                    }
+                    break Err(AttemptError::Resize { to });
+                }
+                Woken::GrowAnyway => {
+                    let to = grow.map_or(0, |(to, _)| to);
+                    tracing::warn!(to, wait_s = CHECKPOINT_WAIT.as_secs(), "the checkpoint in flight did not commit in time; resizing from the one before");
+                    break Err(AttemptError::Resize { to });
+                }
             };
             match event {
                 Some(ActorEvent::Task(event)) => {
@@ -146,6 +182,11 @@ impl BackendExecutor {
                         .await
                     {
                         break Err(AttemptError::Failed(failure));
+                    }
+                    if let Some((to, _)) = grow
+                        && !in_flight(store.as_deref())
+                    {
+                        break Err(AttemptError::Resize { to });
                     }
                 }
                 Some(ActorEvent::TaskExited(TaskExit::Succeeded { value })) => {
@@ -169,7 +210,10 @@ impl BackendExecutor {
                 None => break Err(died(i, self.why_silent(i).await)),
             }
         };
-        if matches!(outcome, Err(AttemptError::Interrupted)) {
+        if matches!(
+            outcome,
+            Err(AttemptError::Interrupted | AttemptError::Resize { .. })
+        ) {
             self.stop_and_drain(&mut merged, &mut ended, &mut output, report, store)
                 .await;
         } else if outcome.is_err() {
@@ -399,6 +443,11 @@ fn first_by_time(failed: Vec<Failed>) -> Option<AttemptFailure> {
         .enumerate()
         .min_by_key(|(heard, f)| (f.ended_ms, *heard, f.rank))
         .map(|(_, f)| f.failure)
+}
+
+/// Whether a checkpoint is handed in by some ranks and not committed yet.
+fn in_flight(store: Option<&RunStore>) -> bool {
+    store.is_some_and(RunStore::checkpoint_in_flight)
 }
 
 /// Waits until `deadline`; forever without one.

@@ -72,6 +72,7 @@
 
 mod backend;
 mod context;
+mod elastic;
 mod error;
 mod executor;
 mod failure;
@@ -92,6 +93,7 @@ pub use context::{
     ContextError, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, RESTART_COUNT, RUN_NAME, TrainContext,
     WORLD_RANK, WORLD_SIZE, rank_env,
 };
+pub use elastic::{ResizeReason, workers_that_fit};
 pub use error::ExecutorError;
 pub use executor::{
     BackendExecutor, DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, LAST_LINES, RESTARTS_TARGET,

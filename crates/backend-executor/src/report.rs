@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use trainyard_resources::Resources;
 use trainyard_runtime::Stream;
 
+use crate::elastic::ResizeReason;
 use crate::hang::{RankStacks, StacksReason};
 use crate::run_folder::CheckpointResult;
 use crate::{AttemptFailure, RankInfo, WorldRank};
@@ -114,6 +115,18 @@ pub enum RunEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         file: Option<String>,
     },
+    /// An elastic run changed size: the attempt about to start has `to` workers where the
+    /// one before had `from`.
+    Resized {
+        /// Restarts before the attempt about to start.
+        restart_count: u32,
+        /// The world size of the attempt before.
+        from: u32,
+        /// The world size of the attempt about to start.
+        to: u32,
+        /// Why.
+        reason: ResizeReason,
+    },
     /// An attempt failed; the run restarts after `backoff_ms`.
     Restarting {
         /// Restarts before the failed attempt.
@@ -132,6 +145,9 @@ pub struct FitReport {
     pub attempts: u32,
     /// The failure of each failed attempt, in order.
     pub failures: Vec<AttemptFailure>,
+    /// Each attempt's world size, in order (they differ only in elastic runs).
+    #[serde(default)]
+    pub world_sizes: Vec<u32>,
     /// The last metrics each rank reported in the final attempt, by world rank.
     pub metrics: Vec<Option<serde_json::Map<String, serde_json::Value>>>,
     /// The last report of the final attempt, with its rank.

@@ -143,17 +143,20 @@ impl RunStore {
         kept.into_iter().map(|c| self.result(c)).collect()
     }
 
-    /// Fills the run's ending into `report`: how many attempts and their failures, and the
+    /// Fills the run's ending into `report`: how many attempts, their failures and world
+    /// sizes, and the
     /// run's checkpoints; what the tasks returned stays only when the run `succeeded`.
     pub(crate) fn conclude(
         &self,
         report: &mut crate::FitReport,
         attempts: u32,
         failures: Vec<AttemptFailure>,
+        world_sizes: Vec<u32>,
         succeeded: bool,
     ) {
         report.attempts = attempts;
         report.failures = failures;
+        report.world_sizes = world_sizes;
         if !succeeded {
             report.returns.clear();
         }
@@ -219,6 +222,8 @@ impl RunStore {
             ended_at: None,
             resumed_from: resumed.as_ref().map(|c| c.index),
             failure: None,
+            world_size: Some(world_size),
+            resized_to: None,
         });
         self.save().await?;
         Ok((env, resumed))
@@ -310,12 +315,22 @@ impl RunStore {
         }
     }
 
-    /// Ends the current attempt, with its failure if it failed.
-    pub(crate) async fn end_attempt(&mut self, failure: Option<&AttemptFailure>) {
+    /// Whether a checkpoint of the current attempt is handed in by some ranks and not yet
+    /// committed.
+    pub(crate) fn checkpoint_in_flight(&self) -> bool {
+        self.book.as_ref().is_some_and(CheckpointBook::in_flight)
+    }
+
+    /// Ends the current attempt as `ending` says.
+    pub(crate) async fn end_attempt(&mut self, ending: AttemptEnd<'_>) {
         self.book = None;
         if let Some(attempt) = self.record.attempts.last_mut() {
             attempt.ended_at = Some(now());
-            attempt.failure = failure.map(ToString::to_string);
+            match ending {
+                AttemptEnd::Ended => {}
+                AttemptEnd::Failed(failure) => attempt.failure = Some(failure.to_string()),
+                AttemptEnd::Resized(to) => attempt.resized_to = Some(to),
+            }
         }
         if let Err(error) = self.save().await {
             warn!(error = %chain(&error), "the run's record could not be updated");
@@ -333,6 +348,17 @@ impl RunStore {
     async fn save(&self) -> Result<(), StorageError> {
         self.folder.save(&self.record).await
     }
+}
+
+/// How an attempt ended, as `run.json` records it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AttemptEnd<'a> {
+    /// It finished, or was interrupted, or the run could not go on.
+    Ended,
+    /// It failed.
+    Failed(&'a AttemptFailure),
+    /// It was stopped to resize the run to this many workers.
+    Resized(u32),
 }
 
 /// `~/x` with the home folder for `~`.

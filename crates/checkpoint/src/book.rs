@@ -76,6 +76,13 @@ impl CheckpointBook {
         self.base + self.counts.iter().copied().max().unwrap_or(0)
     }
 
+    /// Whether a checkpoint is on its way: some rank handed in files for an index that not
+    /// every rank has reported yet (and none failed to persist).
+    #[must_use]
+    pub fn in_flight(&self) -> bool {
+        self.pending.values().any(|p| p.handed_in && !p.failed)
+    }
+
     /// Books the next report of `rank`; the commit it completes, if any.
     ///
     /// # Errors
@@ -160,12 +167,15 @@ mod tests {
     #[test]
     fn an_index_commits_only_when_every_rank_has_reported_it() {
         let mut book = CheckpointBook::new(3, 0);
+        assert!(!book.in_flight());
         assert_eq!(
             book.record(0, metrics(1), persisted(1, &["model.pt"])),
             Ok(None)
         );
+        assert!(book.in_flight(), "rank 0 handed in files for index 1");
         assert_eq!(book.record(2, metrics(1), None), Ok(None));
         let commit = book.record(1, metrics(1), None).unwrap().unwrap();
+        assert!(!book.in_flight());
         assert_eq!(commit.index, 1);
         assert_eq!(commit.files, vec!["model.pt".to_owned()]);
         assert_eq!(commit.metrics, metrics(1));

@@ -42,6 +42,12 @@ pub struct AttemptRecord {
     /// Why it failed, when it did.
     #[serde(default)]
     pub failure: Option<String>,
+    /// How many workers it ran (`None` in records written before elastic runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
+    /// The world size the run was resized to when this attempt was stopped to resize it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resized_to: Option<u32>,
 }
 
 /// One committed checkpoint.

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use trainyard::backend::{Backend, BackendConfig, NoBackend, default_rules};
 use trainyard::torch::{TIMEOUT_VAR, TorchConfig};
 use trainyard_config::resources::{Resources, near_reserved_name};
-use trainyard_config::{ScalingConfig, checked_num_workers};
+use trainyard_config::{NumWorkers, ScalingConfig, parse_resize_interval};
 
 use crate::{Failure, escape_newlines};
 
@@ -149,7 +149,9 @@ impl RunArgs {
     /// The scaling config of the SCALING flags, with `--nproc-per-node` as `-n`.
     pub(crate) fn scaling_config(&self) -> Result<ScalingConfig, Failure> {
         self.scaling
-            .to_config_with_workers(self.scaling.num_workers.or(self.nproc_per_node))
+            .to_config_with_workers(self.scaling.num_workers.clone().or_else(|| {
+                self.nproc_per_node.map(|n| n.to_string())
+            }))
     }
 
     /// The torch backend's configuration: the default one, with `--torch-timeout`.
@@ -316,9 +318,12 @@ pub(crate) enum LogFormat {
 /// The SCALING flags shared by `plan` and `run`.
 #[derive(Debug, Args)]
 pub(crate) struct ScalingArgs {
-    /// Number of workers [default: 1]
+    /// Number of workers, or an elastic range MIN:MAX (starts once MIN fit, grows up to MAX) [default: 1]
     #[arg(short = 'n', long, value_name = "N", allow_negative_numbers = true)]
-    pub(crate) num_workers: Option<i64>,
+    pub(crate) num_workers: Option<String>,
+    /// How often an elastic run (-n MIN:MAX) looks for room to grow, e.g. 30s or 5m [default: 60s; the local runtime also looks as soon as another run releases resources]
+    #[arg(long, value_name = "DURATION")]
+    pub(crate) resize_interval: Option<String>,
     /// Give each worker a GPU (1 unless --resources-per-worker says otherwise)
     #[arg(long)]
     pub(crate) use_gpu: bool,
@@ -404,17 +409,24 @@ where
 impl ScalingArgs {
     /// The config file (if any) with the flags laid over it, validated.
     pub(crate) fn to_config(&self) -> Result<ScalingConfig, Failure> {
-        self.to_config_with_workers(self.num_workers)
+        self.to_config_with_workers(self.num_workers.clone())
     }
 
     /// [`to_config`](Self::to_config) with `num_workers` for `-n`.
-    fn to_config_with_workers(&self, num_workers: Option<i64>) -> Result<ScalingConfig, Failure> {
+    fn to_config_with_workers(
+        &self,
+        num_workers: Option<String>,
+    ) -> Result<ScalingConfig, Failure> {
         let mut config = match &self.config {
             Some(path) => ScalingConfig::parse_file(path).map_err(Failure::bad_input)?,
             None => ScalingConfig::default(),
         };
         if let Some(n) = num_workers {
-            config.num_workers = checked_num_workers(n).map_err(Failure::bad_input)?;
+            config.num_workers = n.parse::<NumWorkers>().map_err(Failure::bad_input)?;
+        }
+        if let Some(interval) = &self.resize_interval {
+            config.resize_interval =
+                Some(parse_resize_interval(interval).map_err(Failure::bad_input)?);
         }
         if self.use_gpu {
             config.use_gpu = true;
@@ -482,7 +494,7 @@ mod tests {
         for args in [&with_dashes, &without] {
             assert_eq!(args.program, ["python", "x.py", "--name", "y"]);
             assert_eq!(args.name, None, "--name after the program is the program's");
-            assert_eq!(args.scaling.num_workers, Some(2));
+            assert_eq!(args.scaling.num_workers.as_deref(), Some("2"));
         }
         let args = run_args(&["--name", "a", "python", "-n", "3", "--", "b"]);
         assert_eq!(args.name.as_deref(), Some("a"));

@@ -224,6 +224,14 @@ fn print_text(
             ));
             Ok(())
         }
+        RunEvent::Resized {
+            from, to, reason, ..
+        } => {
+            progress.message(&format!(
+                "resizing the run from {from} to {to} workers: {reason}"
+            ));
+            Ok(())
+        }
         RunEvent::Resuming { checkpoint, .. } => {
             progress.message(&format!(
                 "resuming from checkpoint {} ({})",

@@ -363,7 +363,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
     let ranks = args
         .ranks
         .as_deref()
-        .map(|text| console_ranks(text, scaling.num_workers))
+        .map(|text| console_ranks(text, scaling.num_workers.max()))
         .transpose()?;
     let options = ExecutorOptions {
         placement_timeout: placement_timeout(args)?,

@@ -9,6 +9,26 @@ pub enum ConfigError {
     /// `num_workers` is outside `1..=MAX_WORKERS`.
     #[error("`num_workers` must be between 1 and {max}, got {0}", max = crate::MAX_WORKERS)]
     NumWorkersOutOfRange(i64),
+    /// An elastic `num_workers` range whose minimum is above its maximum.
+    #[error(
+        "`num_workers` range {min}:{max} has its minimum above its maximum: write MIN:MAX with MIN <= MAX"
+    )]
+    NumWorkersRange {
+        /// The minimum given.
+        min: u32,
+        /// The maximum given.
+        max: u32,
+    },
+    /// `num_workers` text that is neither a number nor a range.
+    #[error(
+        "`num_workers` must be a number of workers or a range MIN:MAX (such as 4 or 2:8), got `{0}`"
+    )]
+    NumWorkersText(String),
+    /// A resize interval that is not a positive duration.
+    #[error(
+        "resize interval `{0}` must be a positive duration such as 2s, 1m or 500ms, or a number of seconds"
+    )]
+    ResizeInterval(String),
     /// `GPU` requested without `use_gpu`.
     #[error(
         "`use_gpu` is false but `GPU` is {amount} in `resources_per_worker`: set `use_gpu` to true or remove `GPU` from `resources_per_worker`"

@@ -66,17 +66,19 @@ mod plan;
 mod run;
 mod scaling;
 mod strategy;
+mod workers;
 
 pub use error::ConfigError;
 pub use load::Format;
 pub use plan::{Plan, WorkerPlan};
 pub use run::{
     CheckpointConfig, FailureConfig, ProgressSource, ResumePolicy, RunConfig, ScoreOrder,
-    parse_hang_timeout,
+    parse_hang_timeout, parse_resize_interval,
 };
 pub use scaling::{
     ACCELERATOR_TYPE_AMOUNT, ACCELERATOR_TYPE_PREFIX, MAX_WORKERS, PlacementGroupFactory,
     ScalingConfig, checked_num_workers,
 };
 pub use strategy::{PlacementStrategy, UnknownStrategy};
+pub use workers::{DEFAULT_RESIZE_INTERVAL, NumWorkers};
 pub use trainyard_resources as resources;

@@ -41,7 +41,7 @@ impl ScalingConfig {
         let trainer = self.trainer_bundle()?;
         let actor_options = ActorOptions::try_from(&worker)
             .map_err(ConfigError::resources("resources_per_worker"))?;
-        let total_resources = total_of(&worker, trainer.clone(), self.num_workers)?;
+        let total_resources = total_of(&worker, trainer.clone(), self.num_workers.max())?;
         let placement_group_factory = self.factory_of(worker.clone(), trainer.clone())?;
         let workers = (0..placement_group_factory.bundles.len())
             .map(|bundle_index| WorkerPlan {
@@ -196,7 +196,18 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let config = &self.scaling_config;
         let trainer = config.trainer_resources.as_ref();
-        writeln!(f, "workers             {}", config.num_workers)?;
+        let workers = config.num_workers;
+        if workers.is_elastic() {
+            writeln!(
+                f,
+                "workers             {workers} (elastic: starts once {} fit, grows up to {}, looks for room every {})",
+                workers.min(),
+                workers.max(),
+                humantime::format_duration(config.resize_every())
+            )?;
+        } else {
+            writeln!(f, "workers             {workers}")?;
+        }
         writeln!(f, "use_gpu             {}", config.use_gpu)?;
         writeln!(
             f,
@@ -206,9 +217,14 @@ impl fmt::Display for Plan {
         let per_worker = Dict(config.resources_per_worker.as_ref());
         writeln!(f, "per worker          {per_worker}")?;
         writeln!(f, "trainer             {}", Dict(trainer))?;
+        let at_most = if workers.is_elastic() {
+            format!(" (at most, with {} workers)", workers.max())
+        } else {
+            String::new()
+        };
         writeln!(
             f,
-            "total               {}",
+            "total               {}{at_most}",
             Dict(Some(&self.total_resources))
         )?;
         writeln!(f)?;

@@ -227,6 +227,28 @@ impl std::fmt::Display for ProgressSource {
 /// # Errors
 /// [`ConfigError::HangTimeout`] for anything else.
 pub fn parse_hang_timeout(text: &str) -> Result<Duration, ConfigError> {
+    positive_duration(text).ok_or_else(|| ConfigError::HangTimeout(text.to_owned()))
+}
+
+/// Parses an elastic run's resize interval, written as a [hang
+/// timeout](parse_hang_timeout) is: `2s`, `1m`, `500ms`, or a number of seconds.
+///
+/// ```
+/// use std::time::Duration;
+/// use trainyard_config::parse_resize_interval;
+///
+/// assert_eq!(parse_resize_interval("2s").unwrap(), Duration::from_secs(2));
+/// assert!(parse_resize_interval("0").is_err());
+/// ```
+///
+/// # Errors
+/// [`ConfigError::ResizeInterval`] for anything but a positive duration.
+pub fn parse_resize_interval(text: &str) -> Result<Duration, ConfigError> {
+    positive_duration(text).ok_or_else(|| ConfigError::ResizeInterval(text.to_owned()))
+}
+
+/// A positive duration with units (`90s`, `10m`, `1h30m`, `500ms`) or in seconds.
+fn positive_duration(text: &str) -> Option<Duration> {
     let trimmed = text.trim();
     let parsed = match trimmed.parse::<f64>() {
         Ok(secs) if secs.is_finite() && secs > 0.0 && secs < 1e12 => {
@@ -235,12 +257,11 @@ pub fn parse_hang_timeout(text: &str) -> Result<Duration, ConfigError> {
         Ok(_) => None,
         Err(_) => humantime::parse_duration(trimmed).ok(),
     };
-    parsed
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| ConfigError::HangTimeout(text.to_owned()))
+    parsed.filter(|d| !d.is_zero())
 }
 
-fn serialize_hang_timeout<S: Serializer>(
+/// A duration as humantime writes it (`1m 30s`), for optional durations in configs.
+pub(crate) fn serialize_duration<S: Serializer>(
     value: &Option<Duration>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
@@ -250,22 +271,27 @@ fn serialize_hang_timeout<S: Serializer>(
     }
 }
 
-fn deserialize_hang_timeout<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+/// An optional duration written as text or as a number of seconds, checked by `parse`.
+pub(crate) fn deserialize_duration<'de, D: Deserializer<'de>>(
+    d: D,
+    parse: fn(&str) -> Result<Duration, ConfigError>,
+) -> Result<Option<Duration>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Given {
         Secs(f64),
         Text(String),
     }
-    match Option::<Given>::deserialize(d)? {
-        None => Ok(None),
-        Some(Given::Secs(secs)) => parse_hang_timeout(&secs.to_string())
-            .map(Some)
-            .map_err(serde::de::Error::custom),
-        Some(Given::Text(text)) => parse_hang_timeout(&text)
-            .map(Some)
-            .map_err(serde::de::Error::custom),
-    }
+    let text = match Option::<Given>::deserialize(d)? {
+        None => return Ok(None),
+        Some(Given::Secs(secs)) => secs.to_string(),
+        Some(Given::Text(text)) => text,
+    };
+    parse(&text).map(Some).map_err(serde::de::Error::custom)
+}
+
+fn deserialize_hang_timeout<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    deserialize_duration(d, parse_hang_timeout)
 }
 
 /// What a run is called, where it keeps its folder, how it survives failures, and the
@@ -291,7 +317,7 @@ pub struct RunConfig {
     /// under `failure_config`). Counted from the task's start, then from the rank's last
     /// progress. `None` (the default) never judges a run hung.
     #[serde(
-        serialize_with = "serialize_hang_timeout",
+        serialize_with = "serialize_duration",
         deserialize_with = "deserialize_hang_timeout"
     )]
     pub hang_timeout: Option<Duration>,

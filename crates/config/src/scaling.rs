@@ -1,9 +1,12 @@
 //! [`ScalingConfig`] and the [`PlacementGroupFactory`] it produces.
 
-use serde::{Deserialize, Deserializer, Serialize};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 use trainyard_resources::{CPU, GPU, ResourceAmount, Resources};
 
-use crate::{ConfigError, PlacementStrategy};
+use crate::run::{deserialize_duration, serialize_duration};
+use crate::{ConfigError, DEFAULT_RESIZE_INTERVAL, NumWorkers, PlacementStrategy, parse_resize_interval};
 
 /// Prefix of the tiny constraint resource that pins workers to an accelerator type.
 pub const ACCELERATOR_TYPE_PREFIX: &str = "accelerator_type:";
@@ -32,9 +35,8 @@ pub const ACCELERATOR_TYPE_AMOUNT: ResourceAmount = ResourceAmount::from_steps(1
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScalingConfig {
-    /// Number of workers, from 1 to [`MAX_WORKERS`].
-    #[serde(deserialize_with = "deserialize_num_workers")]
-    pub num_workers: u32,
+    /// Number of workers, from 1 to [`MAX_WORKERS`]: fixed, or an elastic range.
+    pub num_workers: NumWorkers,
     /// Whether each worker gets a GPU (1 unless `resources_per_worker` says otherwise).
     pub use_gpu: bool,
     /// What each worker requests; `None` means the default (`{CPU: 1}` or `{GPU: 1}`).
@@ -45,17 +47,27 @@ pub struct ScalingConfig {
     pub placement_strategy: PlacementStrategy,
     /// Accelerator type every worker's node must have (such as `A100`).
     pub accelerator_type: Option<String>,
+    /// How often an elastic run looks for room to grow; [`DEFAULT_RESIZE_INTERVAL`] when
+    /// `None`. Runtimes that can tell when room appears (the local runtime, from its
+    /// ledger) wake the run sooner.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_duration",
+        deserialize_with = "deserialize_resize_interval"
+    )]
+    pub resize_interval: Option<Duration>,
 }
 
 impl Default for ScalingConfig {
     fn default() -> Self {
         Self {
-            num_workers: 1,
+            num_workers: NumWorkers::fixed(1),
             use_gpu: false,
             resources_per_worker: None,
             trainer_resources: None,
             placement_strategy: PlacementStrategy::Pack,
             accelerator_type: None,
+            resize_interval: None,
         }
     }
 }
@@ -86,8 +98,10 @@ pub fn checked_num_workers(value: i64) -> Result<u32, ConfigError> {
         .ok_or(ConfigError::NumWorkersOutOfRange(value))
 }
 
-fn deserialize_num_workers<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
-    checked_num_workers(i64::deserialize(deserializer)?).map_err(serde::de::Error::custom)
+fn deserialize_resize_interval<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
+    deserialize_duration(d, parse_resize_interval)
 }
 
 /// The bundles of a placement group and how to lay them over nodes.
@@ -133,11 +147,24 @@ pub(crate) fn total_of(
 }
 
 impl ScalingConfig {
-    /// Sets `num_workers`.
+    /// Sets `num_workers`: a number (`4`) or an elastic range (`2..=8`).
     #[must_use]
-    pub fn num_workers(mut self, num_workers: u32) -> Self {
-        self.num_workers = num_workers;
+    pub fn num_workers(mut self, num_workers: impl Into<NumWorkers>) -> Self {
+        self.num_workers = num_workers.into();
         self
+    }
+
+    /// Sets `resize_interval`.
+    #[must_use]
+    pub fn resize_interval(mut self, interval: Duration) -> Self {
+        self.resize_interval = Some(interval);
+        self
+    }
+
+    /// How often an elastic run looks for room to grow.
+    #[must_use]
+    pub fn resize_every(&self) -> Duration {
+        self.resize_interval.unwrap_or(DEFAULT_RESIZE_INTERVAL)
     }
 
     /// Sets `use_gpu`.
@@ -190,7 +217,7 @@ impl ScalingConfig {
     /// `num_workers` outside `1..=MAX_WORKERS`, contradictory GPU settings, an empty
     /// accelerator type, invalid amounts, or a worker that normalises to an empty dictionary.
     pub fn worker_resources(&self) -> Result<Resources, ConfigError> {
-        checked_num_workers(i64::from(self.num_workers))?;
+        self.num_workers.validate()?;
         let mut worker = match &self.resources_per_worker {
             None if self.use_gpu => Resources::new().with(GPU, ResourceAmount::ONE),
             None => Resources::new().with(CPU, ResourceAmount::ONE),
@@ -254,7 +281,23 @@ impl ScalingConfig {
         self.factory_of(self.worker_resources()?, self.trainer_bundle()?)
     }
 
-    /// Everything the run reserves: trainer + `num_workers` × worker.
+    /// The placement group of an attempt with `world_size` workers (an elastic run's
+    /// attempts each choose theirs within the range).
+    ///
+    /// # Errors
+    /// As [`ScalingConfig::placement_group_factory`].
+    pub fn placement_group_factory_for(
+        &self,
+        world_size: u32,
+    ) -> Result<PlacementGroupFactory, ConfigError> {
+        Self {
+            num_workers: NumWorkers::fixed(world_size),
+            ..self.clone()
+        }
+        .placement_group_factory()
+    }
+
+    /// Everything the run reserves at most: trainer + `num_workers` (its maximum) × worker.
     ///
     /// # Errors
     /// As [`ScalingConfig::placement_group_factory`], and overflow.
@@ -262,7 +305,7 @@ impl ScalingConfig {
         total_of(
             &self.worker_resources()?,
             self.trainer_bundle()?,
-            self.num_workers,
+            self.num_workers.max(),
         )
     }
 
@@ -272,7 +315,7 @@ impl ScalingConfig {
         worker: Resources,
         trainer: Resources,
     ) -> Result<PlacementGroupFactory, ConfigError> {
-        let n = self.num_workers as usize;
+        let n = self.num_workers.max() as usize;
         let mut bundles = Vec::with_capacity(n);
         let mut first = trainer;
         first

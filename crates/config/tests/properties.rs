@@ -134,12 +134,13 @@ fn case() -> impl Strategy<Value = Case> {
 impl Case {
     fn config(&self) -> ScalingConfig {
         ScalingConfig {
-            num_workers: self.num_workers,
+            num_workers: self.num_workers.into(),
             use_gpu: self.use_gpu,
             resources_per_worker: self.per_worker.as_ref().map(to_resources),
             trainer_resources: self.trainer.as_ref().map(to_resources),
             placement_strategy: self.strategy,
             accelerator_type: self.accelerator_type.clone(),
+            resize_interval: None,
         }
     }
 

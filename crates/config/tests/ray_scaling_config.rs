@@ -468,12 +468,13 @@ fn placement_group_factory_equals_rays_for_the_whole_product() {
                         accelerator_type: None,
                     };
                     let ours = ScalingConfig {
-                        num_workers,
+                        num_workers: num_workers.into(),
                         use_gpu,
                         resources_per_worker: per_worker.map(|w| to_resources(&py(w))),
                         trainer_resources: Some(to_resources(&py(trainer))),
                         placement_strategy: strategy,
                         accelerator_type: None,
+                        resize_interval: None,
                     };
                     assert_eq!(ray.post_init(), Ok(()), "{case}");
                     let ray_bundles = ray.placement_group_bundles();
