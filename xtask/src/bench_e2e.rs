@@ -5,6 +5,8 @@
 //!    --nproc-per-node 2` vs two processes started by hand with the environment set.
 //! 2. From one rank's crash to every rank stopped (`trainyard run` exits).
 //! 3. Start and stop of 64 workers of `true`, against 64 `true` processes spawned by hand.
+//! 4. An elastic run (`-n 1:4`) growing from 2 to 4 workers: from the exit of the run that
+//!    held the other two CPUs to all 4 ranks running again from the checkpoint.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -157,6 +159,80 @@ fn hang_to_stop(trainyard: &Path, python: &Path, root: &Path) -> Result<Duration
     Ok(Duration::from_secs_f64((ended - ready - timeout).max(0.0)))
 }
 
+/// `--resize-interval` of the elastic run.
+const RESIZE_INTERVAL: &str = "2s";
+
+/// A run holds 2 of 4 CPUs (through a ledger of its own) while an elastic `-n 1:4` run starts
+/// with the other 2 and checkpoints every step; the time from the holder's exit to the 4th
+/// rank's task started in the elastic run's next attempt.
+fn elastic_grow(trainyard: &Path, root: &Path) -> Result<Duration, String> {
+    use std::io::{BufRead as _, BufReader};
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let release = dir.path().join("release");
+    let run = |args: &[&str]| {
+        let mut command = Command::new(trainyard);
+        command
+            .current_dir(root)
+            .args(["run", "--num-cpus", "4", "--backend", "none", "-r", "CPU=1"])
+            .args(["--log-format", "json"])
+            .args(args)
+            .env("TRAINYARD_LEDGER", dir.path().join("ledger"))
+            .env("TRAINYARD_STORAGE", dir.path().join("results"))
+            .env("CI", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        command.spawn().map_err(|e| e.to_string())
+    };
+    let wait = format!("while [ ! -e {} ]; do sleep 0.02; done", release.display());
+    let mut holder = run(&["-n", "2", "--", "sh", "-c", &wait])?;
+    let holder_out = holder.stdout.take().ok_or("no stdout")?;
+    BufReader::new(holder_out)
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains(r#""event":"attempt_started""#))
+        .ok_or("the holder did not start")?;
+    let mut elastic = run(&[
+        "-n",
+        "1:4",
+        "--resize-interval",
+        RESIZE_INTERVAL,
+        "--env",
+        "ELASTIC_STEPS=30",
+        "--",
+        "python3",
+        "crates/cli/tests/python/elastic.py",
+    ])?;
+    let mut lines = BufReader::new(elastic.stdout.take().ok_or("no stdout")?)
+        .lines()
+        .map_while(Result::ok);
+    lines
+        .find(|l| l.contains(r#""event":"checkpoint_committed""#))
+        .ok_or("the elastic run committed no checkpoint")?;
+    std::fs::write(&release, "").map_err(|e| e.to_string())?;
+    holder.wait().map_err(|e| e.to_string())?;
+    let room = Instant::now();
+    lines
+        .find(|l| l.contains(r#""event":"attempt_started""#) && l.contains(r#""world_size":4"#))
+        .ok_or("the elastic run did not grow")?;
+    let mut started = 0;
+    for line in lines.by_ref() {
+        started += usize::from(line.contains(r#""event":"task_started""#));
+        if started == 4 {
+            break;
+        }
+    }
+    let grown = room.elapsed();
+    let rest: Vec<String> = lines.collect();
+    let status = elastic.wait().map_err(|e| e.to_string())?;
+    if started < 4 || !status.success() {
+        return Err(format!(
+            "the elastic run did not end well ({status}): {rest:?}"
+        ));
+    }
+    Ok(grown)
+}
+
 fn many_true(trainyard: &Path) -> Result<Duration, String> {
     timed(
         Command::new(trainyard)
@@ -241,6 +317,14 @@ pub(crate) fn run() -> Result<(), String> {
     println!(
         "hang of one rank (torch, 2 ranks): deadline passing to every rank's stacks printed and every rank stopped: median {:.0} ms (target < 2000 ms)",
         median(hangs).as_secs_f64() * 1000.0
+    );
+
+    let grows: Vec<Duration> = (0..ROUNDS)
+        .map(|_| elastic_grow(&trainyard, &root))
+        .collect::<Result<_, _>>()?;
+    println!(
+        "elastic run -n 1:4 growing from 2 to 4 workers: the other run's exit to 4 ranks running from the checkpoint: median {:.0} ms (target <= --resize-interval {RESIZE_INTERVAL} + 1 s)",
+        median(grows).as_secs_f64() * 1000.0
     );
 
     let (mut runs, mut spawns) = (Vec::new(), Vec::new());

@@ -77,7 +77,8 @@ pub fn workers_that_fit(
 
 /// Each node's available resources in `cluster`, with what `held` (bundles and the node
 /// each is on) gives back when it is released: the room a run would have if it released
-/// its own placement group first.
+/// its own placement group first. A node never has more room than its total, whatever the
+/// view says (the bundles may be released already).
 #[must_use]
 pub(crate) fn room_with(cluster: &ClusterSnapshot, held: &[(NodeId, Resources)]) -> Vec<Resources> {
     cluster
@@ -88,6 +89,15 @@ pub(crate) fn room_with(cluster: &ClusterSnapshot, held: &[(NodeId, Resources)])
             for (_, bundle) in held.iter().filter(|(on, _)| on == &node.id) {
                 // What a run holds on a node was part of its total: no overflow.
                 let _ = room.checked_add_assign(bundle);
+            }
+            let total = &node.total;
+            let capped: Vec<(String, _)> = room
+                .iter()
+                .map(|(name, amount)| (name.to_owned(), amount.min(total.amount(name))))
+                .collect();
+            let mut room = Resources::new();
+            for (name, amount) in capped {
+                room = room.with(name, amount);
             }
             room
         })
@@ -165,5 +175,8 @@ mod tests {
             (NodeId::from("b"), cpu("1")),
         ];
         assert_eq!(room_with(&cluster, &held), vec![cpu("2"), cpu("3")]);
+        // Released already, and still given back: no more than the node's total.
+        let again = [held.as_slice(), held.as_slice()].concat();
+        assert_eq!(room_with(&cluster, &again), vec![cpu("3"), cpu("4")]);
     }
 }

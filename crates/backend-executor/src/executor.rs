@@ -10,7 +10,7 @@ use futures::future::join_all;
 use tokio::sync::mpsc::{self, Sender};
 use tokio::sync::watch;
 use tracing::{Instrument, info, info_span, warn};
-use trainyard_config::{RunConfig, ScalingConfig};
+use trainyard_config::{PlacementGroupFactory, PlacementStrategy, RunConfig, ScalingConfig};
 use trainyard_resources::Resources;
 use trainyard_runtime::events::{self, TaskEvents};
 use trainyard_runtime::{
@@ -19,11 +19,11 @@ use trainyard_runtime::{
 };
 use trainyard_worker_group::WorkerGroup;
 
+use crate::elastic::{ResizeReason, room_with, workers_that_fit};
 use crate::error::{chain, is_death, runtime_error_in};
 use crate::hang::StacksTrigger;
 use crate::logs::RankLogs;
 use crate::report::{FitReport, RunEvent, StartedWorker};
-use crate::elastic::{ResizeReason, room_with, workers_that_fit};
 use crate::run_folder::{AttemptEnd, RunStore};
 use crate::{
     AcceleratorView, AttemptFailure, Backend, BackendContext, BackendError, Backoff, Disposition,
@@ -75,6 +75,10 @@ impl Default for ExecutorOptions {
         }
     }
 }
+
+/// How long an elastic run waits for the bundles of the workers it would grow by before it
+/// takes the room it saw for a stale view.
+const ROOM_PROBE_WAIT: Duration = Duration::from_secs(3);
 
 /// How long stopping the workers after an interrupt may take beyond the
 /// [shutdown patience](ExecutorOptions::shutdown_patience) before they are killed.
@@ -208,6 +212,12 @@ pub struct BackendExecutor {
     /// How many workers the current (or next) attempt has: the fixed number, or for an
     /// elastic run what fit when it started.
     world_size: u32,
+    /// The world size of the attempt before the current one (elastic runs say when it
+    /// changes).
+    previous_world_size: Option<u32>,
+    /// What the attempt before held (each bundle and its node): released, though a
+    /// cluster's view of what is free may not show it yet.
+    released: Vec<(NodeId, Resources)>,
     pub(crate) run: RunConfig,
     run_name: String,
     options: ExecutorOptions,
@@ -258,6 +268,8 @@ impl BackendExecutor {
             runtime,
             backend,
             world_size: scaling.num_workers.max(),
+            previous_world_size: None,
+            released: Vec::new(),
             scaling,
             run: RunConfig::default(),
             run_name: unique_run_name(),
@@ -429,62 +441,88 @@ impl BackendExecutor {
         &mut self,
         restart_count: u32,
     ) -> Result<(PlacementGroupId, Vec<(NodeId, Resources)>), AttemptError> {
-        let factory = self
-            .scaling
-            .placement_group_factory_for(self.world_size)
-            .map_err(ExecutorError::from)?;
-        let requested = factory.total_resources().map_err(ExecutorError::from)?;
-        self.emit(RunEvent::Placing {
-            restart_count,
-            bundles: factory.bundles.len(),
-            requested: requested.clone(),
-        })
-        .await;
-        let limit = self.options.health_check_timeout;
-        let pg = tokio::time::timeout(limit, self.runtime.create_placement_group(&factory))
-            .await
-            .map_err(|_| ExecutorError::Timeout {
-                operation: "creating the placement group",
-                after: limit,
-            })?
-            .map_err(|e| match e {
-                RuntimeError::Infeasible(_) | RuntimeError::Refused { .. } => {
-                    ExecutorError::Unschedulable(Box::new(e))
+        let range = self.scaling.num_workers;
+        let deadline = tokio::time::Instant::now() + self.options.placement_timeout;
+        'size: loop {
+            let factory = self
+                .scaling
+                .placement_group_factory_for(self.world_size)
+                .map_err(ExecutorError::from)?;
+            let requested = factory.total_resources().map_err(ExecutorError::from)?;
+            self.emit(RunEvent::Placing {
+                restart_count,
+                bundles: factory.bundles.len(),
+                requested: requested.clone(),
+            })
+            .await;
+            let limit = self.options.health_check_timeout;
+            let pg = tokio::time::timeout(limit, self.runtime.create_placement_group(&factory))
+                .await
+                .map_err(|_| ExecutorError::Timeout {
+                    operation: "creating the placement group",
+                    after: limit,
+                })?
+                .map_err(|e| match e {
+                    RuntimeError::Infeasible(_) | RuntimeError::Refused { .. } => {
+                        ExecutorError::Unschedulable(Box::new(e))
+                    }
+                    other => ExecutorError::Runtime(Box::new(other)),
+                })?;
+            self.state = State::Reserved(pg);
+            loop {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                // An elastic run above its minimum waits a resize interval at a time, and
+                // starts with fewer workers when fewer fit by then (a node was lost, or the
+                // cluster's view of free resources was stale when the size was chosen).
+                let slice = if range.is_elastic() && self.world_size > range.min() {
+                    left.min(self.scaling.resize_every())
+                } else {
+                    left
+                };
+                match self.runtime.wait_placement_group_ready(pg, slice).await {
+                    Ok(placed) => {
+                        if let Some(from) = self.previous_world_size {
+                            self.resized(from, restart_count).await;
+                        }
+                        self.emit(RunEvent::Placed {
+                            bundle_nodes: placed
+                                .bundle_nodes
+                                .iter()
+                                .map(ToString::to_string)
+                                .collect(),
+                        })
+                        .await;
+                        let held = placed.bundle_nodes.into_iter().zip(factory.bundles);
+                        return Ok((pg, held.collect()));
+                    }
+                    Err(RuntimeError::PlacementTimeout { .. }) if slice < left => {
+                        match self.workers_fitting(&[]).await {
+                            Some(n) if n < self.world_size => {
+                                info!(run = %self.run_name, waiting_for = self.world_size, fit = n, "fewer workers fit than the attempt waits for; it starts with those");
+                                self.remove_placement_group().await;
+                                self.world_size = n;
+                                continue 'size;
+                            }
+                            _ => {}
+                        }
+                    }
+                    Err(RuntimeError::PlacementTimeout { .. }) => {
+                        let available = self.free_resources().await;
+                        self.remove_placement_group().await;
+                        return Err(ExecutorError::PlacementTimeout {
+                            waited: self.options.placement_timeout,
+                            requested,
+                            available,
+                        }
+                        .into());
+                    }
+                    Err(e @ (RuntimeError::Busy(_) | RuntimeError::Refused { .. })) => {
+                        self.remove_placement_group().await;
+                        return Err(ExecutorError::Unschedulable(Box::new(e)).into());
+                    }
+                    Err(e) => return Err(ExecutorError::Runtime(Box::new(e)).into()),
                 }
-                other => ExecutorError::Runtime(Box::new(other)),
-            })?;
-        self.state = State::Reserved(pg);
-        match self
-            .runtime
-            .wait_placement_group_ready(pg, self.options.placement_timeout)
-            .await
-        {
-            Ok(placed) => {
-                self.emit(RunEvent::Placed {
-                    bundle_nodes: placed
-                        .bundle_nodes
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect(),
-                })
-                .await;
-                Ok((pg, placed.bundle_nodes.into_iter().zip(factory.bundles).collect()))
             }
-            Err(RuntimeError::PlacementTimeout { waited, .. }) => {
-                let available = self.free_resources().await;
-                self.remove_placement_group().await;
-                Err(ExecutorError::PlacementTimeout {
-                    waited,
-                    requested,
-                    available,
-                }
-                .into())
-            }
-            Err(e @ (RuntimeError::Busy(_) | RuntimeError::Refused { .. })) => {
-                self.remove_placement_group().await;
-                Err(ExecutorError::Unschedulable(Box::new(e)).into())
-            }
-            Err(e) => Err(ExecutorError::Runtime(Box::new(e)).into()),
         }
     }
 
@@ -801,10 +839,8 @@ impl BackendExecutor {
                 if stop.is_requested() {
                     return Err(AttemptError::Interrupted);
                 }
-                self.world_size = self.next_world_size().await;
-                if let Some(&from) = history.world_sizes.last() {
-                    self.resized(from, restart_count).await;
-                }
+                self.world_size = self.next_world_size(history.grow_to.take()).await;
+                self.previous_world_size = history.world_sizes.last().copied();
                 history.world_sizes.push(self.world_size);
                 let (env, resumed) = store
                     .begin_attempt(self.world_size, restart_count)
@@ -821,7 +857,8 @@ impl BackendExecutor {
                 }
                 let (dir, remote) = store.attempt_log_dir(self.run.log_dir.as_deref());
                 upload = remote;
-                let opened = logs.insert(RankLogs::open(dir, self.world_size as usize));
+                let most = self.scaling.num_workers.max() as usize;
+                let opened = logs.insert(RankLogs::open(dir, most));
                 self.emit(RunEvent::LogFiles {
                     restart_count,
                     dir: opened.dir().display().to_string(),
@@ -834,11 +871,21 @@ impl BackendExecutor {
                     () = stop.requested() => return Err(AttemptError::Interrupted),
                     started = self.start_attempt(restart_count) => started?,
                 }
+                // Fewer workers than chosen may have fit by the time the group was reserved.
+                if history.world_sizes.last() != Some(&self.world_size) {
+                    history.world_sizes.pop();
+                    history.world_sizes.push(self.world_size);
+                    store
+                        .resize_attempt(self.world_size)
+                        .await
+                        .map_err(ExecutorError::Storage)?;
+                }
                 self.train(task, &mut report, Some(&mut store), logs.as_mut())
                     .await
             }
             .instrument(span)
             .await;
+            self.released = self.attempt().map(|a| a.held.clone()).unwrap_or_default();
             if matches!(
                 outcome,
                 Err(AttemptError::Interrupted | AttemptError::Resize { .. })
@@ -879,6 +926,7 @@ impl BackendExecutor {
                     // committed checkpoint.
                     store.end_attempt(AttemptEnd::Resized(to)).await;
                     history.resizes += 1;
+                    history.grow_to = Some(to);
                     continue;
                 }
                 Err(AttemptError::Failed(failure)) => failure,
@@ -930,13 +978,20 @@ impl BackendExecutor {
 
     /// The world size of the next attempt: the fixed number; for an elastic run, as many as
     /// fit now (up to its maximum), or its minimum when fewer fit (the attempt then waits
-    /// for room as a fixed run does).
-    async fn next_world_size(&self) -> u32 {
+    /// for room as a fixed run does); after a stop to grow, at least the size it found room
+    /// for. What the attempt before held counts as free: Ray's view shows it released, and a
+    /// node that joined, only a while later. Where the view was right, a group too large for
+    /// what is left is cut down as it waits (see `reserve`).
+    async fn next_world_size(&self, grow_to: Option<u32>) -> u32 {
         let range = self.scaling.num_workers;
         if !range.is_elastic() {
             return range.max();
         }
-        self.workers_fitting(&[]).await.unwrap_or(range.min())
+        let fit = self
+            .workers_fitting(&self.released)
+            .await
+            .unwrap_or(range.min());
+        range.clamp(fit.max(grow_to.unwrap_or(0)))
     }
 
     /// How many workers fit on the cluster now, with `held` (the run's own bundles) given
@@ -967,10 +1022,54 @@ impl BackendExecutor {
         loop {
             self.runtime.free_changed(interval).await;
             match self.workers_fitting(&held).await {
-                Some(n) if n > self.world_size => return n,
+                Some(n) if n > self.world_size && self.room_is_real(n).await => return n,
                 _ => {}
             }
         }
+    }
+
+    /// Whether the runtime reserves the bundles of the workers beyond the current ones to
+    /// grow to `n` (a group reserved and released at once): a cluster's view of what is free
+    /// can lag behind what it holds (Ray's does), and a resize that then does not fit would
+    /// stop the attempt for nothing.
+    async fn room_is_real(&self, n: u32) -> bool {
+        let Ok(worker) = self.scaling.worker_resources() else {
+            return false;
+        };
+        let strategy = match self.scaling.placement_strategy {
+            PlacementStrategy::Pack | PlacementStrategy::StrictPack => PlacementStrategy::Pack,
+            PlacementStrategy::Spread | PlacementStrategy::StrictSpread => {
+                PlacementStrategy::Spread
+            }
+        };
+        let extra = PlacementGroupFactory {
+            bundles: vec![worker; n.saturating_sub(self.world_size) as usize],
+            strategy,
+        };
+        let limit = self.options.health_check_timeout;
+        let Ok(Ok(pg)) =
+            tokio::time::timeout(limit, self.runtime.create_placement_group(&extra)).await
+        else {
+            return false;
+        };
+        let wait = ROOM_PROBE_WAIT.min(self.scaling.resize_every());
+        let reserved = self
+            .runtime
+            .wait_placement_group_ready(pg, wait)
+            .await
+            .is_ok();
+        match tokio::time::timeout(limit, self.runtime.remove_placement_group(pg)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(%pg, error = %e, "removing the group that looked for room failed"),
+            Err(_) => warn!(%pg, "removing the group that looked for room timed out"),
+        }
+        if !reserved {
+            tracing::debug!(
+                n,
+                "the cluster's view showed room that could not be reserved"
+            );
+        }
+        reserved
     }
 
     /// Says that the run changed size from `from` workers to the current world size, if it
@@ -985,7 +1084,7 @@ impl BackendExecutor {
         } else {
             ResizeReason::WorkersLost
         };
-        info!(run = %self.run_name, from, to, %reason, "the run resizes");
+        info!(target: RESTARTS_TARGET, run = %self.run_name, from, to, %reason, "the run resizes");
         self.emit(RunEvent::Resized {
             restart_count,
             from,
@@ -1007,6 +1106,8 @@ struct History {
     requeued: usize,
     /// Attempts stopped to resize the run, which are not failures either.
     resizes: u32,
+    /// The size the last attempt was stopped to grow to, if it was.
+    grow_to: Option<u32>,
     /// Each attempt's world size.
     world_sizes: Vec<u32>,
 }

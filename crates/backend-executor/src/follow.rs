@@ -105,8 +105,7 @@ impl BackendExecutor {
         let mut ended = vec![false; n];
         let stop = self.stop_trigger.clone();
         // An elastic run below its maximum looks for room to grow while it trains.
-        let growing = self.scaling_range().is_elastic()
-            && n < self.scaling_range().max() as usize;
+        let growing = self.scaling_range().is_elastic() && n < self.scaling_range().max() as usize;
         let room = async {
             if growing {
                 self.room_to_grow().await
@@ -163,7 +162,10 @@ impl BackendExecutor {
                 Woken::StopWanted => break Err(AttemptError::Interrupted),
                 Woken::Grow(to) => {
                     if in_flight(store.as_deref()) {
-                        tracing::info!(to, "room for more workers; the resize waits for the checkpoint in flight to commit");
+                        tracing::info!(
+                            to,
+                            "room for more workers; the resize waits for the checkpoint in flight to commit"
+                        );
                         grow = Some((to, Instant::now() + CHECKPOINT_WAIT));
                         continue;
                     }
@@ -171,7 +173,11 @@ impl BackendExecutor {
                 }
                 Woken::GrowAnyway => {
                     let to = grow.map_or(0, |(to, _)| to);
-                    tracing::warn!(to, wait_s = CHECKPOINT_WAIT.as_secs(), "the checkpoint in flight did not commit in time; resizing from the one before");
+                    tracing::warn!(
+                        to,
+                        wait_s = CHECKPOINT_WAIT.as_secs(),
+                        "the checkpoint in flight did not commit in time; resizing from the one before"
+                    );
                     break Err(AttemptError::Resize { to });
                 }
             };

@@ -229,6 +229,16 @@ impl RunStore {
         Ok((env, resumed))
     }
 
+    /// Gives the current attempt, before any rank has reported, `world_size` ranks.
+    pub(crate) async fn resize_attempt(&mut self, world_size: u32) -> Result<(), StorageError> {
+        let base = self.record.latest_checkpoint.unwrap_or(0);
+        self.book = Some(CheckpointBook::new(world_size, base));
+        if let Some(attempt) = self.record.attempts.last_mut() {
+            attempt.world_size = Some(world_size);
+        }
+        self.save().await
+    }
+
     /// Books one report of world rank `rank`; the checkpoint it commits, if any, once
     /// `run.json` records it.
     pub(crate) async fn report(

@@ -226,7 +226,10 @@ async fn a_run_grows_when_a_node_joins() {
 
 #[tokio::test]
 async fn after_a_lost_node_the_run_goes_on_with_what_fits_and_counts_the_failure() {
-    let nodes = [SimNode::new("node-0").cpus(2), SimNode::new("node-1").cpus(2)];
+    let nodes = [
+        SimNode::new("node-0").cpus(2),
+        SimNode::new("node-1").cpus(2),
+    ];
     let sim = cluster(nodes);
     let (fit, mut rx, _storage) = start(&sim, elastic(2..=4), FailureConfig::restarts(1), 20);
     let events = until(&mut rx, committed).await;
@@ -242,7 +245,10 @@ async fn after_a_lost_node_the_run_goes_on_with_what_fits_and_counts_the_failure
 
 #[tokio::test]
 async fn a_shrink_uses_up_max_failures_as_the_failure_would() {
-    let nodes = [SimNode::new("node-0").cpus(2), SimNode::new("node-1").cpus(2)];
+    let nodes = [
+        SimNode::new("node-0").cpus(2),
+        SimNode::new("node-1").cpus(2),
+    ];
     let sim = cluster(nodes);
     let (fit, mut rx, _storage) = start(&sim, elastic(2..=4), FailureConfig::default(), 20);
     until(&mut rx, committed).await;

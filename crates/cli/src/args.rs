@@ -148,10 +148,12 @@ fn parse_torch_timeout(text: &str) -> Result<u64, String> {
 impl RunArgs {
     /// The scaling config of the SCALING flags, with `--nproc-per-node` as `-n`.
     pub(crate) fn scaling_config(&self) -> Result<ScalingConfig, Failure> {
-        self.scaling
-            .to_config_with_workers(self.scaling.num_workers.clone().or_else(|| {
-                self.nproc_per_node.map(|n| n.to_string())
-            }))
+        self.scaling.to_config_with_workers(
+            self.scaling
+                .num_workers
+                .clone()
+                .or_else(|| self.nproc_per_node.map(|n| n.to_string())),
+        )
     }
 
     /// The torch backend's configuration: the default one, with `--torch-timeout`.

@@ -6,12 +6,13 @@ use std::io::{self, BufWriter, Write as _};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use trainyard::backend::workers_that_fit;
 use trainyard::local::ledger::{self, LedgerLocation, RunEntry};
 use trainyard::runtime::reservations::{NodeSpec, Reservations};
 use trainyard::runtime::{NodeInfo, PlacementGroupFactory, RuntimeError, Shortage};
-use trainyard_config::Format;
 use trainyard_config::Plan;
 use trainyard_config::resources::{GPU, Resources};
+use trainyard_config::{Format, ScalingConfig};
 
 use crate::args::{FlagError, OutputFormat, PlanArgs, RuntimeKind};
 use crate::{EXIT_UNSCHEDULABLE, Failure};
@@ -78,36 +79,59 @@ enum Placement {
 pub(crate) fn run(args: &PlanArgs) -> Result<(), Failure> {
     let config = args.scaling.to_config()?;
     let plan = config.plan().map_err(Failure::bad_input)?;
+    // An elastic plan is placed with as many workers as would start now.
+    let mut starting = None;
+    let mut start = |free: Vec<Resources>| -> Result<PlacementGroupFactory, Failure> {
+        let (factory, n) = starting_group(&config, &free)?;
+        starting = Some(n);
+        Ok(factory)
+    };
     let placement = match (args.runtime, &args.cluster) {
-        (Some(RuntimeKind::Ray), _) => Some(place_on_ray(args, &plan.placement_group_factory)?),
-        (Some(RuntimeKind::Slurm), _) => Some(place_on_slurm(args, &plan.placement_group_factory)?),
+        (Some(RuntimeKind::Ray), _) => Some(place_on_ray(args, &mut start)?),
+        (Some(RuntimeKind::Slurm), _) => Some(place_on_slurm(args, &mut start)?),
         (Some(RuntimeKind::Local), _) => {
             let nodes = args.local.config("plan", false)?.node_specs();
             let others = other_runs()?;
-            Some(place(
-                "local",
-                nodes,
-                &others,
-                &plan.placement_group_factory,
-            )?)
+            Some(place("local", nodes, &others, &mut start)?)
         }
         (None, Some(path)) => {
             let nodes = described_nodes(path)?;
             let name = path.display().to_string();
-            Some(place(&name, nodes, &[], &plan.placement_group_factory)?)
+            Some(place(&name, nodes, &[], &mut start)?)
         }
         (None, None) => None,
     };
-    match write_plan(&plan, placement.as_ref(), args.format) {
+    let starting = starting.filter(|_| config.num_workers.is_elastic());
+    match write_plan(&plan, placement.as_ref(), starting, args.format) {
         // A reader that stops early (`| head`) has all it wanted.
         Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(()),
         result => result.map_err(Failure::output),
     }
 }
 
-/// Places `factory` on the Ray cluster as it is now: refused as `run` would refuse it when
-/// it can never fit the live nodes; else on the nodes' free resources, or what it waits for.
-fn place_on_ray(args: &PlanArgs, factory: &PlacementGroupFactory) -> Result<Placement, Failure> {
+/// The group a run of `config` would start with on nodes with `free` resources, and its
+/// number of workers: the fixed number, or for an elastic run as many as fit (at least its
+/// minimum).
+fn starting_group(
+    config: &ScalingConfig,
+    free: &[Resources],
+) -> Result<(PlacementGroupFactory, u32), Failure> {
+    let n = workers_that_fit(config, free)
+        .map_err(Failure::bad_input)?
+        .unwrap_or(config.num_workers.min());
+    let factory = config
+        .placement_group_factory_for(n)
+        .map_err(Failure::bad_input)?;
+    Ok((factory, n))
+}
+
+/// The group to place, given each node's free resources.
+type Starting<'a> = dyn FnMut(Vec<Resources>) -> Result<PlacementGroupFactory, Failure> + 'a;
+
+/// Places the group `start` chooses on the Ray cluster as it is now: refused as `run` would
+/// refuse it when it can never fit the live nodes; else on the nodes' free resources, or
+/// what it waits for.
+fn place_on_ray(args: &PlanArgs, start: &mut Starting<'_>) -> Result<Placement, Failure> {
     if let Some(flag) = args.local.given() {
         return Err(Failure::bad_input(FlagError::new(flag, "(given)")(
             "describes this machine and applies to --runtime local only".into(),
@@ -115,11 +139,18 @@ fn place_on_ray(args: &PlanArgs, factory: &PlacementGroupFactory) -> Result<Plac
     }
     let snapshot = crate::engine::ray_snapshot(&args.ray)?;
     let cluster = format!("ray {}", args.ray.address().unwrap_or_default());
-    place_on_snapshot(cluster, &snapshot, factory)
+    let factory = start(free_of(&snapshot))?;
+    place_on_snapshot(cluster, &snapshot, &factory)
 }
 
-/// Places `factory` on the Slurm partition's nodes as Slurm's node table has them now.
-fn place_on_slurm(args: &PlanArgs, factory: &PlacementGroupFactory) -> Result<Placement, Failure> {
+/// Each node's free resources.
+fn free_of(snapshot: &trainyard::runtime::ClusterSnapshot) -> Vec<Resources> {
+    snapshot.nodes.iter().map(|n| n.available.clone()).collect()
+}
+
+/// Places the group `start` chooses on the Slurm partition's nodes as Slurm's node table
+/// has them now.
+fn place_on_slurm(args: &PlanArgs, start: &mut Starting<'_>) -> Result<Placement, Failure> {
     if let Some(flag) = args.local.given() {
         return Err(Failure::bad_input(FlagError::new(flag, "(given)")(
             "describes this machine and applies to --runtime local only".into(),
@@ -133,7 +164,7 @@ fn place_on_slurm(args: &PlanArgs, factory: &PlacementGroupFactory) -> Result<Pl
             .as_deref()
             .unwrap_or("(default partition)")
     );
-    let factory = trainyard::slurm::request::slurm_factory(factory);
+    let factory = trainyard::slurm::request::slurm_factory(&start(free_of(&snapshot))?);
     place_on_snapshot(cluster, &snapshot, &factory)
 }
 
@@ -201,17 +232,19 @@ fn other_runs() -> Result<Vec<RunEntry>, Failure> {
     }
 }
 
-/// Places `factory` on `nodes` less what `others` hold, as `run` would reserve it.
+/// Places the group `start` chooses on `nodes` less what `others` hold, as `run` would
+/// reserve it.
 fn place(
     cluster: &str,
     nodes: Vec<NodeSpec>,
     others: &[RunEntry],
-    factory: &PlacementGroupFactory,
+    start: &mut Starting<'_>,
 ) -> Result<Placement, Failure> {
     let mut book = Reservations::new(nodes);
     book.set_held_elsewhere(others.iter().flat_map(|r| &r.bundles));
+    let factory = start(free_of(&book.snapshot()))?;
     let pg = book
-        .create_group(factory)
+        .create_group(&factory)
         .map_err(|error| unschedulable(cluster, error))?;
     let cluster = cluster.to_owned();
     match book.placement_info(pg).map_err(Failure::other)? {
@@ -271,8 +304,14 @@ fn described_nodes(path: &Path) -> Result<Vec<NodeSpec>, Failure> {
     Ok(nodes)
 }
 
-/// Writes the plan (and its placement) to stdout in `format`.
-fn write_plan(plan: &Plan, placement: Option<&Placement>, format: OutputFormat) -> io::Result<()> {
+/// Writes the plan (and its placement, with how many workers an elastic run would start
+/// with) to stdout in `format`.
+fn write_plan(
+    plan: &Plan,
+    placement: Option<&Placement>,
+    starting: Option<u32>,
+    format: OutputFormat,
+) -> io::Result<()> {
     let mut out = BufWriter::new(io::stdout().lock());
     match format {
         OutputFormat::Json => {
@@ -280,12 +319,22 @@ fn write_plan(plan: &Plan, placement: Option<&Placement>, format: OutputFormat) 
             if let (Some(placement), Some(object)) = (placement, value.as_object_mut()) {
                 let placement = serde_json::to_value(placement).map_err(io::Error::other)?;
                 object.insert("placement".to_owned(), placement);
+                if let Some(n) = starting {
+                    object.insert("starting_workers".to_owned(), n.into());
+                }
             }
             serde_json::to_writer_pretty(&mut out, &value)?;
         }
         OutputFormat::Text => {
             write!(out, "{plan}")?;
             if let Some(placement) = placement {
+                if let Some(n) = starting {
+                    let range = plan.scaling_config.num_workers;
+                    write!(
+                        out,
+                        "\n\nwould start with {n} of {range} workers (as many as fit now)"
+                    )?;
+                }
                 write_placement(&mut out, plan, placement)?;
             }
         }

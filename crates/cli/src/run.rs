@@ -535,6 +535,7 @@ async fn drive(
                     "event": "run_succeeded",
                     "attempts": result.attempts,
                     "failures": result.failures,
+                    "world_sizes": result.world_sizes,
                     "run_dir": result.run_dir,
                     "checkpoint": result.checkpoint,
                     "best_checkpoints": result.best_checkpoints,

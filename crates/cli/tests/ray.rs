@@ -381,6 +381,87 @@ async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
     nothing_left(&cluster, "ray-sigkill").await;
 }
 
+/// An elastic run on the two-node cluster (3 CPUs): `-n 3:4` starts with 3 workers, grows to
+/// 4 from its checkpoint when a third node joins, and when that node is lost goes on with 3
+/// (its minimum) once Ray has marked the node dead: one failure, within `--max-failures 1`,
+/// since the resize is not counted.
+#[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elastic_run_grows_when_a_node_joins_and_shrinks_when_it_is_lost() {
+    let mut cluster = RayCluster::start(false).unwrap_or_else(|error| panic!("{error}"));
+    let (bridge, _) = Bridge::start(cluster.bridge_config().namespace("wait"))
+        .await
+        .expect("a bridge");
+    cluster
+        .wait_for_nodes(&bridge, 2)
+        .await
+        .unwrap_or_else(|error| panic!("{error}"));
+    let storage = tempfile::tempdir().expect("a storage dir");
+    let storage_path = storage.path().display().to_string();
+    let mut command = run(
+        &cluster,
+        "ray-elastic",
+        &["-n", "3:4", "-r", "CPU=1", "--resize-interval", "2s"],
+    );
+    command
+        .args([
+            "--max-failures",
+            "1",
+            "--backend",
+            "none",
+            "--log-format",
+            "json",
+        ])
+        .args(["--name", "ray-elastic", "--storage", &storage_path])
+        .args(["--env", "ELASTIC_STEPS=150"])
+        .args(["--", "python3", "crates/cli/tests/python/elastic.py"]);
+    let (mut child, lines) = spawn_run(command);
+    let started = wait_for_line(&lines, r#""event":"attempt_started""#);
+    assert!(started.contains(r#""world_size":3"#), "{started}");
+    wait_for_line(&lines, r#""event":"checkpoint_committed""#);
+
+    let joined = cluster.add_node(1).expect("a third node starts");
+    cluster
+        .wait_for_nodes(&bridge, 3)
+        .await
+        .unwrap_or_else(|error| panic!("{error}"));
+    let resized = wait_for_line(&lines, r#""event":"resized""#);
+    assert!(
+        resized.contains(r#""from":3"#)
+            && resized.contains(r#""to":4"#)
+            && resized.contains("room_appeared"),
+        "{resized}"
+    );
+    let grown = wait_for_line(&lines, r#""event":"attempt_started""#);
+    assert!(grown.contains(r#""world_size":4"#), "{grown}");
+    wait_for_line(&lines, "world_size 4 restored");
+    wait_for_line(&lines, r#""event":"checkpoint_committed""#);
+
+    cluster.kill_joined_node(joined);
+    wait_for_line(&lines, r#""event":"restarting""#);
+    // Ray marks the node dead after about 15 s; until then it may still count its CPUs.
+    let shrunk = wait_for_line(&lines, r#""event":"attempt_started""#);
+    assert!(shrunk.contains(r#""world_size":3"#), "{shrunk}");
+    let done = wait_for_line(&lines, r#""event":"run_succeeded""#);
+    assert_eq!(wait_exit(&mut child, Duration::from_secs(120)), Some(0));
+    let report: serde_json::Value = serde_json::from_str(&done).expect("JSON");
+    assert_eq!(
+        report["world_sizes"],
+        serde_json::json!([3, 4, 3]),
+        "{done}"
+    );
+    assert_eq!(
+        report["failures"].as_array().map(Vec::len),
+        Some(1),
+        "{done}"
+    );
+    bridge
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("stops");
+    nothing_left(&cluster, "ray-elastic").await;
+}
+
 /// Without an address the run starts a throwaway local head and stops it after.
 #[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[test]

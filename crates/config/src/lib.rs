@@ -80,5 +80,5 @@ pub use scaling::{
     ScalingConfig, checked_num_workers,
 };
 pub use strategy::{PlacementStrategy, UnknownStrategy};
-pub use workers::{DEFAULT_RESIZE_INTERVAL, NumWorkers};
 pub use trainyard_resources as resources;
+pub use workers::{DEFAULT_RESIZE_INTERVAL, NumWorkers};

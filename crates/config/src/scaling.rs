@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 use trainyard_resources::{CPU, GPU, ResourceAmount, Resources};
 
 use crate::run::{deserialize_duration, serialize_duration};
-use crate::{ConfigError, DEFAULT_RESIZE_INTERVAL, NumWorkers, PlacementStrategy, parse_resize_interval};
+use crate::{
+    ConfigError, DEFAULT_RESIZE_INTERVAL, NumWorkers, PlacementStrategy, parse_resize_interval,
+};
 
 /// Prefix of the tiny constraint resource that pins workers to an accelerator type.
 pub const ACCELERATOR_TYPE_PREFIX: &str = "accelerator_type:";

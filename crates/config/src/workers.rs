@@ -203,7 +203,10 @@ mod tests {
             ("3:3", 3, 3, "3"),
         ] {
             let n: NumWorkers = text.parse().unwrap();
-            assert_eq!((n.min(), n.max(), n.to_string().as_str()), (min, max, shown));
+            assert_eq!(
+                (n.min(), n.max(), n.to_string().as_str()),
+                (min, max, shown)
+            );
         }
     }
 
@@ -238,7 +241,10 @@ mod tests {
             let n: NumWorkers = serde_json::from_str(json).unwrap();
             assert_eq!(n, expected, "{json}");
         }
-        assert_eq!(serde_json::to_string(&NumWorkers::from(2..=8)).unwrap(), "[2,8]");
+        assert_eq!(
+            serde_json::to_string(&NumWorkers::from(2..=8)).unwrap(),
+            "[2,8]"
+        );
         assert_eq!(serde_json::to_string(&NumWorkers::fixed(3)).unwrap(), "3");
         let error = serde_json::from_str::<NumWorkers>("[1, 2, 3]").unwrap_err();
         assert!(error.to_string().contains("[1, 2, 3]"), "{error}");

@@ -233,7 +233,9 @@ pub struct RayCluster {
     pub token: Option<String>,
     /// The private temp dir (every Ray process of this cluster names it on its command line).
     pub temp_dir: PathBuf,
-    // Fields drop in order: the worker node stops first, then the head, then the temp dir goes.
+    // Fields drop in order: the joined nodes and the worker node stop first, then the head,
+    // then the temp dir goes.
+    joined: Vec<Node>,
     worker: Node,
     /// Held to be stopped on drop.
     _head: Node,
@@ -300,6 +302,7 @@ impl RayCluster {
             address,
             token: start.token,
             temp_dir: temp.path().to_path_buf(),
+            joined: Vec::new(),
             worker,
             _head: head,
             _temp: temp,
@@ -314,6 +317,40 @@ impl RayCluster {
     /// SIGKILLs the worker node's whole process group (its raylet included), as a lost node.
     pub fn kill_worker_node(&mut self) {
         self.worker.kill();
+    }
+
+    /// Starts one more node with `cpus` CPUs and [`WORKER_MEMORY`], as a node joining the
+    /// cluster; its index for [`RayCluster::kill_joined_node`]. Wait for it with
+    /// [`RayCluster::wait_for_nodes`].
+    ///
+    /// # Errors
+    /// When `ray start` cannot be spawned.
+    pub fn add_node(&mut self, cpus: u32) -> Result<usize, RayClusterError> {
+        let ray = self.python.with_file_name("ray");
+        let start = Start {
+            ray: &ray,
+            temp_dir: &self.temp_dir,
+            token: self.token.clone(),
+        };
+        let args = start.args(&[
+            format!("--address={}", self.address),
+            format!("--num-cpus={cpus}"),
+            "--num-gpus=0".to_owned(),
+            format!("--memory={WORKER_MEMORY}"),
+            "--include-log-monitor=false".to_owned(),
+        ])?;
+        let index = self.joined.len();
+        self.joined
+            .push(start.spawn(&format!("joined-{index}"), &args)?);
+        Ok(index)
+    }
+
+    /// SIGKILLs the process group of the node [`RayCluster::add_node`] started as `index`
+    /// (its raylet included), as a lost node.
+    pub fn kill_joined_node(&mut self, index: usize) {
+        if let Some(node) = self.joined.get_mut(index) {
+            node.kill();
+        }
     }
 
     /// A bridge configuration for this cluster, with its auth settings.

@@ -106,9 +106,7 @@ use trainyard_runtime::reservations::HeldBundle;
 pub use directory::DirectoryProblem;
 pub use lock::LockHolder;
 pub use owner::{Member, Owner};
-pub(crate) use share::{
-    Membership, free_changed, join, release, release_now, settle, wait_ready,
-};
+pub(crate) use share::{Membership, free_changed, join, release, release_now, settle, wait_ready};
 pub use share::{holder, shortage};
 
 /// The variable that says where the ledger is.
