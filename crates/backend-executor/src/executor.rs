@@ -1052,12 +1052,15 @@ impl BackendExecutor {
         else {
             return false;
         };
+        // Removed however this ends: the attempt may end while the group waits.
+        let mut probe = Probe(Arc::clone(&self.runtime), Some(pg));
         let wait = ROOM_PROBE_WAIT.min(self.scaling.resize_every());
         let reserved = self
             .runtime
             .wait_placement_group_ready(pg, wait)
             .await
             .is_ok();
+        probe.1 = None;
         match tokio::time::timeout(limit, self.runtime.remove_placement_group(pg)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => warn!(%pg, error = %e, "removing the group that looked for room failed"),
@@ -1092,6 +1095,26 @@ impl BackendExecutor {
             reason,
         })
         .await;
+    }
+}
+
+/// A placement group that only looks for room, removed in the background when dropped
+/// before it is taken out.
+struct Probe(Arc<dyn ActorRuntime>, Option<PlacementGroupId>);
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let (runtime, Some(pg)) = (Arc::clone(&self.0), self.1.take()) else {
+            return;
+        };
+        // Dropped only on the executor's tokio runtime.
+        if let Ok(tokio) = tokio::runtime::Handle::try_current() {
+            tokio.spawn(async move {
+                if let Err(e) = runtime.remove_placement_group(pg).await {
+                    warn!(%pg, error = %e, "removing the group that looked for room failed");
+                }
+            });
+        }
     }
 }
 

@@ -104,8 +104,10 @@ impl BackendExecutor {
         // Whose event stream has ended.
         let mut ended = vec![false; n];
         let stop = self.stop_trigger.clone();
-        // An elastic run below its maximum looks for room to grow while it trains.
-        let growing = self.scaling_range().is_elastic() && n < self.scaling_range().max() as usize;
+        // An elastic run below its maximum looks for room to grow while it trains (under
+        // `fit`, which has a run folder and restarts it; not in a single attempt).
+        let range = self.scaling_range();
+        let growing = store.is_some() && range.is_elastic() && n < range.max() as usize;
         let room = async {
             if growing {
                 self.room_to_grow().await

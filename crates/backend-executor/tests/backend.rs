@@ -1,9 +1,11 @@
 //! Ray Train's `test_backend.py`, ported onto the simulated cluster.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+
+mod common;
 
 use serde_json::{Value, json};
 use trainyard_backend_executor::{
@@ -68,19 +70,7 @@ fn functions() -> FunctionRegistry {
 }
 
 fn task(name: &str) -> TaskSpec {
-    TaskSpec::Function {
-        name: name.to_owned(),
-        arg: Value::Null,
-        env: BTreeMap::new(),
-    }
-}
-
-fn task_with_arg(name: &str, arg: Value) -> TaskSpec {
-    TaskSpec::Function {
-        name: name.to_owned(),
-        arg,
-        env: BTreeMap::new(),
-    }
+    common::function_task(name, Value::Null)
 }
 
 fn fast() -> ExecutorOptions {
@@ -99,7 +89,7 @@ fn executor(sim: &SimRuntime, scaling: ScalingConfig) -> BackendExecutor {
 }
 
 fn one_node(cpus: u64) -> SimRuntime {
-    SimRuntime::new([SimNode::new("node-0").cpus(cpus)]).with_functions(functions())
+    common::one_node(cpus, functions())
 }
 
 /// Two nodes that share one IP address, as a local multi-node test cluster does.
@@ -510,7 +500,7 @@ async fn fit_with_failures(
     let result = executor(&sim, ScalingConfig::default().num_workers(2))
         .with_run_config(RunConfig::default().failure_config(max_failures))
         .expect("valid run config")
-        .fit(&task_with_arg("fail_until", json!(fail_attempts)))
+        .fit(&common::function_task("fail_until", json!(fail_attempts)))
         .await;
     assert_nothing_left(&sim).await;
     result
@@ -569,7 +559,7 @@ async fn preemptions_restart_without_counting_against_max_failures() {
     let report = executor(&sim, ScalingConfig::default().num_workers(2))
         .with_run_config(RunConfig::default().failure_config(FailureConfig::restarts(0)))
         .expect("valid run config")
-        .fit(&task_with_arg("preempted_until", json!(2)))
+        .fit(&common::function_task("preempted_until", json!(2)))
         .await
         .expect("preemptions are no failures of the run");
     preempter.abort();
@@ -828,7 +818,7 @@ async fn a_ranks_failure_is_not_held_up_by_another_ranks_hung_poll() {
         tokio::time::sleep(Duration::from_secs(1_000_000)).await;
         Ok(Value::Null)
     });
-    let sim = SimRuntime::new([SimNode::new("node-0").cpus(2)]).with_functions(functions);
+    let sim = common::one_node(2, functions);
     let runtime = trainyard_runtime::sim::faults::Faulty::wrap(
         Arc::new(sim.clone()),
         HangWorkerZerosPolls::default(),
@@ -990,7 +980,7 @@ async fn a_failed_run_keeps_what_was_reported_before_the_failure() {
         tokio::time::sleep(Duration::from_secs(1_000_000)).await;
         Ok(Value::Null)
     });
-    let sim = SimRuntime::new([SimNode::new("node-0").cpus(2)]).with_functions(functions);
+    let sim = common::one_node(2, functions);
     let err = executor(&sim, ScalingConfig::default().num_workers(2))
         .fit(&task("report_then_fail"))
         .await

@@ -5,13 +5,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod common;
+
 use trainyard_backend_executor::{
     AttemptFailure, BackendExecutor, ExecutorError, ExecutorOptions, NoBackend,
 };
 use trainyard_config::ScalingConfig;
 use trainyard_runtime::{
     ActorId, MockActorRuntime, NodeId, PlacementGroupId, PlacementInfo, Response, RuntimeError,
-    TaskSpec, WorkerInfo,
+    WorkerInfo,
 };
 
 fn info(actor: ActorId) -> WorkerInfo {
@@ -82,11 +84,7 @@ async fn a_spawn_failure_mid_start_kills_the_survivors_and_removes_the_group_onc
         shutdown_patience: Duration::ZERO,
         ..ExecutorOptions::default()
     });
-    let task = TaskSpec::Function {
-        name: "noop".into(),
-        arg: serde_json::Value::Null,
-        env: BTreeMap::new(),
-    };
+    let task = common::function_task("noop", serde_json::Value::Null);
     match executor.fit(&task).await {
         Err(ExecutorError::TrainingFailed { report }) => {
             assert_eq!(report.attempts, 1);

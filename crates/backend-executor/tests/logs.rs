@@ -10,15 +10,15 @@
 //! the runner (`cargo test` runs them as threads of one process, nextest one per process).
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::sync::{Arc, Once};
 use std::time::Duration;
+
+mod common;
 
 use serde_json::{Value, json};
 use trainyard_backend_executor::{Backend, BackendError, BackendExecutor, ExecutorOptions};
 use trainyard_config::{RunConfig, ScalingConfig};
-use trainyard_runtime::sim::{SimNode, SimRuntime};
-use trainyard_runtime::{ActorRuntime, FunctionRegistry, TaskSpec};
+use trainyard_runtime::{ActorRuntime, FunctionRegistry};
 use trainyard_worker_group::WorkerGroup;
 
 thread_local! {
@@ -87,8 +87,10 @@ impl Backend for FailingShutdown {
 #[tokio::test]
 async fn a_failing_backend_shutdown_is_logged_and_everything_is_still_released() {
     capture();
-    let sim = SimRuntime::new([SimNode::new("node-0").cpus(2)])
-        .with_functions(FunctionRegistry::new().register("one", |_| async { Ok(json!(1)) }));
+    let sim = common::one_node(
+        2,
+        FunctionRegistry::new().register("one", |_| async { Ok(json!(1)) }),
+    );
     let storage = tempfile::tempdir().expect("a temporary directory");
     let mut executor = BackendExecutor::new(
         Arc::new(sim.clone()),
@@ -103,11 +105,7 @@ async fn a_failing_backend_shutdown_is_logged_and_everything_is_still_released()
         ..ExecutorOptions::default()
     });
     let report = executor
-        .fit(&TaskSpec::Function {
-            name: "one".to_owned(),
-            arg: Value::Null,
-            env: BTreeMap::new(),
-        })
+        .fit(&common::function_task("one", Value::Null))
         .await
         .expect("training itself succeeds");
     assert_eq!(report.returns, [json!(1), json!(1)]);

@@ -398,6 +398,8 @@ async fn an_elastic_run_grows_when_a_node_joins_and_shrinks_when_it_is_lost() {
         .unwrap_or_else(|error| panic!("{error}"));
     let storage = tempfile::tempdir().expect("a storage dir");
     let storage_path = storage.path().display().to_string();
+    // The ranks end once this exists (the workers run on this machine).
+    let stop = storage.path().join("stop");
     let mut command = run(
         &cluster,
         "ray-elastic",
@@ -413,7 +415,8 @@ async fn an_elastic_run_grows_when_a_node_joins_and_shrinks_when_it_is_lost() {
             "json",
         ])
         .args(["--name", "ray-elastic", "--storage", &storage_path])
-        .args(["--env", "ELASTIC_STEPS=150"])
+        .args(["--env", "ELASTIC_STEPS=1000"])
+        .args(["--env", &format!("ELASTIC_STOP_FILE={}", stop.display())])
         .args(["--", "python3", "crates/cli/tests/python/elastic.py"]);
     let (mut child, lines) = spawn_run(command);
     let started = wait_for_line(&lines, r#""event":"attempt_started""#);
@@ -442,6 +445,8 @@ async fn an_elastic_run_grows_when_a_node_joins_and_shrinks_when_it_is_lost() {
     // Ray marks the node dead after about 15 s; until then it may still count its CPUs.
     let shrunk = wait_for_line(&lines, r#""event":"attempt_started""#);
     assert!(shrunk.contains(r#""world_size":3"#), "{shrunk}");
+    wait_for_line(&lines, r#""event":"checkpoint_committed""#);
+    std::fs::write(&stop, "").expect("the stop file");
     let done = wait_for_line(&lines, r#""event":"run_succeeded""#);
     assert_eq!(wait_exit(&mut child, Duration::from_secs(120)), Some(0));
     let report: serde_json::Value = serde_json::from_str(&done).expect("JSON");

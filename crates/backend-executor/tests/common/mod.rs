@@ -17,7 +17,12 @@ use trainyard_runtime::{FunctionRegistry, TaskSpec};
 
 /// One node of four CPUs that serves `functions` (and the built-ins).
 pub(crate) fn sim_serving(functions: FunctionRegistry) -> SimRuntime {
-    SimRuntime::new([SimNode::new("node-0").cpus(4)])
+    one_node(4, functions)
+}
+
+/// One node, `node-0`, of `cpus` CPUs that serves `functions` (and the built-ins).
+pub(crate) fn one_node(cpus: u64, functions: FunctionRegistry) -> SimRuntime {
+    SimRuntime::new([SimNode::new("node-0").cpus(cpus)])
         .with_functions(FunctionRegistry::with_builtins().merge(functions))
 }
 

@@ -1,5 +1,6 @@
 """Steps of 0.2 s from the checkpoint it is given, rank 0 handing in a checkpoint with every
-step's report; prints its world size and the step it restored. No torch needed."""
+step's report; prints its world size and the step it restored. No torch needed. Ends after
+$ELASTIC_STEPS steps, or once the file $ELASTIC_STOP_FILE exists."""
 import os
 import tempfile
 import time
@@ -16,7 +17,10 @@ if checkpoint is not None:
             start = int(f.read()) + 1
 print(f"rank {rank} world_size {size} restored {start}", flush=True)
 steps = int(os.environ.get("ELASTIC_STEPS", "30"))
+stop = os.environ.get("ELASTIC_STOP_FILE")
 for step in range(start, steps):
+    if stop and os.path.exists(stop):
+        break
     time.sleep(0.2)
     metrics = {"step": step, "world_size": size}
     if rank == 0:
