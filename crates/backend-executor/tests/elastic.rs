@@ -224,18 +224,24 @@ async fn a_run_grows_when_a_node_joins() {
     assert_eq!(nodes.len(), 2, "the second attempt spreads over both nodes");
 }
 
-#[tokio::test]
-async fn after_a_lost_node_the_run_goes_on_with_what_fits_and_counts_the_failure() {
+/// A `2..=4` run on two nodes of 2 CPUs under `failures`, one node lost after the first
+/// checkpoint; how the run ended and its events.
+async fn lose_a_node(failures: FailureConfig) -> (Result<FitReport, ExecutorError>, Vec<RunEvent>) {
     let nodes = [
         SimNode::new("node-0").cpus(2),
         SimNode::new("node-1").cpus(2),
     ];
     let sim = cluster(nodes);
-    let (fit, mut rx, _storage) = start(&sim, elastic(2..=4), FailureConfig::restarts(1), 20);
+    let (fit, mut rx, _storage) = start(&sim, elastic(2..=4), failures, 20);
     let events = until(&mut rx, committed).await;
     assert_eq!(started_sizes(&events), [4]);
     sim.lose_node(&NodeId::from("node-1"));
-    let (result, events) = rest(fit, rx).await;
+    rest(fit, rx).await
+}
+
+#[tokio::test]
+async fn after_a_lost_node_the_run_goes_on_with_what_fits_and_counts_the_failure() {
+    let (result, events) = lose_a_node(FailureConfig::restarts(1)).await;
     let report = result.expect("one restart is allowed");
     assert_eq!(report.failures.len(), 1, "the lost node is a failure");
     assert_eq!(report.world_sizes, [4, 2]);
@@ -245,15 +251,7 @@ async fn after_a_lost_node_the_run_goes_on_with_what_fits_and_counts_the_failure
 
 #[tokio::test]
 async fn a_shrink_uses_up_max_failures_as_the_failure_would() {
-    let nodes = [
-        SimNode::new("node-0").cpus(2),
-        SimNode::new("node-1").cpus(2),
-    ];
-    let sim = cluster(nodes);
-    let (fit, mut rx, _storage) = start(&sim, elastic(2..=4), FailureConfig::default(), 20);
-    until(&mut rx, committed).await;
-    sim.lose_node(&NodeId::from("node-1"));
-    let (result, events) = rest(fit, rx).await;
+    let (result, events) = lose_a_node(FailureConfig::default()).await;
     let Err(ExecutorError::TrainingFailed { report }) = result else {
         panic!("max_failures 0 allows no restart: {result:?}");
     };

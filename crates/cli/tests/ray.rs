@@ -345,24 +345,28 @@ fn a_sigtermed_driver_stops_and_cleans_up(cluster: &RayCluster) {
     assert_eq!(wait_exit(&mut child, Duration::from_secs(60)), Some(130));
 }
 
+/// A two-node cluster of the test's own with both nodes alive, and a bridge to it.
+async fn two_nodes_up() -> (RayCluster, Bridge) {
+    let cluster = RayCluster::start(false).unwrap_or_else(|error| panic!("{error}"));
+    let (bridge, _) = Bridge::start(cluster.bridge_config().namespace("wait"))
+        .await
+        .expect("a bridge");
+    cluster
+        .wait_for_nodes(&bridge, 2)
+        .await
+        .unwrap_or_else(|error| panic!("{error}"));
+    (cluster, bridge)
+}
+
 #[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
-    let cluster = RayCluster::start(false).unwrap_or_else(|error| panic!("{error}"));
+    let (cluster, bridge) = two_nodes_up().await;
+    bridge
+        .shutdown(Duration::from_secs(10))
+        .await
+        .expect("stops");
     let scratch = tempfile::tempdir().expect("a scratch dir");
-    {
-        let (bridge, _) = Bridge::start(cluster.bridge_config().namespace("wait"))
-            .await
-            .expect("a bridge");
-        cluster
-            .wait_for_nodes(&bridge, 2)
-            .await
-            .unwrap_or_else(|error| panic!("{error}"));
-        bridge
-            .shutdown(Duration::from_secs(10))
-            .await
-            .expect("stops");
-    }
     spread_ranks_cover_both_nodes(&cluster);
     nothing_left(&cluster, "ray-spread").await;
     only_what_is_given_reaches_ray_workers(&cluster);
@@ -388,14 +392,7 @@ async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
 #[ignore = "needs a Ray cluster: export TRAINYARD_RAY_PYTHON=\"$(scripts/ray-env.sh)\""]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_elastic_run_grows_when_a_node_joins_and_shrinks_when_it_is_lost() {
-    let mut cluster = RayCluster::start(false).unwrap_or_else(|error| panic!("{error}"));
-    let (bridge, _) = Bridge::start(cluster.bridge_config().namespace("wait"))
-        .await
-        .expect("a bridge");
-    cluster
-        .wait_for_nodes(&bridge, 2)
-        .await
-        .unwrap_or_else(|error| panic!("{error}"));
+    let (mut cluster, bridge) = two_nodes_up().await;
     let storage = tempfile::tempdir().expect("a storage dir");
     let storage_path = storage.path().display().to_string();
     // The ranks end once this exists (the workers run on this machine).
