@@ -49,14 +49,44 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
     Ok(json!({"world_size": ctx.world_size(), "start": start}))
 }
 
+/// Reports once a second, rank 0 at once with a checkpoint and the other ranks 300 ms later,
+/// so that each checkpoint is in flight for 300 ms; `steps` steps.
+async fn staggered(ctx: TrainContext) -> Result<Value, String> {
+    let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let steps = ctx.arg()["steps"].as_u64().unwrap_or(3);
+    for step in 1..=steps {
+        let metrics = json!({"step": step})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        if ctx.world_rank().0 == 0 {
+            let dir = scratch.path().join(format!("step-{step}"));
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            std::fs::write(dir.join("step"), step.to_string()).map_err(|e| e.to_string())?;
+            ctx.report_checkpoint(metrics, &dir)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            ctx.report(metrics);
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+    }
+    Ok(Value::Null)
+}
+
 fn cluster(nodes: impl IntoIterator<Item = SimNode>) -> SimRuntime {
-    SimRuntime::new(nodes).with_functions(FunctionRegistry::new().register(
-        "epochs",
-        |task| async move {
+    let functions = FunctionRegistry::new()
+        .register("epochs", |task| async move {
             let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
             epochs(ctx).await
-        },
-    ))
+        })
+        .register("staggered", |task| async move {
+            let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+            staggered(ctx).await
+        });
+    SimRuntime::new(nodes).with_functions(functions)
 }
 
 /// A placement group of `cpus` CPUs that someone else holds on `sim`.
@@ -84,6 +114,22 @@ fn start(
     tokio::sync::mpsc::Receiver<RunEvent>,
     tempfile::TempDir,
 ) {
+    let task = common::function_task("epochs", json!({"epochs": epochs}));
+    start_task(sim, scaling, failures, task)
+}
+
+/// A fit of `scaling` on `sim` running `task`, started in the background; its events as
+/// they come.
+fn start_task(
+    sim: &SimRuntime,
+    scaling: ScalingConfig,
+    failures: FailureConfig,
+    task: trainyard_runtime::TaskSpec,
+) -> (
+    tokio::task::JoinHandle<Result<FitReport, ExecutorError>>,
+    tokio::sync::mpsc::Receiver<RunEvent>,
+    tempfile::TempDir,
+) {
     let storage = tempfile::tempdir().unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(10_000);
     let run = RunConfig::default()
@@ -99,7 +145,6 @@ fn start(
         .with_run_config(run)
         .unwrap()
         .with_events(tx);
-    let task = common::function_task("epochs", json!({"epochs": epochs}));
     let fit = tokio::spawn(async move { executor.fit(&task).await });
     (fit, rx, storage)
 }
@@ -284,4 +329,30 @@ async fn a_run_below_its_minimum_waits_for_it_and_a_fixed_run_never_resizes() {
     let (result, events) = rest(fit, rx).await;
     assert_eq!(result.expect("the run succeeds").world_sizes, [2]);
     assert!(resizes(&events).is_empty());
+}
+
+#[tokio::test]
+async fn a_resize_waits_for_the_checkpoint_in_flight_to_commit() {
+    let sim = cluster([SimNode::new("node-0").cpus(4)]);
+    let other = hold(&sim, 2).await;
+    let task = common::function_task("staggered", json!({"steps": 3}));
+    let (fit, mut rx, _storage) = start_task(&sim, elastic(1..=4), FailureConfig::default(), task);
+    // Rank 0 has handed in checkpoint 1; rank 1 reports it 300 ms later.
+    until(
+        &mut rx,
+        |e| matches!(e, RunEvent::Report { rank, .. } if rank.0 == 0),
+    )
+    .await;
+    sim.remove_placement_group(other).await.unwrap();
+    let (result, events) = rest(fit, rx).await;
+    assert_eq!(result.expect("the run succeeds").world_sizes, [2, 4]);
+    let resumed = events.iter().find_map(|e| match e {
+        RunEvent::Resuming { checkpoint, .. } => Some(checkpoint.index),
+        _ => None,
+    });
+    assert_eq!(
+        resumed,
+        Some(1),
+        "the resize waited for checkpoint 1 to commit"
+    );
 }
