@@ -36,17 +36,29 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
         let metrics = json!({"epoch": epoch, "world_size": ctx.world_size()});
         let metrics = metrics.as_object().cloned().unwrap_or_default();
         if ctx.world_rank().0 == 0 {
-            let dir = scratch.path().join(format!("epoch-{epoch}"));
-            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-            std::fs::write(dir.join("epoch"), epoch.to_string()).map_err(|e| e.to_string())?;
-            ctx.report_checkpoint(metrics, &dir)
-                .await
-                .map_err(|e| e.to_string())?;
+            hand_in(&ctx, metrics, scratch.path(), "epoch", epoch).await?;
         } else {
             ctx.report(metrics);
         }
     }
     Ok(json!({"world_size": ctx.world_size(), "start": start}))
+}
+
+/// Reports `metrics` with a checkpoint of one file, `name`, holding `value` (made in a folder
+/// of its own under `scratch`).
+async fn hand_in(
+    ctx: &TrainContext,
+    metrics: serde_json::Map<String, Value>,
+    scratch: &std::path::Path,
+    name: &str,
+    value: u64,
+) -> Result<(), String> {
+    let dir = scratch.join(format!("{name}-{value}"));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join(name), value.to_string()).map_err(|e| e.to_string())?;
+    ctx.report_checkpoint(metrics, &dir)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Reports once a second, rank 0 at once with a checkpoint and the other ranks 300 ms later,
@@ -60,12 +72,7 @@ async fn staggered(ctx: TrainContext) -> Result<Value, String> {
             .cloned()
             .unwrap_or_default();
         if ctx.world_rank().0 == 0 {
-            let dir = scratch.path().join(format!("step-{step}"));
-            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-            std::fs::write(dir.join("step"), step.to_string()).map_err(|e| e.to_string())?;
-            ctx.report_checkpoint(metrics, &dir)
-                .await
-                .map_err(|e| e.to_string())?;
+            hand_in(&ctx, metrics, scratch.path(), "step", step).await?;
             tokio::time::sleep(Duration::from_millis(1000)).await;
         } else {
             tokio::time::sleep(Duration::from_millis(300)).await;
