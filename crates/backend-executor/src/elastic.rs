@@ -90,16 +90,10 @@ pub(crate) fn room_with(cluster: &ClusterSnapshot, held: &[(NodeId, Resources)])
                 // What a run holds on a node was part of its total: no overflow.
                 let _ = room.checked_add_assign(bundle);
             }
-            let total = &node.total;
-            let capped: Vec<(String, _)> = room
-                .iter()
-                .map(|(name, amount)| (name.to_owned(), amount.min(total.amount(name))))
-                .collect();
-            let mut room = Resources::new();
-            for (name, amount) in capped {
-                room = room.with(name, amount);
-            }
-            room
+            room.iter()
+                .fold(Resources::new(), |capped, (name, amount)| {
+                    capped.with(name, amount.min(node.total.amount(name)))
+                })
         })
         .collect()
 }

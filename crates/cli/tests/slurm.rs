@@ -29,6 +29,14 @@ fn slurm_run(sandbox: &Sandbox, name: &str, args: &[&str]) -> Command {
     command
 }
 
+/// Runs `command` to its end (killed past `limit`): its output, stdout and stderr.
+fn run_to_end(command: &mut Command, limit: Duration) -> (Output, String, String) {
+    let child = command.spawn().expect("trainyard starts");
+    let out = wait_bounded(child, limit);
+    let (stdout, stderr) = text(&out);
+    (out, stdout, stderr)
+}
+
 fn text(out: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -79,17 +87,16 @@ fn torch_ddp_spreads_over_two_nodes_and_every_rank_sums_right() {
     };
     let sandbox = Sandbox::new("slurm-ddp");
     let run = name("ddp");
-    let child = slurm_run(
-        &sandbox,
-        &run,
-        &["-n", "2", "-s", "SPREAD", "-r", "CPU=1,memory=1GiB", "--"],
-    )
-    .arg(&python)
-    .arg("examples/torch_ddp.py")
-    .spawn()
-    .expect("trainyard starts");
-    let out = wait_bounded(child, Duration::from_secs(300));
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run_to_end(
+        slurm_run(
+            &sandbox,
+            &run,
+            &["-n", "2", "-s", "SPREAD", "-r", "CPU=1,memory=1GiB", "--"],
+        )
+        .arg(&python)
+        .arg("examples/torch_ddp.py"),
+        Duration::from_secs(300),
+    );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     for (rank, node) in [(0, "n1"), (1, "n2")] {
         let placed = stderr.lines().any(|line| {
@@ -119,26 +126,25 @@ fn memory_per_worker_is_each_steps_limit_and_past_it_is_the_ranks_limit() {
     // The seed's memory-only scenario: Slurm's cgroup holds each step to its --mem.
     let run = name("memory");
     let probe = "cat /sys/fs/cgroup/memory/slurm_$SLURMD_NODENAME/uid_$(id -u)/job_$SLURM_JOB_ID/step_$SLURM_STEP_ID/memory.limit_in_bytes 2>/dev/null || echo no-cgroup";
-    let child = slurm_run(
-        &sandbox,
-        &run,
-        &[
-            "-n",
-            "2",
-            "-r",
-            r#"{"memory": "200MiB"}"#,
-            "--backend",
-            "none",
-            "--",
-            "sh",
-            "-c",
-            probe,
-        ],
-    )
-    .spawn()
-    .expect("trainyard starts");
-    let out = wait_bounded(child, Duration::from_secs(120));
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run_to_end(
+        &mut slurm_run(
+            &sandbox,
+            &run,
+            &[
+                "-n",
+                "2",
+                "-r",
+                r#"{"memory": "200MiB"}"#,
+                "--backend",
+                "none",
+                "--",
+                "sh",
+                "-c",
+                probe,
+            ],
+        ),
+        Duration::from_secs(120),
+    );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     for rank in 0..2 {
         assert!(
@@ -150,24 +156,23 @@ fn memory_per_worker_is_each_steps_limit_and_past_it_is_the_ranks_limit() {
     nothing_left(&sandbox, &run);
 
     let run = name("oom");
-    let child = slurm_run(
-        &sandbox,
-        &run,
-        &[
-            "-r",
-            "memory=100MiB",
-            "--backend",
-            "none",
-            "--",
-            "sh",
-            "-c",
-            "head -c 400000000 /dev/zero | tail >/dev/null && echo survived",
-        ],
-    )
-    .spawn()
-    .expect("trainyard starts");
-    let out = wait_bounded(child, Duration::from_secs(120));
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) = run_to_end(
+        &mut slurm_run(
+            &sandbox,
+            &run,
+            &[
+                "-r",
+                "memory=100MiB",
+                "--backend",
+                "none",
+                "--",
+                "sh",
+                "-c",
+                "head -c 400000000 /dev/zero | tail >/dev/null && echo survived",
+            ],
+        ),
+        Duration::from_secs(120),
+    );
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(
         stderr.contains("rank 0 exceeded its memory limit of 100MiB"),

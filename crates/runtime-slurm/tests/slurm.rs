@@ -234,6 +234,16 @@ async fn what_no_node_can_hold_fails_at_once_naming_the_largest_node() {
     assert!(wait_for_no_jobs(&run, Duration::from_secs(10)).is_empty());
 }
 
+/// An actor named `name` holding `resources`, in no placement group.
+fn unpinned(name: &str, held: &str) -> ActorSpec {
+    ActorSpec {
+        name: name.into(),
+        options: ActorOptions::try_from(&resources(held)).expect("options"),
+        placement: None,
+        env: Default::default(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_past_its_memory_is_killed_by_slurm_as_its_limit() {
     let Some(_cluster) = cluster() else {
@@ -243,13 +253,10 @@ async fn a_step_past_its_memory_is_killed_by_slurm_as_its_limit() {
     let held = HeldAllocation::new(&run, &["--nodes=1", "--cpus-per-task=1", "--mem=500M"]);
     let runtime = start(&run, Some(held.job.clone())).await;
     timeout(LIMIT, async {
-        let spec = ActorSpec {
-            name: "hog".into(),
-            options: ActorOptions::try_from(&resources("CPU=1,memory=100MiB")).expect("options"),
-            placement: None,
-            env: Default::default(),
-        };
-        let actor = runtime.spawn(spec).await.expect("spawn");
+        let actor = runtime
+            .spawn(unpinned("hog", "CPU=1,memory=100MiB"))
+            .await
+            .expect("spawn");
         let (lines, exit) = run_script(
             &runtime,
             actor,
@@ -278,13 +285,10 @@ async fn slurms_warning_signal_reaches_the_task_and_a_queued_allocation_says_why
     let held = HeldAllocation::new(&run, &["--nodes=1", "--cpus-per-task=1", "--mem=300M"]);
     let runtime = start(&run, Some(held.job.clone())).await;
     timeout(LIMIT, async {
-        let spec = ActorSpec {
-            name: "warned".into(),
-            options: ActorOptions::try_from(&resources("CPU=1")).expect("options"),
-            placement: None,
-            env: Default::default(),
-        };
-        let actor = runtime.spawn(spec).await.expect("spawn");
+        let actor = runtime
+            .spawn(unpinned("warned", "CPU=1"))
+            .await
+            .expect("spawn");
         let job = held.job.clone();
         let signal = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(2)).await;
