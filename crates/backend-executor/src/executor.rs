@@ -13,6 +13,7 @@ use tracing::{Instrument, info, info_span, warn};
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy, RunConfig, ScalingConfig};
 use trainyard_resources::Resources;
 use trainyard_runtime::events::{self, TaskEvents};
+use trainyard_runtime::timings::{self as phase, TARGET as TIMINGS};
 use trainyard_runtime::{
     ActorId, ActorRuntime, ActorRuntimeExt as _, DeathCause, NodeId, PlacementGroupId, Request,
     Response, RuntimeError, TaskSpec,
@@ -337,6 +338,11 @@ impl BackendExecutor {
         &self.run_name
     }
 
+    /// The restart count of the attempt under way, if one is.
+    pub(crate) fn restart_count(&self) -> Option<u32> {
+        self.attempt().map(|a| a.restart_count)
+    }
+
     fn attempt(&self) -> Option<&Attempt> {
         match &self.state {
             State::Started(attempt) => Some(attempt),
@@ -409,9 +415,24 @@ impl BackendExecutor {
         if !matches!(self.state, State::Idle) {
             return Err(ExecutorError::AlreadyStarted.into());
         }
-        let (pg, held) = self.reserve(restart_count).await?;
-        self.launch(pg, held, restart_count).await?;
-        self.prepare_environment().await?;
+        let (pg, held) = self
+            .reserve(restart_count)
+            .instrument(info_span!(target: TIMINGS, phase::RESERVE, attempt = restart_count))
+            .await?;
+        self.launch(pg, held, restart_count)
+            .instrument(info_span!(target: TIMINGS, phase::AGENTS, attempt = restart_count))
+            .await?;
+        async {
+            self.prepare_environment().await?;
+            self.announce_attempt(restart_count).await;
+            Ok(())
+        }
+        .instrument(info_span!(target: TIMINGS, phase::SETUP, attempt = restart_count))
+        .await
+    }
+
+    /// Tells the run's events that the attempt's workers are started, with their ranks.
+    async fn announce_attempt(&self, restart_count: u32) {
         if let Some(attempt) = self.attempt() {
             let workers = attempt
                 .group
@@ -432,7 +453,6 @@ impl BackendExecutor {
             })
             .await;
         }
-        Ok(())
     }
 
     /// Asks for the placement group of [`world_size`](Self::world_size) workers and waits
@@ -658,7 +678,10 @@ impl BackendExecutor {
         logs: Option<&mut RankLogs>,
     ) -> Result<(), AttemptError> {
         let attempt = self.attempt().ok_or(ExecutorError::NotStarted)?;
-        let streams = self.subscribe(attempt).await?;
+        let streams = self
+            .subscribe(attempt)
+            .instrument(info_span!(target: TIMINGS, phase::SETUP, attempt = attempt.restart_count))
+            .await?;
         let pids = self.start_tasks(attempt, task).await?;
         info!(
             "{}",
@@ -716,7 +739,9 @@ impl BackendExecutor {
             run: &self.run,
         };
         let limit = self.options.start_timeout;
+        let setup = info_span!(target: TIMINGS, phase::SETUP, attempt = attempt.restart_count);
         let training_env = tokio::time::timeout(limit, self.backend.on_training_start(ctx))
+            .instrument(setup)
             .await
             .map_err(|_| start_timed_out("the backend's on_training_start", limit))?
             .map_err(backend_failure)?;
@@ -730,8 +755,10 @@ impl BackendExecutor {
             .enumerate()
             .map(|(i, worker_env)| {
                 let request = Request::RunTask(with_env(task, worker_env));
+                let span = info_span!(target: TIMINGS, phase::TASK_START, attempt = attempt.restart_count, worker = i);
                 group
                     .execute_single_async(i, request)
+                    .map(|start| start.instrument(span))
                     .map_err(|e| start_failed(&e))
             })
             .collect::<Result<_, _>>()?;
@@ -774,6 +801,16 @@ impl BackendExecutor {
     /// `patience` to stop; with none (their tasks were stopped already), the backend's
     /// `on_shutdown` is skipped and what is left is killed at once.
     async fn release(&mut self, patience: Duration) {
+        let span = match self.attempt() {
+            Some(attempt) => {
+                info_span!(target: TIMINGS, phase::SHUTDOWN, attempt = attempt.restart_count)
+            }
+            None => info_span!(target: TIMINGS, phase::SHUTDOWN),
+        };
+        self.release_all(patience).instrument(span).await;
+    }
+
+    async fn release_all(&mut self, patience: Duration) {
         if let State::Started(attempt) = &mut self.state {
             if patience.is_zero() {
                 attempt.group.shutdown(patience).await;
@@ -822,7 +859,9 @@ impl BackendExecutor {
         if !matches!(self.state, State::Idle) {
             return Err(ExecutorError::AlreadyStarted);
         }
-        let mut store = RunStore::open(&self.run, &self.run_name).await?;
+        let mut store = RunStore::open(&self.run, &self.run_name)
+            .instrument(info_span!(target: TIMINGS, phase::RUN_FOLDER, attempt = 0))
+            .await?;
         self.run_name = store.name().to_owned();
         // The backends see the folder's name (`name-2` under `resume: never`).
         self.run.name = Some(self.run_name.clone());
@@ -839,31 +878,44 @@ impl BackendExecutor {
                 if stop.is_requested() {
                     return Err(AttemptError::Interrupted);
                 }
-                self.world_size = self.next_world_size(history.grow_to.take()).await;
+                let sizing = self.next_world_size(history.grow_to.take());
+                // An elastic run reads what is free to size itself.
+                self.world_size = if self.scaling.num_workers.is_elastic() {
+                    sizing
+                        .instrument(info_span!(target: TIMINGS, phase::CLUSTER, attempt = restart_count))
+                        .await
+                } else {
+                    sizing.await
+                };
                 self.previous_world_size = history.world_sizes.last().copied();
                 history.world_sizes.push(self.world_size);
-                let (env, resumed) = store
-                    .begin_attempt(self.world_size, restart_count)
-                    .await
-                    .map_err(ExecutorError::Storage)?;
-                self.checkpoint_env = env;
-                if let Some(checkpoint) = resumed {
-                    info!(run = %self.run_name, path = %checkpoint.path, "every rank starts from the latest committed checkpoint");
-                    self.emit(RunEvent::Resuming {
+                async {
+                    let (env, resumed) = store
+                        .begin_attempt(self.world_size, restart_count)
+                        .await
+                        .map_err(ExecutorError::Storage)?;
+                    self.checkpoint_env = env;
+                    if let Some(checkpoint) = resumed {
+                        info!(run = %self.run_name, path = %checkpoint.path, "every rank starts from the latest committed checkpoint");
+                        self.emit(RunEvent::Resuming {
+                            restart_count,
+                            checkpoint,
+                        })
+                        .await;
+                    }
+                    let (dir, remote) = store.attempt_log_dir(self.run.log_dir.as_deref());
+                    upload = remote;
+                    let most = self.scaling.num_workers.max() as usize;
+                    let opened = logs.insert(RankLogs::open(dir, most));
+                    self.emit(RunEvent::LogFiles {
                         restart_count,
-                        checkpoint,
+                        dir: opened.dir().display().to_string(),
                     })
                     .await;
+                    Ok::<_, AttemptError>(())
                 }
-                let (dir, remote) = store.attempt_log_dir(self.run.log_dir.as_deref());
-                upload = remote;
-                let most = self.scaling.num_workers.max() as usize;
-                let opened = logs.insert(RankLogs::open(dir, most));
-                self.emit(RunEvent::LogFiles {
-                    restart_count,
-                    dir: opened.dir().display().to_string(),
-                })
-                .await;
+                .instrument(info_span!(target: TIMINGS, phase::RUN_FOLDER, attempt = restart_count))
+                .await?;
                 // Until the tasks run, a stop drops the start; from then on the attempt stops
                 // its tasks itself, streaming what they print as they stop.
                 tokio::select! {

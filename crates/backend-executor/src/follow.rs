@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use trainyard_config::ProgressSource;
 use trainyard_runtime::events::{ActorEvent, TaskEvents};
 use trainyard_runtime::root_cause::TaskError;
+use trainyard_runtime::timings::{self as phase, TARGET as TIMINGS};
 use trainyard_runtime::{ActorRuntimeExt as _, TaskEvent, TaskExit, TaskFailure};
 
 use crate::executor::{AttemptError, died, rank_of};
@@ -46,6 +47,8 @@ struct Output<'a> {
     /// Each failed rank's root cause (when its task ended, and the exception it left), as its
     /// worker sent it just before the exit.
     causes: Vec<Option<(u64, Option<TaskError>)>>,
+    /// Each rank's first-output phase, until its first line (see [`phase::FIRST_OUTPUT`]).
+    first_lines: Vec<Option<tracing::Span>>,
 }
 
 /// A rank's failed task, with when it ended, as a candidate for the attempt's first failure.
@@ -98,6 +101,18 @@ impl BackendExecutor {
             progress: Progress::new(n, self.run.hang_timeout, Instant::now()),
             source: self.run.progress,
             causes: vec![None; n],
+            first_lines: (0..n)
+                .map(|worker| {
+                    let attempt = self.restart_count();
+                    Some(tracing::info_span!(
+                        target: TIMINGS,
+                        phase::FIRST_OUTPUT,
+                        attempt,
+                        worker,
+                        output = tracing::field::Empty
+                    ))
+                })
+                .collect(),
         };
         // The failed ranks heard of, the first to fail by time first once all are in.
         let mut failed: Vec<Failed> = Vec::new();
@@ -356,6 +371,9 @@ impl BackendExecutor {
                 }
             }
             TaskEvent::Log { stream, line } => {
+                if let Some(first) = output.first_lines[i].take() {
+                    first.record("output", true);
+                }
                 if output.source == ProgressSource::Output {
                     output.progress.made(i, Instant::now());
                 }

@@ -83,6 +83,7 @@ mod ranks;
 mod report;
 mod run_folder;
 mod sharing;
+pub mod timings;
 
 /// The attribute that [`Backend`] implementations go under (from the `async-trait` crate).
 pub use async_trait::async_trait;

@@ -93,6 +93,9 @@ pub(crate) struct RunArgs {
     /// Log format: text, or json for one structured event per line
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
+    /// After the run, show where the launch went: each phase's time, with the spread over workers (in JSON, a `timings` event)
+    #[arg(long)]
+    pub(crate) timings: bool,
     /// The run's name: its folder is STORAGE/NAME; an unfinished run of that name resumes from its latest checkpoint [default: a generated one]
     #[arg(long, value_name = "NAME")]
     pub(crate) name: Option<String>,

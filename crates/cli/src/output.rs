@@ -11,7 +11,9 @@ use tracing::Level;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::{self, FormatEvent, FormatFields};
 use tracing_subscriber::fmt::{FmtContext, MakeWriter};
+use tracing_subscriber::prelude::*;
 use tracing_subscriber::registry::LookupSpan;
+use trainyard::backend::timings::{TimingsHandle, TimingsLayer};
 
 use crate::args::LogFormat;
 
@@ -166,24 +168,38 @@ where
     }
 }
 
-/// Installs the driver's log output (once; later calls do nothing).
-pub(crate) fn init_logging(format: LogFormat, progress: &Progress) {
+/// Installs the driver's log output (once; later calls do nothing), and with `timings` a layer
+/// that records where the launch goes, read through the handle it returns.
+pub(crate) fn init_logging(
+    format: LogFormat,
+    progress: &Progress,
+    timings: bool,
+) -> Option<TimingsHandle> {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let (layer, handle) = TimingsLayer::new();
     let installed = match format {
-        LogFormat::Text => tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(Stderr(progress.clone()))
-            .with_ansi(io::stderr().is_terminal())
-            .event_format(Plain)
+        LogFormat::Text => tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(Stderr(progress.clone()))
+                    .with_ansi(io::stderr().is_terminal())
+                    .event_format(Plain)
+                    .with_filter(filter),
+            )
+            .with(timings.then(|| layer.clone().with_filter(TimingsLayer::filter())))
             .try_init(),
-        LogFormat::Json => tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(io::stderr)
-            .json()
-            .flatten_event(true)
+        LogFormat::Json => tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(io::stderr)
+                    .json()
+                    .flatten_event(true)
+                    .with_filter(filter),
+            )
+            .with(timings.then(|| layer.clone().with_filter(TimingsLayer::filter())))
             .try_init(),
     };
     // Installed already (only in tests that run twice in one process): keep the first.
-    let _ = installed;
+    installed.ok().and(timings.then_some(handle))
 }

@@ -8,12 +8,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
+use trainyard::backend::timings::{Timings, TimingsHandle};
 use trainyard::backend::{
     AttemptFailure, ExecutorError, ExecutorOptions, NoBackend, StacksTrigger, StopTrigger,
     unique_run_name,
 };
 use trainyard::local::LocalRuntime;
 use trainyard::runtime::TaskRejection;
+use trainyard::runtime::timings as phase;
 use trainyard::{Trainer, command_task};
 use trainyard_config::{
     CheckpointConfig, FailureConfig, ProgressSource, ResumePolicy, RunConfig, ScoreOrder,
@@ -349,6 +352,8 @@ fn env_from_driver(
 }
 
 pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
+    let progress = Progress::new(args.log_format);
+    let timings = init_logging(args.log_format, &progress, args.timings);
     check_runtime_flags(args)?;
     let scaling = args.scaling_config()?;
     let backend = args.backend();
@@ -370,6 +375,8 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
         ..ExecutorOptions::default()
     };
     let name = unique_run_name();
+    // Detecting this machine is the first part of reading the cluster.
+    let detecting = tracing::info_span!(target: phase::TARGET, phase::CLUSTER).entered();
     let start = match args.runtime {
         RuntimeKind::Local => Start::Local(args.local.config(&name, args.no_wait)?),
         RuntimeKind::Ray => {
@@ -399,6 +406,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
             Start::Slurm(args.slurm.config(args.name.as_deref().unwrap_or(&name))?)
         }
     };
+    drop(detecting);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -406,23 +414,46 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
     if run.name.is_none() {
         run = run.name(name);
     }
-    let result = runtime.block_on(drive(args, scaling, run, options, start, ranks));
+    let result = runtime.block_on(drive(
+        args,
+        Driving {
+            scaling,
+            run,
+            options,
+            start,
+            ranks,
+            progress,
+            timings,
+        },
+    ));
     // What is left is clean-up on blocking threads (or a printer stuck on a stdout nobody
     // reads): bounded.
     runtime.shutdown_timeout(SHUTDOWN_LIMIT);
     result
 }
 
-async fn drive(
-    args: &RunArgs,
+/// What `run` hands the drive of a run: the run's configuration, how its runtime starts, and
+/// the driver's output.
+struct Driving {
     scaling: trainyard_config::ScalingConfig,
     run: RunConfig,
     options: ExecutorOptions,
     start: Start,
     ranks: Option<BTreeSet<u32>>,
-) -> Result<(), Failure> {
-    let progress = Progress::new(args.log_format);
-    init_logging(args.log_format, &progress);
+    progress: Progress,
+    timings: Option<TimingsHandle>,
+}
+
+async fn drive(args: &RunArgs, driving: Driving) -> Result<(), Failure> {
+    let Driving {
+        scaling,
+        run,
+        options,
+        start,
+        ranks,
+        progress,
+        timings,
+    } = driving;
     // Before anything starts: an interrupt from here on stops what was started (a Ray head
     // that is coming up, say) rather than killing the driver outright.
     let mut interrupt = Interrupts::new()?;
@@ -435,8 +466,10 @@ async fn drive(
             asked.request();
         }
     });
+    let starting = start_runtime(args, start, &progress)
+        .instrument(tracing::info_span!(target: phase::TARGET, phase::CLUSTER));
     let runtime = tokio::select! {
-        runtime = start_runtime(args, start, &progress) => runtime?,
+        runtime = starting => runtime?,
         () = interrupt.next() => {
             // The start is dropped: what it started so far is stopped as it goes.
             progress.finish();
@@ -504,7 +537,9 @@ async fn drive(
     if again {
         progress.message("interrupted again: killing the workers");
     } else {
-        let stopping = runtime.shutdown();
+        let stopping = runtime
+            .shutdown()
+            .instrument(tracing::info_span!(target: phase::TARGET, phase::SHUTDOWN));
         if interrupted {
             tokio::select! {
                 _ = tokio::time::timeout(STOP_LIMIT, stopping) => {}
@@ -524,6 +559,9 @@ async fn drive(
     }
     progress.finish();
     quit_listener.abort();
+    if let Some(timings) = timings {
+        print_timings(&timings.report(), args.log_format);
+    }
     if interrupted {
         return Err(interrupted_run(outcome, args.log_format));
     }
@@ -554,6 +592,21 @@ async fn drive(
             Ok(())
         }
         Some(Err(error)) => Err(failure_of(error, args.log_format)),
+    }
+}
+
+/// Where the launch went (`--timings`): a table on stderr, or a `timings` event.
+fn print_timings(timings: &Timings, format: LogFormat) {
+    match format {
+        LogFormat::Json => print_json(&serde_json::json!({
+            "event": "timings",
+            "attempts": timings.attempts,
+        })),
+        LogFormat::Text => {
+            for line in timings.to_string().lines() {
+                say!("{line}");
+            }
+        }
     }
 }
 

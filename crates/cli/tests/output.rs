@@ -223,3 +223,138 @@ fn run_help_says_that_backend_none_runs_plain_commands() {
     assert!(help.contains("none runs plain commands"), "{help}");
     assert!(help.contains("Setting up process group"), "{help}");
 }
+
+/// The phases `--timings` shows, in launch order, then shutdown.
+const PHASES: [&str; 11] = [
+    "cluster",
+    "run_folder",
+    "reserve",
+    "agents",
+    "spawn",
+    "handshake",
+    "worker_info",
+    "setup",
+    "task_start",
+    "first_output",
+    "shutdown",
+];
+
+#[test]
+fn timings_name_every_phase_in_launch_order_and_the_phases_add_up_to_the_launch() {
+    let sandbox = Sandbox::new("timings-json");
+    let out = run(
+        &sandbox,
+        &[
+            "-n",
+            "2",
+            "-r",
+            "CPU=0.5",
+            "--timings",
+            "--log-format",
+            "json",
+        ],
+        &["sh", "-c", "sleep 0.1; echo first line of $RANK"],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let events = common::json_events(&stdout);
+    let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    let at = names
+        .iter()
+        .position(|n| *n == "timings")
+        .expect("a timings event");
+    assert_eq!(names[at + 1..], ["run_succeeded"], "{stdout}");
+    let attempts = events[at]["attempts"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 1, "{stdout}");
+    let attempt = &attempts[0];
+    let phases = attempt["phases"].as_array().expect("phases");
+    let shown: Vec<&str> = phases.iter().filter_map(|p| p["phase"].as_str()).collect();
+    assert_eq!(shown, PHASES, "{stdout}");
+    for phase in phases {
+        let per_worker = [
+            "spawn",
+            "handshake",
+            "worker_info",
+            "task_start",
+            "first_output",
+        ]
+        .contains(&phase["phase"].as_str().unwrap_or_default());
+        assert_eq!(
+            phase["workers"]["count"].as_u64(),
+            per_worker.then_some(2),
+            "{phase}"
+        );
+    }
+    let wall = |name: &str| {
+        phases
+            .iter()
+            .find(|p| p["phase"] == name)
+            .and_then(|p| p["wall_ms"].as_f64())
+            .expect("a wall time")
+    };
+    // Each rank's first line comes after its `sleep 0.1`.
+    assert!(wall("first_output") >= 100.0, "{stdout}");
+    let launch = attempt["launch_ms"].as_f64().expect("launch_ms");
+    let added: f64 = phases
+        .iter()
+        .filter(|p| p["in_launch"] == true)
+        .filter_map(|p| p["wall_ms"].as_f64())
+        .sum();
+    assert!(
+        (added - launch).abs() <= 0.1 * launch,
+        "the launch phases add up to {added} ms of a {launch} ms launch: {stdout}"
+    );
+    // The steps of starting the agents are inside it, not added to the launch again.
+    assert!(wall("spawn") <= wall("agents") && wall("handshake") <= wall("agents"));
+}
+
+#[test]
+fn timings_print_one_row_per_phase_after_the_run_and_only_when_asked() {
+    let sandbox = Sandbox::new("timings-text");
+    let out = run(
+        &sandbox,
+        &["-n", "2", "-r", "CPU=0.5", "--timings"],
+        &["sh", "-c", "echo hello"],
+    );
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let table: Vec<&str> = stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("launch timings"))
+        .collect();
+    // Each row starts with what it is, then its times.
+    let rows: Vec<&str> = table
+        .iter()
+        .map(|row| row.trim().split("  ").next().unwrap_or(row))
+        .collect();
+    assert_eq!(
+        rows[..13],
+        [
+            "launch timings",
+            "reading the cluster",
+            "opening the run folder",
+            "reserving the placement group",
+            "starting the agents",
+            "spawning an agent (×2)",
+            "its handshake (×2)",
+            "its metadata (×2)",
+            "setting up ranks and the backend",
+            "starting the task (×2)",
+            "first output line (×2)",
+            "launch",
+            "shutdown",
+        ],
+        "{stderr}"
+    );
+    // After the run, before its last word.
+    assert!(
+        rows[13].starts_with("trainyard: the run succeeded"),
+        "{stderr}"
+    );
+    let plain = run(
+        &sandbox,
+        &["-n", "2", "-r", "CPU=0.5"],
+        &["sh", "-c", "echo hello"],
+    );
+    assert!(!text(&plain.stderr).contains("launch timings"));
+}

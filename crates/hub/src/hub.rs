@@ -17,6 +17,7 @@ use trainyard_agent::auth::Role;
 use trainyard_agent::wire::{self, Token};
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
+use trainyard_runtime::timings;
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
 
 use crate::hello::{HELLO_TIMEOUT, HelloError, authenticate};
@@ -408,7 +409,11 @@ impl AgentHub {
         }
 
         let bound = core.config.connect_timeout.saturating_add(CLEANUP_SLACK);
-        match tokio::time::timeout(bound, ready).await {
+        let handshake = tracing::info_span!(target: timings::TARGET, timings::HANDSHAKE, %actor);
+        match tokio::time::timeout(bound, ready)
+            .instrument(handshake)
+            .await
+        {
             Ok(Ok(Ok(()))) => Ok(actor),
             Ok(Ok(Err(error))) => Err(error),
             Ok(Err(_)) => Err(refused("the agent's supervisor ended")),

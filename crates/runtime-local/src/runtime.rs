@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::watch;
+use tracing::Instrument as _;
 use trainyard_agent::config::{AgentConfig, MemoryLimit};
 use trainyard_agent::procfs::ProcessHandle;
 use trainyard_config::PlacementGroupFactory;
@@ -16,6 +17,7 @@ use trainyard_hub::{AgentHub, Arrival, HubConfig};
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::TaskEvents;
 use trainyard_runtime::reservations::{self, Held, Reservations, Scheduling};
+use trainyard_runtime::timings;
 use trainyard_runtime::{
     ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, PlacementGroupId, PlacementInfo,
     Request, Response, RuntimeError, Shortage,
@@ -417,9 +419,13 @@ impl ActorRuntime for LocalRuntime {
     }
 
     async fn spawn(&self, spec: ActorSpec) -> Result<ActorId, RuntimeError> {
+        let span = tracing::info_span!(target: timings::TARGET, timings::SPAWN, name = %spec.name);
         let arrival = self.hub().expect(&spec.name)?;
         let held = self.core().book().hold(arrival.actor(), &spec)?;
-        let process = self.start_agent(&arrival, held, &spec).await?;
+        let process = self
+            .start_agent(&arrival, held, &spec)
+            .instrument(span)
+            .await?;
         self.hub()
             .attach(arrival, spec.name, Box::new(process))
             .await

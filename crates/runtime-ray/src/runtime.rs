@@ -13,11 +13,13 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use nix::sys::signal::Signal;
 use tokio::sync::oneshot;
+use tracing::Instrument as _;
 use trainyard_agent::config::AgentConfig;
 use trainyard_config::PlacementGroupFactory;
 use trainyard_hub::{AgentCommand, AgentExit, AgentHub, AgentProcess, HubConfig};
 use trainyard_resources::{ResourceAmount, Resources};
 use trainyard_runtime::events::TaskEvents;
+use trainyard_runtime::timings;
 use trainyard_runtime::{
     ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, NodeId, NodeInfo,
     PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
@@ -555,7 +557,14 @@ impl ActorRuntime for RayRuntime {
                 bundle,
             },
         );
-        let (started, end) = match self.inner.bridge.spawn_actor(&launch).await {
+        let span = tracing::info_span!(target: timings::TARGET, timings::SPAWN, name = %spec.name);
+        let (started, end) = match self
+            .inner
+            .bridge
+            .spawn_actor(&launch)
+            .instrument(span)
+            .await
+        {
             Ok(spawned) => spawned,
             Err(error) => {
                 // The actor may exist (it timed out while pending): it must go.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::watch;
+use tracing::Instrument as _;
 use trainyard_agent::config::{AgentConfig, MemoryLimit};
 use trainyard_agent::procfs::ProcessHandle;
 use trainyard_config::PlacementGroupFactory;
@@ -18,6 +19,7 @@ use trainyard_resources::{CPU, GPU, Resources};
 use trainyard_runtime::events::TaskEvents;
 use trainyard_runtime::placement::check_feasible;
 use trainyard_runtime::reservations::{self, Reservations};
+use trainyard_runtime::timings;
 use trainyard_runtime::{
     ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, NodeId, NodeInfo,
     PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
@@ -645,11 +647,13 @@ impl ActorRuntime for SlurmRuntime {
     }
 
     async fn spawn(&self, spec: ActorSpec) -> Result<ActorId, RuntimeError> {
+        let span = tracing::info_span!(target: timings::TARGET, timings::SPAWN, name = %spec.name);
         let arrival = self.inner.hub.expect(&spec.name)?;
         let actor = arrival.actor();
         let (held, job) = self.hold(actor, &spec)?;
         let step = Step::new(&self.inner.config.run_name, &spec, actor, &job, &held);
-        let process = match self.start_step(actor, &spec, &held, step).await {
+        let started = self.start_step(actor, &spec, &held, step).instrument(span);
+        let process = match started.await {
             Ok(process) => process,
             Err(error) => {
                 if let Some(book) = self.state().book.as_mut() {

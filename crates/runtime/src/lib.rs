@@ -85,6 +85,7 @@ mod runtime;
 pub mod sim;
 pub mod stacks;
 mod task;
+pub mod timings;
 
 pub use cluster::{ACCELERATOR_RESOURCES, ClusterSnapshot, Holder, NodeInfo, Shortage};
 pub use error::RuntimeError;

@@ -10,6 +10,7 @@ use futures::future::{self, BoxFuture};
 use futures::stream::FuturesUnordered;
 use tracing::{Instrument, debug, info, info_span, warn};
 use trainyard_resources::{ActorOptions, Resources};
+use trainyard_runtime::timings;
 use trainyard_runtime::{
     ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, NodeId, PlacementGroupId, Request, Response,
     RuntimeError, WorkerInfo,
@@ -510,7 +511,8 @@ impl WorkerGroup {
             Ok(actors) => {
                 let runtime = &self.runtime;
                 let fetches = actors.iter().zip(&planned).map(|(&actor, plan)| async move {
-                    let info = runtime.node_info(actor).await;
+                    let span = info_span!(target: timings::TARGET, timings::WORKER_INFO, worker = plan.worker);
+                    let info = runtime.node_info(actor).instrument(span).await;
                     if let Err(error) = &info {
                         warn!(worker = plan.worker, %actor, %error, "cannot fetch worker metadata");
                     }
