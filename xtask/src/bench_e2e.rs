@@ -7,12 +7,24 @@
 //! 3. Start and stop of 64 workers of `true`, against 64 `true` processes spawned by hand.
 //! 4. An elastic run (`-n 1:4`) growing from 2 to 4 workers: from the exit of the run that
 //!    held the other two CPUs to all 4 ranks running again from the checkpoint.
+//!
+//! Then where the launch goes, phase by phase (`trainyard run --timings`), for the torch job
+//! and the 64 workers. Every figure is printed with the date and the commit it was measured
+//! at. `--against BIN` times another build of `trainyard` (the parent commit's, say) in the
+//! same rounds as this one, row by row; `--readme` writes the figures into the README's table.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const ROUNDS: usize = 7;
+
+/// How many `--timings` runs each phase figure is the median of.
+const TIMINGS_ROUNDS: usize = 5;
+
+/// The README's table of these figures lies between these lines.
+const README_START: &str = "<!-- bench-e2e: written by `cargo xtask bench-e2e --readme` -->";
+const README_END: &str = "<!-- /bench-e2e -->";
 
 pub(crate) fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -233,22 +245,22 @@ fn elastic_grow(trainyard: &Path, root: &Path) -> Result<Duration, String> {
     Ok(grown)
 }
 
-fn many_true(trainyard: &Path) -> Result<Duration, String> {
-    timed(
-        Command::new(trainyard)
-            .args([
-                "run",
-                "-n",
-                "64",
-                "-r",
-                "CPU=0.01",
-                "--backend",
-                "none",
-                "--",
-                "true",
-            ])
-            .env("CI", "1"),
-    )
+fn many_true(trainyard: &Path) -> Command {
+    let mut command = Command::new(trainyard);
+    command
+        .args([
+            "run",
+            "-n",
+            "64",
+            "-r",
+            "CPU=0.01",
+            "--backend",
+            "none",
+            "--",
+            "true",
+        ])
+        .env("CI", "1");
+    command
 }
 
 fn many_true_by_hand() -> Result<Duration, String> {
@@ -262,82 +274,403 @@ fn many_true_by_hand() -> Result<Duration, String> {
     Ok(started.elapsed())
 }
 
-pub(crate) fn run() -> Result<(), String> {
+/// The medians of one run of the bench.
+struct Figures {
+    /// When and at what commit they were measured.
+    stamp: String,
+    ddp: Duration,
+    torchrun: Duration,
+    by_hand: Duration,
+    crash: Duration,
+    hang: Duration,
+    grow: Duration,
+    many: Duration,
+    spawns: Duration,
+    /// Phase medians of the 2-worker torch job and of the 64 workers of `true`.
+    ddp_phases: Vec<PhaseFigure>,
+    many_phases: Vec<PhaseFigure>,
+}
+
+/// `DATE, commit SHA` (with `+ changes` when the work tree has uncommitted ones).
+fn stamp(root: &Path) -> String {
+    let out = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let date = out("date", &["-u", "+%Y-%m-%d"]);
+    let commit = out("git", &["rev-parse", "--short", "HEAD"]);
+    let dirty = !out("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    format!(
+        "{date}, commit {commit}{}",
+        if dirty { " + uncommitted changes" } else { "" }
+    )
+}
+
+/// The torch example's run through `trainyard`.
+fn ddp_command(trainyard: &Path, python: &Path, root: &Path) -> Command {
+    let mut command = Command::new(trainyard);
+    command
+        .current_dir(root)
+        .args(["run", "-n", "2", "-r", "CPU=0.5", "--"])
+        .arg(python)
+        .arg("examples/torch_ddp.py")
+        .env("CI", "1");
+    command
+}
+
+/// One phase's medians over [`TIMINGS_ROUNDS`] runs.
+struct PhaseFigure {
+    label: String,
+    wall_ms: f64,
+    /// The slowest worker's, for a phase done once per worker.
+    slowest_ms: Option<f64>,
+}
+
+impl PhaseFigure {
+    fn shown(&self) -> String {
+        match self.slowest_ms {
+            Some(slowest) => format!("{:.1} ms (slowest worker {slowest:.1} ms)", self.wall_ms),
+            None => format!("{:.1} ms", self.wall_ms),
+        }
+    }
+}
+
+fn median_f64(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples.get(samples.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Each launch phase of `make()`'s run, with `--timings --log-format json` added after `run`,
+/// the median over [`TIMINGS_ROUNDS`] runs; the launch as a whole first.
+fn phases(mut make: impl FnMut() -> Command) -> Result<Vec<PhaseFigure>, String> {
+    // Per phase: its label, wall times and slowest workers' times.
+    let mut seen: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+    for _ in 0..TIMINGS_ROUNDS {
+        let mut command = make();
+        let mut args: Vec<_> = command.get_args().map(ToOwned::to_owned).collect();
+        args.splice(
+            1..1,
+            ["--timings".into(), "--log-format".into(), "json".into()],
+        );
+        let mut timed = Command::new(command.get_program());
+        timed.args(args).envs(
+            command
+                .get_envs()
+                .filter_map(|(key, value)| Some((key.to_owned(), value?.to_owned()))),
+        );
+        if let Some(dir) = command.get_current_dir() {
+            timed.current_dir(dir);
+        }
+        command = timed;
+        let out = command
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {command:?}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("{command:?} failed ({})", out.status));
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let timings = trainyard_test_support::processes::json_events(&stdout)
+            .into_iter()
+            .find(|event| event["event"] == "timings")
+            .ok_or_else(|| format!("{command:?} printed no timings event"))?;
+        let attempt = &timings["attempts"][0];
+        let launch = ("launch".to_owned(), attempt["launch_ms"].as_f64(), None);
+        let rows = attempt["phases"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|phase| {
+                let label = phase["label"].as_str().unwrap_or("?");
+                let label = match phase["part_of"].as_str() {
+                    Some(_) => format!("… {label}"),
+                    None => label.to_owned(),
+                };
+                (
+                    label,
+                    phase["wall_ms"].as_f64(),
+                    phase["workers"]["max_ms"].as_f64(),
+                )
+            });
+        for (i, (label, wall, slowest)) in std::iter::once(launch).chain(rows).enumerate() {
+            if seen.len() == i {
+                seen.push((label, Vec::new(), Vec::new()));
+            }
+            seen[i].1.extend(wall);
+            seen[i].2.extend(slowest);
+        }
+    }
+    Ok(seen
+        .into_iter()
+        .map(|(label, walls, slowest)| PhaseFigure {
+            label,
+            wall_ms: median_f64(walls),
+            slowest_ms: (!slowest.is_empty()).then(|| median_f64(slowest)),
+        })
+        .collect())
+}
+
+/// `--against BIN`: the same rounds with another build, for a side-by-side comparison.
+struct Against {
+    trainyard: PathBuf,
+    ddp: Vec<Duration>,
+    many: Vec<Duration>,
+}
+
+pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    let mut against: Option<Against> = None;
+    let mut readme = false;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--readme" => readme = true,
+            "--against" => {
+                let bin = args
+                    .next()
+                    .ok_or("--against needs the path of another trainyard binary")?;
+                let trainyard =
+                    std::fs::canonicalize(bin).map_err(|e| format!("--against {bin}: {e}"))?;
+                against = Some(Against {
+                    trainyard,
+                    ddp: Vec::new(),
+                    many: Vec::new(),
+                });
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument {other}: expected --against BIN or --readme"
+                ));
+            }
+        }
+    }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     crate::cargo(&["build", "--release", "-p", "trainyard-cli"])?;
     let trainyard = crate::target_dir().join("release/trainyard");
     let python = python_env(&root)?;
     let torchrun = python.with_file_name("torchrun");
+    let stamp = stamp(&root);
+    println!("measured {stamp}");
 
     let (mut ours, mut theirs, mut hand) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=ROUNDS {
-        ours.push(timed(
-            Command::new(&trainyard)
-                .current_dir(&root)
-                .args(["run", "-n", "2", "-r", "CPU=0.5", "--"])
-                .arg(&python)
-                .arg("examples/torch_ddp.py")
-                .env("CI", "1"),
-        )?);
+        ours.push(timed(&mut ddp_command(&trainyard, &python, &root))?);
         theirs.push(timed(Command::new(&torchrun).current_dir(&root).args([
             "--nproc-per-node",
             "2",
             "examples/torch_ddp.py",
         ]))?);
         hand.push(by_hand(&python, &root)?);
+        if let Some(against) = &mut against {
+            against
+                .ddp
+                .push(timed(&mut ddp_command(&against.trainyard, &python, &root))?);
+        }
         eprintln!(
-            "round {round}: trainyard {:.2}s  torchrun {:.2}s  by hand {:.2}s",
+            "round {round}: trainyard {:.2}s  torchrun {:.2}s  by hand {:.2}s{}",
             secs(ours[round - 1]),
             secs(theirs[round - 1]),
-            secs(hand[round - 1])
+            secs(hand[round - 1]),
+            against.as_ref().map_or_else(String::new, |a| format!(
+                "  --against {:.2}s",
+                secs(a.ddp[round - 1])
+            ))
         );
     }
-    let (ours, theirs, hand) = (median(ours), median(theirs), median(hand));
-    println!("torch_ddp.py, 2 workers, median of {ROUNDS} interleaved rounds:");
-    println!("  trainyard run -n 2          {:.2}s", secs(ours));
-    println!("  torchrun --nproc-per-node 2 {:.2}s", secs(theirs));
-    println!("  two processes by hand       {:.2}s", secs(hand));
+    let (ddp, torchrun_median, by_hand_median) = (median(ours), median(theirs), median(hand));
+    println!("torch_ddp.py, 2 workers, median of {ROUNDS} interleaved rounds ({stamp}):");
+    println!("  trainyard run -n 2          {:.2}s", secs(ddp));
+    println!(
+        "  torchrun --nproc-per-node 2 {:.2}s",
+        secs(torchrun_median)
+    );
+    println!("  two processes by hand       {:.2}s", secs(by_hand_median));
     println!(
         "  trainyard / by hand = {:.2} (target <= 1.05); trainyard / torchrun = {:.2} (target <= 0.65)",
-        secs(ours) / secs(hand),
-        secs(ours) / secs(theirs)
+        secs(ddp) / secs(by_hand_median),
+        secs(ddp) / secs(torchrun_median)
     );
+    if let Some(against) = &against {
+        let theirs = median(against.ddp.clone());
+        println!(
+            "  {} {:.2}s: this build / that one = {:.3}",
+            against.trainyard.display(),
+            secs(theirs),
+            secs(ddp) / secs(theirs)
+        );
+    }
 
     let crashes: Vec<Duration> = (0..ROUNDS)
         .map(|_| crash_to_stop(&trainyard))
         .collect::<Result<_, _>>()?;
+    let crash = median(crashes);
     println!(
-        "crash of one rank to every rank stopped and the driver exited: median {:.0} ms (target < 100 ms plus the SIGTERM patience, which `exec sleep` does not use)",
-        median(crashes).as_secs_f64() * 1000.0
+        "crash of one rank to every rank stopped and the driver exited: median {:.0} ms (target < 100 ms plus the SIGTERM patience, which `exec sleep` does not use) ({stamp})",
+        crash.as_secs_f64() * 1000.0
     );
 
     let hangs: Vec<Duration> = (0..ROUNDS)
         .map(|_| hang_to_stop(&trainyard, &python, &root))
         .collect::<Result<_, _>>()?;
+    let hang = median(hangs);
     println!(
-        "hang of one rank (torch, 2 ranks): deadline passing to every rank's stacks printed and every rank stopped: median {:.0} ms (target < 2000 ms)",
-        median(hangs).as_secs_f64() * 1000.0
+        "hang of one rank (torch, 2 ranks): deadline passing to every rank's stacks printed and every rank stopped: median {:.0} ms (target < 2000 ms) ({stamp})",
+        hang.as_secs_f64() * 1000.0
     );
 
     let grows: Vec<Duration> = (0..ROUNDS)
         .map(|_| elastic_grow(&trainyard, &root))
         .collect::<Result<_, _>>()?;
+    let grow = median(grows);
     println!(
-        "elastic run -n 1:4 growing from 2 to 4 workers: the other run's exit to 4 ranks running from the checkpoint: median {:.0} ms (target <= --resize-interval {RESIZE_INTERVAL} + 1 s)",
-        median(grows).as_secs_f64() * 1000.0
+        "elastic run -n 1:4 growing from 2 to 4 workers: the other run's exit to 4 ranks running from the checkpoint: median {:.0} ms (target <= --resize-interval {RESIZE_INTERVAL} + 1 s) ({stamp})",
+        grow.as_secs_f64() * 1000.0
     );
 
     let (mut runs, mut spawns) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        runs.push(many_true(&trainyard)?);
+        runs.push(timed(&mut many_true(&trainyard))?);
         spawns.push(many_true_by_hand()?);
+        if let Some(against) = &mut against {
+            against
+                .many
+                .push(timed(&mut many_true(&against.trainyard))?);
+        }
     }
-    let (run, spawn) = (median(runs), median(spawns));
+    let (many, spawn) = (median(runs), median(spawns));
     println!(
-        "64 workers of `true`: trainyard {:.0} ms, 64 spawns by hand {:.0} ms: {:.2} ms per worker beyond process spawn (target < 5 ms)",
-        run.as_secs_f64() * 1000.0,
-        spawn.as_secs_f64() * 1000.0,
-        (run.saturating_sub(spawn)).as_secs_f64() * 1000.0 / 64.0
+        "64 workers of `true`: trainyard {:.0} ms, 64 spawns by hand {:.0} ms: {:.2} ms per worker beyond process spawn (target < 5 ms) ({stamp})",
+        ms(many),
+        ms(spawn),
+        per_worker(many, spawn)
     );
+    if let Some(against) = &against {
+        let theirs = median(against.many.clone());
+        println!(
+            "  {} {:.0} ms ({:.2} ms per worker): this build / that one = {:.3}",
+            against.trainyard.display(),
+            ms(theirs),
+            per_worker(theirs, spawn),
+            secs(many) / secs(theirs)
+        );
+    }
+
+    let ddp_phases = phases(|| ddp_command(&trainyard, &python, &root))?;
+    let many_phases = phases(|| many_true(&trainyard))?;
+    for (what, phases) in [
+        ("torch_ddp.py, 2 workers", &ddp_phases),
+        ("64 workers of `true`", &many_phases),
+    ] {
+        println!("where the launch goes, {what} (median of {TIMINGS_ROUNDS} runs with --timings):");
+        for phase in phases {
+            println!("  {:<40} {}", phase.label, phase.shown());
+        }
+    }
+
+    let figures = Figures {
+        stamp,
+        ddp,
+        torchrun: torchrun_median,
+        by_hand: by_hand_median,
+        crash,
+        hang,
+        grow,
+        many,
+        spawns: spawn,
+        ddp_phases,
+        many_phases,
+    };
+    if readme {
+        write_readme(&root.join("README.md"), &figures.table())?;
+        println!("README.md: the table between `{README_START}` and `{README_END}` is rewritten");
+    }
     Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Milliseconds per worker that `run` of 64 workers took beyond spawning 64 processes.
+fn per_worker(run: Duration, spawn: Duration) -> f64 {
+    ms(run.saturating_sub(spawn)) / 64.0
+}
+
+impl Figures {
+    /// The README's table, between its markers.
+    fn table(&self) -> String {
+        let mut t = format!(
+            "{README_START}\nMeasured with `cargo xtask bench-e2e` ({}; {ROUNDS} interleaved rounds, medians, 2 cores):\n\n",
+            self.stamp
+        );
+        t.push_str("| job | time | ratio |\n|---|---|---|\n");
+        t.push_str(&format!(
+            "| `examples/torch_ddp.py`, `trainyard run -n 2` | {:.2} s | {:.2} × two processes started by hand ({:.2} s) |\n",
+            secs(self.ddp),
+            secs(self.ddp) / secs(self.by_hand),
+            secs(self.by_hand)
+        ));
+        t.push_str(&format!(
+            "| the same, `torchrun --nproc-per-node 2` | {:.2} s | trainyard is {:.2} × torchrun |\n",
+            secs(self.torchrun),
+            secs(self.ddp) / secs(self.torchrun)
+        ));
+        t.push_str(&format!(
+            "| one rank crashes → every rank stopped, driver exited | {:.0} ms | of which up to 20 ms wait for the other ranks' last lines |\n",
+            ms(self.crash)
+        ));
+        t.push_str(&format!(
+            "| one rank hangs (`--hang-timeout`) → every rank's stacks printed, every rank stopped | {:.0} ms | after the deadline; 2 torch ranks, one in `time.sleep`, one in `all_reduce` |\n",
+            ms(self.hang)
+        ));
+        t.push_str(&format!(
+            "| elastic `-n 1:4` grows from 2 to 4 workers | {:.0} ms | from the other run's exit to 4 ranks running from the checkpoint (`--resize-interval {RESIZE_INTERVAL}`) |\n",
+            ms(self.grow)
+        ));
+        t.push_str(&format!(
+            "| start and stop 64 workers of `true` | {:.0} ms | {:.2} ms per worker beyond spawning 64 processes ({:.0} ms) |\n",
+            ms(self.many),
+            per_worker(self.many, self.spawns),
+            ms(self.spawns)
+        ));
+        t.push_str(&format!(
+            "\nWhere the launch goes (`trainyard run --timings`, median of {TIMINGS_ROUNDS} runs each; a phase's wall time, and for a phase done once per worker its slowest worker; the phases marked … are steps of starting the agents):\n\n| phase | `torch_ddp.py`, 2 workers | 64 workers of `true` |\n|---|---|---|\n"
+        ));
+        for (i, phase) in self.ddp_phases.iter().enumerate() {
+            let many = self
+                .many_phases
+                .get(i)
+                .map_or_else(String::new, PhaseFigure::shown);
+            t.push_str(&format!(
+                "| {} | {} | {many} |\n",
+                phase.label,
+                phase.shown()
+            ));
+        }
+        t.push_str(README_END);
+        t
+    }
+}
+
+/// Replaces the README's table between [`README_START`] and [`README_END`] with `table`.
+fn write_readme(path: &Path, table: &str) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (Some(start), Some(end)) = (text.find(README_START), text.find(README_END)) else {
+        return Err(format!(
+            "{} has no `{README_START}` … `{README_END}` block to rewrite",
+            path.display()
+        ));
+    };
+    let updated = format!(
+        "{}{table}{}",
+        &text[..start],
+        &text[end + README_END.len()..]
+    );
+    std::fs::write(path, updated).map_err(|e| format!("{}: {e}", path.display()))
 }

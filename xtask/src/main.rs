@@ -16,7 +16,10 @@ const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray|bench-slurm
              the Ray tests too when TRAINYARD_RAY_PYTHON is set (under CI=true it must be,
              unless TRAINYARD_RAY_SKIP says why not)
   tidy       fail on a workspace dependency that points up a layer
-  bench-e2e  time whole runs: trainyard run vs torchrun vs processes by hand, crash-to-stop, 64 workers
+  bench-e2e  [--against BIN] [--readme] time whole runs: trainyard run vs torchrun vs processes by
+             hand, crash-to-stop, hangs, elastic growth, 64 workers, and where the launch goes;
+             --against times another trainyard build in the same rounds; --readme writes the
+             README's table
   bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
   bench-slurm  time 4 workers of a trivial task on 4 Slurm test nodes: trainyard run --runtime slurm
              vs srun -N 4 -n 4
@@ -30,7 +33,7 @@ fn main() -> ExitCode {
     let result = match task.as_deref() {
         Some("ci") => ci(),
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
-        Some("bench-e2e") => bench_e2e::run(),
+        Some("bench-e2e") => bench_e2e::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("bench-ray") => bench_ray::run(),
         Some("bench-slurm") => bench_slurm::run(),
         Some("bench-checkpoint") => bench_checkpoint::run(),
