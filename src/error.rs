@@ -53,13 +53,22 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// What failed, without its cause.
+    /// What failed, without its cause: a run refused before anything was started says so,
+    /// rather than that training failed.
     const fn what(&self) -> &'static str {
         match self {
             Self::Resources(_) => "invalid resources",
             Self::Config(_) => "invalid configuration",
             Self::Runtime(_) => "the runtime failed",
             Self::WorkerGroup(_) => "the worker group failed",
+            Self::Executor(
+                ExecutorError::Config(_)
+                | ExecutorError::Unschedulable(_)
+                | ExecutorError::PlacementTimeout { .. }
+                | ExecutorError::Storage(_)
+                | ExecutorError::RunFinished { .. },
+            ) => "the run cannot start",
+            Self::Executor(ExecutorError::Interrupted { .. }) => "the run was interrupted",
             Self::Executor(_) => "the training run failed",
             #[cfg(feature = "local")]
             Self::Local(_) => "the local runtime cannot start",

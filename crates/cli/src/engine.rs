@@ -122,7 +122,7 @@ impl RayArgs {
     }
 
     /// Starts the Ray runtime; a cluster that does not answer, or refuses the token, is the
-    /// flags' fault (exit 2).
+    /// flags' fault (exit 2), and so is an interpreter without Ray or with another release.
     pub(crate) async fn start(&self, config: RayConfig) -> Result<RayRuntime, Failure> {
         let address = self.address().unwrap_or_default();
         RayRuntime::start(config)
@@ -131,6 +131,9 @@ impl RayArgs {
                 RayError::Bridge(
                     error @ (BridgeError::Unreachable { .. } | BridgeError::Auth { .. }),
                 ) => Failure::bad_input(FlagError::new("--address", &address)(Box::new(error))),
+                RayError::Bridge(
+                    error @ (BridgeError::NoRay { .. } | BridgeError::RayVersion { .. }),
+                ) => Failure::bad_input(error),
                 error => Failure::other(error),
             })
     }

@@ -156,6 +156,15 @@ impl Failure {
             error: error.into(),
         }
     }
+
+    /// The same failure, its message followed by `; hint`.
+    pub(crate) fn with_hint(self, hint: String) -> Self {
+        let message = ErrorChain(self.error.as_ref()).to_string();
+        Self {
+            code: self.code,
+            error: format!("{message}; {hint}").into(),
+        }
+    }
 }
 
 /// Writing the result to stdout failed.

@@ -15,8 +15,10 @@ use trainyard::backend::{
     unique_run_name,
 };
 use trainyard::local::LocalRuntime;
-use trainyard::runtime::TaskRejection;
+use trainyard::resources::Resources;
+use trainyard::runtime::placement::PlacementError;
 use trainyard::runtime::timings as phase;
+use trainyard::runtime::{RuntimeError, TaskRejection};
 use trainyard::{Trainer, command_task};
 use trainyard_config::{
     CheckpointConfig, FailureConfig, ProgressSource, ResumePolicy, RunConfig, ScoreOrder,
@@ -424,6 +426,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
             ranks,
             progress,
             timings,
+            worker,
         },
     ));
     // What is left is clean-up on blocking threads (or a printer stuck on a stdout nobody
@@ -442,6 +445,8 @@ struct Driving {
     ranks: Option<BTreeSet<u32>>,
     progress: Progress,
     timings: Option<TimingsHandle>,
+    /// What each worker asks for.
+    worker: Resources,
 }
 
 async fn drive(args: &RunArgs, driving: Driving) -> Result<(), Failure> {
@@ -453,7 +458,9 @@ async fn drive(args: &RunArgs, driving: Driving) -> Result<(), Failure> {
         ranks,
         progress,
         timings,
+        worker,
     } = driving;
+    let workers = scaling.num_workers.max();
     // Before anything starts: an interrupt from here on stops what was started (a Ray head
     // that is coming up, say) rather than killing the driver outright.
     let mut interrupt = Interrupts::new()?;
@@ -591,8 +598,54 @@ async fn drive(args: &RunArgs, driving: Driving) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Some(Err(error)) => Err(failure_of(error, args.log_format)),
+        Some(Err(error)) => {
+            let hint = refusal_hint(&error, args, &worker, workers);
+            let failure = failure_of(error, args.log_format);
+            Err(match hint {
+                Some(hint) => failure.with_hint(hint),
+                None => failure,
+            })
+        }
     }
+}
+
+/// What to change when a local run is refused for want of CPUs: each worker asks for a whole
+/// CPU unless told otherwise, which a torchrun user does not expect.
+fn refusal_hint(
+    error: &trainyard::Error,
+    args: &RunArgs,
+    worker: &Resources,
+    workers: u32,
+) -> Option<String> {
+    let trainyard::Error::Executor(ExecutorError::Unschedulable(cause)) = error else {
+        return None;
+    };
+    let RuntimeError::Infeasible(placement) = cause.as_ref() else {
+        return None;
+    };
+    if args.runtime != RuntimeKind::Local || placement.resource() != Some("CPU") {
+        return None;
+    }
+    let asked = worker.get("CPU").unwrap_or_default();
+    let workers = f64::from(workers.max(1));
+    let has = match placement {
+        PlacementError::ClusterTooSmall { total, .. } => total.as_f64(),
+        PlacementError::BundleTooLarge { best, .. }
+        | PlacementError::GroupTooLargeForOneNode { best, .. } => best.as_f64(),
+        _ => return None,
+    };
+    // The most each worker may ask for so that all fit, rounded down to a hundredth.
+    let share = (has / workers * 100.0).floor() / 100.0;
+    let less = if share >= 0.01 && share < asked.as_f64() {
+        format!("ask for less with -r CPU={share}, ")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "each worker asks for {asked} CPU{}: {less}or let the workers share more CPUs than this machine has with --num-cpus {}",
+        if asked.as_f64() == 1.0 { "" } else { "s" },
+        (asked.as_f64() * workers).ceil()
+    ))
 }
 
 /// Where the launch went (`--timings`): a table on stderr, or a `timings` event.

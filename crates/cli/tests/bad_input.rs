@@ -456,3 +456,71 @@ fn well_known_resource_names_are_planned_without_a_warning() {
     assert!(output.status.success());
     assert_eq!(String::from_utf8_lossy(&output.stderr), "");
 }
+
+/// `trainyard run ARGS -- true` in a sandbox of its own, with `env` set: its exit code and
+/// its `error:` line.
+fn refusal(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let sandbox = Sandbox::new(name);
+    let marker = format!("{MARKER}={}", sandbox.mark());
+    let child = Command::new(binary())
+        .args(["run", "--env", &marker])
+        .args(args)
+        .args(["--", "true"])
+        .envs(sandbox.env())
+        .envs(env.iter().copied())
+        .env("CI", "1")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trainyard starts");
+    let output = wait_bounded(child, Duration::from_secs(60)).expect("trainyard exits");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let left = left_behind(sandbox.mark(), CLEANUP);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    (output.status.code(), errors[0].to_owned())
+}
+
+#[test]
+fn a_refused_run_says_that_it_cannot_start_and_how_the_workers_would_fit() {
+    assert_eq!(
+        refusal("refused-cpus", &["--num-cpus", "2", "--nproc-per-node", "4"], &[]),
+        (
+            Some(UNSCHEDULABLE),
+            "error: the run cannot start: the workers cannot be scheduled: the bundles together need CPU=4 but the cluster has CPU=2; each worker asks for 1 CPU: ask for less with -r CPU=0.5, or let the workers share more CPUs than this machine has with --num-cpus 4".to_owned()
+        )
+    );
+    assert_eq!(
+        refusal("refused-memory", &["--memory", "1GiB", "-r", "memory=2GiB"], &[]),
+        (
+            Some(UNSCHEDULABLE),
+            "error: the run cannot start: the workers cannot be scheduled: bundle 0 needs memory=2GiB but the most memory any node has is 1GiB".to_owned()
+        )
+    );
+}
+
+#[test]
+fn the_ray_runtime_without_ray_says_how_to_get_it() {
+    // An interpreter that cannot import ray, wherever ray is installed: no site-packages.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let python = dir.path().join("python-without-ray");
+    std::fs::write(&python, "#!/bin/sh\nexec python3 -I -S \"$@\"\n").expect("write");
+    std::fs::set_permissions(&python, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let python = python.to_str().expect("a UTF-8 path");
+    let (code, line) = refusal(
+        "no-ray",
+        &["--runtime", "ray"],
+        &[("TRAINYARD_RAY_PYTHON", python)],
+    );
+    assert_eq!(code, Some(BAD_INPUT), "{line}");
+    assert_eq!(
+        line,
+        format!(
+            "error: --runtime ray needs a Python with Ray 2.60.0, and {python} cannot import ray (ModuleNotFoundError: No module named 'ray'): install it there (pip install 'ray[train]==2.60.0'), or set TRAINYARD_RAY_PYTHON to an interpreter that has it"
+        )
+    );
+}

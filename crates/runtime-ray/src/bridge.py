@@ -78,7 +78,7 @@ try:
     )
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 except Exception as exc:  # ray missing or broken
-    emit({"event": "failed", "kind": "start", "message": f"cannot import ray: {_cause_text(exc)}"})
+    emit({"event": "failed", "kind": "no_ray", "message": _cause_text(exc)})
     sys.exit(2)
 
 ADDRESS = os.environ.get("TRAINYARD_RAY_ADDRESS") or None

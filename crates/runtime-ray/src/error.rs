@@ -9,17 +9,30 @@ use std::time::Duration;
 pub struct StderrTail(pub Vec<String>);
 
 impl fmt::Display for StderrTail {
+    /// The lines on one line, `; ` between them, so that a one-line error message stays one
+    /// line; `(none)` when there are none.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.0.is_empty() {
-            return f.write_str("(no stderr output)");
+            return f.write_str("(none)");
         }
         for (i, line) in self.0.iter().enumerate() {
             if i > 0 {
-                f.write_str("\n  ")?;
+                f.write_str("; ")?;
             }
-            f.write_str(line)?;
+            f.write_str(line.trim())?;
         }
         Ok(())
+    }
+}
+
+impl StderrTail {
+    /// `; its last stderr lines: …`, or nothing when there are none.
+    fn suffix(&self) -> String {
+        if self.0.is_empty() {
+            String::new()
+        } else {
+            format!("; its last stderr lines: {self}")
+        }
     }
 }
 
@@ -67,8 +80,21 @@ pub enum BridgeError {
         #[source]
         source: std::io::Error,
     },
+    /// The bridge's interpreter cannot import Ray.
+    #[error(
+        "--runtime ray needs a Python with Ray {supported}, and {} cannot import ray ({message}): install it there (pip install 'ray[train]=={supported}'), or set TRAINYARD_RAY_PYTHON to an interpreter that has it",
+        python.display()
+    )]
+    NoRay {
+        /// The interpreter.
+        python: PathBuf,
+        /// Why the import failed.
+        message: String,
+        /// The release this build is written for.
+        supported: &'static str,
+    },
     /// The bridge started but `ray.init` failed (or it exited before saying ready).
-    #[error("the Ray bridge failed to start ({kind}): {message}\n  stderr: {stderr}")]
+    #[error("the Ray bridge failed to start ({kind}): {message}{}", stderr.suffix())]
     Start {
         /// The bridge's classification (`start`, or `exited` when it said nothing).
         kind: String,
@@ -112,7 +138,7 @@ pub enum BridgeError {
         after: Duration,
     },
     /// The bridge process is gone.
-    #[error("the Ray bridge process was lost; its last stderr lines:\n  {stderr}")]
+    #[error("the Ray bridge process was lost; its last stderr lines: {stderr}")]
     Lost {
         /// Its last stderr lines.
         stderr: StderrTail,
@@ -130,7 +156,7 @@ pub enum BridgeError {
     /// The bridge wrote a protocol line longer than the client accepts; the bridge was
     /// stopped, as what it says can no longer be followed.
     #[error(
-        "the Ray bridge wrote a line longer than {limit} bytes, which breaks its protocol; it was stopped. Its last stderr lines:\n  {stderr}"
+        "the Ray bridge wrote a line longer than {limit} bytes, which breaks its protocol; it was stopped. Its last stderr lines: {stderr}"
     )]
     LineTooLong {
         /// The longest line accepted, in bytes.

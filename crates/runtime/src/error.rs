@@ -10,8 +10,9 @@ use crate::{ActorId, DeathCause, PlacementGroupId, Shortage, TaskRejection};
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum RuntimeError {
-    /// The placement group can never fit on the cluster as it is.
-    #[error("placement group can never be scheduled")]
+    /// The placement group can never fit on the cluster as it is (its message is the
+    /// [`PlacementError`]'s: which bundle needs what, and the most any node has).
+    #[error(transparent)]
     Infeasible(#[from] PlacementError),
     /// The placement group did not become ready in time.
     #[error("placement group {pg} was not ready after {waited:?}")]

@@ -128,6 +128,11 @@ impl Bridge {
                         address,
                         source: std::io::Error::other(failure.message),
                     },
+                    "no_ray" => BridgeError::NoRay {
+                        python: config.python.clone(),
+                        message: failure.message,
+                        supported: crate::RAY_VERSION,
+                    },
                     _ => BridgeError::Start {
                         kind: failure.kind,
                         message: failure.message,
