@@ -2,7 +2,7 @@ use std::fmt;
 
 use trainyard_backend_executor::ExecutorError;
 use trainyard_config::ConfigError;
-use trainyard_resources::ResourceError;
+use trainyard_resources::{ResourceError, chain_text};
 use trainyard_runtime::RuntimeError;
 #[cfg(feature = "local")]
 use trainyard_runtime_local::LocalError;
@@ -79,15 +79,12 @@ impl Error {
 impl fmt::Display for Error {
     /// What failed; with `{:#}`, followed by every cause: `a: b: c`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.what())?;
         if f.alternate() {
-            let mut source = std::error::Error::source(self);
-            while let Some(cause) = source {
-                write!(f, ": {cause}")?;
-                source = cause.source();
-            }
+            let shown = self.what().to_owned();
+            f.write_str(&chain_text(shown, std::error::Error::source(self)))
+        } else {
+            f.write_str(self.what())
         }
-        Ok(())
     }
 }
 

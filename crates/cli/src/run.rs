@@ -570,7 +570,7 @@ async fn drive(args: &RunArgs, driving: Driving) -> Result<(), Failure> {
         print_timings(&timings.report(), args.log_format);
     }
     if interrupted {
-        return Err(interrupted_run(outcome, args.log_format));
+        return Err(interrupted_run(outcome, args));
     }
     match outcome {
         None => Err(Failure::interrupted()),
@@ -600,7 +600,7 @@ async fn drive(args: &RunArgs, driving: Driving) -> Result<(), Failure> {
         }
         Some(Err(error)) => {
             let hint = refusal_hint(&error, args, &worker, workers);
-            let failure = failure_of(error, args.log_format);
+            let failure = failure_of(error, args);
             Err(match hint {
                 Some(hint) => failure.with_hint(hint),
                 None => failure,
@@ -718,7 +718,7 @@ fn last_metrics(report: &trainyard::FitReport) -> Option<String> {
 /// then, when the executor got to say), in text its last metrics and checkpoint; exit 130.
 fn interrupted_run(
     outcome: Option<Result<trainyard::FitReport, trainyard::Error>>,
-    format: LogFormat,
+    args: &RunArgs,
 ) -> Failure {
     let report = match outcome {
         Some(Err(trainyard::Error::Executor(
@@ -727,7 +727,7 @@ fn interrupted_run(
         Some(Ok(report)) => Some(report),
         _ => None,
     };
-    match format {
+    match args.log_format {
         LogFormat::Json => print_json(&serde_json::json!({
             "event": "run_interrupted",
             "stopped": report.is_some(),
@@ -736,10 +736,30 @@ fn interrupted_run(
         LogFormat::Text => {
             if let Some(report) = &report {
                 print_checkpoints(report);
+                print_resume_hint(report, args);
             }
         }
     }
     Failure::interrupted()
+}
+
+/// How to go on with a run that did not finish, once it has a checkpoint: the same command,
+/// with the name of the run's folder when the run was not given one.
+fn print_resume_hint(report: &trainyard::FitReport, args: &RunArgs) {
+    if report.checkpoint.is_none() {
+        return;
+    }
+    let folder = report
+        .run_dir
+        .as_deref()
+        .and_then(|dir| dir.trim_end_matches('/').rsplit('/').next())
+        .filter(|name| !name.is_empty());
+    match (&args.name, folder) {
+        (None, Some(name)) => say!(
+            "trainyard: the same command with --name {name} (and the same --storage) resumes from it"
+        ),
+        _ => say!("trainyard: the same command (same --name and --storage) resumes from it"),
+    }
 }
 
 /// What ended the final attempt, in the program's words: the first rank to fail by time,
@@ -776,7 +796,8 @@ fn print_root_cause(report: &trainyard::FitReport) {
 
 /// The exit code and message of a failed run; the failed rank's last lines go to stderr
 /// first.
-fn failure_of(error: trainyard::Error, format: LogFormat) -> Failure {
+fn failure_of(error: trainyard::Error, args: &RunArgs) -> Failure {
+    let format = args.log_format;
     if format == LogFormat::Json {
         let report = match &error {
             trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) => {
@@ -794,9 +815,7 @@ fn failure_of(error: trainyard::Error, format: LogFormat) -> Failure {
         if let trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) = &error {
             print_root_cause(report);
             print_checkpoints(report);
-            if report.checkpoint.is_some() {
-                say!("trainyard: the same command (same --name and --storage) resumes from it");
-            }
+            print_resume_hint(report, args);
         }
     }
     let code = match &error {

@@ -2,7 +2,7 @@
 //! restarts, the worker list, sizes, the wording of what cannot be placed, and `--help`.
 //! Every run carries its sandbox's marker, and each test checks that nothing is left running.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -357,4 +357,107 @@ fn timings_print_one_row_per_phase_after_the_run_and_only_when_asked() {
         &["sh", "-c", "echo hello"],
     );
     assert!(!text(&plain.stderr).contains("launch timings"));
+}
+
+/// Rank `r` hands in a one-file checkpoint with its first report, then: both ranks create
+/// `$FLAG`, and rank 1 exits 3 a moment later (`fail`) or every rank sleeps (to be
+/// interrupted).
+const CHECKPOINT_THEN: &str = r"
+import os, sys, tempfile, time
+from trainyard import train
+with tempfile.TemporaryDirectory() as d:
+    open(os.path.join(d, 'w' + os.environ['RANK'] + '.txt'), 'w').write('x')
+    train.report({'epoch': 1}, checkpoint=train.Checkpoint.from_directory(d))
+open(os.environ['FLAG'] + os.environ['RANK'], 'w').close()
+time.sleep(1 if sys.argv[1] == 'fail' else 60)
+sys.exit(3 if os.environ['RANK'] == '1' else 0)
+";
+
+#[test]
+fn a_failed_run_without_a_name_says_which_name_resumes_it() {
+    let sandbox = Sandbox::new("resume-name");
+    let flag = sandbox.storage().join("flag");
+    let out = run(
+        &sandbox,
+        &[
+            "-n",
+            "2",
+            "-r",
+            "CPU=0.5",
+            "--env",
+            &format!("FLAG={}", flag.display()),
+        ],
+        &["python3", "-c", CHECKPOINT_THEN, "fail"],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let folder = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("trainyard: run folder: "))
+        .expect("the run folder is shown");
+    let name = Path::new(folder)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("a name");
+    assert!(
+        stderr.lines().any(|l| l
+            == format!("trainyard: the same command with --name {name} (and the same --storage) resumes from it")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_interrupted_run_says_that_the_same_command_resumes_it() {
+    let sandbox = Sandbox::new("resume-interrupted");
+    let flag = sandbox.storage().join("flag");
+    let marker = format!("{MARKER}={}", sandbox.mark());
+    let child = Command::new(binary())
+        .args([
+            "run",
+            "--env",
+            &marker,
+            "-n",
+            "2",
+            "-r",
+            "CPU=0.5",
+            "--name",
+            "stopped-run",
+        ])
+        .args(["--env", &format!("FLAG={}", flag.display())])
+        .args(["--", "python3", "-c", CHECKPOINT_THEN, "sleep"])
+        .envs(sandbox.env())
+        .env("CI", "1")
+        .env_remove("RUST_LOG")
+        .env(
+            "PYTHONPATH",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../python"),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trainyard starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let flagged = |rank: u32| Path::new(&format!("{}{rank}", flag.display())).exists();
+    while !(flagged(0) && flagged(1)) {
+        assert!(
+            Instant::now() < deadline,
+            "the ranks did not report in time"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(interrupted.success());
+    let out = common::wait_bounded(child, Duration::from_secs(30));
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l == "trainyard: the same command (same --name and --storage) resumes from it"),
+        "{stderr}"
+    );
+    let left = left_behind(sandbox.mark(), Duration::from_secs(10));
+    assert!(left.is_empty(), "processes left behind: {left:?}");
 }

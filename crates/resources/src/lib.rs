@@ -63,7 +63,7 @@ mod resources;
 
 pub use amount::{AmountError, ResourceAmount, STEPS_PER_UNIT};
 pub use bytes::{BYTE_UNITS, ByteSize, ByteSizeError, HumanBytes};
-pub use chain::ErrorChain;
+pub use chain::{ErrorChain, chain_text};
 pub use options::ActorOptions;
 pub use resources::{
     CPU, GPU, HumanResources, MEMORY, OBJECT_STORE_MEMORY, RESERVED, ResourceError, Resources,
