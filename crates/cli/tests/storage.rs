@@ -147,3 +147,27 @@ print("report returned", flush=True)
     );
     assert!(left_behind("disk-full", Duration::from_secs(10)).is_empty());
 }
+
+#[test]
+fn an_s3_error_shows_each_cause_once() {
+    let Some(server) = trainyard_checkpoint::testing::S3Server::start().expect("moto starts")
+    else {
+        return;
+    };
+    let output = trainyard("s3-no-bucket", "s3://no-such-bucket/runs")
+        .envs(server.env())
+        .args(["--", "true"])
+        .output()
+        .expect("trainyard runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].starts_with("error: the run cannot start: "),
+        "{stderr}"
+    );
+    // The server's answer names the missing bucket; it is shown once, however many layers of
+    // the error carry it.
+    assert_eq!(errors[0].matches("NoSuchBucket").count(), 1, "{stderr}");
+}
