@@ -293,7 +293,8 @@ impl RunStore {
                 warn!(index, error = %chain(&error), "a checkpoint beyond num_to_keep could not be deleted");
             }
         }
-        info!(run = self.name(), index = committed.index, path = %committed.path, "checkpoint committed");
+        // Shown as `RunEvent::CheckpointCommitted`; a log line at info would say it twice.
+        tracing::debug!(run = self.name(), index = committed.index, path = %committed.path, "checkpoint committed");
         Ok(Some(committed))
     }
 

@@ -461,3 +461,32 @@ fn an_interrupted_run_says_that_the_same_command_resumes_it() {
     let left = left_behind(sandbox.mark(), Duration::from_secs(10));
     assert!(left.is_empty(), "processes left behind: {left:?}");
 }
+
+#[test]
+fn each_committed_checkpoint_is_one_driver_line() {
+    let sandbox = Sandbox::new("checkpoint-lines");
+    let script = r"
+import os, tempfile
+from trainyard import train
+for epoch in range(2):
+    with tempfile.TemporaryDirectory() as d:
+        open(os.path.join(d, 'w' + os.environ['RANK'] + '.txt'), 'w').write('x')
+        train.report({'epoch': epoch}, checkpoint=train.Checkpoint.from_directory(d))
+";
+    let out = run(
+        &sandbox,
+        &["-n", "2", "-r", "CPU=0.5"],
+        &["python3", "-c", script],
+    );
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("checkpoint committed"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines.iter().all(|l| l.starts_with("trainyard: checkpoint committed: ")),
+        "{stderr}"
+    );
+}
