@@ -12,7 +12,8 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray|bench-slurm|bench-checkpoint|soak>
-  ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests;
+  ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests,
+             the API docs with rustdoc's warnings as errors;
              the Ray tests too when TRAINYARD_RAY_PYTHON is set (under CI=true it must be,
              unless TRAINYARD_RAY_SKIP says why not)
   tidy       fail on a workspace dependency that points up a layer
@@ -170,5 +171,27 @@ fn ci() -> Result<(), String> {
     // No `cargo bench --no-run`: that is a release build of every bench, about half of this
     // task's time. The benches are still checked: clippy above runs with `--all-targets
     // --all-features`, which type-checks every bench target (and lints it) in the dev profile.
-    cargo(&["test", "--workspace", "--all-features", "--doc"])
+    cargo(&["test", "--workspace", "--all-features", "--doc"])?;
+    // The API docs build without a warning (a broken or private link fails CI).
+    docs()
+}
+
+/// `cargo doc` of the workspace's own crates with rustdoc's warnings as errors.
+fn docs() -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let args = ["doc", "--workspace", "--all-features", "--no-deps"];
+    eprintln!("$ RUSTDOCFLAGS='-D warnings' cargo {}", args.join(" "));
+    let status = Command::new(&cargo)
+        .args(args)
+        .env("RUSTDOCFLAGS", "-D warnings")
+        .status()
+        .map_err(|e| format!("cannot run {cargo}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`cargo {}` failed ({status}): the API docs have warnings",
+            args.join(" ")
+        ))
+    }
 }

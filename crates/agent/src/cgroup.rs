@@ -174,7 +174,7 @@ const KILL_ROUNDS: u32 = 200;
 const KILL_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// SIGKILLs every process of the cgroup `dir` but the caller, until none is left (at most
-/// [`KILL_ROUNDS`] rounds, about 2 s); returns whether none is left. A cgroup v2 with
+/// `KILL_ROUNDS` rounds, about 2 s); returns whether none is left. A cgroup v2 with
 /// `cgroup.kill` that does not hold the caller is killed through it, at once; otherwise (v1)
 /// each round reads `cgroup.procs`, takes a hold on each process
 /// ([`ProcessHandle`](crate::procfs::ProcessHandle)), reads `cgroup.procs` again, and kills

@@ -138,7 +138,7 @@ pub enum RunEvent {
     },
 }
 
-/// The outcome of [`BackendExecutor::fit`].
+/// The outcome of [`BackendExecutor::fit`](crate::BackendExecutor::fit).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FitReport {
     /// Attempts made (1 when nothing failed).

@@ -486,7 +486,9 @@ for epoch in range(2):
         .collect();
     assert_eq!(lines.len(), 2, "{stderr}");
     assert!(
-        lines.iter().all(|l| l.starts_with("trainyard: checkpoint committed: ")),
+        lines
+            .iter()
+            .all(|l| l.starts_with("trainyard: checkpoint committed: ")),
         "{stderr}"
     );
 }

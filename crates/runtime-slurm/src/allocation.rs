@@ -18,7 +18,7 @@
 //! - Nothing signals `salloc` or cancels its job while its command runs: a `salloc` whose
 //!   job is revoked just as its command exits can spin on `wait4` (`ECHILD`) forever (seen
 //!   with Slurm 22.05). Should it not exit within 10 s of the pipe's end all the same, the
-//!   guard SIGKILLs it; the driver's own release ([`OwnAllocation::release`]) then cancels
+//!   guard SIGKILLs it; the driver's own release (`OwnAllocation::release`) then cancels
 //!   the job and ends the guard's process group too.
 
 use std::fmt;

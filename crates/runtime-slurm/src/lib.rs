@@ -41,7 +41,7 @@
 //! ## Testing
 //!
 //! `scripts/slurm-env.sh` installs Debian's Slurm packages and starts a controller with four
-//! fake nodes on this machine; with the `testing` feature, [`testing`] finds that cluster (as
+//! fake nodes on this machine; with the `testing` feature, `testing` finds that cluster (as
 //! root it runs the script itself) or says why the tests skip.
 
 pub mod allocation;

@@ -22,7 +22,7 @@ pub(crate) const MIB: u64 = 1 << 20;
 ///
 /// # Errors
 /// [`SlurmError::Missing`] when it is not on `PATH`, [`SlurmError::Command`] when it fails or
-/// does not answer within [`COMMAND_TIMEOUT`].
+/// does not answer within `COMMAND_TIMEOUT`.
 pub async fn output(program: &str, args: &[&str]) -> Result<String, SlurmError> {
     let command_line = || format!("{program} {}", args.join(" "));
     let child = Command::new(program)
