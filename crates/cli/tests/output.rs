@@ -17,9 +17,9 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// `trainyard ARGS` in `sandbox`, run to the end within `limit`.
-fn trainyard(sandbox: &Sandbox, args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(binary())
+/// `trainyard ARGS` in `sandbox`, started.
+fn start(sandbox: &Sandbox, args: &[&str]) -> std::process::Child {
+    Command::new(binary())
         .args(args)
         .envs(sandbox.env())
         .env("CI", "1")
@@ -32,7 +32,12 @@ fn trainyard(sandbox: &Sandbox, args: &[&str], limit: Duration) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("trainyard starts");
+        .expect("trainyard starts")
+}
+
+/// `trainyard ARGS` in `sandbox`, run to the end within `limit`.
+fn trainyard(sandbox: &Sandbox, args: &[&str], limit: Duration) -> Output {
+    let mut child = start(sandbox, args);
     let deadline = Instant::now() + limit;
     while child.try_wait().expect("try_wait").is_none() {
         if Instant::now() > deadline {
@@ -411,8 +416,10 @@ fn an_interrupted_run_says_that_the_same_command_resumes_it() {
     let sandbox = Sandbox::new("resume-interrupted");
     let flag = sandbox.storage().join("flag");
     let marker = format!("{MARKER}={}", sandbox.mark());
-    let child = Command::new(binary())
-        .args([
+    let flag_env = format!("FLAG={}", flag.display());
+    let child = start(
+        &sandbox,
+        &[
             "run",
             "--env",
             &marker,
@@ -422,21 +429,15 @@ fn an_interrupted_run_says_that_the_same_command_resumes_it() {
             "CPU=0.5",
             "--name",
             "stopped-run",
-        ])
-        .args(["--env", &format!("FLAG={}", flag.display())])
-        .args(["--", "python3", "-c", CHECKPOINT_THEN, "sleep"])
-        .envs(sandbox.env())
-        .env("CI", "1")
-        .env_remove("RUST_LOG")
-        .env(
-            "PYTHONPATH",
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../python"),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("trainyard starts");
+            "--env",
+            &flag_env,
+            "--",
+            "python3",
+            "-c",
+            CHECKPOINT_THEN,
+            "sleep",
+        ],
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     let flagged = |rank: u32| Path::new(&format!("{}{rank}", flag.display())).exists();
     while !(flagged(0) && flagged(1)) {
