@@ -969,7 +969,6 @@ impl BackendExecutor {
                     return Err(error);
                 }
                 Err(AttemptError::Interrupted) => {
-                    // The run stays resumable: its record is not finished.
                     store.end_attempt(AttemptEnd::Ended).await;
                     break (report, Ending::Interrupted);
                 }
@@ -1013,6 +1012,12 @@ impl BackendExecutor {
                 () = stop.requested() => break (report, Ending::Interrupted),
             }
         };
+        if ending == Ending::Interrupted {
+            // Stopped on the driver's interruption: resumable, and not running any more.
+            store
+                .finish(trainyard_checkpoint::RunStatus::Interrupted)
+                .await;
+        }
         store.conclude(
             &mut report,
             history.attempts,

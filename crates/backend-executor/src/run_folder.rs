@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 use trainyard_checkpoint::{
-    AttemptRecord, BookError, CheckpointBook, CheckpointRecord, HandIn, RunFolder, RunRecord,
-    RunStatus, Storage, StorageError, StorageLocation, checkpoint_dir_name, retention,
+    AttemptRecord, BookError, CheckpointBook, CheckpointRecord, DriverRecord, HandIn,
+    RUN_RECORD_VERSION, RunFolder, RunRecord, RunStatus, Storage, StorageError, StorageLocation,
+    checkpoint_dir_name, retention,
 };
 use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig, ScoreOrder};
 
@@ -76,6 +77,7 @@ impl RunStore {
             }
             Some(mut record) => {
                 record.status = RunStatus::Running;
+                record.version = RUN_RECORD_VERSION;
                 // A driver killed mid-attempt left that attempt open.
                 if let Some(last) = record.attempts.last_mut() {
                     if last.ended_at.is_none() {
@@ -88,6 +90,8 @@ impl RunStore {
             }
             None => RunRecord::new(&name),
         };
+        let mut record = record;
+        record.driver = Some(this_driver());
         let storage_env = if storage.location().is_local() {
             BTreeMap::new()
         } else {
@@ -358,6 +362,26 @@ impl RunStore {
 
     async fn save(&self) -> Result<(), StorageError> {
         self.folder.save(&self.record).await
+    }
+}
+
+/// This process, as the driver of a run.
+fn this_driver() -> DriverRecord {
+    DriverRecord {
+        user: std::env::var("USER")
+            .ok()
+            .filter(|user| !user.is_empty())
+            .or_else(|| {
+                let user = nix::unistd::User::from_uid(nix::unistd::getuid()).ok()??;
+                Some(user.name)
+            }),
+        uid: nix::unistd::getuid().as_raw(),
+        host: nix::unistd::gethostname()
+            .ok()
+            .and_then(|host| host.into_string().ok())
+            .unwrap_or_default(),
+        pid: std::process::id(),
+        started_at: now(),
     }
 }
 

@@ -45,6 +45,18 @@ pub enum StorageError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// `run.json` was written by a newer trainyard, in a format this one does not read.
+    #[error(
+        "`{path}` is a run record of format {version}, written by a newer trainyard; this one reads formats 1 to {supported}: use the newer trainyard for this run, or another --name"
+    )]
+    NewerRecord {
+        /// Its full path or URI.
+        path: String,
+        /// Its format's version.
+        version: u64,
+        /// The newest this build reads.
+        supported: u32,
+    },
     /// `run.json` exists but cannot be understood.
     #[error("`{path}` is not a valid run record")]
     BadRecord {

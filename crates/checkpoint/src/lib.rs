@@ -59,7 +59,10 @@ pub use env::{
     CHECKPOINT, CHECKPOINT_BASE, CHECKPOINT_URI, RUN_DIR, STORAGE_VARS, prepare_task_env,
 };
 pub use error::{BookError, StorageError};
-pub use record::{AttemptRecord, CheckpointRecord, RUN_FILE, RunRecord, RunStatus, now};
+pub use record::{
+    AttemptRecord, CheckpointRecord, DriverRecord, RUN_FILE, RUN_RECORD_VERSION, RunRecord,
+    RunStatus, now,
+};
 pub use retention::retention;
 pub use storage::{RunFolder, Storage, StorageLocation, checkpoint_dir_name};
 pub use writer::{CheckpointWriter, HandIn};

@@ -9,12 +9,19 @@ pub const RUN_FILE: &str = "run.json";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
-    /// A driver runs it, or ran it and was killed: it can be resumed.
+    /// A driver runs it, or ran it and was killed without a word (SIGKILL, a lost node: its
+    /// [`DriverRecord`] tells a reader on the same host whether it still lives): it can be
+    /// resumed.
     Running,
     /// It succeeded; a run with its name and storage is refused unless started afresh.
     Finished,
     /// It failed beyond its restarts, or fatally; it can be resumed.
     Failed,
+    /// Its driver was interrupted (Ctrl-C, SIGTERM, a scheduler's cancel) and stopped the
+    /// workers: it can be resumed.
+    Interrupted,
+    /// It was stopped on request from outside its driver: it can be resumed.
+    Stopped,
 }
 
 impl RunStatus {
@@ -67,15 +74,39 @@ pub struct CheckpointRecord {
     pub committed_at: f64,
 }
 
+/// The driver that runs (or ran) a run: who started it, where, and which process it is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriverRecord {
+    /// The user's name (`$USER`), when known.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// The user's id.
+    pub uid: u32,
+    /// The host it runs on.
+    pub host: String,
+    /// Its process id on that host.
+    pub pid: u32,
+    /// When it opened the run, in seconds since the Unix epoch: with `pid`, a reader on the
+    /// same host tells the driver from a process that reuses its id.
+    pub started_at: f64,
+}
+
+/// The version of `run.json` this build writes, and the newest it reads: 2 added the
+/// `interrupted` and `stopped` statuses and the driver.
+pub const RUN_RECORD_VERSION: u32 = 2;
+
 /// `run.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
-    /// The format's version (1).
+    /// The format's version ([`RUN_RECORD_VERSION`] when written by this build; 1 before).
     pub version: u32,
     /// The run's name (its folder's name).
     pub name: String,
     /// Where the run is.
     pub status: RunStatus,
+    /// The driver that runs it, or ran it last (`None` in records of version 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverRecord>,
     /// Every attempt, in order.
     #[serde(default)]
     pub attempts: Vec<AttemptRecord>,
@@ -96,9 +127,10 @@ impl RunRecord {
     #[must_use]
     pub fn new(name: impl Into<String>) -> Self {
         Self {
-            version: 1,
+            version: RUN_RECORD_VERSION,
             name: name.into(),
             status: RunStatus::Running,
+            driver: None,
             attempts: Vec::new(),
             checkpoints: Vec::new(),
             latest_checkpoint: None,

@@ -447,8 +447,9 @@ fn an_interrupted_run_says_that_the_same_command_resumes_it() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    let child_pid = child.id();
     let interrupted = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args(["-INT", &child_pid.to_string()])
         .status()
         .expect("kill runs");
     assert!(interrupted.success());
@@ -459,6 +460,14 @@ fn an_interrupted_run_says_that_the_same_command_resumes_it() {
         stderr.lines().any(|l| l == "trainyard: the same command (same --name and --storage) resumes from it"),
         "{stderr}"
     );
+    // The record says so too, and who ran it.
+    let record: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(sandbox.storage().join("stopped-run/run.json")).expect("run.json"),
+    )
+    .expect("JSON");
+    assert_eq!(record["status"], "interrupted", "{record}");
+    assert_eq!(record["version"], 2, "{record}");
+    assert_eq!(record["driver"]["pid"], child_pid, "{record}");
     let left = left_behind(sandbox.mark(), Duration::from_secs(10));
     assert!(left.is_empty(), "processes left behind: {left:?}");
 }

@@ -263,6 +263,20 @@ impl RunFolder {
         let Some(bytes) = bytes else {
             return Ok(None);
         };
+        // A newer format is refused by its version before its fields are read.
+        #[derive(serde::Deserialize)]
+        struct Version {
+            version: u64,
+        }
+        if let Ok(Version { version }) = serde_json::from_slice::<Version>(&bytes) {
+            if version > u64::from(crate::RUN_RECORD_VERSION) {
+                return Err(StorageError::NewerRecord {
+                    path,
+                    version,
+                    supported: crate::RUN_RECORD_VERSION,
+                });
+            }
+        }
         serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|source| StorageError::BadRecord { path, source })
