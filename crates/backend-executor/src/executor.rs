@@ -964,8 +964,13 @@ impl BackendExecutor {
                     break (report, Ending::Finished);
                 }
                 Err(AttemptError::Fatal(error)) => {
-                    store.end_attempt(AttemptEnd::Ended).await;
-                    store.finish(trainyard_checkpoint::RunStatus::Failed).await;
+                    if history.attempts == 1 && history.resizes == 0 {
+                        // Refused before anything trained: a folder this run made goes.
+                        store.discard_if_new().await;
+                    } else {
+                        store.end_attempt(AttemptEnd::Ended).await;
+                        store.finish(trainyard_checkpoint::RunStatus::Failed).await;
+                    }
                     return Err(error);
                 }
                 Err(AttemptError::Interrupted) => {

@@ -38,6 +38,8 @@ pub(crate) struct RunStore {
     book: Option<CheckpointBook>,
     /// What the workers need to reach remote storage.
     storage_env: BTreeMap<String, String>,
+    /// Whether this driver made the folder (no run of the name was there).
+    created: bool,
 }
 
 impl RunStore {
@@ -90,6 +92,7 @@ impl RunStore {
             }
             None => RunRecord::new(&name),
         };
+        let created = record.attempts.is_empty() && record.latest_checkpoint.is_none();
         let mut record = record;
         record.driver = Some(this_driver());
         let storage_env = if storage.location().is_local() {
@@ -106,6 +109,7 @@ impl RunStore {
             config: run.checkpoint_config.clone(),
             book: None,
             storage_env,
+            created,
         };
         store.save().await.map_err(ExecutorError::Storage)?;
         Ok(store)
@@ -349,6 +353,19 @@ impl RunStore {
         }
         if let Err(error) = self.save().await {
             warn!(error = %chain(&error), "the run's record could not be updated");
+        }
+    }
+
+    /// Removes the run's folder when this driver made it and nothing ran in it: a run
+    /// refused before its first task started leaves nothing behind. A resumed run's folder is
+    /// kept, marked failed.
+    pub(crate) async fn discard_if_new(&mut self) {
+        if !self.created {
+            self.finish(RunStatus::Failed).await;
+            return;
+        }
+        if let Err(error) = self.folder.delete().await {
+            warn!(error = %chain(&error), "the refused run's folder could not be removed");
         }
     }
 

@@ -458,7 +458,7 @@ fn well_known_resource_names_are_planned_without_a_warning() {
 }
 
 /// `trainyard run ARGS -- true` in a sandbox of its own, with `env` set: its exit code and
-/// its `error:` line.
+/// its `error:` line. It must leave no process and no run folder behind.
 fn refusal(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     let sandbox = Sandbox::new(name);
     let marker = format!("{MARKER}={}", sandbox.mark());
@@ -479,6 +479,10 @@ fn refusal(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, Str
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     let left = left_behind(sandbox.mark(), CLEANUP);
     assert!(left.is_empty(), "processes left behind: {left:?}");
+    let folders: Vec<_> = std::fs::read_dir(sandbox.storage())
+        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(folders.is_empty(), "run folders left behind: {folders:?}");
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");
     (output.status.code(), errors[0].to_owned())

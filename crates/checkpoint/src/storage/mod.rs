@@ -409,6 +409,31 @@ impl RunFolder {
         }
     }
 
+    /// Deletes the whole run folder and everything in it (a run refused before anything
+    /// started leaves nothing behind).
+    ///
+    /// # Errors
+    /// [`StorageError::Io`].
+    pub async fn delete(&self) -> Result<(), StorageError> {
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                let dir = Self::local_dir(root, &self.name);
+                blocking("delete", &dir.clone(), move || local::remove_dir(&dir)).await
+            }
+            Backend::S3 { store, bucket, .. } => {
+                let bucket = bucket_of(store, bucket);
+                let prefix = self.key("");
+                let keys = bucket
+                    .list(&prefix)
+                    .await?
+                    .into_iter()
+                    .map(|(_, key)| key)
+                    .collect();
+                bucket.delete(keys, &prefix).await
+            }
+        }
+    }
+
     /// Deletes the checkpoint folders whose index is above `committed` (left by reports of an
     /// attempt that failed before they were committed), and files left under a temporary
     /// name; the indices deleted.
