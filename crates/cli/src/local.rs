@@ -73,12 +73,19 @@ impl LocalArgs {
         Ok(nodes)
     }
 
-    /// The local runtime's configuration for a run named `run_name`; `no_wait` fails the
+    /// The local runtime's configuration for a run named `run_name` (unique to this driver),
+    /// which other runs see as `label` (its `--name`) when it has one; `no_wait` fails the
     /// run at once when other runs hold what it needs.
-    pub(crate) fn config(&self, run_name: &str, no_wait: bool) -> Result<LocalConfig, Failure> {
+    pub(crate) fn config(
+        &self,
+        run_name: &str,
+        label: Option<&str>,
+        no_wait: bool,
+    ) -> Result<LocalConfig, Failure> {
         let nodes = self.nodes()?;
         let mut config = LocalConfig::new(nodes, run_name).map_err(Failure::other)?;
         config.enforce_memory = self.enforce_memory;
+        config.label = label.map(str::to_owned);
         config.when_busy = if no_wait {
             WhenBusy::Fail
         } else {

@@ -90,7 +90,7 @@ pub(crate) fn run(args: &PlanArgs) -> Result<(), Failure> {
         (Some(RuntimeKind::Ray), _) => Some(place_on_ray(args, &mut start)?),
         (Some(RuntimeKind::Slurm), _) => Some(place_on_slurm(args, &mut start)?),
         (Some(RuntimeKind::Local), _) => {
-            let nodes = args.local.config("plan", false)?.node_specs();
+            let nodes = args.local.config("plan", None, false)?.node_specs();
             let others = other_runs()?;
             Some(place("local", nodes, &others, &mut start)?)
         }

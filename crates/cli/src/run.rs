@@ -380,7 +380,11 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
     // Detecting this machine is the first part of reading the cluster.
     let detecting = tracing::info_span!(target: phase::TARGET, phase::CLUSTER).entered();
     let start = match args.runtime {
-        RuntimeKind::Local => Start::Local(args.local.config(&name, args.no_wait)?),
+        RuntimeKind::Local => Start::Local(args.local.config(
+            &name,
+            args.name.as_deref(),
+            args.no_wait,
+        )?),
         RuntimeKind::Ray => {
             for (key, value) in env_from_driver(&args.env_from_driver, &reserved)? {
                 run.env.entry(key).or_insert(value);

@@ -132,7 +132,15 @@ fn a_second_run_waits_for_the_holder_and_no_wait_fails_naming_it() {
     let holder = start_run(
         &ledger,
         &mark,
-        &["-n", "2", "--use-gpu", "-r", "CPU=1,GPU=1,memory=1GB"],
+        &[
+            "-n",
+            "2",
+            "--use-gpu",
+            "-r",
+            "CPU=1,GPU=1,memory=1GB",
+            "--name",
+            "gpu-holder",
+        ],
         "echo gpu=$CUDA_VISIBLE_DEVICES; sleep 3",
     );
     let holder_pid = holder.id();
@@ -146,8 +154,9 @@ fn a_second_run_waits_for_the_holder_and_no_wait_fails_naming_it() {
     ));
     let stderr = text(&eager.stderr);
     assert_eq!(eager.status.code(), Some(3), "{stderr}");
+    // Other runs see the holder by the name it was given.
     assert!(
-        stderr.contains(&format!("(pid {holder_pid}) holds")),
+        stderr.contains(&format!("run `gpu-holder` (pid {holder_pid}) holds")),
         "{stderr}"
     );
     assert!(stderr.contains("GPU=1 is not free"), "{stderr}");
@@ -167,7 +176,7 @@ fn a_second_run_waits_for_the_holder_and_no_wait_fails_naming_it() {
     assert!(waiter.status.success(), "{waited}");
     assert!(
         waited.contains("waiting for other runs on this machine: GPU=1 is not free")
-            && waited.contains(&format!("(pid {holder_pid})")),
+            && waited.contains(&format!("run `gpu-holder` (pid {holder_pid})")),
         "the wait names what it waits for and the holder: {waited}"
     );
     assert!(started.elapsed() > Duration::from_millis(500), "it waited");

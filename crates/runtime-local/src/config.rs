@@ -49,8 +49,12 @@ pub struct LocalConfig {
     /// its parent's pid), so the program must not be a wrapper that starts the agent as a
     /// grandchild.
     pub agent: AgentCommand,
-    /// Names the run's memory cgroups and appears in its logs.
+    /// Names the run's memory cgroups and appears in its logs; unique to this driver.
     pub run_name: String,
+    /// The name other runs see for this one in the machine-wide ledger (what `trainyard
+    /// cluster` and a waiting run show): the run's own name (`--name`) when it has one, else
+    /// [`LocalConfig::run_name`].
+    pub label: Option<String>,
     /// The host name every node reports.
     pub hostname: String,
     /// Whether a worker's `memory` option is a hard limit: a memory cgroup per worker, or,
@@ -92,6 +96,7 @@ impl LocalConfig {
             nodes,
             agent,
             run_name: run_name.into(),
+            label: None,
             hostname: own_hostname(),
             enforce_memory: false,
             stop_grace: DEFAULT_STOP_GRACE,

@@ -127,7 +127,8 @@ impl LocalRuntime {
         let ledger = match &config.ledger {
             LedgerLocation::Off => None,
             LedgerLocation::At(path) => {
-                let opened = Ledger::open(path, &config.run_name).map_err(LocalError::Ledger)?;
+                let label = config.label.as_deref().unwrap_or(&config.run_name);
+                let opened = Ledger::open(path, label).map_err(LocalError::Ledger)?;
                 Some(Arc::new(opened))
             }
         };
