@@ -798,6 +798,14 @@ fn print_root_cause(report: &trainyard::FitReport) {
     }
 }
 
+/// `line` without the `[rank1]: ` that torch puts before what a rank prints.
+fn without_rank_prefix(line: &str) -> &str {
+    line.strip_prefix("[rank")
+        .and_then(|rest| rest.split_once("]: "))
+        .filter(|(rank, _)| rank.chars().all(|c| c.is_ascii_digit()))
+        .map_or(line, |(_, text)| text)
+}
+
 /// The exit code and message of a failed run; the failed rank's last lines go to stderr
 /// first.
 fn failure_of(error: trainyard::Error, args: &RunArgs) -> Failure {
@@ -835,11 +843,26 @@ fn failure_of(error: trainyard::Error, args: &RunArgs) -> Failure {
         trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) => {
             match report.failures.last() {
                 Some(AttemptFailure::TaskFailed {
-                    rank, last_lines, ..
-                }) if !last_lines.is_empty() && format == LogFormat::Text => {
-                    say!("trainyard: the last lines of rank {rank}:");
-                    for line in last_lines {
-                        say!("  (rank={rank}) {line}");
+                    rank,
+                    last_lines,
+                    error: cause,
+                    ..
+                }) if format == LogFormat::Text => {
+                    // The traceback of the root cause is shown above: its lines are not
+                    // shown again.
+                    let shown = cause
+                        .as_ref()
+                        .map(|c| c.traceback.as_slice())
+                        .unwrap_or(&[]);
+                    let rest: Vec<&String> = last_lines
+                        .iter()
+                        .filter(|line| !shown.contains(&without_rank_prefix(line).to_owned()))
+                        .collect();
+                    if !rest.is_empty() {
+                        say!("trainyard: the last lines of rank {rank}:");
+                        for line in rest {
+                            say!("  (rank={rank}) {line}");
+                        }
                     }
                     EXIT_FAILURE
                 }

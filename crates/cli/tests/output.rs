@@ -502,3 +502,24 @@ for epoch in range(2):
         "{stderr}"
     );
 }
+
+#[test]
+fn a_crash_shows_its_traceback_live_and_once_as_the_root_cause() {
+    let sandbox = Sandbox::new("crash-once");
+    let script = "def step(batch):\n    raise ValueError(f'bad batch {batch}')\n\nstep(7)\n";
+    let out = run(&sandbox, &["-n", "1"], &["python3", "-c", script]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("trainyard: root cause: rank 0 failed first, with ValueError: bad batch 7"),
+        "{stderr}"
+    );
+    // Once as the rank printed it, once under the root cause; not a third time as the
+    // rank's last lines.
+    let raised = stderr
+        .lines()
+        .filter(|l| l.trim_end().ends_with("File \"<string>\", line 2, in step"))
+        .count();
+    assert_eq!(raised, 2, "{stderr}");
+    assert!(!stderr.contains("the last lines of rank 0"), "{stderr}");
+}
