@@ -28,6 +28,11 @@ pub enum AttemptFailure {
         /// traceback in its output.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<Box<TaskError>>,
+        /// The ranks whose task had already succeeded when this one failed: a rank that
+        /// leaves while its peers still run collectives breaks them ("Connection closed by
+        /// peer"), so the first failure may be their consequence.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        left_before: Vec<WorldRank>,
     },
     /// Ranks made no progress (no report, or with `progress: output` no line either) within
     /// the run's hang timeout; their stacks were captured before the attempt was stopped.
@@ -104,12 +109,27 @@ impl fmt::Display for AttemptFailure {
                 rank,
                 failure,
                 error,
+                left_before,
                 ..
             } => {
                 write!(f, "rank {rank} {failure}")?;
-                match error {
-                    Some(error) => write!(f, ": {error}"),
-                    None => Ok(()),
+                if let Some(error) = error {
+                    write!(f, ": {error}")?;
+                }
+                match left_before.as_slice() {
+                    [] => Ok(()),
+                    [one] => write!(
+                        f,
+                        " (after rank {one} had already exited with code 0, leaving its peers' collectives)"
+                    ),
+                    many => {
+                        let names: Vec<String> = many.iter().map(ToString::to_string).collect();
+                        write!(
+                            f,
+                            " (after ranks {} had already exited with code 0, leaving their peers' collectives)",
+                            names.join(", ")
+                        )
+                    }
                 }
             }
             Self::Hung { ranks, idle_ms, .. } => {
@@ -171,6 +191,7 @@ pub enum Disposition {
 ///     failure: TaskFailure::MemoryLimit { limit: 1 << 30 },
 ///     last_lines: vec![],
 ///     error: None,
+///     left_before: vec![],
 /// };
 /// assert_eq!(classify(&oom), Disposition::Restart);
 /// let typo = AttemptFailure::TaskRejected {
@@ -284,6 +305,7 @@ mod tests {
             failure: TaskFailure::ExitCode { code: 1 },
             last_lines: Vec::new(),
             error: Some(Box::new(error)),
+            left_before: Vec::new(),
         };
         assert_eq!(
             failed.to_string(),
@@ -299,6 +321,7 @@ mod tests {
             failure,
             last_lines: Vec::new(),
             error: None,
+            left_before: Vec::new(),
         };
         let rejected = |rejection| AttemptFailure::TaskRejected { rank, rejection };
         let died = |cause| AttemptFailure::WorkerDied {
@@ -419,6 +442,7 @@ mod tests {
             failure: TaskFailure::MemoryLimit { limit: 1 << 30 },
             last_lines: vec!["allocating".into()],
             error: None,
+            left_before: Vec::new(),
         };
         assert_eq!(oom.to_string(), "rank 3 exceeded its memory limit of 1GiB");
         let signal = AttemptFailure::TaskFailed {
@@ -429,6 +453,7 @@ mod tests {
             },
             last_lines: vec![],
             error: None,
+            left_before: Vec::new(),
         };
         assert_eq!(
             signal.to_string(),

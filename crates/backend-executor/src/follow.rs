@@ -18,7 +18,9 @@ use crate::executor::{AttemptError, died, rank_of};
 use crate::hang::{Progress, RankStacks, StacksReason, full_dump};
 use crate::logs::RankLogs;
 use crate::run_folder::RunStore;
-use crate::{AttemptFailure, BackendExecutor, ExecutorError, FitReport, LAST_LINES, RunEvent};
+use crate::{
+    AttemptFailure, BackendExecutor, ExecutorError, FitReport, LAST_LINES, RunEvent, WorldRank,
+};
 
 /// After a failure, how long the other ranks' streams must be silent before the attempt
 /// stops taking in their lines and reports...
@@ -118,6 +120,8 @@ impl BackendExecutor {
         let mut failed: Vec<Failed> = Vec::new();
         // Whose event stream has ended.
         let mut ended = vec![false; n];
+        // Whose task has succeeded.
+        let mut done = vec![false; n];
         let stop = self.stop_trigger.clone();
         // An elastic run below its maximum looks for room to grow while it trains (under
         // `fit`, which has a run folder and restarts it; not in a single attempt).
@@ -214,6 +218,7 @@ impl BackendExecutor {
                 }
                 Some(ActorEvent::TaskExited(TaskExit::Succeeded { value })) => {
                     output.progress.finished(i);
+                    done[i] = true;
                     if returns[i].replace(value).is_none() {
                         unreturned -= 1;
                     }
@@ -223,7 +228,7 @@ impl BackendExecutor {
                     }
                 }
                 Some(ActorEvent::TaskExited(TaskExit::Failed { failure })) => {
-                    failed.push(output.failed(i, failure));
+                    failed.push(output.failed(i, failure, left_before(&done, i)));
                     break Err(AttemptError::Failed(failed[0].failure.clone()));
                 }
                 // A worker whose task finished may go; the others carry on.
@@ -255,7 +260,7 @@ impl BackendExecutor {
                             .await;
                     }
                     Some(ActorEvent::TaskExited(TaskExit::Failed { failure })) => {
-                        failed.push(output.failed(i, failure));
+                        failed.push(output.failed(i, failure, left_before(&done, i)));
                     }
                     _ => {}
                 }
@@ -446,7 +451,8 @@ impl BackendExecutor {
 
 impl Output<'_> {
     /// Rank `i`'s failed task, with the root cause its worker sent just before.
-    fn failed(&mut self, i: usize, failure: TaskFailure) -> Failed {
+    /// Rank `i`'s failed task, after the ranks `left_before` had succeeded.
+    fn failed(&mut self, i: usize, failure: TaskFailure, left_before: Vec<WorldRank>) -> Failed {
         self.progress.finished(i);
         let (ended_ms, error) = self.causes[i].take().unwrap_or((u64::MAX, None));
         Failed {
@@ -457,9 +463,18 @@ impl Output<'_> {
                 failure,
                 last_lines: std::mem::take(&mut self.tails[i]).into(),
                 error: error.map(Box::new),
+                left_before,
             },
         }
     }
+}
+
+/// The ranks other than `i` whose task has succeeded.
+fn left_before(done: &[bool], i: usize) -> Vec<WorldRank> {
+    (0..done.len())
+        .filter(|&j| j != i && done[j])
+        .map(rank_of)
+        .collect()
 }
 
 /// The failure of the rank whose task ended first (the first heard of among equals).

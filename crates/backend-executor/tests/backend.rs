@@ -612,6 +612,7 @@ async fn a_user_error_on_one_rank_ends_the_run_while_others_block() {
                 },
                 last_lines: vec![],
                 error: None,
+                left_before: vec![],
             }]
         ),
         other => panic!("expected a user error, got {other:?}"),
@@ -848,6 +849,7 @@ async fn a_ranks_failure_is_not_held_up_by_another_ranks_hung_poll() {
                 },
                 last_lines: vec![],
                 error: None,
+                left_before: vec![],
             }]
         ),
         other => panic!("expected rank 1's error, got {other:?}"),

@@ -790,6 +790,16 @@ fn print_root_cause(report: &trainyard::FitReport) {
             say!("  (rank={rank}) {line}");
         }
     }
+    if let AttemptFailure::TaskFailed {
+        rank, left_before, ..
+    } = failure
+    {
+        if let [first, ..] = left_before.as_slice() {
+            say!(
+                "trainyard: rank {first} had already exited with code 0 before rank {rank} failed: a rank that leaves while its peers still run collectives breaks them (uneven inputs?)"
+            );
+        }
+    }
     let note = log_file_note(failure, report.log_dir.as_deref());
     if let Some(file) = note.strip_prefix("; its output: ") {
         if let Some(rank) = failure.rank() {

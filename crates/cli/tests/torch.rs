@@ -88,3 +88,39 @@ fn torch_ddp_reports_reach_the_driver_as_json_events() {
     }
     assert!(events.iter().any(|e| e["event"] == "attempt_started"));
 }
+
+#[test]
+fn a_rank_that_leaves_early_is_named_when_its_peer_fails_in_a_collective() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    // Uneven work: rank 1 leaves after one all_reduce (at once, as a process that ends without
+    // tearing its process group down), rank 0 goes on to another.
+    let script = "import os, time, torch, torch.distributed as dist\n\
+        dist.init_process_group('gloo')\n\
+        t = torch.ones(1)\n\
+        dist.all_reduce(t)\n\
+        if dist.get_rank() == 1:\n    os._exit(0)\n\
+        time.sleep(0.5)\n\
+        dist.all_reduce(t)\n";
+    let sandbox = Sandbox::new("leaves-early");
+    let child = Command::new(env!("CARGO_BIN_EXE_trainyard"))
+        .envs(sandbox.env())
+        .args(["run", "-n", "2", "-r", "CPU=0.5", "--"])
+        .arg(&python)
+        .args(["-c", script])
+        .env("CI", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trainyard starts");
+    let out = common::wait_bounded(child, Duration::from_secs(300));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l
+            == "trainyard: rank 1 had already exited with code 0 before rank 0 failed: a rank that leaves while its peers still run collectives breaks them (uneven inputs?)"),
+        "{stderr}"
+    );
+}
