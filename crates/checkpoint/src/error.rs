@@ -75,6 +75,17 @@ pub enum StorageError {
         /// What was handed in.
         path: String,
     },
+    /// A handed-in directory holds something that is neither a regular file nor a
+    /// directory (no link is followed, no FIFO read).
+    #[error(
+        "`{path}` is {kind}; only regular files and directories are accepted (no link is followed)"
+    )]
+    NotARegularFile {
+        /// Its full path.
+        path: String,
+        /// What it is: "a symbolic link", "a FIFO", "a socket", "a device".
+        kind: &'static str,
+    },
 }
 
 /// A report that cannot be booked.

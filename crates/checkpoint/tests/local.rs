@@ -289,6 +289,70 @@ async fn a_source_that_is_not_a_directory_is_refused_and_handed_in_as_failed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_in_a_checkpoint_fails_the_hand_in_naming_it_instead_of_hanging() {
+    let root = tempfile::tempdir().unwrap();
+    let source = tempfile::tempdir().unwrap();
+    write_file(&source.path().join("model.pt"), 10, 0);
+    let fifo = source.path().join("shard/pipe");
+    std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let writer = CheckpointWriter::new(storage(root.path()).run("run"));
+    let handed = tokio::time::timeout(Duration::from_secs(20), writer.hand_in(1, source.path()));
+    let Ok(hand_in) = handed.await else {
+        // Unblock the copy that waits for a writer, so that the test ends.
+        drop(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&fifo),
+        );
+        panic!("the hand-in hangs on a FIFO");
+    };
+    match hand_in {
+        HandIn::Failed { index: 1, error } => assert!(
+            error.contains(&fifo.display().to_string()) && error.contains("is a FIFO"),
+            "{error}"
+        ),
+        other => panic!("expected a failed hand-in, got {other:?}"),
+    }
+    assert!(
+        files_under(&root.path().join("run")).is_empty(),
+        "nothing is left under a final name"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_in_a_checkpoint_is_refused_and_what_it_points_to_is_not_copied() {
+    let root = tempfile::tempdir().unwrap();
+    let source = tempfile::tempdir().unwrap();
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::write(secret.path().join("id_rsa"), "secret").unwrap();
+    write_file(&source.path().join("model.pt"), 10, 0);
+    std::os::unix::fs::symlink(secret.path().join("id_rsa"), source.path().join("key")).unwrap();
+    let folder = storage(root.path()).run("run");
+    let error = folder
+        .persist_directory(1, source.path())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, StorageError::NotARegularFile { path, kind: "a symbolic link" }
+            if *path == source.path().join("key").display().to_string()),
+        "{error:?}"
+    );
+    // The log folders of an attempt are uploaded through the same walk.
+    let error = folder
+        .upload_directory("logs/attempt_0", source.path())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, StorageError::NotARegularFile { .. }),
+        "{error:?}"
+    );
+    assert!(files_under(&root.path().join("run")).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_uncommitted_removes_later_checkpoints_and_temporary_files_only() {
     let root = tempfile::tempdir().unwrap();
     let source = tempfile::tempdir().unwrap();

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use futures::StreamExt;
 
 use super::files::{
-    SourceFile, checkpoint_index, io, is_temp, join_error, random_suffix, tally, temp_name,
+    SourceFile, checkpoint_index, io, is_temp, join_error, open_regular, random_suffix, tally,
+    temp_name,
 };
 use crate::StorageError;
 
@@ -97,12 +99,23 @@ fn split(path: &Path) -> Result<(&Path, &str), StorageError> {
 /// under a temporary name, then renamed, so a reader sees the old content or the new.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
     let (dir, name) = split(path)?;
-    std::fs::create_dir_all(dir).map_err(|e| io("create", dir, e))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io("create", dir, e))?;
     let temp = dir.join(temp_name(name));
-    let written = std::fs::File::create(&temp).and_then(|mut file| {
-        file.write_all(bytes)?;
-        file.sync_all()
-    });
+    // Never writable by the group or others, whatever the umask: the next run refuses a
+    // `run.json` that others could have changed.
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&temp)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        });
     let renamed = written.and_then(|()| std::fs::rename(&temp, path));
     if let Err(error) = renamed {
         // Best effort: the temporary file may not exist.
@@ -112,14 +125,23 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StorageE
     Ok(())
 }
 
-/// Copies `from` to `to` through a temporary name beside it; the bytes copied.
+/// Copies `from` (a regular file: see [`open_regular`]) to `to` through a temporary name
+/// beside it; the bytes copied.
 fn copy_file(from: &Path, to: &Path) -> Result<u64, StorageError> {
     let (dir, name) = split(to)?;
+    let mut source = open_regular(from)?;
     let temp = dir.join(temp_name(name));
-    let copied = std::fs::copy(from, &temp).and_then(|bytes| {
-        std::fs::rename(&temp, to)?;
-        Ok(bytes)
-    });
+    // `io::copy` between two files is `copy_file_range` on Linux, as `fs::copy` is.
+    let copied = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&temp)
+        .and_then(|mut target| std::io::copy(&mut source, &mut target))
+        .and_then(|bytes| {
+            std::fs::rename(&temp, to)?;
+            Ok(bytes)
+        });
     copied.map_err(|error| {
         // Best effort: the temporary file may not exist.
         let _ = std::fs::remove_file(&temp);
@@ -143,9 +165,13 @@ pub(crate) async fn persist(dest: &Path, files: Vec<SourceFile>) -> Result<u64, 
         )
         .collect();
     blocking("create", dest, move || {
-        folders
-            .iter()
-            .try_for_each(|dir| std::fs::create_dir_all(dir).map_err(|e| io("create", dir, e)))
+        folders.iter().try_for_each(|dir| {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| io("create", dir, e))
+        })
     })
     .await?;
     let stop = Arc::new(AtomicBool::new(false));
