@@ -67,6 +67,7 @@ impl RunStore {
             }
         }
         let folder = storage.run(&name);
+        folder.prepare().await.map_err(ExecutorError::Storage)?;
         let record = match folder.load().await.map_err(ExecutorError::Storage)? {
             Some(record) if !record.status.is_resumable() => {
                 return Err(ExecutorError::RunFinished {

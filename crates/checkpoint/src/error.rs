@@ -86,6 +86,21 @@ pub enum StorageError {
         /// What it is: "a symbolic link", "a FIFO", "a socket", "a device".
         kind: &'static str,
     },
+    /// A run folder, or what is in it, could have been put there or changed by another
+    /// user: it is not this user's (or root's), or others may write to it.
+    #[error(
+        "`{path}` is owned by uid {owner} with mode {mode:04o}; a run folder and its `run.json`, checkpoints and logs must be owned by this user (uid {uid}) or root and writable by no one else: remove or fix it, or use another run name or storage"
+    )]
+    Untrusted {
+        /// Its full path.
+        path: String,
+        /// Its owner.
+        owner: u32,
+        /// Its mode (permission bits).
+        mode: u32,
+        /// This user.
+        uid: u32,
+    },
 }
 
 /// A report that cannot be booked.

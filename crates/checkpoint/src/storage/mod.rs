@@ -240,6 +240,22 @@ impl RunFolder {
         s3::key(&location::join_key(prefix, &self.name), relative)
     }
 
+    /// Makes a local run folder (mode 0700) when it does not exist, else refuses it when
+    /// another user could have put it, its `run.json`, its checkpoints or its logs there or
+    /// changed them (see [`StorageError::Untrusted`]). S3 has no owners: nothing is checked.
+    ///
+    /// # Errors
+    /// [`StorageError::Untrusted`], [`StorageError::NotARegularFile`], [`StorageError::Io`].
+    pub async fn prepare(&self) -> Result<(), StorageError> {
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                let dir = Self::local_dir(root, &self.name);
+                blocking("create", &dir.clone(), move || local::prepare_run_dir(&dir)).await
+            }
+            Backend::S3 { .. } => Ok(()),
+        }
+    }
+
     /// Reads `run.json`; `None` when there is none.
     ///
     /// # Errors
