@@ -79,31 +79,43 @@ pub struct TwoUsers {
 /// be had.
 #[must_use]
 pub fn two_users() -> Option<TwoUsers> {
-    match make() {
-        Ok(users) => Some(users),
-        Err(reason) => {
-            let known = std::env::var(TWO_USERS_SKIP)
-                .ok()
-                .filter(|why| !why.is_empty());
-            let under_ci = std::env::var("CI").is_ok_and(|ci| ci == "true");
-            assert!(
-                known.is_some() || !under_ci,
-                "under CI=true the two-user tests run unless CI said why not ({TWO_USERS_SKIP}): {reason}"
-            );
-            eprintln!(
-                "SKIP: two real users are needed: {}",
-                known.unwrap_or(reason)
-            );
-            None
-        }
+    make().map_err(skip).ok()
+}
+
+/// Whether this process may act as other users (it is root), for tests that bring users of
+/// their own; as [`two_users`], `false` only after a `SKIP:` line, and never under `CI=true`
+/// unless [`TWO_USERS_SKIP`] says why.
+#[must_use]
+pub fn can_act_as_others() -> bool {
+    root().map_err(skip).is_ok()
+}
+
+/// Says why the two-user tests skip; fails under `CI=true` unless CI said why.
+fn skip(reason: String) {
+    let known = std::env::var(TWO_USERS_SKIP)
+        .ok()
+        .filter(|why| !why.is_empty());
+    let under_ci = std::env::var("CI").is_ok_and(|ci| ci == "true");
+    assert!(
+        known.is_some() || !under_ci,
+        "under CI=true the two-user tests run unless CI said why not ({TWO_USERS_SKIP}): {reason}"
+    );
+    eprintln!(
+        "SKIP: two real users are needed: {}",
+        known.unwrap_or(reason)
+    );
+}
+
+fn root() -> Result<(), String> {
+    if std::fs::metadata("/proc/self").is_ok_and(|meta| meta.uid() == 0) {
+        Ok(())
+    } else {
+        Err("acting as other users needs root".to_owned())
     }
 }
 
 fn make() -> Result<TwoUsers, String> {
-    let root = std::fs::metadata("/proc/self").is_ok_and(|meta| meta.uid() == 0);
-    if !root {
-        return Err("acting as other users needs root".to_owned());
-    }
+    root()?;
     // One `useradd` at a time: test processes run side by side and `useradd` refuses to
     // work while another holds `/etc/passwd`'s lock.
     let file = File::create(std::env::temp_dir().join("trainyard-test-users.lock"))
