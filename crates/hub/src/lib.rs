@@ -42,6 +42,7 @@
 mod calls;
 mod config;
 mod death;
+mod dropped;
 mod error;
 mod hello;
 mod hub;
