@@ -22,7 +22,7 @@ use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
 use crate::dropped::{DropTally, Told};
 use crate::hello::{HELLO_TIMEOUT, HelloError, authenticate};
 use crate::supervisor::{Command, Connection, Supervisor};
-use crate::{AgentProcess, HubConfig, HubError, TaskKiller, lock};
+use crate::{AgentProcess, HubConfig, HubError, TaskKiller, TaskProcess, lock};
 
 /// How long a SIGKILLed agent may take to be reaped.
 pub const REAP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -112,8 +112,8 @@ pub(crate) struct HubCore {
 /// An agent process that has not ended yet.
 pub(crate) struct AgentEntry {
     pid: Option<u32>,
-    /// Its task's process id, while the task runs.
-    pub(crate) task: Option<u32>,
+    /// Its task's process, while the task runs.
+    pub(crate) task: Option<TaskProcess>,
     task_killer: Option<TaskKiller>,
     supervisor: Option<AbortHandle>,
 }
