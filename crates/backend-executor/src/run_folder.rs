@@ -197,6 +197,18 @@ impl RunStore {
             trainyard_checkpoint::CHECKPOINT_BASE.to_owned(),
             base.to_string(),
         );
+        if let Some(files) = self.config.max_checkpoint_files {
+            env.insert(
+                trainyard_checkpoint::CHECKPOINT_MAX_FILES.to_owned(),
+                files.to_string(),
+            );
+        }
+        if let Some(bytes) = self.config.max_checkpoint_size {
+            env.insert(
+                trainyard_checkpoint::CHECKPOINT_MAX_BYTES.to_owned(),
+                bytes.bytes().to_string(),
+            );
+        }
         let resumed = match self.record.latest().cloned() {
             Some(latest) => {
                 self.folder
@@ -536,6 +548,27 @@ mod tests {
         assert!(!read && !said.contains(SECRET), "{said}");
         assert!(!dir.join("planted").exists());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn every_rank_is_told_the_bounds_of_a_hand_in() {
+        let storage = tempfile::tempdir().expect("temp dir");
+        let run = RunConfig {
+            storage_path: Some(storage.path().display().to_string()),
+            checkpoint_config: CheckpointConfig::default()
+                .max_checkpoint(Some(100), Some("1GiB".parse().expect("a size"))),
+            ..RunConfig::default()
+        };
+        let mut store = RunStore::open(&run, "bounded").await.expect("opened");
+        let (env, _) = store.begin_attempt(2, 0).await.expect("begun");
+        assert_eq!(
+            env.get(trainyard_checkpoint::CHECKPOINT_MAX_FILES),
+            Some(&"100".to_owned())
+        );
+        assert_eq!(
+            env.get(trainyard_checkpoint::CHECKPOINT_MAX_BYTES),
+            Some(&"1073741824".to_owned())
+        );
     }
 
     #[test]

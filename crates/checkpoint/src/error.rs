@@ -86,6 +86,30 @@ pub enum StorageError {
         /// What it is: "a symbolic link", "a FIFO", "a socket", "a device".
         kind: &'static str,
     },
+    /// A handed-in directory holds more files than a rank may hand in for one checkpoint
+    /// ([`crate::HandInLimits`]).
+    #[error(
+        "`{path}` holds more than {limit} files, more than a checkpoint may (max_checkpoint_files)"
+    )]
+    TooManyFiles {
+        /// The handed-in directory.
+        path: String,
+        /// The bound.
+        limit: u64,
+    },
+    /// A handed-in directory holds more bytes than a rank may hand in for one checkpoint
+    /// ([`crate::HandInLimits`]).
+    #[error(
+        "`{path}` holds at least {bytes} bytes, more than the {limit} a checkpoint may (max_checkpoint_size)"
+    )]
+    TooLarge {
+        /// The handed-in directory.
+        path: String,
+        /// How many bytes were counted when the bound was passed.
+        bytes: u64,
+        /// The bound.
+        limit: u64,
+    },
     /// A run folder, or what is in it, could have been put there or changed by another
     /// user: it is not this user's (or root's), or others may write to it.
     #[error(

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use trainyard_checkpoint::{
-    CHECKPOINT, CHECKPOINT_URI, CheckpointRecord, CheckpointWriter, HandIn, RUN_DIR, RunFolder,
-    RunRecord, Storage, StorageError, StorageLocation, checkpoint_dir_name, prepare_task_env,
+    CHECKPOINT, CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, CHECKPOINT_URI, CheckpointRecord,
+    CheckpointWriter, HandIn, RUN_DIR, RunFolder, RunRecord, Storage, StorageError,
+    StorageLocation, checkpoint_dir_name, prepare_task_env,
 };
 
 /// `len` bytes that differ from file to file (by `seed`).
@@ -350,6 +351,49 @@ async fn a_link_in_a_checkpoint_is_refused_and_what_it_points_to_is_not_copied()
         "{error:?}"
     );
     assert!(files_under(&root.path().join("run")).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_in_beyond_the_tasks_bounds_on_files_or_bytes_fails_naming_the_bound() {
+    let root = tempfile::tempdir().unwrap();
+    let source = tempfile::tempdir().unwrap();
+    for (i, name) in ["a.pt", "b.pt", "c/d.pt"].iter().enumerate() {
+        write_file(&source.path().join(name), 10, i as u8);
+    }
+    let writer = |files: &str, bytes: &str| {
+        let env = BTreeMap::from([
+            (
+                RUN_DIR.to_owned(),
+                root.path().join("run").display().to_string(),
+            ),
+            (CHECKPOINT_MAX_FILES.to_owned(), files.to_owned()),
+            (CHECKPOINT_MAX_BYTES.to_owned(), bytes.to_owned()),
+        ]);
+        CheckpointWriter::from_env(&env).unwrap().unwrap()
+    };
+    match writer("2", "").hand_in(1, source.path()).await {
+        HandIn::Failed { error, .. } => {
+            assert!(error.contains("more than 2 files"), "{error}");
+        }
+        other => panic!("expected a failed hand-in, got {other:?}"),
+    }
+    match writer("", "25").hand_in(1, source.path()).await {
+        HandIn::Failed { error, .. } => {
+            assert!(
+                error.contains("at least 30 bytes, more than the 25"),
+                "{error}"
+            );
+        }
+        other => panic!("expected a failed hand-in, got {other:?}"),
+    }
+    assert!(
+        files_under(&root.path().join("run")).is_empty(),
+        "nothing copied"
+    );
+    assert!(matches!(
+        writer("3", "30").hand_in(1, source.path()).await,
+        HandIn::Persisted { bytes: 30, .. }
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

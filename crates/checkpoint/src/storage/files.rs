@@ -20,6 +20,29 @@ use crate::StorageError;
 /// How deep a handed-in directory may nest.
 const MAX_DEPTH: usize = 64;
 
+/// What one rank may hand in for one checkpoint: at most `files` files and `bytes` bytes in
+/// all (`None`: no bound). The task's environment says ([`HandInLimits::from_env`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct HandInLimits {
+    /// The most files.
+    pub files: Option<u64>,
+    /// The most bytes.
+    pub bytes: Option<u64>,
+}
+
+impl HandInLimits {
+    /// The bounds [`crate::CHECKPOINT_MAX_FILES`] and [`crate::CHECKPOINT_MAX_BYTES`] of
+    /// `env` set (a value that is not a number sets none).
+    #[must_use]
+    pub fn from_env(env: &std::collections::BTreeMap<String, String>) -> Self {
+        let number = |name: &str| env.get(name).and_then(|v| v.trim().parse().ok());
+        Self {
+            files: number(crate::CHECKPOINT_MAX_FILES),
+            bytes: number(crate::CHECKPOINT_MAX_BYTES),
+        }
+    }
+}
+
 /// One file under a handed-in directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SourceFile {
@@ -33,6 +56,15 @@ pub(crate) struct SourceFile {
 /// a directory (the caller named it); nothing below it is followed: an entry that is not a
 /// regular file or a directory is [`StorageError::NotARegularFile`].
 pub(crate) fn walk(source: &Path) -> Result<Vec<SourceFile>, StorageError> {
+    walk_within(source, HandInLimits::default())
+}
+
+/// [`walk`], refusing a directory beyond `limits` as soon as the walk passes one (so that a
+/// directory of millions of files is not listed in full first).
+pub(crate) fn walk_within(
+    source: &Path,
+    limits: HandInLimits,
+) -> Result<Vec<SourceFile>, StorageError> {
     match std::fs::metadata(source) {
         Ok(meta) if meta.is_dir() => {}
         Ok(_) => return Err(not_a_directory(source)),
@@ -41,10 +73,24 @@ pub(crate) fn walk(source: &Path) -> Result<Vec<SourceFile>, StorageError> {
         }
         Err(error) => return Err(io("read", source, error)),
     }
-    let mut files = Vec::new();
-    walk_into(source, "", 0, &mut files)?;
+    let mut walked = Walked {
+        source,
+        limits,
+        files: Vec::new(),
+        bytes: 0,
+    };
+    walked.walk_into(source, "", 0)?;
+    let mut files = walked.files;
     files.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(files)
+}
+
+/// A walk under way.
+struct Walked<'a> {
+    source: &'a Path,
+    limits: HandInLimits,
+    files: Vec<SourceFile>,
+    bytes: u64,
 }
 
 fn not_a_directory(source: &Path) -> StorageError {
@@ -53,47 +99,65 @@ fn not_a_directory(source: &Path) -> StorageError {
     }
 }
 
-fn walk_into(
-    dir: &Path,
-    prefix: &str,
-    depth: usize,
-    files: &mut Vec<SourceFile>,
-) -> Result<(), StorageError> {
-    if depth > MAX_DEPTH {
-        return Err(io(
-            "read",
-            dir,
-            std::io::Error::other(format!("directories nest deeper than {MAX_DEPTH} levels")),
-        ));
-    }
-    let entries = std::fs::read_dir(dir).map_err(|error| io("list", dir, error))?;
-    for entry in entries {
-        let entry = entry.map_err(|error| io("list", dir, error))?;
-        let path = entry.path();
-        let Some(file_name) = entry.file_name().to_str().map(str::to_owned) else {
+impl Walked<'_> {
+    fn walk_into(&mut self, dir: &Path, prefix: &str, depth: usize) -> Result<(), StorageError> {
+        if depth > MAX_DEPTH {
             return Err(io(
                 "read",
-                &path,
-                std::io::Error::other("the file name is not UTF-8"),
+                dir,
+                std::io::Error::other(format!("directories nest deeper than {MAX_DEPTH} levels")),
             ));
-        };
-        let name = if prefix.is_empty() {
-            file_name
-        } else {
-            format!("{prefix}/{file_name}")
-        };
-        let kind = std::fs::symlink_metadata(&path)
-            .map_err(|error| io("read", &path, error))?
-            .file_type();
-        if kind.is_dir() {
-            walk_into(&path, &name, depth + 1, files)?;
-        } else if kind.is_file() {
-            files.push(SourceFile { name, path });
-        } else {
-            return Err(not_a_regular_file(&path, kind));
         }
+        let entries = std::fs::read_dir(dir).map_err(|error| io("list", dir, error))?;
+        for entry in entries {
+            let entry = entry.map_err(|error| io("list", dir, error))?;
+            let path = entry.path();
+            let Some(file_name) = entry.file_name().to_str().map(str::to_owned) else {
+                return Err(io(
+                    "read",
+                    &path,
+                    std::io::Error::other("the file name is not UTF-8"),
+                ));
+            };
+            let name = if prefix.is_empty() {
+                file_name
+            } else {
+                format!("{prefix}/{file_name}")
+            };
+            let meta =
+                std::fs::symlink_metadata(&path).map_err(|error| io("read", &path, error))?;
+            let kind = meta.file_type();
+            if kind.is_dir() {
+                self.walk_into(&path, &name, depth + 1)?;
+            } else if kind.is_file() {
+                self.files.push(SourceFile { name, path });
+                self.bytes = self.bytes.saturating_add(meta.len());
+                self.check()?;
+            } else {
+                return Err(not_a_regular_file(&path, kind));
+            }
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Refuses the walk once it is beyond its limits.
+    fn check(&self) -> Result<(), StorageError> {
+        let path = || self.source.display().to_string();
+        if let Some(limit) = self.limits.files.filter(|&l| self.files.len() as u64 > l) {
+            return Err(StorageError::TooManyFiles {
+                path: path(),
+                limit,
+            });
+        }
+        if let Some(limit) = self.limits.bytes.filter(|&l| self.bytes > l) {
+            return Err(StorageError::TooLarge {
+                path: path(),
+                bytes: self.bytes,
+                limit,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// What kind of file `kind` is, in words.

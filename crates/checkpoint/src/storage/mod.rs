@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use object_store::ObjectStore;
 
+pub use files::HandInLimits;
 pub use location::StorageLocation;
 
 use crate::{HandIn, RUN_FILE, RunRecord, StorageError};
@@ -323,8 +324,23 @@ impl RunFolder {
         index: u64,
         source: &Path,
     ) -> Result<HandIn, StorageError> {
+        self.persist_directory_within(index, source, HandInLimits::default())
+            .await
+    }
+
+    /// [`RunFolder::persist_directory`], refusing a directory beyond `limits`
+    /// ([`StorageError::TooManyFiles`], [`StorageError::TooLarge`]) before anything is copied.
+    ///
+    /// # Errors
+    /// As [`crate::CheckpointWriter::persist`].
+    pub async fn persist_directory_within(
+        &self,
+        index: u64,
+        source: &Path,
+        limits: HandInLimits,
+    ) -> Result<HandIn, StorageError> {
         let walked = source.to_path_buf();
-        let files = blocking("list", source, move || files::walk(&walked)).await?;
+        let files = blocking("list", source, move || files::walk_within(&walked, limits)).await?;
         let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
         let dir = checkpoint_dir_name(index);
         let bytes = match &self.storage.backend {
