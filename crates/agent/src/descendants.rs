@@ -5,17 +5,20 @@
 //! reports the end ([`sweep`]). The agent does the same for every process below it but its
 //! watchdog as it exits.
 //!
-//! The agent's own processes are its watchdog and, at a task's end, those in the agent's own
-//! process group (a `py-spy` reading the task's stacks, what a function task starts): a
-//! command task runs in a process group of its own, and what detaches from it leaves that
-//! group for another. A sweep is bounded by [`SWEEP_BOUND`]: a process that survives SIGKILL
-//! that long (one stuck in the kernel) is left, with a warning.
+//! The agent's own processes are its watchdog and, at a task's end, the helpers it started
+//! itself (a `py-spy` reading the task's stacks), each known by its pid ([`helper`]): never
+//! by process group, which a task's process could join. A command task runs in a session of
+//! its own (see `exec`), so it cannot join the agent's group either. A sweep is bounded by
+//! [`SWEEP_BOUND`]: a process that survives SIGKILL that long (one stuck in the kernel) is
+//! left, with a warning.
 //!
 //! Where the worker has a cgroup, the task's processes are killed through it too (the
 //! driver does so once the agent is gone, however it went); where it has none, this sweep
 //! is what ends them, and an agent killed by SIGKILL leaves them to its watchdog, which
 //! kills the task's process group only.
 
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -40,11 +43,37 @@ pub(crate) fn become_subreaper() {
     }
 }
 
+/// The agent's helpers now running, by pid.
+static HELPERS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+fn helpers() -> std::sync::MutexGuard<'static, BTreeSet<u32>> {
+    HELPERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A process the agent started for itself, spared by the sweep at a task's end while this
+/// lives (drop it once the process has ended).
+#[derive(Debug)]
+pub(crate) struct Helper(u32);
+
+/// Marks process `pid`, a child the agent just started for itself, as its helper.
+pub(crate) fn helper(pid: u32) -> Helper {
+    helpers().insert(pid);
+    Helper(pid)
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        helpers().remove(&self.0);
+    }
+}
+
 /// Which processes below the agent a sweep ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scope {
-    /// What a task left: all but the watchdog and the processes in the agent's own group
-    /// (and what is below them).
+    /// What a task left: all but the watchdog and the agent's [`helper`]s (and what is
+    /// below them).
     Task,
     /// All but the watchdog (and what is below it): the agent is exiting.
     All,
@@ -55,11 +84,12 @@ pub(crate) enum Scope {
 /// are left (0: none). Blocks.
 pub(crate) fn sweep(scope: Scope) -> usize {
     let me = std::process::id();
-    let own_group = u32::try_from(nix::unistd::getpgrp().as_raw()).unwrap_or(0);
     let watchdog = crate::watchdog::pid();
-    let skip = |pid: u32, stat: &Stat| {
-        Some(pid) == watchdog || (scope == Scope::Task && stat.group == own_group)
+    let spared: BTreeSet<u32> = match scope {
+        Scope::Task => helpers().clone(),
+        Scope::All => BTreeSet::new(),
     };
+    let skip = |pid: u32, _: &Stat| Some(pid) == watchdog || spared.contains(&pid);
     sweep_below(me, skip, SWEEP_BOUND)
 }
 
@@ -140,8 +170,19 @@ mod tests {
         };
         let marker = marker.to_string_lossy().into_owned();
         become_subreaper();
+        // A helper of the "agent"'s own, spared by the sweep.
+        let mut kept = Command::new("sleep")
+            .arg(format!("{marker}1"))
+            .spawn()
+            .expect("sleep starts");
+        let _helper = helper(kept.id());
+        // The fourth sleep moves itself into this process's own group, as a task's process
+        // in the agent's session can: that makes it no helper.
+        let group = nix::unistd::getpgrp().as_raw();
         let line = format!(
-            "setsid sleep {marker} & (sleep {marker} &); (setsid sleep {marker} &); exit 0"
+            "setsid sleep {marker} & (sleep {marker} &); (setsid sleep {marker} &); \
+             (python3 -c \"import os; os.setpgid(0, {group}); os.execvp('sleep', ['sleep', '{marker}'])\" &); \
+             exit 0"
         );
         // Nothing of the task holds this process's stdout, which the test reads to its end.
         let status = Command::new("sh")
@@ -153,15 +194,32 @@ mod tests {
             .expect("sh runs");
         assert!(status.success());
         let deadline = Instant::now() + Duration::from_secs(10);
-        while sleepers(&marker) < 3 {
+        while sleepers(&marker) < 4 || !joined(&marker, group) {
             assert!(Instant::now() < deadline, "the detached sleeps never ran");
             std::thread::sleep(ROUND_PAUSE);
         }
         println!("left {}", sweep(Scope::Task));
+        let helper_lives = matches!(kept.try_wait(), Ok(None));
+        println!("helper alive {helper_lives}");
+        let _ = kept.kill();
+        let _ = kept.wait();
+    }
+
+    /// Whether a `sleep <marker>` runs in process group `group`.
+    fn joined(marker: &str, group: i32) -> bool {
+        let wanted = format!("sleep\0{marker}\0");
+        procfs::pids().any(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|argv| argv == wanted.as_bytes())
+                && procfs::read_stat(pid)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|stat| i64::from(stat.group) == i64::from(group))
+        })
     }
 
     #[test]
-    fn a_subreaper_finds_and_ends_what_a_task_detached_from_its_group_and_its_parent() {
+    fn a_subreaper_ends_what_a_task_detached_or_moved_into_its_group_and_spares_its_helpers() {
         let marker = format!("1000.{}9", std::process::id());
         let exe = std::env::current_exe().expect("current_exe");
         let module = module_path!()
@@ -213,6 +271,7 @@ mod tests {
         assert!(status.success(), "{status:?}: {output}");
         assert!(output.contains("left 0"), "{output}");
         assert_eq!(left, 0, "detached sleeps outlived the sweep: {output}");
+        assert!(output.contains("helper alive true"), "{output}");
     }
 
     /// Whether a process whose argv is `sleep <marker>` runs.

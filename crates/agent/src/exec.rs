@@ -2,10 +2,12 @@
 //! sets up the task's process and then becomes the task's program.
 //!
 //! Everything here runs in a freshly started process before `exec`, so it may allocate and
-//! log freely (no `pre_exec`, which the workspace forbids): it asks for SIGKILL when the
-//! agent dies, checks the agent is still its parent, joins the worker's cgroup (or caps its
-//! address space), and executes the program. The process group was set by the
-//! agent when it started the trampoline, and it survives `exec`.
+//! log freely (no `pre_exec`, which the workspace forbids): it starts a session of its own
+//! (`setsid`: so its process group is its own too, and no process of the task can join the
+//! agent's group, which is in another session), asks for SIGKILL when the agent dies, checks
+//! the agent is still its parent, joins the worker's cgroup (or caps its address space), and
+//! executes the program. The agent waits for the session before it takes the task as
+//! started; session and group survive `exec`.
 
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode};
@@ -30,6 +32,10 @@ pub(crate) fn run() -> ExitCode {
             return ExitCode::from(CANNOT_EXECUTE);
         }
     };
+    if let Err(error) = nix::unistd::setsid() {
+        eprintln!("trainyard: cannot start the task in a session of its own: {error}");
+        return ExitCode::from(CANNOT_EXECUTE);
+    }
     // The parent may have died before the signal was asked for: then nobody would send it.
     if let Err(error) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         eprintln!("trainyard: cannot tie the task to its agent: {error}");

@@ -76,6 +76,26 @@ impl RunningCommand {
     }
 }
 
+/// How long a trampoline may take to start its session.
+const SESSION_LIMIT: Duration = Duration::from_secs(10);
+
+/// Waits until this process's unreaped child `pid` leads a process group of its own (the
+/// trampoline's `setsid`, its first step), or has ended; `false` when it did neither within
+/// [`SESSION_LIMIT`].
+async fn own_session(pid: u32) -> bool {
+    let deadline = tokio::time::Instant::now() + SESSION_LIMIT;
+    loop {
+        match crate::procfs::read_stat(pid).ok().flatten() {
+            Some(stat) if stat.group != pid && !matches!(stat.state, 'Z' | 'X') => {}
+            _ => return true,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 /// Finds `program` the way `execvp` would, on the task's own `PATH`.
 ///
 /// # Errors
@@ -173,13 +193,18 @@ pub(crate) async fn start(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| spawn_failed(&e))?;
     let pid = child
         .id()
         .ok_or_else(|| spawn_failed(&"the process ended at once"))?;
+    // Signals go to the task's group only once the trampoline leads it (`setsid`).
+    if !own_session(pid).await {
+        return Err(spawn_failed(
+            &"the task's process did not start a session of its own in time",
+        ));
+    }
     // The trampoline is this process's unreaped child: its pid is its own still.
     match crate::procfs::read_stat(pid)
         .ok()

@@ -477,7 +477,13 @@ async fn run_py_spy(
         command.arg("--native");
     }
     let limit = deadline.saturating_duration_since(Instant::now());
-    let output = tokio::time::timeout_at(deadline, command.output())
+    let child = command.spawn().map_err(|error| DumpError::CannotStart {
+        py_spy: py_spy.to_owned(),
+        error,
+    })?;
+    // The agent's own: the sweep at the end of a task spares it.
+    let _helper = child.id().map(crate::descendants::helper);
+    let output = tokio::time::timeout_at(deadline, child.wait_with_output())
         .await
         .map_err(|_| DumpError::TimedOut { limit })?
         .map_err(|error| DumpError::CannotStart {

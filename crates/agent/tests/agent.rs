@@ -648,3 +648,67 @@ fn now_ms() -> u64 {
         .expect("after 1970");
     u64::try_from(since.as_millis()).expect("fits")
 }
+
+/// Whether a process whose argv is `sleep <marker>` is alive.
+fn sleeping(marker: &str) -> Vec<u32> {
+    let wanted = format!("sleep\0{marker}\0");
+    trainyard_agent::procfs::pids()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|argv| argv == wanted.as_bytes())
+                && trainyard_agent::procfs::is_alive(*pid, None)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_tasks_child_cannot_join_the_agents_group_and_outlive_the_task() {
+    bounded(async {
+        let Some(python) = python3().await else {
+            return;
+        };
+        let marker = format!("1000.{}3", std::process::id());
+        let script = format!(
+            "import os\n\
+             print('own session', os.getsid(0) == os.getpid(), flush=True)\n\
+             group = os.getpgid(os.getppid())\n\
+             if os.fork() == 0:\n\
+             \x20   try:\n\
+             \x20       os.setpgid(0, group)\n\
+             \x20       print('joined', flush=True)\n\
+             \x20   except OSError as error:\n\
+             \x20       print('refused', error.errno, flush=True)\n\
+             \x20   os.execvp('sleep', ['sleep', '{marker}'])\n"
+        );
+        let mut driver = Driver::start().await;
+        driver.run_command(python, &["-c", &script], &[]).await;
+        let (_, before) = driver
+            .event_until(|event| matches!(event, AgentMessage::TaskExited { .. }))
+            .await;
+        let said: Vec<String> = before
+            .iter()
+            .filter_map(|event| match event {
+                AgentMessage::Event {
+                    event: TaskEvent::Log { line, .. },
+                } => Some(line.clone()),
+                _ => None,
+            })
+            .collect();
+        // The end is reported only after the sweep: nothing is left to wait for.
+        let left = sleeping(&marker);
+        for pid in &left {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(*pid).unwrap_or(0)),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(left.is_empty(), "the task's child outlived it: {said:?}");
+        assert!(
+            said.iter().any(|line| line == "own session True"),
+            "{said:?}"
+        );
+        assert!(said.iter().any(|line| line == "refused 1"), "{said:?}");
+        driver.stop().await;
+    })
+    .await;
+}

@@ -1,9 +1,14 @@
 //! Every rank's output in files of their own: `<dir>/rank_<r>.log` per attempt, each line
 //! stamped with the time the driver took it in. A thread of its own writes them, so that a
 //! slow disk holds up neither the run nor its console.
+//!
+//! The folder is made with mode 0700 and every file in it with mode 0600, created anew
+//! (`O_CREAT | O_EXCL`) and never through a link (`O_NOFOLLOW`): a file that is already
+//! there (a `--log-dir` used before) is truncated only when it is no link.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write as _};
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::time::{Duration, SystemTime};
@@ -54,11 +59,21 @@ pub(crate) fn rank_file(dir: &Path, rank: u32) -> PathBuf {
 }
 
 impl RankLogs {
-    /// Makes `dir` and starts the writer of `world_size` rank files in it. A folder that
-    /// cannot be made is logged, and the run goes on without files.
+    /// Makes `dir` (mode 0700) and starts the writer of `world_size` rank files in it. A
+    /// folder that cannot be made (or an empty path) is logged, and the run goes on without
+    /// files.
     pub(crate) fn open(dir: PathBuf, world_size: usize) -> Self {
         let (tx, rx) = sync_channel(BACKLOG);
-        let writer = match std::fs::create_dir_all(&dir) {
+        // An empty path: the caller has no folder for them (and says why).
+        let made = if dir.as_os_str().is_empty() {
+            Err(std::io::Error::from(std::io::ErrorKind::NotFound))
+        } else {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+        };
+        let writer = match made {
             Ok(()) => {
                 let at = dir.clone();
                 std::thread::Builder::new()
@@ -136,6 +151,39 @@ impl RankLogs {
     }
 }
 
+/// Creates the file at `path` for writing, mode 0600, never through a link: anew, or, when
+/// a file is there already, truncated if it is a regular file and no link.
+fn create(path: &Path) -> std::io::Result<File> {
+    let options = |new: bool| {
+        let mut options = OpenOptions::new();
+        options
+            .write(true)
+            .mode(0o600)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits());
+        if new {
+            options.create_new(true);
+        } else {
+            options.truncate(true);
+        }
+        options
+    };
+    match options(true).open(path) {
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+            let file = options(false)
+                .custom_flags(
+                    (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits(),
+                )
+                .open(path)?;
+            if file.metadata()?.is_file() {
+                Ok(file)
+            } else {
+                Err(std::io::Error::other("not a regular file"))
+            }
+        }
+        opened => opened,
+    }
+}
+
 /// The writer thread: appends each line to its rank's file until the sender is gone; how
 /// many lines could not be written.
 fn write_all(dir: &Path, world_size: usize, rx: &Receiver<Entry>) -> u64 {
@@ -168,9 +216,7 @@ fn write_all(dir: &Path, world_size: usize, rx: &Receiver<Entry>) -> u64 {
                 };
                 if slot.is_none() {
                     let rank_u32 = u32::try_from(rank).unwrap_or(u32::MAX);
-                    *slot = File::create(rank_file(dir, rank_u32))
-                        .map(BufWriter::new)
-                        .ok();
+                    *slot = create(&rank_file(dir, rank_u32)).map(BufWriter::new).ok();
                 }
                 let stream = match stream {
                     Stream::Stdout => "stdout",
@@ -189,7 +235,8 @@ fn write_all(dir: &Path, world_size: usize, rx: &Receiver<Entry>) -> u64 {
                 }
             }
             Entry::File { name, text } => {
-                if let Err(error) = std::fs::write(dir.join(&name), text) {
+                let path = dir.join(&name);
+                if let Err(error) = create(&path).and_then(|mut f| f.write_all(text.as_bytes())) {
                     warn!(file = %dir.join(&name).display(), %error, "cannot write the stack dump");
                 }
             }

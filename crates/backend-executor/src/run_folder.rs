@@ -70,6 +70,7 @@ impl RunStore {
             }
         }
         let folder = storage.run(&name);
+        folder.prepare().await.map_err(ExecutorError::Storage)?;
         let record = match folder.load().await.map_err(ExecutorError::Storage)? {
             Some(record) if !record.status.is_resumable() => {
                 return Err(ExecutorError::RunFinished {
@@ -204,6 +205,18 @@ impl RunStore {
             trainyard_checkpoint::CHECKPOINT_BASE.to_owned(),
             base.to_string(),
         );
+        if let Some(files) = self.config.max_checkpoint_files {
+            env.insert(
+                trainyard_checkpoint::CHECKPOINT_MAX_FILES.to_owned(),
+                files.to_string(),
+            );
+        }
+        if let Some(bytes) = self.config.max_checkpoint_size {
+            env.insert(
+                trainyard_checkpoint::CHECKPOINT_MAX_BYTES.to_owned(),
+                bytes.bytes().to_string(),
+            );
+        }
         let resumed = match self.record.latest().cloned() {
             Some(latest) => {
                 self.folder
@@ -308,8 +321,9 @@ impl RunStore {
 
     /// Where the current attempt's rank logs are written as it runs: `log_dir/attempt_<k>`
     /// when given, else the run folder's `logs/attempt_<k>` (`k` counts the run's attempts
-    /// over every driver, from 0). Remote storage gets them in a local folder first; the
-    /// second value is then where in the run folder they go when the attempt ends.
+    /// over every driver, from 0). Remote storage gets them in a local folder first, a fresh
+    /// one of this user's alone (see [`staging_dir`]); the second value is then where in the
+    /// run folder they go when the attempt ends.
     pub(crate) fn attempt_log_dir(&self, log_dir: Option<&str>) -> (PathBuf, Option<String>) {
         let attempt = format!("attempt_{}", self.record.attempts.len().saturating_sub(1));
         if let Some(dir) = log_dir {
@@ -317,13 +331,13 @@ impl RunStore {
         }
         match self.folder.local_path() {
             Some(run_dir) => (run_dir.join("logs").join(attempt), None),
-            None => (
-                std::env::temp_dir()
-                    .join("trainyard-logs")
-                    .join(self.name())
-                    .join(&attempt),
-                Some(format!("logs/{attempt}")),
-            ),
+            None => match staging_dir(self.name(), &attempt) {
+                Ok(dir) => (dir, Some(format!("logs/{attempt}"))),
+                Err(error) => {
+                    warn!(%error, "cannot make a private folder for the rank logs; the ranks' output is not written to files");
+                    (PathBuf::new(), None)
+                }
+            },
         }
     }
 
@@ -413,6 +427,19 @@ pub(crate) enum AttemptEnd<'a> {
     Resized(u32),
 }
 
+/// A fresh folder for an attempt's rank logs before they go to remote storage: made with a
+/// random name in the temporary directory, mode 0700, so that no other user can read the
+/// logs or put a file or a link in it. It stays after the upload (the driver's messages
+/// name the files in it).
+fn staging_dir(run: &str, attempt: &str) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    tempfile::Builder::new()
+        .prefix(&format!("trainyard-logs-{run}-{attempt}-"))
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .map(tempfile::TempDir::keep)
+}
+
 /// `~/x` with the home folder for `~`.
 fn expand_home(dir: &str) -> PathBuf {
     match (dir.strip_prefix("~/"), std::env::var_os("HOME")) {
@@ -427,4 +454,175 @@ fn now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    use std::path::Path;
+    use std::process::{Command, Stdio};
+
+    use trainyard_checkpoint::{RunRecord, Storage};
+    use trainyard_runtime::Stream;
+    use trainyard_test_support::users::two_users;
+
+    use super::*;
+    use crate::logs::RankLogs;
+
+    /// Set in the re-executed test binary: it stages one attempt's logs and prints the folder.
+    const VICTIM_ENV: &str = "TRAINYARD_STAGING_TEST_VICTIM";
+    /// What the victim's rank prints.
+    const SECRET: &str = "the victim's secret";
+
+    /// The victim's side: the logs of attempt 0 of run `staged` on S3 storage, staged with
+    /// the temporary directory of its environment.
+    #[test]
+    fn staging_victim() {
+        if std::env::var_os(VICTIM_ENV).is_none() {
+            return; // Run as a child of the test below only.
+        }
+        let location = "s3://bucket/runs".parse().expect("an S3 location");
+        let storage = Storage::open(location, &BTreeMap::new()).expect("opened");
+        let mut record = RunRecord::new("staged");
+        record.attempts.push(AttemptRecord {
+            restart_count: 0,
+            started_at: 0.0,
+            ended_at: None,
+            resumed_from: None,
+            failure: None,
+            world_size: Some(1),
+            resized_to: None,
+        });
+        let store = RunStore {
+            folder: storage.run("staged"),
+            record,
+            config: CheckpointConfig::default(),
+            book: None,
+            storage_env: BTreeMap::new(),
+        };
+        let (dir, remote) = store.attempt_log_dir(None);
+        assert_eq!(remote.as_deref(), Some("logs/attempt_0"));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let mut logs = RankLogs::open(dir.clone(), 1);
+            logs.line(0, Stream::Stdout, SECRET);
+            let _ = logs.file("stacks.txt", SECRET.to_owned());
+            logs.close().await;
+        });
+        println!("staged in {}", dir.display());
+    }
+
+    #[test]
+    fn remote_runs_stage_logs_where_another_user_can_neither_plant_links_nor_read() {
+        let Some(users) = two_users() else {
+            return;
+        };
+        let shared = tempfile::tempdir().expect("temp dir");
+        std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777))
+            .expect("chmod");
+        let private = tempfile::tempdir().expect("temp dir");
+        let precious = private.path().join("precious");
+        std::fs::write(&precious, "precious").expect("written");
+
+        // Another user plants links where the logs of run `staged` could be expected.
+        let predictable = shared.path().join("trainyard-logs/staged/attempt_0");
+        let (planted, said) = users.second.sh(&format!(
+            "mkdir -p {dir} && chmod -R 777 {top} && ln -s {target} {dir}/rank_0.log && ln -s {target} {dir}/stacks.txt",
+            dir = predictable.display(),
+            top = shared.path().join("trainyard-logs").display(),
+            target = precious.display(),
+        ));
+        assert!(planted, "{said}");
+
+        let out = Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "run_folder::tests::staging_victim",
+                "--nocapture",
+            ])
+            .args(["--test-threads=1"])
+            .env(VICTIM_ENV, "1")
+            .env("TMPDIR", shared.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("the victim runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = stdout
+            .lines()
+            .find_map(|line| line.split_once("staged in ").map(|(_, dir)| dir.to_owned()))
+            .map(PathBuf::from)
+            .expect("the victim names its folder");
+
+        assert_eq!(
+            std::fs::read_to_string(&precious).expect("still there"),
+            "precious",
+            "no planted link was followed"
+        );
+        assert!(dir.starts_with(shared.path()), "{}", dir.display());
+        let meta = std::fs::symlink_metadata(&dir).expect("the folder");
+        assert!(meta.is_dir(), "{}", dir.display());
+        assert_eq!((meta.mode() & 0o7777, meta.uid()), (0o700, 0));
+        for name in ["rank_0.log", "stacks.txt"] {
+            let path = dir.join(name);
+            let meta = std::fs::symlink_metadata(&path).expect("written");
+            assert!(meta.is_file(), "{name} is a file of its own");
+            assert_eq!(meta.mode() & 0o777, 0o600, "{name}");
+            assert!(
+                std::fs::read_to_string(&path)
+                    .expect("read")
+                    .contains(SECRET)
+            );
+        }
+
+        // The other user can neither read the logs nor put anything beside them.
+        let (read, said) = users.second.sh(&format!(
+            "cat {dir}/rank_0.log || ls {dir} || touch {dir}/planted",
+            dir = dir.display()
+        ));
+        assert!(!read && !said.contains(SECRET), "{said}");
+        assert!(!dir.join("planted").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn every_rank_is_told_the_bounds_of_a_hand_in() {
+        let storage = tempfile::tempdir().expect("temp dir");
+        let run = RunConfig {
+            storage_path: Some(storage.path().display().to_string()),
+            checkpoint_config: CheckpointConfig::default()
+                .max_checkpoint(Some(100), Some("1GiB".parse().expect("a size"))),
+            ..RunConfig::default()
+        };
+        let mut store = RunStore::open(&run, "bounded").await.expect("opened");
+        let (env, _) = store.begin_attempt(2, 0).await.expect("begun");
+        assert_eq!(
+            env.get(trainyard_checkpoint::CHECKPOINT_MAX_FILES),
+            Some(&"100".to_owned())
+        );
+        assert_eq!(
+            env.get(trainyard_checkpoint::CHECKPOINT_MAX_BYTES),
+            Some(&"1073741824".to_owned())
+        );
+    }
+
+    #[test]
+    fn staging_folders_are_fresh_for_every_attempt() {
+        let a = staging_dir("run", "attempt_0").expect("made");
+        let b = staging_dir("run", "attempt_0").expect("made");
+        assert_ne!(a, b);
+        for dir in [&a, &b] {
+            let mode = std::fs::metadata(dir).expect("made").mode() & 0o7777;
+            assert_eq!(mode, 0o700, "{}", dir.display());
+            std::fs::remove_dir(dir).expect("removed");
+        }
+        assert!(!Path::new(&a).exists());
+    }
 }

@@ -17,6 +17,11 @@ pub const CHECKPOINT: &str = "TRAINYARD_CHECKPOINT";
 /// downloads it and sets [`CHECKPOINT`] before the task starts ([`prepare_task_env`]).
 pub const CHECKPOINT_URI: &str = "TRAINYARD_CHECKPOINT_URI";
 
+/// `TRAINYARD_CHECKPOINT_MAX_FILES`: the most files a rank may hand in for one checkpoint.
+pub const CHECKPOINT_MAX_FILES: &str = "TRAINYARD_CHECKPOINT_MAX_FILES";
+/// `TRAINYARD_CHECKPOINT_MAX_BYTES`: the most bytes a rank may hand in for one checkpoint.
+pub const CHECKPOINT_MAX_BYTES: &str = "TRAINYARD_CHECKPOINT_MAX_BYTES";
+
 /// The variables that configure remote storage, which the driver passes to workers.
 pub const STORAGE_VARS: &[&str] = &[
     "AWS_ACCESS_KEY_ID",

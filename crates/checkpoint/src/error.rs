@@ -87,6 +87,56 @@ pub enum StorageError {
         /// What was handed in.
         path: String,
     },
+    /// A handed-in directory holds something that is neither a regular file nor a
+    /// directory (no link is followed, no FIFO read).
+    #[error(
+        "`{path}` is {kind}; only regular files and directories are accepted (no link is followed)"
+    )]
+    NotARegularFile {
+        /// Its full path.
+        path: String,
+        /// What it is: "a symbolic link", "a FIFO", "a socket", "a device".
+        kind: &'static str,
+    },
+    /// A handed-in directory holds more files than a rank may hand in for one checkpoint
+    /// ([`crate::HandInLimits`]).
+    #[error(
+        "`{path}` holds more than {limit} files, more than a checkpoint may (max_checkpoint_files)"
+    )]
+    TooManyFiles {
+        /// The handed-in directory.
+        path: String,
+        /// The bound.
+        limit: u64,
+    },
+    /// A handed-in directory holds more bytes than a rank may hand in for one checkpoint
+    /// ([`crate::HandInLimits`]).
+    #[error(
+        "`{path}` holds at least {bytes} bytes, more than the {limit} a checkpoint may (max_checkpoint_size)"
+    )]
+    TooLarge {
+        /// The handed-in directory.
+        path: String,
+        /// How many bytes were counted when the bound was passed.
+        bytes: u64,
+        /// The bound.
+        limit: u64,
+    },
+    /// A run folder, or what is in it, could have been put there or changed by another
+    /// user: it is not this user's (or root's), or others may write to it.
+    #[error(
+        "`{path}` is owned by uid {owner} with mode {mode:04o}; a run folder and its `run.json`, checkpoints and logs must be owned by this user (uid {uid}) or root and writable by no one else: remove or fix it, or use another run name or storage"
+    )]
+    Untrusted {
+        /// Its full path.
+        path: String,
+        /// Its owner.
+        owner: u32,
+        /// Its mode (permission bits).
+        mode: u32,
+        /// This user.
+        uid: u32,
+    },
 }
 
 /// A report that cannot be booked.

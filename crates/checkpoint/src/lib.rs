@@ -56,7 +56,8 @@ mod writer;
 
 pub use book::{CheckpointBook, Commit};
 pub use env::{
-    CHECKPOINT, CHECKPOINT_BASE, CHECKPOINT_URI, RUN_DIR, STORAGE_VARS, prepare_task_env,
+    CHECKPOINT, CHECKPOINT_BASE, CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, CHECKPOINT_URI,
+    RUN_DIR, STORAGE_VARS, prepare_task_env,
 };
 pub use error::{BookError, StorageError};
 pub use record::{
@@ -64,5 +65,5 @@ pub use record::{
     RunStatus, now,
 };
 pub use retention::retention;
-pub use storage::{RunFolder, Storage, StorageLocation, checkpoint_dir_name};
+pub use storage::{HandInLimits, RunFolder, Storage, StorageLocation, checkpoint_dir_name};
 pub use writer::{CheckpointWriter, HandIn};

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{RunFolder, StorageError};
+use crate::{HandInLimits, RunFolder, StorageError};
 
 /// What a rank's report carries about its checkpoint, for the driver's
 /// [`crate::CheckpointBook`].
@@ -38,18 +38,30 @@ pub enum HandIn {
 #[derive(Debug, Clone)]
 pub struct CheckpointWriter {
     folder: RunFolder,
+    limits: HandInLimits,
 }
 
 impl CheckpointWriter {
     /// A writer into `folder`.
     #[must_use]
     pub fn new(folder: RunFolder) -> Self {
-        Self { folder }
+        Self {
+            folder,
+            limits: HandInLimits::default(),
+        }
+    }
+
+    /// Refuses hand-ins beyond `limits`.
+    #[must_use]
+    pub const fn with_limits(mut self, limits: HandInLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The writer a task's environment asks for: [`crate::RUN_DIR`] names the run folder,
-    /// and the storage variables ([`crate::STORAGE_VARS`]) of `env` configure remote
-    /// storage. `None` when the environment names no run folder.
+    /// the storage variables ([`crate::STORAGE_VARS`]) of `env` configure remote storage, and
+    /// [`crate::CHECKPOINT_MAX_FILES`] and [`crate::CHECKPOINT_MAX_BYTES`] bound each hand-in.
+    /// `None` when the environment names no run folder.
     ///
     /// # Errors
     /// [`StorageError`] when the run folder cannot be opened.
@@ -57,7 +69,8 @@ impl CheckpointWriter {
         let Some(dir) = env.get(crate::RUN_DIR) else {
             return Ok(None);
         };
-        RunFolder::open_uri(dir, env).map(|folder| Some(Self::new(folder)))
+        let limits = HandInLimits::from_env(env);
+        RunFolder::open_uri(dir, env).map(|folder| Some(Self::new(folder).with_limits(limits)))
     }
 
     /// The run folder written to.
@@ -75,7 +88,9 @@ impl CheckpointWriter {
     /// say); files already written are left for the driver to clean up, and the index is
     /// never committed.
     pub async fn persist(&self, index: u64, source: &Path) -> Result<HandIn, StorageError> {
-        self.folder.persist_directory(index, source).await
+        self.folder
+            .persist_directory_within(index, source, self.limits)
+            .await
     }
 
     /// [`CheckpointWriter::persist`], with a failure turned into [`HandIn::Failed`].

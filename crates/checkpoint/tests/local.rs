@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use trainyard_checkpoint::{
-    CHECKPOINT, CHECKPOINT_URI, CheckpointRecord, CheckpointWriter, HandIn, RUN_DIR, RunFolder,
-    RunRecord, Storage, StorageError, StorageLocation, checkpoint_dir_name, prepare_task_env,
+    CHECKPOINT, CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, CHECKPOINT_URI, CheckpointRecord,
+    CheckpointWriter, HandIn, RUN_DIR, RunFolder, RunRecord, Storage, StorageError,
+    StorageLocation, checkpoint_dir_name, prepare_task_env,
 };
 
 /// `len` bytes that differ from file to file (by `seed`).
@@ -285,6 +286,113 @@ async fn a_source_that_is_not_a_directory_is_refused_and_handed_in_as_failed() {
     assert!(matches!(
         writer.hand_in(1, &file).await,
         HandIn::Failed { index: 1, error } if error.contains("must be a directory")
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_in_a_checkpoint_fails_the_hand_in_naming_it_instead_of_hanging() {
+    let root = tempfile::tempdir().unwrap();
+    let source = tempfile::tempdir().unwrap();
+    write_file(&source.path().join("model.pt"), 10, 0);
+    let fifo = source.path().join("shard/pipe");
+    std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let writer = CheckpointWriter::new(storage(root.path()).run("run"));
+    let handed = tokio::time::timeout(Duration::from_secs(20), writer.hand_in(1, source.path()));
+    let Ok(hand_in) = handed.await else {
+        // Unblock the copy that waits for a writer, so that the test ends.
+        drop(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&fifo),
+        );
+        panic!("the hand-in hangs on a FIFO");
+    };
+    match hand_in {
+        HandIn::Failed { index: 1, error } => assert!(
+            error.contains(&fifo.display().to_string()) && error.contains("is a FIFO"),
+            "{error}"
+        ),
+        other => panic!("expected a failed hand-in, got {other:?}"),
+    }
+    assert!(
+        files_under(&root.path().join("run")).is_empty(),
+        "nothing is left under a final name"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_in_a_checkpoint_is_refused_and_what_it_points_to_is_not_copied() {
+    let root = tempfile::tempdir().unwrap();
+    let source = tempfile::tempdir().unwrap();
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::write(secret.path().join("id_rsa"), "secret").unwrap();
+    write_file(&source.path().join("model.pt"), 10, 0);
+    std::os::unix::fs::symlink(secret.path().join("id_rsa"), source.path().join("key")).unwrap();
+    let folder = storage(root.path()).run("run");
+    let error = folder
+        .persist_directory(1, source.path())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, StorageError::NotARegularFile { path, kind: "a symbolic link" }
+            if *path == source.path().join("key").display().to_string()),
+        "{error:?}"
+    );
+    // The log folders of an attempt are uploaded through the same walk.
+    let error = folder
+        .upload_directory("logs/attempt_0", source.path())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, StorageError::NotARegularFile { .. }),
+        "{error:?}"
+    );
+    assert!(files_under(&root.path().join("run")).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_in_beyond_the_tasks_bounds_on_files_or_bytes_fails_naming_the_bound() {
+    let root = tempfile::tempdir().unwrap();
+    let source = tempfile::tempdir().unwrap();
+    for (i, name) in ["a.pt", "b.pt", "c/d.pt"].iter().enumerate() {
+        write_file(&source.path().join(name), 10, i as u8);
+    }
+    let writer = |files: &str, bytes: &str| {
+        let env = BTreeMap::from([
+            (
+                RUN_DIR.to_owned(),
+                root.path().join("run").display().to_string(),
+            ),
+            (CHECKPOINT_MAX_FILES.to_owned(), files.to_owned()),
+            (CHECKPOINT_MAX_BYTES.to_owned(), bytes.to_owned()),
+        ]);
+        CheckpointWriter::from_env(&env).unwrap().unwrap()
+    };
+    match writer("2", "").hand_in(1, source.path()).await {
+        HandIn::Failed { error, .. } => {
+            assert!(error.contains("more than 2 files"), "{error}");
+        }
+        other => panic!("expected a failed hand-in, got {other:?}"),
+    }
+    match writer("", "25").hand_in(1, source.path()).await {
+        HandIn::Failed { error, .. } => {
+            assert!(
+                error.contains("at least 30 bytes, more than the 25"),
+                "{error}"
+            );
+        }
+        other => panic!("expected a failed hand-in, got {other:?}"),
+    }
+    assert!(
+        files_under(&root.path().join("run")).is_empty(),
+        "nothing copied"
+    );
+    assert!(matches!(
+        writer("3", "30").hand_in(1, source.path()).await,
+        HandIn::Persisted { bytes: 30, .. }
     ));
 }
 

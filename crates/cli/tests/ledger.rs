@@ -325,3 +325,53 @@ fn plan_refuses_ray_and_a_bad_cluster_file_with_exit_2() {
         text(&bad.stderr)
     );
 }
+
+#[test]
+fn without_xdg_runtime_dir_the_ledger_is_under_the_home_and_the_run_says_why() {
+    let home = tempfile::tempdir().expect("temp dir");
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_trainyard"))
+        .args(["run", "--backend", "none", "--num-cpus", "1"])
+        .arg("--storage")
+        .arg(home.path().join("results"))
+        .args(["--", "true"])
+        .env_remove(LEDGER)
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("RUST_LOG")
+        .env("HOME", home.path())
+        .env("TMPDIR", tmp.path())
+        .env("CI", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("trainyard runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let host = nix::unistd::gethostname()
+        .expect("hostname")
+        .into_string()
+        .expect("UTF-8");
+    let ledger = home
+        .path()
+        .join(".cache/trainyard")
+        .join(host)
+        .join("ledger");
+    assert_eq!(
+        stderr.lines().next(),
+        Some(
+            format!(
+                "warning: XDG_RUNTIME_DIR is not set: this user's ledger is in `{}` (set TRAINYARD_LEDGER to put it elsewhere)",
+                ledger.display()
+            )
+            .as_str()
+        ),
+        "{stderr}"
+    );
+    assert!(ledger.exists(), "{}", ledger.display());
+    assert!(
+        std::fs::read_dir(tmp.path())
+            .expect("list")
+            .next()
+            .is_none(),
+        "nothing in the temporary directory"
+    );
+}

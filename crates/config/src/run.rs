@@ -123,6 +123,10 @@ pub struct CheckpointConfig {
     pub checkpoint_score_attribute: Option<String>,
     /// Which way the score is better.
     pub checkpoint_score_order: ScoreOrder,
+    /// The most files one rank may hand in for one checkpoint; `None`: no bound.
+    pub max_checkpoint_files: Option<u64>,
+    /// The most bytes one rank may hand in for one checkpoint (`"10GB"`); `None`: no bound.
+    pub max_checkpoint_size: Option<trainyard_resources::ByteSize>,
 }
 
 impl CheckpointConfig {
@@ -138,6 +142,19 @@ impl CheckpointConfig {
     pub fn score(mut self, attribute: impl Into<String>, order: ScoreOrder) -> Self {
         self.checkpoint_score_attribute = Some(attribute.into());
         self.checkpoint_score_order = order;
+        self
+    }
+
+    /// Bounds what one rank may hand in for one checkpoint: at most `files` files of at most
+    /// `bytes` bytes in all (`None`: no bound); a hand-in beyond either fails, naming it.
+    #[must_use]
+    pub const fn max_checkpoint(
+        mut self,
+        files: Option<u64>,
+        bytes: Option<trainyard_resources::ByteSize>,
+    ) -> Self {
+        self.max_checkpoint_files = files;
+        self.max_checkpoint_size = bytes;
         self
     }
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -20,9 +20,10 @@ use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
 use trainyard_runtime::timings;
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
 
+use crate::dropped::{DropTally, Told};
 use crate::hello::{HELLO_TIMEOUT, HelloError, authenticate};
 use crate::supervisor::{Command, Connection, Supervisor};
-use crate::{AgentProcess, HubConfig, HubError, TaskKiller, lock};
+use crate::{AgentProcess, HubConfig, HubError, TaskKiller, TaskProcess, lock};
 
 /// How long a SIGKILLed agent may take to be reaped.
 pub const REAP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -112,8 +113,8 @@ pub(crate) struct HubCore {
 /// An agent process that has not ended yet.
 pub(crate) struct AgentEntry {
     pid: Option<u32>,
-    /// Its task's process id, while the task runs.
-    pub(crate) task: Option<u32>,
+    /// Its task's process, while the task runs.
+    pub(crate) task: Option<TaskProcess>,
     task_killer: Option<TaskKiller>,
     supervisor: Option<AbortHandle>,
 }
@@ -600,6 +601,7 @@ fn reachable(bound: SocketAddr) -> SocketAddr {
 /// hostile peer holds up nobody.
 async fn accept_loop(listener: TcpListener, core: Arc<HubCore>) {
     let handshakes = Gate::new(MAX_HANDSHAKES);
+    let dropped = Arc::new(Mutex::new(DropTally::default()));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -613,6 +615,7 @@ async fn accept_loop(listener: TcpListener, core: Arc<HubCore>) {
         // moment it authenticates.
         let ticket = handshakes.enter_tcp(peer.ip(), &stream);
         let core = Arc::clone(&core);
+        let dropped = Arc::clone(&dropped);
         tokio::spawn(async move {
             let checked = async {
                 // An agent speaks first, its hello as soon as it connects: a connection that
@@ -623,7 +626,7 @@ async fn accept_loop(listener: TcpListener, core: Arc<HubCore>) {
                     Ok(Err(_)) => {}
                     Err(_) => return,
                 }
-                handshake(&core, stream, peer).await;
+                handshake(&core, stream, peer, &dropped).await;
             };
             if ticket.run(checked).await.is_none() {
                 tracing::debug!(%peer, "evicted for a newer connection before its hello");
@@ -633,8 +636,13 @@ async fn accept_loop(listener: TcpListener, core: Arc<HubCore>) {
 }
 
 /// Hands a connection whose agent proved it holds the run's secret to the spawn waiting for
-/// it; drops any other.
-async fn handshake(core: &HubCore, stream: TcpStream, peer: SocketAddr) {
+/// it; drops any other, and says so at a bounded rate ([`DropTally`]).
+async fn handshake(
+    core: &HubCore,
+    stream: TcpStream,
+    peer: SocketAddr,
+    dropped: &Arc<Mutex<DropTally>>,
+) {
     let _ = stream.set_nodelay(true);
     let mut link = wire::framed(stream);
     let waited_for = |actor| core.lock().waiting.contains_key(&actor);
@@ -662,11 +670,28 @@ async fn handshake(core: &HubCore, stream: TcpStream, peer: SocketAddr) {
             }
         }
         Err(error) => {
-            tracing::warn!(
-                %peer,
-                error = %ErrorChain(&error),
-                "dropped a connection that is not a waiting agent"
-            );
+            let why = ErrorChain(&error).to_string();
+            let told = lock(dropped).record(Instant::now(), &why);
+            match told {
+                Told::Now => tracing::warn!(
+                    %peer,
+                    error = %why,
+                    "dropped a connection that is not a waiting agent"
+                ),
+                Told::Counted(None) => {
+                    tracing::debug!(%peer, error = %why, "dropped a connection that is not a waiting agent");
+                }
+                Told::Counted(Some(when)) => {
+                    let dropped = Arc::clone(dropped);
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(when.into()).await;
+                        let summary = lock(&dropped).flush(Instant::now());
+                        if let Some(summary) = summary {
+                            tracing::warn!("{}", summary.message());
+                        }
+                    });
+                }
+            }
         }
     }
 }

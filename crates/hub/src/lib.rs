@@ -42,6 +42,7 @@
 mod calls;
 mod config;
 mod death;
+mod dropped;
 mod error;
 mod hello;
 mod hub;
@@ -56,7 +57,7 @@ pub use config::{
 };
 pub use error::HubError;
 pub use hub::{AgentHub, Arrival, REAP_TIMEOUT};
-pub use process::{AgentExit, AgentProcess, TaskKiller};
+pub use process::{AgentExit, AgentProcess, TaskKiller, TaskProcess};
 
 /// Locks shared bookkeeping; every update under it is finished before it is let go, so a
 /// lock poisoned by a panic elsewhere is used as it is.

@@ -143,20 +143,30 @@ pub(crate) fn never_connected(program: Option<&Path>, limit: std::time::Duration
     }
 }
 
+/// A task's process as the driver knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TaskProcess {
+    /// Its pid, as the agent reported it: the leader of the task's process group.
+    pub pid: u32,
+    /// When it started (clock ticks after boot), where the runtime can tell
+    /// ([`AgentProcess::task_start_time`]): a pid whose process started at another time
+    /// is another process, that took the pid since, and is left alone.
+    pub start_time: Option<u64>,
+}
+
 /// Kills, at once and without waiting, the processes of an agent's task from the driver's
-/// side: those of the process group that the task's process (its pid, as the agent
-/// reported it) leads.
+/// side: those of the process group that the task's process leads.
 #[derive(Clone)]
-pub struct TaskKiller(Arc<dyn Fn(u32) + Send + Sync>);
+pub struct TaskKiller(Arc<dyn Fn(TaskProcess) + Send + Sync>);
 
 impl TaskKiller {
-    /// A killer that calls `kill` with the task's pid.
-    pub fn new(kill: impl Fn(u32) + Send + Sync + 'static) -> Self {
+    /// A killer that calls `kill` with the task's process.
+    pub fn new(kill: impl Fn(TaskProcess) + Send + Sync + 'static) -> Self {
         Self(Arc::new(kill))
     }
 
     /// Kills the processes of the task whose process is `task`.
-    pub fn kill(&self, task: u32) {
+    pub fn kill(&self, task: TaskProcess) {
         (self.0)(task);
     }
 }
@@ -193,9 +203,16 @@ pub trait AgentProcess: Send + 'static {
     /// Asks the agent to exit (SIGTERM): it stops its task within its grace and exits.
     fn terminate(&mut self);
 
-    /// Ends the agent at once (SIGKILL), and first the processes of its task `task` (the
-    /// task's pid, as the agent reported it) when it has one.
-    fn kill(&mut self, task: Option<u32>);
+    /// Ends the agent at once (SIGKILL), and first the processes of its task `task` when it
+    /// has one.
+    fn kill(&mut self, task: Option<TaskProcess>);
+
+    /// When the task process `pid` (as its agent reported it) started, where the runtime
+    /// can tell (the task runs on this machine); `None` (the default) otherwise.
+    fn task_start_time(&self, pid: u32) -> Option<u64> {
+        let _ = pid;
+        None
+    }
 
     /// What kills a task's processes from the driver's side, without the agent, where this
     /// runtime can: the hub uses it when it ends at once, and for what a task left behind

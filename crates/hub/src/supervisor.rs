@@ -22,7 +22,7 @@ use crate::calls::{Pending, Reply, reply_result, request_name};
 use crate::death::{Seen, cause_of_death};
 use crate::hub::{HubCore, REAP_TIMEOUT};
 use crate::process::{ended_before_connecting, never_connected};
-use crate::{AgentExit, AgentProcess};
+use crate::{AgentExit, AgentProcess, TaskProcess};
 
 /// How long a dead connection's agent gets to be reaped for its exit status, and how long
 /// what it sent before it died is read.
@@ -114,8 +114,8 @@ struct Serving {
     owed_bytes: u64,
     /// Events read after the agent died, sent after the cleanup.
     backlog: Vec<ActorEvent>,
-    /// The running task's process id (its group's leader), until it exits.
-    task: Option<u32>,
+    /// The running task's process (its group's leader), until it exits.
+    task: Option<TaskProcess>,
     exited: Option<AgentExit>,
     child_done: bool,
 }
@@ -488,7 +488,11 @@ impl Supervisor {
         }
     }
 
-    fn set_task(&self, serving: &mut Serving, task: Option<u32>) {
+    fn set_task(&self, serving: &mut Serving, pid: Option<u32>) {
+        let task = pid.map(|pid| TaskProcess {
+            pid,
+            start_time: self.process.task_start_time(pid),
+        });
         serving.task = task;
         if let Some(agent) = self.core.lock().agents.get_mut(&self.actor) {
             agent.task = task;

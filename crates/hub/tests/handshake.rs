@@ -55,7 +55,7 @@ impl AgentProcess for ChildAgent {
         let _ = self.0.start_kill();
     }
 
-    fn kill(&mut self, _task: Option<u32>) {
+    fn kill(&mut self, _task: Option<trainyard_hub::TaskProcess>) {
         let _ = self.0.start_kill();
     }
 }
@@ -79,7 +79,7 @@ impl AgentProcess for PlayedAgent {
         self.0.notify_one();
     }
 
-    fn kill(&mut self, _task: Option<u32>) {
+    fn kill(&mut self, _task: Option<trainyard_hub::TaskProcess>) {
         self.0.notify_one();
     }
 }

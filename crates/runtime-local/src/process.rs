@@ -20,7 +20,7 @@ use crate::cgroup::WorkerCgroup;
 use crate::ledger::Membership;
 use trainyard_agent::process_group;
 use trainyard_agent::procfs::ProcessHandle;
-use trainyard_hub::{AgentExit, AgentProcess, TaskKiller};
+use trainyard_hub::{AgentExit, AgentProcess, TaskKiller, TaskProcess};
 
 /// An agent process started by this driver, with the cgroup it may have.
 pub(crate) struct LocalProcess {
@@ -58,6 +58,16 @@ impl LocalProcess {
             memory_limit,
             membership,
         }
+    }
+}
+
+/// SIGKILLs the process group that `task` leads while it is the task's: when its start time
+/// is known, a group led by a process that started at another time (one that took the pid
+/// since the task ended) is left alone.
+fn kill_task(task: TaskProcess) {
+    match task.start_time {
+        Some(start_time) => process_group::kill_started(task.pid, start_time),
+        None => process_group::kill(task.pid),
     }
 }
 
@@ -103,18 +113,28 @@ impl AgentProcess for LocalProcess {
 
     /// SIGKILLs the task's process group (led by `task`) while it is the task's, and what
     /// is in the worker's cgroup, then the agent.
-    fn kill(&mut self, task: Option<u32>) {
+    fn kill(&mut self, task: Option<TaskProcess>) {
         if let Some(task) = task {
-            process_group::kill(task);
+            kill_task(task);
         }
         kill_cgroup(self.cgroup.as_ref());
         let _ = self.child.start_kill();
     }
 
+    /// The task runs on this machine: its start time is in `/proc`, read as soon as the
+    /// agent has said it started (the agent has not reaped it by then unless it ended).
+    fn task_start_time(&self, pid: u32) -> Option<u64> {
+        trainyard_agent::procfs::read_stat(pid)
+            .ok()
+            .flatten()
+            .filter(|stat| stat.group == pid)
+            .and_then(|stat| stat.start_time)
+    }
+
     fn task_killer(&self) -> Option<TaskKiller> {
         let cgroup = self.cgroup.clone();
         Some(TaskKiller::new(move |task| {
-            process_group::kill(task);
+            kill_task(task);
             kill_cgroup(cgroup.as_ref());
         }))
     }
@@ -133,5 +153,78 @@ impl AgentProcess for LocalProcess {
         if let Some(cgroup) = self.cgroup.take() {
             let _ = tokio::task::spawn_blocking(move || cgroup.remove()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::CommandExt as _;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// A `sleep` leading a process group of its own, as a task leads its group.
+    fn leader() -> (std::process::Child, TaskProcess) {
+        let child = Command::new("sleep")
+            .arg("600")
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("sleep starts");
+        let pid = child.id();
+        let start_time = trainyard_agent::procfs::read_stat(pid)
+            .expect("readable")
+            .and_then(|stat| stat.start_time);
+        assert!(start_time.is_some());
+        (child, TaskProcess { pid, start_time })
+    }
+
+    /// Whether process `pid` is dead or a SIGKILL is pending for it (sent, not yet acted on):
+    /// known at once after a `kill`, with no wait.
+    fn killed(pid: u32) -> bool {
+        let dead = trainyard_agent::procfs::read_stat(pid)
+            .ok()
+            .flatten()
+            .is_none_or(|stat| matches!(stat.state, 'Z' | 'X'));
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let pending = status.lines().any(|line| {
+            line.strip_prefix("ShdPnd:")
+                .or_else(|| line.strip_prefix("SigPnd:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .is_some_and(|mask| mask & (1 << (9 - 1)) != 0)
+        });
+        dead || pending
+    }
+
+    /// Waits (bounded) until `child` has ended; whether it did.
+    fn ended(child: &mut std::process::Child) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if child.try_wait().expect("try_wait").is_some() {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn the_drivers_kill_leaves_alone_a_group_whose_leader_started_at_another_time() {
+        let (mut child, task) = leader();
+        // What the driver knew of a task that ended, whose pid this process has taken since.
+        let earlier = TaskProcess {
+            start_time: task.start_time.map(|t| t.saturating_sub(1)),
+            ..task
+        };
+        kill_task(earlier);
+        assert!(
+            !killed(task.pid),
+            "another process of the same pid was killed"
+        );
+        kill_task(task);
+        assert!(ended(&mut child), "the task's own group was not killed");
     }
 }

@@ -156,6 +156,13 @@ fn act(action: &str, path: &Path) -> Result<(), String> {
             say("squatted");
             Ok(())
         }
+        "mkdir" => {
+            fs::create_dir(path).map_err(|e| e.to_string())?;
+            fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+                .map_err(|e| e.to_string())?;
+            say("made");
+            Ok(())
+        }
         "open-default" => {
             match Ledger::open(&LedgerLocation::user_default(), "victim") {
                 Ok(_) => say("opened"),
@@ -259,13 +266,10 @@ impl Drop for Actor {
     }
 }
 
-/// Whether this process may act as other users; `SKIP` said when not.
+/// Whether this process may act as other users; `SKIP` said when not (and, under
+/// `CI=true`, a failure unless `TRAINYARD_TWO_USERS_SKIP` says why).
 fn root() -> bool {
-    let root = fs::metadata("/proc/self").is_ok_and(|meta| meta.uid() == 0);
-    if !root {
-        eprintln!("SKIP: acting as other users needs root");
-    }
-    root
+    trainyard_test_support::users::can_act_as_others()
 }
 
 /// A shared ledger as an administrator makes it: a setgid directory of [`GROUP`], mode
@@ -434,15 +438,16 @@ fn forged_entries_for_pid_1_another_users_process_or_no_run_hold_nothing() {
     honest.finish();
 }
 
-/// Opens the per-user ledger of this (root) user with the temporary directory `tmp`: the
-/// actor's answer.
-fn open_default(tmp: &Path) -> String {
+/// Opens the per-user ledger of this (root) user with the temporary directory `tmp`, the
+/// home `home` and no `XDG_RUNTIME_DIR`: the actor's answer.
+fn open_default(tmp: &Path, home: &Path) -> String {
     let victim = Actor::start(
         "open-default",
         Path::new("unused"),
         None,
         &[
             ("TMPDIR", tmp.as_os_str()),
+            ("HOME", home.as_os_str()),
             ("XDG_RUNTIME_DIR", OsStr::new("")),
         ],
     );
@@ -451,24 +456,64 @@ fn open_default(tmp: &Path) -> String {
     said
 }
 
+/// The directory of the per-user ledger under `home`.
+fn per_user_dir(home: &Path) -> PathBuf {
+    let host = nix::unistd::gethostname()
+        .expect("hostname")
+        .into_string()
+        .expect("a UTF-8 hostname");
+    home.join(".cache/trainyard").join(host)
+}
+
+#[test]
+fn a_directory_another_user_made_in_the_temporary_directory_stops_no_run() {
+    if !root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("temp dir");
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let home = tempfile::tempdir().expect("temp dir");
+    // Where the ledger used to fall back to without XDG_RUNTIME_DIR, made first by another
+    // user, who can neither be made to remove it nor be removed from a sticky directory.
+    let squatted = tmp.path().join("trainyard-0");
+    let squatter = Actor::start("mkdir", &squatted, Some(MALLORY), &[]);
+    assert_eq!(squatter.next(), "made");
+    squatter.finish();
+    assert_eq!(fs::metadata(&squatted).expect("made").uid(), MALLORY);
+
+    assert_eq!(open_default(tmp.path(), home.path()), "opened");
+    let dir = per_user_dir(home.path());
+    let meta = fs::symlink_metadata(&dir).expect("the ledger's directory");
+    assert_eq!((meta.mode() & 0o7777, meta.uid()), (0o700, 0));
+    assert!(
+        fs::read_dir(&squatted).expect("list").next().is_none(),
+        "nothing of this user's is in the squatted directory"
+    );
+}
+
 #[test]
 fn a_squatted_per_user_directory_is_refused() {
     if !root() {
         return;
     }
     let tmp = tempfile::tempdir().expect("temp dir");
-    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o1777)).expect("chmod");
-    let mine = tmp.path().join("trainyard-0");
+    // A home others may write to (as a careless one is).
+    let home = tempfile::tempdir().expect("temp dir");
+    let mine = per_user_dir(home.path());
+    let above = mine.parent().expect("above");
+    fs::create_dir_all(above).expect("dir");
+    fs::set_permissions(above, fs::Permissions::from_mode(0o1777)).expect("chmod");
 
     // A link put in its place by another user, to a directory of this user's.
-    let target = tmp.path().join("target");
+    let target = above.join("target");
     fs::create_dir(&target).expect("dir");
     let squatter = Actor::start("squat", &mine, Some(MALLORY), &[]);
     assert_eq!(squatter.next(), "squatted");
     squatter.finish();
-    let said = open_default(tmp.path());
+    let said = open_default(tmp.path(), home.path());
     assert!(
-        said.contains(&format!("{:?}", DirectoryProblem::Symlink)) && said.contains("trainyard-0"),
+        said.contains(&format!("{:?}", DirectoryProblem::Symlink))
+            && said.contains(&mine.display().to_string()),
         "{said}"
     );
     assert!(
@@ -480,7 +525,7 @@ fn a_squatted_per_user_directory_is_refused() {
     // A directory of this user's that others may enter.
     fs::create_dir(&mine).expect("dir");
     fs::set_permissions(&mine, fs::Permissions::from_mode(0o755)).expect("chmod");
-    let said = open_default(tmp.path());
+    let said = open_default(tmp.path(), home.path());
     assert!(
         said.contains("open to other users (mode 0755, not 0700)") && said.contains("remove it"),
         "{said}"
@@ -489,7 +534,7 @@ fn a_squatted_per_user_directory_is_refused() {
     // A directory of another user's.
     std::os::unix::fs::chown(&mine, Some(MALLORY), Some(MALLORY)).expect("chown");
     fs::set_permissions(&mine, fs::Permissions::from_mode(0o700)).expect("chmod");
-    let said = open_default(tmp.path());
+    let said = open_default(tmp.path(), home.path());
     assert!(
         said.contains(&format!("owned by uid {MALLORY}, not by this user (uid 0)")),
         "{said}"
@@ -497,5 +542,5 @@ fn a_squatted_per_user_directory_is_refused() {
 
     // Its own, as it should be, is used.
     std::os::unix::fs::chown(&mine, Some(0), Some(0)).expect("chown");
-    assert_eq!(open_default(tmp.path()), "opened");
+    assert_eq!(open_default(tmp.path(), home.path()), "opened");
 }

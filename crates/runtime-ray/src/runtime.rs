@@ -694,8 +694,8 @@ impl AgentProcess for RayAgent {
         });
     }
 
-    fn kill(&mut self, task: Option<u32>) {
-        let task = task.and_then(|task| i32::try_from(task).ok());
+    fn kill(&mut self, task: Option<trainyard_hub::TaskProcess>) {
+        let task = task.and_then(|task| i32::try_from(task.pid).ok());
         self.in_background(move |bridge, name| async move {
             if let Err(error) = bridge.signal_actor(&name, Signal::SIGKILL, task).await {
                 tracing::debug!(%error, %name, "cannot kill the agent through its actor");

@@ -227,7 +227,7 @@ impl AgentProcess for StepAgent {
 
     /// SIGKILL to the step's tasks through Slurm, which then ends the step and every process
     /// in it; `srun` goes too.
-    fn kill(&mut self, _task: Option<u32>) {
+    fn kill(&mut self, _task: Option<trainyard_hub::TaskProcess>) {
         self.cancel(Some(Signal::SIGKILL));
     }
 

@@ -4,3 +4,4 @@
 
 pub mod processes;
 pub mod soak;
+pub mod users;

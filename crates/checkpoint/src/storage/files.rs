@@ -1,13 +1,47 @@
 //! What both kinds of storage share: the files a rank hands in, temporary names, errors.
+//!
+//! Every checkpoint hand-in and every upload of an attempt's logs walks its directory here,
+//! once: no symbolic link inside it is followed, and anything that is not a regular file or
+//! a directory (a link, a FIFO, a socket, a device) is refused, naming it. A file is then
+//! opened with `O_NOFOLLOW | O_NONBLOCK` and checked again on its descriptor ([`open_regular`]),
+//! so that an entry swapped for a link or a FIFO between the walk and the copy is refused too,
+//! and no open ever blocks.
 
+use std::fs::File;
 use std::hash::{BuildHasher, Hasher};
+use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use nix::fcntl::OFlag;
+
 use crate::StorageError;
 
-/// How deep a handed-in directory may nest (a bound on directory symlink loops).
+/// How deep a handed-in directory may nest.
 const MAX_DEPTH: usize = 64;
+
+/// What one rank may hand in for one checkpoint: at most `files` files and `bytes` bytes in
+/// all (`None`: no bound). The task's environment says ([`HandInLimits::from_env`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct HandInLimits {
+    /// The most files.
+    pub files: Option<u64>,
+    /// The most bytes.
+    pub bytes: Option<u64>,
+}
+
+impl HandInLimits {
+    /// The bounds [`crate::CHECKPOINT_MAX_FILES`] and [`crate::CHECKPOINT_MAX_BYTES`] of
+    /// `env` set (a value that is not a number sets none).
+    #[must_use]
+    pub fn from_env(env: &std::collections::BTreeMap<String, String>) -> Self {
+        let number = |name: &str| env.get(name).and_then(|v| v.trim().parse().ok());
+        Self {
+            files: number(crate::CHECKPOINT_MAX_FILES),
+            bytes: number(crate::CHECKPOINT_MAX_BYTES),
+        }
+    }
+}
 
 /// One file under a handed-in directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,8 +52,19 @@ pub(crate) struct SourceFile {
     pub(crate) path: PathBuf,
 }
 
-/// Every file under `source`, recursively, sorted by name; symlinks are followed.
+/// Every file under `source`, recursively, sorted by name. `source` itself may be a link to
+/// a directory (the caller named it); nothing below it is followed: an entry that is not a
+/// regular file or a directory is [`StorageError::NotARegularFile`].
 pub(crate) fn walk(source: &Path) -> Result<Vec<SourceFile>, StorageError> {
+    walk_within(source, HandInLimits::default())
+}
+
+/// [`walk`], refusing a directory beyond `limits` as soon as the walk passes one (so that a
+/// directory of millions of files is not listed in full first).
+pub(crate) fn walk_within(
+    source: &Path,
+    limits: HandInLimits,
+) -> Result<Vec<SourceFile>, StorageError> {
     match std::fs::metadata(source) {
         Ok(meta) if meta.is_dir() => {}
         Ok(_) => return Err(not_a_directory(source)),
@@ -28,10 +73,24 @@ pub(crate) fn walk(source: &Path) -> Result<Vec<SourceFile>, StorageError> {
         }
         Err(error) => return Err(io("read", source, error)),
     }
-    let mut files = Vec::new();
-    walk_into(source, "", 0, &mut files)?;
+    let mut walked = Walked {
+        source,
+        limits,
+        files: Vec::new(),
+        bytes: 0,
+    };
+    walked.walk_into(source, "", 0)?;
+    let mut files = walked.files;
     files.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(files)
+}
+
+/// A walk under way.
+struct Walked<'a> {
+    source: &'a Path,
+    limits: HandInLimits,
+    files: Vec<SourceFile>,
+    bytes: u64,
 }
 
 fn not_a_directory(source: &Path) -> StorageError {
@@ -40,45 +99,114 @@ fn not_a_directory(source: &Path) -> StorageError {
     }
 }
 
-fn walk_into(
-    dir: &Path,
-    prefix: &str,
-    depth: usize,
-    files: &mut Vec<SourceFile>,
-) -> Result<(), StorageError> {
-    if depth > MAX_DEPTH {
-        return Err(io(
-            "read",
-            dir,
-            std::io::Error::other(format!(
-                "directories nest deeper than {MAX_DEPTH} levels (a symlink loop?)"
-            )),
-        ));
-    }
-    let entries = std::fs::read_dir(dir).map_err(|error| io("list", dir, error))?;
-    for entry in entries {
-        let entry = entry.map_err(|error| io("list", dir, error))?;
-        let path = entry.path();
-        let Some(file_name) = entry.file_name().to_str().map(str::to_owned) else {
+impl Walked<'_> {
+    fn walk_into(&mut self, dir: &Path, prefix: &str, depth: usize) -> Result<(), StorageError> {
+        if depth > MAX_DEPTH {
             return Err(io(
                 "read",
-                &path,
-                std::io::Error::other("the file name is not UTF-8"),
+                dir,
+                std::io::Error::other(format!("directories nest deeper than {MAX_DEPTH} levels")),
             ));
-        };
-        let name = if prefix.is_empty() {
-            file_name
-        } else {
-            format!("{prefix}/{file_name}")
-        };
-        let meta = std::fs::metadata(&path).map_err(|error| io("read", &path, error))?;
-        if meta.is_dir() {
-            walk_into(&path, &name, depth + 1, files)?;
-        } else {
-            files.push(SourceFile { name, path });
         }
+        let entries = std::fs::read_dir(dir).map_err(|error| io("list", dir, error))?;
+        for entry in entries {
+            let entry = entry.map_err(|error| io("list", dir, error))?;
+            let path = entry.path();
+            let Some(file_name) = entry.file_name().to_str().map(str::to_owned) else {
+                return Err(io(
+                    "read",
+                    &path,
+                    std::io::Error::other("the file name is not UTF-8"),
+                ));
+            };
+            let name = if prefix.is_empty() {
+                file_name
+            } else {
+                format!("{prefix}/{file_name}")
+            };
+            let meta =
+                std::fs::symlink_metadata(&path).map_err(|error| io("read", &path, error))?;
+            let kind = meta.file_type();
+            if kind.is_dir() {
+                self.walk_into(&path, &name, depth + 1)?;
+            } else if kind.is_file() {
+                self.files.push(SourceFile { name, path });
+                self.bytes = self.bytes.saturating_add(meta.len());
+                self.check()?;
+            } else {
+                return Err(not_a_regular_file(&path, kind));
+            }
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Refuses the walk once it is beyond its limits.
+    fn check(&self) -> Result<(), StorageError> {
+        let path = || self.source.display().to_string();
+        if let Some(limit) = self.limits.files.filter(|&l| self.files.len() as u64 > l) {
+            return Err(StorageError::TooManyFiles {
+                path: path(),
+                limit,
+            });
+        }
+        if let Some(limit) = self.limits.bytes.filter(|&l| self.bytes > l) {
+            return Err(StorageError::TooLarge {
+                path: path(),
+                bytes: self.bytes,
+                limit,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What kind of file `kind` is, in words.
+fn kind_name(kind: std::fs::FileType) -> &'static str {
+    if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device"
+    } else if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
+}
+
+pub(crate) fn not_a_regular_file(path: &Path, kind: std::fs::FileType) -> StorageError {
+    StorageError::NotARegularFile {
+        path: path.display().to_string(),
+        kind: kind_name(kind),
+    }
+}
+
+/// Opens the regular file at `path` for reading without following a link in its last
+/// component and without blocking (a FIFO put in its place since the walk), and checks on
+/// the descriptor that it is a regular file.
+pub(crate) fn open_regular(path: &Path) -> Result<File, StorageError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
+        .open(path)
+        .map_err(|error| {
+            // ELOOP: the last component is a link.
+            match std::fs::symlink_metadata(path) {
+                Ok(meta) if !meta.is_file() => not_a_regular_file(path, meta.file_type()),
+                _ => io("open", path, error),
+            }
+        })?;
+    let kind = file
+        .metadata()
+        .map_err(|error| io("read", path, error))?
+        .file_type();
+    if !kind.is_file() {
+        return Err(not_a_regular_file(path, kind));
+    }
+    Ok(file)
 }
 
 /// Sixteen hex digits, different on every call (in this process and, with high
@@ -240,6 +368,70 @@ mod tests {
             .map(|f| f.name)
             .collect();
         assert_eq!(names, ["a.txt", "b/c/d.txt", "z.bin"]);
+    }
+
+    #[test]
+    fn a_link_a_fifo_or_a_socket_inside_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret"), b"s").unwrap();
+        type Make = fn(&Path);
+        let cases: [(&str, &str, Make); 4] = [
+            ("link", "a symbolic link", |p| {
+                std::os::unix::fs::symlink("../secret", p).unwrap();
+            }),
+            ("dir-link", "a symbolic link", |p| {
+                std::os::unix::fs::symlink("/", p).unwrap();
+            }),
+            ("fifo", "a FIFO", |p| {
+                nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+            }),
+            ("socket", "a socket", |p| {
+                std::os::unix::net::UnixListener::bind(p).unwrap();
+            }),
+        ];
+        for (name, kind, make) in cases {
+            let source = tempfile::tempdir().unwrap();
+            std::fs::create_dir(source.path().join("sub")).unwrap();
+            std::fs::write(source.path().join("model.pt"), b"m").unwrap();
+            let path = source.path().join("sub").join(name);
+            make(&path);
+            let error = walk(source.path()).unwrap_err();
+            assert!(
+                matches!(&error, StorageError::NotARegularFile { path: p, kind: k }
+                    if p == &path.display().to_string() && k == &kind),
+                "{name}: {error:?}"
+            );
+            let text = error.to_string();
+            assert!(
+                text.contains(&format!("sub/{name}")) && text.contains(kind),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_swapped_for_a_fifo_or_a_link_after_the_walk_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let link = dir.path().join("link");
+        std::fs::write(dir.path().join("file"), b"f").unwrap();
+        std::os::unix::fs::symlink("file", &link).unwrap();
+        // Opened without O_NONBLOCK, the FIFO would block this test for ever.
+        for (path, kind) in [(fifo, "a FIFO"), (link, "a symbolic link")] {
+            let error = open_regular(&path).unwrap_err();
+            assert!(
+                matches!(&error, StorageError::NotARegularFile { kind: k, .. } if k == &kind),
+                "{error:?}"
+            );
+        }
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut open_regular(&dir.path().join("file")).unwrap(),
+            &mut text,
+        )
+        .unwrap();
+        assert_eq!(text, "f");
     }
 
     #[test]

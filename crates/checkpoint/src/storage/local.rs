@@ -8,6 +8,7 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use futures::StreamExt;
 
 use super::files::{
-    SourceFile, checkpoint_index, io, is_temp, join_error, random_suffix, tally, temp_name,
+    SourceFile, checkpoint_index, io, is_temp, join_error, not_a_regular_file, open_regular,
+    random_suffix, tally, temp_name,
 };
 use crate::StorageError;
 
@@ -63,6 +65,81 @@ pub(crate) fn check_writable(root: &Path) -> Result<(), StorageError> {
     deleted.map_err(|e| io("delete", &probe, e))
 }
 
+/// This process's effective user id (the owner of its `/proc` entry).
+fn own_uid() -> Option<u32> {
+    std::fs::metadata("/proc/self").ok().map(|meta| meta.uid())
+}
+
+/// Refuses `meta` (of `path`) when it could have been put there or changed by another user:
+/// owned by neither `uid` nor root, or writable by its group or by others.
+fn check_trusted(path: &Path, meta: &std::fs::Metadata, uid: u32) -> Result<(), StorageError> {
+    let mode = meta.mode() & 0o7777;
+    if (meta.uid() != uid && meta.uid() != 0) || mode & 0o022 != 0 {
+        return Err(StorageError::Untrusted {
+            path: path.display().to_string(),
+            owner: meta.uid(),
+            mode,
+            uid,
+        });
+    }
+    Ok(())
+}
+
+/// Makes the run folder `dir` with mode 0700 when it is missing (its parent, the storage
+/// root, exists); else checks, as ssh's `StrictModes` does, that it and what trainyard keeps
+/// in it (`run.json`, `checkpoint_*`, `logs` and the attempts' folders in it) are this
+/// user's or root's and writable by no one else, and that none of those is a link. The run
+/// folder itself may be a link that this user made, to a folder that passes the same checks.
+pub(crate) fn prepare_run_dir(dir: &Path) -> Result<(), StorageError> {
+    let Some(uid) = own_uid() else {
+        return Ok(());
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => return Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(error) => return Err(io("create", dir, error)),
+    }
+    let own = std::fs::symlink_metadata(dir).map_err(|e| io("read", dir, e))?;
+    check_trusted(dir, &own, uid)?;
+    let meta = std::fs::metadata(dir).map_err(|e| io("read", dir, e))?;
+    check_trusted(dir, &meta, uid)?;
+    if !meta.is_dir() {
+        return Err(not_a_regular_file(dir, meta.file_type()));
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| io("list", dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| io("list", dir, e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let path = entry.path();
+        let wanted_dir = if name == crate::RUN_FILE {
+            false
+        } else if name == "logs" || checkpoint_index(&name).is_some() {
+            true
+        } else {
+            continue;
+        };
+        let meta = std::fs::symlink_metadata(&path).map_err(|e| io("read", &path, e))?;
+        let kind = meta.file_type();
+        if (wanted_dir && !kind.is_dir()) || (!wanted_dir && !kind.is_file()) {
+            return Err(not_a_regular_file(&path, kind));
+        }
+        check_trusted(&path, &meta, uid)?;
+        if name == "logs" {
+            for attempt in std::fs::read_dir(&path).map_err(|e| io("list", &path, e))? {
+                let attempt = attempt.map_err(|e| io("list", &path, e))?.path();
+                let meta =
+                    std::fs::symlink_metadata(&attempt).map_err(|e| io("read", &attempt, e))?;
+                if !meta.is_dir() {
+                    return Err(not_a_regular_file(&attempt, meta.file_type()));
+                }
+                check_trusted(&attempt, &meta, uid)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The file at `path`; `None` when there is none.
 pub(crate) fn read(path: &Path) -> Result<Option<Vec<u8>>, StorageError> {
     match std::fs::read(path) {
@@ -97,12 +174,23 @@ fn split(path: &Path) -> Result<(&Path, &str), StorageError> {
 /// under a temporary name, then renamed, so a reader sees the old content or the new.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
     let (dir, name) = split(path)?;
-    std::fs::create_dir_all(dir).map_err(|e| io("create", dir, e))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io("create", dir, e))?;
     let temp = dir.join(temp_name(name));
-    let written = std::fs::File::create(&temp).and_then(|mut file| {
-        file.write_all(bytes)?;
-        file.sync_all()
-    });
+    // Never writable by the group or others, whatever the umask: the next run refuses a
+    // `run.json` that others could have changed.
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&temp)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        });
     let renamed = written.and_then(|()| std::fs::rename(&temp, path));
     if let Err(error) = renamed {
         // Best effort: the temporary file may not exist.
@@ -112,14 +200,23 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StorageE
     Ok(())
 }
 
-/// Copies `from` to `to` through a temporary name beside it; the bytes copied.
+/// Copies `from` (a regular file: see [`open_regular`]) to `to` through a temporary name
+/// beside it; the bytes copied.
 fn copy_file(from: &Path, to: &Path) -> Result<u64, StorageError> {
     let (dir, name) = split(to)?;
+    let mut source = open_regular(from)?;
     let temp = dir.join(temp_name(name));
-    let copied = std::fs::copy(from, &temp).and_then(|bytes| {
-        std::fs::rename(&temp, to)?;
-        Ok(bytes)
-    });
+    // `io::copy` between two files is `copy_file_range` on Linux, as `fs::copy` is.
+    let copied = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&temp)
+        .and_then(|mut target| std::io::copy(&mut source, &mut target))
+        .and_then(|bytes| {
+            std::fs::rename(&temp, to)?;
+            Ok(bytes)
+        });
     copied.map_err(|error| {
         // Best effort: the temporary file may not exist.
         let _ = std::fs::remove_file(&temp);
@@ -143,9 +240,13 @@ pub(crate) async fn persist(dest: &Path, files: Vec<SourceFile>) -> Result<u64, 
         )
         .collect();
     blocking("create", dest, move || {
-        folders
-            .iter()
-            .try_for_each(|dir| std::fs::create_dir_all(dir).map_err(|e| io("create", dir, e)))
+        folders.iter().try_for_each(|dir| {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| io("create", dir, e))
+        })
     })
     .await?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use object_store::ObjectStore;
 
+pub use files::HandInLimits;
 pub use location::StorageLocation;
 
 use crate::{HandIn, RUN_FILE, RunRecord, StorageError};
@@ -240,6 +241,22 @@ impl RunFolder {
         s3::key(&location::join_key(prefix, &self.name), relative)
     }
 
+    /// Makes a local run folder (mode 0700) when it does not exist, else refuses it when
+    /// another user could have put it, its `run.json`, its checkpoints or its logs there or
+    /// changed them (see [`StorageError::Untrusted`]). S3 has no owners: nothing is checked.
+    ///
+    /// # Errors
+    /// [`StorageError::Untrusted`], [`StorageError::NotARegularFile`], [`StorageError::Io`].
+    pub async fn prepare(&self) -> Result<(), StorageError> {
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                let dir = Self::local_dir(root, &self.name);
+                blocking("create", &dir.clone(), move || local::prepare_run_dir(&dir)).await
+            }
+            Backend::S3 { .. } => Ok(()),
+        }
+    }
+
     /// Reads `run.json`; `None` when there is none.
     ///
     /// # Errors
@@ -321,8 +338,23 @@ impl RunFolder {
         index: u64,
         source: &Path,
     ) -> Result<HandIn, StorageError> {
+        self.persist_directory_within(index, source, HandInLimits::default())
+            .await
+    }
+
+    /// [`RunFolder::persist_directory`], refusing a directory beyond `limits`
+    /// ([`StorageError::TooManyFiles`], [`StorageError::TooLarge`]) before anything is copied.
+    ///
+    /// # Errors
+    /// As [`crate::CheckpointWriter::persist`].
+    pub async fn persist_directory_within(
+        &self,
+        index: u64,
+        source: &Path,
+        limits: HandInLimits,
+    ) -> Result<HandIn, StorageError> {
         let walked = source.to_path_buf();
-        let files = blocking("list", source, move || files::walk(&walked)).await?;
+        let files = blocking("list", source, move || files::walk_within(&walked, limits)).await?;
         let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
         let dir = checkpoint_dir_name(index);
         let bytes = match &self.storage.backend {

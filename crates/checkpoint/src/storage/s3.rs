@@ -265,9 +265,12 @@ impl Bucket<'_> {
             to: uri.clone(),
             source,
         };
-        let mut file = tokio::fs::File::open(path)
-            .await
-            .map_err(|e| copy_failed(Box::new(e)))?;
+        let opened = path.to_path_buf();
+        let mut file = tokio::fs::File::from_std(
+            tokio::task::spawn_blocking(move || super::files::open_regular(&opened))
+                .await
+                .map_err(|e| copy_failed(Box::new(e)))??,
+        );
         let len = file
             .metadata()
             .await

@@ -37,8 +37,10 @@
 //! # Where it is
 //!
 //! [`LedgerLocation::from_env`]: `$TRAINYARD_LEDGER` when set (`system` for
-//! [`SYSTEM_LEDGER`]), else `$XDG_RUNTIME_DIR/trainyard/ledger`, else `trainyard-<uid>/ledger`
-//! in the temporary directory. A missing directory is made with mode 0700, but for the
+//! [`SYSTEM_LEDGER`]), else `$XDG_RUNTIME_DIR/trainyard/ledger`, else
+//! `~/.cache/trainyard/<host>/ledger`, else `/run/user/<uid>/trainyard/ledger` (never a shared
+//! temporary directory, where another user could make the directory first and so stop
+//! every run of this user). A missing directory is made with mode 0700, but for the
 //! shared one's. A directory that is a symbolic link, or that every user may write to
 //! without the sticky bit, is refused; so is a per-user one (the two defaults) that is not
 //! this user's or that lets others in (any group or other bit): another user may have put it
@@ -136,7 +138,7 @@ pub enum LedgerLocation {
 
 impl LedgerLocation {
     /// `$TRAINYARD_LEDGER` (`system` meaning [`SYSTEM_LEDGER`]), else the user's own ledger
-    /// under `$XDG_RUNTIME_DIR`, else under the temporary directory.
+    /// ([`LedgerLocation::user_default`]).
     #[must_use]
     pub fn from_env() -> Self {
         match std::env::var_os(LEDGER_ENV) {
@@ -146,21 +148,65 @@ impl LedgerLocation {
         }
     }
 
-    /// The user's own ledger: `$XDG_RUNTIME_DIR/trainyard/ledger`, else
-    /// `trainyard-<uid>/ledger` in the temporary directory.
+    /// The user's own ledger, in a directory no other user can make or change:
+    /// `$XDG_RUNTIME_DIR/trainyard/ledger`; else `~/.cache/trainyard/<host>/ledger` (a home
+    /// shared between machines keeps one ledger per machine); else, without a home,
+    /// `/run/user/<uid>/trainyard/ledger`. Never a shared temporary directory, where another
+    /// user could make the directory first and so stop every run of this user.
     #[must_use]
     pub fn user_default() -> PathBuf {
-        match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
-            Some(dir) if dir.is_absolute() => dir.join("trainyard").join("ledger"),
-            _ => {
-                let uid =
-                    directory::own_uid().map_or_else(|| "user".to_owned(), |uid| uid.to_string());
-                std::env::temp_dir()
-                    .join(format!("trainyard-{uid}"))
-                    .join("ledger")
-            }
-        }
+        user_default_and_why().0
     }
+}
+
+/// Says once, as a warning, why the ledger at `path` is not under `$XDG_RUNTIME_DIR` when
+/// it is the user's own one and that is so.
+fn say_why_not_in_runtime_dir(path: &Path) {
+    let (own, fallback) = user_default_and_why();
+    if let Some(why) = fallback.filter(|_| own == path) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::warn!(
+                "{why}: this user's ledger is in `{}` (set {LEDGER_ENV} to put it elsewhere)",
+                path.display()
+            );
+        });
+    }
+}
+
+/// [`LedgerLocation::user_default`], and why it is not under `$XDG_RUNTIME_DIR` when it is
+/// not.
+fn user_default_and_why() -> (PathBuf, Option<&'static str>) {
+    let absolute = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|dir| dir.is_absolute() && dir != Path::new("/"))
+    };
+    if let Some(dir) = absolute("XDG_RUNTIME_DIR") {
+        return (dir.join("trainyard").join("ledger"), None);
+    }
+    if let Some(home) = absolute("HOME") {
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|name| name.into_string().ok())
+            .filter(|name| !name.is_empty() && !name.contains('/'))
+            .unwrap_or_else(|| "localhost".to_owned());
+        return (
+            home.join(".cache")
+                .join("trainyard")
+                .join(host)
+                .join("ledger"),
+            Some("XDG_RUNTIME_DIR is not set"),
+        );
+    }
+    let uid = directory::own_uid().map_or_else(|| "user".to_owned(), |uid| uid.to_string());
+    (
+        PathBuf::from("/run/user")
+            .join(uid)
+            .join("trainyard")
+            .join("ledger"),
+        Some("neither XDG_RUNTIME_DIR nor HOME is set"),
+    )
 }
 
 /// What one run holds.
@@ -406,6 +452,7 @@ impl Ledger {
     /// the liveness file exclusively, or [`LedgerError::Io`].
     pub fn open(path: &Path, run: &str) -> Result<Self, LedgerError> {
         static INSTANCES: AtomicU64 = AtomicU64::new(0);
+        say_why_not_in_runtime_dir(path);
         let files = Files::new(path)?;
         let owner = Owner::this_process().map_err(|source| LedgerError::Io {
             path: PathBuf::from("/proc/self/status"),
