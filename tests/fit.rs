@@ -127,6 +127,8 @@ async fn a_failed_attempt_is_restarted_and_recorded() {
                 "epoch 2 done".into()
             ],
             error: None,
+            // Rank 0 had finished its epochs when rank 1 failed.
+            left_before: vec![WorldRank(0)],
         }]
     );
 }

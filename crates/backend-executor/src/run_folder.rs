@@ -499,6 +499,7 @@ mod tests {
             config: CheckpointConfig::default(),
             book: None,
             storage_env: BTreeMap::new(),
+            created: true,
         };
         let (dir, remote) = store.attempt_log_dir(None);
         assert_eq!(remote.as_deref(), Some("logs/attempt_0"));
