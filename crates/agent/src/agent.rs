@@ -669,8 +669,8 @@ impl Agent {
         }
     }
 
-    /// Starts a command with the carried Python package on its `PYTHONPATH`, once the
-    /// checkpoint it resumes from is here.
+    /// Starts a command with the carried Python package on its `PYTHONPATH` (unless the wheel
+    /// installed the package beside this binary), once the checkpoint it resumes from is here.
     async fn run_command(
         &mut self,
         program: String,
@@ -686,7 +686,9 @@ impl Agent {
         self.commands_started += 1;
         let number = self.commands_started;
         let workdir = self.workdir().map_err(|e| cannot_start(no_workdir(&e)))?;
-        crate::python::prepend(&mut task_env, &workdir.python());
+        if !crate::python::running_from_wheel() {
+            crate::python::prepend(&mut task_env, &workdir.python());
+        }
         let error_file = root_cause::prepare_error_file(&mut task_env, workdir, number)
             .map_err(|e| cannot_start(format!("cannot prepare the task's error file: {e}")))?;
         // The download counts against the driver's wait for the reply: the reply carries

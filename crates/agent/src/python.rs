@@ -3,6 +3,10 @@
 //! per agent into its private directory ([`crate::workdir`]) and put first on the
 //! `PYTHONPATH` of every command task, so that a script imports the copy that speaks this
 //! agent's report protocol, with nothing installed.
+//!
+//! A binary installed from the Python wheel has the same package installed beside it (one
+//! wheel, one version): its tasks import that one ([`installed_beside`]), with what the wheel
+//! brought along (cloudpickle), and nothing is put on their `PYTHONPATH`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,8 +21,16 @@ pub(crate) const FILES: &[(&str, &str)] = &[
         include_str!("../../../python/trainyard/__init__.py"),
     ),
     (
+        "trainyard/__main__.py",
+        include_str!("../../../python/trainyard/__main__.py"),
+    ),
+    (
         "trainyard/_client.py",
         include_str!("../../../python/trainyard/_client.py"),
+    ),
+    (
+        "trainyard/_find_trainyard.py",
+        include_str!("../../../python/trainyard/_find_trainyard.py"),
     ),
     (
         "trainyard/train.py",
@@ -57,6 +69,31 @@ pub(crate) fn prepend(env: &mut BTreeMap<String, String>, dir: &Path) {
         Some(existing) => format!("{dir}:{existing}"),
     };
     env.insert(PYTHONPATH.to_owned(), path);
+}
+
+/// Whether the `trainyard` package of this very version is installed beside the binary at
+/// `exe`: the wheel puts the binary in `PREFIX/bin/` and the package in
+/// `PREFIX/lib/pythonX.Y/site-packages/` with its `trainyard-VERSION.dist-info`, for a virtual
+/// environment, a `--user` install and a system prefix alike.
+#[must_use]
+pub(crate) fn installed_beside(exe: &Path) -> bool {
+    let Some(lib) = exe.parent().and_then(Path::parent).map(|p| p.join("lib")) else {
+        return false;
+    };
+    let Ok(entries) = std::fs::read_dir(&lib) else {
+        return false;
+    };
+    let dist_info = format!("trainyard-{}.dist-info", env!("CARGO_PKG_VERSION"));
+    entries.flatten().any(|entry| {
+        entry.file_name().to_string_lossy().starts_with("python")
+            && entry.path().join("site-packages").join(&dist_info).is_dir()
+    })
+}
+
+/// Whether the running binary came from the wheel ([`installed_beside`]).
+#[must_use]
+pub(crate) fn running_from_wheel() -> bool {
+    std::env::current_exe().is_ok_and(|exe| installed_beside(&exe))
 }
 
 #[cfg(test)]
@@ -101,6 +138,22 @@ mod tests {
         env.insert(PYTHONPATH.to_owned(), String::new());
         prepend(&mut env, dir);
         assert_eq!(env[PYTHONPATH], "/tmp/agent/python");
+    }
+
+    #[test]
+    fn a_binary_with_its_dist_info_beside_it_came_from_the_wheel() {
+        let prefix = tempfile::tempdir().expect("a temp dir");
+        let exe = prefix.path().join("bin/trainyard");
+        std::fs::create_dir_all(exe.parent().expect("bin/")).expect("bin/");
+        assert!(!installed_beside(&exe), "no lib/ at all");
+        let site = prefix.path().join("lib/python3.11/site-packages");
+        let other = site.join("trainyard-0.0.0.dist-info");
+        std::fs::create_dir_all(&other).expect("site-packages");
+        assert!(!installed_beside(&exe), "another version's package");
+        let ours = site.join(format!("trainyard-{}.dist-info", env!("CARGO_PKG_VERSION")));
+        std::fs::create_dir_all(ours).expect("dist-info");
+        assert!(installed_beside(&exe));
+        assert!(!installed_beside(Path::new("/trainyard")), "no prefix");
     }
 
     #[test]
