@@ -29,12 +29,36 @@ pub(crate) const FILES: &[(&str, &str)] = &[
         include_str!("../../../python/trainyard/_client.py"),
     ),
     (
+        "trainyard/_driver.py",
+        include_str!("../../../python/trainyard/_driver.py"),
+    ),
+    (
         "trainyard/_find_trainyard.py",
         include_str!("../../../python/trainyard/_find_trainyard.py"),
     ),
     (
-        "trainyard/train.py",
-        include_str!("../../../python/trainyard/train.py"),
+        "trainyard/_worker.py",
+        include_str!("../../../python/trainyard/_worker.py"),
+    ),
+    (
+        "trainyard/train/__init__.py",
+        include_str!("../../../python/trainyard/train/__init__.py"),
+    ),
+    (
+        "trainyard/train/_config.py",
+        include_str!("../../../python/trainyard/train/_config.py"),
+    ),
+    (
+        "trainyard/train/_result.py",
+        include_str!("../../../python/trainyard/train/_result.py"),
+    ),
+    (
+        "trainyard/train/collective.py",
+        include_str!("../../../python/trainyard/train/collective.py"),
+    ),
+    (
+        "trainyard/train/torch/__init__.py",
+        include_str!("../../../python/trainyard/train/torch/__init__.py"),
     ),
     (
         "trainyard_report.py",

@@ -87,7 +87,7 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o700);
-        assert!(dir.python().join("trainyard/train.py").is_file());
+        assert!(dir.python().join("trainyard/train/__init__.py").is_file());
         assert!(dir.python().join("trainyard_report.py").is_file());
         drop(dir);
         assert!(!root.exists(), "{} is left behind", root.display());

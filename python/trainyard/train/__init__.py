@@ -1,7 +1,13 @@
-"""The worker side of a trainyard run: report metrics and checkpoints, resume
-from the last checkpoint, and learn where this worker stands in the run.
+"""Ray Train v2's API (``ray.train``) on trainyard: a Ray Train program runs with
+``ray.train`` replaced by ``trainyard.train``.
 
-Modelled on Ray Train's worker API::
+The driver side: ``ScalingConfig``, ``RunConfig``, ``CheckpointConfig``,
+``FailureConfig``, ``Result`` and the errors ``fit()`` raises
+(``TrainingFailedError``, ``WorkerGroupError``, ``ControllerError``); the trainer
+itself is ``trainyard.train.torch.TorchTrainer``. This module imports no torch.
+
+The worker side: report metrics and checkpoints, resume from the last
+checkpoint, and learn where this worker stands in the run::
 
     import tempfile
     from trainyard import train
@@ -26,6 +32,9 @@ checkpoint; a checkpoint is committed once every rank has reported its index
 and every rank's files are persisted. Each rank should write files of its own
 names (a shard each).
 
+A program that ``trainyard run`` starts can use this worker side on its own, as
+can the loop function of a ``TorchTrainer``.
+
 Outside trainyard (no ``TRAINYARD_REPORT_ADDR``, e.g. under plain torchrun)
 ``report`` prints ``trainyard_report: {...}`` to stderr instead, and a
 checkpoint handed to it is ignored with a warning.
@@ -34,28 +43,48 @@ checkpoint handed to it is ignored with a warning.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import warnings
 from typing import Any, Iterator, Mapping, Optional, Union
 
 from trainyard import _client
 from trainyard._client import ReportError
+from trainyard.train._config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from trainyard.train._result import (
+    ControllerError,
+    Result,
+    TrainingFailedError,
+    WorkerGroupError,
+)
 
 __all__ = [
     "Checkpoint",
+    "CheckpointConfig",
+    "CheckpointUploadMode",
+    "ControllerError",
+    "FailureConfig",
     "ReportError",
+    "Result",
+    "RunConfig",
+    "ScalingConfig",
     "TrainContext",
+    "TrainingFailedError",
+    "WorkerGroupError",
+    "collective",
     "get_checkpoint",
     "get_context",
+    "get_dataset_shard",
     "report",
 ]
 
 CHECKPOINT_ENV = "TRAINYARD_CHECKPOINT"
+# The checkpoint a TorchTrainer's ``resume_from_checkpoint`` names: what ``get_checkpoint``
+# returns while the run has none of its own.
+RESUME_FROM_ENV = "TRAINYARD_RESUME_FROM_CHECKPOINT"
 STDERR_PREFIX = "trainyard_report: "
 
 _print_lock = threading.Lock()
@@ -92,6 +121,9 @@ class Checkpoint:
     def to_directory(self, path: Optional[Union[str, "os.PathLike[str]"]] = None) -> str:
         """Copies the files into ``path`` (a new temporary directory when
         ``None``) and returns that directory."""
+        import shutil
+        import tempfile
+
         dest = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix="checkpoint_")
         shutil.copytree(self.path, dest, dirs_exist_ok=True)
         return dest
@@ -106,13 +138,93 @@ class Checkpoint:
         return f"Checkpoint(path={self.path!r})"
 
 
-def report(metrics: Mapping[str, Any], checkpoint: Optional[Checkpoint] = None) -> None:
+class CheckpointUploadMode(enum.Enum):
+    """How ``report`` hands in a checkpoint.
+
+    ``SYNC``: ``report`` returns once the files are persisted. ``ASYNC``: ``report``
+    returns at once and the files are persisted in the background, in order with the
+    later reports; the directory must not change until then, and it is deleted afterwards
+    unless ``delete_local_checkpoint_after_upload=False``. ``NO_UPLOAD``: as ``SYNC`` here
+    (every checkpoint is persisted into the run folder by the agent).
+    """
+
+    SYNC = "SYNC"
+    ASYNC = "ASYNC"
+    NO_UPLOAD = "NO_UPLOAD"
+
+
+class _AsyncReports:
+    """One background thread that sends ``ASYNC`` reports in order."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.queue: "queue.Queue[Any]" = queue.Queue()
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, name="trainyard-report", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    return
+                metrics, path, delete = item
+                try:
+                    _client.send(metrics, path)
+                except BaseException as error:  # noqa: BLE001 - raised by the next report
+                    self.error = error
+                if delete and path is not None:
+                    import shutil
+
+                    shutil.rmtree(path, ignore_errors=True)
+            finally:
+                self.queue.task_done()
+
+    def put(self, metrics: "dict[str, Any]", path: Optional[str], delete: bool) -> None:
+        self.raise_pending()
+        self.queue.put((metrics, path, delete))
+
+    def wait(self) -> None:
+        """Waits until every report handed over is sent."""
+        self.queue.join()
+        self.raise_pending()
+
+    def raise_pending(self) -> None:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+
+_async_reports: Optional[_AsyncReports] = None
+_async_lock = threading.Lock()
+
+
+def _wait_for_async_reports() -> None:
+    """Waits until every ``ASYNC`` report is sent (before the loop function returns)."""
+    if _async_reports is not None:
+        _async_reports.wait()
+
+
+def report(
+    metrics: Mapping[str, Any],
+    checkpoint: Optional[Checkpoint] = None,
+    checkpoint_dir_name: Optional[str] = None,
+    checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
+    delete_local_checkpoint_after_upload: Optional[bool] = None,
+    checkpoint_upload_fn: Any = None,
+    validation: bool = False,
+) -> None:
     """Reports ``metrics`` (a JSON-serialisable mapping) to the driver, with
     the files of ``checkpoint`` if one is given.
 
-    Returns once the agent has persisted the checkpoint's files into the run
-    folder and passed the report on, so the directory may be deleted then.
-    Safe to call from several threads (reports are sent one at a time).
+    With ``checkpoint_upload_mode=SYNC`` (the default) it returns once the agent
+    has persisted the checkpoint's files into the run folder and passed the
+    report on, so the directory may be deleted then; with ``ASYNC`` at once
+    (see ``CheckpointUploadMode``). Safe to call from several threads (reports
+    are sent one at a time). ``checkpoint_dir_name`` is accepted for Ray's
+    sake: the run folder names its checkpoints by index.
 
     Raises ``ReportError`` with the agent's reason when the files cannot be
     persisted (the driver is told, and that checkpoint is never committed),
@@ -120,6 +232,7 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Checkpoint] = None) 
     ``Checkpoint``, ``ValueError`` when ``metrics`` is not JSON (NaN and
     infinities are not), ``OSError`` when the agent cannot be reached.
     """
+    global _async_reports
     if not isinstance(metrics, Mapping):
         raise TypeError(f"metrics must be a mapping, got {type(metrics).__name__}")
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
@@ -127,6 +240,14 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Checkpoint] = None) 
             "checkpoint must be a trainyard.train.Checkpoint "
             f"(Checkpoint.from_directory(path)), got {type(checkpoint).__name__}"
         )
+    if checkpoint_upload_fn is not None:
+        raise NotImplementedError(
+            "checkpoint_upload_fn is not supported: the agent persists checkpoints into the "
+            "run folder (RunConfig.storage_path)"
+        )
+    if validation:
+        raise NotImplementedError("report(validation=True) is not supported")
+    mode = CheckpointUploadMode(checkpoint_upload_mode)
     metrics = dict(metrics)
     if _client.address() is None:
         line = json.dumps(metrics, separators=(",", ":"))
@@ -141,7 +262,42 @@ def report(metrics: Mapping[str, Any], checkpoint: Optional[Checkpoint] = None) 
             # one write() per line, even when stderr is unbuffered
             print(STDERR_PREFIX + line + "\n", end="", file=sys.stderr, flush=True)
         return
-    _client.send(metrics, None if checkpoint is None else checkpoint.path)
+    # Checked here, where the caller sees it, not in the background.
+    json.dumps(metrics, allow_nan=False)
+    path = None if checkpoint is None else checkpoint.path
+    if mode is CheckpointUploadMode.ASYNC:
+        with _async_lock:
+            if _async_reports is None:
+                _async_reports = _AsyncReports()
+        delete = (
+            True
+            if delete_local_checkpoint_after_upload is None
+            else bool(delete_local_checkpoint_after_upload)
+        )
+        _async_reports.put(metrics, path, delete)
+        return
+    if _async_reports is not None:
+        # A report counts in the order it was made: the ASYNC ones before go first.
+        _async_reports.wait()
+    _client.send(metrics, path)
+    if path is not None and delete_local_checkpoint_after_upload:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def get_dataset_shard(dataset_name: Optional[str] = None) -> Any:
+    """Not available: there is no Ray Data here.
+
+    Raises ``RuntimeError`` saying what to use instead: a ``torch.utils.data.DataLoader``
+    passed through ``trainyard.train.torch.prepare_data_loader``, which gives each rank
+    its shard.
+    """
+    raise RuntimeError(
+        f"get_dataset_shard({dataset_name!r}) needs Ray Data, which trainyard does not have: "
+        "build a torch.utils.data.DataLoader in the loop function and pass it through "
+        "trainyard.train.torch.prepare_data_loader(loader), which gives each rank its shard"
+    )
 
 
 def get_checkpoint() -> Optional[Checkpoint]:
@@ -149,9 +305,10 @@ def get_checkpoint() -> Optional[Checkpoint]:
     ``None`` on a fresh start.
 
     Read from ``TRAINYARD_CHECKPOINT``, a local directory that the agent has
-    downloaded already when the run's storage is remote.
+    downloaded already when the run's storage is remote; before the run has a
+    checkpoint of its own, a ``TorchTrainer``'s ``resume_from_checkpoint``.
     """
-    path = os.environ.get(CHECKPOINT_ENV)
+    path = os.environ.get(CHECKPOINT_ENV) or os.environ.get(RESUME_FROM_ENV)
     return Checkpoint(path) if path else None
 
 
@@ -207,3 +364,7 @@ class TrainContext:
 def get_context() -> TrainContext:
     """This worker's ``TrainContext``."""
     return TrainContext()
+
+
+# Last: ``collective`` reads this module's names.
+from trainyard.train import collective  # noqa: E402

@@ -1,0 +1,180 @@
+"""The worker side of ``TorchTrainer.fit()``: ``python -m trainyard._worker FIT_DIR``.
+
+The driver writes into ``FIT_DIR`` the loop function and its config (cloudpickled, in
+``loop.pkl``) and ``spec.json`` (its Python version, working directory, ``sys.path``,
+the process-group settings, the checkpoint to start from). Each rank checks the Python
+version, takes the driver's working directory and ``sys.path``, joins the run's
+``torch.distributed`` process group, calls the loop function, and leaves behind in
+``FIT_DIR``: rank 0 its return value (``return.pkl``); a rank that raises, its
+exception (``errors/attempt_<restart count>_rank_<rank>.pkl``), which the driver raises
+again within ``WorkerGroupError.worker_failures``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import pickle
+import sys
+import traceback
+from typing import Any, Callable, Dict, Optional
+
+SPEC = "spec.json"
+LOOP = "loop.pkl"
+RETURN = "return.pkl"
+ERRORS = "errors"
+
+
+def error_file(fit_dir: str, restart_count: int, rank: int) -> str:
+    """Where rank ``rank`` of the attempt after ``restart_count`` restarts leaves its error."""
+    return os.path.join(fit_dir, ERRORS, f"attempt_{restart_count}_rank_{rank}.pkl")
+
+
+def _rank() -> int:
+    return int(os.environ.get("TRAINYARD_WORLD_RANK") or os.environ.get("RANK") or 0)
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _leave_error(fit_dir: str, error: BaseException) -> None:
+    """Writes ``error`` (pickled when it can be, its text always) for the driver."""
+    # The traceback from the user's code on: this module's frames tell nothing.
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(error), error, tb or error.__traceback__))
+    try:
+        import cloudpickle
+
+        pickled: Optional[bytes] = cloudpickle.dumps(error)
+        pickle.loads(pickled)
+    except Exception:  # noqa: BLE001 - the text is kept whatever the exception holds
+        pickled = None
+    record = {
+        "type": f"{type(error).__module__}.{type(error).__qualname__}",
+        "message": str(error),
+        "traceback": text,
+        "pickled": pickled,
+    }
+    restart_count = int(os.environ.get("TRAINYARD_RESTART_COUNT") or 0)
+    try:
+        _write_atomically(
+            error_file(fit_dir, restart_count, _rank()), pickle.dumps(record, protocol=4)
+        )
+    except OSError:
+        pass
+
+
+def _check_python(spec: Dict[str, Any]) -> None:
+    driver = tuple(spec["python"])
+    here = sys.version_info[:2]
+    if driver != here:
+        raise RuntimeError(
+            f"the driver runs Python {driver[0]}.{driver[1]} ({spec['executable']}) and this "
+            f"worker Python {here[0]}.{here[1]} ({sys.executable}): the loop function travels "
+            "pickled (cloudpickle), which needs one Python version on both sides; run the "
+            "workers with the driver's Python version"
+        )
+
+
+def _take_driver_paths(spec: Dict[str, Any]) -> None:
+    """The driver's working directory, and its ``sys.path`` before this one's."""
+    try:
+        os.chdir(spec["cwd"])
+    except OSError:
+        pass
+    ours = list(sys.path)
+    sys.path[:] = [p for p in spec["sys_path"] if p not in ours] + ours
+
+
+def _init_process_group(spec: Dict[str, Any]) -> bool:
+    """Joins the run's process group as Ray's ``TorchConfig`` has the workers do; whether
+    it did (not when there is no torch backend)."""
+    backend = spec.get("backend") or os.environ.get("TRAINYARD_TORCH_BACKEND")
+    if not backend or "MASTER_ADDR" not in os.environ:
+        return False
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    if backend == "nccl" and torch.cuda.is_available():
+        from trainyard.train.torch import get_device
+
+        torch.cuda.set_device(get_device())
+    timeout = spec.get("timeout_s") or int(os.environ.get("TRAINYARD_TORCH_TIMEOUT_S") or 1800)
+    dist.init_process_group(
+        backend=backend,
+        init_method=os.environ.get("TRAINYARD_TORCH_INIT_METHOD") or "env://",
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timedelta(seconds=timeout),
+    )
+    return True
+
+
+def _call(fn: Callable[..., Any], config: Optional[Dict[str, Any]]) -> Any:
+    """``fn(config)`` or ``fn()``, as Ray calls a loop function by its parameters."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn(config if config is not None else {})
+    if len(parameters) == 0:
+        return fn()
+    return fn(config if config is not None else {})
+
+
+def main(fit_dir: str) -> int:
+    with open(os.path.join(fit_dir, SPEC), encoding="utf-8") as f:
+        spec = json.load(f)
+    try:
+        _check_python(spec)
+        _take_driver_paths(spec)
+        if spec.get("use_gpu"):
+            os.environ["TRAINYARD_USE_GPU"] = "1"
+        if spec.get("resume_from"):
+            os.environ.setdefault("TRAINYARD_RESUME_FROM_CHECKPOINT", spec["resume_from"])
+        import cloudpickle
+
+        with open(os.path.join(fit_dir, LOOP), "rb") as f:
+            fn, config = cloudpickle.load(f)
+        grouped = _init_process_group(spec)
+        from trainyard import train
+
+        value = _call(fn, config)
+        train._wait_for_async_reports()
+        if _rank() == 0:
+            try:
+                data = cloudpickle.dumps(value)
+            except Exception as error:  # noqa: BLE001 - said, not fatal
+                print(
+                    f"trainyard: rank 0's return value cannot be pickled ({error}): "
+                    "Result.return_value is None",
+                    file=sys.stderr,
+                )
+                data = cloudpickle.dumps(None)
+            _write_atomically(os.path.join(fit_dir, RETURN), data)
+        if grouped:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    except BaseException as error:
+        if isinstance(error, SystemExit) and error.code in (0, None):
+            raise
+        _leave_error(fit_dir, error)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python -m trainyard._worker FIT_DIR", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1]))

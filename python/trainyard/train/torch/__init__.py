@@ -1,0 +1,291 @@
+"""Ray Train v2's ``ray.train.torch`` on trainyard: ``TorchTrainer`` and the helpers a loop
+function uses to run under ``torch.distributed``. This module imports torch.
+
+A Ray Train program runs with ``ray.train`` replaced by ``trainyard.train``::
+
+    from trainyard.train import ScalingConfig
+    from trainyard.train.torch import TorchTrainer
+
+    def train_loop(config):
+        ...  # prepare_model, prepare_data_loader, trainyard.train.report
+
+    result = TorchTrainer(train_loop, scaling_config=ScalingConfig(num_workers=2)).fit()
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Union
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, SequentialSampler
+
+from trainyard.train import (
+    Checkpoint,
+    Result,
+    RunConfig,
+    ScalingConfig,
+    get_context,
+)
+
+__all__ = [
+    "TorchConfig",
+    "TorchTrainer",
+    "backward",
+    "enable_reproducibility",
+    "get_device",
+    "get_devices",
+    "prepare_data_loader",
+    "prepare_model",
+    "prepare_optimizer",
+]
+
+
+@dataclass
+class TorchConfig:
+    """The workers' ``torch.distributed`` process group.
+
+    Args:
+        backend: ``"gloo"`` or ``"nccl"``; ``None`` picks NCCL for GPU workers, else gloo.
+        init_method: ``"env"`` (the only method here: ``MASTER_ADDR``/``MASTER_PORT``).
+        timeout_s: The process group's timeout, in seconds.
+    """
+
+    backend: Optional[str] = None
+    init_method: str = "env"
+    timeout_s: int = 1800
+
+    def __post_init__(self) -> None:
+        if self.backend not in (None, "gloo", "nccl"):
+            raise ValueError(f"backend must be None, 'gloo' or 'nccl', got {self.backend!r}")
+        if self.init_method != "env":
+            raise ValueError(f"init_method must be 'env', got {self.init_method!r}")
+        if (
+            isinstance(self.timeout_s, bool)
+            or not isinstance(self.timeout_s, int)
+            or (self.timeout_s < 1)
+        ):
+            raise ValueError(f"timeout_s must be a positive int, got {self.timeout_s!r}")
+
+
+class TorchTrainer:
+    """Runs ``train_loop_per_worker`` on every worker of a ``torch.distributed`` group.
+
+    Args:
+        train_loop_per_worker: The loop function: takes ``config`` (the
+            ``train_loop_config``, ``{}`` when ``None``) or nothing. Defined anywhere: in
+            ``__main__``, a notebook, a closure or a module (it travels by cloudpickle).
+        train_loop_config: What the loop function gets as ``config``.
+        torch_config: The process group's backend and timeout.
+        scaling_config: How many workers and what each gets.
+        run_config: The run's name, storage, checkpoint and failure policies.
+        resume_from_checkpoint: The checkpoint ``get_checkpoint()`` returns until the run
+            has one of its own.
+        runtime: Where the workers run: ``"local"`` (this machine), ``"ray"`` or
+            ``"slurm"``, as ``trainyard run --runtime``; default ``$TRAINYARD_RUNTIME``,
+            else local.
+    """
+
+    def __init__(
+        self,
+        train_loop_per_worker: Union[Callable[[], Any], Callable[[Dict[str, Any]], Any]],
+        *,
+        train_loop_config: Optional[Dict[str, Any]] = None,
+        torch_config: Optional[TorchConfig] = None,
+        scaling_config: Optional[ScalingConfig] = None,
+        run_config: Optional[RunConfig] = None,
+        datasets: Optional[Dict[str, Any]] = None,
+        resume_from_checkpoint: Optional[Checkpoint] = None,
+        runtime: Optional[str] = None,
+    ) -> None:
+        if not callable(train_loop_per_worker):
+            raise TypeError(
+                "train_loop_per_worker must be a function, got "
+                f"{type(train_loop_per_worker).__name__}"
+            )
+        if datasets:
+            raise ValueError(
+                "datasets need Ray Data, which trainyard does not have: build a "
+                "torch.utils.data.DataLoader in the loop function and pass it through "
+                "trainyard.train.torch.prepare_data_loader"
+            )
+        if resume_from_checkpoint is not None and not isinstance(
+            resume_from_checkpoint, Checkpoint
+        ):
+            raise TypeError(
+                "resume_from_checkpoint must be a trainyard.train.Checkpoint, got "
+                f"{type(resume_from_checkpoint).__name__}"
+            )
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.torch_config = torch_config or TorchConfig()
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self.resume_from_checkpoint = resume_from_checkpoint
+        self.runtime = runtime
+
+    def fit(self) -> Result:
+        """Runs the loop function on every worker until it returns on all of them.
+
+        Returns the ``Result``; raises ``TrainingFailedError`` (``WorkerGroupError`` with
+        each failed rank's exception, or ``ControllerError``) when the run fails beyond
+        ``FailureConfig.max_failures``, ``KeyboardInterrupt`` after a Ctrl-C has stopped
+        it. Worker output is printed with its rank prefix as it comes.
+        """
+        from trainyard import _driver
+
+        return _driver.fit(
+            self.train_loop_per_worker,
+            self.train_loop_config,
+            scaling_config=self.scaling_config,
+            run_config=self.run_config,
+            backend=self.torch_config.backend,
+            timeout_s=self.torch_config.timeout_s,
+            resume_from_checkpoint=self.resume_from_checkpoint,
+            runtime=self.runtime,
+        )
+
+
+def _uses_gpu() -> bool:
+    return os.environ.get("TRAINYARD_USE_GPU") == "1" or (
+        os.environ.get("TRAINYARD_TORCH_BACKEND") == "nccl"
+    )
+
+
+def get_device() -> torch.device:
+    """This worker's device: its GPU when the run gives workers GPUs, else the CPU."""
+    if _uses_gpu() and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return torch.device("cuda", get_context().get_local_rank() % count)
+    return torch.device("cpu")
+
+
+def get_devices() -> List[torch.device]:
+    """This worker's devices (one here)."""
+    return [get_device()]
+
+
+def prepare_model(
+    model: torch.nn.Module,
+    move_to_device: Union[bool, torch.device] = True,
+    parallel_strategy: Optional[str] = "ddp",
+    parallel_strategy_kwargs: Optional[Dict[str, Any]] = None,
+) -> torch.nn.Module:
+    """Moves ``model`` to this worker's device and, with more than one worker, wraps it
+    in ``DistributedDataParallel`` (``parallel_strategy="ddp"``) or
+    ``FullyShardedDataParallel`` (``"fsdp"``); ``None`` wraps nothing."""
+    kwargs = dict(parallel_strategy_kwargs or {})
+    device = move_to_device if isinstance(move_to_device, torch.device) else get_device()
+    if move_to_device is not False:
+        model = model.to(device)
+    if get_context().get_world_size() <= 1 or parallel_strategy is None:
+        return model
+    if parallel_strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        if device.type == "cuda":
+            kwargs.setdefault("device_ids", [device])
+            kwargs.setdefault("output_device", device)
+        return DistributedDataParallel(model, **kwargs)
+    if parallel_strategy == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        return FullyShardedDataParallel(model, **kwargs)
+    raise ValueError(f"parallel_strategy must be 'ddp', 'fsdp' or None, got {parallel_strategy!r}")
+
+
+def _move(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        moved = [_move(item, device) for item in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+    if isinstance(batch, dict):
+        return {key: _move(value, device) for key, value in batch.items()}
+    return batch
+
+
+class _DeviceDataLoader(DataLoader):
+    """A ``DataLoader`` whose batches come on this worker's device."""
+
+    def __init__(self, base: DataLoader, device: torch.device) -> None:
+        self.__dict__.update(base.__dict__)
+        self._base = base
+        self._device = device
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for batch in iter(self._base):
+            yield _move(batch, self._device)
+
+    def __len__(self) -> int:
+        return len(self._base)
+
+
+def prepare_data_loader(
+    data_loader: DataLoader,
+    add_dist_sampler: bool = True,
+    move_to_device: bool = True,
+    auto_transfer: bool = True,
+) -> DataLoader:
+    """Gives each worker its shard of ``data_loader``'s dataset (a ``DistributedSampler``,
+    shuffling when the loader shuffled) and, with ``move_to_device``, its batches on this
+    worker's device. Call ``loader.sampler.set_epoch(epoch)`` each epoch to reshuffle."""
+    world_size = get_context().get_world_size()
+    if (
+        add_dist_sampler
+        and world_size > 1
+        and not isinstance(data_loader.dataset, IterableDataset)
+        and not isinstance(data_loader.sampler, DistributedSampler)
+    ):
+        shuffle = not isinstance(data_loader.sampler, SequentialSampler)
+        sampler = DistributedSampler(
+            data_loader.dataset,
+            num_replicas=world_size,
+            rank=get_context().get_world_rank(),
+            shuffle=shuffle,
+        )
+        data_loader = DataLoader(
+            data_loader.dataset,
+            batch_size=data_loader.batch_size,
+            shuffle=False,
+            sampler=sampler,
+            num_workers=data_loader.num_workers,
+            collate_fn=data_loader.collate_fn,
+            pin_memory=data_loader.pin_memory,
+            drop_last=data_loader.drop_last,
+            timeout=data_loader.timeout,
+            worker_init_fn=data_loader.worker_init_fn,
+        )
+    device = get_device()
+    if move_to_device and device.type != "cpu":
+        return _DeviceDataLoader(data_loader, device)
+    return data_loader
+
+
+def prepare_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``optimizer`` as it is (no mixed precision here)."""
+    return optimizer
+
+
+def backward(tensor: torch.Tensor) -> None:
+    """``tensor.backward()``."""
+    tensor.backward()
+
+
+def enable_reproducibility(seed: int = 0) -> None:
+    """Seeds Python, NumPy and torch with ``seed`` and makes torch's algorithms
+    deterministic, as Ray's does."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:
+        pass
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    # Deterministic cuBLAS on CUDA >= 10.2.
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
