@@ -5,17 +5,20 @@ mod bench_checkpoint;
 mod bench_e2e;
 mod bench_ray;
 mod bench_slurm;
+mod python;
 mod soak;
 mod tidy;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <ci|tidy|bench-e2e|bench-ray|bench-slurm|bench-checkpoint|soak>
+const USAGE: &str = "usage: cargo xtask <ci|python|tidy|bench-e2e|bench-ray|bench-slurm|bench-checkpoint|soak>
   ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests,
              the API docs with rustdoc's warnings as errors;
              the Ray tests too when TRAINYARD_RAY_PYTHON is set (under CI=true it must be,
-             unless TRAINYARD_RAY_SKIP says why not)
+             unless TRAINYARD_RAY_SKIP says why not); then the python step
+  python     build the wheel, install it into a fresh venv, run python/tests/driver (pytest,
+             torch) there with no Rust toolchain on PATH
   tidy       fail on a workspace dependency that points up a layer
   bench-e2e  [--against BIN] [--readme] time whole runs: trainyard run vs torchrun vs processes by
              hand, crash-to-stop, hangs, elastic growth, 64 workers, and where the launch goes;
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
     let task = std::env::args().nth(1);
     let result = match task.as_deref() {
         Some("ci") => ci(),
+        Some("python") => python::run_suite(),
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
         Some("bench-e2e") => bench_e2e::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("bench-ray") => bench_ray::run(),
@@ -173,7 +177,8 @@ fn ci() -> Result<(), String> {
     // --all-features`, which type-checks every bench target (and lints it) in the dev profile.
     cargo(&["test", "--workspace", "--all-features", "--doc"])?;
     // The API docs build without a warning (a broken or private link fails CI).
-    docs()
+    docs()?;
+    python::run_suite()
 }
 
 /// `cargo doc` of the workspace's own crates with rustdoc's warnings as errors.

@@ -1,0 +1,368 @@
+"""``TorchTrainer.fit()`` with real torch DDP (gloo) on 2 workers, checked against what Ray
+Train 2.60 does with the same code (``python-door.md`` in the project's reference notes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+
+import pytest
+
+from trainyard import train
+from trainyard.train import (
+    Checkpoint,
+    CheckpointConfig,
+    ControllerError,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TrainingFailedError,
+    WorkerGroupError,
+)
+from trainyard.train.torch import TorchConfig, TorchTrainer
+
+TWO = ScalingConfig(num_workers=2)
+
+
+def _run(fn, storage, name="run", config=None, **kwargs):  # type: ignore[no-untyped-def]
+    scaling = kwargs.pop("scaling_config", TWO)
+    run_kwargs = kwargs.pop("run_kwargs", {})
+    return TorchTrainer(
+        fn,
+        train_loop_config=config,
+        scaling_config=scaling,
+        run_config=RunConfig(name=name, storage_path=storage, **run_kwargs),
+        **kwargs,
+    ).fit()
+
+
+# --- the context, the config, the return value, collectives ------------------------------
+
+
+def context_loop(config):  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
+    from trainyard.train import collective
+
+    ctx = train.get_context()
+    rank = ctx.get_world_rank()
+    shared = collective.broadcast_from_rank_zero({"token": f"from rank {rank}"})
+    collective.barrier()
+    try:
+        train.get_dataset_shard("train")
+        shard_error = None
+    except RuntimeError as error:
+        shard_error = str(error)
+    seen = {
+        "rank": rank,
+        "world_size": ctx.get_world_size(),
+        "local_rank": ctx.get_local_rank(),
+        "local_world_size": ctx.get_local_world_size(),
+        "node_rank": ctx.get_node_rank(),
+        "experiment": ctx.get_experiment_name(),
+        "config": config,
+        "shared": shared,
+        "group": dist.is_initialized() and dist.get_world_size(),
+        "shard_error": shard_error,
+        "checkpoint": train.get_checkpoint() is not None,
+    }
+    train.report({"rank": rank})
+    return seen
+
+
+def test_the_loop_sees_its_context_config_and_peers_and_rank_0_returns(storage) -> None:
+    result = _run(context_loop, storage, name="ctx", config={"lr": 0.1})
+    seen = result.return_value
+    assert seen["rank"] == 0
+    assert (seen["world_size"], seen["local_world_size"]) == (2, 2)
+    assert (seen["local_rank"], seen["node_rank"]) == (0, 0)
+    assert seen["experiment"] == "ctx"
+    assert seen["config"] == {"lr": 0.1}
+    assert seen["shared"] == {"token": "from rank 0"}
+    assert seen["group"] == 2
+    assert "prepare_data_loader" in seen["shard_error"]
+    assert seen["checkpoint"] is False
+    # Ray v2 keeps only metrics that come with a checkpoint.
+    assert result.metrics is None and result.checkpoint is None
+    assert result.error is None
+    assert result.path == os.path.join(storage, "ctx")
+
+
+def no_argument_loop():  # type: ignore[no-untyped-def]
+    return "no config"
+
+
+def test_a_loop_without_a_parameter_is_called_without_config(storage) -> None:
+    assert _run(no_argument_loop, storage).return_value == "no config"
+
+
+def test_a_closure_travels_by_value(storage) -> None:
+    secret = {"value": 41}
+
+    def closure():  # type: ignore[no-untyped-def]
+        return secret["value"] + 1
+
+    assert _run(closure, storage).return_value == 42
+
+
+# --- data, model, device -------------------------------------------------------------------
+
+
+def data_loop(config):  # type: ignore[no-untyped-def]
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainyard.train import torch as ttorch
+
+    ttorch.enable_reproducibility(seed=7)
+    x = torch.arange(1000, dtype=torch.float32).reshape(-1, 1)
+    y = 3 * x + 1
+    loader = ttorch.prepare_data_loader(
+        DataLoader(TensorDataset(x, y), batch_size=50, shuffle=True)
+    )
+    model = ttorch.prepare_model(torch.nn.Linear(1, 1))
+    optimizer = ttorch.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=1e-7))
+    seen = 0
+    for epoch in range(2):
+        loader.sampler.set_epoch(epoch)
+        seen = 0
+        for xb, yb in loader:
+            seen += len(xb)
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            optimizer.zero_grad()
+            ttorch.backward(loss)
+            optimizer.step()
+        rank = train.get_context().get_world_rank()
+        with tempfile.TemporaryDirectory() as d:
+            checkpoint = None
+            if rank == 0:
+                torch.save(model.state_dict(), os.path.join(d, "model.pt"))
+                checkpoint = Checkpoint.from_directory(d)
+            train.report({"epoch": epoch, "loss": loss.item(), "rank": rank}, checkpoint=checkpoint)
+    weights = [p.detach().clone() for p in model.parameters()]
+    return {
+        "seen": seen,
+        "model": type(model).__name__,
+        "device": str(ttorch.get_device()),
+        "devices": [str(d) for d in ttorch.get_devices()],
+        "weights": [w.tolist() for w in weights],
+    }
+
+
+def test_each_rank_sees_its_half_of_the_data_through_ddp_on_cpu(storage) -> None:
+    result = _run(data_loop, storage, name="data")
+    value = result.return_value
+    assert value["seen"] == 500
+    assert value["model"] == "DistributedDataParallel"
+    assert (value["device"], value["devices"]) == ("cpu", ["cpu"])
+    # Rank 0's metrics of the latest report with a checkpoint.
+    assert result.metrics is not None
+    assert (result.metrics["epoch"], result.metrics["rank"]) == (1, 0)
+    assert result.checkpoint is not None
+    with result.checkpoint.as_directory() as d:
+        assert os.listdir(d) == ["model.pt"]
+    frame = result.metrics_dataframe
+    assert list(frame["epoch"]) == [0, 1]
+
+
+# --- failures -------------------------------------------------------------------------------
+
+
+class BadBatch(Exception):
+    """A user's own exception class, importable on both sides."""
+
+
+def raising_loop(config):  # type: ignore[no-untyped-def]
+    if train.get_context().get_world_rank() == 1:
+        if config["kind"] == "own":
+            raise BadBatch("bad batch 7")
+        raise ValueError("bad batch 7")
+    return "rank 0 done"
+
+
+def test_a_rank_that_raises_fails_fit_with_its_own_exception(storage) -> None:
+    with pytest.raises(TrainingFailedError) as caught:
+        _run(raising_loop, storage, name="raise", config={"kind": "value"})
+    error = caught.value
+    assert isinstance(error, WorkerGroupError)
+    assert list(error.worker_failures) == [1]
+    failure = error.worker_failures[1]
+    assert isinstance(failure, ValueError) and str(failure) == "bad batch 7"
+    assert "raising_loop" in failure.traceback_str
+    assert str(error).startswith("Training failed due to worker errors:\n")
+    assert "[Rank 1]" in str(error) and "ValueError: bad batch 7" in str(error)
+
+
+def test_a_users_own_exception_class_is_rebuilt_on_the_driver(storage) -> None:
+    with pytest.raises(WorkerGroupError) as caught:
+        _run(raising_loop, storage, name="own", config={"kind": "own"})
+    assert isinstance(caught.value.worker_failures[1], BadBatch)
+
+
+def killed_loop(config):  # type: ignore[no-untyped-def]
+    rank = train.get_context().get_world_rank()
+    checkpoint = train.get_checkpoint()
+    start = 0
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            with open(os.path.join(d, "epoch.json")) as f:
+                start = json.load(f)["epoch"] + 1
+    for epoch in range(start, 5):
+        if epoch == 3 and rank == 1 and checkpoint is None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        with tempfile.TemporaryDirectory() as d:
+            handed = None
+            if rank == 0:
+                with open(os.path.join(d, "epoch.json"), "w") as f:
+                    json.dump({"epoch": epoch}, f)
+                handed = Checkpoint.from_directory(d)
+            train.report({"epoch": epoch}, checkpoint=handed)
+    return start
+
+
+def test_a_sigkilled_rank_resumes_from_the_last_checkpoint_every_rank_reported(storage) -> None:
+    result = _run(
+        killed_loop,
+        storage,
+        name="killed",
+        run_kwargs={"failure_config": FailureConfig(max_failures=1)},
+    )
+    # Epochs 0-2 were reported by both ranks: the run resumes at epoch 3 (Ray 2.60 at 2).
+    assert result.return_value == 3
+    assert result.metrics == {"epoch": 4}
+
+
+def test_a_sigkilled_rank_without_restarts_fails_fit_naming_it(storage) -> None:
+    with pytest.raises(WorkerGroupError) as caught:
+        _run(killed_loop, storage, name="killed0")
+    assert list(caught.value.worker_failures) == [1]
+    assert "rank 1" in str(caught.value)
+
+
+def scored_loop(config):  # type: ignore[no-untyped-def]
+    for step, acc in enumerate([0.1, 0.5, 0.3, 0.9, 0.2, 0.4]):
+        with tempfile.TemporaryDirectory() as d:
+            handed = None
+            if train.get_context().get_world_rank() == 0:
+                with open(os.path.join(d, "step"), "w") as f:
+                    f.write(str(step))
+                handed = Checkpoint.from_directory(d)
+            train.report({"acc": acc, "step": step}, checkpoint=handed)
+
+
+def test_checkpoint_config_keeps_the_best_and_the_latest(storage) -> None:
+    result = _run(
+        scored_loop,
+        storage,
+        name="scored",
+        run_kwargs={
+            "checkpoint_config": CheckpointConfig(
+                num_to_keep=2,
+                checkpoint_score_attribute="acc",
+                checkpoint_score_order="max",
+            )
+        },
+    )
+    assert [m["acc"] for _, m in result.best_checkpoints] == [0.9, 0.5]
+    assert result.metrics is not None and result.metrics["acc"] == 0.4
+    kept = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_"))
+    assert len(kept) == 3, kept
+    for checkpoint, metrics in result.best_checkpoints:
+        with open(os.path.join(checkpoint.path, "step")) as f:
+            assert int(f.read()) == metrics["step"]
+
+
+def async_loop():  # type: ignore[no-untyped-def]
+    rank = train.get_context().get_world_rank()
+    left = []
+    for step in range(3):
+        d = tempfile.mkdtemp()
+        with open(os.path.join(d, f"shard_{rank}"), "w") as f:
+            f.write(str(step))
+        train.report(
+            {"step": step},
+            checkpoint=Checkpoint.from_directory(d),
+            checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC,
+        )
+        left.append(d)
+    return left
+
+
+def test_async_checkpoints_commit_in_order_and_their_folders_are_deleted(storage) -> None:
+    result = _run(async_loop, storage, name="async")
+    assert result.metrics == {"step": 2}
+    assert result.checkpoint is not None
+    assert sorted(os.listdir(result.checkpoint.path)) == ["shard_0", "shard_1"]
+    assert not any(os.path.exists(d) for d in result.return_value)
+
+
+def resumed_loop():  # type: ignore[no-untyped-def]
+    checkpoint = train.get_checkpoint()
+    assert checkpoint is not None
+    with checkpoint.as_directory() as d:
+        with open(os.path.join(d, "state")) as f:
+            return f.read()
+
+
+def test_resume_from_checkpoint_is_what_get_checkpoint_gives(storage, tmp_path) -> None:
+    start = tmp_path / "start"
+    start.mkdir()
+    (start / "state").write_text("from before")
+    result = _run(resumed_loop, storage, resume_from_checkpoint=Checkpoint.from_directory(start))
+    assert result.return_value == "from before"
+
+
+# --- resources --------------------------------------------------------------------------------
+
+
+def hungry_loop():  # type: ignore[no-untyped-def]
+    if train.get_context().get_world_rank() == 1:
+        hog = bytearray(1536 * 1024 * 1024)
+        hog[::4096] = b"x" * len(hog[::4096])
+    return "fed"
+
+
+def test_memory_per_worker_is_enforced(storage) -> None:
+    scaling = ScalingConfig(
+        num_workers=2, resources_per_worker={"CPU": 1, "memory": 1024 * 1024 * 1024}
+    )
+    with pytest.raises(TrainingFailedError) as caught:
+        _run(hungry_loop, storage, scaling_config=scaling)
+    text = str(caught.value)
+    assert "rank 1" in text.lower() and "memory" in text, text
+
+
+def test_gpus_on_a_machine_without_them_fail_within_seconds_naming_gpus(storage) -> None:
+    started = time.monotonic()
+    with pytest.raises(TrainingFailedError) as caught:
+        _run(no_argument_loop, storage, scaling_config=ScalingConfig(num_workers=2, use_gpu=True))
+    assert time.monotonic() - started < 10
+    assert isinstance(caught.value, ControllerError)
+    assert "GPU" in str(caught.value)
+
+
+def world_size_loop():  # type: ignore[no-untyped-def]
+    return train.get_context().get_world_size()
+
+
+def test_an_elastic_range_runs_within_its_bounds(storage) -> None:
+    result = _run(world_size_loop, storage, scaling_config=ScalingConfig(num_workers=(1, 2)))
+    assert result.return_value in (1, 2)
+
+
+def test_torch_config_sets_the_process_group(storage) -> None:
+    def backend():  # type: ignore[no-untyped-def]
+        import torch.distributed as dist
+
+        return dist.get_backend()
+
+    result = TorchTrainer(
+        backend,
+        torch_config=TorchConfig(backend="gloo", timeout_s=60),
+        scaling_config=TWO,
+        run_config=RunConfig(storage_path=storage),
+    ).fit()
+    assert result.return_value == "gloo"
