@@ -44,15 +44,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import json
 import os
 import sys
 import threading
 import warnings
 from typing import Any, Iterator, Mapping, Optional, Union
 
-from trainyard import _client
-from trainyard._client import ReportError
 from trainyard.train._config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from trainyard.train._result import (
     ControllerError,
@@ -170,6 +167,8 @@ class _AsyncReports:
             try:
                 if item is None:
                     return
+                from trainyard import _client
+
                 metrics, path, delete = item
                 try:
                     _client.send(metrics, path)
@@ -247,6 +246,10 @@ def report(
         )
     if validation:
         raise NotImplementedError("report(validation=True) is not supported")
+    import json
+
+    from trainyard import _client
+
     mode = CheckpointUploadMode(checkpoint_upload_mode)
     metrics = dict(metrics)
     if _client.address() is None:
@@ -364,6 +367,16 @@ class TrainContext:
 def get_context() -> TrainContext:
     """This worker's ``TrainContext``."""
     return TrainContext()
+
+
+def __getattr__(name: str) -> Any:
+    # The report connection (sockets) is loaded with the first report: importing this
+    # module stays light for a driver.
+    if name == "ReportError":
+        from trainyard._client import ReportError
+
+        return ReportError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # Last: ``collective`` reads this module's names.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -14,6 +13,8 @@ _STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 def _resources_json(resources: Dict[str, Any]) -> str:
     """A resource dictionary as the CLI's ``--resources-per-worker`` JSON (byte sizes may be
     numbers of bytes or text such as ``"10GB"``)."""
+    import json
+
     if not isinstance(resources, dict):
         raise TypeError(f"resources must be a dict, got {type(resources).__name__}")
     for name, amount in resources.items():
