@@ -118,6 +118,8 @@ def data_loop(config):  # type: ignore[no-untyped-def]
     from trainyard.train import torch as ttorch
 
     ttorch.enable_reproducibility(seed=7)
+    seeded = torch.rand(1).item()
+    deterministic = torch.are_deterministic_algorithms_enabled()
     x = torch.arange(1000, dtype=torch.float32).reshape(-1, 1)
     y = 3 * x + 1
     loader = ttorch.prepare_data_loader(
@@ -149,6 +151,8 @@ def data_loop(config):  # type: ignore[no-untyped-def]
         "device": str(ttorch.get_device()),
         "devices": [str(d) for d in ttorch.get_devices()],
         "weights": [w.tolist() for w in weights],
+        "seeded": seeded,
+        "deterministic": deterministic,
     }
 
 
@@ -158,6 +162,10 @@ def test_each_rank_sees_its_half_of_the_data_through_ddp_on_cpu(storage) -> None
     assert value["seen"] == 500
     assert value["model"] == "DistributedDataParallel"
     assert (value["device"], value["devices"]) == ("cpu", ["cpu"])
+    import torch
+
+    torch.manual_seed(7)
+    assert value["seeded"] == torch.rand(1).item() and value["deterministic"]
     # Rank 0's metrics of the latest report with a checkpoint.
     assert result.metrics is not None
     assert (result.metrics["epoch"], result.metrics["rank"]) == (1, 0)
@@ -346,6 +354,18 @@ def test_gpus_on_a_machine_without_them_fail_within_seconds_naming_gpus(storage)
 
 def world_size_loop():  # type: ignore[no-untyped-def]
     return train.get_context().get_world_size()
+
+
+def test_placement_strategy_and_trainer_resources_are_taken(storage) -> None:
+    scaling = ScalingConfig(
+        num_workers=2,
+        resources_per_worker={"CPU": 0.5},
+        placement_strategy="SPREAD",
+        trainer_resources={"CPU": 0.5},
+    )
+    assert _run(world_size_loop, storage, scaling_config=scaling).return_value == 2
+    with pytest.raises(ValueError):
+        ScalingConfig(num_workers=2, placement_strategy="EVERYWHERE")
 
 
 def test_an_elastic_range_runs_within_its_bounds(storage) -> None:
