@@ -28,10 +28,10 @@ MAIN = textwrap.dedent(
     def loop(config):
         rank = train.get_context().get_world_rank()
         print(f"hello from {rank} with {helper.VALUE}", flush=True)
-        if config["mode"] == "raise" and rank == 1:
-            raise BadBatch("bad batch 7")
         with open(os.path.join(config["pids"], f"{rank}"), "w") as f:
             f.write(str(os.getpid()))
+        if config["mode"] == "raise" and rank == 1:
+            raise BadBatch("bad batch 7")
         if config["mode"] == "sleep":
             import time
             time.sleep(600)
@@ -103,7 +103,9 @@ def test_a_loop_function_in_main_runs_with_the_drivers_directory_and_path(
     assert len(workers) == 2 and not [pid for pid in workers if _alive(pid)]
 
 
-def test_an_exception_class_of_main_is_rebuilt_as_itself(tmp_path, storage) -> None:
+def test_an_exception_class_of_main_is_rebuilt_as_itself_and_no_worker_is_left(
+    tmp_path, storage
+) -> None:
     project, pids, elsewhere = _script(tmp_path)
     out = subprocess.run(
         [sys.executable, str(project / "main.py"), str(pids), "raise", storage],
@@ -114,6 +116,8 @@ def test_an_exception_class_of_main_is_rebuilt_as_itself(tmp_path, storage) -> N
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "raised BadBatch True bad batch 7" in out.stdout, out.stdout + out.stderr
+    workers = [int((pids / f).read_text()) for f in os.listdir(pids)]
+    assert len(workers) == 2 and not [pid for pid in workers if _alive(pid)]
 
 
 def test_ctrl_c_stops_the_run_and_leaves_no_process(tmp_path, storage) -> None:
