@@ -642,11 +642,13 @@ impl Figures {
         t.push_str(&format!(
             "\nWhere the launch goes (`trainyard run --timings`, median of {TIMINGS_ROUNDS} runs each; a phase's wall time, and for a phase done once per worker its slowest worker; the phases marked … are steps of starting the agents):\n\n| phase | `torch_ddp.py`, 2 workers | 64 workers of `true` |\n|---|---|---|\n"
         ));
-        for (i, phase) in self.ddp_phases.iter().enumerate() {
+        for phase in &self.ddp_phases {
+            // By name: a job whose ranks print nothing has no first-output phase.
             let many = self
                 .many_phases
-                .get(i)
-                .map_or_else(String::new, PhaseFigure::shown);
+                .iter()
+                .find(|many| many.label == phase.label)
+                .map_or_else(|| "—".to_owned(), PhaseFigure::shown);
             t.push_str(&format!(
                 "| {} | {} | {many} |\n",
                 phase.label,
