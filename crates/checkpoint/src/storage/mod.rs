@@ -428,15 +428,11 @@ impl RunFolder {
                 blocking("delete", &dir.clone(), move || local::remove_dir(&dir)).await
             }
             Backend::S3 { store, bucket, .. } => {
-                let bucket = bucket_of(store, bucket);
-                let prefix = self.key(&checkpoint_dir_name(index));
-                let keys = bucket
-                    .list(&prefix)
-                    .await?
-                    .into_iter()
-                    .map(|(_, key)| key)
-                    .collect();
-                bucket.delete(keys, &prefix).await
+                delete_prefix(
+                    &bucket_of(store, bucket),
+                    &self.key(&checkpoint_dir_name(index)),
+                )
+                .await
             }
         }
     }
@@ -453,15 +449,7 @@ impl RunFolder {
                 blocking("delete", &dir.clone(), move || local::remove_dir(&dir)).await
             }
             Backend::S3 { store, bucket, .. } => {
-                let bucket = bucket_of(store, bucket);
-                let prefix = self.key("");
-                let keys = bucket
-                    .list(&prefix)
-                    .await?
-                    .into_iter()
-                    .map(|(_, key)| key)
-                    .collect();
-                bucket.delete(keys, &prefix).await
+                delete_prefix(&bucket_of(store, bucket), &self.key("")).await
             }
         }
     }
@@ -531,6 +519,20 @@ impl RunFolder {
 }
 
 /// `dir` when it is a directory; [`StorageError::CheckpointMissing`] when it is gone.
+/// Deletes every object under `prefix`.
+async fn delete_prefix(
+    bucket: &Bucket<'_>,
+    prefix: &object_store::path::Path,
+) -> Result<(), StorageError> {
+    let keys = bucket
+        .list(prefix)
+        .await?
+        .into_iter()
+        .map(|(_, key)| key)
+        .collect();
+    bucket.delete(keys, prefix).await
+}
+
 async fn existing_local_checkpoint(dir: PathBuf) -> Result<PathBuf, StorageError> {
     let checked = dir.clone();
     blocking("read", &dir.clone(), move || local::verify(&checked, &[])).await?;
