@@ -111,6 +111,9 @@ pub(crate) struct RunArgs {
     /// The reported metric that ranks checkpoints, and which way is better [default order: max]
     #[arg(long, value_name = "ATTR[:min|max]")]
     pub(crate) checkpoint_score: Option<String>,
+    /// The most bytes one rank may hand in for one checkpoint, e.g. 20GB; a larger hand-in fails that rank's report [default: no limit]
+    #[arg(long, value_name = "SIZE")]
+    pub(crate) max_checkpoint_size: Option<String>,
     /// Judge a rank hung after this long without progress (a report; with --progress output, a line too): its stacks are printed and the attempt restarts under --max-failures, e.g. 90s, 10m [default: off]
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub(crate) hang_timeout: Option<String>,

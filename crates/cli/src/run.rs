@@ -137,6 +137,19 @@ fn checkpoint_config(args: &RunArgs) -> Result<CheckpointConfig, Failure> {
         }
         config = config.score(attribute.trim(), order);
     }
+    if let Some(text) = &args.max_checkpoint_size {
+        let size = text
+            .parse::<trainyard::resources::ByteSize>()
+            .ok()
+            .filter(|size| size.bytes() > 0)
+            .ok_or_else(|| {
+                Failure::bad_input(FlagError::new("--max-checkpoint-size", text)(
+                    "expected a positive size such as 20GB or 512MiB".into(),
+                ))
+            })?;
+        let files = config.max_checkpoint_files;
+        config = config.max_checkpoint(files, Some(size));
+    }
     Ok(config)
 }
 

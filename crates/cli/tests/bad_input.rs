@@ -318,6 +318,8 @@ fn cases(dir: &Path) -> Vec<Case> {
         run(&["--runtime", "pbs"], "pbs"),
         run(&["--backend", "jax"], "jax"),
         run(&["--bogus"], "--bogus"),
+        run(&["--max-checkpoint-size", "lots"], "--max-checkpoint-size"),
+        run(&["--max-checkpoint-size", "0"], "expected a positive size"),
     ]
 }
 

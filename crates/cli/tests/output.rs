@@ -523,3 +523,26 @@ fn a_crash_shows_its_traceback_live_and_once_as_the_root_cause() {
     assert_eq!(raised, 2, "{stderr}");
     assert!(!stderr.contains("the last lines of rank 0"), "{stderr}");
 }
+
+#[test]
+fn a_hand_in_beyond_max_checkpoint_size_fails_that_ranks_report() {
+    let sandbox = Sandbox::new("checkpoint-cap");
+    let script = r"
+import os, tempfile
+from trainyard import train
+with tempfile.TemporaryDirectory() as d:
+    open(os.path.join(d, 'w.bin'), 'wb').write(b'x' * 4096)
+    train.report({'epoch': 1}, checkpoint=train.Checkpoint.from_directory(d))
+";
+    let out = run(
+        &sandbox,
+        &["--max-checkpoint-size", "1KiB"],
+        &["python3", "-c", script],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("more than the 1024 a checkpoint may (max_checkpoint_size)"),
+        "{stderr}"
+    );
+}
