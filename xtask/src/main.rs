@@ -5,6 +5,7 @@ mod bench_checkpoint;
 mod bench_e2e;
 mod bench_ray;
 mod bench_slurm;
+mod cycles;
 mod python;
 mod soak;
 mod tidy;
@@ -12,7 +13,7 @@ mod tidy;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <ci|python|tidy|bench-e2e|bench-ray|bench-slurm|bench-checkpoint|soak>
+const USAGE: &str = "usage: cargo xtask <ci|python|tidy|cycles|bench-e2e|bench-ray|bench-slurm|bench-checkpoint|soak>
   ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests,
              the API docs with rustdoc's warnings as errors;
              the Ray tests too when TRAINYARD_RAY_PYTHON is set (under CI=true it must be,
@@ -20,6 +21,7 @@ const USAGE: &str = "usage: cargo xtask <ci|python|tidy|bench-e2e|bench-ray|benc
   python     build the wheel, install it into a fresh venv, run python/tests/driver (pytest,
              torch) there with no Rust toolchain on PATH
   tidy       fail on a workspace dependency that points up a layer
+  cycles     list the circles of files that import each other inside a crate (at most one allowed)
   bench-e2e  [--against BIN] [--readme] time whole runs: trainyard run vs torchrun vs processes by
              hand, crash-to-stop, hangs, elastic growth, 64 workers, and where the launch goes;
              --against times another trainyard build in the same rounds; --readme writes the
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("python") => python::run_suite(),
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
+        Some("cycles") => print_circles(),
         Some("bench-e2e") => bench_e2e::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("bench-ray") => bench_ray::run(),
         Some("bench-slurm") => bench_slurm::run(),
@@ -199,4 +202,22 @@ fn docs() -> Result<(), String> {
             args.join(" ")
         ))
     }
+}
+
+/// `cargo xtask cycles`: every module circle, one per line; fails above the allowed number.
+fn print_circles() -> Result<(), String> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let circles = cycles::workspace_circles(&root)?;
+    for circle in &circles {
+        println!("{}: {}", circle.krate, circle.modules.join(" <-> "));
+    }
+    println!(
+        "{} circle(s); at most {} allowed",
+        circles.len(),
+        cycles::MAX_CIRCLES
+    );
+    if circles.len() > cycles::MAX_CIRCLES {
+        return Err("too many module circles".to_owned());
+    }
+    Ok(())
 }
