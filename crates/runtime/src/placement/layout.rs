@@ -10,8 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
 use trainyard_resources::Resources;
 
-use super::devices::AcceleratorPool;
-use super::problem::{Devices, Problem};
+use super::problem::{Devices, NodeRoom, Problem};
 use super::room::{DEVICE, Picks, Room};
 
 /// Groups with at most this many bundles get an exhaustive search when the heuristics find
@@ -43,16 +42,6 @@ pub fn place<R: Borrow<Resources>>(
     Problem::new(nodes_available, &factory.bundles).place(factory.strategy)
 }
 
-/// One node as [`place_on_devices`] sees it: what it has available and its device pool.
-#[derive(Debug, Clone, Copy)]
-pub struct NodeRoom<'a> {
-    /// What the node has available.
-    pub available: &'a Resources,
-    /// Its devices and what is left of each. An accelerator resource the pool has no devices
-    /// for counts as `floor(available)` whole devices without ids.
-    pub devices: &'a AcceleratorPool,
-}
-
 /// Where [`place_on_devices`] puts one bundle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BundleSpot {
@@ -63,7 +52,7 @@ pub struct BundleSpot {
 }
 
 /// Like [`place`], on nodes whose devices may be partly handed out, choosing the devices of
-/// every bundle as well: taking exactly those (see [`AcceleratorPool::take_ids`]) always
+/// every bundle as well: taking exactly those (see [`AcceleratorPool::take_ids`](super::AcceleratorPool::take_ids)) always
 /// succeeds.
 #[must_use]
 pub fn place_on_devices(

@@ -58,9 +58,8 @@ mod room;
 pub use devices::{AcceleratorPool, GiveBackError};
 pub use error::PlacementError;
 pub use feasibility::check_feasible;
-pub use layout::{
-    BundleSpot, EXACT_SEARCH_BUNDLES, EXACT_SEARCH_NODES, NodeRoom, place, place_on_devices,
-};
+pub use layout::{BundleSpot, EXACT_SEARCH_BUNDLES, EXACT_SEARCH_NODES, place, place_on_devices};
+pub use problem::NodeRoom;
 
 /// Shorthands for the unit tests of the placement modules.
 #[cfg(test)]

@@ -9,9 +9,19 @@ use std::ops::Range;
 
 use trainyard_resources::Resources;
 
-use super::layout::NodeRoom;
+use super::devices::AcceleratorPool;
 use super::room::{DEVICE, Picks, Room, choices, device_fit, pick, share};
 use crate::ACCELERATOR_RESOURCES;
+
+/// One node as [`place_on_devices`](super::place_on_devices) sees it: what it has available and its device pool.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeRoom<'a> {
+    /// What the node has available.
+    pub available: &'a Resources,
+    /// Its devices and what is left of each. An accelerator resource the pool has no devices
+    /// for counts as `floor(available)` whole devices without ids.
+    pub devices: &'a AcceleratorPool,
+}
 
 /// Where a [`Problem`] takes the devices of its nodes from.
 pub(super) enum Devices<'a, 'b> {
