@@ -22,18 +22,18 @@ use trainyard_runtime::{
     TaskFailure, TaskRejection, TaskResult, TaskSpec, TaskStatus, WorkerInfo,
 };
 
-use crate::auth::{Handshake, Nonce, Role};
-use crate::config::{AgentConfig, CONFIG, LEDGER_LIVE, MemoryLimit, PRIVATE};
 use crate::output::{TaskOutput, diagnose};
 use crate::process::{self, RunningCommand};
 use crate::root_cause;
-use crate::seal::SessionKey;
 use crate::stacks::{self, PySpyLookup, Subject, TASK_THREAD};
-use crate::wire::{self, AgentMessage, DriverMessage, Token, WireError};
 use crate::workdir::WorkDir;
-
-/// Exit code of an agent that could not start (bad configuration, no driver).
-pub const AGENT_FAILED: u8 = 2;
+use trainyard_wire::auth::Handshake;
+use trainyard_wire::config::{
+    AGENT_FAILED, AgentConfig, CONFIG, LEDGER_LIVE, MemoryLimit, PRIVATE,
+};
+use trainyard_wire::seal::SessionKey;
+use trainyard_wire::token::{Nonce, Role, Token};
+use trainyard_wire::wire::{self, AgentMessage, DriverMessage, WireError};
 
 /// How long the agent waits to reach the driver.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -574,7 +574,7 @@ impl Agent {
     fn relay(&self, signal: Signal) {
         match &self.task {
             Some(Running::Command(command)) if !command.is_done() => {
-                if !crate::process_group::signal(command.pid, signal) {
+                if !trainyard_sys::process_group::signal(command.pid, signal) {
                     tracing::debug!(pid = command.pid, ?signal, "the task's group is gone");
                 }
             }
@@ -807,7 +807,7 @@ impl Agent {
         if let Some(MemoryLimit::Cgroup { path, .. }) = &self.config.memory {
             let procs = path.join("cgroup.procs");
             let joined = tokio::task::spawn_blocking(move || {
-                crate::cgroup::join_self(&procs).map_err(|error| error.to_string())
+                trainyard_sys::cgroup::join_self(&procs).map_err(|error| error.to_string())
             })
             .await
             .unwrap_or_else(|error| Err(error.to_string()));

@@ -25,7 +25,7 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
 
-use crate::procfs::{self, ProcessHandle, Stat};
+use trainyard_sys::procfs::{self, ProcessHandle, Stat};
 
 /// How long a sweep may take at most: killing, and waiting for what it killed to be gone.
 pub(crate) const SWEEP_BOUND: Duration = Duration::from_secs(5);

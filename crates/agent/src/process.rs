@@ -23,13 +23,13 @@ use tokio::task::JoinSet;
 use trainyard_runtime::events::EventSender;
 use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
 
-use crate::cgroup::OomCounter;
-use crate::config::{EXEC, ExecSpec, MemoryLimit, ROLE, ROLE_EXEC};
 use crate::descendants::{self, SWEEP_BOUND};
 use crate::handin::TaskReports;
-use crate::process_group;
 use crate::report::ReportSocket;
 use crate::root_cause::{self, OutputTracebacks};
+use trainyard_sys::cgroup::OomCounter;
+use trainyard_sys::process_group;
+use trainyard_wire::config::{EXEC, ExecSpec, MemoryLimit, ROLE, ROLE_EXEC};
 
 /// The longest output line passed on; longer ones are cut into pieces of this size.
 pub const MAX_LINE: usize = 64 * 1024;
@@ -85,7 +85,7 @@ const SESSION_LIMIT: Duration = Duration::from_secs(10);
 async fn own_session(pid: u32) -> bool {
     let deadline = tokio::time::Instant::now() + SESSION_LIMIT;
     loop {
-        match crate::procfs::read_stat(pid).ok().flatten() {
+        match trainyard_sys::procfs::read_stat(pid).ok().flatten() {
             Some(stat) if stat.group != pid && !matches!(stat.state, 'Z' | 'X') => {}
             _ => return true,
         }
@@ -176,7 +176,7 @@ pub(crate) async fn start(
             })
         }
         Some(MemoryLimit::Scheduler { limit }) => {
-            crate::cgroup::own_oom_counter().map(|counter| CgroupLimit {
+            trainyard_sys::cgroup::own_oom_counter().map(|counter| CgroupLimit {
                 before: counter.count(),
                 counter,
                 limit: *limit,
@@ -206,7 +206,7 @@ pub(crate) async fn start(
         ));
     }
     // The trampoline is this process's unreaped child: its pid is its own still.
-    match crate::procfs::read_stat(pid)
+    match trainyard_sys::procfs::read_stat(pid)
         .ok()
         .flatten()
         .and_then(|stat| stat.start_time)
@@ -307,7 +307,7 @@ async fn follow(
     let swept = tokio::task::spawn_blocking(move || {
         let left = descendants::sweep(descendants::Scope::Task);
         if let Some(dir) = worker_cgroup {
-            crate::cgroup::kill_members(&dir);
+            trainyard_sys::cgroup::kill_members(&dir);
         }
         left
     })

@@ -25,7 +25,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::{Mutex, OnceLock, PoisonError, mpsc};
 use std::time::Duration;
 
-use crate::config::{ROLE, ROLE_WATCHDOG};
+use trainyard_wire::config::{ROLE, ROLE_WATCHDOG};
 
 /// The running agent's watchdog, once started.
 static WATCHDOG: OnceLock<Watchdog> = OnceLock::new();
@@ -232,10 +232,10 @@ pub(crate) fn run() -> ExitCode {
     for (group, start_time) in groups {
         // The agent is gone: the task's own process may be reaped already, but what it left
         // in its group is still the task's while it lives.
-        crate::process_group::kill_started(group, start_time);
+        trainyard_sys::process_group::kill_started(group, start_time);
     }
     for cgroup in cgroups {
-        crate::cgroup::kill_members(&cgroup);
+        trainyard_sys::cgroup::kill_members(&cgroup);
     }
     for dir in dirs {
         // Gone already when the agent exited normally: it deletes its directory itself.

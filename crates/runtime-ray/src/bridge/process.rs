@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::io::BufReader;
 use tokio::process::Command;
 use tokio::sync::oneshot;
-use trainyard_agent::process_group;
+use trainyard_sys::process_group;
 
 use super::replies::{Line, MAX_LINE, Shared, StartSignal, read_line, read_protocol};
 use super::{BRIDGE_SCRIPT, Bridge, BridgeConfig};
@@ -80,7 +80,7 @@ pub(super) fn launch(
 }
 
 /// SIGKILLs the bridge's process group: the bridge, if it still runs, and what it started
-/// (a throwaway head), while the group is the bridge's (`trainyard_agent::process_group`:
+/// (a throwaway head), while the group is the bridge's (`trainyard_sys::process_group`:
 /// its leader unreaped, or a member still in it).
 pub(super) fn sweep(pid: Option<u32>) {
     if let Some(group) = pid {
