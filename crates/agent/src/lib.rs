@@ -71,8 +71,11 @@
 
 mod agent;
 mod descendants;
+mod diagnostics;
+mod double_spawn;
 mod exec;
 mod handin;
+mod lines;
 mod output;
 mod process;
 mod python;
@@ -85,12 +88,14 @@ mod workdir;
 use std::process::ExitCode;
 
 pub use exec::CANNOT_EXECUTE;
-pub use process::MAX_LINE;
+pub use lines::MAX_LINE;
 pub use report::{MAX_REPORT, REPORT_ADDR, REPORT_TOKEN};
 pub use root_cause::ERROR_FILE_VAR;
 pub use stacks::PY_SPY;
 use trainyard_runtime::FunctionRegistry;
 use trainyard_wire::config;
+
+use double_spawn::SelfExec;
 
 /// Runs this process as an agent, or as a task's trampoline, when the runtime started it as
 /// one ([`config::ROLE`] in its environment), serving the functions of `functions` (the
@@ -99,12 +104,9 @@ use trainyard_wire::config;
 #[must_use]
 pub fn run_if_agent(functions: FunctionRegistry) -> Option<ExitCode> {
     config::entered_run_if_agent();
-    match std::env::var(config::ROLE).as_deref() {
-        Ok(config::ROLE_AGENT) => Some(agent::main(
-            FunctionRegistry::with_builtins().merge(functions),
-        )),
-        Ok(config::ROLE_EXEC) => Some(exec::run()),
-        Ok(config::ROLE_WATCHDOG) => Some(watchdog::run()),
-        _ => None,
-    }
+    Some(match SelfExec::of_this_process()? {
+        SelfExec::Agent => agent::main(FunctionRegistry::with_builtins().merge(functions)),
+        SelfExec::Exec => exec::run(),
+        SelfExec::Watchdog => watchdog::run(),
+    })
 }

@@ -166,7 +166,7 @@ mod tests {
 
     #[test]
     fn the_tasks_own_error_file_path_is_kept_and_a_fresh_one_is_given_otherwise() {
-        let workdir = WorkDir::create().expect("a workdir");
+        let workdir = WorkDir::create(&crate::watchdog::Watchdog::default()).expect("a workdir");
         let mut none = BTreeMap::new();
         assert_eq!(prepare_error_file(&mut none, &workdir, 1).ok(), Some(None));
         assert!(none.is_empty());

@@ -54,7 +54,7 @@ impl Token {
     }
 }
 
-/// How many bytes a [`Nonce`] and a [`Proof`] have.
+/// How many bytes a [`Nonce`] and a [`Proof`](crate::auth::Proof) have.
 pub(crate) const LEN: usize = 32;
 
 /// A number used once: each side's challenge to the other, 32 random bytes, hex on the wire.
@@ -123,7 +123,7 @@ impl fmt::Display for Role {
     }
 }
 
-/// A [`Nonce`] or [`Proof`] that is not 64 hex digits.
+/// A [`Nonce`] or [`Proof`](crate::auth::Proof) that is not 64 hex digits.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "a {what} must be 64 hex digits, not {length} characters of which {invalid} are no hex digits"

@@ -285,7 +285,7 @@ impl WorkerCgroup {
 
     /// The `cgroup.procs` file a process writes its own pid into to join (the
     /// process to be limited does this itself before exec, with
-    /// [`join_self`](join_self)).
+    /// [`join_self`]).
     pub fn procs_file(&self) -> PathBuf {
         self.path.join("cgroup.procs")
     }
