@@ -25,7 +25,8 @@
 //! them first on every command task's `PYTHONPATH`. A task whose environment names a remote
 //! checkpoint to resume from (`TRAINYARD_CHECKPOINT_URI`) starts once the agent has
 //! downloaded it and pointed `TRAINYARD_CHECKPOINT` at the local copy. A task whose
-//! environment says `TRAINYARD_ERROR_FILE_VAR=NAME` ([`ERROR_FILE_VAR`]) gets `NAME` set to a
+//! environment says `TRAINYARD_ERROR_FILE_VAR=NAME`
+//! ([`ERROR_FILE_VAR`](trainyard_runtime::root_cause::ERROR_FILE_VAR)) gets `NAME` set to a
 //! fresh error file (torch's `@record` writes the exception that ended `main` there, given
 //! `NAME=TORCHELASTIC_ERROR_FILE`), unless it sets `NAME` itself.
 //!
@@ -90,7 +91,6 @@ use std::process::ExitCode;
 pub use exec::CANNOT_EXECUTE;
 pub use lines::MAX_LINE;
 pub use report::{MAX_REPORT, REPORT_ADDR, REPORT_TOKEN};
-pub use root_cause::ERROR_FILE_VAR;
 pub use stacks::PY_SPY;
 use trainyard_runtime::FunctionRegistry;
 use trainyard_wire::config;

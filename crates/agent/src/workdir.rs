@@ -3,7 +3,7 @@
 //! killed). It holds the Python files the agent carries (`python/`, put on the tasks'
 //! `PYTHONPATH`), `scratch/`, where remote checkpoints are downloaded for a task, and
 //! `errors/`, where tasks that ask for one get their error file
-//! ([`ERROR_FILE_VAR`](crate::root_cause::ERROR_FILE_VAR)).
+//! ([`ERROR_FILE_VAR`](trainyard_runtime::root_cause::ERROR_FILE_VAR)).
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;

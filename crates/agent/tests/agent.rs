@@ -17,7 +17,8 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, timeout};
-use trainyard_agent::{ERROR_FILE_VAR, PY_SPY};
+use trainyard_agent::PY_SPY;
+use trainyard_runtime::root_cause::ERROR_FILE_VAR;
 use trainyard_runtime::root_cause::{ErrorSource, TaskError};
 use trainyard_runtime::stacks::{ProcessStacks, TaskStacks, ThreadStack};
 use trainyard_runtime::{
