@@ -12,12 +12,11 @@
 use libfuzzer_sys::fuzz_target;
 use tokio_util::bytes::BytesMut;
 use tokio_util::codec::{Decoder, LengthDelimitedCodec};
-use trainyard_agent::auth::{Handshake, Nonce, Role};
-use trainyard_agent::seal::FrameCodec;
-use trainyard_agent::wire::{
-    self, AgentMessage, DriverMessage, FRAME_LIMIT, HELLO_FRAME_LIMIT, Token,
-};
 use trainyard_runtime::ActorId;
+use trainyard_wire::auth::Handshake;
+use trainyard_wire::seal::FrameCodec;
+use trainyard_wire::token::{Nonce, Role, Token};
+use trainyard_wire::wire::{self, AgentMessage, DriverMessage, FRAME_LIMIT, HELLO_FRAME_LIMIT};
 
 /// The run's secret as the fuzzer's peers never learn it.
 const SECRET: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";

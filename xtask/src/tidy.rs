@@ -10,6 +10,7 @@ use serde_json::Value;
 /// enables a feature of a crate for its own tests (`testing`).
 pub(crate) const LAYERS: &[&str] = &[
     "trainyard-resources",
+    "trainyard-sys",
     "trainyard-test-support",
     "trainyard-config",
     "trainyard-checkpoint",
@@ -17,6 +18,7 @@ pub(crate) const LAYERS: &[&str] = &[
     "trainyard-worker-group",
     "trainyard-backend-executor",
     "trainyard-torch-backend",
+    "trainyard-wire",
     "trainyard-agent",
     "trainyard-hub",
     "trainyard-runtime-local",

@@ -25,7 +25,9 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
 
-use crate::procfs::{self, ProcessHandle, Stat};
+use trainyard_sys::procfs::{self, ProcessHandle, Stat};
+
+use crate::diagnostics::Diagnostics;
 
 /// How long a sweep may take at most: killing, and waiting for what it killed to be gone.
 pub(crate) const SWEEP_BOUND: Duration = Duration::from_secs(5);
@@ -35,9 +37,9 @@ const ROUND_PAUSE: Duration = Duration::from_millis(10);
 
 /// Makes this process a child subreaper: orphans below it are re-parented to it. Says why
 /// when it cannot (then what a task detaches from itself goes to init, out of reach).
-pub(crate) fn become_subreaper() {
+pub(crate) fn become_subreaper(diagnostics: &Diagnostics) {
     if let Err(error) = nix::sys::prctl::set_child_subreaper(true) {
-        crate::output::diagnose(format_args!(
+        diagnostics.diagnose(format_args!(
             "trainyard agent: cannot adopt what its tasks leave behind: {error}"
         ));
     }
@@ -79,12 +81,11 @@ pub(crate) enum Scope {
     All,
 }
 
-/// Kills every process below this one in `scope`, reaps those that were re-parented to it,
-/// and repeats until none is left or [`SWEEP_BOUND`] has passed. Returns how many processes
-/// are left (0: none). Blocks.
-pub(crate) fn sweep(scope: Scope) -> usize {
+/// Kills every process below this one in `scope` but the agent's `watchdog` (its pid, when
+/// it runs), reaps those that were re-parented to it, and repeats until none is left or
+/// [`SWEEP_BOUND`] has passed. Returns how many processes are left (0: none). Blocks.
+pub(crate) fn sweep(scope: Scope, watchdog: Option<u32>) -> usize {
     let me = std::process::id();
-    let watchdog = crate::watchdog::pid();
     let spared: BTreeSet<u32> = match scope {
         Scope::Task => helpers().clone(),
         Scope::All => BTreeSet::new(),
@@ -169,7 +170,7 @@ mod tests {
             return;
         };
         let marker = marker.to_string_lossy().into_owned();
-        become_subreaper();
+        become_subreaper(&Diagnostics::default());
         // A helper of the "agent"'s own, spared by the sweep.
         let mut kept = Command::new("sleep")
             .arg(format!("{marker}1"))
@@ -198,7 +199,7 @@ mod tests {
             assert!(Instant::now() < deadline, "the detached sleeps never ran");
             std::thread::sleep(ROUND_PAUSE);
         }
-        println!("left {}", sweep(Scope::Task));
+        println!("left {}", sweep(Scope::Task, None));
         let helper_lives = matches!(kept.try_wait(), Ok(None));
         println!("helper alive {helper_lives}");
         let _ = kept.kill();

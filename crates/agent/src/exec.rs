@@ -1,4 +1,4 @@
-//! The trampoline: the agent's own binary, started with [`ROLE_EXEC`](crate::config::ROLE_EXEC),
+//! The trampoline: the agent's own binary, started with [`ROLE_EXEC`](trainyard_wire::config::ROLE_EXEC),
 //! sets up the task's process and then becomes the task's program.
 //!
 //! Everything here runs in a freshly started process before `exec`, so it may allocate and
@@ -14,8 +14,8 @@ use std::process::{Command, ExitCode};
 
 use nix::sys::signal::Signal;
 
-use crate::cgroup;
-use crate::config::{EXEC, ExecSpec, MemoryLimit, PRIVATE};
+use trainyard_sys::cgroup;
+use trainyard_wire::config::{EXEC, ExecSpec, MemoryLimit, PRIVATE};
 
 /// The exit code of a trampoline that could not execute its program (as shells use).
 pub const CANNOT_EXECUTE: u8 = 127;

@@ -3,18 +3,17 @@
 //! A function task runs inside the agent, so its `println!` and `eprintln!` (and those of
 //! the processes it starts without redirecting them) write to the agent's own fds 1 and 2.
 //! At startup the agent points both at pipes of its own ([`redirect`]) and keeps a private
-//! duplicate of its original stderr for its own diagnostics ([`diagnose`]), which are never
-//! task output. A reader per pipe ([`TaskOutput`]) turns what arrives into lines: while a
+//! duplicate of its original stderr for its own diagnostics ([`Diagnostics`]), which are
+//! never task output. A reader per pipe ([`TaskOutput`]) turns what arrives into lines: while a
 //! function task runs they are its [`TaskEvent::Log`](trainyard_runtime::TaskEvent::Log)
 //! lines, in order per stream; while none runs they go to the agent's original stderr, so
 //! that nothing printed between tasks is lost. Command tasks have pipes of their own and
 //! are not concerned.
 
-use std::fmt;
 use std::fs::File;
 use std::io::Write as _;
 use std::os::fd::{AsFd as _, OwnedFd};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use nix::fcntl::OFlag;
@@ -23,23 +22,11 @@ use tokio::sync::{mpsc, oneshot};
 use trainyard_runtime::Stream;
 use trainyard_runtime::events::EventSender;
 
-use crate::process::MAX_LINE;
-
-/// The agent's original stderr, once fd 2 is a pipe of its own.
-static DIAGNOSTICS: OnceLock<File> = OnceLock::new();
+use crate::diagnostics::Diagnostics;
+use crate::lines::Lines;
 
 /// How long the end of a function task waits for its last output to be read.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Writes one line of the agent's own (`message`) to its original stderr: never task output.
-pub(crate) fn diagnose(message: impl fmt::Display) {
-    let line = format!("{message}\n");
-    // Nowhere else to say that saying failed.
-    let _ = match DIAGNOSTICS.get() {
-        Some(mut stderr) => stderr.write_all(line.as_bytes()),
-        None => std::io::stderr().write_all(line.as_bytes()),
-    };
-}
 
 /// The read ends of the pipes that fds 1 and 2 now write to; `None` for a stream left as
 /// it was (its pipe could not be made).
@@ -49,29 +36,36 @@ pub(crate) struct Pipes {
     stderr: Option<OwnedFd>,
 }
 
-/// Points fds 1 and 2 at pipes of the agent's own, after keeping its original stderr for
-/// [`diagnose`]. A stream that cannot be redirected is left as it was, and the agent says so.
-pub(crate) fn redirect() -> Pipes {
+/// Points fds 1 and 2 at pipes of the agent's own, after keeping its original stderr: the
+/// agent's [`Diagnostics`] from now on. A stream that cannot be redirected is left as it was,
+/// and the agent says so.
+pub(crate) fn redirect() -> (Pipes, Diagnostics) {
     let original = match std::io::stderr().as_fd().try_clone_to_owned() {
         Ok(original) => original,
         Err(error) => {
-            diagnose(format_args!(
+            let diagnostics = Diagnostics::default();
+            diagnostics.diagnose(format_args!(
                 "trainyard agent: cannot keep its stderr, so function output is not captured: {error}"
             ));
-            return Pipes::default();
+            return (Pipes::default(), diagnostics);
         }
     };
-    let _ = DIAGNOSTICS.set(File::from(original));
+    let diagnostics = Diagnostics::to(File::from(original));
     // What Rust's stdout holds belongs to the old fd 1.
     let _ = std::io::stdout().flush();
-    let stdout = redirect_one(Stream::Stdout, |fd| nix::unistd::dup2_stdout(fd));
-    let stderr = redirect_one(Stream::Stderr, |fd| nix::unistd::dup2_stderr(fd));
-    Pipes { stdout, stderr }
+    let stdout = redirect_one(Stream::Stdout, &diagnostics, |fd| {
+        nix::unistd::dup2_stdout(fd)
+    });
+    let stderr = redirect_one(Stream::Stderr, &diagnostics, |fd| {
+        nix::unistd::dup2_stderr(fd)
+    });
+    (Pipes { stdout, stderr }, diagnostics)
 }
 
 /// Makes a pipe and puts its write end in place with `install`; its read end.
 fn redirect_one(
     stream: Stream,
+    diagnostics: &Diagnostics,
     install: impl FnOnce(&OwnedFd) -> nix::Result<()>,
 ) -> Option<OwnedFd> {
     // Close-on-exec: the copy `install` makes is the one a task's processes may inherit.
@@ -80,7 +74,7 @@ fn redirect_one(
     match made {
         Ok(read) => Some(read),
         Err(error) => {
-            diagnose(format_args!(
+            diagnostics.diagnose(format_args!(
                 "trainyard agent: cannot capture its {stream:?}, so function output there is not captured: {error}"
             ));
             None
@@ -92,6 +86,7 @@ fn redirect_one(
 #[derive(Debug, Default)]
 struct Target {
     task: Mutex<Option<EventSender>>,
+    diagnostics: Diagnostics,
 }
 
 impl Target {
@@ -103,7 +98,7 @@ impl Target {
         let task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
         match task.as_ref() {
             Some(events) => events.log(stream, String::from_utf8_lossy(line)),
-            None => diagnose(String::from_utf8_lossy(line)),
+            None => self.diagnostics.diagnose(String::from_utf8_lossy(line)),
         }
     }
 }
@@ -118,9 +113,16 @@ pub(crate) struct TaskOutput {
 }
 
 impl TaskOutput {
-    /// Starts a reader for each of `pipes`. Must be called within a tokio runtime.
-    pub(crate) fn start(pipes: Pipes) -> Self {
-        let mut output = Self::default();
+    /// Starts a reader for each of `pipes`; what is read while no task runs goes to
+    /// `diagnostics`. Must be called within a tokio runtime.
+    pub(crate) fn start(pipes: Pipes, diagnostics: Diagnostics) -> Self {
+        let mut output = Self {
+            target: Arc::new(Target {
+                task: Mutex::default(),
+                diagnostics,
+            }),
+            flushes: Vec::new(),
+        };
         for (stream, read) in [
             (Stream::Stdout, pipes.stdout),
             (Stream::Stderr, pipes.stderr),
@@ -139,7 +141,7 @@ impl TaskOutput {
                         flushes,
                     ));
                 }
-                Err(error) => diagnose(format_args!(
+                Err(error) => output.target.diagnostics.diagnose(format_args!(
                     "trainyard agent: cannot read its {stream:?} pipe: {error}"
                 )),
             }
@@ -239,36 +241,6 @@ fn drain(
     }
 }
 
-/// Splits bytes into lines: without their line ends (`\n`, `\r\n`), lines longer than
-/// [`MAX_LINE`] cut into pieces.
-#[derive(Debug, Default)]
-struct Lines {
-    pending: Vec<u8>,
-}
-
-impl Lines {
-    /// Takes in `bytes`, calling `line` with each line they complete.
-    fn push(&mut self, bytes: &[u8], mut line: impl FnMut(&[u8])) {
-        self.pending.extend_from_slice(bytes);
-        let mut start = 0;
-        while let Some(end) = self.pending[start..].iter().position(|&b| b == b'\n') {
-            let whole = &self.pending[start..start + end];
-            line(whole.strip_suffix(b"\r").unwrap_or(whole));
-            start += end + 1;
-        }
-        self.pending.drain(..start);
-        while self.pending.len() >= MAX_LINE {
-            line(&self.pending[..MAX_LINE]);
-            self.pending.drain(..MAX_LINE);
-        }
-    }
-
-    /// The unfinished last line, if any.
-    fn rest(&mut self) -> Option<Vec<u8>> {
-        (!self.pending.is_empty()).then(|| std::mem::take(&mut self.pending))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::Write as _;
@@ -284,29 +256,17 @@ mod tests {
         (read, File::from(write))
     }
 
-    #[test]
-    fn lines_lose_their_ends_and_long_ones_are_cut() {
-        let mut lines = Lines::default();
-        let mut seen = Vec::new();
-        lines.push(b"one\r\ntw", |l| seen.push(l.to_vec()));
-        lines.push(b"o\n", |l| seen.push(l.to_vec()));
-        lines.push(&vec![b'x'; MAX_LINE + 3], |l| seen.push(l.to_vec()));
-        assert_eq!(seen.len(), 3);
-        assert_eq!(seen[0], b"one");
-        assert_eq!(seen[1], b"two");
-        assert_eq!(seen[2].len(), MAX_LINE);
-        assert_eq!(lines.rest(), Some(b"xxx".to_vec()));
-        assert_eq!(lines.rest(), None);
-    }
-
     #[tokio::test]
     async fn what_is_written_during_a_task_is_its_output_in_order_per_stream() {
         let (out_read, mut out) = pipe_pair();
         let (err_read, mut err) = pipe_pair();
-        let output = TaskOutput::start(Pipes {
-            stdout: Some(out_read),
-            stderr: Some(err_read),
-        });
+        let output = TaskOutput::start(
+            Pipes {
+                stdout: Some(out_read),
+                stderr: Some(err_read),
+            },
+            Diagnostics::default(),
+        );
         let (events, stream) = event_channel(64);
         output.begin(events);
         out.write_all(b"first\nsecond\n").expect("write");

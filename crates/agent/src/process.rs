@@ -23,16 +23,17 @@ use tokio::task::JoinSet;
 use trainyard_runtime::events::EventSender;
 use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
 
-use crate::cgroup::OomCounter;
-use crate::config::{EXEC, ExecSpec, MemoryLimit, ROLE, ROLE_EXEC};
+use trainyard_sys::cgroup::OomCounter;
+use trainyard_sys::process_group;
+use trainyard_wire::config::{EXEC, ExecSpec, MemoryLimit};
+
 use crate::descendants::{self, SWEEP_BOUND};
+use crate::double_spawn::SelfExec;
 use crate::handin::TaskReports;
-use crate::process_group;
+use crate::lines::{Lines, MAX_LINE};
 use crate::report::ReportSocket;
 use crate::root_cause::{self, OutputTracebacks};
-
-/// The longest output line passed on; longer ones are cut into pieces of this size.
-pub const MAX_LINE: usize = 64 * 1024;
+use crate::watchdog::Watchdog;
 
 /// How long output and report connections may stay open after the task's process exited
 /// (grandchildren can hold them).
@@ -85,7 +86,7 @@ const SESSION_LIMIT: Duration = Duration::from_secs(10);
 async fn own_session(pid: u32) -> bool {
     let deadline = tokio::time::Instant::now() + SESSION_LIMIT;
     loop {
-        match crate::procfs::read_stat(pid).ok().flatten() {
+        match trainyard_sys::procfs::read_stat(pid).ok().flatten() {
             Some(stat) if stat.group != pid && !matches!(stat.state, 'Z' | 'X') => {}
             _ => return true,
         }
@@ -131,14 +132,11 @@ pub(crate) fn resolve(
     Ok(path)
 }
 
-/// The trampoline: this very program, with the agent's own arguments.
-pub(crate) fn trampoline() -> Result<(PathBuf, Vec<String>), std::io::Error> {
-    Ok((std::env::current_exe()?, std::env::args().skip(1).collect()))
-}
-
 /// Starts `program` with `args` and `env` as a task; its events go to `events`, ending
 /// with [`ActorEvent::TaskExited`](trainyard_runtime::events::ActorEvent::TaskExited) (after
-/// a failure, preceded by its root cause, read from `error_file` when there is one).
+/// a failure, preceded by its root cause, read from `error_file` when there is one). The
+/// agent's `watchdog` kills the task's group and the worker's cgroup should the agent be
+/// killed before the task's end.
 ///
 /// # Errors
 /// The rejection when the program cannot be found or started.
@@ -149,6 +147,7 @@ pub(crate) async fn start(
     memory: Option<MemoryLimit>,
     error_file: Option<PathBuf>,
     events: EventSender,
+    watchdog: &Watchdog,
 ) -> Result<RunningCommand, TaskRejection> {
     let resolved = resolve(program, &env)?;
     let spawn_failed = |error: &dyn std::fmt::Display| TaskRejection::SpawnFailed {
@@ -165,7 +164,7 @@ pub(crate) async fn start(
         parent: std::process::id(),
         memory: memory.clone(),
     };
-    let (exe, exe_args) = trampoline().map_err(|e| spawn_failed(&e))?;
+    let trampoline = SelfExec::Exec.command(&env).map_err(|e| spawn_failed(&e))?;
     let spec = serde_json::to_string(&spec).map_err(|e| spawn_failed(&e))?;
     let cgroup = match &memory {
         Some(MemoryLimit::Cgroup { path, limit }) => {
@@ -176,7 +175,7 @@ pub(crate) async fn start(
             })
         }
         Some(MemoryLimit::Scheduler { limit }) => {
-            crate::cgroup::own_oom_counter().map(|counter| CgroupLimit {
+            trainyard_sys::cgroup::own_oom_counter().map(|counter| CgroupLimit {
                 before: counter.count(),
                 counter,
                 limit: *limit,
@@ -184,11 +183,7 @@ pub(crate) async fn start(
         }
         _ => None,
     };
-    let mut child = Command::new(exe)
-        .args(exe_args)
-        .env_clear()
-        .envs(&env)
-        .env(ROLE, ROLE_EXEC)
+    let mut child = Command::from(trampoline)
         .env(EXEC, spec)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -206,12 +201,12 @@ pub(crate) async fn start(
         ));
     }
     // The trampoline is this process's unreaped child: its pid is its own still.
-    match crate::procfs::read_stat(pid)
+    match trainyard_sys::procfs::read_stat(pid)
         .ok()
         .flatten()
         .and_then(|stat| stat.start_time)
     {
-        Some(start_time) => crate::watchdog::watch(pid, start_time),
+        Some(start_time) => watchdog.watch(pid, start_time),
         None => tracing::debug!(pid, "the task's process ended before the watchdog was told"),
     }
     let worker_cgroup = memory
@@ -219,9 +214,10 @@ pub(crate) async fn start(
         .and_then(MemoryLimit::cgroup)
         .map(PathBuf::from);
     if let Some(dir) = &worker_cgroup {
-        crate::watchdog::kill_cgroup_at_end(dir);
+        watchdog.kill_cgroup_at_end(dir);
     }
     let (done_tx, done) = watch::channel(None);
+    let watchdog = watchdog.clone();
     let outputs = [
         child.stdout.take().map(|out| {
             (
@@ -248,8 +244,12 @@ pub(crate) async fn start(
             ));
         }
         let reporting = reports.serve(counted, events.clone());
-        let (exit, ended_ms) =
-            follow(child, readers, reporting, cgroup.as_ref(), worker_cgroup).await;
+        let ended = Ended {
+            cgroup: cgroup.as_ref(),
+            worker_cgroup,
+            watchdog: &watchdog,
+        };
+        let (exit, ended_ms) = follow(child, readers, reporting, ended).await;
         let error = match exit {
             TaskExit::Failed { .. } => root_cause::command_error(error_file, &tracebacks).await,
             TaskExit::Succeeded { .. } => None,
@@ -268,17 +268,32 @@ struct CgroupLimit {
     limit: u64,
 }
 
+/// What the end of a task's process must look at and clear up.
+#[derive(Debug)]
+struct Ended<'a> {
+    /// The task's memory cgroup, whose OOM kills say whether the limit ended it.
+    cgroup: Option<&'a CgroupLimit>,
+    /// The worker's cgroup, whose processes are killed at the task's end.
+    worker_cgroup: Option<PathBuf>,
+    /// The agent's watchdog, told that the task's group is gone.
+    watchdog: &'a Watchdog,
+}
+
 /// Waits for the process, kills and reaps what it left (its group, what detached from it,
-/// what is in the worker's cgroup `worker_cgroup`), then waits (bounded) for its output and
-/// reports to end; how it ended, and when (ms since the Unix epoch: its process's exit, not
-/// the end of its output).
+/// what is in the worker's cgroup), then waits (bounded) for its output and reports to end;
+/// how it ended, and when (ms since the Unix epoch: its process's exit, not the end of its
+/// output).
 async fn follow(
     mut child: Child,
     mut readers: JoinSet<()>,
     reporting: crate::report::Serving,
-    cgroup: Option<&CgroupLimit>,
-    worker_cgroup: Option<PathBuf>,
+    ended: Ended<'_>,
 ) -> (TaskExit, u64) {
+    let Ended {
+        cgroup,
+        worker_cgroup,
+        watchdog,
+    } = ended;
     // Peek at the exit without reaping, so that the group id stays taken, then kill what the
     // task left running in its group (background children would outlive it and hold its
     // output open), then reap.
@@ -304,10 +319,11 @@ async fn follow(
     let ended_ms = root_cause::now_ms();
     // What detached from the group, and what joined the worker's cgroup, are gone before
     // the end is reported: nothing of the task outlives it (nor holds its output open).
+    let spared = watchdog.pid();
     let swept = tokio::task::spawn_blocking(move || {
-        let left = descendants::sweep(descendants::Scope::Task);
+        let left = descendants::sweep(descendants::Scope::Task, spared);
         if let Some(dir) = worker_cgroup {
-            crate::cgroup::kill_members(&dir);
+            trainyard_sys::cgroup::kill_members(&dir);
         }
         left
     })
@@ -316,7 +332,7 @@ async fn follow(
         tracing::warn!(left, "processes the task left are still there");
     }
     if let Some(group) = group {
-        crate::watchdog::forget(group);
+        watchdog.forget(group);
     }
     let drained = async { while readers.join_next().await.is_some() {} };
     if tokio::time::timeout(DRAIN, drained).await.is_err() {
@@ -369,33 +385,29 @@ async fn read_lines(
     events: EventSender,
     tracebacks: OutputTracebacks,
 ) {
-    let mut pending: Vec<u8> = Vec::new();
+    let mut lines = Lines::default();
     let mut chunk = vec![0u8; 16 * 1024];
     loop {
         let read = match output.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        pending.extend_from_slice(&chunk[..read]);
-        let mut start = 0;
-        while let Some(end) = pending[start..].iter().position(|&b| b == b'\n') {
-            emit(&events, &tracebacks, stream, &pending[start..start + end]);
-            start += end + 1;
-        }
-        pending.drain(..start);
-        while pending.len() >= MAX_LINE {
-            emit(&events, &tracebacks, stream, &pending[..MAX_LINE]);
-            pending.drain(..MAX_LINE);
-        }
+        lines.push(&chunk[..read], |line| {
+            emit(&events, &tracebacks, stream, line);
+        });
     }
-    if !pending.is_empty() {
-        emit(&events, &tracebacks, stream, &pending);
+    if let Some(last) = lines.rest() {
+        emit(
+            &events,
+            &tracebacks,
+            stream,
+            last.strip_suffix(b"\r").unwrap_or(&last),
+        );
     }
 }
 
 /// Passes one line on, and through `tracebacks`.
 fn emit(events: &EventSender, tracebacks: &OutputTracebacks, stream: Stream, line: &[u8]) {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
     tracebacks.push(stream, &String::from_utf8_lossy(line));
     for piece in line.chunks(MAX_LINE) {
         events.log(stream, String::from_utf8_lossy(piece));

@@ -38,9 +38,9 @@ use tokio::task::{JoinHandle, JoinSet};
 use trainyard_runtime::Stream;
 use trainyard_runtime::events::EventSender;
 
-use crate::admission::{Gate, Limits, Ticket};
 use crate::handin::{Reported, TaskReports};
-use crate::wire::Token;
+use trainyard_wire::admission::{Gate, Limits, Ticket};
+use trainyard_wire::token::Token;
 
 /// Where a task sends its reports (`HOST:PORT`).
 pub const REPORT_ADDR: &str = "TRAINYARD_REPORT_ADDR";

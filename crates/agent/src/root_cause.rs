@@ -10,16 +10,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use trainyard_runtime::events::{ActorEvent, EventSender};
+use trainyard_runtime::root_cause::ERROR_FILE_VAR;
 use trainyard_runtime::root_cause::{TaskError, Tracebacks};
 use trainyard_runtime::{Stream, TaskEvent, TaskExit};
 
 use crate::workdir::WorkDir;
-
-/// `TRAINYARD_ERROR_FILE_VAR=NAME` in a command task's environment asks the agent for an
-/// error file: it sets `NAME` (`TORCHELASTIC_ERROR_FILE`, for torch's `@record`) to a fresh
-/// path in its private directory, unless the task's environment sets `NAME` already (then
-/// that path is used as it is), and reads the file once the task has failed.
-pub const ERROR_FILE_VAR: &str = "TRAINYARD_ERROR_FILE_VAR";
 
 /// The most of an error file that is read; a longer one is not a valid record.
 const MAX_ERROR_FILE: u64 = 1024 * 1024;
@@ -166,7 +161,7 @@ mod tests {
 
     #[test]
     fn the_tasks_own_error_file_path_is_kept_and_a_fresh_one_is_given_otherwise() {
-        let workdir = WorkDir::create().expect("a workdir");
+        let workdir = WorkDir::create(&crate::watchdog::Watchdog::default()).expect("a workdir");
         let mut none = BTreeMap::new();
         assert_eq!(prepare_error_file(&mut none, &workdir, 1).ok(), Some(None));
         assert!(none.is_empty());

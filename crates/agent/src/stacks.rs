@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::stacks::{Frame, ProcessStacks, TaskStacks, ThreadStack};
 
-use crate::procfs;
+use trainyard_sys::procfs;
 
 /// The longest a capture takes: the answer goes out by then.
 pub(crate) const LIMIT: Duration = Duration::from_secs(3);

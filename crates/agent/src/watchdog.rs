@@ -21,22 +21,28 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead as _, Write};
 use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::{Mutex, OnceLock, PoisonError, mpsc};
+use std::process::{Child, ExitCode, Stdio};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
-use crate::config::{ROLE, ROLE_WATCHDOG};
-
-/// The running agent's watchdog, once started.
-static WATCHDOG: OnceLock<Watchdog> = OnceLock::new();
+use crate::diagnostics::Diagnostics;
+use crate::double_spawn::SelfExec;
 
 /// How long the agent waits, as it exits, for its last lines to reach the watchdog.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The agent's end of the watchdog: lines go to a thread of their own that writes them to
-/// the watchdog's stdin, so that no caller ever blocks on the pipe.
+/// The agent's end of its watchdog: lines go to a thread of their own that writes them to
+/// the watchdog's stdin, so that no caller ever blocks on the pipe. Made once at start-up
+/// ([`Watchdog::start`]) and handed to whoever starts or ends what the watchdog must know of.
+/// Cheap to clone; without a watchdog (it could not be started) every line goes nowhere.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Watchdog {
+    running: Option<Arc<Running>>,
+}
+
+/// A started watchdog.
 #[derive(Debug)]
-struct Watchdog {
+struct Running {
     lines: Mutex<mpsc::Sender<Message>>,
     /// Kept so that the watchdog is not reaped by anyone else; it exits on its own.
     child: Child,
@@ -51,41 +57,109 @@ enum Message {
     Flush(mpsc::Sender<()>),
 }
 
-/// Starts the watchdog of this agent. Without one (it cannot be started), tasks still end
-/// with the agent in every case but a SIGKILL of the agent; the agent says so and goes on.
-pub(crate) fn start() {
-    let started = crate::process::trampoline().and_then(|(exe, args)| {
-        let mut child = Command::new(exe)
-            .args(args)
-            .env_clear()
-            .env(ROLE, ROLE_WATCHDOG)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .process_group(0)
-            .spawn()?;
-        let stdin = child
-            .stdin
-            .take()
-            .ok_or_else(|| std::io::Error::other("the watchdog has no stdin"))?;
-        let (lines, pending) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("trainyard-watchdog".to_owned())
-            .spawn(move || write_lines(stdin, &pending))?;
-        Ok(Watchdog {
-            lines: Mutex::new(lines),
-            child,
-        })
-    });
-    match started {
-        Ok(watchdog) => {
-            let _ = WATCHDOG.set(watchdog);
+impl Watchdog {
+    /// Starts the watchdog of this agent. Without one (it cannot be started), tasks still
+    /// end with the agent in every case but a SIGKILL of the agent; the agent says so
+    /// through `diagnostics` and goes on.
+    pub(crate) fn start(diagnostics: &Diagnostics) -> Self {
+        let started = SelfExec::Watchdog
+            .command(&BTreeMap::new())
+            .and_then(|mut command| {
+                let mut child = command
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::inherit())
+                    .process_group(0)
+                    .spawn()?;
+                let stdin = child
+                    .stdin
+                    .take()
+                    .ok_or_else(|| std::io::Error::other("the watchdog has no stdin"))?;
+                let (lines, pending) = mpsc::channel();
+                std::thread::Builder::new()
+                    .name("trainyard-watchdog".to_owned())
+                    .spawn(move || write_lines(stdin, &pending))?;
+                Ok(Running {
+                    lines: Mutex::new(lines),
+                    child,
+                })
+            });
+        match started {
+            Ok(running) => Self {
+                running: Some(Arc::new(running)),
+            },
+            Err(error) => {
+                diagnostics.diagnose(format_args!(
+                    "trainyard agent: cannot start its watchdog: {error}"
+                ));
+                Self::default()
+            }
         }
-        Err(error) => {
-            crate::output::diagnose(format_args!(
-                "trainyard agent: cannot start its watchdog: {error}"
-            ));
+    }
+
+    /// Tells the watchdog about a task's process group, led by the task's process, which
+    /// started at `start_time` (clock ticks after boot).
+    pub(crate) fn watch(&self, group: u32, start_time: u64) {
+        self.send(format!("+{group} {start_time}\n"));
+    }
+
+    /// Tells the watchdog that a task's process group is reaped: not to be killed.
+    pub(crate) fn forget(&self, group: u32) {
+        self.send(format!("-{group}\n"));
+    }
+
+    /// Asks the watchdog to kill the processes of the worker's cgroup `dir` once the agent
+    /// is gone. A path that cannot be one line of text is not sent.
+    pub(crate) fn kill_cgroup_at_end(&self, dir: &std::path::Path) {
+        match dir.to_str() {
+            Some(dir) if dir.starts_with('/') && !dir.contains('\n') => {
+                self.send(format!("@{dir}\n"));
+            }
+            _ => {}
         }
+    }
+
+    /// The watchdog's process id, once it is started: a process of the agent's own.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.running.as_ref().map(|running| running.child.id())
+    }
+
+    /// Asks the watchdog to delete `dir`, the agent's private directory, once the agent is
+    /// gone. A path that cannot be one line of text is not sent (the agent deletes it itself
+    /// when it exits normally).
+    pub(crate) fn remove_at_end(&self, dir: &std::path::Path) {
+        match dir.to_str() {
+            Some(dir) if dir.starts_with('/') && !dir.contains('\n') => {
+                self.send(format!("={dir}\n"));
+            }
+            _ => {}
+        }
+    }
+
+    /// Waits (up to [`FLUSH_TIMEOUT`]) until every line told so far is written: before the
+    /// agent exits, so that the watchdog never kills a group the agent has reaped. Blocks.
+    pub(crate) fn flush(&self) {
+        let (done, written) = mpsc::channel();
+        if self.send_message(Message::Flush(done)) {
+            let _ = written.recv_timeout(FLUSH_TIMEOUT);
+        }
+    }
+
+    fn send(&self, line: String) {
+        self.send_message(Message::Line(line));
+    }
+
+    /// Hands a message to the writing thread; whether there is one.
+    fn send_message(&self, message: Message) -> bool {
+        let Some(running) = &self.running else {
+            return false;
+        };
+        running
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .send(message)
+            .is_ok()
     }
 }
 
@@ -102,67 +176,6 @@ fn write_lines(mut stdin: impl Write, pending: &mpsc::Receiver<Message>) {
             }
         }
     }
-}
-
-/// Tells the watchdog about a task's process group, led by the task's process, which
-/// started at `start_time` (clock ticks after boot).
-pub(crate) fn watch(group: u32, start_time: u64) {
-    send(format!("+{group} {start_time}\n"));
-}
-
-/// Tells the watchdog that a task's process group is reaped: not to be killed.
-pub(crate) fn forget(group: u32) {
-    send(format!("-{group}\n"));
-}
-
-/// Asks the watchdog to kill the processes of the worker's cgroup `dir` once the agent is
-/// gone. A path that cannot be one line of text is not sent.
-pub(crate) fn kill_cgroup_at_end(dir: &std::path::Path) {
-    match dir.to_str() {
-        Some(dir) if dir.starts_with('/') && !dir.contains('\n') => send(format!("@{dir}\n")),
-        _ => {}
-    }
-}
-
-/// The watchdog's process id, once it is started: a process of the agent's own.
-pub(crate) fn pid() -> Option<u32> {
-    WATCHDOG.get().map(|watchdog| watchdog.child.id())
-}
-
-/// Asks the watchdog to delete `dir`, the agent's private directory, once the agent is gone.
-/// A path that cannot be one line of text is not sent (the agent deletes it itself when it
-/// exits normally).
-pub(crate) fn remove_at_end(dir: &std::path::Path) {
-    match dir.to_str() {
-        Some(dir) if dir.starts_with('/') && !dir.contains('\n') => send(format!("={dir}\n")),
-        _ => {}
-    }
-}
-
-/// Waits (up to [`FLUSH_TIMEOUT`]) until every line told so far is written: before the agent
-/// exits, so that the watchdog never kills a group the agent has reaped. Blocks.
-pub(crate) fn flush() {
-    let (done, written) = mpsc::channel();
-    if send_message(Message::Flush(done)) {
-        let _ = written.recv_timeout(FLUSH_TIMEOUT);
-    }
-}
-
-fn send(line: String) {
-    send_message(Message::Line(line));
-}
-
-/// Hands a message to the writing thread; whether there is one.
-fn send_message(message: Message) -> bool {
-    let Some(watchdog) = WATCHDOG.get() else {
-        return false;
-    };
-    watchdog
-        .lines
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .send(message)
-        .is_ok()
 }
 
 /// One line from the agent.
@@ -232,10 +245,10 @@ pub(crate) fn run() -> ExitCode {
     for (group, start_time) in groups {
         // The agent is gone: the task's own process may be reaped already, but what it left
         // in its group is still the task's while it lives.
-        crate::process_group::kill_started(group, start_time);
+        trainyard_sys::process_group::kill_started(group, start_time);
     }
     for cgroup in cgroups {
-        crate::cgroup::kill_members(&cgroup);
+        trainyard_sys::cgroup::kill_members(&cgroup);
     }
     for dir in dirs {
         // Gone already when the agent exited normally: it deletes its directory itself.

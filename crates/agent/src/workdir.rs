@@ -3,10 +3,12 @@
 //! killed). It holds the Python files the agent carries (`python/`, put on the tasks'
 //! `PYTHONPATH`), `scratch/`, where remote checkpoints are downloaded for a task, and
 //! `errors/`, where tasks that ask for one get their error file
-//! ([`ERROR_FILE_VAR`](crate::root_cause::ERROR_FILE_VAR)).
+//! ([`ERROR_FILE_VAR`](trainyard_runtime::root_cause::ERROR_FILE_VAR)).
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
+
+use crate::watchdog::Watchdog;
 
 /// What the directory's name starts with.
 const PREFIX: &str = "trainyard-agent-";
@@ -18,15 +20,16 @@ pub(crate) struct WorkDir {
 }
 
 impl WorkDir {
-    /// Makes the directory (readable by this user only) and writes the carried Python files.
+    /// Makes the directory (readable by this user only) and writes the carried Python files;
+    /// the agent's `watchdog` deletes it should the agent be killed.
     ///
     /// # Errors
     /// When the directory or a file cannot be written.
-    pub(crate) fn create() -> std::io::Result<Self> {
+    pub(crate) fn create(watchdog: &Watchdog) -> std::io::Result<Self> {
         let root = tempfile::Builder::new().prefix(PREFIX).tempdir()?;
         // `tempfile` makes it 0700 already; the tasks' files depend on it, so say so here.
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700))?;
-        crate::watchdog::remove_at_end(root.path());
+        watchdog.remove_at_end(root.path());
         let dir = Self { root };
         crate::python::write(&dir.python())?;
         Ok(dir)
@@ -80,7 +83,7 @@ mod tests {
 
     #[test]
     fn the_directory_is_private_holds_the_package_and_is_gone_when_dropped() {
-        let dir = WorkDir::create().expect("created");
+        let dir = WorkDir::create(&Watchdog::default()).expect("created");
         let root = dir.root().to_owned();
         let mode = std::fs::metadata(&root)
             .expect("exists")
@@ -95,7 +98,7 @@ mod tests {
 
     #[test]
     fn each_task_gets_an_empty_scratch_folder() {
-        let dir = WorkDir::create().expect("created");
+        let dir = WorkDir::create(&Watchdog::default()).expect("created");
         let scratch = dir.fresh_scratch().expect("made");
         std::fs::write(scratch.join("old"), b"an earlier task's download").expect("written");
         let again = dir.fresh_scratch().expect("made again");

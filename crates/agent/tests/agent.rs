@@ -17,16 +17,18 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, timeout};
-use trainyard_agent::auth::{Handshake, Nonce, Role};
-use trainyard_agent::config::{AgentConfig, token_line};
-use trainyard_agent::wire::{self, AgentMessage, DriverMessage, Token, WireError};
-use trainyard_agent::{ERROR_FILE_VAR, PY_SPY};
+use trainyard_agent::PY_SPY;
+use trainyard_runtime::root_cause::ERROR_FILE_VAR;
 use trainyard_runtime::root_cause::{ErrorSource, TaskError};
 use trainyard_runtime::stacks::{ProcessStacks, TaskStacks, ThreadStack};
 use trainyard_runtime::{
     ActorId, FunctionRegistry, NodeId, Request, Response, TaskEvent, TaskExit, TaskSpec,
 };
 use trainyard_test_support::processes::{TORCH_SKIP, torch_python};
+use trainyard_wire::auth::Handshake;
+use trainyard_wire::config::{AgentConfig, token_line};
+use trainyard_wire::token::{Nonce, Role, Token};
+use trainyard_wire::wire::{self, AgentMessage, DriverMessage, WireError};
 
 /// The bound of every test.
 const TEST_LIMIT: Duration = Duration::from_secs(120);
@@ -652,11 +654,11 @@ fn now_ms() -> u64 {
 /// Whether a process whose argv is `sleep <marker>` is alive.
 fn sleeping(marker: &str) -> Vec<u32> {
     let wanted = format!("sleep\0{marker}\0");
-    trainyard_agent::procfs::pids()
+    trainyard_sys::procfs::pids()
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|argv| argv == wanted.as_bytes())
-                && trainyard_agent::procfs::is_alive(*pid, None)
+                && trainyard_sys::procfs::is_alive(*pid, None)
         })
         .collect()
 }

@@ -13,11 +13,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::time::timeout;
 use tokio_util::bytes::BytesMut;
-use trainyard_agent::AGENT_FAILED;
-use trainyard_agent::auth::{Handshake, Nonce, Role};
-use trainyard_agent::config::{AgentConfig, token_line};
-use trainyard_agent::wire::{self, AgentMessage, DriverMessage, Token};
 use trainyard_runtime::{ActorId, FunctionRegistry, NodeId, Request, TaskSpec};
+use trainyard_wire::auth::Handshake;
+use trainyard_wire::config::{AGENT_FAILED, AgentConfig, token_line};
+use trainyard_wire::token::{Nonce, Role, Token};
+use trainyard_wire::wire::{self, AgentMessage, DriverMessage};
 
 /// The bound of every test.
 const TEST_LIMIT: Duration = Duration::from_secs(120);

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use tokio::sync::oneshot;
-use trainyard_agent::wire::WireError;
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
+use trainyard_wire::wire::WireError;
 
 /// Where a caller waits for its answer.
 pub(crate) type Reply = oneshot::Sender<Result<Response, RuntimeError>>;

@@ -1,4 +1,4 @@
-//! The driver's side of a connection's handshake (see `trainyard_agent::wire`): the agent's
+//! The driver's side of a connection's handshake (see `trainyard_wire::wire`): the agent's
 //! hello, the driver's challenge and the agent's proof, checked before anything else is read
 //! from the connection. Each side proves that it holds the run's secret without sending it,
 //! so that a recorded handshake is worth nothing on another connection.
@@ -9,10 +9,11 @@ use std::time::Duration;
 use futures::{SinkExt as _, StreamExt as _};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::bytes::BytesMut;
-use trainyard_agent::auth::{Handshake, Nonce, Role};
-use trainyard_agent::seal::SessionKey;
-use trainyard_agent::wire::{self, AgentMessage, DriverMessage, Token};
 use trainyard_runtime::ActorId;
+use trainyard_wire::auth::Handshake;
+use trainyard_wire::seal::SessionKey;
+use trainyard_wire::token::{Nonce, Role, Token};
+use trainyard_wire::wire::{self, AgentMessage, DriverMessage};
 
 /// How long a peer may take over the whole handshake, from its connection to its proof.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);

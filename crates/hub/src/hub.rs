@@ -12,13 +12,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tracing::Instrument as _;
-use trainyard_agent::admission::{Gate, Limits};
-use trainyard_agent::auth::Role;
-use trainyard_agent::wire::{self, Token};
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
 use trainyard_runtime::timings;
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
+use trainyard_wire::admission::{Gate, Limits};
+use trainyard_wire::token::{Role, Token};
+use trainyard_wire::wire;
 
 use crate::dropped::{DropTally, Told};
 use crate::hello::{HELLO_TIMEOUT, HelloError, authenticate};
@@ -255,7 +255,7 @@ impl AgentHub {
         config: HubConfig,
         release: impl Fn(ActorId) + Send + Sync + 'static,
     ) -> Result<Self, HubError> {
-        if trainyard_agent::skipped_run_if_agent() {
+        if trainyard_wire::config::skipped_run_if_agent() {
             return Err(HubError::NotServing);
         }
         let token = Token::random().map_err(HubError::Token)?;

@@ -4,7 +4,7 @@
 //! An agent is the worker process a runtime starts for each actor (`trainyard-agent`). It
 //! connects back to the driver's [`AgentHub`] over TCP, and each proves to the other that it
 //! holds the run's secret token without sending it: a challenge-response over fresh nonces
-//! (HMAC-SHA256, `trainyard_agent::auth`), so that a recorded handshake is worth nothing and
+//! (HMAC-SHA256, `trainyard_wire::auth`), so that a recorded handshake is worth nothing and
 //! an agent runs nothing for a peer that cannot answer its challenge. Only then does the hub
 //! serve the agent's requests, route its replies and events, and turn its end into a death
 //! with a cause. The hub listens on the address agents are told

@@ -80,7 +80,7 @@ impl fmt::Display for AgentExit {
 
 /// Why a spawn failed when its agent process (running `program`, where known) ended with
 /// `exit` before it connected. An exit code other than
-/// [`AGENT_FAILED`](trainyard_agent::AGENT_FAILED) (which an agent that cannot start exits
+/// [`AGENT_FAILED`](trainyard_wire::config::AGENT_FAILED) (which an agent that cannot start exits
 /// with, having said why on its stderr) means the program ran something else than an agent:
 /// its `main` lacks `trainyard::run_if_agent`, and the reason says so.
 pub(crate) fn ended_before_connecting(program: Option<&Path>, exit: &AgentExit) -> String {
@@ -89,7 +89,7 @@ pub(crate) fn ended_before_connecting(program: Option<&Path>, exit: &AgentExit) 
         None => "the worker program".to_owned(),
     };
     match exit {
-        AgentExit::Exited { code } if *code == i32::from(trainyard_agent::AGENT_FAILED) => {
+        AgentExit::Exited { code } if *code == i32::from(trainyard_wire::config::AGENT_FAILED) => {
             format!(
                 "{worker} exited with code {code} before it connected (it says why on its stderr)"
             )
@@ -248,7 +248,7 @@ mod tests {
              a worker"
         );
         let failed = AgentExit::Exited {
-            code: i32::from(trainyard_agent::AGENT_FAILED),
+            code: i32::from(trainyard_wire::config::AGENT_FAILED),
         };
         let said = ended_before_connecting(Some(program), &failed);
         assert!(

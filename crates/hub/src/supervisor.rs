@@ -14,9 +14,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::bytes::Bytes;
-use trainyard_agent::wire::{self, AgentMessage, DriverMessage};
 use trainyard_runtime::events::{ActorEvent, EVENT_BUFFER, EVENT_BYTES, EventSender};
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError, TaskEvent};
+use trainyard_wire::wire::{self, AgentMessage, DriverMessage};
 
 use crate::calls::{Pending, Reply, reply_result, request_name};
 use crate::death::{Seen, cause_of_death};

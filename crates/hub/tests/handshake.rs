@@ -17,11 +17,12 @@ use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 use tokio::time::timeout;
 use tokio_util::bytes::{Bytes, BytesMut};
-use trainyard_agent::auth::{Handshake, Nonce, Role};
-use trainyard_agent::config::{AgentConfig, token_line};
-use trainyard_agent::wire::{self, AgentMessage, DriverMessage};
 use trainyard_hub::{AgentExit, AgentHub, AgentProcess, HubConfig};
 use trainyard_runtime::{ActorId, FunctionRegistry, NodeId, Request, Response};
+use trainyard_wire::auth::Handshake;
+use trainyard_wire::config::{AgentConfig, token_line};
+use trainyard_wire::token::{Nonce, Role};
+use trainyard_wire::wire::{self, AgentMessage, DriverMessage};
 
 /// The bound of every test.
 const TEST_LIMIT: Duration = Duration::from_secs(120);
@@ -138,7 +139,7 @@ async fn next(link: &mut Link) -> Option<BytesMut> {
         .and_then(Result::ok)
 }
 
-fn challenge(frame: &[u8]) -> (Nonce, trainyard_agent::auth::Proof) {
+fn challenge(frame: &[u8]) -> (Nonce, trainyard_wire::auth::Proof) {
     match wire::decode(frame).expect("a driver message") {
         DriverMessage::Challenge { nonce, proof } => (nonce, proof),
         other => panic!("expected a challenge, got {other:?}"),

@@ -2,7 +2,7 @@
 //!
 //! [`LocalRuntime`] is an [`ActorRuntime`](trainyard_runtime::ActorRuntime) over one machine
 //! split into virtual nodes. Its agents are by default the running binary, which must call
-//! [`run_if_agent`](trainyard_agent::run_if_agent) first thing in `main`; each connects back
+//! `trainyard_agent::run_if_agent` first thing in `main`; each connects back
 //! over loopback with the run's secret token, and a dead agent becomes an actor death with its
 //! cause (exit code or signal, memory limit, lost connection).
 //!
@@ -66,13 +66,10 @@
 //! - [`LocalRuntime`], started from a [`LocalConfig`]; agents run an [`AgentCommand`].
 //! - [`detect`]: what the machine offers, the user's overrides, and the split into
 //!   [`LocalNode`]s; [`LocalError`]: why the runtime cannot be configured or started.
-//! - [`cgroup`]: per-worker hard memory limits, the driver's side (probe, run and worker
-//!   cgroups, sweeping those of dead drivers).
 //! - [`ledger`]: the machine-wide record through which concurrent runs share this machine.
 //! - [`hub`]: the agent hub (the `trainyard-hub` crate), which serves this runtime's agents
 //!   as it serves those of every agent-based runtime.
 
-pub mod cgroup;
 mod config;
 pub mod detect;
 mod error;

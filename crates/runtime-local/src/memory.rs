@@ -6,12 +6,12 @@
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::OnceCell;
-use trainyard_agent::config::MemoryLimit;
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::ActorId;
+use trainyard_wire::config::MemoryLimit;
 
-use crate::cgroup::{MemoryEnforcement, RunCgroup, WorkerCgroup, sweep_stale};
 use crate::lock;
+use trainyard_sys::cgroup::{MemoryEnforcement, RunCgroup, WorkerCgroup, sweep_stale};
 
 /// The longest run name used in a cgroup's directory name.
 const MAX_RUN_NAME: usize = 100;

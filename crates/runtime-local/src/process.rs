@@ -1,7 +1,7 @@
 //! An agent that is a child process of this driver, and signals to it, to its task's process
 //! group and to its worker's cgroup, sent only while their targets are known to be what they
-//! were (a reaped pid may belong to someone else; see `trainyard_agent::process_group` and
-//! `trainyard_agent::procfs::ProcessHandle`).
+//! were (a reaped pid may belong to someone else; see `trainyard_sys::process_group` and
+//! `trainyard_sys::procfs::ProcessHandle`).
 //!
 //! Once the agent is gone, however it went, whatever is left in its worker's cgroup is killed
 //! before the hub hears that it ended ([`LocalProcess::wait`]): so before what the worker
@@ -16,11 +16,11 @@ use async_trait::async_trait;
 use nix::sys::signal::Signal;
 use tokio::process::Child;
 
-use crate::cgroup::WorkerCgroup;
 use crate::ledger::Membership;
-use trainyard_agent::process_group;
-use trainyard_agent::procfs::ProcessHandle;
 use trainyard_hub::{AgentExit, AgentProcess, TaskKiller, TaskProcess};
+use trainyard_sys::cgroup::WorkerCgroup;
+use trainyard_sys::process_group;
+use trainyard_sys::procfs::ProcessHandle;
 
 /// An agent process started by this driver, with the cgroup it may have.
 pub(crate) struct LocalProcess {
@@ -124,7 +124,7 @@ impl AgentProcess for LocalProcess {
     /// The task runs on this machine: its start time is in `/proc`, read as soon as the
     /// agent has said it started (the agent has not reaped it by then unless it ended).
     fn task_start_time(&self, pid: u32) -> Option<u64> {
-        trainyard_agent::procfs::read_stat(pid)
+        trainyard_sys::procfs::read_stat(pid)
             .ok()
             .flatten()
             .filter(|stat| stat.group == pid)
@@ -173,7 +173,7 @@ mod tests {
             .spawn()
             .expect("sleep starts");
         let pid = child.id();
-        let start_time = trainyard_agent::procfs::read_stat(pid)
+        let start_time = trainyard_sys::procfs::read_stat(pid)
             .expect("readable")
             .and_then(|stat| stat.start_time);
         assert!(start_time.is_some());
@@ -183,7 +183,7 @@ mod tests {
     /// Whether process `pid` is dead or a SIGKILL is pending for it (sent, not yet acted on):
     /// known at once after a `kill`, with no wait.
     fn killed(pid: u32) -> bool {
-        let dead = trainyard_agent::procfs::read_stat(pid)
+        let dead = trainyard_sys::procfs::read_stat(pid)
             .ok()
             .flatten()
             .is_none_or(|stat| matches!(stat.state, 'Z' | 'X'));

@@ -10,8 +10,6 @@ use async_trait::async_trait;
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::watch;
 use tracing::Instrument as _;
-use trainyard_agent::config::{AgentConfig, MemoryLimit};
-use trainyard_agent::procfs::ProcessHandle;
 use trainyard_config::PlacementGroupFactory;
 use trainyard_hub::{AgentHub, Arrival, HubConfig};
 use trainyard_resources::ErrorChain;
@@ -22,14 +20,16 @@ use trainyard_runtime::{
     ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, PlacementGroupId, PlacementInfo,
     Request, Response, RuntimeError, Shortage,
 };
+use trainyard_sys::procfs::ProcessHandle;
+use trainyard_wire::config::{AgentConfig, MemoryLimit};
 
-use crate::cgroup::WorkerCgroup;
 use crate::config::LocalConfig;
 use crate::error::LocalError;
 use crate::ledger::{self, Ledger, LedgerLocation};
 use crate::lock;
 use crate::memory::Memory;
 use crate::process::LocalProcess;
+use trainyard_sys::cgroup::WorkerCgroup;
 
 /// The embedded runtime: every actor is an agent process on this machine, started from
 /// [`LocalConfig::agent`], that connects back over TCP with the run's secret token and
@@ -118,7 +118,7 @@ impl LocalRuntime {
     /// # Errors
     /// [`LocalError::NoNodes`], [`LocalError::Ledger`] or [`LocalError::Hub`].
     pub async fn start(config: LocalConfig) -> Result<Self, LocalError> {
-        if trainyard_agent::skipped_run_if_agent() {
+        if trainyard_wire::config::skipped_run_if_agent() {
             return Err(LocalError::Hub(trainyard_hub::HubError::NotServing));
         }
         if config.nodes.is_empty() {
@@ -249,7 +249,7 @@ impl LocalRuntime {
             .process_group(0)
             .kill_on_drop(true);
         if let Some(ledger) = &core.ledger {
-            command.env(trainyard_agent::config::LEDGER_LIVE, ledger.live_path());
+            command.env(trainyard_wire::config::LEDGER_LIVE, ledger.live_path());
         }
         Ok(command)
     }
@@ -290,7 +290,7 @@ impl LocalRuntime {
         // The token travels on the agent's stdin: it fits in the pipe's buffer, so this
         // write does not wait for the agent.
         if let Some(mut stdin) = child.stdin.take() {
-            let line = trainyard_agent::config::token_line(self.hub().token());
+            let line = trainyard_wire::config::token_line(self.hub().token());
             // An agent that exits at once closes the pipe first; its exit status, seen
             // while waiting for its hello, says more than the broken pipe would.
             if let Err(error) = stdin.write_all(line.as_bytes()).await {

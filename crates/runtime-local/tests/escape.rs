@@ -23,10 +23,10 @@ use trainyard_runtime::{
     ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, PlacementGroupId, TaskEvent, TaskExit,
     TaskSpec,
 };
-use trainyard_runtime_local::cgroup::MemoryEnforcement;
 use trainyard_runtime_local::detect::{Machine, Overrides, plan_nodes};
 use trainyard_runtime_local::ledger::LedgerLocation;
 use trainyard_runtime_local::{LocalConfig, LocalRuntime};
+use trainyard_sys::cgroup::MemoryEnforcement;
 
 /// The bound of every test.
 const TEST_LIMIT: Duration = Duration::from_secs(120);
@@ -86,7 +86,7 @@ fn sleepers(marker: &str) -> Vec<u32> {
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|argv| argv == wanted.as_bytes())
-                && trainyard_agent::procfs::is_alive(*pid, None)
+                && trainyard_sys::procfs::is_alive(*pid, None)
         })
         .collect()
 }
@@ -98,7 +98,7 @@ impl Drop for Reaper {
     fn drop(&mut self) {
         for marker in &self.0 {
             for pid in sleepers(marker) {
-                if let Some(handle) = trainyard_agent::procfs::ProcessHandle::open(pid) {
+                if let Some(handle) = trainyard_sys::procfs::ProcessHandle::open(pid) {
                     handle.signal(nix::sys::signal::Signal::SIGKILL);
                 }
             }
@@ -523,7 +523,7 @@ async fn a_gpu_is_not_handed_to_another_run_while_a_worker_of_its_sigkilled_driv
     .expect("b starts");
     let test = async {
         let agent = driver_agent(&mut driver).await;
-        let agent_started = trainyard_agent::procfs::read_stat(agent)
+        let agent_started = trainyard_sys::procfs::read_stat(agent)
             .expect("the agent's stat")
             .and_then(|stat| stat.start_time)
             .expect("the agent's start time");
@@ -553,7 +553,7 @@ async fn a_gpu_is_not_handed_to_another_run_while_a_worker_of_its_sigkilled_driv
             sleep(Duration::from_millis(5)).await;
         }
         let task_then = sleepers(&marker);
-        let agent_then = trainyard_agent::procfs::is_alive(agent, Some(agent_started));
+        let agent_then = trainyard_sys::procfs::is_alive(agent, Some(agent_started));
         waiting
             .await
             .expect("the wait ran")

@@ -58,7 +58,7 @@ fn until_told() {
 /// run of the ledger); each holds a GPU.
 fn forged(victim: u32) -> serde_json::Value {
     let start = |pid: u32| {
-        trainyard_agent::procfs::read_stat(pid)
+        trainyard_sys::procfs::read_stat(pid)
             .expect("stat")
             .and_then(|stat| stat.start_time)
             .expect("start time")

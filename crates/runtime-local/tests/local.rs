@@ -13,8 +13,6 @@ use futures::{FutureExt as _, StreamExt as _};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, sleep, timeout};
-use trainyard_agent::auth::Nonce;
-use trainyard_agent::wire::{self, AgentMessage};
 use trainyard_config::{PlacementGroupFactory, PlacementStrategy};
 use trainyard_resources::{ActorOptions, ResourceAmount};
 use trainyard_runtime::events::{ActorEvent, TaskEvents};
@@ -22,10 +20,12 @@ use trainyard_runtime::{
     ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, DeathCause, FunctionRegistry, RuntimeError,
     Stream, TaskEvent, TaskExit, TaskFailure, TaskSpec, TaskStatus, conformance,
 };
-use trainyard_runtime_local::cgroup::MemoryEnforcement;
 use trainyard_runtime_local::detect::{Machine, Overrides, plan_nodes};
 use trainyard_runtime_local::ledger::LedgerLocation;
 use trainyard_runtime_local::{AgentCommand, LocalConfig, LocalRuntime};
+use trainyard_sys::cgroup::MemoryEnforcement;
+use trainyard_wire::token::Nonce;
+use trainyard_wire::wire::{self, AgentMessage};
 
 /// The bound of every test.
 const TEST_LIMIT: Duration = Duration::from_secs(240);
@@ -51,7 +51,7 @@ fn forgetful_entry() {}
 /// it exits with [`REFUSED`] when starting a runtime of its own is refused.
 #[test]
 fn forgetful_driver_entry() {
-    if std::env::var_os(trainyard_agent::config::ROLE).is_none() {
+    if std::env::var_os(trainyard_wire::config::ROLE).is_none() {
         return;
     }
     let Ok(tokio) = tokio::runtime::Runtime::new() else {

@@ -14,7 +14,6 @@ use async_trait::async_trait;
 use nix::sys::signal::Signal;
 use tokio::sync::oneshot;
 use tracing::Instrument as _;
-use trainyard_agent::config::AgentConfig;
 use trainyard_config::PlacementGroupFactory;
 use trainyard_hub::{AgentCommand, AgentExit, AgentHub, AgentProcess, HubConfig};
 use trainyard_resources::{ResourceAmount, Resources};
@@ -25,6 +24,7 @@ use trainyard_runtime::{
     PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
 };
 use trainyard_runtime::{placement, reservations};
+use trainyard_wire::config::AgentConfig;
 
 use crate::bridge::{ActorLaunch, Bridge, BridgeConfig};
 use crate::error::{BridgeError, RayError};

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use trainyard_agent::{process_group, procfs};
+use trainyard_sys::{process_group, procfs};
 
 use crate::{Bridge, BridgeConfig, BridgeError, RayNodeInfo};
 

@@ -14,13 +14,13 @@ use common::{HEAD_MEMORY, RayCluster, WORKER_MEMORY, eventually};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use tokio::sync::oneshot;
-use trainyard_agent::procfs::is_alive;
 use trainyard_config::PlacementStrategy;
 use trainyard_resources::{ActorOptions, Resources};
 use trainyard_runtime_ray::{
     ActorEnded, ActorLaunch, Bridge, BridgeError, DeathKind, GroupState, RayPlacementGroupId,
     Started,
 };
+use trainyard_sys::procfs::is_alive;
 
 /// The agent stand-in: records its config, role, token and process group, then sleeps; with
 /// `TY_TEST_TASK` set it first starts a task (`sleep`) in a process group of its own, as the

@@ -11,8 +11,6 @@ use async_trait::async_trait;
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::watch;
 use tracing::Instrument as _;
-use trainyard_agent::config::{AgentConfig, MemoryLimit};
-use trainyard_agent::procfs::ProcessHandle;
 use trainyard_config::PlacementGroupFactory;
 use trainyard_hub::{AgentHub, HubConfig};
 use trainyard_resources::{CPU, GPU, Resources};
@@ -24,6 +22,8 @@ use trainyard_runtime::{
     ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, NodeId, NodeInfo,
     PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
 };
+use trainyard_sys::procfs::ProcessHandle;
+use trainyard_wire::config::{AgentConfig, MemoryLimit};
 
 use crate::allocation::{self, OwnAllocation, Queued};
 use crate::config::SlurmConfig;
@@ -410,7 +410,7 @@ impl SlurmRuntime {
             .map_err(|error| failed(format!("cannot start `srun`: {error}")))?;
         // The token reaches the agent on its stdin, which srun forwards to the step's task.
         if let Some(mut stdin) = srun.stdin.take() {
-            let line = trainyard_agent::config::token_line(self.inner.hub.token());
+            let line = trainyard_wire::config::token_line(self.inner.hub.token());
             if let Err(error) = stdin.write_all(line.as_bytes()).await {
                 tracing::debug!(%error, "the step did not take its token");
             }

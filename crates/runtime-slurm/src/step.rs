@@ -14,9 +14,9 @@ use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::Child;
 use tokio::task::JoinHandle;
-use trainyard_agent::procfs::ProcessHandle;
 use trainyard_hub::{AgentExit, AgentProcess};
 use trainyard_runtime::{DeathCause, NodeId};
+use trainyard_sys::procfs::ProcessHandle;
 
 use crate::slurm;
 

@@ -19,7 +19,7 @@ pub const LEDGER: &str = "TRAINYARD_LEDGER";
 pub const STORAGE: &str = "TRAINYARD_STORAGE";
 
 /// The environment entry of an agent's watchdog, which starts with nothing else
-/// (`trainyard_agent::config::ROLE` set to `ROLE_WATCHDOG`, see `crates/agent/src/watchdog.rs`).
+/// (`trainyard_wire::config::ROLE` set to `ROLE_WATCHDOG`, see `crates/agent/src/watchdog.rs`).
 const WATCHDOG_ROLE: &[u8] = b"TRAINYARD_ROLE=watchdog";
 
 /// The environment entry of a worker agent.

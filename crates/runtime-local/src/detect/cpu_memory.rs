@@ -8,7 +8,7 @@ use std::thread;
 
 use trainyard_resources::{ResourceAmount, STEPS_PER_UNIT};
 
-use crate::cgroup::{CgroupLookupError, CgroupMount, CgroupQuery, Hierarchy, own_cgroup};
+use trainyard_sys::cgroup::{CgroupLookupError, CgroupMount, CgroupQuery, Hierarchy, own_cgroup};
 
 /// cgroup v1 reports "no memory limit" as a page-rounded `i64::MAX`
 /// (9223372036854771712); anything this large means unlimited.

@@ -154,7 +154,7 @@ fn load(path: &Path) -> io::Result<Loaded> {
                     .runs
                     .iter()
                     .filter(|run| {
-                        trainyard_agent::procfs::is_alive(run.owner.pid, Some(run.owner.start_time))
+                        trainyard_sys::procfs::is_alive(run.owner.pid, Some(run.owner.start_time))
                     })
                     .map(|run| run.owner.pid)
                     .collect();

@@ -477,7 +477,7 @@ impl Ledger {
     }
 
     /// Its liveness file, which every process of a live run holds locked: the agents hold
-    /// it from [`trainyard_agent::config::LEDGER_LIVE`].
+    /// it from [`trainyard_wire::config::LEDGER_LIVE`].
     #[must_use]
     pub fn live_path(&self) -> &Path {
         &self.files.live
@@ -636,7 +636,7 @@ mod tests {
         let (me, uid) = this_process();
         let init = Member {
             pid: 1,
-            start_time: trainyard_agent::procfs::read_stat(1)
+            start_time: trainyard_sys::procfs::read_stat(1)
                 .expect("/proc/1/stat")
                 .and_then(|stat| stat.start_time)
                 .expect("a start time"),

@@ -9,7 +9,7 @@ use std::io;
 
 use serde::{Deserialize, Serialize};
 
-use trainyard_agent::procfs::{self, read_stat};
+use trainyard_sys::procfs::{self, read_stat};
 
 /// A process, told apart from a later one with the same pid by its start time, and the
 /// user it runs as.

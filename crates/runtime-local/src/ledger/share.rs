@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use trainyard_agent::procfs::ProcessHandle;
 use trainyard_resources::Resources;
 use trainyard_runtime::{Holder, PlacementGroupId, PlacementInfo, RuntimeError, Shortage};
+use trainyard_sys::procfs::ProcessHandle;
 
 use super::{Ledger, LedgerError, Member, RunEntry};
 use crate::config::WhenBusy;

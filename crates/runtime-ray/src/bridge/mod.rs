@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, ChildStdin};
 use tokio::task::JoinHandle;
-use trainyard_agent::process_group;
+use trainyard_sys::process_group;
 
 use crate::auth::{AuthLookup, file_has_token};
 use crate::error::BridgeError;
@@ -201,7 +201,7 @@ fn check_ray_version(found: &str, python: &Path) -> Result<(), BridgeError> {
 }
 
 /// SIGKILLs the bridge's process group: the bridge, if it still runs, and what it started
-/// (a throwaway head), while the group is the bridge's (`trainyard_agent::process_group`:
+/// (a throwaway head), while the group is the bridge's (`trainyard_sys::process_group`:
 /// its leader unreaped, or a member still in it).
 fn sweep(pid: Option<u32>) {
     if let Some(group) = pid {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use trainyard_agent::cgroup::{LimitError, join_self};
+use super::member::{LimitError, join_self};
 
 use super::fake::{SOMEONE_ELSE, fake_host};
 use super::owner::{DIR_PREFIX, LEAF_RUN};
@@ -251,7 +251,7 @@ fn parent_of(enforcement: &MemoryEnforcement) -> &Path {
 }
 
 /// Waits at most `limit`, killing the child and failing the test on timeout.
-fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
+pub(super) fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = child.try_wait().expect("try_wait") {

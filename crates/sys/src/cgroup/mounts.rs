@@ -4,7 +4,7 @@
 use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
 
-use trainyard_agent::cgroup::Hierarchy;
+use super::member::Hierarchy;
 
 /// One line of `/proc/<pid>/cgroup`: `hierarchy-id:controllers:path`.
 #[derive(Debug, Clone, PartialEq, Eq)]

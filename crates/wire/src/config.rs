@@ -5,13 +5,14 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 use trainyard_runtime::{ActorId, NodeId};
 
-use crate::wire::Token;
+use crate::token::Token;
 
-/// Selects what a binary that calls [`crate::run_if_agent`] does: [`ROLE_AGENT`],
+/// Selects what a binary that calls `trainyard_agent::run_if_agent` does: [`ROLE_AGENT`],
 /// [`ROLE_EXEC`] or [`ROLE_WATCHDOG`].
 pub const ROLE: &str = "TRAINYARD_ROLE";
 /// Serve as a worker agent.
@@ -24,6 +25,28 @@ pub const ROLE_WATCHDOG: &str = "watchdog";
 pub const CONFIG: &str = "TRAINYARD_AGENT_CONFIG";
 /// The trampoline's [`ExecSpec`], as JSON.
 pub const EXEC: &str = "TRAINYARD_EXEC_SPEC";
+
+/// Exit code of an agent that could not start (bad configuration, no driver).
+pub const AGENT_FAILED: u8 = 2;
+
+/// Whether this process's program called `trainyard_agent::run_if_agent`
+/// ([`entered_run_if_agent`]).
+static ENTERED: AtomicBool = AtomicBool::new(false);
+
+/// Notes that this process's program called `trainyard_agent::run_if_agent`, which it does
+/// first thing: see [`skipped_run_if_agent`].
+pub fn entered_run_if_agent() {
+    ENTERED.store(true, Ordering::Relaxed);
+}
+
+/// Whether a runtime started this process as an agent ([`ROLE`] in its environment) and its
+/// program went on without calling `trainyard_agent::run_if_agent`: it runs the user's
+/// program instead of serving, so it must not start workers of its own (each would do the
+/// same). A function task that starts a run inside a real agent is not such a process.
+#[must_use]
+pub fn skipped_run_if_agent() -> bool {
+    std::env::var_os(ROLE).is_some() && !ENTERED.load(Ordering::Relaxed)
+}
 
 /// The ledger's liveness file, when the runtime keeps a ledger: the agent holds a shared
 /// lock on it while it lives, so that its run's entry counts the agent as one of the run's

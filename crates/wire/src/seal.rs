@@ -23,7 +23,7 @@ use sha2::Sha256;
 use tokio_util::bytes::{Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
-use crate::auth::Role;
+use crate::token::Role;
 
 type HmacSha256 = Hmac<Sha256>;
 

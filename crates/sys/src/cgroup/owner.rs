@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use trainyard_agent::procfs;
+use crate::procfs;
 
 /// Prefix of every directory this module creates under the parent cgroup.
 pub(super) const DIR_PREFIX: &str = "trainyard-";

@@ -1,12 +1,13 @@
-//! Per-worker cgroups and hard memory limits, the driver's side, written directly against
-//! cgroupfs.
+//! Per-worker cgroups and hard memory limits, written directly against cgroupfs: the
+//! driver's side (probe, run and worker cgroups, sweeping those of dead drivers) and the
+//! worker's (join, count OOM kills, kill what is left).
 //!
 //! The driver calls [`MemoryEnforcement::probe`] once. It finds the process's own memory
 //! cgroup (cgroup v1 `memory` controller, or cgroup v2 when that hierarchy holds the memory
 //! controller) and checks that it may create children there. Each run gets one directory,
 //! [`RunCgroup`], and each worker one child, [`WorkerCgroup`], with a hard limit when one
 //! was asked. The worker's trampoline joins its cgroup before `exec`
-//! (`trainyard_agent::cgroup::join_self`), so nothing it forks escapes the limit, nor
+//! ([`join_self`]), so nothing it forks escapes the limit, nor
 //! [`WorkerCgroup::kill_all`] once the worker is gone. After the worker exits,
 //! [`WorkerCgroup::oom_kills`] tells an OOM kill apart from a user error (read it *before*
 //! removing the cgroup).
@@ -23,15 +24,16 @@
 //! drivers that are gone, even when their pid has been reused since.
 //!
 //! Where no cgroup can be used, the probe says why and the trampoline falls back to an
-//! address-space limit per process (`trainyard_agent::cgroup::limit_address_space`).
+//! address-space limit per process ([`limit_address_space`]). What the worker's own processes
+//! do about their cgroup (join it, count its OOM kills, kill what is in it) is the other half
+//! of this module: [`join_self`], [`OomCounter`], [`kill_members`].
 //!
 //! Removing cgroups and sweeping them block (they kill what is left and wait for the kernel
 //! to let go of the directories): call them off async threads. [`own_cgroup`] maps this
 //! process's cgroup to its directory for machine detection as for enforcement.
 //!
 //! ```no_run
-//! use trainyard_agent::cgroup::join_self;
-//! use trainyard_runtime_local::cgroup::{MemoryEnforcement, sweep_stale};
+//! use trainyard_sys::cgroup::{MemoryEnforcement, join_self, sweep_stale};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let enforcement = MemoryEnforcement::probe();
@@ -53,6 +55,7 @@
 //! ```
 
 mod error;
+mod member;
 mod mounts;
 mod owner;
 mod setup;
@@ -68,13 +71,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use error::CgroupError;
+pub use member::{
+    Hierarchy, LimitError, OomCounter, join_self, kill_members, limit_address_space,
+    own_oom_counter,
+};
 pub use mounts::{
     CgroupLine, CgroupLookupError, CgroupMount, CgroupQuery, OwnCgroup, own_cgroup,
     parse_cgroup_mounts, parse_proc_cgroup,
 };
-#[doc(no_inline)]
-pub use trainyard_agent::cgroup::Hierarchy;
-use trainyard_agent::cgroup::OomCounter;
 
 use owner::{Owner, beside_own_leaf, owned_dir_name, parse_run_dir_name};
 use setup::{
@@ -281,7 +285,7 @@ impl WorkerCgroup {
 
     /// The `cgroup.procs` file a process writes its own pid into to join (the
     /// process to be limited does this itself before exec, with
-    /// [`join_self`](trainyard_agent::cgroup::join_self)).
+    /// [`join_self`]).
     pub fn procs_file(&self) -> PathBuf {
         self.path.join("cgroup.procs")
     }

@@ -25,7 +25,7 @@
 //!
 //! ```
 //! use std::net::{IpAddr, Ipv4Addr};
-//! use trainyard_agent::admission::{Limits, Queue};
+//! use trainyard_wire::admission::{Limits, Queue};
 //!
 //! let peer = IpAddr::V4(Ipv4Addr::LOCALHOST);
 //! let mut queue = Queue::new(Limits::new(2, 2));

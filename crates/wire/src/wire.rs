@@ -1,7 +1,7 @@
 //! The driver⇄agent protocol: length-delimited frames (tokio-util) holding JSON messages.
 //!
 //! A connection starts with a handshake in which each side proves that it holds the run's
-//! secret ([`Token`]) without sending it ([`crate::auth`]):
+//! secret ([`Token`](crate::token::Token)) without sending it ([`crate::auth`]):
 //!
 //! 1. the agent connects and sends [`AgentMessage::Hello`]: the protocol, its actor and pid,
 //!    and a fresh nonce;
@@ -32,14 +32,14 @@
 //! the driver buffers at most the credit it granted.
 
 use serde::{Deserialize, Serialize};
-use subtle::ConstantTimeEq;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::bytes::Bytes;
 use tokio_util::codec::Framed;
 use trainyard_runtime::{ActorId, Request, Response, TaskEvent, TaskExit, TaskRejection};
 
-use crate::auth::{Nonce, Proof, Role};
+use crate::auth::Proof;
 use crate::seal::{FrameCodec, SessionKey};
+use crate::token::{Nonce, Role};
 
 /// The protocol version both sides must speak.
 pub const PROTOCOL: u32 = 4;
@@ -49,53 +49,6 @@ pub const HELLO_FRAME_LIMIT: usize = 4 * 1024;
 
 /// The largest frame accepted after it.
 pub const FRAME_LIMIT: usize = 16 * 1024 * 1024;
-
-/// The run's secret: 32 random bytes, handed to agents in their environment as hex.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token([u8; 32]);
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(..)")
-    }
-}
-
-impl Token {
-    /// A fresh random token.
-    ///
-    /// # Errors
-    /// When the operating system has no randomness to give.
-    pub fn random() -> Result<Self, getrandom::Error> {
-        let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes)?;
-        Ok(Self(bytes))
-    }
-
-    /// The token as 64 hex digits.
-    #[must_use]
-    pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
-    }
-
-    /// Parses 64 hex digits.
-    #[must_use]
-    pub fn from_hex(text: &str) -> Option<Self> {
-        let mut bytes = [0u8; 32];
-        hex::decode_to_slice(text.trim(), &mut bytes).ok()?;
-        Some(Self(bytes))
-    }
-
-    /// The secret's bytes, which keys the handshake's proofs.
-    pub(crate) const fn secret(&self) -> &[u8; 32] {
-        &self.0
-    }
-
-    /// Whether `presented` (hex) is this token, compared in constant time.
-    #[must_use]
-    pub fn matches(&self, presented: &str) -> bool {
-        Self::from_hex(presented).is_some_and(|other| bool::from(self.0.ct_eq(&other.0)))
-    }
-}
 
 /// A message from the driver to an agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -229,16 +182,7 @@ mod tests {
     use tokio_util::codec::LengthDelimitedCodec;
 
     use super::*;
-
-    #[test]
-    fn tokens_match_only_themselves_and_never_show_in_debug() {
-        let token = Token::random().expect("randomness");
-        assert!(token.matches(&token.to_hex()));
-        assert!(!token.matches(&Token::random().expect("randomness").to_hex()));
-        assert!(!token.matches("short"));
-        assert!(!token.matches(""));
-        assert!(!format!("{token:?}").contains(&token.to_hex()[..8]));
-    }
+    use crate::token::Token;
 
     #[test]
     fn replies_carry_errors_as_data() {
@@ -272,10 +216,10 @@ mod tests {
         };
         let challenge = DriverMessage::Challenge {
             nonce: handshake.driver_nonce,
-            proof: handshake.prove(&token, crate::auth::Role::Driver),
+            proof: handshake.prove(&token, Role::Driver),
         };
         let proof = AgentMessage::Proof {
-            proof: handshake.prove(&token, crate::auth::Role::Agent),
+            proof: handshake.prove(&token, Role::Agent),
         };
         for frame in [
             encode(&hello).expect("encode"),

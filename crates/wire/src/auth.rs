@@ -15,8 +15,8 @@
 //! agent's, nor the other way round. Proofs are checked in constant time.
 //!
 //! ```
-//! use trainyard_agent::auth::{Handshake, Nonce, Role};
-//! use trainyard_agent::wire::Token;
+//! use trainyard_wire::auth::Handshake;
+//! use trainyard_wire::token::{Nonce, Role, Token};
 //! use trainyard_runtime::ActorId;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -43,48 +43,9 @@ use subtle::ConstantTimeEq as _;
 use trainyard_runtime::ActorId;
 
 use crate::seal::SessionKey;
-use crate::wire::Token;
+use crate::token::{HexError, LEN, Nonce, Role, Token, hex_serde, parse_hex};
 
 type HmacSha256 = Hmac<Sha256>;
-
-/// How many bytes a [`Nonce`] and a [`Proof`] have.
-const LEN: usize = 32;
-
-/// A number used once: each side's challenge to the other, 32 random bytes, hex on the wire.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Nonce([u8; LEN]);
-
-impl Nonce {
-    /// A fresh random nonce.
-    ///
-    /// # Errors
-    /// When the operating system has no randomness to give: there is no fallback.
-    pub fn random() -> Result<Self, getrandom::Error> {
-        let mut bytes = [0u8; LEN];
-        getrandom::fill(&mut bytes)?;
-        Ok(Self(bytes))
-    }
-}
-
-impl fmt::Display for Nonce {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&hex::encode(self.0))
-    }
-}
-
-impl fmt::Debug for Nonce {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Nonce({self})")
-    }
-}
-
-impl FromStr for Nonce {
-    type Err = HexError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        parse_hex(text, "nonce").map(Self)
-    }
-}
 
 /// What one side sends to prove it holds the run's secret: an HMAC-SHA256 tag, hex on the
 /// wire. Compared in constant time; never shown by `Debug`.
@@ -121,77 +82,7 @@ impl FromStr for Proof {
     }
 }
 
-/// A [`Nonce`] or [`Proof`] that is not 64 hex digits.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "a {what} must be 64 hex digits, not {length} characters of which {invalid} are no hex digits"
-)]
-pub struct HexError {
-    /// `"nonce"` or `"proof"`.
-    pub what: &'static str,
-    /// How many characters the text had.
-    pub length: usize,
-    /// How many of them were no hex digits.
-    pub invalid: usize,
-}
-
-fn parse_hex(text: &str, what: &'static str) -> Result<[u8; LEN], HexError> {
-    let mut bytes = [0u8; LEN];
-    hex::decode_to_slice(text, &mut bytes).map_err(|_| HexError {
-        what,
-        length: text.chars().count(),
-        invalid: text.chars().filter(|c| !c.is_ascii_hexdigit()).count(),
-    })?;
-    Ok(bytes)
-}
-
-macro_rules! hex_serde {
-    ($type:ty, $hex:expr) => {
-        impl Serialize for $type {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.serialize_str(&$hex(self))
-            }
-        }
-
-        impl<'de> Deserialize<'de> for $type {
-            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                let text = String::deserialize(deserializer)?;
-                text.parse().map_err(serde::de::Error::custom)
-            }
-        }
-    };
-}
-
-hex_serde!(Nonce, Nonce::to_string);
 hex_serde!(Proof, Proof::to_hex);
-
-/// Who gives a proof.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
-    /// The driver, answering an agent's hello.
-    Driver,
-    /// An agent, answering the driver's challenge.
-    Agent,
-}
-
-impl Role {
-    /// The label that starts this role's MAC input.
-    const fn label(self) -> &'static [u8] {
-        match self {
-            Self::Driver => b"trainyard/4 driver",
-            Self::Agent => b"trainyard/4 agent",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Driver => "driver",
-            Self::Agent => "agent",
-        })
-    }
-}
 
 /// What both sides' proofs cover: one connection's handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

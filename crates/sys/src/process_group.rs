@@ -11,7 +11,7 @@
 //!
 //! ```no_run
 //! use nix::sys::signal::Signal;
-//! use trainyard_agent::process_group;
+//! use trainyard_sys::process_group;
 //!
 //! let task = 4242; // a task's pid, which leads its process group
 //! if !process_group::signal(task, Signal::SIGTERM) {
@@ -152,14 +152,19 @@ mod tests {
         assert!(!has_members(group));
     }
 
-    #[test]
-    fn a_group_led_by_a_process_that_started_at_another_time_is_not_killed() {
-        let mut leader = Command::new("sleep")
+    /// A `sleep 30` that leads a process group of its own.
+    fn sleeping_leader() -> std::process::Child {
+        Command::new("sleep")
             .arg("30")
             .stdin(Stdio::null())
             .process_group(0)
             .spawn()
-            .expect("sleep starts");
+            .expect("sleep starts")
+    }
+
+    #[test]
+    fn a_group_led_by_a_process_that_started_at_another_time_is_not_killed() {
+        let mut leader = sleeping_leader();
         let group = leader.id();
         let start = read_stat(group)
             .ok()
@@ -178,12 +183,7 @@ mod tests {
 
     #[test]
     fn a_group_whose_leader_is_unreaped_is_signalled_at_once() {
-        let mut leader = Command::new("sleep")
-            .arg("30")
-            .stdin(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("sleep starts");
+        let mut leader = sleeping_leader();
         assert!(signal(leader.id(), Signal::SIGKILL));
         let status = leader.wait().expect("reaped");
         assert_eq!(status.signal(), Some(9));

@@ -1,9 +1,8 @@
 //! What a worker's own processes do about its cgroup and its hard memory limit.
 //!
-//! Where cgroups can be made, the driver makes one per worker (the local runtime's `cgroup`
-//! module), with the memory limit when one was asked
-//! ([`MemoryLimit::Cgroup`](crate::config::MemoryLimit::Cgroup)), else without
-//! ([`MemoryLimit::Unlimited`](crate::config::MemoryLimit::Unlimited)), and tells the agent
+//! Where cgroups can be made, the driver makes one per worker ([`WorkerCgroup`](super::WorkerCgroup)),
+//! with the memory limit when one was asked (`MemoryLimit::Cgroup` of `trainyard-wire`'s
+//! agent configuration), else without (`MemoryLimit::Unlimited`), and tells the agent
 //! its directory. The task's trampoline joins it with [`join_self`] before `exec`, so nothing
 //! the task forks escapes the limit, nor [`kill_members`] at the task's end; a function
 //! task's agent joins a limited one itself. After a task ends, an [`OomCounter`] tells an
@@ -12,7 +11,7 @@
 //!
 //! ```no_run
 //! use std::path::Path;
-//! use trainyard_agent::cgroup::{OomCounter, join_self};
+//! use trainyard_sys::cgroup::{OomCounter, join_self};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let worker = Path::new("/sys/fs/cgroup/job/trainyard-run.42.7/actor-0");
@@ -254,9 +253,10 @@ fn parse_counter(text: &str, key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cgroup::tests::wait_bounded;
     use std::io::Read as _;
-    use std::process::{Child, Command, ExitStatus, Stdio};
-    use std::time::{Duration, Instant};
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
 
     const MIB: u64 = 1024 * 1024;
 
@@ -327,22 +327,6 @@ mod tests {
             matches!(&error, LimitError::Join { procs_file, .. } if *procs_file == procs),
             "{error:?}"
         );
-    }
-
-    /// Waits at most `limit`, killing the child and failing the test on timeout.
-    fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                return status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("child {} did not exit within {limit:?}", child.id());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
     }
 
     #[test]

@@ -1,0 +1,16 @@
+//! What trainyard asks of Linux, for the driver and for its agents alike.
+//!
+//! - [`procfs`]: what `/proc` says of a process, and whether one still runs
+//!   ([`procfs::is_alive`]: pid and start time); [`ProcessHandle`](procfs::ProcessHandle): a
+//!   hold on one process that a signal reaches only while it is that process.
+//! - [`process_group`]: the one way a task's process group is signalled or killed.
+//! - [`cgroup`]: per-worker hard memory limits. The driver's side:
+//!   [`MemoryEnforcement`](cgroup::MemoryEnforcement) (probe once), [`RunCgroup`](cgroup::RunCgroup)
+//!   and [`WorkerCgroup`](cgroup::WorkerCgroup), [`sweep_stale`](cgroup::sweep_stale). The
+//!   worker's: [`join_self`](cgroup::join_self) before `exec`, an
+//!   [`OomCounter`](cgroup::OomCounter) that tells an OOM kill from a crash, and
+//!   [`kill_members`](cgroup::kill_members) at a task's end.
+
+pub mod cgroup;
+pub mod process_group;
+pub mod procfs;
