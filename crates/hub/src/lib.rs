@@ -47,6 +47,7 @@ mod error;
 mod hello;
 mod hub;
 mod process;
+mod registry;
 mod supervisor;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -56,8 +57,9 @@ pub use config::{
     DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_STOP_GRACE, HubConfig,
 };
 pub use error::HubError;
-pub use hub::{AgentHub, Arrival, REAP_TIMEOUT};
+pub use hub::{AgentHub, Arrival};
 pub use process::{AgentExit, AgentProcess, TaskKiller, TaskProcess};
+pub use supervisor::REAP_TIMEOUT;
 
 /// Locks shared bookkeeping; every update under it is finished before it is let go, so a
 /// lock poisoned by a panic elsewhere is used as it is.
