@@ -69,7 +69,7 @@ impl Engine {
     /// this machine hold, or the Slurm job that is pending and why.
     pub(crate) fn waits(&self) -> Option<watch::Receiver<Option<String>>> {
         match self {
-            Self::Local(local) => Some(said(local.shortages(), |shortage| {
+            Self::Local(local) => Some(said(local.placer().shortages(), |shortage| {
                 format!("waiting for other runs on this machine: {shortage}")
             })),
             Self::Ray(_) => None,

@@ -2,6 +2,7 @@
 //! token, as the hub proves it to them (see `hello`); it serves each one's requests, routes
 //! its replies and events, and turns its end into a death with a cause.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -13,11 +14,12 @@ use tokio::task::AbortHandle;
 use tracing::Instrument as _;
 use trainyard_agent::admission::{Gate, Limits};
 use trainyard_agent::auth::Role;
+use trainyard_agent::config::AgentConfig;
 use trainyard_agent::wire::{self, Token};
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
 use trainyard_runtime::timings;
-use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
+use trainyard_runtime::{ActorId, DeathCause, NodeId, Request, Response, RuntimeError};
 
 use crate::calls::Command;
 use crate::dropped::{DropTally, Told};
@@ -184,6 +186,26 @@ impl AgentHub {
     #[must_use]
     pub fn config(&self) -> &HubConfig {
         &self.core().config
+    }
+
+    /// What an agent of `actor` is told of this hub (where to connect, its patience), with
+    /// nothing of where it runs: a runtime's launcher fills in its node, devices, memory
+    /// limit and parent.
+    #[must_use]
+    pub fn agent_config(&self, actor: ActorId) -> AgentConfig {
+        let config = &self.core().config;
+        AgentConfig {
+            driver: self.driver_address().to_string(),
+            actor,
+            parent: 0,
+            node_id: NodeId::from(""),
+            node_ip: String::new(),
+            accelerator_ids: BTreeMap::new(),
+            memory: None,
+            grace_ms: u64::try_from(config.stop_grace.as_millis()).unwrap_or(u64::MAX),
+            heartbeat_ms: config.heartbeat_ms(),
+            scheduler_stops: false,
+        }
     }
 
     /// Whether [`AgentHub::shutdown`] has begun.
