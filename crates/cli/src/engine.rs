@@ -73,7 +73,7 @@ impl Engine {
                 format!("waiting for other runs on this machine: {shortage}")
             })),
             Self::Ray(_) => None,
-            Self::Slurm(slurm) => Some(said(slurm.queued(), |queued| {
+            Self::Slurm(slurm) => Some(said(slurm.placer().queued(), |queued| {
                 format!("waiting for Slurm to grant the allocation: {queued}")
             })),
         }
