@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, ChildStdin};
 use tokio::task::JoinHandle;
+use trainyard_agent::process_group;
 
 use crate::auth::{AuthLookup, file_has_token};
 use crate::error::BridgeError;
@@ -36,7 +37,7 @@ pub use config::{ActorLaunch, BridgeConfig};
 #[cfg(feature = "testing")]
 pub(crate) use process::random_token;
 
-use process::{launch, probe, sweep};
+use process::{launch, probe};
 use replies::Shared;
 
 /// The bridge script, shipped inside the crate.
@@ -166,6 +167,15 @@ impl Bridge {
 
 /// How long a bridge whose Ray is refused gets to shut down (with a throwaway head).
 const VERSION_REFUSED_GRACE: Duration = Duration::from_secs(10);
+
+/// SIGKILLs the bridge's process group: the bridge, if it still runs, and what it started
+/// (a throwaway head), while the group is the bridge's (`trainyard_agent::process_group`:
+/// its leader unreaped, or a member still in it).
+fn sweep(pid: Option<u32>) {
+    if let Some(group) = pid {
+        process_group::kill(group);
+    }
+}
 
 /// Accepts a Ray of the [`RAY_VERSION`] series: the same release, or another patch release
 /// (with a warning).

@@ -12,7 +12,6 @@ use std::time::Duration;
 use tokio::io::BufReader;
 use tokio::process::Command;
 use tokio::sync::oneshot;
-use trainyard_agent::process_group;
 
 use super::replies::{Line, MAX_LINE, Shared, StartSignal, read_line, read_protocol};
 use super::{BRIDGE_SCRIPT, Bridge, BridgeConfig};
@@ -77,15 +76,6 @@ pub(super) fn launch(
         _script: dir,
     };
     Ok((bridge, start))
-}
-
-/// SIGKILLs the bridge's process group: the bridge, if it still runs, and what it started
-/// (a throwaway head), while the group is the bridge's (`trainyard_agent::process_group`:
-/// its leader unreaped, or a member still in it).
-pub(super) fn sweep(pid: Option<u32>) {
-    if let Some(group) = pid {
-        process_group::kill(group);
-    }
 }
 
 /// Checks that something accepts TCP connections at `address` (`host:port`, port 6379 when

@@ -15,8 +15,7 @@ use tokio::io::{AsyncWriteExt as _, BufReader};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::Bridge;
-use super::process::sweep;
+use super::{Bridge, sweep};
 use crate::error::{BridgeError, StderrTail};
 use crate::protocol::{
     ActorEnded, BridgeRequest, Event, Incoming, Op, Outcome, RayFailure, ReadyInfo,
