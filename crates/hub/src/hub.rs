@@ -96,8 +96,8 @@ impl Drop for HubHandle {
 }
 
 /// What the hub and its accept loop share.
-pub(crate) struct HubCore {
-    pub(crate) config: HubConfig,
+struct HubCore {
+    config: HubConfig,
     token: Token,
     driver: SocketAddr,
     /// What the hub knows of its actors, shared with their supervisors.

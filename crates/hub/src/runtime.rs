@@ -208,12 +208,6 @@ where
         &self.inner.placer
     }
 
-    /// The hub that serves the agents.
-    #[must_use]
-    pub fn hub(&self) -> &AgentHub {
-        &self.inner.hub
-    }
-
     /// The process ids of the agents that have not ended yet, where known.
     #[must_use]
     pub fn agent_pids(&self) -> Vec<u32> {
