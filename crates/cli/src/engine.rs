@@ -69,11 +69,11 @@ impl Engine {
     /// this machine hold, or the Slurm job that is pending and why.
     pub(crate) fn waits(&self) -> Option<watch::Receiver<Option<String>>> {
         match self {
-            Self::Local(local) => Some(said(local.shortages(), |shortage| {
+            Self::Local(local) => Some(said(local.placer().shortages(), |shortage| {
                 format!("waiting for other runs on this machine: {shortage}")
             })),
             Self::Ray(_) => None,
-            Self::Slurm(slurm) => Some(said(slurm.queued(), |queued| {
+            Self::Slurm(slurm) => Some(said(slurm.placer().queued(), |queued| {
                 format!("waiting for Slurm to grant the allocation: {queued}")
             })),
         }

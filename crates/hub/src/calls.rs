@@ -1,7 +1,9 @@
-//! Calls in flight on one agent's connection: ids handed out, replies routed back to their
-//! callers, and the agent's answers turned into the runtime's results.
+//! What the runtime asks of an actor's supervisor ([`Command`]), and calls in flight on one
+//! agent's connection: ids handed out, replies routed back to their callers, and the agent's
+//! answers turned into the runtime's results.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
@@ -9,6 +11,27 @@ use trainyard_wire::wire::WireError;
 
 /// Where a caller waits for its answer.
 pub(crate) type Reply = oneshot::Sender<Result<Response, RuntimeError>>;
+
+/// What the runtime asks of an actor's supervisor.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Send a request and answer `reply` with the agent's reply.
+    Call {
+        /// The request.
+        request: Request,
+        /// The caller.
+        reply: Reply,
+    },
+    /// End the actor: SIGTERM, up to `grace` to exit, then SIGKILL; `done` once it is gone.
+    Kill {
+        /// Patience between SIGTERM and SIGKILL.
+        grace: Duration,
+        /// What the death is recorded as.
+        cause: DeathCause,
+        /// Told when the actor is gone and its resources are free.
+        done: oneshot::Sender<()>,
+    },
+}
 
 /// The name of a request, as errors name it.
 pub(crate) fn request_name(request: &Request) -> &'static str {

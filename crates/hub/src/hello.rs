@@ -8,12 +8,25 @@ use std::time::Duration;
 
 use futures::{SinkExt as _, StreamExt as _};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
 use tokio_util::bytes::BytesMut;
 use trainyard_runtime::ActorId;
 use trainyard_wire::auth::Handshake;
 use trainyard_wire::seal::SessionKey;
 use trainyard_wire::token::{Nonce, Role, Token};
 use trainyard_wire::wire::{self, AgentMessage, DriverMessage};
+
+/// An agent's authenticated connection.
+pub(crate) type Link = wire::Link<TcpStream>;
+
+/// A connection whose hello named a waiting actor.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    /// The framed connection, past its hello.
+    pub(crate) link: Link,
+    /// The pid the agent said it has.
+    pub(crate) pid: u32,
+}
 
 /// How long a peer may take over the whole handshake, from its connection to its proof.
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);

@@ -2,31 +2,32 @@
 //! token, as the hub proves it to them (see `hello`); it serves each one's requests, routes
 //! its replies and events, and turns its end into a death with a cause.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tracing::Instrument as _;
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
 use trainyard_runtime::timings;
-use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError};
+use trainyard_runtime::{ActorId, DeathCause, NodeId, Request, Response, RuntimeError};
 use trainyard_wire::admission::{Gate, Limits};
+use trainyard_wire::config::AgentConfig;
 use trainyard_wire::token::{Role, Token};
 use trainyard_wire::wire;
 
+use crate::calls::Command;
 use crate::dropped::{DropTally, Told};
-use crate::hello::{HELLO_TIMEOUT, HelloError, authenticate};
-use crate::supervisor::{Command, Connection, Supervisor};
-use crate::{AgentProcess, HubConfig, HubError, TaskKiller, TaskProcess, lock};
+use crate::hello::{Connection, HELLO_TIMEOUT, HelloError, authenticate};
+use crate::registry::{Attached, Registry};
+use crate::supervisor::{REAP_TIMEOUT, Supervisor};
+use crate::{AgentProcess, HubConfig, HubError, lock};
 
-/// How long a SIGKILLed agent may take to be reaped.
-pub const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time on top of a wait's own bound for the cleanup after it (reaping, cgroup removal).
 const CLEANUP_SLACK: Duration = Duration::from_secs(10);
 /// How many connections may wait to say hello at once, in all and from one IP address; a
@@ -39,8 +40,6 @@ const CLEANUP_SLACK: Duration = Duration::from_secs(10);
 const MAX_HANDSHAKES: Limits = Limits::new(128, 64);
 /// Pause after a failed `accept` (out of file descriptors, say) before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// How many dead actors' causes are kept: those of the most recent deaths.
-const DEAD_KEPT: usize = 4096;
 
 /// An actor id handed out by [`AgentHub::expect`], waiting for its agent's hello. Dropping it
 /// before [`AgentHub::attach`] stops the wait.
@@ -61,7 +60,7 @@ impl Arrival {
 impl Drop for Arrival {
     fn drop(&mut self) {
         if self.hello.is_some() {
-            self.core.lock().waiting.remove(&self.actor);
+            self.core.registry.stopped_waiting(self.actor);
         }
     }
 }
@@ -73,9 +72,6 @@ impl fmt::Debug for Arrival {
             .finish_non_exhaustive()
     }
 }
-
-/// Frees what an actor held, once it is gone.
-type Release = Box<dyn Fn(ActorId) + Send + Sync>;
 
 /// Serves the agents of one run; see the [crate docs](crate).
 ///
@@ -95,134 +91,20 @@ struct HubHandle {
 impl Drop for HubHandle {
     fn drop(&mut self) {
         self.accept.abort();
-        self.core.end_at_once();
+        self.core.registry.end_at_once();
     }
 }
 
-/// What the hub, its accept loop and its supervisors share.
-pub(crate) struct HubCore {
-    pub(crate) config: HubConfig,
+/// What the hub and its accept loop share.
+struct HubCore {
+    config: HubConfig,
     token: Token,
     driver: SocketAddr,
-    state: Mutex<HubState>,
-    /// How many agent processes have not ended yet.
-    processes: watch::Sender<usize>,
-    release: Release,
-}
-
-/// An agent process that has not ended yet.
-pub(crate) struct AgentEntry {
-    pid: Option<u32>,
-    /// Its task's process, while the task runs.
-    pub(crate) task: Option<TaskProcess>,
-    task_killer: Option<TaskKiller>,
-    supervisor: Option<AbortHandle>,
-}
-
-pub(crate) struct HubState {
-    next_actor: u64,
-    /// Actors that take commands (starting or serving).
-    pub(crate) callable: HashMap<ActorId, mpsc::UnboundedSender<Command>>,
-    pub(crate) agents: BTreeMap<ActorId, AgentEntry>,
-    pub(crate) dead: DeadActors,
-    /// Spawns waiting for their agent's hello.
-    pub(crate) waiting: HashMap<ActorId, oneshot::Sender<Connection>>,
-    /// Event streams not taken yet.
-    pub(crate) streams: HashMap<ActorId, TaskEvents>,
-    shut_down: bool,
-}
-
-/// The causes of the most recent deaths, at most `kept` of them, so that a long run with
-/// many restarts holds no more. Calls to an actor whose cause was let go fail as to an
-/// unknown actor; ending it succeeds, as for every id handed out (it is gone).
-pub(crate) struct DeadActors {
-    causes: HashMap<ActorId, DeathCause>,
-    /// Oldest death first.
-    order: VecDeque<ActorId>,
-    kept: usize,
-}
-
-impl DeadActors {
-    fn new(kept: usize) -> Self {
-        Self {
-            causes: HashMap::new(),
-            order: VecDeque::new(),
-            kept: kept.max(1),
-        }
-    }
-
-    /// Records `actor`'s death (a second record of it replaces the cause), and lets go of
-    /// the oldest beyond the bound.
-    pub(crate) fn insert(&mut self, actor: ActorId, cause: DeathCause) {
-        if self.causes.insert(actor, cause).is_none() {
-            self.order.push_back(actor);
-        }
-        while self.order.len() > self.kept {
-            if let Some(oldest) = self.order.pop_front() {
-                self.causes.remove(&oldest);
-            }
-        }
-    }
-
-    pub(crate) fn get(&self, actor: &ActorId) -> Option<&DeathCause> {
-        self.causes.get(actor)
-    }
-
-    pub(crate) fn contains_key(&self, actor: &ActorId) -> bool {
-        self.causes.contains_key(actor)
-    }
+    /// What the hub knows of its actors, shared with their supervisors.
+    registry: Arc<Registry>,
 }
 
 impl HubCore {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, HubState> {
-        lock(&self.state)
-    }
-
-    /// Frees what `actor` held.
-    pub(crate) fn release(&self, actor: ActorId) {
-        (self.release)(actor);
-    }
-
-    /// Why `actor` cannot be called.
-    fn death(&self, actor: ActorId) -> RuntimeError {
-        match self.lock().dead.get(&actor) {
-            Some(cause) => RuntimeError::ActorDied {
-                actor,
-                cause: cause.clone(),
-            },
-            None => RuntimeError::UnknownActor(actor),
-        }
-    }
-
-    /// Forgets an agent process that has ended.
-    pub(crate) fn forget_process(&self, actor: ActorId) {
-        let mut state = self.lock();
-        state.agents.remove(&actor);
-        self.processes.send_replace(state.agents.len());
-    }
-
-    /// Ends everything at once, without waiting: the last handle is gone.
-    fn end_at_once(&self) {
-        let agents = {
-            let mut state = self.lock();
-            state.shut_down = true;
-            state.callable.clear();
-            state.waiting.clear();
-            state.streams.clear();
-            std::mem::take(&mut state.agents)
-        };
-        for agent in agents.into_values() {
-            if let (Some(task), Some(killer)) = (agent.task, &agent.task_killer) {
-                killer.kill(task);
-            }
-            // The supervisor owns the agent's process, which ends when it is dropped.
-            if let Some(supervisor) = agent.supervisor {
-                supervisor.abort();
-            }
-        }
-        self.processes.send_replace(0);
-    }
-
     /// Sends `actor` a kill; `None` when it takes no more commands.
     fn send_kill(
         &self,
@@ -230,7 +112,7 @@ impl HubCore {
         grace: Duration,
         cause: DeathCause,
     ) -> Option<oneshot::Receiver<()>> {
-        let commands = self.lock().callable.get(&actor).cloned()?;
+        let commands = self.registry.commands(actor)?;
         let (done, finished) = oneshot::channel();
         commands
             .send(Command::Kill { grace, cause, done })
@@ -273,17 +155,7 @@ impl AgentHub {
         let core = Arc::new(HubCore {
             token,
             driver,
-            state: Mutex::new(HubState {
-                next_actor: 0,
-                callable: HashMap::new(),
-                agents: BTreeMap::new(),
-                dead: DeadActors::new(DEAD_KEPT),
-                waiting: HashMap::new(),
-                streams: HashMap::new(),
-                shut_down: false,
-            }),
-            processes: watch::Sender::new(0),
-            release: Box::new(release),
+            registry: Arc::new(Registry::new(Box::new(release))),
             config,
         });
         let accept = tokio::spawn(accept_loop(listener, Arc::clone(&core))).abort_handle();
@@ -316,10 +188,30 @@ impl AgentHub {
         &self.core().config
     }
 
+    /// What an agent of `actor` is told of this hub (where to connect, its patience), with
+    /// nothing of where it runs: a runtime's launcher fills in its node, devices, memory
+    /// limit and parent.
+    #[must_use]
+    pub fn agent_config(&self, actor: ActorId) -> AgentConfig {
+        let config = &self.core().config;
+        AgentConfig {
+            driver: self.driver_address().to_string(),
+            actor,
+            parent: 0,
+            node_id: NodeId::from(""),
+            node_ip: String::new(),
+            accelerator_ids: BTreeMap::new(),
+            memory: None,
+            grace_ms: u64::try_from(config.stop_grace.as_millis()).unwrap_or(u64::MAX),
+            heartbeat_ms: config.heartbeat_ms(),
+            scheduler_stops: false,
+        }
+    }
+
     /// Whether [`AgentHub::shutdown`] has begun.
     #[must_use]
     pub fn is_shut_down(&self) -> bool {
-        self.core().lock().shut_down
+        self.core().registry.is_shut_down()
     }
 
     /// Hands out a new actor id and waits for a hello naming it, from now on: start its
@@ -329,17 +221,13 @@ impl AgentHub {
     /// [`RuntimeError::SpawnFailed`] naming `name`, once the hub is shut down.
     pub fn expect(&self, name: &str) -> Result<Arrival, RuntimeError> {
         let core = self.core();
-        let mut state = core.lock();
-        if state.shut_down {
-            return Err(RuntimeError::SpawnFailed {
-                name: name.to_owned(),
-                reason: "the runtime is shut down".to_owned(),
-            });
-        }
-        let actor = ActorId(state.next_actor);
-        state.next_actor += 1;
-        let (hello_tx, hello) = oneshot::channel();
-        state.waiting.insert(actor, hello_tx);
+        let (actor, hello) =
+            core.registry
+                .expect()
+                .map_err(|_shut_down| RuntimeError::SpawnFailed {
+                    name: name.to_owned(),
+                    reason: "the runtime is shut down".to_owned(),
+                })?;
         Ok(Arrival {
             core: Arc::clone(core),
             actor,
@@ -372,30 +260,20 @@ impl AgentHub {
         let pid = process.pid();
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (events, stream) = event_channel(EVENT_BUFFER);
-        {
-            let mut state = core.lock();
-            if state.shut_down {
-                state.waiting.remove(&actor);
-                drop(state);
-                core.release(actor);
-                // The process ends as it is dropped.
-                return Err(refused("the runtime is shut down"));
-            }
-            state.callable.insert(actor, commands);
-            state.streams.insert(actor, stream);
-            state.agents.insert(
-                actor,
-                AgentEntry {
-                    pid,
-                    task: None,
-                    task_killer: process.task_killer(),
-                    supervisor: None,
-                },
-            );
-            core.processes.send_replace(state.agents.len());
+        let attached = Attached {
+            commands,
+            events: stream,
+            pid,
+            task_killer: process.task_killer(),
+        };
+        if core.registry.attached(actor, attached).is_err() {
+            core.registry.release(actor);
+            // The process ends as it is dropped.
+            return Err(refused("the runtime is shut down"));
         }
         let supervisor = Supervisor {
-            core: Arc::clone(core),
+            registry: Arc::clone(&core.registry),
+            config: core.config.clone(),
             actor,
             name: name.clone(),
             process,
@@ -405,9 +283,7 @@ impl AgentHub {
         let (ready_tx, ready) = oneshot::channel();
         let span = tracing::info_span!("agent", %actor, name = %name, pid);
         let task = tokio::spawn(supervisor.run(hello, ready_tx).instrument(span));
-        if let Some(agent) = core.lock().agents.get_mut(&actor) {
-            agent.supervisor = Some(task.abort_handle());
-        }
+        core.registry.supervised(actor, task.abort_handle());
 
         let bound = core.config.connect_timeout.saturating_add(CLEANUP_SLACK);
         let handshake = tracing::info_span!(target: timings::TARGET, timings::HANDSHAKE, %actor);
@@ -439,17 +315,17 @@ impl AgentHub {
         } else {
             core.config.call_timeout
         };
-        let Some(commands) = core.lock().callable.get(&actor).cloned() else {
-            return Err(core.death(actor));
+        let Some(commands) = core.registry.commands(actor) else {
+            return Err(core.registry.death(actor));
         };
         let (reply, answer) = oneshot::channel();
         if commands.send(Command::Call { request, reply }).is_err() {
-            return Err(core.death(actor));
+            return Err(core.registry.death(actor));
         }
         drop(commands);
         match tokio::time::timeout(limit, answer).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(core.death(actor)),
+            Ok(Err(_)) => Err(core.registry.death(actor)),
             Err(_) => {
                 tracing::warn!(%actor, ?limit, "the agent did not answer in time; killing it");
                 let after_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
@@ -457,7 +333,7 @@ impl AgentHub {
                 if let Some(finished) = core.send_kill(actor, Duration::ZERO, cause) {
                     let _ = tokio::time::timeout(REAP_TIMEOUT + CLEANUP_SLACK, finished).await;
                 }
-                Err(core.death(actor))
+                Err(core.registry.death(actor))
             }
         }
     }
@@ -469,9 +345,7 @@ impl AgentHub {
     pub async fn kill(&self, actor: ActorId, grace: Duration) -> Result<(), RuntimeError> {
         let core = self.core();
         let Some(finished) = core.send_kill(actor, grace, DeathCause::Killed) else {
-            let state = core.lock();
-            let known = actor.0 < state.next_actor || state.dead.contains_key(&actor);
-            return if known {
+            return if core.registry.knows(actor) {
                 Ok(())
             } else {
                 Err(RuntimeError::UnknownActor(actor))
@@ -506,20 +380,7 @@ impl AgentHub {
     /// # Errors
     /// The actor's death, or [`RuntimeError::Unsupported`] when the stream is taken already.
     pub fn task_events(&self, actor: ActorId) -> Result<Option<TaskEvents>, RuntimeError> {
-        let core = self.core();
-        let mut state = core.lock();
-        if let Some(stream) = state.streams.remove(&actor) {
-            return Ok(Some(stream));
-        }
-        if state.callable.contains_key(&actor) {
-            return Err(RuntimeError::Unsupported {
-                actor,
-                request: "task_events",
-                reason: "the actor's events are already taken".to_owned(),
-            });
-        }
-        drop(state);
-        Err(core.death(actor))
+        self.core().registry.take_events(actor).map(Some)
     }
 
     /// Ends every agent (SIGTERM, [`HubConfig::stop_grace`], SIGKILL) and waits until they
@@ -527,12 +388,7 @@ impl AgentHub {
     pub async fn shutdown(&self) {
         let core = self.core();
         self.handle.accept.abort();
-        let actors: Vec<ActorId> = {
-            let mut state = core.lock();
-            state.shut_down = true;
-            state.waiting.clear();
-            state.callable.keys().copied().collect()
-        };
+        let actors = core.registry.shutting_down();
         let grace = core.config.stop_grace;
         let kills = actors
             .into_iter()
@@ -542,37 +398,32 @@ impl AgentHub {
         if tokio::time::timeout(bound, all).await.is_err() {
             tracing::warn!(?bound, "some agents did not end in time");
         }
-        let mut processes = core.processes.subscribe();
+        let mut processes = core.registry.processes();
         if tokio::time::timeout(CLEANUP_SLACK, processes.wait_for(|n| *n == 0))
             .await
             .is_err()
         {
             tracing::warn!("some agent processes did not end");
         }
-        core.lock().streams.clear();
+        core.registry.shut_down();
     }
 
     /// Ends everything at once, without waiting (as dropping the last clone does).
     pub fn end_now(&self) {
         self.handle.accept.abort();
-        self.core().end_at_once();
+        self.core().registry.end_at_once();
     }
 
     /// The process ids of the agents that have not ended yet, where known.
     #[must_use]
     pub fn agent_pids(&self) -> Vec<u32> {
-        self.core()
-            .lock()
-            .agents
-            .values()
-            .filter_map(|agent| agent.pid)
-            .collect()
+        self.core().registry.agent_pids()
     }
 
     /// The actors whose agents have not ended yet.
     #[must_use]
     pub fn live_actors(&self) -> Vec<ActorId> {
-        self.core().lock().agents.keys().copied().collect()
+        self.core().registry.live_actors()
     }
 }
 
@@ -645,12 +496,12 @@ async fn handshake(
 ) {
     let _ = stream.set_nodelay(true);
     let mut link = wire::framed(stream);
-    let waited_for = |actor| core.lock().waiting.contains_key(&actor);
+    let waited_for = |actor| core.registry.is_waited_for(actor);
     let checked = authenticate(&mut link, &core.token, waited_for, HELLO_TIMEOUT)
         .await
         .and_then(|(hello, key)| {
             // Only an agent that proved itself claims its actor; of two that did, the first.
-            let waiting = core.lock().waiting.remove(&hello.actor);
+            let waiting = core.registry.connected(hello.actor);
             waiting
                 .map(|waiting| (hello, key, waiting))
                 .ok_or(HelloError::NotWaiting {
@@ -699,28 +550,7 @@ async fn handshake(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_dead_map_keeps_only_the_most_recent_causes() {
-        let mut dead = DeadActors::new(DEAD_KEPT);
-        let deaths = 10 * DEAD_KEPT as u64;
-        for n in 0..deaths {
-            // Actors do not die in the order of their ids: a long-lived one dies late.
-            let actor = ActorId(if n % 2 == 0 { n } else { deaths + n });
-            dead.insert(actor, DeathCause::Killed);
-            // A second record of one death replaces it and takes no more room.
-            dead.insert(actor, DeathCause::Stopped);
-            assert!(dead.causes.len() <= DEAD_KEPT && dead.order.len() <= DEAD_KEPT);
-        }
-        assert_eq!(dead.causes.len(), DEAD_KEPT);
-        assert_eq!(dead.order.len(), DEAD_KEPT);
-        let last = ActorId(2 * deaths - 1);
-        assert_eq!(dead.get(&last), Some(&DeathCause::Stopped));
-        assert!(
-            !dead.contains_key(&ActorId(0)),
-            "the oldest death is let go"
-        );
-    }
+    use crate::registry::DEAD_KEPT;
 
     #[tokio::test]
     async fn an_actor_whose_cause_was_let_go_is_gone_for_calls_and_kills() {
@@ -732,7 +562,7 @@ mod tests {
             .map(|_| hub.expect("worker").expect("an id").actor())
             .collect();
         for actor in &spawned {
-            core.lock().dead.insert(*actor, DeathCause::Killed);
+            core.registry.died(*actor, DeathCause::Killed);
         }
         let forgotten = spawned[0];
         let recent = spawned[spawned.len() - 1];

@@ -1,5 +1,5 @@
-//! The driver side of trainyard's agents, shared by every agent-based runtime (the local
-//! runtime, the Ray runtime).
+//! The driver side of trainyard's agents, shared by every agent-based runtime (the local,
+//! Ray and Slurm runtimes).
 //!
 //! An agent is the worker process a runtime starts for each actor (`trainyard-agent`). It
 //! connects back to the driver's [`AgentHub`] over TCP, and each proves to the other that it
@@ -38,6 +38,11 @@
 //!   [`AgentExit`] (an exit code, a signal, or a death its runtime tells), and a runtime
 //!   that can kill a task's processes from the driver's side offers a [`TaskKiller`].
 //! - [`AgentCommand`]: the program agents are started with.
+//! - [`AgentRuntime`]: the one [`ActorRuntime`](trainyard_runtime::ActorRuntime) of every
+//!   agent-based runtime, started from a runtime's [`Setup`] (its configuration). A runtime
+//!   implements only a [`Placer`] (the cluster, placement groups, what an actor holds) and a
+//!   [`Launcher`] (how an agent process starts on the node it was placed on); spawning
+//!   (expect → launch → attach), calls, kills and event streams are the hub's.
 
 mod calls;
 mod config;
@@ -47,6 +52,8 @@ mod error;
 mod hello;
 mod hub;
 mod process;
+mod registry;
+mod runtime;
 mod supervisor;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -56,8 +63,10 @@ pub use config::{
     DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_STOP_GRACE, HubConfig,
 };
 pub use error::HubError;
-pub use hub::{AgentHub, Arrival, REAP_TIMEOUT};
+pub use hub::{AgentHub, Arrival};
 pub use process::{AgentExit, AgentProcess, TaskKiller, TaskProcess};
+pub use runtime::{AgentRuntime, Launcher, Parts, Placer, Setup};
+pub use supervisor::REAP_TIMEOUT;
 
 /// Locks shared bookkeeping; every update under it is finished before it is let go, so a
 /// lock poisoned by a panic elsewhere is used as it is.

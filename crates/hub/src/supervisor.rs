@@ -9,7 +9,6 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt as _, StreamExt as _};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -18,11 +17,15 @@ use trainyard_runtime::events::{ActorEvent, EVENT_BUFFER, EVENT_BYTES, EventSend
 use trainyard_runtime::{ActorId, DeathCause, Request, Response, RuntimeError, TaskEvent};
 use trainyard_wire::wire::{self, AgentMessage, DriverMessage};
 
-use crate::calls::{Pending, Reply, reply_result, request_name};
+use crate::calls::{Command, Pending, Reply, reply_result, request_name};
 use crate::death::{Seen, cause_of_death};
-use crate::hub::{HubCore, REAP_TIMEOUT};
+use crate::hello::{Connection, Link};
 use crate::process::{ended_before_connecting, never_connected};
-use crate::{AgentExit, AgentProcess, TaskProcess};
+use crate::registry::Registry;
+use crate::{AgentExit, AgentProcess, HubConfig, TaskProcess};
+
+/// How long a SIGKILLed agent may take to be reaped.
+pub const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a dead connection's agent gets to be reaped for its exit status, and how long
 /// what it sent before it died is read.
@@ -45,39 +48,6 @@ const CREDIT_BATCH_BYTES: u64 = BYTE_WINDOW / 4;
 /// task's end, say) as it goes: as much as its own buffer holds.
 const LAST_CREDIT: u32 = EVENT_BUFFER as u32;
 const LAST_CREDIT_BYTES: u64 = EVENT_BYTES as u64;
-
-/// An agent's authenticated connection.
-pub(crate) type Link = wire::Link<TcpStream>;
-
-/// A connection whose hello named a waiting actor.
-#[derive(Debug)]
-pub(crate) struct Connection {
-    /// The framed connection, past its hello.
-    pub(crate) link: Link,
-    /// The pid the agent said it has.
-    pub(crate) pid: u32,
-}
-
-/// What the runtime asks of an actor's supervisor.
-#[derive(Debug)]
-pub(crate) enum Command {
-    /// Send a request and answer `reply` with the agent's reply.
-    Call {
-        /// The request.
-        request: Request,
-        /// The caller.
-        reply: Reply,
-    },
-    /// End the actor: SIGTERM, up to `grace` to exit, then SIGKILL; `done` once it is gone.
-    Kill {
-        /// Patience between SIGTERM and SIGKILL.
-        grace: Duration,
-        /// What the death is recorded as.
-        cause: DeathCause,
-        /// Told when the actor is gone and its resources are free.
-        done: oneshot::Sender<()>,
-    },
-}
 
 /// How an actor's service ended.
 enum End {
@@ -131,7 +101,9 @@ impl Serving {
 
 /// Owns one agent; see the [module docs](self).
 pub(crate) struct Supervisor {
-    pub(crate) core: Arc<HubCore>,
+    /// What the hub knows of its actors: told what happens to this one.
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) config: HubConfig,
     pub(crate) actor: ActorId,
     pub(crate) name: String,
     pub(crate) process: Box<dyn AgentProcess>,
@@ -199,7 +171,7 @@ impl Supervisor {
         mut hello: oneshot::Receiver<Connection>,
         mut ready: oneshot::Sender<Result<(), RuntimeError>>,
     ) -> Result<Connection, Abandoned> {
-        let limit = self.core.config.connect_timeout;
+        let limit = self.config.connect_timeout;
         let deadline = Instant::now() + limit;
         loop {
             let outcome = tokio::select! {
@@ -271,13 +243,8 @@ impl Supervisor {
             done,
         } = abandoned;
         tracing::debug!(%reason, "agent start abandoned");
-        {
-            let mut state = self.core.lock();
-            state.waiting.remove(&self.actor);
-            state.callable.remove(&self.actor);
-            state.streams.remove(&self.actor);
-        }
-        self.core.release(self.actor);
+        self.registry.abandoned(self.actor);
+        self.registry.release(self.actor);
         let mut kills: Vec<oneshot::Sender<()>> = done.into_iter().collect();
         self.commands.close();
         while let Ok(command) = self.commands.try_recv() {
@@ -291,7 +258,7 @@ impl Supervisor {
         self.process.kill(None);
         reap(self.process.as_mut(), REAP_TIMEOUT).await;
         self.process.cleanup().await;
-        self.core.forget_process(self.actor);
+        self.registry.forget(self.actor);
         if let Some(ready) = ready {
             let _ = ready.send(Err(RuntimeError::SpawnFailed {
                 name: self.name.clone(),
@@ -306,7 +273,7 @@ impl Supervisor {
     // ---- serving ----
 
     async fn serve(&mut self, serving: &mut Serving) -> End {
-        let silence = self.core.config.heartbeat_timeout;
+        let silence = self.config.heartbeat_timeout;
         let mut heard = Instant::now();
         loop {
             tokio::select! {
@@ -494,8 +461,9 @@ impl Supervisor {
             start_time: self.process.task_start_time(pid),
         });
         serving.task = task;
-        if let Some(agent) = self.core.lock().agents.get_mut(&self.actor) {
-            agent.task = task;
+        match task {
+            Some(task) => self.registry.task_started(self.actor, task),
+            None => self.registry.task_exited(self.actor),
         }
     }
 
@@ -518,8 +486,7 @@ impl Supervisor {
                 let cause = DeathCause::Stopped;
                 self.declare_dead(&cause, &mut serving, &mut kills);
                 grant(&serving, LAST_CREDIT, LAST_CREDIT_BYTES);
-                self.reap_within(self.core.config.stop_grace, &mut serving)
-                    .await;
+                self.reap_within(self.config.stop_grace, &mut serving).await;
                 // The task's end may follow the reply to the stop.
                 stop_replies.extend(self.read_remains(&mut serving).await);
                 cause
@@ -557,11 +524,11 @@ impl Supervisor {
         }
         if matches!(cause, DeathCause::Killed | DeathCause::Stopped) {
             // Nobody took the stream of an actor the runtime ended: nobody will.
-            self.core.lock().streams.remove(&self.actor);
+            self.registry.ended_unheard(self.actor);
         }
-        self.core.release(self.actor);
+        self.registry.release(self.actor);
         self.process.cleanup().await;
-        self.core.forget_process(self.actor);
+        self.registry.forget(self.actor);
         tracing::debug!(%cause, "actor ended");
         for reply in stop_replies {
             let _ = reply.send(Ok(Response::Done));
@@ -594,11 +561,7 @@ impl Supervisor {
         serving: &mut Serving,
         kills: &mut Vec<oneshot::Sender<()>>,
     ) {
-        {
-            let mut state = self.core.lock();
-            state.callable.remove(&self.actor);
-            state.dead.insert(self.actor, cause.clone());
-        }
+        self.registry.died(self.actor, cause.clone());
         self.commands.close();
         while let Ok(command) = self.commands.try_recv() {
             match command {

@@ -63,7 +63,10 @@
 //!
 //! # Main types
 //!
-//! - [`LocalRuntime`], started from a [`LocalConfig`]; agents run an [`AgentCommand`].
+//! - [`LocalRuntime`], started from a [`LocalConfig`]; agents run an [`AgentCommand`]. It is
+//!   the hub's [`AgentRuntime`](trainyard_hub::AgentRuntime) over a [`LocalPlacer`] (the
+//!   machine's nodes, shared with other runs through the ledger) and a [`LocalLauncher`]
+//!   (agents as child processes).
 //! - [`detect`]: what the machine offers, the user's overrides, and the split into
 //!   [`LocalNode`]s; [`LocalError`]: why the runtime cannot be configured or started.
 //! - [`ledger`]: the machine-wide record through which concurrent runs share this machine.
@@ -83,7 +86,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 pub use config::{LocalConfig, WhenBusy};
 pub use detect::LocalNode;
 pub use error::LocalError;
-pub use runtime::LocalRuntime;
+pub use runtime::{LocalLauncher, LocalPlacer, LocalRuntime};
 /// The agent hub, which this runtime shares with the other agent-based runtimes; its own
 /// crate, `trainyard-hub`, re-exported here under the path it had.
 #[doc(no_inline)]

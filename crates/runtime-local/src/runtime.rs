@@ -1,5 +1,6 @@
 //! [`LocalRuntime`]: actors are agent processes on this machine, reserved against its
-//! (virtual) nodes by [`Reservations`].
+//! (virtual) nodes by [`Reservations`] ([`LocalPlacer`]) and started as its children
+//! ([`LocalLauncher`]).
 
 use std::fmt;
 use std::process::Stdio;
@@ -9,16 +10,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::watch;
-use tracing::Instrument as _;
 use trainyard_config::PlacementGroupFactory;
-use trainyard_hub::{AgentHub, Arrival, HubConfig};
+use trainyard_hub::{
+    AgentHub, AgentProcess, AgentRuntime, HubConfig, HubError, Launcher, Parts, Placer, Setup,
+};
 use trainyard_resources::ErrorChain;
-use trainyard_runtime::events::TaskEvents;
 use trainyard_runtime::reservations::{self, Held, Reservations, Scheduling};
-use trainyard_runtime::timings;
 use trainyard_runtime::{
-    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, PlacementGroupId, PlacementInfo,
-    Request, Response, RuntimeError, Shortage,
+    ActorId, ActorSpec, ClusterSnapshot, PlacementGroupId, PlacementInfo, RuntimeError, Shortage,
 };
 use trainyard_sys::procfs::ProcessHandle;
 use trainyard_wire::config::{AgentConfig, MemoryLimit};
@@ -36,8 +35,16 @@ use trainyard_sys::cgroup::WorkerCgroup;
 /// serves the request set. Placement groups and actors are reserved against the
 /// configured nodes by the same rules as every runtime ([`Reservations`]).
 ///
-/// Cheap to clone: clones share the runtime. [`LocalRuntime::shutdown`] ends every agent;
-/// dropping the last clone does so too, without grace.
+/// Cheap to clone: clones share the runtime. [`AgentRuntime::shutdown`] ends every agent,
+/// reaps them and removes the run's memory cgroups; dropping the last clone does so too,
+/// without grace. What a placement group waits for while other runs hold it is the
+/// placer's to tell ([`LocalPlacer::shortages`]).
+///
+/// Started by [`AgentRuntime::start`] from a [`LocalConfig`]: it listens for agents on
+/// [`LocalConfig::bind`]. A process that was started as a worker's agent and whose program
+/// did not call `run_if_agent` is refused before it touches anything
+/// ([`HubError::NotServing`]): it exits, and its driver says at once what to add to `main`.
+/// Fails with [`LocalError::NoNodes`], [`LocalError::Ledger`] or [`LocalError::Hub`].
 ///
 /// ```no_run
 /// use trainyard_runtime::{ActorRuntime, ActorRuntimeExt, ActorSpec};
@@ -64,32 +71,9 @@ use trainyard_sys::cgroup::WorkerCgroup;
 ///     })
 /// }
 /// ```
-#[derive(Clone)]
-pub struct LocalRuntime {
-    handle: Arc<Handle>,
-}
+pub type LocalRuntime = AgentRuntime<LocalPlacer, LocalLauncher>;
 
-/// Ends everything when the last clone of the runtime goes.
-struct Handle {
-    hub: AgentHub,
-    core: Arc<Core>,
-}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        self.hub.end_now();
-        // Removing the run's cgroups and taking the ledger's lock block: not here.
-        let core = Arc::clone(&self.core);
-        crate::off_async_threads(move || {
-            if core.memory.has_run_cgroup() {
-                core.memory.remove_all();
-            }
-            ledger::release_now(&core);
-        });
-    }
-}
-
-/// What the runtime shares with the hub's release of a gone actor.
+/// What the local runtime's placer and launcher share.
 pub(crate) struct Core {
     pub(crate) config: LocalConfig,
     book: Mutex<Reservations>,
@@ -106,20 +90,17 @@ impl Core {
     }
 }
 
-impl LocalRuntime {
-    /// Listens for agents on [`LocalConfig::bind`] and starts accepting them. Must be called
-    /// within a tokio runtime.
-    ///
-    /// A process that was started as a worker's agent and whose program did not call
-    /// `run_if_agent` is refused before it touches anything
-    /// ([`HubError::NotServing`](trainyard_hub::HubError::NotServing)): it exits, and its
-    /// driver says at once what to add to `main`.
-    ///
-    /// # Errors
-    /// [`LocalError::NoNodes`], [`LocalError::Ledger`] or [`LocalError::Hub`].
-    pub async fn start(config: LocalConfig) -> Result<Self, LocalError> {
+#[async_trait]
+impl Setup for LocalConfig {
+    type Placer = LocalPlacer;
+    type Launcher = LocalLauncher;
+    type Error = LocalError;
+
+    /// Opens the machine's ledger (unless [`LedgerLocation::Off`]) and books the nodes.
+    async fn setup(self) -> Result<Parts<LocalPlacer, LocalLauncher>, LocalError> {
+        let config = self;
         if trainyard_wire::config::skipped_run_if_agent() {
-            return Err(LocalError::Hub(trainyard_hub::HubError::NotServing));
+            return Err(LocalError::Hub(HubError::NotServing));
         }
         if config.nodes.is_empty() {
             return Err(LocalError::NoNodes);
@@ -137,7 +118,7 @@ impl LocalRuntime {
             Some(_) => Scheduling::OnRequest,
             None => Scheduling::Automatic,
         };
-        let hub_config = HubConfig {
+        let hub = HubConfig {
             name: config.run_name.clone(),
             bind: config.bind,
             advertise: None,
@@ -146,6 +127,11 @@ impl LocalRuntime {
             stop_grace: config.stop_grace,
             heartbeat_timeout: config.heartbeat_timeout,
         };
+        tracing::info!(
+            run = %config.run_name,
+            nodes = config.nodes.len(),
+            "starting the local runtime"
+        );
         let core = Arc::new(Core {
             book: Mutex::new(Reservations::new(config.node_specs()).with_scheduling(scheduling)),
             memory: Memory::new(&config.run_name),
@@ -153,27 +139,120 @@ impl LocalRuntime {
             shortage: watch::Sender::new(None),
             config,
         });
-        let released = Arc::clone(&core);
-        let hub = AgentHub::start(hub_config, move |actor| {
-            released.book().release(actor);
-        })
-        .await?;
-        tracing::info!(
-            run = %core.config.run_name,
-            driver = %hub.driver_address(),
-            nodes = core.config.nodes.len(),
-            "local runtime started"
-        );
-        Ok(Self {
-            handle: Arc::new(Handle { hub, core }),
+        Ok(Parts {
+            hub,
+            placer: LocalPlacer {
+                core: Arc::clone(&core),
+            },
+            launcher: LocalLauncher { core },
         })
     }
+}
 
-    /// Ends every agent (SIGTERM, [`LocalConfig::stop_grace`], SIGKILL), reaps them and
-    /// removes the run's memory cgroups; later spawns fail. Calling it again does nothing.
-    pub async fn shutdown(&self) {
-        self.hub().shutdown().await;
-        let core = self.core();
+/// Where the local runtime's actors go: its (virtual) nodes, booked by [`Reservations`],
+/// shared with the other runs on this machine through its ledger.
+pub struct LocalPlacer {
+    core: Arc<Core>,
+}
+
+impl LocalPlacer {
+    /// What a placement group waits for while other runs on this machine hold it (`None`
+    /// while nothing waits): for a driver to show.
+    #[must_use]
+    pub fn shortages(&self) -> watch::Receiver<Option<Shortage>> {
+        self.core.shortage.subscribe()
+    }
+}
+
+impl fmt::Debug for LocalPlacer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let core = &self.core;
+        let nodes: Vec<String> = core
+            .book()
+            .alive_node_ids()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        f.debug_struct("LocalPlacer")
+            .field("run", &core.config.run_name)
+            .field("nodes", &nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Placer for LocalPlacer {
+    type Placed = Held;
+    type Removed = ();
+
+    async fn cluster(&self) -> Result<ClusterSnapshot, RuntimeError> {
+        if let Err(error) = ledger::settle(&self.core).await {
+            tracing::warn!(error = %ErrorChain(&error), "cannot read what other runs hold");
+        }
+        Ok(self.core.book().snapshot())
+    }
+
+    /// Other runs' releases reach this one through the ledger, looked at every 100 ms.
+    async fn free_changed(&self, timeout: Duration) {
+        let core = &self.core;
+        if core.ledger.is_some() {
+            ledger::free_changed(core, timeout).await;
+        } else {
+            tokio::time::sleep(timeout).await;
+        }
+    }
+
+    async fn create_placement_group(
+        &self,
+        factory: &PlacementGroupFactory,
+    ) -> Result<PlacementGroupId, RuntimeError> {
+        let core = &self.core;
+        let pg = core.book().create_group(factory)?;
+        if let Err(error) = ledger::settle(core).await {
+            let _ = core.book().remove_group(pg);
+            return Err(error);
+        }
+        Ok(pg)
+    }
+
+    async fn wait_placement_group_ready(
+        &self,
+        pg: PlacementGroupId,
+        timeout: Duration,
+    ) -> Result<PlacementInfo, RuntimeError> {
+        let core = &self.core;
+        if core.ledger.is_some() {
+            return ledger::wait_ready(core, pg, timeout).await;
+        }
+        reservations::wait_ready(pg, timeout, || core.book().ready_or_subscribe(pg)).await
+    }
+
+    async fn remove_placement_group(
+        &self,
+        pg: PlacementGroupId,
+    ) -> Result<(Vec<ActorId>, ()), RuntimeError> {
+        Ok((self.core.book().remove_group(pg)?, ()))
+    }
+
+    /// Records the removal in the ledger.
+    async fn placement_group_removed(&self, (): ()) -> Result<(), RuntimeError> {
+        if let Err(error) = ledger::settle(&self.core).await {
+            tracing::warn!(error = %ErrorChain(&error), "cannot record the removal in the ledger");
+        }
+        Ok(())
+    }
+
+    fn place(&self, actor: ActorId, spec: &ActorSpec) -> Result<Held, RuntimeError> {
+        self.core.book().hold(actor, spec)
+    }
+
+    fn release(&self, actor: ActorId) {
+        self.core.book().release(actor);
+    }
+
+    /// Removes the run's memory cgroups and gives back what the run holds in the ledger.
+    async fn shutdown(&self) {
+        let core = &self.core;
         if core.memory.has_run_cgroup() {
             let core = Arc::clone(core);
             let _ = tokio::task::spawn_blocking(move || core.memory.remove_all()).await;
@@ -181,33 +260,34 @@ impl LocalRuntime {
         ledger::release(core).await;
     }
 
-    /// What a placement group waits for while other runs on this machine hold it (`None`
-    /// while nothing waits): for a driver to show.
-    #[must_use]
-    pub fn shortages(&self) -> watch::Receiver<Option<Shortage>> {
-        self.core().shortage.subscribe()
+    fn end_now(&self) {
+        // Removing the run's cgroups and taking the ledger's lock block: not here.
+        let core = Arc::clone(&self.core);
+        crate::off_async_threads(move || {
+            if core.memory.has_run_cgroup() {
+                core.memory.remove_all();
+            }
+            ledger::release_now(&core);
+        });
     }
+}
 
-    /// The process ids of the agents that are not reaped yet.
-    #[must_use]
-    pub fn agent_pids(&self) -> Vec<u32> {
-        self.hub().agent_pids()
+/// How the local runtime starts an agent: a child process running [`LocalConfig::agent`]
+/// in a process group of its own, in a memory cgroup where cgroups can be made, a member of
+/// the run's ledger entry.
+pub struct LocalLauncher {
+    core: Arc<Core>,
+}
+
+impl fmt::Debug for LocalLauncher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalLauncher")
+            .field("agent", &self.core.config.agent)
+            .finish_non_exhaustive()
     }
+}
 
-    /// The address agents connect to.
-    #[must_use]
-    pub fn driver_address(&self) -> std::net::SocketAddr {
-        self.hub().driver_address()
-    }
-
-    fn core(&self) -> &Arc<Core> {
-        &self.handle.core
-    }
-
-    fn hub(&self) -> &AgentHub {
-        &self.handle.hub
-    }
-
+impl LocalLauncher {
     /// The memory limit of a new actor, and its cgroup: every worker gets one where cgroups
     /// can be made, limited when the run enforces memory and the actor asks for some.
     async fn memory_limit(
@@ -215,7 +295,7 @@ impl LocalRuntime {
         actor: ActorId,
         spec: &ActorSpec,
     ) -> Result<(Option<MemoryLimit>, Option<WorkerCgroup>), RuntimeError> {
-        let core = self.core();
+        let core = &self.core;
         let limit =
             (core.config.enforce_memory && spec.options.memory > 0).then_some(spec.options.memory);
         core.memory
@@ -233,7 +313,7 @@ impl LocalRuntime {
         spec: &ActorSpec,
         config: &AgentConfig,
     ) -> Result<tokio::process::Command, RuntimeError> {
-        let core = self.core();
+        let core = &self.core;
         let env = config.to_env().map_err(|error| RuntimeError::SpawnFailed {
             name: spec.name.clone(),
             reason: format!("the agent's configuration cannot be encoded: {error}"),
@@ -253,25 +333,31 @@ impl LocalRuntime {
         }
         Ok(command)
     }
+}
 
-    /// Starts the agent process of a held actor; what it took is given back on failure.
-    async fn start_agent(
+#[async_trait]
+impl Launcher for LocalLauncher {
+    type Placed = Held;
+
+    /// Starts the agent process of a held actor; its cgroup is removed on failure.
+    async fn launch(
         &self,
-        arrival: &Arrival,
-        held: Held,
+        hub: &AgentHub,
+        actor: ActorId,
         spec: &ActorSpec,
-    ) -> Result<LocalProcess, RuntimeError> {
-        let actor = arrival.actor();
-        let core = self.core();
-        let mut starting = Starting {
-            core,
-            actor,
-            cgroup: None,
-            armed: true,
-        };
+        held: Held,
+    ) -> Result<Box<dyn AgentProcess>, RuntimeError> {
+        let core = &self.core;
         let (memory, cgroup) = self.memory_limit(actor, spec).await?;
-        starting.cgroup = cgroup;
-        let config = self.agent_config(actor, held, memory.clone());
+        let mut starting = Starting { cgroup };
+        let config = AgentConfig {
+            parent: std::process::id(),
+            node_id: held.node.id,
+            node_ip: held.node.ip,
+            accelerator_ids: held.accelerator_ids,
+            memory: memory.clone(),
+            ..hub.agent_config(actor)
+        };
         let mut command = self.agent_command(spec, &config)?;
         let mut child = command.spawn().map_err(|error| RuntimeError::SpawnFailed {
             name: spec.name.clone(),
@@ -290,157 +376,34 @@ impl LocalRuntime {
         // The token travels on the agent's stdin: it fits in the pipe's buffer, so this
         // write does not wait for the agent.
         if let Some(mut stdin) = child.stdin.take() {
-            let line = trainyard_wire::config::token_line(self.hub().token());
+            let line = trainyard_wire::config::token_line(hub.token());
             // An agent that exits at once closes the pipe first; its exit status, seen
             // while waiting for its hello, says more than the broken pipe would.
             if let Err(error) = stdin.write_all(line.as_bytes()).await {
                 tracing::debug!(%error, "the agent did not take its token");
             }
         }
-        starting.armed = false;
-        Ok(LocalProcess::new(
+        Ok(Box::new(LocalProcess::new(
             child,
             handle,
             core.config.agent.program.clone(),
             starting.cgroup.take(),
             memory.as_ref().and_then(MemoryLimit::bytes),
             membership,
-        ))
-    }
-
-    fn agent_config(&self, actor: ActorId, held: Held, memory: Option<MemoryLimit>) -> AgentConfig {
-        let core = self.core();
-        AgentConfig {
-            driver: self.hub().driver_address().to_string(),
-            actor,
-            parent: std::process::id(),
-            node_id: held.node.id,
-            node_ip: held.node.ip,
-            accelerator_ids: held.accelerator_ids,
-            memory,
-            grace_ms: u64::try_from(core.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
-            heartbeat_ms: self.hub().config().heartbeat_ms(),
-            scheduler_stops: false,
-        }
+        )))
     }
 }
 
-/// What a spawn has taken, given back unless the agent process starts.
-struct Starting<'a> {
-    core: &'a Core,
-    actor: ActorId,
+/// The cgroup a launch made, removed unless the agent process starts.
+struct Starting {
     cgroup: Option<WorkerCgroup>,
-    armed: bool,
 }
 
-impl Drop for Starting<'_> {
+impl Drop for Starting {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        self.core.book().release(self.actor);
         // No process ever joined it, but the kernel may keep it busy for a moment.
         if let Some(cgroup) = self.cgroup.take() {
             crate::off_async_threads(move || cgroup.remove());
         }
-    }
-}
-
-impl fmt::Debug for LocalRuntime {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let core = self.core();
-        let nodes: Vec<String> = core
-            .book()
-            .alive_node_ids()
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        f.debug_struct("LocalRuntime")
-            .field("run", &core.config.run_name)
-            .field("driver", &self.hub().driver_address())
-            .field("nodes", &nodes)
-            .field("actors", &self.hub().live_actors())
-            .finish_non_exhaustive()
-    }
-}
-
-#[async_trait]
-impl ActorRuntime for LocalRuntime {
-    async fn cluster(&self) -> Result<ClusterSnapshot, RuntimeError> {
-        if let Err(error) = ledger::settle(self.core()).await {
-            tracing::warn!(error = %ErrorChain(&error), "cannot read what other runs hold");
-        }
-        Ok(self.core().book().snapshot())
-    }
-
-    /// Other runs' releases reach this one through the ledger, looked at every 100 ms.
-    async fn free_changed(&self, timeout: Duration) {
-        let core = self.core();
-        if core.ledger.is_some() {
-            ledger::free_changed(core, timeout).await;
-        } else {
-            tokio::time::sleep(timeout).await;
-        }
-    }
-
-    async fn create_placement_group(
-        &self,
-        factory: &PlacementGroupFactory,
-    ) -> Result<PlacementGroupId, RuntimeError> {
-        let core = self.core();
-        let pg = core.book().create_group(factory)?;
-        if let Err(error) = ledger::settle(core).await {
-            let _ = core.book().remove_group(pg);
-            return Err(error);
-        }
-        Ok(pg)
-    }
-
-    async fn wait_placement_group_ready(
-        &self,
-        pg: PlacementGroupId,
-        timeout: Duration,
-    ) -> Result<PlacementInfo, RuntimeError> {
-        let core = self.core();
-        if core.ledger.is_some() {
-            return ledger::wait_ready(core, pg, timeout).await;
-        }
-        reservations::wait_ready(pg, timeout, || core.book().ready_or_subscribe(pg)).await
-    }
-
-    async fn remove_placement_group(&self, pg: PlacementGroupId) -> Result<(), RuntimeError> {
-        let inside = self.core().book().remove_group(pg)?;
-        self.hub()
-            .end_all(inside, &DeathCause::PlacementGroupRemoved)
-            .await;
-        if let Err(error) = ledger::settle(self.core()).await {
-            tracing::warn!(error = %ErrorChain(&error), "cannot record the removal in the ledger");
-        }
-        Ok(())
-    }
-
-    async fn spawn(&self, spec: ActorSpec) -> Result<ActorId, RuntimeError> {
-        let span = tracing::info_span!(target: timings::TARGET, timings::SPAWN, name = %spec.name);
-        let arrival = self.hub().expect(&spec.name)?;
-        let held = self.core().book().hold(arrival.actor(), &spec)?;
-        let process = self
-            .start_agent(&arrival, held, &spec)
-            .instrument(span)
-            .await?;
-        self.hub()
-            .attach(arrival, spec.name, Box::new(process))
-            .await
-    }
-
-    async fn call(&self, actor: ActorId, request: Request) -> Result<Response, RuntimeError> {
-        self.hub().call(actor, request).await
-    }
-
-    async fn kill(&self, actor: ActorId, grace: Duration) -> Result<(), RuntimeError> {
-        self.hub().kill(actor, grace).await
-    }
-
-    async fn task_events(&self, actor: ActorId) -> Result<Option<TaskEvents>, RuntimeError> {
-        self.hub().task_events(actor)
     }
 }

@@ -306,7 +306,7 @@ mod runtimes {
                 .create_placement_group(&one_gpu())
                 .await
                 .expect("c's group");
-            let mut shortages = c.shortages();
+            let mut shortages = c.placer().shortages();
             let waiting = tokio::spawn({
                 let c = c.clone();
                 async move { c.wait_placement_group_ready(pc, LIMIT).await }

@@ -77,4 +77,4 @@ pub use protocol::{
     GroupReadiness, GroupState, GroupStatus, Holdings, RayFailure, RayNodeInfo,
     RayPlacementGroupId, ReadyInfo, SchedulingState, Started,
 };
-pub use runtime::{AGENT_BIN_VAR, RayConfig, RayRuntime};
+pub use runtime::{AGENT_BIN_VAR, RayConfig, RayLauncher, RayPlacer, RayRuntime};

@@ -1,6 +1,7 @@
 //! [`RayRuntime`]: actors are Ray actors, each running the trainyard agent, which connects
-//! back to this driver's [`AgentHub`]. Ray reserves the placement groups; every decision
-//! (feasibility, names, what an end means) is made here.
+//! back to this driver's [`AgentHub`]. Ray reserves the placement groups ([`RayPlacer`]) and
+//! starts the actors ([`RayLauncher`]); every decision (feasibility, names, what an end
+//! means) is made here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -13,18 +14,17 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use nix::sys::signal::Signal;
 use tokio::sync::oneshot;
-use tracing::Instrument as _;
 use trainyard_config::PlacementGroupFactory;
-use trainyard_hub::{AgentCommand, AgentExit, AgentHub, AgentProcess, HubConfig};
+use trainyard_hub::{
+    AgentCommand, AgentExit, AgentHub, AgentProcess, AgentRuntime, HubConfig, Launcher, Parts,
+    Placer, Setup,
+};
 use trainyard_resources::{ResourceAmount, Resources};
-use trainyard_runtime::events::TaskEvents;
-use trainyard_runtime::timings;
 use trainyard_runtime::{
-    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, NodeId, NodeInfo,
-    PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
+    ActorId, ActorSpec, ClusterSnapshot, DeathCause, NodeId, NodeInfo, PlacementGroupId,
+    PlacementInfo, RuntimeError,
 };
 use trainyard_runtime::{placement, reservations};
-use trainyard_wire::config::AgentConfig;
 
 use crate::bridge::{ActorLaunch, Bridge, BridgeConfig};
 use crate::error::{BridgeError, RayError};
@@ -134,29 +134,80 @@ impl RayConfig {
     }
 }
 
-/// A trainyard runtime on a Ray cluster; see the [crate docs](crate).
+/// A trainyard runtime on a Ray cluster; see the [crate docs](crate): the hub's
+/// [`AgentRuntime`] over a [`RayPlacer`] (Ray's placement groups) and a [`RayLauncher`]
+/// (Ray actors that start the agents).
 ///
-/// Cheap to clone: clones share the runtime. [`RayRuntime::shutdown`] ends every actor and
+/// Started by [`AgentRuntime::start`] from a [`RayConfig`]: it starts the bridge
+/// (connecting to the cluster, or starting a throwaway head) and the hub the agents connect
+/// to; it fails with [`RayError::Bridge`] (unreachable cluster, wrong token, no Ray in the
+/// interpreter) or [`RayError::Hub`].
+///
+/// Cheap to clone: clones share the runtime. [`AgentRuntime::shutdown`] ends every actor and
 /// group and the bridge; dropping the last clone kills the bridge, and Ray then removes the
 /// bridge job's actors and groups itself.
-#[derive(Clone)]
-pub struct RayRuntime {
-    inner: Arc<Inner>,
+pub type RayRuntime = AgentRuntime<RayPlacer, RayLauncher>;
+
+#[async_trait]
+impl Setup for RayConfig {
+    type Placer = RayPlacer;
+    type Launcher = RayLauncher;
+    type Error = RayError;
+
+    async fn setup(self) -> Result<Parts<RayPlacer, RayLauncher>, RayError> {
+        let config = self;
+        let (bridge, ready) = Bridge::start(config.bridge.clone()).await?;
+        let bridge = Arc::new(bridge);
+        let (bind, advertise) = hub_addresses(config.bind, &ready)?;
+        let hub = HubConfig {
+            name: config.run_name.clone(),
+            bind,
+            advertise: Some(advertise),
+            connect_timeout: config.connect_timeout,
+            call_timeout: config.call_timeout,
+            stop_grace: config.stop_grace,
+            heartbeat_timeout: HubConfig::new(&config.run_name).heartbeat_timeout,
+        };
+        tracing::info!(
+            run = %config.run_name,
+            ray = %ready.ray_version,
+            address = %ready.address,
+            started_head = ready.started_head,
+            "Ray runtime connected"
+        );
+        Ok(Parts {
+            hub,
+            placer: RayPlacer {
+                run_name: config.run_name.clone(),
+                wait_for_resources: config.wait_for_resources,
+                bridge: Arc::clone(&bridge),
+                ready,
+                state: Mutex::new(State::default()),
+            },
+            launcher: RayLauncher {
+                run_name: config.run_name,
+                agent: config.agent,
+                bridge,
+            },
+        })
+    }
 }
 
-struct Inner {
-    config: RayConfig,
-    hub: AgentHub,
+/// Where the Ray runtime's actors go: Ray reserves its placement groups; which bundle has
+/// room for an actor is decided here (Ray would queue one that does not fit forever).
+pub struct RayPlacer {
+    run_name: String,
+    wait_for_resources: bool,
     bridge: Arc<Bridge>,
     ready: ReadyInfo,
-    state: Arc<Mutex<State>>,
+    state: Mutex<State>,
 }
 
 #[derive(Default)]
 struct State {
     next_group: u64,
     groups: HashMap<PlacementGroupId, Group>,
-    /// The Ray name of every actor not released yet.
+    /// Every actor not released yet.
     actors: HashMap<ActorId, Placed>,
 }
 
@@ -169,22 +220,22 @@ struct Group {
 }
 
 struct Placed {
-    name: String,
     /// Its group and bundle, and what it takes of the bundle.
     bundle: Option<(PlacementGroupId, usize, Resources)>,
 }
 
 impl State {
     /// Forgets a gone actor and gives back what it took of its bundle.
-    fn forget(&mut self, actor: ActorId) -> Option<Placed> {
-        let placed = self.actors.remove(&actor)?;
+    fn forget(&mut self, actor: ActorId) {
+        let Some(placed) = self.actors.remove(&actor) else {
+            return;
+        };
         if let Some((pg, index, demand)) = &placed.bundle {
             if let Some(left) = self.groups.get_mut(pg).and_then(|g| g.left.get_mut(*index)) {
                 // It was taken from this bundle, so it fits back.
                 let _ = left.checked_add_assign(demand);
             }
         }
-        Some(placed)
     }
 }
 
@@ -192,81 +243,22 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl RayRuntime {
-    /// Starts the bridge (connecting to the cluster, or starting a throwaway head) and the
-    /// hub the agents connect to.
-    ///
-    /// # Errors
-    /// [`RayError::Bridge`] (unreachable cluster, wrong token, no Ray in the interpreter) or
-    /// [`RayError::Hub`].
-    pub async fn start(config: RayConfig) -> Result<Self, RayError> {
-        let (bridge, ready) = Bridge::start(config.bridge.clone()).await?;
-        let bridge = Arc::new(bridge);
-        let (bind, advertise) = hub_addresses(config.bind, &ready)?;
-        let hub_config = HubConfig {
-            name: config.run_name.clone(),
-            bind,
-            advertise: Some(advertise),
-            connect_timeout: config.connect_timeout,
-            call_timeout: config.call_timeout,
-            stop_grace: config.stop_grace,
-            heartbeat_timeout: HubConfig::new(&config.run_name).heartbeat_timeout,
-        };
-        let state = Arc::new(Mutex::new(State::default()));
-        let release = release_hook(Arc::clone(&state), Arc::clone(&bridge));
-        let hub = AgentHub::start(hub_config, release).await?;
-        tracing::info!(
-            run = %config.run_name,
-            ray = %ready.ray_version,
-            address = %ready.address,
-            started_head = ready.started_head,
-            driver = %hub.driver_address(),
-            "Ray runtime started"
-        );
-        Ok(Self {
-            inner: Arc::new(Inner {
-                config,
-                hub,
-                bridge,
-                ready,
-                state,
-            }),
-        })
-    }
-
+impl RayPlacer {
     /// What the bridge said once it was connected: Ray's version, the cluster's address,
     /// whether it started a throwaway head.
     #[must_use]
     pub fn ready(&self) -> &ReadyInfo {
-        &self.inner.ready
+        &self.ready
     }
 
     /// The bridge to the cluster, for what the runtime does not wrap.
     #[must_use]
     pub fn bridge(&self) -> &Bridge {
-        &self.inner.bridge
-    }
-
-    /// Ends every agent, then has the bridge kill its actors, remove its groups and exit.
-    pub async fn shutdown(&self) {
-        self.inner.hub.shutdown().await;
-        let groups: Vec<RayPlacementGroupId> = lock(&self.inner.state)
-            .groups
-            .drain()
-            .map(|(_, group)| group.ray)
-            .collect();
-        for group in groups {
-            if let Err(error) = self.inner.bridge.remove_placement_group(&group).await {
-                tracing::debug!(%error, "cannot remove a placement group at shutdown");
-            }
-        }
-        if let Err(error) = self.inner.bridge.shutdown(BRIDGE_GRACE).await {
-            tracing::warn!(%error, "the Ray bridge did not shut down cleanly");
-        }
+        &self.bridge
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        lock(&self.inner.state)
+        lock(&self.state)
     }
 
     fn ray_group(&self, pg: PlacementGroupId) -> Result<RayPlacementGroupId, RuntimeError> {
@@ -275,22 +267,6 @@ impl RayRuntime {
             .get(&pg)
             .map(|group| group.ray.clone())
             .ok_or(RuntimeError::UnknownPlacementGroup(pg))
-    }
-
-    /// The agent's configuration, less what only its actor knows (filled in there).
-    fn agent_config(&self, actor: ActorId) -> AgentConfig {
-        AgentConfig {
-            driver: self.inner.hub.driver_address().to_string(),
-            actor,
-            parent: 0,
-            node_id: NodeId::from(""),
-            node_ip: String::new(),
-            accelerator_ids: BTreeMap::new(),
-            memory: None,
-            grace_ms: u64::try_from(self.inner.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
-            heartbeat_ms: self.inner.hub.config().heartbeat_ms(),
-            scheduler_stops: false,
-        }
     }
 }
 
@@ -312,33 +288,11 @@ fn hub_addresses(bind: Option<IpAddr>, ready: &ReadyInfo) -> Result<(IpAddr, IpA
     }
 }
 
-/// Frees a gone actor's Ray actor (its agent has ended; the actor would hold its resources
-/// until killed).
-fn release_hook(
-    state: Arc<Mutex<State>>,
-    bridge: Arc<Bridge>,
-) -> impl Fn(ActorId) + Send + Sync + 'static {
-    move |actor| {
-        let Some(placed) = lock(&state).forget(actor) else {
-            return;
-        };
-        let bridge = Arc::clone(&bridge);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(error) = bridge.kill_actor(&placed.name).await {
-                    tracing::debug!(%error, name = %placed.name, "cannot kill a gone actor");
-                }
-            });
-        }
-    }
-}
-
-impl fmt::Debug for RayRuntime {
+impl fmt::Debug for RayPlacer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RayRuntime")
-            .field("run", &self.inner.config.run_name)
-            .field("address", &self.inner.ready.address)
-            .field("hub", &self.inner.hub)
+        f.debug_struct("RayPlacer")
+            .field("run", &self.run_name)
+            .field("address", &self.ready.address)
             .finish_non_exhaustive()
     }
 }
@@ -370,10 +324,13 @@ fn backend(action: &'static str) -> impl FnOnce(BridgeError) -> RuntimeError {
 }
 
 #[async_trait]
-impl ActorRuntime for RayRuntime {
+impl Placer for RayPlacer {
+    /// The actor's Ray bundle, when it is pinned to one.
+    type Placed = Option<(RayPlacementGroupId, u32)>;
+    type Removed = RayPlacementGroupId;
+
     async fn cluster(&self) -> Result<ClusterSnapshot, RuntimeError> {
         let nodes = self
-            .inner
             .bridge
             .nodes()
             .await
@@ -400,7 +357,7 @@ impl ActorRuntime for RayRuntime {
         let snapshot = self.cluster().await?;
         let totals: Vec<&Resources> = snapshot.nodes.iter().map(|n| &n.total).collect();
         if let Err(error) = placement::check_feasible(&totals, factory) {
-            if !self.inner.config.wait_for_resources {
+            if !self.wait_for_resources {
                 return Err(error.into());
             }
             tracing::warn!(%error, "waiting for the cluster to grow (--wait-for-resources)");
@@ -411,9 +368,8 @@ impl ActorRuntime for RayRuntime {
             state.next_group += 1;
             id
         };
-        let name = format!("{}-{id}", self.inner.config.run_name);
+        let name = format!("{}-{id}", self.run_name);
         let ray = self
-            .inner
             .bridge
             .create_placement_group(&name, &factory.bundles, factory.strategy)
             .await
@@ -440,7 +396,6 @@ impl ActorRuntime for RayRuntime {
             let left = timeout.saturating_sub(started.elapsed());
             let step = left.min(WAIT_STEP);
             let readiness = self
-                .inner
                 .bridge
                 .wait_placement_group(&ray, step)
                 .await
@@ -468,46 +423,41 @@ impl ActorRuntime for RayRuntime {
         }
     }
 
-    async fn remove_placement_group(&self, pg: PlacementGroupId) -> Result<(), RuntimeError> {
-        let (group, inside) = {
-            let mut state = self.state();
-            let group = state
-                .groups
-                .remove(&pg)
-                .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
-            let inside: Vec<ActorId> = state
-                .actors
-                .iter()
-                .filter(|(_, placed)| matches!(placed.bundle, Some((g, _, _)) if g == pg))
-                .map(|(actor, _)| *actor)
-                .collect();
-            (group, inside)
-        };
-        self.inner
-            .hub
-            .end_all(inside, &DeathCause::PlacementGroupRemoved)
-            .await;
-        self.inner
-            .bridge
-            .remove_placement_group(&group.ray)
+    async fn remove_placement_group(
+        &self,
+        pg: PlacementGroupId,
+    ) -> Result<(Vec<ActorId>, RayPlacementGroupId), RuntimeError> {
+        let mut state = self.state();
+        let group = state
+            .groups
+            .remove(&pg)
+            .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
+        let inside: Vec<ActorId> = state
+            .actors
+            .iter()
+            .filter(|(_, placed)| matches!(placed.bundle, Some((g, _, _)) if g == pg))
+            .map(|(actor, _)| *actor)
+            .collect();
+        Ok((inside, group.ray))
+    }
+
+    /// Removes the group from Ray.
+    async fn placement_group_removed(&self, ray: RayPlacementGroupId) -> Result<(), RuntimeError> {
+        self.bridge
+            .remove_placement_group(&ray)
             .await
             .map_err(backend("remove a Ray placement group"))
     }
 
-    async fn spawn(&self, spec: ActorSpec) -> Result<ActorId, RuntimeError> {
-        let arrival = self.inner.hub.expect(&spec.name)?;
-        let actor = arrival.actor();
-        let name = format!("{}-{}-{}", self.inner.config.run_name, spec.name, actor.0);
-        let config = serde_json::to_value(self.agent_config(actor)).map_err(|error| {
-            RuntimeError::SpawnFailed {
-                name: spec.name.clone(),
-                reason: format!("the agent's configuration cannot be encoded: {error}"),
-            }
-        })?;
+    fn place(
+        &self,
+        actor: ActorId,
+        spec: &ActorSpec,
+    ) -> Result<Option<(RayPlacementGroupId, u32)>, RuntimeError> {
+        let mut state = self.state();
         let (ray_bundle, bundle) = match spec.placement {
             Some((pg, index)) => {
                 let demand = Resources::from(&spec.options);
-                let mut state = self.state();
                 let group = state
                     .groups
                     .get_mut(&pg)
@@ -531,47 +481,91 @@ impl ActorRuntime for RayRuntime {
             }
             None => (None, None),
         };
+        state.actors.insert(actor, Placed { bundle });
+        Ok(ray_bundle)
+    }
+
+    fn release(&self, actor: ActorId) {
+        self.state().forget(actor);
+    }
+
+    /// Has the bridge remove the run's groups, kill its actors and exit.
+    async fn shutdown(&self) {
+        let groups: Vec<RayPlacementGroupId> = self
+            .state()
+            .groups
+            .drain()
+            .map(|(_, group)| group.ray)
+            .collect();
+        for group in groups {
+            if let Err(error) = self.bridge.remove_placement_group(&group).await {
+                tracing::debug!(%error, "cannot remove a placement group at shutdown");
+            }
+        }
+        if let Err(error) = self.bridge.shutdown(BRIDGE_GRACE).await {
+            tracing::warn!(%error, "the Ray bridge did not shut down cleanly");
+        }
+    }
+}
+
+/// How the Ray runtime starts an agent: a Ray actor, in its bundle when it has one, that
+/// starts the agent as its child and reports its end.
+pub struct RayLauncher {
+    run_name: String,
+    agent: AgentCommand,
+    bridge: Arc<Bridge>,
+}
+
+impl fmt::Debug for RayLauncher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RayLauncher")
+            .field("run", &self.run_name)
+            .field("agent", &self.agent)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Launcher for RayLauncher {
+    type Placed = Option<(RayPlacementGroupId, u32)>;
+
+    /// Creates the actor's Ray actor, which starts its agent; one that may exist after a
+    /// failure (it timed out while pending) is killed.
+    async fn launch(
+        &self,
+        hub: &AgentHub,
+        actor: ActorId,
+        spec: &ActorSpec,
+        ray_bundle: Option<(RayPlacementGroupId, u32)>,
+    ) -> Result<Box<dyn AgentProcess>, RuntimeError> {
+        let name = format!("{}-{}-{}", self.run_name, spec.name, actor.0);
+        // What only its actor knows (its node) is filled in there.
+        let config = serde_json::to_value(hub.agent_config(actor)).map_err(|error| {
+            RuntimeError::SpawnFailed {
+                name: spec.name.clone(),
+                reason: format!("the agent's configuration cannot be encoded: {error}"),
+            }
+        })?;
         let launch = ActorLaunch {
             name: name.clone(),
             placement: ray_bundle,
             options: spec.options.clone(),
-            program: self
-                .inner
-                .config
-                .agent
-                .program
-                .to_string_lossy()
-                .into_owned(),
-            args: self.inner.config.agent.args.clone(),
+            program: self.agent.program.to_string_lossy().into_owned(),
+            args: self.agent.args.clone(),
             env: spec.env.clone(),
             config,
-            token: self.inner.hub.token().to_hex(),
+            token: hub.token().to_hex(),
             cwd: std::env::current_dir()
                 .ok()
                 .map(|dir| dir.to_string_lossy().into_owned()),
         };
-        self.state().actors.insert(
-            actor,
-            Placed {
-                name: name.clone(),
-                bundle,
-            },
-        );
-        let span = tracing::info_span!(target: timings::TARGET, timings::SPAWN, name = %spec.name);
-        let (started, end) = match self
-            .inner
-            .bridge
-            .spawn_actor(&launch)
-            .instrument(span)
-            .await
-        {
+        let (started, end) = match self.bridge.spawn_actor(&launch).await {
             Ok(spawned) => spawned,
             Err(error) => {
                 // The actor may exist (it timed out while pending): it must go.
-                self.state().forget(actor);
-                let _ = self.inner.bridge.kill_actor(&name).await;
+                let _ = self.bridge.kill_actor(&name).await;
                 return Err(RuntimeError::SpawnFailed {
-                    name: spec.name,
+                    name: spec.name.clone(),
                     reason: error.to_string(),
                 });
             }
@@ -584,30 +578,14 @@ impl ActorRuntime for RayRuntime {
             assigned = ?started.assigned,
             "Ray actor started its agent"
         );
-        let process = RayAgent {
-            bridge: Arc::clone(&self.inner.bridge),
+        Ok(Box::new(RayAgent {
+            bridge: Arc::clone(&self.bridge),
             name,
             pid: started.pid,
             node: NodeId::from(started.node_id),
             end: Some(end),
             ended: None,
-        };
-        self.inner
-            .hub
-            .attach(arrival, spec.name, Box::new(process))
-            .await
-    }
-
-    async fn call(&self, actor: ActorId, request: Request) -> Result<Response, RuntimeError> {
-        self.inner.hub.call(actor, request).await
-    }
-
-    async fn kill(&self, actor: ActorId, grace: Duration) -> Result<(), RuntimeError> {
-        self.inner.hub.kill(actor, grace).await
-    }
-
-    async fn task_events(&self, actor: ActorId) -> Result<Option<TaskEvents>, RuntimeError> {
-        self.inner.hub.task_events(actor)
+        }))
     }
 }
 
@@ -702,6 +680,15 @@ impl AgentProcess for RayAgent {
             }
             if let Err(error) = bridge.kill_actor(&name).await {
                 tracing::debug!(%error, %name, "cannot kill the actor");
+            }
+        });
+    }
+
+    /// Kills the agent's Ray actor, which would hold its resources until killed.
+    async fn cleanup(&mut self) {
+        self.in_background(|bridge, name| async move {
+            if let Err(error) = bridge.kill_actor(&name).await {
+                tracing::debug!(%error, %name, "cannot kill a gone actor");
             }
         });
     }

@@ -41,7 +41,7 @@ async fn runtime(cluster: &RayCluster, run: &str) -> RayRuntime {
         .stop_grace(Duration::from_secs(2));
     let runtime = RayRuntime::start(config).await.expect("the runtime starts");
     cluster
-        .wait_for_nodes(runtime.bridge(), 2)
+        .wait_for_nodes(runtime.placer().bridge(), 2)
         .await
         .unwrap_or_else(|error| panic!("{error}"));
     runtime
@@ -143,7 +143,7 @@ async fn spread_workers_land_on_both_nodes_with_their_memory(runtime: &RayRuntim
         }
         assert_eq!(lines, [format!("node={node}")]);
     }
-    let view = runtime.bridge().actors().await.expect("holdings");
+    let view = runtime.placer().bridge().actors().await.expect("holdings");
     let alive = view.actors.iter().filter(|a| a.state == "alive").count();
     assert_eq!(alive, 2, "{view:?}");
     runtime.remove_placement_group(pg).await.expect("removed");
@@ -197,14 +197,19 @@ async fn a_worker_actor_killed_from_outside_dies_as_data(runtime: &RayRuntime) {
         env: Default::default(),
     };
     runtime.run_task(actor, sleep).await.expect("task");
-    let holdings = runtime.bridge().actors().await.expect("holdings");
+    let holdings = runtime.placer().bridge().actors().await.expect("holdings");
     let name = holdings
         .actors
         .iter()
         .find(|a| a.name.contains("victim"))
         .map(|a| a.name.clone())
         .expect("the victim's actor");
-    runtime.bridge().kill_actor(&name).await.expect("ray.kill");
+    runtime
+        .placer()
+        .bridge()
+        .kill_actor(&name)
+        .await
+        .expect("ray.kill");
     let death = timeout(Duration::from_secs(30), async {
         while let Some(event) = events.next().await {
             if let ActorEvent::Died(cause) = event {

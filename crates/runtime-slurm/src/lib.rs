@@ -12,7 +12,7 @@
 //!   Slurm's node table that some set of the partition's nodes can ever hold it; the
 //!   allocation lives as long as the runtime, and is released however the driver ends
 //!   ([`allocation`] says how, SIGKILL included). While Slurm queues it,
-//!   [`SlurmRuntime::queued`] has the job id and Slurm's pending reason.
+//!   [`SlurmPlacer::queued`] has the job id and Slurm's pending reason.
 //! - **Workers**: each actor's agent is started as its own job step on its bundle's node,
 //!   `srun --jobid J --nodes 1 --ntasks 1 --exact --nodelist NODE --cpus-per-task C
 //!   [--mem M] [--gpus-per-task G]`; the run's token reaches it on its stdin, and it
@@ -57,4 +57,4 @@ pub mod testing;
 pub use allocation::Queued;
 pub use config::{AGENT_BIN_VAR, AllocationOptions, JOB_ID_VAR, SlurmConfig};
 pub use error::SlurmError;
-pub use runtime::SlurmRuntime;
+pub use runtime::{SlurmLauncher, SlurmPlacer, SlurmRuntime};

@@ -1,5 +1,6 @@
-//! [`SlurmRuntime`]: actors are job steps of one Slurm allocation, each running the trainyard
-//! agent, which connects back to this driver's [`AgentHub`].
+//! [`SlurmRuntime`]: actors are job steps of one Slurm allocation ([`SlurmPlacer`]), each
+//! running the trainyard agent ([`SlurmLauncher`]), which connects back to this driver's
+//! [`AgentHub`].
 
 use std::collections::HashMap;
 use std::fmt;
@@ -10,17 +11,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::watch;
-use tracing::Instrument as _;
 use trainyard_config::PlacementGroupFactory;
-use trainyard_hub::{AgentHub, HubConfig};
+use trainyard_hub::{
+    AgentCommand, AgentHub, AgentProcess, AgentRuntime, HubConfig, Launcher, Parts, Placer, Setup,
+};
 use trainyard_resources::{CPU, GPU, Resources};
-use trainyard_runtime::events::TaskEvents;
 use trainyard_runtime::placement::check_feasible;
 use trainyard_runtime::reservations::{self, Reservations};
-use trainyard_runtime::timings;
 use trainyard_runtime::{
-    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, NodeId, NodeInfo,
-    PlacementGroupId, PlacementInfo, Request, Response, RuntimeError,
+    ActorId, ActorSpec, ClusterSnapshot, NodeId, NodeInfo, PlacementGroupId, PlacementInfo,
+    RuntimeError,
 };
 use trainyard_sys::procfs::ProcessHandle;
 use trainyard_wire::config::{AgentConfig, MemoryLimit};
@@ -32,28 +32,29 @@ use crate::request::{Shape, slurm_bundle, slurm_factory};
 use crate::slurm::{self, MIB, SlurmNode};
 use crate::step::{self, StepAgent};
 
-/// A trainyard runtime on a Slurm cluster; see the [crate docs](crate).
+/// A trainyard runtime on a Slurm cluster; see the [crate docs](crate): the hub's
+/// [`AgentRuntime`] over a [`SlurmPlacer`] (the allocation's nodes) and a [`SlurmLauncher`]
+/// (one job step per worker).
 ///
-/// Cheap to clone: clones share the runtime. [`SlurmRuntime::shutdown`] ends every worker and
-/// releases the allocation it requested; dropping the last clone does so too, without grace.
-#[derive(Clone)]
-pub struct SlurmRuntime {
-    inner: Arc<Inner>,
-}
+/// Started by [`AgentRuntime::start`] from a [`SlurmConfig`]: it checks that Slurm answers
+/// (and, inside an allocation, that it runs), then starts the hub the agents connect to. No
+/// allocation is requested until the first placement group needs one. It fails with
+/// [`SlurmError::Missing`] without Slurm's commands, [`SlurmError::NotRunning`] for a given
+/// allocation that does not run, [`SlurmError::NoPartition`], or [`SlurmError::Hub`].
+///
+/// Cheap to clone: clones share the runtime. [`AgentRuntime::shutdown`] ends every worker
+/// and releases the allocation it requested; dropping the last clone does so too, without
+/// grace.
+pub type SlurmRuntime = AgentRuntime<SlurmPlacer, SlurmLauncher>;
 
-struct Inner {
+/// Where the Slurm runtime's workers go: placement groups laid over the nodes of one
+/// allocation, given (`$SLURM_JOB_ID`) or requested for the first group that needs one.
+pub struct SlurmPlacer {
     config: SlurmConfig,
-    hub: AgentHub,
-    state: Arc<Mutex<State>>,
+    state: Mutex<State>,
     /// The allocation this runtime requested, if it did.
     own: tokio::sync::Mutex<Option<OwnAllocation>>,
     queued: watch::Sender<Option<Queued>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        self.hub.end_now();
-    }
 }
 
 #[derive(Default)]
@@ -80,16 +81,14 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl SlurmRuntime {
-    /// Checks that Slurm answers (and, inside an allocation, that it runs), then starts the
-    /// hub the agents connect to. No allocation is requested until the first placement
-    /// group needs one.
-    ///
-    /// # Errors
-    /// [`SlurmError::Missing`] without Slurm's commands, [`SlurmError::NotRunning`] for a
-    /// given allocation that does not run, [`SlurmError::NoPartition`], or
-    /// [`SlurmError::Hub`].
-    pub async fn start(config: SlurmConfig) -> Result<Self, SlurmError> {
+#[async_trait]
+impl Setup for SlurmConfig {
+    type Placer = SlurmPlacer;
+    type Launcher = SlurmLauncher;
+    type Error = SlurmError;
+
+    async fn setup(self) -> Result<Parts<SlurmPlacer, SlurmLauncher>, SlurmError> {
+        let config = self;
         let mut state = State::default();
         match &config.job {
             Some(job) => {
@@ -114,7 +113,7 @@ impl SlurmRuntime {
                 driver_address(nodes).await
             }
         };
-        let hub_config = HubConfig {
+        let hub = HubConfig {
             name: config.run_name.clone(),
             bind,
             advertise: None,
@@ -123,40 +122,24 @@ impl SlurmRuntime {
             stop_grace: config.stop_grace,
             heartbeat_timeout: HubConfig::new(&config.run_name).heartbeat_timeout,
         };
-        let state = Arc::new(Mutex::new(state));
-        let released = Arc::clone(&state);
-        let hub = AgentHub::start(hub_config, move |actor| {
-            if let Some(book) = lock(&released).book.as_mut() {
-                book.release(actor);
-            }
-        })
-        .await?;
-        tracing::info!(
-            run = %config.run_name,
-            job = ?config.job,
-            driver = %hub.driver_address(),
-            "Slurm runtime started"
-        );
-        Ok(Self {
-            inner: Arc::new(Inner {
+        tracing::info!(run = %config.run_name, job = ?config.job, "starting the Slurm runtime");
+        Ok(Parts {
+            hub,
+            launcher: SlurmLauncher {
+                run_name: config.run_name.clone(),
+                agent: config.agent.clone(),
+            },
+            placer: SlurmPlacer {
                 config,
-                hub,
-                state,
+                state: Mutex::new(state),
                 own: tokio::sync::Mutex::new(None),
                 queued: watch::Sender::new(None),
-            }),
+            },
         })
     }
+}
 
-    /// Ends every worker, then releases the allocation this runtime requested (a given one
-    /// is left as it is). Calling it again does nothing.
-    pub async fn shutdown(&self) {
-        self.inner.hub.shutdown().await;
-        if let Some(mut own) = self.inner.own.lock().await.take() {
-            own.release().await;
-        }
-    }
-
+impl SlurmPlacer {
     /// The allocation the workers run in, once there is one: its job id.
     #[must_use]
     pub fn job(&self) -> Option<String> {
@@ -167,17 +150,11 @@ impl SlurmRuntime {
     /// nothing waits): for a driver to show.
     #[must_use]
     pub fn queued(&self) -> watch::Receiver<Option<Queued>> {
-        self.inner.queued.subscribe()
-    }
-
-    /// The address agents connect to.
-    #[must_use]
-    pub fn driver_address(&self) -> std::net::SocketAddr {
-        self.inner.hub.driver_address()
+        self.queued.subscribe()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        lock(&self.inner.state)
+        lock(&self.state)
     }
 
     /// Lays `factory` over the allocation in use, as group `pg`, when there is one it fits:
@@ -219,7 +196,7 @@ impl SlurmRuntime {
         &self,
         factory: &PlacementGroupFactory,
     ) -> Result<(), RuntimeError> {
-        let options = &self.inner.config.allocation;
+        let options = &self.config.allocation;
         let cached = self.state().table.take();
         let (partition, nodes) = match cached {
             Some(table) => table,
@@ -229,7 +206,7 @@ impl SlurmRuntime {
         };
         let totals: Vec<Resources> = nodes.iter().map(slurm::SlurmNode::total).collect();
         let shape = Shape::for_group(factory, &totals)?;
-        let mut own = self.inner.own.lock().await;
+        let mut own = self.own.lock().await;
         if let Some(mut old) = own.take() {
             old.release().await;
         }
@@ -242,7 +219,7 @@ impl SlurmRuntime {
         let mut flags = shape.flags();
         flags.extend(options.flags());
         tracing::info!(%partition, ?flags, "requesting a Slurm allocation");
-        let name = self.inner.config.run_name.clone();
+        let name = self.config.run_name.clone();
         *own = Some(
             OwnAllocation::submit(&name, &flags).map_err(backend("request a Slurm allocation"))?,
         );
@@ -256,27 +233,6 @@ impl SlurmRuntime {
             return false;
         };
         matches!(slurm::job(&job).await, Ok(Some(info)) if info.state == "RUNNING")
-    }
-
-    /// The agent's configuration for `actor` on `node`.
-    fn agent_config(
-        &self,
-        actor: ActorId,
-        held: &reservations::Held,
-        memory: Option<MemoryLimit>,
-    ) -> AgentConfig {
-        AgentConfig {
-            driver: self.inner.hub.driver_address().to_string(),
-            actor,
-            parent: 0,
-            node_id: held.node.id.clone(),
-            node_ip: held.node.ip.clone(),
-            accelerator_ids: held.accelerator_ids.clone(),
-            memory,
-            grace_ms: u64::try_from(self.inner.config.stop_grace.as_millis()).unwrap_or(u64::MAX),
-            heartbeat_ms: self.inner.hub.config().heartbeat_ms(),
-            scheduler_stops: true,
-        }
     }
 }
 
@@ -339,45 +295,47 @@ fn is_srun_input(name: &str) -> bool {
     name.starts_with("SLURM_") && name != "SLURM_CONF"
 }
 
-impl SlurmRuntime {
-    /// Holds what `spec` takes in the book, in Slurm's units (whole CPUs, MiB): in its
-    /// bundle (the runtime's group id translated to the book's), or on a node with room.
-    fn hold(
+/// How the Slurm runtime starts a worker's agent: as a job step of the allocation on its
+/// node (`srun`), told its configuration in the environment and the run's token on its
+/// stdin.
+pub struct SlurmLauncher {
+    run_name: String,
+    agent: AgentCommand,
+}
+
+impl fmt::Debug for SlurmLauncher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlurmLauncher")
+            .field("run", &self.run_name)
+            .field("agent", &self.agent)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SlurmLauncher {
+    /// The agent's configuration for `actor` on `node`.
+    fn agent_config(
         &self,
+        hub: &AgentHub,
         actor: ActorId,
-        spec: &ActorSpec,
-    ) -> Result<(reservations::Held, String), RuntimeError> {
-        let mut rounded = spec.clone();
-        rounded.options = trainyard_resources::ActorOptions::try_from(&slurm_bundle(
-            &Resources::from(&spec.options),
-        ))
-        .unwrap_or_else(|_| spec.options.clone());
-        let mut state = self.state();
-        if let Some((pg, index)) = spec.placement {
-            let slot = state
-                .groups
-                .get(&pg)
-                .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
-            let placed = slot
-                .placed
-                .ok_or(RuntimeError::PlacementGroupNotReady(pg))?;
-            rounded.placement = Some((placed, index));
+        held: &reservations::Held,
+        memory: Option<MemoryLimit>,
+    ) -> AgentConfig {
+        AgentConfig {
+            node_id: held.node.id.clone(),
+            node_ip: held.node.ip.clone(),
+            accelerator_ids: held.accelerator_ids.clone(),
+            memory,
+            scheduler_stops: true,
+            ..hub.agent_config(actor)
         }
-        let job = state.job.clone().unwrap_or_default();
-        let book = state
-            .book
-            .as_mut()
-            .ok_or_else(|| RuntimeError::SpawnFailed {
-                name: spec.name.clone(),
-                reason: "there is no Slurm allocation yet: reserve a placement group first".into(),
-            })?;
-        Ok((book.hold(actor, &rounded)?, job))
     }
 
     /// Starts `step` for the held actor: its agent, told its configuration in the
     /// environment and the run's token on its stdin.
     async fn start_step(
         &self,
+        hub: &AgentHub,
         actor: ActorId,
         spec: &ActorSpec,
         held: &reservations::Held,
@@ -389,14 +347,14 @@ impl SlurmRuntime {
         };
         let memory = step.memory.map(|limit| MemoryLimit::Scheduler { limit });
         let env = self
-            .agent_config(actor, held, memory)
+            .agent_config(hub, actor, held, memory)
             .to_env()
             .map_err(|error| {
                 failed(format!(
                     "the agent's configuration cannot be encoded: {error}"
                 ))
             })?;
-        let agent = &self.inner.config.agent;
+        let agent = &self.agent;
         let mut command = step::srun(&agent.program, &agent.args, &step.flags);
         for (name, _) in std::env::vars_os() {
             if name.to_str().is_some_and(is_srun_input) {
@@ -410,7 +368,7 @@ impl SlurmRuntime {
             .map_err(|error| failed(format!("cannot start `srun`: {error}")))?;
         // The token reaches the agent on its stdin, which srun forwards to the step's task.
         if let Some(mut stdin) = srun.stdin.take() {
-            let line = trainyard_wire::config::token_line(self.inner.hub.token());
+            let line = trainyard_wire::config::token_line(hub.token());
             if let Err(error) = stdin.write_all(line.as_bytes()).await {
                 tracing::debug!(%error, "the step did not take its token");
             }
@@ -430,6 +388,24 @@ impl SlurmRuntime {
         };
         process.watch_stderr();
         Ok(process)
+    }
+}
+
+#[async_trait]
+impl Launcher for SlurmLauncher {
+    /// The worker's node in the book, and the allocation's job id.
+    type Placed = (reservations::Held, String);
+
+    async fn launch(
+        &self,
+        hub: &AgentHub,
+        actor: ActorId,
+        spec: &ActorSpec,
+        (held, job): (reservations::Held, String),
+    ) -> Result<Box<dyn AgentProcess>, RuntimeError> {
+        let step = Step::new(&self.run_name, spec, actor, &job, &held);
+        let process = self.start_step(hub, actor, spec, &held, step).await?;
+        Ok(Box::new(process))
     }
 }
 
@@ -488,25 +464,28 @@ fn backend(action: &'static str) -> impl FnOnce(SlurmError) -> RuntimeError {
     }
 }
 
-impl fmt::Debug for SlurmRuntime {
+impl fmt::Debug for SlurmPlacer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SlurmRuntime")
-            .field("run", &self.inner.config.run_name)
+        f.debug_struct("SlurmPlacer")
+            .field("run", &self.config.run_name)
             .field("job", &self.job())
-            .field("hub", &self.inner.hub)
             .finish_non_exhaustive()
     }
 }
 
 #[async_trait]
-impl ActorRuntime for SlurmRuntime {
+impl Placer for SlurmPlacer {
+    /// The worker's node in the book, and the allocation's job id.
+    type Placed = (reservations::Held, String);
+    type Removed = ();
+
     /// The allocation's nodes with what this run's groups leave of them, once there is an
     /// allocation; before, the partition's usable nodes as Slurm's node table has them.
     async fn cluster(&self) -> Result<ClusterSnapshot, RuntimeError> {
         if let Some(book) = self.state().book.as_ref() {
             return Ok(book.snapshot());
         }
-        let (_, nodes) = slurm::partition_nodes(self.inner.config.allocation.partition.as_deref())
+        let (_, nodes) = slurm::partition_nodes(self.config.allocation.partition.as_deref())
             .await
             .map_err(backend("read the Slurm partition's nodes"))?;
         let nodes = nodes
@@ -527,7 +506,7 @@ impl ActorRuntime for SlurmRuntime {
         &self,
         factory: &PlacementGroupFactory,
     ) -> Result<PlacementGroupId, RuntimeError> {
-        let own = self.inner.config.job.is_none();
+        let own = self.config.job.is_none();
         let pg = {
             let mut state = self.state();
             let pg = PlacementGroupId(state.next_group);
@@ -573,11 +552,11 @@ impl ActorRuntime for SlurmRuntime {
                 .placement_info(placed)?
                 .ok_or(RuntimeError::PlacementGroupNotReady(pg));
         }
-        let mut guard = self.inner.own.lock().await;
+        let mut guard = self.own.lock().await;
         let own = guard
             .as_mut()
             .ok_or(RuntimeError::PlacementGroupNotReady(pg))?;
-        let granted = match own.granted(timeout, &self.inner.queued).await {
+        let granted = match own.granted(timeout, &self.queued).await {
             Ok(Some(granted)) => granted,
             Ok(None) => {
                 if let Some(mut own) = guard.take() {
@@ -627,56 +606,70 @@ impl ActorRuntime for SlurmRuntime {
         Ok(info)
     }
 
-    async fn remove_placement_group(&self, pg: PlacementGroupId) -> Result<(), RuntimeError> {
-        let inside = {
-            let mut state = self.state();
-            let slot = state
-                .groups
-                .remove(&pg)
-                .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
-            match (slot.placed, state.book.as_mut()) {
-                (Some(placed), Some(book)) => book.remove_group(placed)?,
-                _ => Vec::new(),
-            }
+    async fn remove_placement_group(
+        &self,
+        pg: PlacementGroupId,
+    ) -> Result<(Vec<ActorId>, ()), RuntimeError> {
+        let mut state = self.state();
+        let slot = state
+            .groups
+            .remove(&pg)
+            .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
+        let inside = match (slot.placed, state.book.as_mut()) {
+            (Some(placed), Some(book)) => book.remove_group(placed)?,
+            _ => Vec::new(),
         };
-        self.inner
-            .hub
-            .end_all(inside, &DeathCause::PlacementGroupRemoved)
-            .await;
+        Ok((inside, ()))
+    }
+
+    async fn placement_group_removed(&self, (): ()) -> Result<(), RuntimeError> {
         Ok(())
     }
 
-    async fn spawn(&self, spec: ActorSpec) -> Result<ActorId, RuntimeError> {
-        let span = tracing::info_span!(target: timings::TARGET, timings::SPAWN, name = %spec.name);
-        let arrival = self.inner.hub.expect(&spec.name)?;
-        let actor = arrival.actor();
-        let (held, job) = self.hold(actor, &spec)?;
-        let step = Step::new(&self.inner.config.run_name, &spec, actor, &job, &held);
-        let started = self.start_step(actor, &spec, &held, step).instrument(span);
-        let process = match started.await {
-            Ok(process) => process,
-            Err(error) => {
-                if let Some(book) = self.state().book.as_mut() {
-                    book.release(actor);
-                }
-                return Err(error);
-            }
-        };
-        self.inner
-            .hub
-            .attach(arrival, spec.name, Box::new(process))
-            .await
+    /// Holds what `spec` takes in the book, in Slurm's units (whole CPUs, MiB): in its
+    /// bundle (the runtime's group id translated to the book's), or on a node with room.
+    fn place(
+        &self,
+        actor: ActorId,
+        spec: &ActorSpec,
+    ) -> Result<(reservations::Held, String), RuntimeError> {
+        let mut rounded = spec.clone();
+        rounded.options = trainyard_resources::ActorOptions::try_from(&slurm_bundle(
+            &Resources::from(&spec.options),
+        ))
+        .unwrap_or_else(|_| spec.options.clone());
+        let mut state = self.state();
+        if let Some((pg, index)) = spec.placement {
+            let slot = state
+                .groups
+                .get(&pg)
+                .ok_or(RuntimeError::UnknownPlacementGroup(pg))?;
+            let placed = slot
+                .placed
+                .ok_or(RuntimeError::PlacementGroupNotReady(pg))?;
+            rounded.placement = Some((placed, index));
+        }
+        let job = state.job.clone().unwrap_or_default();
+        let book = state
+            .book
+            .as_mut()
+            .ok_or_else(|| RuntimeError::SpawnFailed {
+                name: spec.name.clone(),
+                reason: "there is no Slurm allocation yet: reserve a placement group first".into(),
+            })?;
+        Ok((book.hold(actor, &rounded)?, job))
     }
 
-    async fn call(&self, actor: ActorId, request: Request) -> Result<Response, RuntimeError> {
-        self.inner.hub.call(actor, request).await
+    fn release(&self, actor: ActorId) {
+        if let Some(book) = self.state().book.as_mut() {
+            book.release(actor);
+        }
     }
 
-    async fn kill(&self, actor: ActorId, grace: Duration) -> Result<(), RuntimeError> {
-        self.inner.hub.kill(actor, grace).await
-    }
-
-    async fn task_events(&self, actor: ActorId) -> Result<Option<TaskEvents>, RuntimeError> {
-        self.inner.hub.task_events(actor)
+    /// Releases the allocation this runtime requested (a given one is left as it is).
+    async fn shutdown(&self) {
+        if let Some(mut own) = self.own.lock().await.take() {
+            own.release().await;
+        }
     }
 }

@@ -132,7 +132,7 @@ async fn an_allocation_of_its_own_is_shaped_by_the_strategy_used_and_released() 
             .expect("granted and placed");
         let distinct: BTreeSet<_> = placed.bundle_nodes.iter().collect();
         assert_eq!(distinct.len(), 2, "SPREAD over two nodes: {placed:?}");
-        let job = runtime.job().expect("an allocation");
+        let job = runtime.placer().job().expect("an allocation");
         assert_eq!(jobs_named(&run), std::slice::from_ref(&job));
         for (index, node) in placed.bundle_nodes.iter().enumerate() {
             let spec = ActorSpec {
@@ -167,7 +167,7 @@ async fn an_allocation_of_its_own_is_shaped_by_the_strategy_used_and_released() 
             .wait_placement_group_ready(again, Duration::from_secs(30))
             .await
             .expect("placed again");
-        assert_eq!(runtime.job(), Some(job.clone()));
+        assert_eq!(runtime.placer().job(), Some(job.clone()));
         runtime.remove_placement_group(again).await.expect("removed");
         // One it does not fit replaces it; actors pinned to the new group's bundles land
         // where they belong (the runtime's group ids are not the new book's).
@@ -180,7 +180,7 @@ async fn an_allocation_of_its_own_is_shaped_by_the_strategy_used_and_released() 
             .wait_placement_group_ready(third, Duration::from_secs(60))
             .await
             .expect("a new allocation");
-        let new_job = runtime.job().expect("an allocation");
+        let new_job = runtime.placer().job().expect("an allocation");
         assert_ne!(new_job, job, "the old allocation is replaced");
         assert_eq!(jobs_named(&run), std::slice::from_ref(&new_job), "and released");
         let spec = ActorSpec {
@@ -333,7 +333,7 @@ async fn slurms_warning_signal_reaches_the_task_and_a_queued_allocation_says_why
         bundles: vec![resources("CPU=1")],
         strategy: PlacementStrategy::Pack,
     };
-    let mut queued = runtime.queued();
+    let mut queued = runtime.placer().queued();
     let pg = runtime
         .create_placement_group(&factory)
         .await

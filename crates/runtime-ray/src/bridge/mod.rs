@@ -168,6 +168,15 @@ impl Bridge {
 /// How long a bridge whose Ray is refused gets to shut down (with a throwaway head).
 const VERSION_REFUSED_GRACE: Duration = Duration::from_secs(10);
 
+/// SIGKILLs the bridge's process group: the bridge, if it still runs, and what it started
+/// (a throwaway head), while the group is the bridge's (`trainyard_sys::process_group`:
+/// its leader unreaped, or a member still in it).
+fn sweep(pid: Option<u32>) {
+    if let Some(group) = pid {
+        process_group::kill(group);
+    }
+}
+
 /// Accepts a Ray of the [`RAY_VERSION`] series: the same release, or another patch release
 /// (with a warning).
 fn check_ray_version(found: &str, python: &Path) -> Result<(), BridgeError> {
@@ -197,15 +206,6 @@ fn check_ray_version(found: &str, python: &Path) -> Result<(), BridgeError> {
             found: found.to_owned(),
             supported: RAY_VERSION,
         }),
-    }
-}
-
-/// SIGKILLs the bridge's process group: the bridge, if it still runs, and what it started
-/// (a throwaway head), while the group is the bridge's (`trainyard_sys::process_group`:
-/// its leader unreaped, or a member still in it).
-fn sweep(pid: Option<u32>) {
-    if let Some(group) = pid {
-        process_group::kill(group);
     }
 }
 
