@@ -12,12 +12,8 @@ use trainyard::runtime::sim::{SimNode, SimRuntime};
 fn cluster() -> SimRuntime {
     let functions = FunctionRegistry::new().register("train", |task| async move {
         let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
-        ctx.report(
-            json!({"rank": ctx.world_rank().0})
-                .as_object()
-                .cloned()
-                .unwrap_or_default(),
-        );
+        ctx.report(json!({"rank": ctx.world_rank().0}))
+            .map_err(|e| e.to_string())?;
         Ok(Value::Null)
     });
     SimRuntime::new((0..8).map(|i| {

@@ -48,7 +48,7 @@ fn functions() -> FunctionRegistry {
             }
             loss = total / n;
             let metrics = json!({"epoch": epoch, "loss": loss, "w": w, "b": b});
-            ctx.report(metrics.as_object().cloned().unwrap_or_default());
+            ctx.report(metrics).map_err(|e| e.to_string())?;
         }
         ctx.print(format!("rank {rank}: w={w:.3} b={b:.3} loss={loss:.2e}"));
         Ok(json!({"w": w, "b": b}))

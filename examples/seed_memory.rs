@@ -30,7 +30,7 @@ fn functions() -> FunctionRegistry {
         ));
         let metrics =
             json!({"rank": ctx.world_rank().0, "loss": 1.0 / f64::from(ctx.world_rank().0 + 1)});
-        ctx.report(metrics.as_object().cloned().unwrap_or_default());
+        ctx.report(metrics).map_err(|e| e.to_string())?;
         Ok(json!(ctx.world_rank().0))
     })
 }

@@ -40,7 +40,7 @@
 //!     FunctionRegistry::new().register("train", |task| async move {
 //!         let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
 //!         let loss = 1.0 / f64::from(ctx.world_rank().0 + 1);
-//!         ctx.report(serde_json::json!({"loss": loss}).as_object().cloned().unwrap_or_default());
+//!         ctx.report(serde_json::json!({"loss": loss})).map_err(|e| e.to_string())?;
 //!         Ok(serde_json::json!(ctx.world_rank().0))
 //!     })
 //! }
@@ -59,7 +59,7 @@
 //! #     FunctionRegistry::new().register("train", |task| async move {
 //! #         let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
 //! #         let loss = 1.0 / f64::from(ctx.world_rank().0 + 1);
-//! #         ctx.report(serde_json::json!({"loss": loss}).as_object().cloned().unwrap_or_default());
+//! #         ctx.report(serde_json::json!({"loss": loss})).map_err(|e| e.to_string())?;
 //! #         Ok(serde_json::json!(ctx.world_rank().0))
 //! #     })
 //! # }

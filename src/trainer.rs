@@ -49,7 +49,7 @@ where
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> trainyard::Result<()> {
 /// let functions = FunctionRegistry::new().register("train", |task| async move {
 ///     let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
-///     ctx.report(serde_json::json!({"rank": ctx.world_rank().0}).as_object().cloned().unwrap_or_default());
+///     ctx.report(serde_json::json!({"rank": ctx.world_rank().0})).map_err(|e| e.to_string())?;
 ///     Ok(serde_json::json!(ctx.world_rank().0))
 /// });
 /// let cluster = SimRuntime::new([SimNode::new("node-0").cpus(2)]).with_functions(functions);
@@ -171,20 +171,16 @@ impl Trainer {
             ExecutorError::Config(e) => crate::Error::Config(e),
             other => crate::Error::Executor(other),
         };
-        let mut executor = BackendExecutor::new(self.runtime, self.backend, self.scaling)
-            .map_err(config_error)?
-            .with_run_config(self.run)
-            .map_err(config_error)?
-            .with_options(self.options);
-        if let Some(events) = self.events {
-            executor = executor.with_events(events);
-        }
-        if let Some(trigger) = self.stacks {
-            executor = executor.with_stacks_trigger(trigger);
-        }
-        if let Some(trigger) = self.stop {
-            executor = executor.with_stop_trigger(trigger);
-        }
+        let executor = BackendExecutor {
+            backend: self.backend,
+            scaling: self.scaling,
+            run: self.run,
+            options: self.options,
+            events: self.events,
+            stacks_trigger: self.stacks.unwrap_or_default(),
+            stop_trigger: self.stop.unwrap_or_default(),
+            ..BackendExecutor::new(self.runtime)
+        };
         executor.fit(&self.task).await.map_err(config_error)
     }
 }

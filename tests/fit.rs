@@ -15,12 +15,8 @@ fn functions() -> FunctionRegistry {
         let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
         for epoch in 0..3u32 {
             let loss = 1.0 / f64::from(epoch + 1 + ctx.world_rank().0);
-            ctx.report(
-                json!({"epoch": epoch, "loss": loss})
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
-            );
+            ctx.report(json!({"epoch": epoch, "loss": loss}))
+                .map_err(|e| e.to_string())?;
             ctx.print(format!("epoch {epoch} done"));
         }
         if ctx.restart_count() == 0

@@ -21,7 +21,7 @@ fn functions() -> FunctionRegistry {
             let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
             for step in 0..3u32 {
                 let metrics = json!({"step": step, "rank": ctx.world_rank().0});
-                ctx.report(metrics.as_object().cloned().unwrap_or_default());
+                ctx.report(metrics).map_err(|e| e.to_string())?;
             }
             ctx.print(format!("rank {} done", ctx.world_rank()));
             Ok(json!({

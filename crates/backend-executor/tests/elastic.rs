@@ -9,8 +9,8 @@ mod common;
 
 use serde_json::{Value, json};
 use trainyard_backend_executor::{
-    BackendExecutor, Backoff, ExecutorError, ExecutorOptions, FitReport, NoBackend, ResizeReason,
-    RunEvent, TrainContext,
+    BackendExecutor, Backoff, ExecutorError, ExecutorOptions, FitReport, ResizeReason, RunEvent,
+    TrainContext,
 };
 use trainyard_config::{
     FailureConfig, PlacementGroupFactory, PlacementStrategy, RunConfig, ScalingConfig,
@@ -38,7 +38,7 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
         if ctx.world_rank().0 == 0 {
             hand_in(&ctx, metrics, scratch.path(), "epoch", epoch).await?;
         } else {
-            ctx.report(metrics);
+            ctx.report(metrics).map_err(|e| e.to_string())?;
         }
     }
     Ok(json!({"world_size": ctx.world_size(), "start": start}))
@@ -76,7 +76,7 @@ async fn staggered(ctx: TrainContext) -> Result<Value, String> {
             tokio::time::sleep(Duration::from_millis(1000)).await;
         } else {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            ctx.report(metrics);
+            ctx.report(metrics).map_err(|e| e.to_string())?;
             tokio::time::sleep(Duration::from_millis(700)).await;
         }
     }
@@ -143,15 +143,16 @@ fn start_task(
         .name("elastic")
         .storage_path(storage.path().display().to_string())
         .failure_config(failures);
-    let mut executor = BackendExecutor::new(Arc::new(sim.clone()), Arc::new(NoBackend), scaling)
-        .unwrap()
-        .with_options(ExecutorOptions {
+    let executor = BackendExecutor {
+        scaling,
+        options: ExecutorOptions {
             restart_backoff: Backoff::NONE,
             ..ExecutorOptions::default()
-        })
-        .with_run_config(run)
-        .unwrap()
-        .with_events(tx);
+        },
+        run,
+        events: Some(tx),
+        ..BackendExecutor::new(Arc::new(sim.clone()))
+    };
     let fit = tokio::spawn(async move { executor.fit(&task).await });
     (fit, rx, storage)
 }
