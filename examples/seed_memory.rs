@@ -1,5 +1,5 @@
 //! The scenario that made `memory` a first-class per-worker resource: two PyTorch workers,
-//! each asking for `{"memory": 10000}` (bytes), trained with `Trainer::torch` on this machine.
+//! each asking for `{"memory": 10000}` (bytes), trained with a `TorchConfig` backend on this machine.
 //!
 //! Ray once refused `resources_per_worker={"memory": ...}`; here the dictionary goes to the
 //! worker group as it is, `memory` becomes the actor option it is, and each worker sees the
@@ -74,10 +74,11 @@ async fn train() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     });
-    let result = Trainer::torch(Arc::new(local.clone()), function_task("train", Value::Null))
+    let result = Trainer::builder(Arc::new(local.clone()))
+        .backend(&TorchConfig::default())
         .scaling_config(scaling)
         .events(events)
-        .fit()
+        .fit(&TaskSpec::function("train", Value::Null))
         .await;
     local.shutdown().await;
     let _ = printer.await;

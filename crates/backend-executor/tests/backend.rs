@@ -66,7 +66,7 @@ fn functions() -> FunctionRegistry {
 }
 
 fn task(name: &str) -> TaskSpec {
-    common::function_task(name, Value::Null)
+    TaskSpec::function(name, Value::Null)
 }
 
 fn fast() -> ExecutorOptions {
@@ -514,7 +514,7 @@ async fn fit_with_failures(
         run: RunConfig::default().failure_config(max_failures),
         ..executor(&sim, ScalingConfig::default().num_workers(2))
     }
-    .fit(&common::function_task("fail_until", json!(fail_attempts)))
+    .fit(&TaskSpec::function("fail_until", json!(fail_attempts)))
     .await;
     assert_nothing_left(&sim).await;
     result
@@ -574,7 +574,7 @@ async fn preemptions_restart_without_counting_against_max_failures() {
         run: RunConfig::default().failure_config(FailureConfig::restarts(0)),
         ..executor(&sim, ScalingConfig::default().num_workers(2))
     }
-    .fit(&common::function_task("preempted_until", json!(2)))
+    .fit(&TaskSpec::function("preempted_until", json!(2)))
     .await
     .expect("preemptions are no failures of the run");
     preempter.abort();

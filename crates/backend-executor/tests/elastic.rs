@@ -16,7 +16,7 @@ use trainyard_config::{
     FailureConfig, PlacementGroupFactory, PlacementStrategy, RunConfig, ScalingConfig,
 };
 use trainyard_runtime::sim::{SimNode, SimRuntime};
-use trainyard_runtime::{ActorRuntime, FunctionRegistry, NodeId, PlacementGroupId};
+use trainyard_runtime::{ActorRuntime, FunctionRegistry, NodeId, PlacementGroupId, TaskSpec};
 
 /// Trains `epochs` epochs of 30 ms from the checkpoint it is given (rank 0's `epoch` file),
 /// rank 0 handing in the checkpoint with every epoch's report. Returns the world size it
@@ -121,7 +121,7 @@ fn start(
     tokio::sync::mpsc::Receiver<RunEvent>,
     tempfile::TempDir,
 ) {
-    let task = common::function_task("epochs", json!({"epochs": epochs}));
+    let task = TaskSpec::function("epochs", json!({"epochs": epochs}));
     start_task(sim, scaling, failures, task)
 }
 
@@ -343,7 +343,7 @@ async fn a_run_below_its_minimum_waits_for_it_and_a_fixed_run_never_resizes() {
 async fn a_resize_waits_for_the_checkpoint_in_flight_to_commit() {
     let sim = cluster([SimNode::new("node-0").cpus(4)]);
     let other = hold(&sim, 2).await;
-    let task = common::function_task("staggered", json!({"steps": 3}));
+    let task = TaskSpec::function("staggered", json!({"steps": 3}));
     let (fit, mut rx, _storage) = start_task(&sim, elastic(1..=4), FailureConfig::default(), task);
     // Rank 0 has handed in checkpoint 1; rank 1 reports it 300 ms later.
     until(

@@ -49,7 +49,7 @@ fn sim() -> SimRuntime {
 }
 
 fn task(arg: Value) -> TaskSpec {
-    common::function_task("steps", arg)
+    TaskSpec::function("steps", arg)
 }
 
 fn run_config(storage: &Path, name: &str) -> RunConfig {

@@ -11,7 +11,7 @@ use trainyard_backend_executor::{AttemptFailure, BackendExecutor, ExecutorError,
 use trainyard_config::ScalingConfig;
 use trainyard_runtime::{
     ActorId, MockActorRuntime, NodeId, PlacementGroupId, PlacementInfo, Response, RuntimeError,
-    WorkerInfo,
+    TaskSpec, WorkerInfo,
 };
 
 fn info(actor: ActorId) -> WorkerInfo {
@@ -80,7 +80,7 @@ async fn a_spawn_failure_mid_start_kills_the_survivors_and_removes_the_group_onc
         },
         ..BackendExecutor::new(Arc::new(runtime))
     };
-    let task = common::function_task("noop", serde_json::Value::Null);
+    let task = TaskSpec::function("noop", serde_json::Value::Null);
     match executor.fit(&task).await {
         Err(ExecutorError::TrainingFailed { report }) => {
             assert_eq!(report.attempts, 1);

@@ -18,7 +18,7 @@ mod common;
 use serde_json::{Value, json};
 use trainyard_backend_executor::{Backend, BackendError, BackendExecutor, ExecutorOptions};
 use trainyard_config::{RunConfig, ScalingConfig};
-use trainyard_runtime::{ActorRuntime, FunctionRegistry};
+use trainyard_runtime::{ActorRuntime, FunctionRegistry, TaskSpec};
 use trainyard_worker_group::WorkerGroup;
 
 thread_local! {
@@ -103,7 +103,7 @@ async fn a_failing_backend_shutdown_is_logged_and_everything_is_still_released()
         ..BackendExecutor::new(Arc::new(sim.clone()))
     };
     let report = executor
-        .fit(&common::function_task("one", Value::Null))
+        .fit(&TaskSpec::function("one", Value::Null))
         .await
         .expect("training itself succeeds");
     assert_eq!(report.returns, [json!(1), json!(1)]);

@@ -25,15 +25,6 @@ pub(crate) fn one_node(cpus: u64, functions: FunctionRegistry) -> SimRuntime {
         .with_functions(FunctionRegistry::with_builtins().merge(functions))
 }
 
-/// The task that runs the registered function `name` with `arg`.
-pub(crate) fn function_task(name: &str, arg: serde_json::Value) -> TaskSpec {
-    TaskSpec::Function {
-        name: name.to_owned(),
-        arg,
-        env: std::collections::BTreeMap::new(),
-    }
-}
-
 /// Runs `task` on two workers of `sim` to its end (restarting at once), with `trigger` for
 /// stacks when given; the result, and every event streamed.
 pub(crate) async fn fit_two(
