@@ -60,6 +60,19 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # How a run goes
+//!
+//! [`BackendExecutor::fit`] opens the run's folder and hands the run to its loop, the one
+//! place that owns the folder, the rank logs, the [`StopTrigger`], the [`StacksTrigger`] and
+//! the listener of [`RunEvent`]s. For each attempt the loop asks its sizer how many workers
+//! to start (the fixed number, or what fits for an elastic run), reserves the placement
+//! group, and starts an attempt: the worker group, its ranks and environment, the task on
+//! every worker. The attempt reports what its ranks do (reports, lines, root causes,
+//! exits, deaths, hangs) and nothing else; the loop books reports towards checkpoints,
+//! writes lines to the rank logs, passes both on, and decides when the attempt ends. What
+//! follows an attempt is a pure function of the attempts so far and how the last one ended:
+//! restart after a backoff, resize, finish or fail.
+//!
 //! # Main types
 //!
 //! - [`BackendExecutor`], with [`ExecutorOptions`], [`StopTrigger`] and [`StacksTrigger`]:
