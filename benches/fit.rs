@@ -12,12 +12,8 @@ use trainyard::runtime::sim::{SimNode, SimRuntime};
 fn cluster() -> SimRuntime {
     let functions = FunctionRegistry::new().register("train", |task| async move {
         let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
-        ctx.report(
-            json!({"rank": ctx.world_rank().0})
-                .as_object()
-                .cloned()
-                .unwrap_or_default(),
-        );
+        ctx.report(json!({"rank": ctx.world_rank().0}))
+            .map_err(|e| e.to_string())?;
         Ok(Value::Null)
     });
     SimRuntime::new((0..8).map(|i| {
@@ -38,14 +34,15 @@ fn fit(c: &mut Criterion) {
     let run = RunConfig::default().storage_path(storage.path().display().to_string());
     c.bench_function("torch_fit/64_workers", |b| {
         b.to_async(&runtime).iter(|| async {
-            let result = Trainer::torch(Arc::new(sim.clone()), function_task("train", Value::Null))
+            let result = Trainer::builder(Arc::new(sim.clone()))
+                .backend(&TorchConfig::default())
                 .scaling_config(ScalingConfig::default().num_workers(64))
                 .run_config(run.clone())
                 .executor_options(ExecutorOptions {
                     poll_interval: Duration::from_millis(1),
                     ..ExecutorOptions::default()
                 })
-                .fit()
+                .fit(&TaskSpec::function("train", Value::Null))
                 .await
                 .expect("fit");
             assert_eq!(result.returns.len(), 64);
@@ -73,15 +70,16 @@ fn fit_at_scale(c: &mut Criterion) {
     for workers in [1_000u32, 10_000] {
         group.bench_function(format!("{workers}_workers"), |b| {
             b.to_async(&runtime).iter(|| async {
-                let task = function_task("noop", Value::Null);
-                let result = Trainer::new(Arc::new(sim.clone()), &NoBackend, task)
+                let task = TaskSpec::function("noop", Value::Null);
+                let result = Trainer::builder(Arc::new(sim.clone()))
+                    .backend(&NoBackend)
                     .scaling_config(ScalingConfig::default().num_workers(workers))
                     .run_config(run.clone())
                     .executor_options(ExecutorOptions {
                         poll_interval: Duration::from_millis(1),
                         ..ExecutorOptions::default()
                     })
-                    .fit()
+                    .fit(&task)
                     .await
                     .expect("fit");
                 assert_eq!(result.returns.len(), workers as usize);

@@ -48,7 +48,7 @@ fn functions() -> FunctionRegistry {
             }
             loss = total / n;
             let metrics = json!({"epoch": epoch, "loss": loss, "w": w, "b": b});
-            ctx.report(metrics.as_object().cloned().unwrap_or_default());
+            ctx.report(metrics).map_err(|e| e.to_string())?;
         }
         ctx.print(format!("rank {rank}: w={w:.3} b={b:.3} loss={loss:.2e}"));
         Ok(json!({"w": w, "b": b}))
@@ -101,15 +101,12 @@ async fn train(workers: u32) -> Result<(), Box<dyn std::error::Error>> {
     let scaling = ScalingConfig::default()
         .num_workers(workers)
         .resources_per_worker("CPU=0.5,memory=64MiB".parse()?);
-    let result = Trainer::new(
-        Arc::new(local.clone()),
-        &NoBackend,
-        function_task("fit_line", Value::Null),
-    )
-    .scaling_config(scaling)
-    .events(events)
-    .fit()
-    .await;
+    let result = Trainer::builder(Arc::new(local.clone()))
+        .backend(&NoBackend)
+        .scaling_config(scaling)
+        .events(events)
+        .fit(&TaskSpec::function("fit_line", Value::Null))
+        .await;
     local.shutdown().await;
     let _ = printer.await;
     let result = result?;

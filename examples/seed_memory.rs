@@ -1,5 +1,5 @@
 //! The scenario that made `memory` a first-class per-worker resource: two PyTorch workers,
-//! each asking for `{"memory": 10000}` (bytes), trained with `Trainer::torch` on this machine.
+//! each asking for `{"memory": 10000}` (bytes), trained with a `TorchConfig` backend on this machine.
 //!
 //! Ray once refused `resources_per_worker={"memory": ...}`; here the dictionary goes to the
 //! worker group as it is, `memory` becomes the actor option it is, and each worker sees the
@@ -30,7 +30,7 @@ fn functions() -> FunctionRegistry {
         ));
         let metrics =
             json!({"rank": ctx.world_rank().0, "loss": 1.0 / f64::from(ctx.world_rank().0 + 1)});
-        ctx.report(metrics.as_object().cloned().unwrap_or_default());
+        ctx.report(metrics).map_err(|e| e.to_string())?;
         Ok(json!(ctx.world_rank().0))
     })
 }
@@ -74,10 +74,11 @@ async fn train() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     });
-    let result = Trainer::torch(Arc::new(local.clone()), function_task("train", Value::Null))
+    let result = Trainer::builder(Arc::new(local.clone()))
+        .backend(&TorchConfig::default())
         .scaling_config(scaling)
         .events(events)
-        .fit()
+        .fit(&TaskSpec::function("train", Value::Null))
         .await;
     local.shutdown().await;
     let _ = printer.await;

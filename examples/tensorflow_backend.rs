@@ -59,14 +59,11 @@ async fn run(num_workers: u32) -> trainyard::Result<FitReport> {
         SimNode::new("node-b").ip("10.0.0.2").cpus(2),
     ])
     .with_functions(functions);
-    Trainer::new(
-        Arc::new(cluster),
-        &TensorflowBackend,
-        function_task("tf_config", Value::Null),
-    )
-    .scaling_config(ScalingConfig::default().num_workers(num_workers))
-    .fit()
-    .await
+    Trainer::builder(Arc::new(cluster))
+        .backend(&TensorflowBackend)
+        .scaling_config(ScalingConfig::default().num_workers(num_workers))
+        .fit(&TaskSpec::function("tf_config", Value::Null))
+        .await
 }
 
 #[tokio::main(flavor = "current_thread")]

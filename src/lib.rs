@@ -29,8 +29,9 @@
 //!
 //! # 2. A task
 //!
-//! Every worker runs the same task: a command ([`command_task`], such as `python train.py`)
-//! or a Rust function registered by name ([`function_task`]). A function learns its place
+//! Every worker runs the same task: a command ([`TaskSpec::command`](runtime::TaskSpec::command),
+//! such as `python train.py`) or a Rust function registered by name
+//! ([`TaskSpec::function`](runtime::TaskSpec::function)). A function learns its place
 //! in the run from a [`TrainContext`](backend::TrainContext) and reports metrics:
 //!
 //! ```
@@ -40,16 +41,16 @@
 //!     FunctionRegistry::new().register("train", |task| async move {
 //!         let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
 //!         let loss = 1.0 / f64::from(ctx.world_rank().0 + 1);
-//!         ctx.report(serde_json::json!({"loss": loss}).as_object().cloned().unwrap_or_default());
+//!         ctx.report(serde_json::json!({"loss": loss})).map_err(|e| e.to_string())?;
 //!         Ok(serde_json::json!(ctx.world_rank().0))
 //!     })
 //! }
-//! let task = function_task("train", serde_json::Value::Null);
+//! let task = TaskSpec::function("train", serde_json::Value::Null);
 //! ```
 //!
 //! # 3. Run it on the simulated cluster
 //!
-//! A [`Trainer`] runs the task on a runtime. The in-memory `runtime::sim::SimRuntime`
+//! A [`Trainer`], built from [`Trainer::builder`], runs the task on a runtime. The in-memory `runtime::sim::SimRuntime`
 //! (feature `sim`) places and runs workers as a real cluster does, without processes, which
 //! makes it the place for tests:
 //!
@@ -59,7 +60,7 @@
 //! #     FunctionRegistry::new().register("train", |task| async move {
 //! #         let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
 //! #         let loss = 1.0 / f64::from(ctx.world_rank().0 + 1);
-//! #         ctx.report(serde_json::json!({"loss": loss}).as_object().cloned().unwrap_or_default());
+//! #         ctx.report(serde_json::json!({"loss": loss})).map_err(|e| e.to_string())?;
 //! #         Ok(serde_json::json!(ctx.world_rank().0))
 //! #     })
 //! # }
@@ -72,10 +73,10 @@
 //!     SimNode::new("node-b").ip("10.0.0.2").cpus(2),
 //! ])
 //! .with_functions(functions());
-//! let task = function_task("train", serde_json::Value::Null);
-//! let result = Trainer::new(Arc::new(cluster), &NoBackend, task)
+//! let task = TaskSpec::function("train", serde_json::Value::Null);
+//! let result = Trainer::builder(Arc::new(cluster))
 //!     .scaling_config(ScalingConfig::default().num_workers(4))
-//!     .fit()
+//!     .fit(&task)
 //!     .await?;
 //! assert_eq!(result.returns.len(), 4);
 //! assert!(result.metrics.iter().all(Option::is_some));
@@ -88,7 +89,8 @@
 //! worker as a process: your own binary, started again as the worker's agent. So
 //! [`run_if_agent`] comes first thing in `main`: in a worker it serves the registered
 //! functions and returns the exit code; in the program you started it returns `None`.
-//! [`Trainer::torch`] gives the workers PyTorch's environment (`MASTER_ADDR`, `RANK`, ...):
+//! A `TorchConfig` backend gives the workers PyTorch's environment (`MASTER_ADDR`, `RANK`,
+//! ...):
 //!
 //! ```no_run
 //! use std::process::ExitCode;
@@ -118,9 +120,10 @@
 //! # #[cfg(all(feature = "local", feature = "torch"))]
 //! async fn train() -> trainyard::Result<()> {
 //!     let local = LocalRuntime::start(LocalConfig::detect("my-run")?).await?;
-//!     let result = Trainer::torch(Arc::new(local.clone()), function_task("train", serde_json::Value::Null))
+//!     let result = Trainer::builder(Arc::new(local.clone()))
+//!         .backend(&TorchConfig::default())
 //!         .scaling_config(ScalingConfig::default().num_workers(2))
-//!         .fit()
+//!         .fit(&TaskSpec::function("train", serde_json::Value::Null))
 //!         .await;
 //!     local.shutdown().await;
 //!     println!("returns: {:?}", result?.returns);
@@ -145,9 +148,9 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> trainyard::Result<()> {
 //! let functions = FunctionRegistry::new().register("flaky", |_| async { Err("out of data".to_owned()) });
 //! let cluster = SimRuntime::new([SimNode::new("node-a").cpus(2)]).with_functions(functions);
-//! let error = Trainer::new(Arc::new(cluster), &NoBackend, function_task("flaky", serde_json::Value::Null))
+//! let error = Trainer::builder(Arc::new(cluster))
 //!     .run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
-//!     .fit()
+//!     .fit(&TaskSpec::function("flaky", serde_json::Value::Null))
 //!     .await
 //!     .expect_err("every attempt fails");
 //! // `{error:#}` says what failed and every cause: what a program prints for its user.
@@ -166,7 +169,8 @@
 //! A [`Backend`](backend::Backend) sets up a framework around the workers' lifecycle and
 //! gives them its environment. Implement it under [`#[async_trait]`](macro@async_trait);
 //! the [`BackendContext`](backend::BackendContext) of each hook knows the workers and their
-//! ranks, and finds free ports and addresses on them. A backend that is `Clone` is given to [`Trainer::new`] directly:
+//! ranks, and finds free ports and addresses on them. A backend that is `Clone` is given to
+//! [`Trainer::backend`] directly:
 //!
 //! ```
 //! use std::collections::BTreeMap;
@@ -201,9 +205,10 @@
 //!     Ok(serde_json::json!(task.var("COORDINATOR")))
 //! });
 //! let cluster = SimRuntime::new([SimNode::new("node-a").ip("10.0.0.1").cpus(2)]).with_functions(functions);
-//! let result = Trainer::new(Arc::new(cluster), &Coordinator, function_task("where", serde_json::Value::Null))
+//! let result = Trainer::builder(Arc::new(cluster))
+//!     .backend(&Coordinator)
 //!     .scaling_config(ScalingConfig::default().num_workers(2))
-//!     .fit()
+//!     .fit(&TaskSpec::function("where", serde_json::Value::Null))
 //!     .await?;
 //! assert_eq!(result.returns[0], result.returns[1]);
 //! assert!(result.returns[0].as_str().is_some_and(|a| a.starts_with("10.0.0.1:")));
@@ -217,23 +222,17 @@ mod error;
 mod trainer;
 
 pub use error::{Error, Result};
-pub use trainer::{Trainer, command_task, function_task};
+pub use trainer::Trainer;
 #[cfg(feature = "local")]
 pub use trainyard_agent::run_if_agent;
 pub use trainyard_backend_executor::{FitReport, async_trait};
 
-#[cfg(feature = "local")]
-#[doc(inline)]
-pub use trainyard_agent as agent;
 #[doc(inline)]
 pub use trainyard_backend_executor as backend;
 #[doc(inline)]
 pub use trainyard_checkpoint as checkpoint;
 #[doc(inline)]
 pub use trainyard_config as config;
-#[cfg(feature = "local")]
-#[doc(inline)]
-pub use trainyard_hub as hub;
 #[doc(inline)]
 pub use trainyard_resources as resources;
 #[doc(inline)]
@@ -270,7 +269,7 @@ pub mod prelude {
 
     #[cfg(feature = "local")]
     pub use crate::run_if_agent;
-    pub use crate::{Error, Result, Trainer, command_task, function_task};
+    pub use crate::{Error, Result, Trainer};
     #[cfg(feature = "local")]
     pub use trainyard_runtime_local::{LocalConfig, LocalRuntime};
 }

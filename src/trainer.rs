@@ -1,9 +1,8 @@
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::mpsc::Sender;
 use trainyard_backend_executor::{
-    Backend, BackendConfig, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, RunEvent,
+    BackendConfig, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, RunEvent,
     StacksTrigger, StopTrigger,
 };
 use trainyard_config::{RunConfig, ScalingConfig};
@@ -11,35 +10,10 @@ use trainyard_runtime::{ActorRuntime, TaskSpec};
 
 use crate::Result;
 
-/// A task that runs the Rust function registered under `name` with `arg`.
-#[must_use]
-pub fn function_task(name: impl Into<String>, arg: serde_json::Value) -> TaskSpec {
-    TaskSpec::Function {
-        name: name.into(),
-        arg,
-        env: BTreeMap::new(),
-    }
-}
-
-/// A task that runs `program` with `args` (for example `python train.py`).
-#[must_use]
-pub fn command_task<I, S>(program: impl Into<String>, args: I) -> TaskSpec
-where
-    I: IntoIterator<Item = S>,
-    S: Into<String>,
-{
-    TaskSpec::Command {
-        program: program.into(),
-        args: args.into_iter().map(Into::into).collect(),
-        env: BTreeMap::new(),
-    }
-}
-
-/// A training run: a task, a backend, a scaling config, a run config and a runtime.
+/// A training run: a runtime, a backend, a scaling config, a run config and the knobs.
 ///
-/// Build one with [`Trainer::new`] (any backend, a custom one included) or
-/// [`Trainer::torch`] (PyTorch's environment), set what differs from the defaults, then
-/// [`fit`](Trainer::fit):
+/// Start from [`Trainer::builder`] (no backend, one CPU worker, the default run config),
+/// set what differs, then [`fit`](Trainer::fit) a task:
 ///
 /// ```
 /// use std::sync::Arc;
@@ -49,13 +23,14 @@ where
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> trainyard::Result<()> {
 /// let functions = FunctionRegistry::new().register("train", |task| async move {
 ///     let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
-///     ctx.report(serde_json::json!({"rank": ctx.world_rank().0}).as_object().cloned().unwrap_or_default());
+///     ctx.report(serde_json::json!({"rank": ctx.world_rank().0})).map_err(|e| e.to_string())?;
 ///     Ok(serde_json::json!(ctx.world_rank().0))
 /// });
 /// let cluster = SimRuntime::new([SimNode::new("node-0").cpus(2)]).with_functions(functions);
-/// let result = Trainer::new(Arc::new(cluster), &NoBackend, function_task("train", serde_json::Value::Null))
+/// let result = Trainer::builder(Arc::new(cluster))
+///     .backend(&NoBackend)
 ///     .scaling_config(ScalingConfig::default().num_workers(2))
-///     .fit()
+///     .fit(&TaskSpec::function("train", serde_json::Value::Null))
 ///     .await?;
 /// assert_eq!(result.returns, [serde_json::json!(0), serde_json::json!(1)]);
 /// assert_eq!(result.attempts, 1);
@@ -63,128 +38,88 @@ where
 /// ```
 #[derive(Debug)]
 pub struct Trainer {
-    runtime: Arc<dyn ActorRuntime>,
-    backend: Arc<dyn Backend>,
-    task: TaskSpec,
-    scaling: ScalingConfig,
-    run: RunConfig,
-    options: ExecutorOptions,
-    events: Option<Sender<RunEvent>>,
-    stacks: Option<StacksTrigger>,
-    stop: Option<StopTrigger>,
+    executor: BackendExecutor,
 }
 
 impl Trainer {
-    /// A trainer running `task` with `backend` on `runtime`, one CPU worker by default.
-    ///
-    /// `backend` is a [`Backend`] that is `Clone` (such as
-    /// [`NoBackend`](trainyard_backend_executor::NoBackend) or your own), or a configuration
-    /// that builds one (such as `TorchConfig`).
+    /// A trainer on `runtime` with the defaults: no backend
+    /// ([`NoBackend`](trainyard_backend_executor::NoBackend)), one CPU worker, the default
+    /// run config and knobs.
     #[must_use]
-    pub fn new(
-        runtime: Arc<dyn ActorRuntime>,
-        backend: &dyn BackendConfig,
-        task: TaskSpec,
-    ) -> Self {
+    pub fn builder(runtime: Arc<dyn ActorRuntime>) -> Self {
         Self {
-            runtime,
-            backend: backend.build(),
-            task,
-            scaling: ScalingConfig::default(),
-            run: RunConfig::default(),
-            options: ExecutorOptions::default(),
-            events: None,
-            stacks: None,
-            stop: None,
+            executor: BackendExecutor::new(runtime),
         }
     }
 
-    /// A trainer running `task` on `runtime` with PyTorch's process-group environment (the
-    /// default [`TorchConfig`](trainyard_torch_backend::TorchConfig); pass another one to
-    /// [`Trainer::new`]).
-    #[cfg(feature = "torch")]
+    /// Sets the backend: a [`Backend`](trainyard_backend_executor::Backend) that is `Clone`
+    /// (such as [`NoBackend`](trainyard_backend_executor::NoBackend) or your own), or a
+    /// configuration that builds one (such as `TorchConfig`, PyTorch's process-group
+    /// environment).
     #[must_use]
-    pub fn torch(runtime: Arc<dyn ActorRuntime>, task: TaskSpec) -> Self {
-        Self::new(
-            runtime,
-            &trainyard_torch_backend::TorchConfig::default(),
-            task,
-        )
+    pub fn backend(mut self, backend: &dyn BackendConfig) -> Self {
+        self.executor.backend = backend.build();
+        self
     }
 
     /// Sets the scaling config.
     #[must_use]
     pub fn scaling_config(mut self, scaling: ScalingConfig) -> Self {
-        self.scaling = scaling;
+        self.executor.scaling = scaling;
         self
     }
 
-    /// Sets the run config (name, failure policy, environment).
+    /// Sets the run config (name, failure policy, storage, environment).
     #[must_use]
     pub fn run_config(mut self, run: RunConfig) -> Self {
-        self.run = run;
+        self.executor.run = run;
         self
     }
 
     /// Sets the executor's knobs (placement timeout, patience, poll interval).
     #[must_use]
     pub fn executor_options(mut self, options: ExecutorOptions) -> Self {
-        self.options = options;
+        self.executor.options = options;
         self
     }
 
-    /// Streams reports, log lines and restarts to `events` as they happen (see
-    /// [`BackendExecutor::with_events`]: lines are dropped and counted when the channel is
-    /// full; everything else waits for room).
+    /// Streams reports, log lines and restarts to `events` as they happen. The channel is
+    /// bounded: when it is full, output lines are dropped and counted
+    /// ([`RunEvent::LogsDropped`]); every other event waits for room.
     #[must_use]
     pub fn events(mut self, events: Sender<RunEvent>) -> Self {
-        self.events = Some(events);
+        self.executor.events = Some(events);
         self
     }
 
     /// Captures and streams every rank's stacks ([`RunEvent::Stacks`]) whenever `trigger` is
-    /// pulled while the run goes on (see [`BackendExecutor::with_stacks_trigger`]).
+    /// pulled while the run goes on.
     #[must_use]
     pub fn stacks_trigger(mut self, trigger: StacksTrigger) -> Self {
-        self.stacks = Some(trigger);
+        self.executor.stacks_trigger = trigger;
         self
     }
 
     /// Stops the run gracefully when `trigger` is pulled: the tasks are stopped while their
     /// last output is still streamed, and [`fit`](Trainer::fit) returns
-    /// `ExecutorError::Interrupted` (see [`BackendExecutor::with_stop_trigger`]).
+    /// `ExecutorError::Interrupted`.
     #[must_use]
     pub fn stop_trigger(mut self, trigger: StopTrigger) -> Self {
-        self.stop = Some(trigger);
+        self.executor.stop_trigger = trigger;
         self
     }
 
-    /// Runs the task on every worker until it finishes, restarting failed attempts as the
+    /// Runs `task` on every worker until it finishes, restarting failed attempts as the
     /// run's failure config allows. Nothing is left reserved or running afterwards.
     ///
     /// # Errors
     /// [`Error::Config`](crate::Error::Config) for invalid configs, and
     /// [`Error::Executor`](crate::Error::Executor) when the run cannot be scheduled or fails
     /// beyond `max_failures` (its `TrainingFailed` report names the failed ranks).
-    pub async fn fit(self) -> Result<FitReport> {
-        let config_error = |e| match e {
+    pub async fn fit(self, task: &TaskSpec) -> Result<FitReport> {
+        self.executor.fit(task).await.map_err(|e| match e {
             ExecutorError::Config(e) => crate::Error::Config(e),
             other => crate::Error::Executor(other),
-        };
-        let mut executor = BackendExecutor::new(self.runtime, self.backend, self.scaling)
-            .map_err(config_error)?
-            .with_run_config(self.run)
-            .map_err(config_error)?
-            .with_options(self.options);
-        if let Some(events) = self.events {
-            executor = executor.with_events(events);
-        }
-        if let Some(trigger) = self.stacks {
-            executor = executor.with_stacks_trigger(trigger);
-        }
-        if let Some(trigger) = self.stop {
-            executor = executor.with_stop_trigger(trigger);
-        }
-        executor.fit(&self.task).await.map_err(config_error)
+        })
     }
 }

@@ -15,12 +15,8 @@ fn functions() -> FunctionRegistry {
         let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
         for epoch in 0..3u32 {
             let loss = 1.0 / f64::from(epoch + 1 + ctx.world_rank().0);
-            ctx.report(
-                json!({"epoch": epoch, "loss": loss})
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
-            );
+            ctx.report(json!({"epoch": epoch, "loss": loss}))
+                .map_err(|e| e.to_string())?;
             ctx.print(format!("epoch {epoch} done"));
         }
         if ctx.restart_count() == 0
@@ -59,7 +55,8 @@ fn options() -> ExecutorOptions {
 async fn torch_trainer_fits_with_memory_per_worker_and_streams_reports() {
     let sim = cluster();
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
-    let result = Trainer::torch(Arc::new(sim.clone()), function_task("train", Value::Null))
+    let result = Trainer::builder(Arc::new(sim.clone()))
+        .backend(&TorchConfig::default())
         .scaling_config(
             ScalingConfig::default()
                 .num_workers(4)
@@ -67,7 +64,7 @@ async fn torch_trainer_fits_with_memory_per_worker_and_streams_reports() {
         )
         .executor_options(options())
         .events(tx)
-        .fit()
+        .fit(&TaskSpec::function("train", Value::Null))
         .await
         .expect("the run succeeds");
     assert_eq!(result.attempts, 1);
@@ -103,16 +100,14 @@ async fn torch_trainer_fits_with_memory_per_worker_and_streams_reports() {
 #[tokio::test]
 async fn a_failed_attempt_is_restarted_and_recorded() {
     let sim = cluster();
-    let result = Trainer::torch(
-        Arc::new(sim.clone()),
-        function_task("train", json!("fail first attempt")),
-    )
-    .scaling_config(ScalingConfig::default().num_workers(2))
-    .run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
-    .executor_options(options())
-    .fit()
-    .await
-    .expect("the second attempt succeeds");
+    let result = Trainer::builder(Arc::new(sim.clone()))
+        .backend(&TorchConfig::default())
+        .scaling_config(ScalingConfig::default().num_workers(2))
+        .run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
+        .executor_options(options())
+        .fit(&TaskSpec::function("train", json!("fail first attempt")))
+        .await
+        .expect("the second attempt succeeds");
     assert_eq!(result.attempts, 2);
     assert_eq!(
         result.failures,
@@ -136,20 +131,17 @@ async fn a_failed_attempt_is_restarted_and_recorded() {
 #[tokio::test]
 async fn errors_wrap_the_layer_error_as_their_source() {
     let sim = cluster();
-    let err = Trainer::new(
-        Arc::new(sim.clone()),
-        &NoBackend,
-        function_task("train", Value::Null),
-    )
-    .scaling_config(
-        ScalingConfig::default()
-            .num_workers(1)
-            .resources_per_worker("memory=10GB".parse().expect("dict")),
-    )
-    .executor_options(options())
-    .fit()
-    .await
-    .expect_err("10 GB fits on no node");
+    let err = Trainer::builder(Arc::new(sim.clone()))
+        .backend(&NoBackend)
+        .scaling_config(
+            ScalingConfig::default()
+                .num_workers(1)
+                .resources_per_worker("memory=10GB".parse().expect("dict")),
+        )
+        .executor_options(options())
+        .fit(&TaskSpec::function("train", Value::Null))
+        .await
+        .expect_err("10 GB fits on no node");
     assert!(
         matches!(err, Error::Executor(ExecutorError::Unschedulable(_))),
         "{err:?}"
@@ -158,15 +150,12 @@ async fn errors_wrap_the_layer_error_as_their_source() {
     assert!(text.contains("memory"), "{text}");
     assert_eq!(sim.placement_group_count(), 0);
 
-    let err = Trainer::new(
-        Arc::new(sim),
-        &NoBackend,
-        function_task("train", Value::Null),
-    )
-    .scaling_config(ScalingConfig::default().num_workers(0))
-    .fit()
-    .await
-    .expect_err("no workers");
+    let err = Trainer::builder(Arc::new(sim))
+        .backend(&NoBackend)
+        .scaling_config(ScalingConfig::default().num_workers(0))
+        .fit(&TaskSpec::function("train", Value::Null))
+        .await
+        .expect_err("no workers");
     assert!(matches!(err, Error::Config(_)), "{err:?}");
     assert!(
         err.source()

@@ -21,7 +21,7 @@ fn functions() -> FunctionRegistry {
             let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
             for step in 0..3u32 {
                 let metrics = json!({"step": step, "rank": ctx.world_rank().0});
-                ctx.report(metrics.as_object().cloned().unwrap_or_default());
+                ctx.report(metrics).map_err(|e| e.to_string())?;
             }
             ctx.print(format!("rank {} done", ctx.world_rank()));
             Ok(json!({
@@ -160,20 +160,18 @@ fn options() -> ExecutorOptions {
 async fn the_seed_scenario_runs_torch_workers_with_memory_per_worker_as_processes() {
     let runtime = local(4, 2).await;
     let (events, mut received) = tokio::sync::mpsc::channel(1024);
-    let result = Trainer::torch(
-        Arc::new(runtime.clone()),
-        function_task("train", Value::Null),
-    )
-    .scaling_config(
-        ScalingConfig::default()
-            .num_workers(2)
-            .resources_per_worker(r#"{"memory": 10000}"#.parse().expect("dict")),
-    )
-    .executor_options(options())
-    .events(events)
-    .fit()
-    .await
-    .expect("the run succeeds");
+    let result = Trainer::builder(Arc::new(runtime.clone()))
+        .backend(&TorchConfig::default())
+        .scaling_config(
+            ScalingConfig::default()
+                .num_workers(2)
+                .resources_per_worker(r#"{"memory": 10000}"#.parse().expect("dict")),
+        )
+        .executor_options(options())
+        .events(events)
+        .fit(&TaskSpec::function("train", Value::Null))
+        .await
+        .expect("the run succeeds");
     assert_eq!(result.returns.len(), 2);
     let pids: Vec<u64> = result
         .returns
@@ -209,17 +207,14 @@ async fn what_a_rust_function_prints_is_its_ranks_output_on_its_stream() {
 
     let runtime = local(2, 1).await;
     let (events, mut received) = tokio::sync::mpsc::channel(1024);
-    Trainer::new(
-        Arc::new(runtime.clone()),
-        &NoBackend,
-        function_task("print_rank", Value::Null),
-    )
-    .scaling_config(ScalingConfig::default().num_workers(2))
-    .executor_options(options())
-    .events(events)
-    .fit()
-    .await
-    .expect("the run succeeds");
+    Trainer::builder(Arc::new(runtime.clone()))
+        .backend(&NoBackend)
+        .scaling_config(ScalingConfig::default().num_workers(2))
+        .executor_options(options())
+        .events(events)
+        .fit(&TaskSpec::function("print_rank", Value::Null))
+        .await
+        .expect("the run succeeds");
     runtime.shutdown().await;
     let mut lines = Vec::new();
     while let Ok(event) = received.try_recv() {
@@ -260,22 +255,19 @@ async fn a_hung_rust_function_is_stopped_with_its_threads_state() {
     let storage = tempfile::tempdir().expect("a temporary directory");
     let (events, mut received) = tokio::sync::mpsc::channel(1024);
     let started = std::time::Instant::now();
-    let result = Trainer::new(
-        Arc::new(runtime.clone()),
-        &NoBackend,
-        function_task("sleep_on_rank_1", Value::Null),
-    )
-    .scaling_config(ScalingConfig::default().num_workers(2))
-    .run_config(
-        RunConfig::default()
-            .name("hung-function")
-            .storage_path(storage.path().display().to_string())
-            .hang_timeout(Duration::from_secs(2)),
-    )
-    .executor_options(options())
-    .events(events)
-    .fit()
-    .await;
+    let result = Trainer::builder(Arc::new(runtime.clone()))
+        .backend(&NoBackend)
+        .scaling_config(ScalingConfig::default().num_workers(2))
+        .run_config(
+            RunConfig::default()
+                .name("hung-function")
+                .storage_path(storage.path().display().to_string())
+                .hang_timeout(Duration::from_secs(2)),
+        )
+        .executor_options(options())
+        .events(events)
+        .fit(&TaskSpec::function("sleep_on_rank_1", Value::Null))
+        .await;
     let took = started.elapsed();
     let Err(trainyard::Error::Executor(ExecutorError::TrainingFailed { report })) = result else {
         panic!("the hang fails the run: {result:?}");
@@ -312,17 +304,14 @@ async fn a_hung_rust_function_is_stopped_with_its_threads_state() {
 #[tokio::test]
 async fn a_user_error_restarts_and_the_retry_succeeds() {
     let runtime = local(2, 1).await;
-    let result = Trainer::new(
-        Arc::new(runtime.clone()),
-        &NoBackend,
-        function_task("fail_on_rank_1", Value::Null),
-    )
-    .scaling_config(ScalingConfig::default().num_workers(2))
-    .run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
-    .executor_options(options())
-    .fit()
-    .await
-    .expect("the second attempt succeeds");
+    let result = Trainer::builder(Arc::new(runtime.clone()))
+        .backend(&NoBackend)
+        .scaling_config(ScalingConfig::default().num_workers(2))
+        .run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
+        .executor_options(options())
+        .fit(&TaskSpec::function("fail_on_rank_1", Value::Null))
+        .await
+        .expect("the second attempt succeeds");
     assert_eq!(result.attempts, 2);
     assert!(
         matches!(
@@ -342,16 +331,13 @@ async fn a_user_error_restarts_and_the_retry_succeeds() {
 #[tokio::test]
 async fn a_worker_process_that_exits_is_a_death_with_its_exit_code() {
     let runtime = local(2, 1).await;
-    let error = Trainer::new(
-        Arc::new(runtime.clone()),
-        &NoBackend,
-        function_task("exit_abruptly", Value::Null),
-    )
-    .scaling_config(ScalingConfig::default().num_workers(2))
-    .executor_options(options())
-    .fit()
-    .await
-    .expect_err("rank 0's process exits");
+    let error = Trainer::builder(Arc::new(runtime.clone()))
+        .backend(&NoBackend)
+        .scaling_config(ScalingConfig::default().num_workers(2))
+        .executor_options(options())
+        .fit(&TaskSpec::function("exit_abruptly", Value::Null))
+        .await
+        .expect_err("rank 0's process exits");
     let trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) = &error else {
         panic!("expected a failed run, got {error:?}");
     };
@@ -383,17 +369,14 @@ async fn a_worker_killed_at_each_step_restarts_once_and_leaves_nothing() {
         let runtime = local(2, 1).await;
         let total = runtime.cluster().await.expect("cluster").total();
         let faulty = KillActorAfterCalls::new(Arc::new(runtime.clone()), 1, calls);
-        let result = Trainer::new(
-            Arc::new(faulty),
-            &NoBackend,
-            function_task("train_a_while", Value::Null),
-        )
-        .scaling_config(ScalingConfig::default().num_workers(2))
-        .run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
-        .executor_options(options())
-        .fit()
-        .await
-        .unwrap_or_else(|e| panic!("killed after {calls} calls: the run fails: {e:?}"));
+        let result = Trainer::builder(Arc::new(faulty))
+            .backend(&NoBackend)
+            .scaling_config(ScalingConfig::default().num_workers(2))
+            .run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
+            .executor_options(options())
+            .fit(&TaskSpec::function("train_a_while", Value::Null))
+            .await
+            .unwrap_or_else(|e| panic!("killed after {calls} calls: the run fails: {e:?}"));
         // Calls to the second worker: its node, its task (with its environment), the stop.
         let (attempts, restarts) = if calls < 3 { (2, 1) } else { (1, 0) };
         assert_eq!(result.attempts, attempts, "killed after {calls} calls");
@@ -429,23 +412,20 @@ async fn rust_function_tasks_resume_from_the_latest_checkpoint_after_a_worker_di
     let runtime = local(2, 1).await;
     let storage = tempfile::tempdir().expect("tempdir");
     let (events, mut received) = tokio::sync::mpsc::channel(1024);
-    let result = Trainer::new(
-        Arc::new(runtime.clone()),
-        &NoBackend,
-        function_task("checkpoint_epochs", Value::Null),
-    )
-    .scaling_config(ScalingConfig::default().num_workers(2))
-    .run_config(
-        RunConfig::default()
-            .name("rust-resume")
-            .storage_path(storage.path().display().to_string())
-            .failure_config(FailureConfig::restarts(1)),
-    )
-    .executor_options(options())
-    .events(events)
-    .fit()
-    .await
-    .expect("the second attempt succeeds");
+    let result = Trainer::builder(Arc::new(runtime.clone()))
+        .backend(&NoBackend)
+        .scaling_config(ScalingConfig::default().num_workers(2))
+        .run_config(
+            RunConfig::default()
+                .name("rust-resume")
+                .storage_path(storage.path().display().to_string())
+                .failure_config(FailureConfig::restarts(1)),
+        )
+        .executor_options(options())
+        .events(events)
+        .fit(&TaskSpec::function("checkpoint_epochs", Value::Null))
+        .await
+        .expect("the second attempt succeeds");
     assert_eq!(result.attempts, 2);
     assert!(
         matches!(

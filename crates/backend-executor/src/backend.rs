@@ -217,9 +217,12 @@ impl BackendError {
 /// });
 /// let cluster = SimRuntime::new([SimNode::new("node-a").ip("10.0.0.1").cpus(2)]).with_functions(functions);
 /// let scaling = ScalingConfig::default().num_workers(2);
-/// let mut executor = BackendExecutor::new(Arc::new(cluster), Arc::new(Peers), scaling)?;
-/// let task = TaskSpec::Function { name: "peers".into(), arg: serde_json::Value::Null, env: BTreeMap::new() };
-/// let report = executor.fit(&task).await?;
+/// let executor = BackendExecutor {
+///     backend: Arc::new(Peers),
+///     scaling,
+///     ..BackendExecutor::new(Arc::new(cluster))
+/// };
+/// let report = executor.fit(&TaskSpec::function("peers", serde_json::Value::Null)).await?;
 /// assert_eq!(report.returns[0], report.returns[1]);
 /// assert!(report.returns[0].as_str().is_some_and(|peers| peers.starts_with("10.0.0.1:")));
 /// # Ok(()) }

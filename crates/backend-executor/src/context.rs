@@ -77,6 +77,21 @@ pub struct ContextError {
     pub found: Option<String>,
 }
 
+/// Metrics that cannot be reported: they are no JSON object of names and values.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetricsError {
+    /// Serializing them failed.
+    #[error("the metrics cannot be serialized")]
+    Serialize(#[source] serde_json::Error),
+    /// They serialize to another kind of JSON value.
+    #[error("the metrics are {found}, not an object of names and values")]
+    NotAnObject {
+        /// The kind of value they are (`an array`, `a number`, ...).
+        found: &'static str,
+    },
+}
+
 /// What a Rust training function knows about its place in the run, and how it reports.
 ///
 /// ```
@@ -189,9 +204,44 @@ impl TrainContext {
         self.task.env()
     }
 
-    /// Reports metrics to the driver (they arrive tagged with this worker's rank).
-    pub fn report(&self, metrics: serde_json::Map<String, serde_json::Value>) {
-        self.task.report(metrics);
+    /// Reports metrics to the driver (they arrive tagged with this worker's rank): anything
+    /// that serializes to a JSON object of names and values (a struct, a map,
+    /// `serde_json::json!({"loss": 0.5})`).
+    ///
+    /// ```
+    /// use trainyard_backend_executor::{MetricsError, RankInfo, TrainContext, WorldRank, rank_env};
+    /// use trainyard_runtime::TaskContext;
+    ///
+    /// #[derive(serde::Serialize)]
+    /// struct Metrics {
+    ///     loss: f64,
+    /// }
+    ///
+    /// let rank = RankInfo { world_rank: WorldRank(0), world_size: 1, local_rank: 0, local_world_size: 1, node_rank: 0 };
+    /// let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    /// let ctx = TrainContext::new(TaskContext::new(().into(), rank_env(&rank, 0, "demo"), tx))?;
+    /// ctx.report(Metrics { loss: 0.5 })?;
+    /// ctx.report(serde_json::json!({"epoch": 1}))?;
+    /// assert!(matches!(ctx.report(0.5), Err(MetricsError::NotAnObject { found: "a number" })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`MetricsError`] when `metrics` does not serialize to a JSON object; nothing is
+    /// reported then.
+    pub fn report(&self, metrics: impl serde::Serialize) -> Result<(), MetricsError> {
+        let found = match serde_json::to_value(metrics).map_err(MetricsError::Serialize)? {
+            serde_json::Value::Object(metrics) => {
+                self.task.report(metrics);
+                return Ok(());
+            }
+            serde_json::Value::Null => "null",
+            serde_json::Value::Bool(_) => "a boolean",
+            serde_json::Value::Number(_) => "a number",
+            serde_json::Value::String(_) => "a string",
+            serde_json::Value::Array(_) => "an array",
+        };
+        Err(MetricsError::NotAnObject { found })
     }
 
     /// Reports metrics with a checkpoint, as Ray Train's `train.report(metrics,

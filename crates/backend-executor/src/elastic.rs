@@ -1,11 +1,15 @@
-//! Elastic runs: how many workers fit now ([`workers_that_fit`]), and the resizes between
-//! attempts that [`BackendExecutor::fit`](crate::BackendExecutor::fit) makes.
+//! Elastic runs: how many workers fit now ([`workers_that_fit`]), and the size of each
+//! attempt ([`Sizer`]) that [`BackendExecutor::fit`](crate::BackendExecutor::fit) makes.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use trainyard_config::{ConfigError, ScalingConfig};
+use tracing::warn;
+use trainyard_config::{ConfigError, PlacementGroupFactory, PlacementStrategy, ScalingConfig};
 use trainyard_resources::Resources;
 use trainyard_runtime::placement::place;
-use trainyard_runtime::{ClusterSnapshot, NodeId};
+use trainyard_runtime::{ActorRuntime, ClusterSnapshot, NodeId, PlacementGroupId};
 
 /// Why an elastic run's world size changed between two attempts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -96,6 +100,187 @@ pub(crate) fn room_with(cluster: &ClusterSnapshot, held: &[(NodeId, Resources)])
                 })
         })
         .collect()
+}
+
+/// How long an elastic run waits for the bundles of the workers it would grow by before it
+/// takes the room it saw for a stale view.
+const ROOM_PROBE_WAIT: Duration = Duration::from_secs(3);
+
+/// The size of each attempt of a run: the fixed number, or for an elastic run what fits on
+/// the cluster; and, while an elastic attempt runs below its maximum, when more would fit.
+#[derive(Debug, Clone)]
+pub(crate) struct Sizer {
+    runtime: Arc<dyn ActorRuntime>,
+    scaling: ScalingConfig,
+    /// How long reading the cluster, or reserving a group, may take.
+    limit: Duration,
+    /// What the attempt before held (each bundle and its node): released, though a
+    /// cluster's view of what is free may not show it yet.
+    released: Vec<(NodeId, Resources)>,
+}
+
+impl Sizer {
+    /// Sizes the attempts of `scaling` on `runtime`, giving each read of the cluster `limit`.
+    pub(crate) fn new(
+        runtime: Arc<dyn ActorRuntime>,
+        scaling: ScalingConfig,
+        limit: Duration,
+    ) -> Self {
+        Self {
+            runtime,
+            scaling,
+            limit,
+            released: Vec::new(),
+        }
+    }
+
+    /// Whether the run's size is a range.
+    pub(crate) fn is_elastic(&self) -> bool {
+        self.scaling.num_workers.is_elastic()
+    }
+
+    /// The attempt that just ended held `held`.
+    pub(crate) fn released(&mut self, held: Vec<(NodeId, Resources)>) {
+        self.released = held;
+    }
+
+    /// The world size of the next attempt: the fixed number; for an elastic run, as many as
+    /// fit now (up to its maximum), or its minimum when fewer fit (the attempt then waits
+    /// for room as a fixed run does); after a stop to grow, at least the size it found room
+    /// for. What the attempt before held counts as free: Ray's view shows it released, and a
+    /// node that joined, only a while later. Where the view was right, a group too large for
+    /// what is left is cut down as it waits (see [`Sizer::wait_slice`]).
+    pub(crate) async fn next_world_size(&self, grow_to: Option<u32>) -> u32 {
+        let range = self.scaling.num_workers;
+        if !range.is_elastic() {
+            return range.max();
+        }
+        let fit = self
+            .workers_fitting(&self.released)
+            .await
+            .unwrap_or(range.min());
+        range.clamp(fit.max(grow_to.unwrap_or(0)))
+    }
+
+    /// How long an attempt of `world_size` workers waits for its group at a time, with `left`
+    /// until the placement timeout: an elastic run above its minimum waits a resize interval
+    /// at a time, and starts with fewer workers when fewer fit by then (a node was lost, or
+    /// the cluster's view of free resources was stale when the size was chosen).
+    pub(crate) fn wait_slice(&self, world_size: u32, left: Duration) -> Duration {
+        let range = self.scaling.num_workers;
+        if range.is_elastic() && world_size > range.min() {
+            left.min(self.scaling.resize_every())
+        } else {
+            left
+        }
+    }
+
+    /// How many workers fit on the cluster now, with `held` (the run's own bundles) given
+    /// back first; `None` when not even the minimum fits or the cluster cannot be read.
+    pub(crate) async fn workers_fitting(&self, held: &[(NodeId, Resources)]) -> Option<u32> {
+        let cluster = match tokio::time::timeout(self.limit, self.runtime.cluster()).await {
+            Ok(Ok(cluster)) => cluster,
+            Ok(Err(e)) => {
+                warn!(error = %e, "cannot read the cluster's free resources to size the run");
+                return None;
+            }
+            Err(_) => {
+                warn!("reading the cluster's free resources to size the run timed out");
+                return None;
+            }
+        };
+        workers_that_fit(&self.scaling, &room_with(&cluster, held))
+            .ok()
+            .flatten()
+    }
+
+    /// Whether an attempt of `world_size` workers looks for room to grow while it trains:
+    /// an elastic run below its maximum.
+    pub(crate) fn can_grow(&self, world_size: usize) -> bool {
+        let range = self.scaling.num_workers;
+        range.is_elastic() && world_size < range.max() as usize
+    }
+
+    /// Waits until more than `world_size` workers fit with the attempt's `held` bundles
+    /// given back, looking every resize interval and whenever the runtime says what is free
+    /// changed; how many fit then.
+    pub(crate) async fn room_to_grow(&self, held: &[(NodeId, Resources)], world_size: u32) -> u32 {
+        let interval = self.scaling.resize_every();
+        loop {
+            self.runtime.free_changed(interval).await;
+            match self.workers_fitting(held).await {
+                Some(n) if n > world_size && self.room_is_real(n, world_size).await => return n,
+                _ => {}
+            }
+        }
+    }
+
+    /// Whether the runtime reserves the bundles of the workers beyond `world_size` to grow
+    /// to `n` (a group reserved and released at once): a cluster's view of what is free can
+    /// lag behind what it holds (Ray's does), and a resize that then does not fit would stop
+    /// the attempt for nothing.
+    async fn room_is_real(&self, n: u32, world_size: u32) -> bool {
+        let Ok(worker) = self.scaling.worker_resources() else {
+            return false;
+        };
+        let strategy = match self.scaling.placement_strategy {
+            PlacementStrategy::Pack | PlacementStrategy::StrictPack => PlacementStrategy::Pack,
+            PlacementStrategy::Spread | PlacementStrategy::StrictSpread => {
+                PlacementStrategy::Spread
+            }
+        };
+        let extra = PlacementGroupFactory {
+            bundles: vec![worker; n.saturating_sub(world_size) as usize],
+            strategy,
+        };
+        let limit = self.limit;
+        let Ok(Ok(pg)) =
+            tokio::time::timeout(limit, self.runtime.create_placement_group(&extra)).await
+        else {
+            return false;
+        };
+        // Removed however this ends: the attempt may end while the group waits.
+        let mut probe = Probe(Arc::clone(&self.runtime), Some(pg));
+        let wait = ROOM_PROBE_WAIT.min(self.scaling.resize_every());
+        let reserved = self
+            .runtime
+            .wait_placement_group_ready(pg, wait)
+            .await
+            .is_ok();
+        probe.1 = None;
+        match tokio::time::timeout(limit, self.runtime.remove_placement_group(pg)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(%pg, error = %e, "removing the group that looked for room failed"),
+            Err(_) => warn!(%pg, "removing the group that looked for room timed out"),
+        }
+        if !reserved {
+            tracing::debug!(
+                n,
+                "the cluster's view showed room that could not be reserved"
+            );
+        }
+        reserved
+    }
+}
+
+/// A placement group that only looks for room, removed in the background when dropped
+/// before it is taken out.
+struct Probe(Arc<dyn ActorRuntime>, Option<PlacementGroupId>);
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let (runtime, Some(pg)) = (Arc::clone(&self.0), self.1.take()) else {
+            return;
+        };
+        // Dropped only on the executor's tokio runtime.
+        if let Ok(tokio) = tokio::runtime::Handle::try_current() {
+            tokio.spawn(async move {
+                if let Err(e) = runtime.remove_placement_group(pg).await {
+                    warn!(%pg, error = %e, "removing the group that looked for room failed");
+                }
+            });
+        }
+    }
 }
 
 #[cfg(test)]

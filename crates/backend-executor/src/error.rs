@@ -77,12 +77,6 @@ pub enum ExecutorError {
         /// Its folder.
         path: String,
     },
-    /// `start` or `fit` was called while workers are started.
-    #[error("the backend executor is already started: call shutdown() first")]
-    AlreadyStarted,
-    /// The executor was used before `start` or after `shutdown`.
-    #[error("the backend executor is not started: call start() first")]
-    NotStarted,
 }
 
 /// An error and its sources on one line.

@@ -1,5 +1,5 @@
 //! Hung ranks: a progress deadline per rank ([`Progress`]), and every rank's stacks captured
-//! when one passes or when a user asks ([`StacksTrigger`]).
+//! when one passes or when a user asks ([`StacksTrigger`](crate::StacksTrigger)).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
 use tokio::time::Instant;
-use trainyard_runtime::ActorRuntimeExt as _;
 use trainyard_runtime::stacks::TaskStacks;
+use trainyard_runtime::{ActorId, ActorRuntime, ActorRuntimeExt as _};
 
-use crate::executor::rank_of;
-use crate::{BackendExecutor, WorldRank};
+use crate::WorldRank;
+use crate::ranks::rank_of;
 
 /// How long capturing every rank's stacks may take in all; a rank whose worker has not
 /// answered by then is shown without them.
@@ -22,38 +21,13 @@ pub const STACKS_LIMIT: Duration = Duration::from_secs(4);
 /// How many innermost frames a rank's line shows.
 const SUMMARY_FRAMES: usize = 3;
 
-/// Asks a running [`BackendExecutor`] to capture and stream every rank's stacks
-/// ([`crate::RunEvent::Stacks`]) without stopping anything, as `SIGQUIT` does for
-/// `trainyard run`. Cheap to clone; a request made while nothing runs waits for the next
-/// attempt.
-#[derive(Debug, Clone, Default)]
-pub struct StacksTrigger(Arc<Notify>);
-
-impl StacksTrigger {
-    /// A trigger no one has pulled.
-    #[must_use]
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Asks for the stacks (requests made before they are served count once).
-    pub fn request(&self) {
-        self.0.notify_one();
-    }
-
-    /// Waits for a request.
-    pub(crate) async fn requested(&self) {
-        self.0.notified().await;
-    }
-}
-
 /// Why stacks were captured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StacksReason {
     /// A rank made no progress within the hang timeout; the attempt is stopped next.
     Hung,
-    /// Someone asked ([`StacksTrigger`], `SIGQUIT`); the run goes on.
+    /// Someone asked ([`StacksTrigger`](crate::StacksTrigger), `SIGQUIT`); the run goes on.
     Requested,
 }
 
@@ -159,40 +133,38 @@ impl Progress {
     }
 }
 
-impl BackendExecutor {
-    /// Every rank's stacks, asked of all workers at once; bounded by [`STACKS_LIMIT`].
-    pub(crate) async fn capture_stacks(&self) -> Vec<RankStacks> {
-        let Some(group) = self.worker_group() else {
-            return Vec::new();
-        };
-        let calls = group
-            .workers()
-            .iter()
-            .map(|worker| tokio::time::timeout(STACKS_LIMIT, self.runtime.stacks(worker.actor)));
-        join_all(calls)
-            .await
-            .into_iter()
-            .enumerate()
-            .map(|(i, answer)| {
-                let (stacks, error) = match answer {
-                    Ok(Ok(stacks)) => (Some(stacks), None),
-                    Ok(Err(error)) => (None, Some(error.to_string())),
-                    Err(_) => (
-                        None,
-                        Some(format!(
-                            "its worker did not answer within {} s",
-                            STACKS_LIMIT.as_secs()
-                        )),
-                    ),
-                };
-                RankStacks {
-                    rank: rank_of(i),
-                    stacks,
-                    error,
-                }
-            })
-            .collect()
-    }
+/// Every rank's stacks (`actors` in world-rank order), asked of all workers at once; bounded
+/// by [`STACKS_LIMIT`].
+pub(crate) async fn capture_stacks(
+    runtime: &Arc<dyn ActorRuntime>,
+    actors: &[ActorId],
+) -> Vec<RankStacks> {
+    let calls = actors
+        .iter()
+        .map(|actor| tokio::time::timeout(STACKS_LIMIT, runtime.stacks(*actor)));
+    join_all(calls)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, answer)| {
+            let (stacks, error) = match answer {
+                Ok(Ok(stacks)) => (Some(stacks), None),
+                Ok(Err(error)) => (None, Some(error.to_string())),
+                Err(_) => (
+                    None,
+                    Some(format!(
+                        "its worker did not answer within {} s",
+                        STACKS_LIMIT.as_secs()
+                    )),
+                ),
+            };
+            RankStacks {
+                rank: rank_of(i),
+                stacks,
+                error,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use trainyard_backend_executor::{BackendExecutor, NoBackend, TrainContext};
+//! use trainyard_backend_executor::{BackendExecutor, TrainContext};
 //! use trainyard_config::{FailureConfig, RunConfig, ScalingConfig};
 //! use trainyard_runtime::sim::{SimNode, SimRuntime};
 //! use trainyard_runtime::{FunctionRegistry, TaskSpec};
@@ -21,7 +21,7 @@
 //! // What every worker runs: it reads its ranks, reports, and returns its local rank.
 //! let functions = FunctionRegistry::new().register("train", |task| async move {
 //!     let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
-//!     ctx.report(serde_json::Map::from_iter([("loss".into(), 0.5.into())]));
+//!     ctx.report(serde_json::json!({"loss": 0.5})).map_err(|e| e.to_string())?;
 //!     Ok(ctx.local_rank().into())
 //! });
 //! let nodes = [SimNode::new("node-a").cpus(2), SimNode::new("node-b").cpus(2)];
@@ -33,11 +33,9 @@
 //!     .name("demo")
 //!     .storage_path(results.path().display().to_string())
 //!     .failure_config(FailureConfig::restarts(1));
-//! let mut executor = BackendExecutor::new(cluster, Arc::new(NoBackend), scaling)?
-//!     .with_run_config(run)?;
+//! let executor = BackendExecutor { scaling, run, ..BackendExecutor::new(cluster) };
 //!
-//! let task = TaskSpec::Function { name: "train".into(), arg: ().into(), env: Default::default() };
-//! let report = executor.fit(&task).await?;
+//! let report = executor.fit(&TaskSpec::function("train", ().into())).await?;
 //! assert!(report.attempts == 1 && report.metrics.iter().all(Option::is_some));
 //! assert_eq!(report.returns, [0, 1, 0, 1].map(serde_json::Value::from));
 //! # Ok(()) }
@@ -62,28 +60,48 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # How a run goes
+//!
+//! [`BackendExecutor::fit`] opens the run's folder and hands the run to its loop, the one
+//! place that owns the folder, the rank logs, the [`StopTrigger`], the [`StacksTrigger`] and
+//! the listener of [`RunEvent`]s. For each attempt the loop asks its sizer how many workers
+//! to start (the fixed number, or what fits for an elastic run), reserves the placement
+//! group, and starts an attempt: the worker group, its ranks and environment, the task on
+//! every worker. The attempt reports what its ranks do (reports, lines, root causes,
+//! exits, deaths, hangs) and nothing else; the loop books reports towards checkpoints,
+//! writes lines to the rank logs, passes both on, and decides when the attempt ends. What
+//! follows an attempt is a pure function of the attempts so far and how the last one ended:
+//! restart after a backoff, resize, finish or fail.
+//!
 //! # Main types
 //!
-//! - [`BackendExecutor`], with [`ExecutorOptions`]; [`FitReport`] and [`RunEvent`] tell what
+//! - [`BackendExecutor`], with [`ExecutorOptions`], [`StopTrigger`] and [`StacksTrigger`]:
+//!   what a run is made of; its `fit` runs it. [`FitReport`] and [`RunEvent`] tell what
 //!   happened; [`ExecutorError`] and [`AttemptFailure`] what went wrong ([`classify`]).
 //! - [`Backend`] and [`BackendConfig`]: framework hooks ([`NoBackend`] sets up nothing).
 //! - [`TrainContext`]: a worker's ranks, reports and output, inside its task.
 //! - [`assign_ranks`] ([`RankInfo`], [`WorldRank`]) and [`shared_ids`] ([`SharingRule`]).
 
+mod attempt;
 mod backend;
 mod context;
 mod elastic;
 mod error;
 mod executor;
 mod failure;
-mod follow;
 mod hang;
 mod logs;
+mod options;
+mod policy;
 mod ranks;
 mod report;
 mod run_folder;
+mod run_loop;
 mod sharing;
+mod sink;
+mod tally;
 pub mod timings;
+mod triggers;
 
 /// The attribute that [`Backend`] implementations go under (from the `async-trait` crate).
 pub use async_trait::async_trait;
@@ -91,20 +109,20 @@ pub use backend::{
     Backend, BackendConfig, BackendContext, BackendError, NoBackend, WorkerAddress, WorkerEnv,
 };
 pub use context::{
-    ContextError, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, RESTART_COUNT, RUN_NAME, TrainContext,
-    WORLD_RANK, WORLD_SIZE, rank_env,
+    ContextError, LOCAL_RANK, LOCAL_WORLD_SIZE, MetricsError, NODE_RANK, RESTART_COUNT, RUN_NAME,
+    TrainContext, WORLD_RANK, WORLD_SIZE, rank_env,
 };
 pub use elastic::{ResizeReason, workers_that_fit};
 pub use error::ExecutorError;
-pub use executor::{
-    BackendExecutor, DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, LAST_LINES, RESTARTS_TARGET,
-    StopTrigger, unique_run_name,
-};
+pub use executor::BackendExecutor;
 pub use failure::{AttemptFailure, Backoff, Disposition, classify};
-pub use hang::{RankStacks, STACKS_LIMIT, StacksReason, StacksTrigger, full_dump};
+pub use hang::{RankStacks, STACKS_LIMIT, StacksReason, full_dump};
+pub use options::{DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, RESTARTS_TARGET, unique_run_name};
 pub use ranks::{RankInfo, WorldRank, assign_ranks};
 pub use report::{FitReport, RunEvent, StartedWorker};
 pub use run_folder::CheckpointResult;
 pub use sharing::{
     AcceleratorView, MissingAcceleratorIds, SharingRule, accelerator_env, default_rules, shared_ids,
 };
+pub use tally::LAST_LINES;
+pub use triggers::{StacksTrigger, StopTrigger};

@@ -32,6 +32,11 @@ pub struct RankInfo {
     pub node_rank: u32,
 }
 
+/// The world rank of the worker at index `worker` of a group sorted in world-rank order.
+pub(crate) fn rank_of(worker: usize) -> WorldRank {
+    WorldRank(u32::try_from(worker).unwrap_or(u32::MAX))
+}
+
 /// Assigns ranks to workers given each worker's node, in world-rank order: the local rank
 /// counts the workers seen so far on the same node, the node rank numbers nodes in order of
 /// first appearance (as Ray Train's `_create_rank_world_size_mappings`, keyed by node id so

@@ -9,8 +9,8 @@ mod common;
 
 use serde_json::{Value, json};
 use trainyard_backend_executor::{
-    AttemptFailure, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, NoBackend,
-    SharingRule, TrainContext, WorldRank, default_rules,
+    AttemptFailure, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, SharingRule,
+    TrainContext, WorldRank, default_rules,
 };
 use trainyard_config::{FailureConfig, PlacementStrategy, RunConfig, ScalingConfig};
 use trainyard_resources::Resources;
@@ -42,12 +42,8 @@ fn functions() -> FunctionRegistry {
             if ctx.world_rank().0 == 0 && u64::from(ctx.restart_count()) < until {
                 return Err(format!("attempt {} fails", ctx.restart_count()));
             }
-            ctx.report(
-                json!({"restart_count": ctx.restart_count()})
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
-            );
+            ctx.report(json!({"restart_count": ctx.restart_count()}))
+                .map_err(|e| e.to_string())?;
             Ok(json!(ctx.restart_count()))
         })
         .register("preempted_until", |task| async move {
@@ -70,7 +66,7 @@ fn functions() -> FunctionRegistry {
 }
 
 fn task(name: &str) -> TaskSpec {
-    common::function_task(name, Value::Null)
+    TaskSpec::function(name, Value::Null)
 }
 
 fn fast() -> ExecutorOptions {
@@ -83,9 +79,11 @@ fn fast() -> ExecutorOptions {
 }
 
 fn executor(sim: &SimRuntime, scaling: ScalingConfig) -> BackendExecutor {
-    BackendExecutor::new(Arc::new(sim.clone()), Arc::new(NoBackend), scaling)
-        .expect("valid scaling config")
-        .with_options(fast())
+    BackendExecutor {
+        scaling,
+        options: fast(),
+        ..BackendExecutor::new(Arc::new(sim.clone()))
+    }
 }
 
 fn one_node(cpus: u64) -> SimRuntime {
@@ -129,21 +127,40 @@ async fn assert_nothing_left(sim: &SimRuntime) {
     );
 }
 
+/// Runs `name` with every event kept; the workers of each started attempt, by node.
+async fn started_workers(
+    sim: &SimRuntime,
+    scaling: ScalingConfig,
+    name: &str,
+) -> Vec<(u32, u32, Vec<trainyard_backend_executor::StartedWorker>)> {
+    use trainyard_backend_executor::RunEvent;
+
+    let (events, mut received) = tokio::sync::mpsc::channel(64);
+    let executor = BackendExecutor {
+        events: Some(events),
+        ..executor(sim, scaling)
+    };
+    executor.fit(&task(name)).await.expect("the run succeeds");
+    let mut started = Vec::new();
+    while let Ok(event) = received.try_recv() {
+        if let RunEvent::AttemptStarted {
+            restart_count,
+            world_size,
+            workers,
+        } = event
+        {
+            started.push((restart_count, world_size, workers));
+        }
+    }
+    started
+}
+
 #[tokio::test]
-async fn training_before_start_and_after_shutdown_is_an_error() {
+async fn a_run_starts_its_workers_and_releases_them_all() {
     let sim = one_node(2);
-    let mut executor = executor(&sim, ScalingConfig::default().num_workers(2));
-    assert!(matches!(
-        executor.run_training(&task("one")).await,
-        Err(ExecutorError::NotStarted)
-    ));
-    executor.start(0).await.expect("start");
-    assert_eq!(executor.worker_group().map(|g| g.len()), Some(2));
-    executor.shutdown().await;
-    assert!(matches!(
-        executor.run_training(&task("one")).await,
-        Err(ExecutorError::NotStarted)
-    ));
+    let started = started_workers(&sim, ScalingConfig::default().num_workers(2), "one").await;
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(started[0].2.len(), 2);
     assert_nothing_left(&sim).await;
 }
 
@@ -247,11 +264,13 @@ async fn visible(
         sharing_rules: Some(rules.unwrap_or_else(|| default_rules(true))),
         ..fast()
     };
-    let report = executor(sim, scaling)
-        .with_options(options)
-        .fit(&task("trainyard.env"))
-        .await
-        .expect("the run succeeds");
+    let report = BackendExecutor {
+        options,
+        ..executor(sim, scaling)
+    }
+    .fit(&task("trainyard.env"))
+    .await
+    .expect("the run succeeds");
     let mut all: Vec<Vec<u32>> = report
         .returns
         .iter()
@@ -457,21 +476,15 @@ fn four_by_four() -> SimRuntime {
 
 async fn nodes_used(strategy: PlacementStrategy, n: u32) -> usize {
     let sim = four_by_four();
-    let mut executor = executor(
-        &sim,
-        ScalingConfig::default()
-            .num_workers(n)
-            .placement_strategy(strategy),
-    );
-    executor.start(0).await.expect("start");
-    let nodes: BTreeSet<String> = executor
-        .worker_group()
-        .expect("started")
-        .workers()
+    let scaling = ScalingConfig::default()
+        .num_workers(n)
+        .placement_strategy(strategy);
+    let started = started_workers(&sim, scaling, "one").await;
+    let nodes: BTreeSet<String> = started
         .iter()
-        .map(|w| w.metadata.node_id.to_string())
+        .flat_map(|(_, _, workers)| workers)
+        .map(|w| w.node_id.clone())
         .collect();
-    executor.shutdown().await;
     assert_nothing_left(&sim).await;
     nodes.len()
 }
@@ -497,11 +510,12 @@ async fn fit_with_failures(
     fail_attempts: u64,
 ) -> Result<FitReport, ExecutorError> {
     let sim = one_node(2);
-    let result = executor(&sim, ScalingConfig::default().num_workers(2))
-        .with_run_config(RunConfig::default().failure_config(max_failures))
-        .expect("valid run config")
-        .fit(&common::function_task("fail_until", json!(fail_attempts)))
-        .await;
+    let result = BackendExecutor {
+        run: RunConfig::default().failure_config(max_failures),
+        ..executor(&sim, ScalingConfig::default().num_workers(2))
+    }
+    .fit(&TaskSpec::function("fail_until", json!(fail_attempts)))
+    .await;
     assert_nothing_left(&sim).await;
     result
 }
@@ -556,12 +570,13 @@ async fn preemptions_restart_without_counting_against_max_failures() {
             }
         })
     };
-    let report = executor(&sim, ScalingConfig::default().num_workers(2))
-        .with_run_config(RunConfig::default().failure_config(FailureConfig::restarts(0)))
-        .expect("valid run config")
-        .fit(&common::function_task("preempted_until", json!(2)))
-        .await
-        .expect("preemptions are no failures of the run");
+    let report = BackendExecutor {
+        run: RunConfig::default().failure_config(FailureConfig::restarts(0)),
+        ..executor(&sim, ScalingConfig::default().num_workers(2))
+    }
+    .fit(&TaskSpec::function("preempted_until", json!(2)))
+    .await
+    .expect("preemptions are no failures of the run");
     preempter.abort();
     assert_eq!(report.attempts, 3);
     assert_eq!(report.returns, [json!(2), json!(2)]);
@@ -597,7 +612,7 @@ async fn unlimited_failures_keep_restarting_until_success() {
 #[tokio::test]
 async fn a_user_error_on_one_rank_ends_the_run_while_others_block() {
     let sim = one_node(2);
-    let mut executor = executor(&sim, ScalingConfig::default().num_workers(2));
+    let executor = executor(&sim, ScalingConfig::default().num_workers(2));
     let task = task("rank0_fails_rank1_blocks");
     let result = tokio::time::timeout(Duration::from_secs(30), executor.fit(&task))
         .await
@@ -626,15 +641,12 @@ async fn a_worker_death_is_told_apart_from_a_user_error_and_restarts() {
     // The first actor dies once it has answered its metadata call, as its task starts.
     let flaky: Arc<dyn ActorRuntime> =
         Arc::new(KillActorAfterCalls::new(Arc::new(sim.clone()), 0, 1));
-    let mut executor = BackendExecutor::new(
-        flaky,
-        Arc::new(NoBackend),
-        ScalingConfig::default().num_workers(2),
-    )
-    .expect("valid")
-    .with_options(fast())
-    .with_run_config(RunConfig::default().failure_config(FailureConfig::restarts(1)))
-    .expect("valid");
+    let executor = BackendExecutor {
+        scaling: ScalingConfig::default().num_workers(2),
+        options: fast(),
+        run: RunConfig::default().failure_config(FailureConfig::restarts(1)),
+        ..BackendExecutor::new(flaky)
+    };
     let report = executor
         .fit(&task("ranks"))
         .await
@@ -658,14 +670,15 @@ async fn a_worker_death_is_told_apart_from_a_user_error_and_restarts() {
 #[tokio::test]
 async fn an_infeasible_request_fails_at_once_and_is_not_retried() {
     let sim = one_node(2);
-    let mut executor = executor(
-        &sim,
-        ScalingConfig::default()
-            .num_workers(3)
-            .placement_strategy(PlacementStrategy::StrictPack),
-    )
-    .with_run_config(RunConfig::default().failure_config(FailureConfig::unlimited()))
-    .expect("valid");
+    let executor = BackendExecutor {
+        run: RunConfig::default().failure_config(FailureConfig::unlimited()),
+        ..executor(
+            &sim,
+            ScalingConfig::default()
+                .num_workers(3)
+                .placement_strategy(PlacementStrategy::StrictPack),
+        )
+    };
     let task = task("one");
     let result = tokio::time::timeout(Duration::from_secs(5), executor.fit(&task))
         .await
@@ -681,17 +694,25 @@ async fn an_infeasible_request_fails_at_once_and_is_not_retried() {
 async fn a_placement_timeout_lists_what_was_asked_and_what_is_free_and_removes_the_group() {
     let sim = one_node(2);
     // Something else holds one of the two CPUs.
-    let mut other = executor(&sim, ScalingConfig::default().num_workers(1));
-    other.start(0).await.expect("start");
+    let other = trainyard_config::PlacementGroupFactory {
+        bundles: vec!["CPU=1".parse().expect("resources")],
+        strategy: PlacementStrategy::Pack,
+    };
+    let other = sim.create_placement_group(&other).await.expect("reserved");
+    sim.wait_placement_group_ready(other, Duration::from_secs(1))
+        .await
+        .expect("ready");
     let options = ExecutorOptions {
         placement_timeout: Duration::from_secs(100),
         ..fast()
     };
-    let err = executor(&sim, ScalingConfig::default().num_workers(2))
-        .with_options(options)
-        .fit(&task("one"))
-        .await
-        .expect_err("times out");
+    let err = BackendExecutor {
+        options,
+        ..executor(&sim, ScalingConfig::default().num_workers(2))
+    }
+    .fit(&task("one"))
+    .await
+    .expect_err("times out");
     match &err {
         ExecutorError::PlacementTimeout {
             waited,
@@ -705,31 +726,17 @@ async fn a_placement_timeout_lists_what_was_asked_and_what_is_free_and_removes_t
         other => panic!("expected a placement timeout, got {other:?}"),
     }
     assert!(err.to_string().contains("CPU=2"), "{err}");
-    other.shutdown().await;
+    sim.remove_placement_group(other).await.expect("removed");
     assert_nothing_left(&sim).await;
 }
 
 #[tokio::test]
 async fn a_started_attempt_lists_each_worker_with_its_node_and_ranks() {
-    use trainyard_backend_executor::{RankInfo, RunEvent};
+    use trainyard_backend_executor::RankInfo;
 
     let sim = SimRuntime::new([SimNode::new("node-a").ip("10.0.0.1").cpus(2)])
         .with_functions(functions());
-    let (events, mut received) = tokio::sync::mpsc::channel(64);
-    let mut executor = executor(&sim, ScalingConfig::default().num_workers(2)).with_events(events);
-    executor.start(0).await.expect("start");
-    executor.shutdown().await;
-    let mut started = Vec::new();
-    while let Ok(event) = received.try_recv() {
-        if let RunEvent::AttemptStarted {
-            restart_count,
-            world_size,
-            workers,
-        } = event
-        {
-            started.push((restart_count, world_size, workers));
-        }
-    }
+    let started = started_workers(&sim, ScalingConfig::default().num_workers(2), "one").await;
     assert_eq!(started.len(), 1, "{started:?}");
     let (restart_count, world_size, workers) = &started[0];
     assert_eq!((*restart_count, *world_size), (0, 2));
@@ -748,29 +755,6 @@ async fn a_started_attempt_lists_each_worker_with_its_node_and_ranks() {
             ("node-a", "10.0.0.1")
         );
     }
-}
-
-#[tokio::test]
-async fn starting_twice_is_an_error_that_leaks_nothing() {
-    let sim = one_node(4);
-    let mut executor = executor(&sim, ScalingConfig::default().num_workers(1));
-    executor.start(0).await.expect("start");
-    assert!(matches!(
-        executor.start(0).await,
-        Err(ExecutorError::AlreadyStarted)
-    ));
-    assert!(matches!(
-        executor.fit(&task("one")).await,
-        Err(ExecutorError::AlreadyStarted)
-    ));
-    assert_eq!(
-        sim.placement_group_count(),
-        1,
-        "the first start is untouched"
-    );
-    assert_eq!(sim.live_actors().len(), 1);
-    executor.shutdown().await;
-    assert_nothing_left(&sim).await;
 }
 
 /// Polls of worker 0 never answer; everything else passes through.
@@ -825,16 +809,14 @@ async fn a_ranks_failure_is_not_held_up_by_another_ranks_hung_poll() {
         HangWorkerZerosPolls::default(),
     );
     // The health check would only give up on rank 0 after a minute.
-    let mut executor = BackendExecutor::new(
-        Arc::new(runtime),
-        Arc::new(NoBackend),
-        ScalingConfig::default().num_workers(2),
-    )
-    .expect("valid")
-    .with_options(ExecutorOptions {
-        shutdown_patience: Duration::from_millis(100),
-        ..fast()
-    });
+    let executor = BackendExecutor {
+        scaling: ScalingConfig::default().num_workers(2),
+        options: ExecutorOptions {
+            shutdown_patience: Duration::from_millis(100),
+            ..fast()
+        },
+        ..BackendExecutor::new(Arc::new(runtime))
+    };
     let task = task("rank1_fails");
     let result = tokio::time::timeout(Duration::from_secs(20), executor.fit(&task))
         .await
@@ -876,16 +858,14 @@ impl trainyard_runtime::sim::faults::Fault for SpawnsHang {
 async fn workers_that_do_not_start_in_time_fail_the_attempt_and_leave_nothing_behind() {
     let sim = one_node(2);
     let runtime = trainyard_runtime::sim::faults::Faulty::wrap(Arc::new(sim.clone()), SpawnsHang);
-    let mut executor = BackendExecutor::new(
-        Arc::new(runtime),
-        Arc::new(NoBackend),
-        ScalingConfig::default().num_workers(2),
-    )
-    .expect("valid")
-    .with_options(ExecutorOptions {
-        start_timeout: Duration::from_secs(30),
-        ..fast()
-    });
+    let executor = BackendExecutor {
+        scaling: ScalingConfig::default().num_workers(2),
+        options: ExecutorOptions {
+            start_timeout: Duration::from_secs(30),
+            ..fast()
+        },
+        ..BackendExecutor::new(Arc::new(runtime))
+    };
     match executor.fit(&task("one")).await {
         Err(ExecutorError::TrainingFailed { report }) => match report.failures.as_slice() {
             [AttemptFailure::StartFailed { reason }] => {
@@ -941,15 +921,13 @@ impl trainyard_backend_executor::Backend for FailingStart {
 #[tokio::test]
 async fn a_failing_on_start_is_a_retried_start_failure_that_releases_everything() {
     let sim = one_node(2);
-    let mut executor = BackendExecutor::new(
-        Arc::new(sim.clone()),
-        Arc::new(FailingStart),
-        ScalingConfig::default().num_workers(2),
-    )
-    .expect("valid")
-    .with_options(fast())
-    .with_run_config(RunConfig::default().failure_config(FailureConfig::restarts(2)))
-    .expect("valid");
+    let executor = BackendExecutor {
+        backend: Arc::new(FailingStart),
+        scaling: ScalingConfig::default().num_workers(2),
+        options: fast(),
+        run: RunConfig::default().failure_config(FailureConfig::restarts(2)),
+        ..BackendExecutor::new(Arc::new(sim.clone()))
+    };
     match executor.fit(&task("one")).await {
         Err(ExecutorError::TrainingFailed { report }) => {
             assert_eq!(
@@ -970,12 +948,8 @@ async fn a_failing_on_start_is_a_retried_start_failure_that_releases_everything(
 async fn a_failed_run_keeps_what_was_reported_before_the_failure() {
     let functions = functions().register("report_then_fail", |task| async move {
         let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
-        ctx.report(
-            json!({"step": 7, "rank": ctx.world_rank().0})
-                .as_object()
-                .cloned()
-                .unwrap_or_default(),
-        );
+        ctx.report(json!({"step": 7, "rank": ctx.world_rank().0}))
+            .map_err(|e| e.to_string())?;
         if ctx.world_rank().0 == 0 {
             return Err("diverged".to_owned());
         }

@@ -75,7 +75,7 @@ fn sim() -> SimRuntime {
 }
 
 fn task(arg: Value) -> TaskSpec {
-    common::function_task("epochs", arg)
+    TaskSpec::function("epochs", arg)
 }
 
 fn run_config(storage: &Path, name: &str) -> RunConfig {

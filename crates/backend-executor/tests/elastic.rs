@@ -9,14 +9,14 @@ mod common;
 
 use serde_json::{Value, json};
 use trainyard_backend_executor::{
-    BackendExecutor, Backoff, ExecutorError, ExecutorOptions, FitReport, NoBackend, ResizeReason,
-    RunEvent, TrainContext,
+    BackendExecutor, Backoff, ExecutorError, ExecutorOptions, FitReport, ResizeReason, RunEvent,
+    TrainContext,
 };
 use trainyard_config::{
     FailureConfig, PlacementGroupFactory, PlacementStrategy, RunConfig, ScalingConfig,
 };
 use trainyard_runtime::sim::{SimNode, SimRuntime};
-use trainyard_runtime::{ActorRuntime, FunctionRegistry, NodeId, PlacementGroupId};
+use trainyard_runtime::{ActorRuntime, FunctionRegistry, NodeId, PlacementGroupId, TaskSpec};
 
 /// Trains `epochs` epochs of 30 ms from the checkpoint it is given (rank 0's `epoch` file),
 /// rank 0 handing in the checkpoint with every epoch's report. Returns the world size it
@@ -38,7 +38,7 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
         if ctx.world_rank().0 == 0 {
             hand_in(&ctx, metrics, scratch.path(), "epoch", epoch).await?;
         } else {
-            ctx.report(metrics);
+            ctx.report(metrics).map_err(|e| e.to_string())?;
         }
     }
     Ok(json!({"world_size": ctx.world_size(), "start": start}))
@@ -76,7 +76,7 @@ async fn staggered(ctx: TrainContext) -> Result<Value, String> {
             tokio::time::sleep(Duration::from_millis(1000)).await;
         } else {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            ctx.report(metrics);
+            ctx.report(metrics).map_err(|e| e.to_string())?;
             tokio::time::sleep(Duration::from_millis(700)).await;
         }
     }
@@ -121,7 +121,7 @@ fn start(
     tokio::sync::mpsc::Receiver<RunEvent>,
     tempfile::TempDir,
 ) {
-    let task = common::function_task("epochs", json!({"epochs": epochs}));
+    let task = TaskSpec::function("epochs", json!({"epochs": epochs}));
     start_task(sim, scaling, failures, task)
 }
 
@@ -143,15 +143,16 @@ fn start_task(
         .name("elastic")
         .storage_path(storage.path().display().to_string())
         .failure_config(failures);
-    let mut executor = BackendExecutor::new(Arc::new(sim.clone()), Arc::new(NoBackend), scaling)
-        .unwrap()
-        .with_options(ExecutorOptions {
+    let executor = BackendExecutor {
+        scaling,
+        options: ExecutorOptions {
             restart_backoff: Backoff::NONE,
             ..ExecutorOptions::default()
-        })
-        .with_run_config(run)
-        .unwrap()
-        .with_events(tx);
+        },
+        run,
+        events: Some(tx),
+        ..BackendExecutor::new(Arc::new(sim.clone()))
+    };
     let fit = tokio::spawn(async move { executor.fit(&task).await });
     (fit, rx, storage)
 }
@@ -342,7 +343,7 @@ async fn a_run_below_its_minimum_waits_for_it_and_a_fixed_run_never_resizes() {
 async fn a_resize_waits_for_the_checkpoint_in_flight_to_commit() {
     let sim = cluster([SimNode::new("node-0").cpus(4)]);
     let other = hold(&sim, 2).await;
-    let task = common::function_task("staggered", json!({"steps": 3}));
+    let task = TaskSpec::function("staggered", json!({"steps": 3}));
     let (fit, mut rx, _storage) = start_task(&sim, elastic(1..=4), FailureConfig::default(), task);
     // Rank 0 has handed in checkpoint 1; rank 1 reports it 300 ms later.
     until(

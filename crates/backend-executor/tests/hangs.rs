@@ -32,12 +32,8 @@ async fn steps(ctx: TrainContext) -> Result<Value, String> {
         tokio::time::sleep(Duration::from_millis(20)).await;
         ctx.print(format!("rank {rank} step {step}"));
         if !print_only {
-            ctx.report(
-                json!({"step": step})
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
-            );
+            ctx.report(json!({"step": step}))
+                .map_err(|e| e.to_string())?;
         }
     }
     Ok(json!(steps))
@@ -53,7 +49,7 @@ fn sim() -> SimRuntime {
 }
 
 fn task(arg: Value) -> TaskSpec {
-    common::function_task("steps", arg)
+    TaskSpec::function("steps", arg)
 }
 
 fn run_config(storage: &Path, name: &str) -> RunConfig {

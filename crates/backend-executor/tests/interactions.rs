@@ -7,13 +7,11 @@ use std::time::Duration;
 
 mod common;
 
-use trainyard_backend_executor::{
-    AttemptFailure, BackendExecutor, ExecutorError, ExecutorOptions, NoBackend,
-};
+use trainyard_backend_executor::{AttemptFailure, BackendExecutor, ExecutorError, ExecutorOptions};
 use trainyard_config::ScalingConfig;
 use trainyard_runtime::{
     ActorId, MockActorRuntime, NodeId, PlacementGroupId, PlacementInfo, Response, RuntimeError,
-    WorkerInfo,
+    TaskSpec, WorkerInfo,
 };
 
 fn info(actor: ActorId) -> WorkerInfo {
@@ -74,17 +72,15 @@ async fn a_spawn_failure_mid_start_kills_the_survivors_and_removes_the_group_onc
             Ok(())
         });
 
-    let mut executor = BackendExecutor::new(
-        Arc::new(runtime),
-        Arc::new(NoBackend),
-        ScalingConfig::default().num_workers(4),
-    )
-    .expect("valid")
-    .with_options(ExecutorOptions {
-        shutdown_patience: Duration::ZERO,
-        ..ExecutorOptions::default()
-    });
-    let task = common::function_task("noop", serde_json::Value::Null);
+    let executor = BackendExecutor {
+        scaling: ScalingConfig::default().num_workers(4),
+        options: ExecutorOptions {
+            shutdown_patience: Duration::ZERO,
+            ..ExecutorOptions::default()
+        },
+        ..BackendExecutor::new(Arc::new(runtime))
+    };
+    let task = TaskSpec::function("noop", serde_json::Value::Null);
     match executor.fit(&task).await {
         Err(ExecutorError::TrainingFailed { report }) => {
             assert_eq!(report.attempts, 1);

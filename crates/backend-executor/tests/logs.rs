@@ -18,7 +18,7 @@ mod common;
 use serde_json::{Value, json};
 use trainyard_backend_executor::{Backend, BackendError, BackendExecutor, ExecutorOptions};
 use trainyard_config::{RunConfig, ScalingConfig};
-use trainyard_runtime::{ActorRuntime, FunctionRegistry};
+use trainyard_runtime::{ActorRuntime, FunctionRegistry, TaskSpec};
 use trainyard_worker_group::WorkerGroup;
 
 thread_local! {
@@ -92,20 +92,18 @@ async fn a_failing_backend_shutdown_is_logged_and_everything_is_still_released()
         FunctionRegistry::new().register("one", |_| async { Ok(json!(1)) }),
     );
     let storage = tempfile::tempdir().expect("a temporary directory");
-    let mut executor = BackendExecutor::new(
-        Arc::new(sim.clone()),
-        Arc::new(FailingShutdown),
-        ScalingConfig::default().num_workers(2),
-    )
-    .expect("valid")
-    .with_run_config(RunConfig::default().storage_path(storage.path().display().to_string()))
-    .expect("valid run")
-    .with_options(ExecutorOptions {
-        poll_interval: Duration::from_millis(2),
-        ..ExecutorOptions::default()
-    });
+    let executor = BackendExecutor {
+        backend: Arc::new(FailingShutdown),
+        scaling: ScalingConfig::default().num_workers(2),
+        run: RunConfig::default().storage_path(storage.path().display().to_string()),
+        options: ExecutorOptions {
+            poll_interval: Duration::from_millis(2),
+            ..ExecutorOptions::default()
+        },
+        ..BackendExecutor::new(Arc::new(sim.clone()))
+    };
     let report = executor
-        .fit(&common::function_task("one", Value::Null))
+        .fit(&TaskSpec::function("one", Value::Null))
         .await
         .expect("training itself succeeds");
     assert_eq!(report.returns, [json!(1), json!(1)]);

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tracing::Instrument as _;
+use trainyard::Trainer;
 use trainyard::backend::timings::{Timings, TimingsHandle};
 use trainyard::backend::{
     AttemptFailure, ExecutorError, ExecutorOptions, NoBackend, StacksTrigger, StopTrigger,
@@ -18,8 +19,7 @@ use trainyard::local::LocalRuntime;
 use trainyard::resources::Resources;
 use trainyard::runtime::placement::PlacementError;
 use trainyard::runtime::timings as phase;
-use trainyard::runtime::{RuntimeError, TaskRejection};
-use trainyard::{Trainer, command_task};
+use trainyard::runtime::{RuntimeError, TaskRejection, TaskSpec};
 use trainyard_config::{
     CheckpointConfig, FailureConfig, ProgressSource, ResumePolicy, RunConfig, ScoreOrder,
     parse_hang_timeout,
@@ -504,11 +504,11 @@ async fn drive(args: &RunArgs, driving: Driving) -> Result<(), Failure> {
         .program
         .split_first()
         .ok_or_else(|| Failure::bad_input("a program to run is required (PROGRAM [ARGS...])"))?;
-    let task = command_task(program.clone(), program_args.iter().cloned());
+    let task = TaskSpec::command(program.clone(), program_args.iter().cloned());
     let (events, received) = mpsc::channel(EVENT_BUFFER);
     let trainer = match args.backend {
-        BackendKind::Torch => Trainer::new(runtime.runtime(), &args.torch_config(), task),
-        BackendKind::None => Trainer::new(runtime.runtime(), &NoBackend, task),
+        BackendKind::Torch => Trainer::builder(runtime.runtime()).backend(&args.torch_config()),
+        BackendKind::None => Trainer::builder(runtime.runtime()).backend(&NoBackend),
     };
     // A first interrupt pulls it: the executor stops the tasks gracefully and streams what
     // they print as they stop.
@@ -533,7 +533,7 @@ async fn drive(args: &RunArgs, driving: Driving) -> Result<(), Failure> {
     let printer =
         tokio::task::spawn_blocking(move || print_events(shown, format, &printing, &tokio));
     let started = Instant::now();
-    let mut fit = Box::pin(trainer.fit());
+    let mut fit = Box::pin(trainer.fit(&task));
     let mut interrupted = false;
     let outcome = tokio::select! {
         result = &mut fit => Some(result),

@@ -109,6 +109,46 @@ pub enum TaskSpec {
     },
 }
 
+impl TaskSpec {
+    /// A task that runs the Rust function registered under `name` with `arg`.
+    ///
+    /// ```
+    /// use trainyard_runtime::TaskSpec;
+    ///
+    /// let task = TaskSpec::function("train", serde_json::json!({"epochs": 2}));
+    /// assert!(matches!(task, TaskSpec::Function { ref name, .. } if name == "train"));
+    /// ```
+    #[must_use]
+    pub fn function(name: impl Into<String>, arg: serde_json::Value) -> Self {
+        Self::Function {
+            name: name.into(),
+            arg,
+            env: BTreeMap::new(),
+        }
+    }
+
+    /// A task that runs `program` with `args` (for example `python train.py`).
+    ///
+    /// ```
+    /// use trainyard_runtime::TaskSpec;
+    ///
+    /// let task = TaskSpec::command("python", ["train.py"]);
+    /// assert!(matches!(task, TaskSpec::Command { ref args, .. } if args == &["train.py"]));
+    /// ```
+    #[must_use]
+    pub fn command<I, S>(program: impl Into<String>, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::Command {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            env: BTreeMap::new(),
+        }
+    }
+}
+
 /// Which output stream a log line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

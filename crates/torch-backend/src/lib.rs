@@ -24,10 +24,10 @@
 //!     SimNode::new("node-b").ip("10.0.0.2").cpus(2),
 //! ]));
 //! let scaling = ScalingConfig::default().num_workers(4);
-//! let mut executor = BackendExecutor::new(cluster, TorchConfig::default().build(), scaling)?;
+//! let backend = TorchConfig::default().build();
+//! let executor = BackendExecutor { backend, scaling, ..BackendExecutor::new(cluster) };
 //! // `trainyard.env`, a built-in function, returns the environment its task got.
-//! let env = Default::default();
-//! let task = TaskSpec::Function { name: "trainyard.env".into(), arg: ().into(), env };
+//! let task = TaskSpec::function("trainyard.env", ().into());
 //! let report = executor.fit(&task).await?;
 //! let rank_3 = &report.returns[3];
 //! for (name, value) in [("RANK", "3"), ("LOCAL_RANK", "1"), (BACKEND_VAR, "gloo")] {

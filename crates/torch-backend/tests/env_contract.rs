@@ -39,18 +39,20 @@ async fn envs(
         restart_backoff: trainyard_backend_executor::Backoff::NONE,
         ..ExecutorOptions::default()
     };
-    BackendExecutor::new(Arc::new(sim.clone()), config.build(), scaling)
-        .expect("valid scaling")
-        .with_run_config(run)
-        .expect("valid run")
-        .with_options(options)
-        .fit(&TaskSpec::Function {
-            name: task.to_owned(),
-            arg: Value::Null,
-            env: BTreeMap::new(),
-        })
-        .await
-        .expect("the run succeeds")
+    BackendExecutor {
+        backend: config.build(),
+        scaling,
+        run,
+        options,
+        ..BackendExecutor::new(Arc::new(sim.clone()))
+    }
+    .fit(&TaskSpec::Function {
+        name: task.to_owned(),
+        arg: Value::Null,
+        env: BTreeMap::new(),
+    })
+    .await
+    .expect("the run succeeds")
 }
 
 /// Four workers of 2 CPUs on two 4-CPU nodes: ranks 0 and 1 on node-a, 2 and 3 on node-b.

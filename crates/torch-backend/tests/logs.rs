@@ -76,18 +76,16 @@ async fn rank_zero_logs_the_process_group_setup_as_ray_does() {
     .with_functions(FunctionRegistry::with_builtins());
     let storage = tempfile::tempdir().expect("a temporary directory");
     let run = RunConfig::default().storage_path(storage.path().display().to_string());
-    BackendExecutor::new(
-        Arc::new(sim),
-        TorchConfig::default().build(),
-        ScalingConfig::default().num_workers(2),
-    )
-    .expect("valid scaling")
-    .with_run_config(run)
-    .expect("valid run")
-    .with_options(ExecutorOptions {
-        poll_interval: Duration::from_millis(2),
-        ..ExecutorOptions::default()
-    })
+    BackendExecutor {
+        backend: TorchConfig::default().build(),
+        scaling: ScalingConfig::default().num_workers(2),
+        run,
+        options: ExecutorOptions {
+            poll_interval: Duration::from_millis(2),
+            ..ExecutorOptions::default()
+        },
+        ..BackendExecutor::new(Arc::new(sim))
+    }
     .fit(&TaskSpec::Function {
         name: "trainyard.env".to_owned(),
         arg: Value::Null,

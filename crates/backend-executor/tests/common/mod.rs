@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use trainyard_backend_executor::{
-    BackendExecutor, Backoff, ExecutorError, ExecutorOptions, FitReport, NoBackend, RunEvent,
-    StacksTrigger,
+    BackendExecutor, Backoff, ExecutorError, ExecutorOptions, FitReport, RunEvent, StacksTrigger,
 };
 use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_runtime::sim::{SimNode, SimRuntime};
@@ -26,15 +25,6 @@ pub(crate) fn one_node(cpus: u64, functions: FunctionRegistry) -> SimRuntime {
         .with_functions(FunctionRegistry::with_builtins().merge(functions))
 }
 
-/// The task that runs the registered function `name` with `arg`.
-pub(crate) fn function_task(name: &str, arg: serde_json::Value) -> TaskSpec {
-    TaskSpec::Function {
-        name: name.to_owned(),
-        arg,
-        env: std::collections::BTreeMap::new(),
-    }
-}
-
 /// Runs `task` on two workers of `sim` to its end (restarting at once), with `trigger` for
 /// stacks when given; the result, and every event streamed.
 pub(crate) async fn fit_two(
@@ -44,26 +34,20 @@ pub(crate) async fn fit_two(
     trigger: Option<StacksTrigger>,
 ) -> (Result<FitReport, ExecutorError>, Vec<RunEvent>) {
     let (tx, mut rx) = tokio::sync::mpsc::channel(10_000);
-    let mut executor = BackendExecutor::new(
-        Arc::new(sim.clone()),
-        Arc::new(NoBackend),
-        ScalingConfig::default().num_workers(2),
-    )
-    .expect("valid scaling config")
-    .with_options(ExecutorOptions {
-        restart_backoff: Backoff::NONE,
-        ..ExecutorOptions::default()
-    })
-    .with_run_config(run)
-    .expect("valid run config")
-    .with_events(tx);
-    if let Some(trigger) = trigger {
-        executor = executor.with_stacks_trigger(trigger);
-    }
+    let executor = BackendExecutor {
+        scaling: ScalingConfig::default().num_workers(2),
+        options: ExecutorOptions {
+            restart_backoff: Backoff::NONE,
+            ..ExecutorOptions::default()
+        },
+        run,
+        events: Some(tx),
+        stacks_trigger: trigger.unwrap_or_default(),
+        ..BackendExecutor::new(Arc::new(sim.clone()))
+    };
     let result = tokio::time::timeout(Duration::from_secs(60), executor.fit(task))
         .await
         .expect("the run ends within a minute");
-    drop(executor);
     let mut events = Vec::new();
     while let Ok(event) = rx.try_recv() {
         events.push(event);
