@@ -20,18 +20,15 @@ use trainyard::runtime::placement::PlacementError;
 use trainyard::runtime::timings as phase;
 use trainyard::runtime::{RuntimeError, TaskRejection};
 use trainyard::{Trainer, command_task};
-use trainyard_config::{
-    CheckpointConfig, FailureConfig, ProgressSource, ResumePolicy, RunConfig, ScoreOrder,
-    parse_hang_timeout,
-};
+use trainyard_config::{CheckpointConfig, FailureConfig, RunConfig};
 
 use crate::args::{
-    BackendKind, FlagError, LogFormat, RunArgs, RuntimeKind, reserved_env_error,
-    shared_accelerator_error,
+    BackendKind, LogFormat, RunArgs, RuntimeKind, reserved_env_error, shared_accelerator_error,
 };
 use crate::engine::Engine;
 use crate::output::{Progress, init_logging};
 use crate::print::{Shown, log_file_note, print_events, print_json};
+use crate::values::FlagError;
 use crate::{EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_UNSCHEDULABLE, Failure};
 
 /// How many run events wait for the printer before output lines are dropped (and counted).
@@ -57,16 +54,11 @@ fn run_config(
     if let Some(n) = args.max_failures {
         run.failure_config = FailureConfig::from_max_failures(n).map_err(Failure::bad_input)?;
     }
-    for pair in &args.env {
-        let Some((key, value)) = pair.split_once('=').filter(|(key, _)| !key.is_empty()) else {
-            return Err(Failure::bad_input(FlagError::new("--env", pair)(
-                "expected KEY=VALUE with a non-empty KEY".into(),
-            )));
-        };
-        if let Some(error) = reserved_env_error(pair, key, reserved) {
+    for (key, value) in &args.env {
+        if let Some(error) = reserved_env_error(&format!("{key}={value}"), key, reserved) {
             return Err(Failure::bad_input(error));
         }
-        run.env.insert(key.to_owned(), value.to_owned());
+        run.env.insert(key.clone(), value.clone());
     }
     run.name.clone_from(&args.name);
     run.storage_path = args
@@ -79,21 +71,10 @@ fn run_config(
             .parse::<trainyard::checkpoint::StorageLocation>()
             .map_err(|e| Failure::bad_input(FlagError::new("--storage", storage)(e.into())))?;
     }
-    run.resume = args
-        .resume
-        .parse::<ResumePolicy>()
-        .map_err(|e| Failure::bad_input(FlagError::new("--resume", &args.resume)(e.into())))?;
-    run.checkpoint_config = checkpoint_config(args)?;
-    if let Some(text) = &args.hang_timeout {
-        run.hang_timeout =
-            Some(parse_hang_timeout(text).map_err(|e| {
-                Failure::bad_input(FlagError::new("--hang-timeout", text)(e.into()))
-            })?);
-    }
-    run.progress = args
-        .progress
-        .parse::<ProgressSource>()
-        .map_err(|e| Failure::bad_input(FlagError::new("--progress", &args.progress)(e.into())))?;
+    run.resume = args.resume;
+    run.checkpoint_config = checkpoint_config(args);
+    run.hang_timeout = args.hang_timeout;
+    run.progress = args.progress;
     run.log_dir = args.log_dir.as_ref().map(|d| d.display().to_string());
     if let Some(name) = &args.name {
         run.validate()
@@ -103,108 +84,20 @@ fn run_config(
     Ok(run)
 }
 
-/// `--checkpoints-to-keep` and `--checkpoint-score`.
-fn checkpoint_config(args: &RunArgs) -> Result<CheckpointConfig, Failure> {
+/// `--checkpoints-to-keep`, `--checkpoint-score` and `--max-checkpoint-size`.
+fn checkpoint_config(args: &RunArgs) -> CheckpointConfig {
     let mut config = CheckpointConfig::default();
-    if let Some(text) = &args.checkpoints_to_keep {
-        let n = text
-            .trim()
-            .parse::<u32>()
-            .ok()
-            .filter(|n| *n >= 1)
-            .ok_or_else(|| {
-                Failure::bad_input(FlagError::new("--checkpoints-to-keep", text)(
-                    "expected a whole number of at least 1".into(),
-                ))
-            })?;
+    if let Some(n) = args.checkpoints_to_keep {
         config = config.num_to_keep(n);
     }
-    if let Some(text) = &args.checkpoint_score {
-        let (attribute, order) = match text.rsplit_once(':') {
-            Some((attribute, order)) => (attribute, order.parse::<ScoreOrder>()),
-            None => (text.as_str(), Ok(ScoreOrder::Max)),
-        };
-        let order = order.map_err(|e| {
-            Failure::bad_input(FlagError::new("--checkpoint-score", text)(e.into()))
-        })?;
-        if attribute.trim().is_empty() {
-            return Err(Failure::bad_input(FlagError::new(
-                "--checkpoint-score",
-                text,
-            )(
-                "expected a metric's name, optionally followed by :min or :max (loss:min)".into(),
-            )));
-        }
-        config = config.score(attribute.trim(), order);
+    if let Some(score) = &args.checkpoint_score {
+        config = config.score(&score.attribute, score.order);
     }
-    if let Some(text) = &args.max_checkpoint_size {
-        let size = text
-            .parse::<trainyard::resources::ByteSize>()
-            .ok()
-            .filter(|size| size.bytes() > 0)
-            .ok_or_else(|| {
-                Failure::bad_input(FlagError::new("--max-checkpoint-size", text)(
-                    "expected a positive size such as 20GB or 512MiB".into(),
-                ))
-            })?;
+    if let Some(size) = args.max_checkpoint_size {
         let files = config.max_checkpoint_files;
         config = config.max_checkpoint(files, Some(size));
     }
-    Ok(config)
-}
-
-/// `--ranks`: rank numbers and ranges (`0`, `0,2-3`), each below the number of workers.
-fn console_ranks(text: &str, num_workers: u32) -> Result<BTreeSet<u32>, Failure> {
-    let bad = |reason: String| Failure::bad_input(FlagError::new("--ranks", text)(reason.into()));
-    let rank = |part: &str| {
-        let n = part.trim().parse::<u32>().map_err(|_| {
-            bad(format!(
-                "expected rank numbers or ranges such as 0 or 0,2-3; `{part}` is not a rank"
-            ))
-        })?;
-        if n >= num_workers {
-            return Err(bad(format!(
-                "rank {n} does not exist: the run has {num_workers} worker{} (ranks 0-{})",
-                if num_workers == 1 { "" } else { "s" },
-                num_workers.saturating_sub(1)
-            )));
-        }
-        Ok(n)
-    };
-    let mut ranks = BTreeSet::new();
-    for part in text.split(',') {
-        match part.split_once('-') {
-            Some((first, last)) => {
-                let (first, last) = (rank(first)?, rank(last)?);
-                if first > last {
-                    return Err(bad(format!(
-                        "the range {part} is empty: write the lower rank first"
-                    )));
-                }
-                ranks.extend(first..=last);
-            }
-            None => {
-                ranks.insert(rank(part)?);
-            }
-        }
-    }
-    Ok(ranks)
-}
-
-fn placement_timeout(args: &RunArgs) -> Result<Duration, Failure> {
-    let Some(text) = &args.placement_timeout else {
-        return Ok(trainyard::backend::DEFAULT_PLACEMENT_TIMEOUT);
-    };
-    text.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
-        .ok_or_else(|| {
-            Failure::bad_input(FlagError::new("--placement-timeout", text)(
-                "expected a positive number of seconds".into(),
-            ))
-        })
+    config
 }
 
 /// How the run's runtime is started.
@@ -382,11 +275,14 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
     }
     let ranks = args
         .ranks
-        .as_deref()
-        .map(|text| console_ranks(text, scaling.num_workers.max()))
-        .transpose()?;
+        .as_ref()
+        .map(|ranks| ranks.within(scaling.num_workers.max()))
+        .transpose()
+        .map_err(Failure::bad_input)?;
     let options = ExecutorOptions {
-        placement_timeout: placement_timeout(args)?,
+        placement_timeout: args
+            .placement_timeout
+            .unwrap_or(trainyard::backend::DEFAULT_PLACEMENT_TIMEOUT),
         ..ExecutorOptions::default()
     };
     let name = unique_run_name();
