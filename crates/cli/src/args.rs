@@ -3,13 +3,21 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use trainyard::backend::{Backend, BackendConfig, NoBackend, default_rules};
 use trainyard::torch::{TIMEOUT_VAR, TorchConfig};
-use trainyard_config::resources::{Resources, near_reserved_name};
-use trainyard_config::{NumWorkers, ScalingConfig, parse_resize_interval};
+use trainyard_config::resources::{ByteSize, ResourceAmount, Resources, near_reserved_name};
+use trainyard_config::{
+    NumWorkers, PlacementStrategy, ProgressSource, ResumePolicy, ScalingConfig,
+};
 
+use crate::values::{
+    CheckpointScore, FlagError, RankList, at_least_one, checkpoint_score, env_pair, hang_timeout,
+    num_workers, parsed, positive_size, rank_list, resize_interval, seconds, slurm_name,
+    slurm_signal, slurm_time,
+};
 use crate::{Failure, escape_newlines};
 
 /// Schedule and run the workers of distributed training jobs.
@@ -73,8 +81,8 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) max_failures: Option<i64>,
     /// An environment variable for every worker (repeatable); not one that trainyard sets itself (RANK, MASTER_PORT, ...)
-    #[arg(long = "env", value_name = "K=V")]
-    pub(crate) env: Vec<String>,
+    #[arg(long = "env", value_name = "K=V", value_parser = env_pair)]
+    pub(crate) env: Vec<(String, String)>,
     /// The process-group timeout, in seconds, that the workers are given in TRAINYARD_TORCH_TIMEOUT_S (Ray's TorchConfig.timeout_s; --backend torch) [default: 1800]
     #[arg(long, value_name = "SECS", value_parser = parse_torch_timeout)]
     pub(crate) torch_timeout: Option<u64>,
@@ -82,8 +90,8 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "PATTERN")]
     pub(crate) env_from_driver: Vec<String>,
     /// Seconds to wait for the placement group [default: 100]
-    #[arg(long, value_name = "SECS")]
-    pub(crate) placement_timeout: Option<String>,
+    #[arg(long, value_name = "SECS", value_parser = seconds)]
+    pub(crate) placement_timeout: Option<Duration>,
     /// Fail at once (exit 3) instead of waiting when other runs on this machine hold what the run needs
     #[arg(long)]
     pub(crate) no_wait: bool,
@@ -103,29 +111,29 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "PATH|URI")]
     pub(crate) storage: Option<String>,
     /// auto: resume an unfinished run of the same name and storage, refuse a finished one; never: start afresh in a new folder
-    #[arg(long, value_name = "auto|never", default_value = "auto")]
-    pub(crate) resume: String,
+    #[arg(long, value_name = "auto|never", default_value = "auto", value_parser = parsed::<ResumePolicy>)]
+    pub(crate) resume: ResumePolicy,
     /// How many committed checkpoints to keep (the best by --checkpoint-score, else the newest; the latest is always kept) [default: all]
-    #[arg(long, value_name = "N")]
-    pub(crate) checkpoints_to_keep: Option<String>,
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    pub(crate) checkpoints_to_keep: Option<u32>,
     /// The reported metric that ranks checkpoints, and which way is better [default order: max]
-    #[arg(long, value_name = "ATTR[:min|max]")]
-    pub(crate) checkpoint_score: Option<String>,
+    #[arg(long, value_name = "ATTR[:min|max]", value_parser = checkpoint_score)]
+    pub(crate) checkpoint_score: Option<CheckpointScore>,
     /// The most bytes one rank may hand in for one checkpoint, e.g. 20GB; a larger hand-in fails that rank's report [default: no limit]
-    #[arg(long, value_name = "SIZE")]
-    pub(crate) max_checkpoint_size: Option<String>,
+    #[arg(long, value_name = "SIZE", value_parser = positive_size)]
+    pub(crate) max_checkpoint_size: Option<ByteSize>,
     /// Judge a rank hung after this long without progress (a report; with --progress output, a line too): its stacks are printed and the attempt restarts under --max-failures, e.g. 90s, 10m [default: off]
-    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
-    pub(crate) hang_timeout: Option<String>,
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = hang_timeout)]
+    pub(crate) hang_timeout: Option<Duration>,
     /// What counts as progress for --hang-timeout: reports, or output (any line, for programs that do not report)
-    #[arg(long, value_name = "reports|output", default_value = "reports")]
-    pub(crate) progress: String,
+    #[arg(long, value_name = "reports|output", default_value = "reports", value_parser = parsed::<ProgressSource>)]
+    pub(crate) progress: ProgressSource,
     /// Where each rank's output is written, one file a rank and attempt (DIR/attempt_K/rank_R.log) [default: the run folder's logs/]
     #[arg(long, value_name = "DIR")]
     pub(crate) log_dir: Option<PathBuf>,
     /// Show only these ranks' output on the console, e.g. 0 or 0,2-3; the log files keep every rank's [default: all]
-    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
-    pub(crate) ranks: Option<String>,
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true, value_parser = rank_list)]
+    pub(crate) ranks: Option<RankList>,
     /// The program to run on every worker, and its arguments: the first word that is not a flag, or everything after `--`; the flags after it are the program's
     #[arg(
         value_name = "PROGRAM",
@@ -154,12 +162,15 @@ fn parse_torch_timeout(text: &str) -> Result<u64, String> {
 impl RunArgs {
     /// The scaling config of the SCALING flags, with `--nproc-per-node` as `-n`.
     pub(crate) fn scaling_config(&self) -> Result<ScalingConfig, Failure> {
-        self.scaling.to_config_with_workers(
-            self.scaling
-                .num_workers
-                .clone()
-                .or_else(|| self.nproc_per_node.map(|n| n.to_string())),
-        )
+        let num_workers = match (self.scaling.num_workers, self.nproc_per_node) {
+            (None, Some(n)) => Some(
+                n.to_string()
+                    .parse::<NumWorkers>()
+                    .map_err(Failure::bad_input)?,
+            ),
+            (given, _) => given,
+        };
+        self.scaling.to_config_with_workers(num_workers)
     }
 
     /// The torch backend's configuration: the default one, with `--torch-timeout`.
@@ -248,19 +259,19 @@ pub(crate) struct RayArgs {
 #[derive(Debug, Args)]
 pub(crate) struct SlurmArgs {
     /// Slurm partition for the run's allocation (runtime slurm) [default: the cluster's default partition]
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", value_parser = slurm_name)]
     pub(crate) partition: Option<String>,
     /// Slurm account the allocation is charged to (runtime slurm)
-    #[arg(long, value_name = "A")]
+    #[arg(long, value_name = "A", value_parser = slurm_name)]
     pub(crate) account: Option<String>,
     /// Slurm quality of service of the allocation (runtime slurm)
-    #[arg(long, value_name = "Q")]
+    #[arg(long, value_name = "Q", value_parser = slurm_name)]
     pub(crate) qos: Option<String>,
     /// Time limit of the allocation (runtime slurm), in Slurm's forms: MINUTES, H:MM:SS, D-HH[:MM[:SS]]
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", value_parser = slurm_time)]
     pub(crate) time: Option<String>,
     /// Have Slurm signal the workers this long before the time limit or a preemption, e.g. USR1@90 (runtime slurm); the tasks get the signal
-    #[arg(long, value_name = "SIG@SECS")]
+    #[arg(long, value_name = "SIG@SECS", value_parser = slurm_signal)]
     pub(crate) signal: Option<String>,
 }
 
@@ -285,17 +296,17 @@ pub(crate) struct ClusterArgs {
 #[derive(Debug, Args)]
 pub(crate) struct LocalArgs {
     /// CPUs the workers may use [default: detected]
-    #[arg(long, value_name = "N")]
-    pub(crate) num_cpus: Option<String>,
+    #[arg(long, value_name = "N", value_parser = parsed::<ResourceAmount>)]
+    pub(crate) num_cpus: Option<ResourceAmount>,
     /// GPUs the workers may use [default: detected]
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub(crate) num_gpus: Option<i64>,
     /// Memory the workers may use, e.g. 16GB [default: detected]
-    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
-    pub(crate) memory: Option<String>,
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = parsed::<ByteSize>)]
+    pub(crate) memory: Option<ByteSize>,
     /// Custom resources of this machine: JSON object or K=V list
-    #[arg(long, value_name = "SPEC")]
-    pub(crate) resources: Option<String>,
+    #[arg(long, value_name = "SPEC", value_parser = parsed::<Resources>)]
+    pub(crate) resources: Option<Resources>,
     /// Split this machine into N virtual nodes [default: 1]
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub(crate) nodes: Option<i64>,
@@ -327,23 +338,23 @@ pub(crate) enum LogFormat {
 #[derive(Debug, Args)]
 pub(crate) struct ScalingArgs {
     /// Number of workers, or an elastic range MIN:MAX (starts once MIN fit, grows up to MAX) [default: 1]
-    #[arg(short = 'n', long, value_name = "N", allow_negative_numbers = true)]
-    pub(crate) num_workers: Option<String>,
+    #[arg(short = 'n', long, value_name = "N", allow_negative_numbers = true, value_parser = num_workers)]
+    pub(crate) num_workers: Option<NumWorkers>,
     /// How often an elastic run (-n MIN:MAX) looks for room to grow, e.g. 30s or 5m [default: 60s; the local runtime also looks as soon as another run releases resources]
-    #[arg(long, value_name = "DURATION")]
-    pub(crate) resize_interval: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = resize_interval)]
+    pub(crate) resize_interval: Option<Duration>,
     /// Give each worker a GPU (1 unless --resources-per-worker says otherwise)
     #[arg(long)]
     pub(crate) use_gpu: bool,
     /// Resources of each worker: JSON object or K=V list, e.g. '{"CPU":1,"memory":"10GB"}' or CPU=1,memory=10GB,custom=2
-    #[arg(short = 'r', long, value_name = "SPEC")]
-    pub(crate) resources_per_worker: Option<String>,
+    #[arg(short = 'r', long, value_name = "SPEC", value_parser = parsed::<Resources>)]
+    pub(crate) resources_per_worker: Option<Resources>,
     /// Resources the coordinator reserves next to rank 0 (JSON object or K=V list)
-    #[arg(long, value_name = "SPEC")]
-    pub(crate) trainer_resources: Option<String>,
+    #[arg(long, value_name = "SPEC", value_parser = parsed::<Resources>)]
+    pub(crate) trainer_resources: Option<Resources>,
     /// PACK, SPREAD, STRICT_PACK or STRICT_SPREAD [default: PACK]
-    #[arg(short = 's', long, value_name = "STRATEGY")]
-    pub(crate) placement_strategy: Option<String>,
+    #[arg(short = 's', long, value_name = "STRATEGY", value_parser = parsed::<PlacementStrategy>)]
+    pub(crate) placement_strategy: Option<PlacementStrategy>,
     /// Accelerator type every worker's node must have, e.g. A100
     #[arg(long, value_name = "NAME")]
     pub(crate) accelerator_type: Option<String>,
@@ -379,77 +390,38 @@ pub(crate) enum OutputFormat {
     Json,
 }
 
-/// A flag whose value is not acceptable; the value is shown with its newlines escaped so
-/// that the error stays on one line.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid value `{}` for `{flag}`", escape_newlines(value))]
-pub(crate) struct FlagError {
-    flag: &'static str,
-    value: String,
-    #[source]
-    source: Box<dyn std::error::Error + Send + Sync>,
-}
-
-impl FlagError {
-    pub(crate) fn new(
-        flag: &'static str,
-        value: &str,
-    ) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Self + use<> {
-        let value = value.to_owned();
-        move |source| Self {
-            flag,
-            value,
-            source,
-        }
-    }
-}
-
-pub(crate) fn parse_flag<T>(flag: &'static str, value: &str) -> Result<T, FlagError>
-where
-    T: std::str::FromStr,
-    T::Err: std::error::Error + Send + Sync + 'static,
-{
-    value
-        .parse()
-        .map_err(|e: T::Err| FlagError::new(flag, value)(Box::new(e)))
-}
-
 impl ScalingArgs {
     /// The config file (if any) with the flags laid over it, validated.
     pub(crate) fn to_config(&self) -> Result<ScalingConfig, Failure> {
-        self.to_config_with_workers(self.num_workers.clone())
+        self.to_config_with_workers(self.num_workers)
     }
 
     /// [`to_config`](Self::to_config) with `num_workers` for `-n`.
     fn to_config_with_workers(
         &self,
-        num_workers: Option<String>,
+        num_workers: Option<NumWorkers>,
     ) -> Result<ScalingConfig, Failure> {
         let mut config = match &self.config {
             Some(path) => ScalingConfig::parse_file(path).map_err(Failure::bad_input)?,
             None => ScalingConfig::default(),
         };
         if let Some(n) = num_workers {
-            config.num_workers = n.parse::<NumWorkers>().map_err(Failure::bad_input)?;
+            config.num_workers = n;
         }
-        if let Some(interval) = &self.resize_interval {
-            config.resize_interval =
-                Some(parse_resize_interval(interval).map_err(Failure::bad_input)?);
+        if let Some(interval) = self.resize_interval {
+            config.resize_interval = Some(interval);
         }
         if self.use_gpu {
             config.use_gpu = true;
         }
         if let Some(spec) = &self.resources_per_worker {
-            config.resources_per_worker =
-                Some(parse_flag("--resources-per-worker", spec).map_err(Failure::bad_input)?);
+            config.resources_per_worker = Some(spec.clone());
         }
         if let Some(spec) = &self.trainer_resources {
-            config.trainer_resources =
-                Some(parse_flag("--trainer-resources", spec).map_err(Failure::bad_input)?);
+            config.trainer_resources = Some(spec.clone());
         }
-        if let Some(strategy) = &self.placement_strategy {
-            config.placement_strategy =
-                parse_flag("--placement-strategy", strategy).map_err(Failure::bad_input)?;
+        if let Some(strategy) = self.placement_strategy {
+            config.placement_strategy = strategy;
         }
         if let Some(accelerator) = &self.accelerator_type {
             config.accelerator_type = Some(accelerator.clone());
@@ -502,7 +474,10 @@ mod tests {
         for args in [&with_dashes, &without] {
             assert_eq!(args.program, ["python", "x.py", "--name", "y"]);
             assert_eq!(args.name, None, "--name after the program is the program's");
-            assert_eq!(args.scaling.num_workers.as_deref(), Some("2"));
+            assert_eq!(
+                args.scaling.num_workers.map(|n| n.to_string()).as_deref(),
+                Some("2")
+            );
         }
         let args = run_args(&["--name", "a", "python", "-n", "3", "--", "b"]);
         assert_eq!(args.name.as_deref(), Some("a"));

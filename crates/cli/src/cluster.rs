@@ -10,7 +10,8 @@ use trainyard::runtime::Holder;
 use trainyard_config::resources::Resources;
 
 use crate::Failure;
-use crate::args::{ClusterArgs, FlagError, OutputFormat, RuntimeKind};
+use crate::args::{ClusterArgs, OutputFormat, RuntimeKind};
+use crate::values::FlagError;
 
 /// One node as `cluster` shows it.
 #[derive(Debug, Serialize)]

@@ -9,7 +9,8 @@ use trainyard::runtime::{ActorRuntime, ClusterSnapshot};
 use trainyard::slurm::SlurmRuntime;
 
 use crate::Failure;
-use crate::args::{FlagError, RayArgs};
+use crate::args::RayArgs;
+use crate::values::FlagError;
 
 /// The variable Ray's own tools read for the cluster's address.
 const RAY_ADDRESS: &str = "RAY_ADDRESS";

@@ -1,11 +1,10 @@
 //! The LOCAL flags turned into the local runtime's nodes.
 
+use crate::Failure;
+use crate::args::{LocalArgs, warn_case_mistakes};
+use crate::values::FlagError;
 use trainyard::local::detect::{Machine, Overrides, plan_nodes};
 use trainyard::local::{LocalConfig, LocalNode, WhenBusy};
-use trainyard_config::resources::{ByteSize, ResourceAmount, Resources};
-
-use crate::Failure;
-use crate::args::{FlagError, LocalArgs, parse_flag, warn_case_mistakes};
 
 impl LocalArgs {
     /// The first LOCAL flag given, if any (they describe this machine only).
@@ -24,30 +23,22 @@ impl LocalArgs {
 
     /// What the user set on the command line, checked.
     fn overrides(&self) -> Result<Overrides, Failure> {
-        let mut overrides = Overrides::default();
-        if let Some(cpus) = &self.num_cpus {
-            let amount: ResourceAmount =
-                parse_flag("--num-cpus", cpus).map_err(Failure::bad_input)?;
-            overrides.num_cpus = Some(amount);
-        }
-        if let Some(gpus) = self.num_gpus {
-            let gpus = u32::try_from(gpus).map_err(|e| {
-                Failure::bad_input(FlagError::new("--num-gpus", &gpus.to_string())(
-                    format!("must be a whole number from 0 to {} ({e})", u32::MAX).into(),
-                ))
-            })?;
-            overrides.num_gpus = Some(gpus);
-        }
-        if let Some(memory) = &self.memory {
-            let size: ByteSize = parse_flag("--memory", memory).map_err(Failure::bad_input)?;
-            overrides.memory = Some(size.bytes());
-        }
-        if let Some(spec) = &self.resources {
-            let resources: Resources =
-                parse_flag("--resources", spec).map_err(Failure::bad_input)?;
-            overrides.resources = resources;
-        }
-        Ok(overrides)
+        let num_gpus = self
+            .num_gpus
+            .map(|gpus| {
+                u32::try_from(gpus).map_err(|e| {
+                    Failure::bad_input(FlagError::new("--num-gpus", &gpus.to_string())(
+                        format!("must be a whole number from 0 to {} ({e})", u32::MAX).into(),
+                    ))
+                })
+            })
+            .transpose()?;
+        Ok(Overrides {
+            num_cpus: self.num_cpus,
+            num_gpus,
+            memory: self.memory.map(|size| size.bytes()),
+            resources: self.resources.clone().unwrap_or_default(),
+        })
     }
 
     /// The number of virtual nodes.

@@ -18,6 +18,7 @@ mod plan;
 mod print;
 mod run;
 mod slurm;
+mod values;
 
 use std::error::Error;
 use std::process::ExitCode;
@@ -68,6 +69,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BAD_INPUT);
         }
         Err(err) => {
+            // A value that a flag's own parser refused reads as any other bad flag.
+            if let Some(failure) = values::refused_value(&err) {
+                return failed(&failure);
+            }
             say!("{}", one_line(&err.render().to_string()));
             return ExitCode::from(EXIT_BAD_INPUT);
         }
@@ -79,12 +84,15 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => {
-            let message = ErrorChain(failure.error.as_ref()).to_string();
-            say!("error: {}", escape_newlines(&message));
-            ExitCode::from(failure.code)
-        }
+        Err(failure) => failed(&failure),
     }
+}
+
+/// Says what went wrong on one `error:` line, and exits with the failure's code.
+fn failed(failure: &Failure) -> ExitCode {
+    let message = ErrorChain(failure.error.as_ref()).to_string();
+    say!("error: {}", escape_newlines(&message));
+    ExitCode::from(failure.code)
 }
 
 /// What to say when no subcommand is given: the subcommands there are.

@@ -14,7 +14,8 @@ use trainyard_config::Plan;
 use trainyard_config::resources::{GPU, Resources};
 use trainyard_config::{Format, ScalingConfig};
 
-use crate::args::{FlagError, OutputFormat, PlanArgs, RuntimeKind};
+use crate::args::{OutputFormat, PlanArgs, RuntimeKind};
+use crate::values::FlagError;
 use crate::{EXIT_UNSCHEDULABLE, Failure};
 
 /// The most nodes a described cluster may have.

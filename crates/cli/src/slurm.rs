@@ -9,7 +9,8 @@ use trainyard::slurm::{AllocationOptions, JOB_ID_VAR, SlurmConfig, SlurmError, S
 use trainyard_config::ScalingConfig;
 
 use crate::Failure;
-use crate::args::{FlagError, SlurmArgs};
+use crate::args::SlurmArgs;
+use crate::values::FlagError;
 
 /// Set in a `--detach` run's batch script: the run inside it is the submitted one.
 pub(crate) const DETACHED_VAR: &str = "TRAINYARD_SLURM_DETACHED";
@@ -28,48 +29,21 @@ impl SlurmArgs {
         .find_map(|(flag, value)| value.as_deref().map(|value| (flag, value)))
     }
 
-    /// The allocation options of the flags, each checked.
-    pub(crate) fn options(&self) -> Result<AllocationOptions, Failure> {
-        for (flag, value) in [
-            ("--partition", &self.partition),
-            ("--account", &self.account),
-            ("--qos", &self.qos),
-        ] {
-            if let Some(value) = value {
-                if value.is_empty() || value.contains(|c: char| c.is_whitespace() || c == ',') {
-                    return Err(Failure::bad_input(FlagError::new(flag, value)(
-                        "expected one Slurm name, without spaces or commas".into(),
-                    )));
-                }
-            }
-        }
-        if let Some(time) = &self.time {
-            if !is_slurm_time(time) {
-                return Err(Failure::bad_input(FlagError::new("--time", time)(
-                    "expected a Slurm time limit: MINUTES, MM:SS, H:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED".into(),
-                )));
-            }
-        }
-        if let Some(signal) = &self.signal {
-            if !is_slurm_signal(signal) {
-                return Err(Failure::bad_input(FlagError::new("--signal", signal)(
-                    "expected SIGNAL[@SECONDS] such as USR1@90 (a signal name or number, seconds up to 65535)".into(),
-                )));
-            }
-        }
-        Ok(AllocationOptions {
+    /// The allocation options of the flags (each checked as it was parsed).
+    pub(crate) fn options(&self) -> AllocationOptions {
+        AllocationOptions {
             partition: self.partition.clone(),
             account: self.account.clone(),
             qos: self.qos.clone(),
             time: self.time.clone(),
             signal: self.signal.clone(),
-        })
+        }
     }
 
     /// The Slurm runtime's configuration for a run named `run_name`: inside `$SLURM_JOB_ID`'s
     /// allocation when it is set, else with an allocation of its own.
     pub(crate) fn config(&self, run_name: &str) -> Result<SlurmConfig, Failure> {
-        let options = self.options()?;
+        let options = self.options();
         let config = SlurmConfig::new(run_name).map_err(Failure::other)?;
         // A `--detach` run's batch job was requested with the flags already.
         let submitted = std::env::var_os(DETACHED_VAR).is_some();
@@ -124,42 +98,6 @@ impl SlurmArgs {
     }
 }
 
-/// `MINUTES`, `MM:SS`, `H:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`, `UNLIMITED`/`INFINITE`.
-fn is_slurm_time(text: &str) -> bool {
-    if matches!(text, "UNLIMITED" | "INFINITE" | "unlimited" | "infinite") {
-        return true;
-    }
-    let numbers = |part: &str, most: usize| {
-        let fields: Vec<&str> = part.split(':').collect();
-        fields.len() <= most
-            && fields
-                .iter()
-                .all(|f| !f.is_empty() && f.len() <= 9 && f.bytes().all(|b| b.is_ascii_digit()))
-    };
-    match text.split_once('-') {
-        Some((days, rest)) => numbers(days, 1) && numbers(rest, 3),
-        None => numbers(text, 3),
-    }
-}
-
-/// `[R:|B:]SIGNAL[@SECONDS]`, the signal a name (`USR1`, `SIGUSR1`) or a number.
-fn is_slurm_signal(text: &str) -> bool {
-    let text = text
-        .strip_prefix("R:")
-        .or_else(|| text.strip_prefix("B:"))
-        .unwrap_or(text);
-    let (signal, secs) = match text.split_once('@') {
-        Some((signal, secs)) => (signal, Some(secs)),
-        None => (text, None),
-    };
-    let name = signal.strip_prefix("SIG").unwrap_or(signal);
-    let known = name.parse::<u8>().is_ok_and(|n| (1..=64).contains(&n))
-        || format!("SIG{name}")
-            .parse::<nix::sys::signal::Signal>()
-            .is_ok();
-    known && secs.is_none_or(|secs| secs.parse::<u16>().is_ok())
-}
-
 /// `run --detach`: checks that some set of the partition's nodes can hold the run (exit 3
 /// at once when none can), then submits a batch job shaped like the allocation the run
 /// would request, whose script is this very command line (run inside the allocation), and
@@ -170,7 +108,7 @@ pub(crate) fn detach(
     name: Option<&str>,
     output: Option<&Path>,
 ) -> Result<(), Failure> {
-    let options = args.options()?;
+    let options = args.options();
     let factory = scaling
         .placement_group_factory()
         .map_err(Failure::bad_input)?;
@@ -271,41 +209,6 @@ fn shell_quoted(word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slurm_time_limits_are_checked_in_slurms_forms() {
-        for good in [
-            "30",
-            "30:00",
-            "1:00:00",
-            "2-00",
-            "2-12:30",
-            "2-12:30:00",
-            "UNLIMITED",
-        ] {
-            assert!(is_slurm_time(good), "{good}");
-        }
-        for bad in ["", "1h", "1:2:3:4", "-5", "2-", "1.5", "a-1"] {
-            assert!(!is_slurm_time(bad), "{bad}");
-        }
-    }
-
-    #[test]
-    fn slurm_signals_are_names_or_numbers_with_a_lead_time() {
-        for good in [
-            "USR1",
-            "USR1@90",
-            "SIGUSR1@90",
-            "10@60",
-            "B:USR1@90",
-            "R:TERM",
-        ] {
-            assert!(is_slurm_signal(good), "{good}");
-        }
-        for bad in ["", "USR3", "USR1@", "USR1@-1", "USR1@soon", "0", "99"] {
-            assert!(!is_slurm_signal(bad), "{bad}");
-        }
-    }
 
     #[test]
     fn words_are_quoted_for_the_batch_script_only_when_needed() {
