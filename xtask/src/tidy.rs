@@ -19,14 +19,19 @@ pub(crate) const LAYERS: &[&str] = &[
     "trainyard-backend-executor",
     "trainyard-torch-backend",
     "trainyard-wire",
-    "trainyard-agent",
     "trainyard-hub",
     "trainyard-runtime-local",
     "trainyard-runtime-ray",
     "trainyard-runtime-slurm",
+    "trainyard-agent",
     "trainyard",
     "trainyard-cli",
 ];
+
+/// The agent process sits above the hub and the runtimes, which speak to it only through
+/// `trainyard-wire` and `trainyard-sys`; their tests may still link it (a test binary or
+/// example that serves as an agent), through a dev-dependency.
+pub(crate) const AGENT: &str = "trainyard-agent";
 
 /// Third-party crates the leaf may use: it is types only.
 pub(crate) const LEAF_ALLOWED: &[&str] = &["serde", "serde_json", "thiserror"];
@@ -52,7 +57,7 @@ pub(crate) fn problems(packages: &[Package]) -> Vec<String> {
             continue;
         };
         for (dep, kind) in &package.deps {
-            if *dep == package.name && kind == "dev" {
+            if (*dep == package.name || dep == AGENT) && kind == "dev" {
                 continue;
             }
             match rank.get(dep.as_str()) {
@@ -177,6 +182,16 @@ mod tests {
             &[("trainyard-config", "normal")],
         )];
         assert_eq!(problems(&normal).len(), 1);
+    }
+
+    #[test]
+    fn runtimes_reach_the_agent_only_from_their_tests() {
+        let tests = [package("trainyard-hub", &[("trainyard-agent", "dev")])];
+        assert!(problems(&tests).is_empty());
+        let linked = [package("trainyard-hub", &[("trainyard-agent", "normal")])];
+        let found = problems(&linked);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("normal dependency on `trainyard-agent`"));
     }
 
     #[test]
