@@ -1,7 +1,9 @@
 //! What trainyard's end-to-end tests (`crates/cli/tests`) and `cargo xtask soak` share: a
 //! marker in the environment of a run's processes and the search for the processes runs left
-//! behind ([`processes`]), and the soak's driver ([`soak`]). Not part of trainyard's API.
+//! behind ([`processes`]), the soak's driver ([`soak`]); and what a test logs, read back
+//! ([`logs`]). Not part of trainyard's API.
 
+pub mod logs;
 pub mod processes;
 pub mod soak;
 pub mod users;
