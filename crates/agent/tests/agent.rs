@@ -13,7 +13,6 @@ use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
 use futures::{SinkExt as _, StreamExt as _};
-use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, timeout};
@@ -22,11 +21,12 @@ use trainyard_runtime::root_cause::ERROR_FILE_VAR;
 use trainyard_runtime::root_cause::{ErrorSource, TaskError};
 use trainyard_runtime::stacks::{ProcessStacks, TaskStacks, ThreadStack};
 use trainyard_runtime::{
-    ActorId, FunctionRegistry, NodeId, Request, Response, TaskEvent, TaskExit, TaskSpec,
+    ActorId, FunctionRegistry, Request, Response, TaskEvent, TaskExit, TaskSpec,
 };
 use trainyard_test_support::processes::{TORCH_SKIP, torch_python};
 use trainyard_wire::auth::Handshake;
-use trainyard_wire::config::{AgentConfig, token_line};
+use trainyard_wire::config::AgentConfig;
+use trainyard_wire::testing;
 use trainyard_wire::token::{Nonce, Role, Token};
 use trainyard_wire::wire::{self, AgentMessage, DriverMessage, WireError};
 
@@ -42,6 +42,9 @@ const BLOCK: &str = "test.block";
 const FAIL: &str = "test.fail";
 
 /// Serves as an agent when started by a test of this file; does nothing otherwise.
+/// The full name of [`agent_entry`] in this binary, as `--exact` takes it.
+const AGENT_ENTRY: &str = "agent_entry";
+
 #[test]
 fn agent_entry() {
     if let Some(code) = trainyard_agent::run_if_agent(functions()) {
@@ -80,39 +83,14 @@ impl Driver {
     async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let config = AgentConfig {
-            driver: listener.local_addr().expect("an address").to_string(),
-            actor: ActorId(0),
-            parent: std::process::id(),
-            node_id: NodeId("node-0".to_owned()),
-            node_ip: "127.0.0.1".to_owned(),
-            accelerator_ids: BTreeMap::new(),
-            memory: None,
             grace_ms: 2_000,
-            heartbeat_ms: 1_000,
-            scheduler_stops: false,
+            ..testing::local_agent_config(
+                listener.local_addr().expect("an address").to_string(),
+                ActorId(0),
+            )
         };
         let token = Token::random().expect("randomness");
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let mut agent = Command::new(exe)
-            .args([
-                "--exact",
-                "agent_entry",
-                "--nocapture",
-                "--test-threads=1",
-                "-q",
-            ])
-            .envs(config.to_env().expect("serialisable"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the agent starts");
-        let mut stdin = agent.stdin.take().expect("piped stdin");
-        stdin
-            .write_all(token_line(&token).as_bytes())
-            .await
-            .expect("the token is written");
-        drop(stdin);
+        let agent = testing::start_agent(AGENT_ENTRY, &config, &token, Stdio::inherit()).await;
         let (socket, _) = timeout(WAIT, listener.accept())
             .await
             .expect("the agent connects in time")

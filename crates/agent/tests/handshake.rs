@@ -8,14 +8,15 @@ use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
 use futures::{SinkExt as _, StreamExt as _};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncReadExt as _;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::time::timeout;
 use tokio_util::bytes::BytesMut;
-use trainyard_runtime::{ActorId, FunctionRegistry, NodeId, Request, TaskSpec};
+use trainyard_runtime::{ActorId, FunctionRegistry, Request, TaskSpec};
 use trainyard_wire::auth::Handshake;
-use trainyard_wire::config::{AGENT_FAILED, AgentConfig, token_line};
+use trainyard_wire::config::AGENT_FAILED;
+use trainyard_wire::testing;
 use trainyard_wire::token::{Nonce, Role, Token};
 use trainyard_wire::wire::{self, AgentMessage, DriverMessage};
 
@@ -30,6 +31,9 @@ type Link = wire::Link<TcpStream>;
 
 /// Serves as an agent when started by a test of this file, exiting with its own code;
 /// does nothing otherwise.
+/// The full name of [`agent_entry`] in this binary, as `--exact` takes it.
+const AGENT_ENTRY: &str = "agent_entry";
+
 #[test]
 fn agent_entry() {
     if let Some(code) = trainyard_agent::run_if_agent(FunctionRegistry::new()) {
@@ -47,40 +51,8 @@ fn agent_entry() {
 /// and its connection, its hello read.
 async fn start_agent(listener: &TcpListener, token: &Token) -> (Child, Link, u32, Nonce) {
     let driver = listener.local_addr().expect("an address").to_string();
-    let config = AgentConfig {
-        driver,
-        actor: ACTOR,
-        parent: std::process::id(),
-        node_id: NodeId("node-0".to_owned()),
-        node_ip: "127.0.0.1".to_owned(),
-        accelerator_ids: BTreeMap::new(),
-        memory: None,
-        grace_ms: 1_000,
-        heartbeat_ms: 1_000,
-        scheduler_stops: false,
-    };
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let mut agent = Command::new(exe)
-        .args([
-            "--exact",
-            "agent_entry",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
-        .envs(config.to_env().expect("serialisable"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the agent starts");
-    let mut stdin = agent.stdin.take().expect("piped stdin");
-    stdin
-        .write_all(token_line(token).as_bytes())
-        .await
-        .expect("the token is written");
-    drop(stdin);
+    let config = testing::local_agent_config(driver, ACTOR);
+    let agent = testing::start_agent(AGENT_ENTRY, &config, token, Stdio::piped()).await;
     let (socket, _) = timeout(WAIT, listener.accept())
         .await
         .expect("the agent connects in time")

@@ -3,7 +3,6 @@
 //! prove the same actor only one gets it. The real agent is this test binary, started again
 //! to run only [`agent_entry`].
 
-use std::collections::BTreeMap;
 use std::io;
 use std::process::{ExitCode, Stdio};
 use std::sync::Arc;
@@ -13,14 +12,15 @@ use async_trait::async_trait;
 use futures::{SinkExt as _, StreamExt as _};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::Notify;
 use tokio::time::timeout;
 use tokio_util::bytes::{Bytes, BytesMut};
 use trainyard_hub::{AgentExit, AgentHub, AgentProcess, HubConfig};
-use trainyard_runtime::{ActorId, FunctionRegistry, NodeId, Request, Response};
+use trainyard_runtime::{ActorId, FunctionRegistry, Request, Response};
 use trainyard_wire::auth::Handshake;
-use trainyard_wire::config::{AgentConfig, token_line};
+use trainyard_wire::config::AgentConfig;
+use trainyard_wire::testing;
 use trainyard_wire::token::{Nonce, Role};
 use trainyard_wire::wire::{self, AgentMessage, DriverMessage};
 
@@ -32,6 +32,9 @@ const WAIT: Duration = Duration::from_secs(30);
 type Link = wire::Link<TcpStream>;
 
 /// Serves as an agent when started by a test of this file; does nothing otherwise.
+/// The full name of [`agent_entry`] in this binary, as `--exact` takes it.
+const AGENT_ENTRY: &str = "agent_entry";
+
 #[test]
 fn agent_entry() {
     if let Some(code) = trainyard_agent::run_if_agent(FunctionRegistry::new()) {
@@ -88,39 +91,10 @@ impl AgentProcess for PlayedAgent {
 /// Starts this binary as the agent of `actor`, connecting to `driver`, holding `hub`'s token.
 async fn start_agent(hub: &AgentHub, actor: ActorId, driver: String) -> ChildAgent {
     let config = AgentConfig {
-        driver,
-        actor,
-        parent: std::process::id(),
-        node_id: NodeId("node-0".to_owned()),
-        node_ip: "127.0.0.1".to_owned(),
-        accelerator_ids: BTreeMap::new(),
-        memory: None,
-        grace_ms: 1_000,
         heartbeat_ms: hub.config().heartbeat_ms(),
-        scheduler_stops: false,
+        ..testing::local_agent_config(driver, actor)
     };
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let mut child = Command::new(exe)
-        .args([
-            "--exact",
-            "agent_entry",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
-        .envs(config.to_env().expect("serialisable"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the agent starts");
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    stdin
-        .write_all(token_line(hub.token()).as_bytes())
-        .await
-        .expect("the token is written");
-    drop(stdin);
-    ChildAgent(child)
+    ChildAgent(testing::start_agent(AGENT_ENTRY, &config, hub.token(), Stdio::inherit()).await)
 }
 
 async fn connect(hub: &AgentHub) -> Link {

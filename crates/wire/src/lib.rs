@@ -72,10 +72,14 @@
 //! - [`config`]: how an agent is started ([`AgentConfig`](config::AgentConfig), the
 //!   variables of its environment, [`token_line`](config::token_line)).
 //! - [`admission`]: connections that have not authenticated yet, evicted oldest first.
+//! - With the `testing` feature, `testing::start_agent` starts a test binary again as an
+//!   agent, for tests that play the driver.
 
 pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod seal;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod token;
 pub mod wire;
