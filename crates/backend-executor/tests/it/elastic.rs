@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-mod common;
-
 use serde_json::{Value, json};
 use trainyard_backend_executor::{
     BackendExecutor, Backoff, ExecutorError, ExecutorOptions, FitReport, ResizeReason, RunEvent,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use serde_json::{Value, json};
 use trainyard_backend_executor::{Backend, BackendError, BackendExecutor, ExecutorOptions};

@@ -1,8 +1,5 @@
-//! What several test files of this crate share: a whole `fit` of two workers on a simulated
+//! What several test modules of this binary share: a whole `fit` of two workers on a simulated
 //! cluster, with the events it streamed.
-
-// Each test file is its own crate and uses a part of this module.
-#![allow(dead_code)]
 
 use std::sync::Arc;
 use std::time::Duration;

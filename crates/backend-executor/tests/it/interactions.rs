@@ -5,8 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-mod common;
-
 use trainyard_backend_executor::{AttemptFailure, BackendExecutor, ExecutorError, ExecutorOptions};
 use trainyard_config::ScalingConfig;
 use trainyard_runtime::{

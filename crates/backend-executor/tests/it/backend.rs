@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use serde_json::{Value, json};
 use trainyard_backend_executor::{

@@ -1,0 +1,11 @@
+//! The backend executor's integration tests, as one test binary: most of them run a whole
+//! `fit` on the simulated cluster, through the set-up in [`common`].
+
+mod backend;
+mod checkpoints;
+mod common;
+mod elastic;
+mod hangs;
+mod interactions;
+mod logs;
+mod properties;
