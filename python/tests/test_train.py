@@ -1,7 +1,7 @@
 """Tests of the ``trainyard`` package on its own (standard library only).
 
 Run with ``cd python && python3 -m unittest discover -s tests``; cargo runs
-them too (``crates/agent/tests/python.rs``). The agent's side of the protocol is
+them too (``crates/agent/tests/it/python.rs``). The agent's side of the protocol is
 tested through real agents in ``crates/runtime-local/tests/python_train.rs``;
 here a fake agent answers.
 """

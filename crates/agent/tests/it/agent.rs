@@ -43,7 +43,7 @@ const FAIL: &str = "test.fail";
 
 /// Serves as an agent when started by a test of this file; does nothing otherwise.
 /// The full name of [`agent_entry`] in this binary, as `--exact` takes it.
-const AGENT_ENTRY: &str = "agent_entry";
+const AGENT_ENTRY: &str = "agent::agent_entry";
 
 #[test]
 fn agent_entry() {

@@ -32,7 +32,7 @@ type Link = wire::Link<TcpStream>;
 /// Serves as an agent when started by a test of this file, exiting with its own code;
 /// does nothing otherwise.
 /// The full name of [`agent_entry`] in this binary, as `--exact` takes it.
-const AGENT_ENTRY: &str = "agent_entry";
+const AGENT_ENTRY: &str = "handshake::agent_entry";
 
 #[test]
 fn agent_entry() {
