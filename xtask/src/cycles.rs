@@ -9,6 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+/// How many module circles the workspace may have.
+pub(crate) const MAX_CIRCLES: usize = 1;
+
 /// One circle: a crate and the modules (as paths like `executor` or `cgroup::mounts`) in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Circle {
@@ -304,6 +307,3 @@ mod tests {
         );
     }
 }
-
-/// How many module circles the workspace may have.
-pub(crate) const MAX_CIRCLES: usize = 1;
