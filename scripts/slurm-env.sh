@@ -163,6 +163,9 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
+# Under a loaded machine a killed step's processes can take long to be reaped: drain a node
+# only after 3 minutes (the default 60 s drained nodes with "Kill task failed" under load).
+UnkillableStepTimeout=180
 # Ended jobs stay visible (there is no accounting database) long enough to read their end.
 MinJobAge=300
 NodeName=n[1-$NODES] NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=[17001-$((17000 + NODES))] CPUs=$CPUS RealMemory=$NODE_MB State=UNKNOWN
