@@ -89,8 +89,7 @@ fn has_nextest() -> bool {
 
 /// The Ray tests (each starts a Ray cluster), as nextest names them; `.config/nextest.toml`
 /// runs the same set one at a time.
-const RAY_TESTS: &str =
-    "(package(trainyard-runtime-ray) & kind(test)) | binary_id(trainyard-cli::ray)";
+const RAY_TESTS: &str = "(package(trainyard-runtime-ray) & kind(test)) | (binary_id(trainyard-cli::it) & test(/^ray::/))";
 
 /// What says why the Ray tests may be left out under `CI=true` (`.ci/run` sets it, loudly,
 /// when the package registry cannot be reached to install Ray).
@@ -169,9 +168,10 @@ fn ci() -> Result<(), String> {
         ])?;
         if ray {
             let runtime = ["test", "-p", "trainyard-runtime-ray", "--tests"];
-            let cli = ["test", "-p", "trainyard-cli", "--test", "ray"];
-            for tests in [&runtime[..], &cli[..]] {
-                cargo(&[tests, &["--all-features", "--", "--ignored"]].concat())?;
+            let cli = ["test", "-p", "trainyard-cli", "--test", "it"];
+            for (tests, only) in [(&runtime[..], None), (&cli[..], Some("ray::"))] {
+                let filter: &[&str] = only.as_slice();
+                cargo(&[tests, &["--all-features", "--", "--ignored"], filter].concat())?;
             }
         }
     }

@@ -1,0 +1,19 @@
+//! The command line's integration tests: each module runs the `trainyard` binary as a user would.
+
+mod bad_input;
+mod checkpoints;
+mod elastic;
+mod hangs;
+mod interrupt;
+mod ledger;
+mod leftovers;
+mod output;
+mod plan;
+mod ray;
+mod run;
+mod slurm;
+mod soak;
+mod storage;
+mod torch;
+mod torchrun;
+mod users;
