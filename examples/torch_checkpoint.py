@@ -3,14 +3,15 @@
 Every epoch each rank trains a step of a tiny DistributedDataParallel model and calls
 ``train.report(metrics, checkpoint=...)``: rank 0 hands in ``model.pt`` (or, with
 ``SHARDS=1``, every rank hands in its own ``shard_<rank>.pt``, as
-torch.distributed.checkpoint does). After a failure, and when the same ``trainyard run
+torch.distributed.checkpoint does; with ``SHARDS=all``, every rank hands in ``model.pt``,
+as Ray Train's examples do, and the checkpoint keeps one copy). After a failure, and when the same ``trainyard run
 --name N --storage S`` is started again, ``train.get_checkpoint()`` is the latest committed
 checkpoint and training goes on from the epoch after it::
 
     trainyard run -n 2 --name demo --max-failures 1 -- python examples/torch_checkpoint.py
 
 Knobs (environment): ``EPOCHS`` (6), ``EPOCH_SECONDS`` (0: pause per epoch),
-``SHARDS`` (0), ``KILL_RANK1_AFTER`` (rank 1 SIGKILLs itself right after that epoch's
+``SHARDS`` (0, 1 or all), ``KILL_RANK1_AFTER`` (rank 1 SIGKILLs itself right after that epoch's
 checkpoint, in the first attempt only), ``CHECKPOINT_MB`` (extra MiB of weights per file).
 """
 
@@ -38,6 +39,7 @@ def main() -> int:
     epochs = int(os.environ.get("EPOCHS", "6"))
     pause = float(os.environ.get("EPOCH_SECONDS", "0"))
     shards = os.environ.get("SHARDS", "0") == "1"
+    every_rank = os.environ.get("SHARDS", "0") == "all"
     kill_after = int(os.environ.get("KILL_RANK1_AFTER", "0"))
     extra = int(os.environ.get("CHECKPOINT_MB", "0")) * 1024 * 1024 // 4
 
@@ -74,7 +76,7 @@ def main() -> int:
         metrics = {"epoch": epoch, "loss": loss.item(), "val": (epoch * 7) % 5}
         with tempfile.TemporaryDirectory() as d:
             handed_in = None
-            if shards or rank == 0:
+            if shards or every_rank or rank == 0:
                 state = {
                     "epoch": epoch,
                     "model": model.module.state_dict(),

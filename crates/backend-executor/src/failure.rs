@@ -64,12 +64,6 @@ pub enum AttemptFailure {
         /// What went wrong.
         reason: String,
     },
-    /// Two ranks handed in a file of the same name for one checkpoint (not retried: the
-    /// training code would do it again).
-    CheckpointClash {
-        /// Why, naming the checkpoint, the file and both ranks.
-        reason: String,
-    },
     /// A committed checkpoint could not be recorded in the run's storage.
     StorageFailed {
         /// What went wrong.
@@ -85,9 +79,7 @@ impl AttemptFailure {
             Self::TaskFailed { rank, .. } | Self::TaskRejected { rank, .. } => Some(*rank),
             Self::Hung { ranks, .. } => ranks.first().copied(),
             Self::WorkerDied { rank, .. } => *rank,
-            Self::StartFailed { .. }
-            | Self::CheckpointClash { .. }
-            | Self::StorageFailed { .. } => None,
+            Self::StartFailed { .. } | Self::StorageFailed { .. } => None,
         }
     }
 }
@@ -153,7 +145,6 @@ impl fmt::Display for AttemptFailure {
             } => write!(f, "rank {rank} died: {cause}"),
             Self::WorkerDied { rank: None, cause } => write!(f, "a worker died: {cause}"),
             Self::StartFailed { reason } => write!(f, "workers failed to start: {reason}"),
-            Self::CheckpointClash { reason } => write!(f, "{reason}"),
             Self::StorageFailed { reason } => {
                 write!(f, "the run's storage failed: {reason}")
             }
@@ -217,7 +208,6 @@ pub fn classify(failure: &AttemptFailure) -> Disposition {
         | AttemptFailure::WorkerDied { .. }
         | AttemptFailure::StartFailed { .. }
         | AttemptFailure::StorageFailed { .. } => Disposition::Restart,
-        AttemptFailure::CheckpointClash { .. } => Disposition::Fatal,
         AttemptFailure::TaskRejected { rejection, .. } => match rejection {
             TaskRejection::SpawnFailed { .. } | TaskRejection::AlreadyRunning => {
                 Disposition::Restart

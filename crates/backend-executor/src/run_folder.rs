@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 use trainyard_checkpoint::{
-    AttemptRecord, BookError, CheckpointBook, CheckpointRecord, DriverRecord, HandIn,
-    RUN_RECORD_VERSION, RunFolder, RunRecord, RunStatus, Storage, StorageError, StorageLocation,
-    checkpoint_dir_name, retention,
+    AttemptRecord, CheckpointBook, CheckpointRecord, DriverRecord, HandIn, RUN_RECORD_VERSION,
+    RunFolder, RunRecord, RunStatus, Storage, StorageError, StorageLocation, checkpoint_dir_name,
+    retention,
 };
 use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig, ScoreOrder};
 
@@ -277,11 +277,6 @@ impl RunStore {
         let commit = match book.record(rank, metrics.clone(), checkpoint) {
             Ok(Some(commit)) => commit,
             Ok(None) => return Ok(None),
-            Err(error @ BookError::FileClash { .. }) => {
-                return Err(AttemptFailure::CheckpointClash {
-                    reason: error.to_string(),
-                });
-            }
             Err(error) => {
                 warn!(%error, "a report could not be booked");
                 return Ok(None);

@@ -86,8 +86,8 @@ impl CheckpointBook {
     /// Books the next report of `rank`; the commit it completes, if any.
     ///
     /// # Errors
-    /// [`BookError::FileClash`] when another rank handed in a file of the same name for the
-    /// same index (the index is then never committed), [`BookError::UnknownRank`].
+    /// [`BookError::UnknownRank`]. Files of the same name from several ranks are one file of
+    /// the checkpoint (the folder holds the copy persisted last).
     pub fn record(
         &mut self,
         rank: u32,
@@ -113,18 +113,15 @@ impl CheckpointBook {
             Some(HandIn::Failed { .. }) => pending.failed = true,
             Some(HandIn::Persisted { files, bytes, .. }) => {
                 pending.handed_in = true;
-                pending.bytes += bytes;
+                // Ranks that hand in a file of the same name (each saving `model.pt`, as
+                // Ray Train accepts) share one copy in the folder: the last one persisted.
+                // A rank whose every file another rank also handed in adds no bytes.
+                let before = pending.files.len();
                 for file in files {
-                    if let Some(&first) = pending.files.get(&file) {
-                        pending.failed = true;
-                        return Err(BookError::FileClash {
-                            index,
-                            file,
-                            first,
-                            second: rank,
-                        });
-                    }
-                    pending.files.insert(file, rank);
+                    pending.files.entry(file).or_insert(rank);
+                }
+                if pending.files.len() > before {
+                    pending.bytes += bytes;
                 }
             }
         }
@@ -213,23 +210,18 @@ mod tests {
     }
 
     #[test]
-    fn two_ranks_writing_one_name_is_an_error_naming_both() {
-        let mut book = CheckpointBook::new(2, 0);
+    fn ranks_writing_one_name_commit_one_file_counted_once() {
+        let mut book = CheckpointBook::new(3, 0);
         book.record(1, metrics(1), persisted(1, &["model.pt"]))
             .unwrap();
-        let error = book
+        book.record(2, metrics(1), persisted(1, &["model.pt", "extra_2"]))
+            .unwrap();
+        let commit = book
             .record(0, metrics(1), persisted(1, &["model.pt"]))
-            .unwrap_err();
-        assert_eq!(
-            error,
-            BookError::FileClash {
-                index: 1,
-                file: "model.pt".into(),
-                first: 1,
-                second: 0
-            }
-        );
-        assert!(error.to_string().contains("ranks 1 and 0"), "{error}");
+            .unwrap()
+            .expect("every rank reported");
+        assert_eq!(commit.files, ["extra_2", "model.pt"]);
+        assert_eq!(commit.bytes, 2, "rank 0's copy of model.pt adds nothing");
     }
 
     #[test]

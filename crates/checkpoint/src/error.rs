@@ -143,20 +143,6 @@ pub enum StorageError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BookError {
-    /// Two ranks handed in a file of the same name for one checkpoint.
-    #[error(
-        "ranks {first} and {second} both wrote `{file}` into checkpoint {index}; each rank must write files of its own names (a shard per rank)"
-    )]
-    FileClash {
-        /// The checkpoint's index.
-        index: u64,
-        /// The file name, relative to the checkpoint folder.
-        file: String,
-        /// The rank that handed it in first.
-        first: u32,
-        /// The rank that handed it in again.
-        second: u32,
-    },
     /// A rank that is not part of the run reported.
     #[error("rank {rank} reported, but the run has {world_size} ranks")]
     UnknownRank {

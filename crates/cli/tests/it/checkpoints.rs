@@ -231,6 +231,31 @@ fn every_rank_saves_its_own_shard_and_the_restore_sees_both() {
 }
 
 #[test]
+fn every_rank_saving_model_pt_commits_one_copy_and_resumes_from_it() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let storage = tempfile::tempdir().expect("tempdir");
+    let dir = storage.path().display().to_string();
+    let events = rank_killed_after_epoch_3(&python, "ckpt-same", &dir, &[("SHARDS", "all")]);
+    for rank in 0..2 {
+        let sees_one = lines_by_attempt(&events, rank)[1]
+            .iter()
+            .any(|l| l.ends_with("files ['model.pt']"));
+        assert!(
+            sees_one,
+            "rank {rank}'s restore sees one model.pt: {events:?}"
+        );
+    }
+    let last = storage.path().join("ckpt-same/checkpoint_000006");
+    let files: Vec<_> = std::fs::read_dir(&last)
+        .expect("the last checkpoint")
+        .map(|entry| entry.expect("an entry").file_name())
+        .collect();
+    assert_eq!(files, ["model.pt"], "one copy, no temporary file left");
+}
+
+#[test]
 fn a_rank_killed_after_epoch_3_resumes_from_s3() {
     let Some(python) = torch_python() else {
         return;
