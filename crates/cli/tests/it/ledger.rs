@@ -330,20 +330,23 @@ fn plan_refuses_ray_and_a_bad_cluster_file_with_exit_2() {
 fn without_xdg_runtime_dir_the_ledger_is_under_the_home_and_the_run_says_why() {
     let home = tempfile::tempdir().expect("temp dir");
     let tmp = tempfile::tempdir().expect("temp dir");
-    let out = Command::new(env!("CARGO_BIN_EXE_trainyard"))
-        .args(["run", "--backend", "none", "--num-cpus", "1"])
-        .arg("--storage")
-        .arg(home.path().join("results"))
-        .args(["--", "true"])
-        .env_remove(LEDGER)
-        .env_remove("XDG_RUNTIME_DIR")
-        .env_remove("RUST_LOG")
-        .env("HOME", home.path())
-        .env("TMPDIR", tmp.path())
-        .env("CI", "1")
-        .stdin(Stdio::null())
-        .output()
-        .expect("trainyard runs");
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_trainyard"))
+            .args(["run", "--backend", "none", "--num-cpus", "1"])
+            .arg("--storage")
+            .arg(home.path().join("results"))
+            .args(["--", "true"])
+            .env_remove(LEDGER)
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("RUST_LOG")
+            .env("HOME", home.path())
+            .env("TMPDIR", tmp.path())
+            .env("CI", "1")
+            .stdin(Stdio::null())
+            .output()
+            .expect("trainyard runs")
+    };
+    let out = run();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let host = nix::unistd::gethostname()
@@ -367,6 +370,11 @@ fn without_xdg_runtime_dir_the_ledger_is_under_the_home_and_the_run_says_why() {
         "{stderr}"
     );
     assert!(ledger.exists(), "{}", ledger.display());
+    // The next run on this host finds the ledger there and says nothing of it.
+    let again = run();
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{stderr}");
+    assert!(!stderr.contains("XDG_RUNTIME_DIR"), "{stderr}");
     assert!(
         std::fs::read_dir(tmp.path())
             .expect("list")

@@ -160,10 +160,11 @@ impl LedgerLocation {
 }
 
 /// Says once, as a warning, why the ledger at `path` is not under `$XDG_RUNTIME_DIR` when
-/// it is the user's own one and that is so.
+/// it is the user's own one and that is so: when the ledger is made there, by the first run
+/// on this host (later runs find it and say nothing).
 fn say_why_not_in_runtime_dir(path: &Path) {
     let (own, fallback) = user_default_and_why();
-    if let Some(why) = fallback.filter(|_| own == path) {
+    if let Some(why) = fallback.filter(|_| own == path && !path.exists()) {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| {
             tracing::warn!(
