@@ -16,10 +16,12 @@
 //! variable is set), and [`python`] returns an error for it to fail with when the interpreter
 //! is missing or has no `ray`.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -148,15 +150,24 @@ pub fn skip(reason: &str) {
     eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n");
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, and one this process has not handed out before:
+/// the ports of one cluster (its GCS, each node's dashboard agent) are chosen before any
+/// is bound, and two binds of port 0 in a row may be given the same port.
 ///
 /// # Errors
 /// [`RayClusterError::Port`] when no port can be bound.
 pub fn free_port() -> Result<u16, RayClusterError> {
-    TcpListener::bind("0.0.0.0:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .map_err(RayClusterError::Port)
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        let port = TcpListener::bind("0.0.0.0:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .map_err(RayClusterError::Port)?;
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
 }
 
 /// Pids of the live (not zombie) processes for which `keep` is true.
