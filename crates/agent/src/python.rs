@@ -1,15 +1,20 @@
 //! The Python side the agent carries in its binary: the `trainyard` package (Ray Train's
 //! worker API: `from trainyard import train`) and the `trainyard_report` module, written once
-//! per agent into its private directory ([`crate::workdir`]) and put first on the
-//! `PYTHONPATH` of every command task, so that a script imports the copy that speaks this
-//! agent's report protocol, with nothing installed.
+//! per user, host and content into a private directory under the temporary directory
+//! ([`shared`]; every agent of every run uses it, and Python's byte code cached beside it
+//! too) and put first on the `PYTHONPATH` of every command task, so that a script imports the
+//! copy that speaks this agent's report protocol, with nothing installed. Where that
+//! directory cannot be trusted (it is not this user's own and private), each agent writes
+//! the files into its own private directory instead ([`crate::workdir`]).
 //!
 //! A binary installed from the Python wheel has the same package installed beside it (one
 //! wheel, one version): its tasks import that one ([`installed_beside`]), with what the wheel
 //! brought along (cloudpickle), and nothing is put on their `PYTHONPATH`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::hash::{Hash as _, Hasher as _};
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
 
 /// The variable Python searches for modules in.
 pub(crate) const PYTHONPATH: &str = "PYTHONPATH";
@@ -79,6 +84,59 @@ pub(crate) fn write(dir: &Path) -> std::io::Result<()> {
         std::fs::write(&path, text)?;
     }
     Ok(())
+}
+
+/// What the shared directory's name starts with.
+const SHARED_PREFIX: &str = "trainyard-python-";
+
+/// The directory every agent of this user on this host puts on its tasks' `PYTHONPATH`:
+/// `trainyard-python-<uid>-<digest of the carried files>` under the temporary directory,
+/// written whole on first use (into a private folder of its own, then renamed into place, so
+/// that no agent ever sees it half written) and used as it is after that. It is trusted only
+/// while it is a directory (not a link) owned by this user that nobody else may enter
+/// (`0700`), as `tmux` trusts its socket directory: then only this user can have written it.
+///
+/// # Errors
+/// When the directory cannot be written, or one of that name is there but not this user's
+/// own and private.
+pub(crate) fn shared() -> std::io::Result<PathBuf> {
+    shared_under(&std::env::temp_dir())
+}
+
+/// [`shared`], under `base`.
+fn shared_under(base: &Path) -> std::io::Result<PathBuf> {
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = base.join(format!("{SHARED_PREFIX}{uid}-{:016x}", digest()));
+    if !dir.exists() {
+        let staging = tempfile::Builder::new()
+            .prefix(&format!(".{SHARED_PREFIX}"))
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir_in(base)?;
+        write(staging.path())?;
+        // Another agent may have put its copy in place first: then that one is used.
+        if std::fs::rename(staging.path(), &dir).is_ok() {
+            std::mem::forget(staging);
+        }
+    }
+    let metadata = std::fs::symlink_metadata(&dir)?;
+    if !metadata.is_dir() || metadata.uid() != uid || metadata.mode() & 0o077 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is not a private directory of this user's own",
+                dir.display()
+            ),
+        ));
+    }
+    Ok(dir)
+}
+
+/// A digest of the carried files: a change to any of them names another directory.
+fn digest() -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    env!("CARGO_PKG_VERSION").hash(&mut hasher);
+    FILES.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Puts `dir` first on the `PYTHONPATH` of `env`, before what the task had there. A path that
@@ -178,6 +236,48 @@ mod tests {
         std::fs::create_dir_all(ours).expect("dist-info");
         assert!(installed_beside(&exe));
         assert!(!installed_beside(Path::new("/trainyard")), "no prefix");
+    }
+
+    #[test]
+    fn the_shared_directory_is_written_once_private_and_whole() {
+        let base = tempfile::tempdir().expect("a temp dir");
+        let dir = shared_under(base.path()).expect("written");
+        let mode = std::fs::metadata(&dir).expect("there").mode();
+        assert_eq!(mode & 0o777, 0o700, "private");
+        for (name, text) in FILES {
+            let written = std::fs::read_to_string(dir.join(name)).expect("readable");
+            assert_eq!(&written, text, "{name}");
+        }
+        let marker = dir.join("written-once");
+        std::fs::write(&marker, b"").expect("a marker");
+        assert_eq!(shared_under(base.path()).expect("there"), dir);
+        assert!(marker.exists(), "the directory in place is used as it is");
+        let names: Vec<_> = std::fs::read_dir(base.path())
+            .expect("readable")
+            .map(|entry| entry.expect("an entry").file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "no staging folder is left: {names:?}");
+    }
+
+    #[test]
+    fn a_shared_directory_others_may_enter_or_a_link_is_not_used() {
+        let base = tempfile::tempdir().expect("a temp dir");
+        let uid = nix::unistd::geteuid().as_raw();
+        let dir = base
+            .path()
+            .join(format!("{SHARED_PREFIX}{uid}-{:016x}", digest()));
+        std::fs::create_dir(&dir).expect("planted");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let error = shared_under(base.path()).expect_err("not private");
+        assert_eq!(
+            error.kind(),
+            std::io::ErrorKind::PermissionDenied,
+            "{error}"
+        );
+        std::fs::remove_dir(&dir).expect("removed");
+        let elsewhere = tempfile::tempdir().expect("another dir");
+        std::os::unix::fs::symlink(elsewhere.path(), &dir).expect("a link");
+        assert!(shared_under(base.path()).is_err(), "a link is not followed");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The agent's private directory: a fresh `0700` folder under the temporary directory, made
 //! on the first task and deleted when the agent exits (by the watchdog when the agent is
 //! killed). It holds the Python files the agent carries (`python/`, put on the tasks'
-//! `PYTHONPATH`), `scratch/`, where remote checkpoints are downloaded for a task, and
+//! `PYTHONPATH`) only where the directory all agents share cannot be used
+//! ([`crate::python::shared`]), `scratch/`, where remote checkpoints are downloaded for a task, and
 //! `errors/`, where tasks that ask for one get their error file
 //! ([`ERROR_FILE_VAR`](trainyard_runtime::root_cause::ERROR_FILE_VAR)).
 
@@ -17,11 +18,14 @@ const PREFIX: &str = "trainyard-agent-";
 #[derive(Debug)]
 pub(crate) struct WorkDir {
     root: tempfile::TempDir,
+    /// Where the carried Python files are.
+    python: PathBuf,
 }
 
 impl WorkDir {
-    /// Makes the directory (readable by this user only) and writes the carried Python files;
-    /// the agent's `watchdog` deletes it should the agent be killed.
+    /// Makes the directory (readable by this user only) and finds the carried Python files,
+    /// written into it when the shared directory cannot be used; the agent's `watchdog`
+    /// deletes it should the agent be killed.
     ///
     /// # Errors
     /// When the directory or a file cannot be written.
@@ -30,14 +34,21 @@ impl WorkDir {
         // `tempfile` makes it 0700 already; the tasks' files depend on it, so say so here.
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700))?;
         watchdog.remove_at_end(root.path());
-        let dir = Self { root };
-        crate::python::write(&dir.python())?;
-        Ok(dir)
+        let python = match crate::python::shared() {
+            Ok(shared) => shared,
+            Err(error) => {
+                tracing::debug!(%error, "the carried Python files go into the agent's directory");
+                let own = root.path().join("python");
+                crate::python::write(&own)?;
+                own
+            }
+        };
+        Ok(Self { root, python })
     }
 
     /// The directory to put on `PYTHONPATH`.
-    pub(crate) fn python(&self) -> PathBuf {
-        self.root.path().join("python")
+    pub(crate) fn python(&self) -> &std::path::Path {
+        &self.python
     }
 
     /// An empty folder for the downloads of the task about to start: what an earlier task
@@ -82,7 +93,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_directory_is_private_holds_the_package_and_is_gone_when_dropped() {
+    fn the_directory_is_private_finds_the_package_and_is_gone_when_dropped() {
         let dir = WorkDir::create(&Watchdog::default()).expect("created");
         let root = dir.root().to_owned();
         let mode = std::fs::metadata(&root)

@@ -16,6 +16,7 @@ use futures::StreamExt as _;
 use tokio::time::timeout;
 use trainyard_resources::{ActorOptions, ResourceAmount};
 use trainyard_runtime::events::{ActorEvent, TaskEvents};
+use trainyard_runtime::root_cause::ERROR_FILE_VAR;
 use trainyard_runtime::{
     ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, RuntimeError, Stream, TaskEvent, TaskExit,
     TaskFailure, TaskRejection, TaskSpec, builtins,
@@ -223,15 +224,15 @@ from trainyard import train
 here = os.path.dirname(os.path.dirname(os.path.abspath(trainyard.__file__)))
 print("package:" + here)
 print("report-module:" + os.path.dirname(os.path.abspath(trainyard_report.__file__)))
-print("mode:" + oct(stat.S_IMODE(os.stat(os.path.dirname(here)).st_mode)))
+print("mode:" + oct(stat.S_IMODE(os.stat(here).st_mode)))
 print("path:" + os.environ["PYTHONPATH"])
 "#;
     with_python("py-import", |runtime| async move {
         let outcome = run_python(&runtime, script, &[("PYTHONPATH", "/the/users/own")]).await;
         let package = outcome.line("package:").to_owned();
         assert!(
-            package.contains("trainyard-agent-"),
-            "imported from the agent's directory, not {package}"
+            package.contains("trainyard-python-"),
+            "imported from the directory the agents share, not {package}"
         );
         assert_eq!(outcome.line("report-module:"), package);
         assert_eq!(outcome.line("mode:"), "0o700", "the directory is private");
@@ -240,8 +241,8 @@ print("path:" + os.environ["PYTHONPATH"])
             format!("{package}:/the/users/own"),
             "the package goes first, the task's own path stays"
         );
-        // The actor was killed by `run_python`: its agent is gone, and its directory too.
-        assert_removed(Path::new(&package).parent().expect("the agent's directory")).await;
+        // The actor was killed by `run_python`; the shared directory stays for the next.
+        assert!(Path::new(&package).is_dir(), "{package} is kept");
     })
     .await;
 }
@@ -522,14 +523,20 @@ async fn assert_removed(dir: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_killed_outright_leaves_no_private_directory() {
     let script = r#"
-import os, sys, time, trainyard
-print(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(trainyard.__file__)))), flush=True)
+import os, sys, time
+print(os.path.dirname(os.path.dirname(os.environ["MY_ERROR_FILE"])), flush=True)
 time.sleep(120)
 "#;
     with_python("py-killed", |runtime| async move {
         let (actor, mut events) = spawn_actor(&runtime, "killed", BTreeMap::new()).await;
         runtime
-            .run_task(actor, python_task(script, BTreeMap::new()))
+            .run_task(
+                actor,
+                python_task(
+                    script,
+                    BTreeMap::from([(ERROR_FILE_VAR.to_owned(), "MY_ERROR_FILE".to_owned())]),
+                ),
+            )
             .await
             .expect("started");
         let dir = loop {

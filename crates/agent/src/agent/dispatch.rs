@@ -231,7 +231,7 @@ impl Agent {
         let number = self.commands_started;
         let workdir = self.workdir().map_err(|e| cannot_start(no_workdir(&e)))?;
         if !crate::python::running_from_wheel() {
-            crate::python::prepend(&mut task_env, &workdir.python());
+            crate::python::prepend(&mut task_env, workdir.python());
         }
         let error_file = root_cause::prepare_error_file(&mut task_env, workdir, number)
             .map_err(|e| cannot_start(format!("cannot prepare the task's error file: {e}")))?;
