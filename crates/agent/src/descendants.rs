@@ -13,16 +13,23 @@
 //! left, with a warning.
 //!
 //! Where the worker has a cgroup, the task's processes are killed through it too (the
-//! driver does so once the agent is gone, however it went); where it has none, this sweep
-//! is what ends them, and an agent killed by SIGKILL leaves them to its watchdog, which
-//! kills the task's process group only.
+//! driver does so once the agent is gone, however it went). Where the task's process is in
+//! it (and the agent is not), emptying the cgroup is the whole sweep at the task's end, and
+//! the orphans it killed are reaped ([`reap_orphans`]): every process the task started is in
+//! the cgroup unless it moved itself out, which takes a privilege over another cgroup. A scan
+//! of `/proc` reads every process of the host, so it is done only where the cgroup cannot
+//! answer, and as the agent exits only when a task may have left something
+//! ([`task_starting`], [`swept_clean`]). Where the worker has no cgroup, this sweep is what
+//! ends a task's processes, and an agent killed by SIGKILL leaves them to its watchdog,
+//! which kills the task's process group only.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::sys::wait::{Id, WaitPidFlag, waitid, waitpid};
 use nix::unistd::Pid;
 
 use trainyard_sys::procfs::{self, ProcessHandle, Stat};
@@ -71,6 +78,23 @@ impl Drop for Helper {
     }
 }
 
+/// Whether a task may have left processes below the agent: set as a task starts, cleared
+/// once a command task's end is swept clean. While it is clear (and no helper runs), the
+/// sweep as the agent exits has nothing to find and is not done: a scan of `/proc` costs a
+/// read per process of the host.
+static MAYBE_LEFT: AtomicBool = AtomicBool::new(false);
+
+/// Notes that a task is starting: something of it may be below the agent until its end is
+/// swept clean ([`swept_clean`]).
+pub(crate) fn task_starting() {
+    MAYBE_LEFT.store(true, Ordering::SeqCst);
+}
+
+/// Notes that the task that ended left nothing below the agent.
+pub(crate) fn swept_clean() {
+    MAYBE_LEFT.store(false, Ordering::SeqCst);
+}
+
 /// Which processes below the agent a sweep ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scope {
@@ -85,6 +109,9 @@ pub(crate) enum Scope {
 /// it runs), reaps those that were re-parented to it, and repeats until none is left or
 /// [`SWEEP_BOUND`] has passed. Returns how many processes are left (0: none). Blocks.
 pub(crate) fn sweep(scope: Scope, watchdog: Option<u32>) -> usize {
+    if scope == Scope::All && !MAYBE_LEFT.load(Ordering::SeqCst) && helpers().is_empty() {
+        return 0;
+    }
     let me = std::process::id();
     let spared: BTreeSet<u32> = match scope {
         Scope::Task => helpers().clone(),
@@ -127,6 +154,25 @@ fn sweep_below(root: u32, skip: impl Fn(u32, &Stat) -> bool, bound: Duration) ->
             return left;
         }
         std::thread::sleep(ROUND_PAUSE);
+    }
+}
+
+/// Reaps the exited children of this process that are not `spared` nor a helper, without
+/// waiting: what a task left, re-parented here and killed (through the worker's cgroup).
+/// Stops at the first exited child it must not reap.
+pub(crate) fn reap_orphans(spared: Option<u32>) {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    while let Ok(status) = waitid(Id::All, flags) {
+        let Some(pid) = status
+            .pid()
+            .and_then(|pid| u32::try_from(pid.as_raw()).ok())
+        else {
+            return;
+        };
+        if Some(pid) == spared || helpers().contains(&pid) {
+            return;
+        }
+        reap(pid);
     }
 }
 

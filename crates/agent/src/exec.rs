@@ -2,12 +2,13 @@
 //! sets up the task's process and then becomes the task's program.
 //!
 //! Everything here runs in a freshly started process before `exec`, so it may allocate and
-//! log freely (no `pre_exec`, which the workspace forbids): it starts a session of its own
-//! (`setsid`: so its process group is its own too, and no process of the task can join the
-//! agent's group, which is in another session), asks for SIGKILL when the agent dies, checks
-//! the agent is still its parent, joins the worker's cgroup (or caps its address space), and
+//! log freely (no `pre_exec`, which the workspace forbids): it joins the worker's cgroup (or
+//! caps its address space), starts a session of its own (`setsid`: so its process group is
+//! its own too, and no process of the task can join the agent's group, which is in another
+//! session), asks for SIGKILL when the agent dies, checks the agent is still its parent, and
 //! executes the program. The agent waits for the session before it takes the task as
-//! started; session and group survive `exec`.
+//! started, and then knows whether the task is in the worker's cgroup; session, group and
+//! cgroup survive `exec`.
 
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode};
@@ -32,19 +33,6 @@ pub(crate) fn run() -> ExitCode {
             return ExitCode::from(CANNOT_EXECUTE);
         }
     };
-    if let Err(error) = nix::unistd::setsid() {
-        eprintln!("trainyard: cannot start the task in a session of its own: {error}");
-        return ExitCode::from(CANNOT_EXECUTE);
-    }
-    // The parent may have died before the signal was asked for: then nobody would send it.
-    if let Err(error) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
-        eprintln!("trainyard: cannot tie the task to its agent: {error}");
-        return ExitCode::from(CANNOT_EXECUTE);
-    }
-    if nix::unistd::getppid().as_raw() != i32::try_from(spec.parent).unwrap_or(-1) {
-        eprintln!("trainyard: the task's agent is gone; not starting it");
-        return ExitCode::from(CANNOT_EXECUTE);
-    }
     match &spec.memory {
         Some(MemoryLimit::Cgroup { path, .. }) => {
             if let Err(error) = cgroup::join_self(&path.join("cgroup.procs")) {
@@ -67,6 +55,19 @@ pub(crate) fn run() -> ExitCode {
         }
         // The scheduler's cgroup holds the agent, so the task too already.
         Some(MemoryLimit::Scheduler { .. }) | None => {}
+    }
+    if let Err(error) = nix::unistd::setsid() {
+        eprintln!("trainyard: cannot start the task in a session of its own: {error}");
+        return ExitCode::from(CANNOT_EXECUTE);
+    }
+    // The parent may have died before the signal was asked for: then nobody would send it.
+    if let Err(error) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        eprintln!("trainyard: cannot tie the task to its agent: {error}");
+        return ExitCode::from(CANNOT_EXECUTE);
+    }
+    if nix::unistd::getppid().as_raw() != i32::try_from(spec.parent).unwrap_or(-1) {
+        eprintln!("trainyard: the task's agent is gone; not starting it");
+        return ExitCode::from(CANNOT_EXECUTE);
     }
     let mut command = Command::new(&spec.program);
     command.args(&spec.args);

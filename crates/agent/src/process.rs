@@ -183,6 +183,7 @@ pub(crate) async fn start(
         }
         _ => None,
     };
+    descendants::task_starting();
     let mut child = Command::from(trampoline)
         .env(EXEC, spec)
         .stdin(Stdio::null())
@@ -216,6 +217,12 @@ pub(crate) async fn start(
     if let Some(dir) = &worker_cgroup {
         watchdog.kill_cgroup_at_end(dir);
     }
+    // The trampoline joins the cgroup before it starts its session: whether it did is known.
+    // An agent that joined it itself (for a function task) would have its helpers there too.
+    let in_cgroup = worker_cgroup.as_deref().is_some_and(|dir| {
+        trainyard_sys::cgroup::holds(dir, pid)
+            && !trainyard_sys::cgroup::holds(dir, std::process::id())
+    });
     let (done_tx, done) = watch::channel(None);
     let watchdog = watchdog.clone();
     let outputs = [
@@ -247,6 +254,7 @@ pub(crate) async fn start(
         let ended = Ended {
             cgroup: cgroup.as_ref(),
             worker_cgroup,
+            in_cgroup,
             watchdog: &watchdog,
         };
         let (exit, ended_ms) = follow(child, readers, reporting, ended).await;
@@ -275,6 +283,9 @@ struct Ended<'a> {
     cgroup: Option<&'a CgroupLimit>,
     /// The worker's cgroup, whose processes are killed at the task's end.
     worker_cgroup: Option<PathBuf>,
+    /// Whether the task's process is in the worker's cgroup: then so is every process it
+    /// started, unless one moved itself out (which takes a privilege over another cgroup).
+    in_cgroup: bool,
     /// The agent's watchdog, told that the task's group is gone.
     watchdog: &'a Watchdog,
 }
@@ -292,6 +303,7 @@ async fn follow(
     let Ended {
         cgroup,
         worker_cgroup,
+        in_cgroup,
         watchdog,
     } = ended;
     // Peek at the exit without reaping, so that the group id stays taken, then kill what the
@@ -318,18 +330,28 @@ async fn follow(
     let status = child.wait().await;
     let ended_ms = root_cause::now_ms();
     // What detached from the group, and what joined the worker's cgroup, are gone before
-    // the end is reported: nothing of the task outlives it (nor holds its output open).
+    // the end is reported: nothing of the task outlives it (nor holds its output open). A
+    // task in the worker's cgroup left nothing outside it: emptying the cgroup is the whole
+    // sweep, with no scan of `/proc`.
     let spared = watchdog.pid();
-    let swept = tokio::task::spawn_blocking(move || {
-        let left = descendants::sweep(descendants::Scope::Task, spared);
-        if let Some(dir) = worker_cgroup {
-            trainyard_sys::cgroup::kill_members(&dir);
+    let swept = tokio::task::spawn_blocking(move || match worker_cgroup {
+        Some(dir) if in_cgroup && trainyard_sys::cgroup::kill_members(&dir) => {
+            descendants::reap_orphans(spared);
+            0
         }
-        left
+        worker_cgroup => {
+            let left = descendants::sweep(descendants::Scope::Task, spared);
+            if let Some(dir) = worker_cgroup {
+                trainyard_sys::cgroup::kill_members(&dir);
+            }
+            left
+        }
     })
     .await;
-    if let Ok(left @ 1..) = swept {
-        tracing::warn!(left, "processes the task left are still there");
+    match swept {
+        Ok(0) => descendants::swept_clean(),
+        Ok(left) => tracing::warn!(left, "processes the task left are still there"),
+        Err(_) => {}
     }
     if let Some(group) = group {
         watchdog.forget(group);

@@ -224,6 +224,19 @@ async fn detached_processes_end_with_their_task(run: &str, enforce: bool) {
                 sleepers(&marker).is_empty(),
                 "{how:?}: the detached sleep (pid {pid}) outlived its task's end"
             );
+            let agent = runtime.agent_pids()[0];
+            let zombies: Vec<u32> = trainyard_sys::procfs::pids()
+                .filter(|&child| {
+                    trainyard_sys::procfs::read_stat(child)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|stat| stat.parent == agent && stat.state == 'Z')
+                })
+                .collect();
+            assert!(
+                zombies.is_empty(),
+                "{how:?}: the agent did not reap {zombies:?}"
+            );
         }
     };
     timeout(TEST_LIMIT, test).await.expect("in time");

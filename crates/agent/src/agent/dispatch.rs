@@ -304,6 +304,8 @@ impl Agent {
                 None => Err(format!("no function is registered as `{name}`")),
             }
         });
+        // What the function starts is below the agent, and only the agent's exit sweeps it.
+        crate::descendants::task_starting();
         let running =
             function::start(future, rx, self.events.clone(), &self.output).map_err(|error| {
                 rejected(TaskRejection::SpawnFailed {

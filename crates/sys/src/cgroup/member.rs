@@ -167,6 +167,22 @@ pub fn join_self(procs_file: &Path) -> Result<(), LimitError> {
     })
 }
 
+/// Whether process `pid` is in the cgroup whose directory is `dir` (one read of
+/// `/proc/<pid>/cgroup`); `false` when that cannot be read.
+#[must_use]
+pub fn holds(dir: &Path, pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|text| names(dir, &text))
+}
+
+/// Whether the `/proc/<pid>/cgroup` text `text` names the cgroup at `dir`: one of its
+/// cgroups, below the root of its hierarchy, is where `dir` ends.
+fn names(dir: &Path, text: &str) -> bool {
+    super::parse_proc_cgroup(text).iter().any(|line| {
+        let relative = line.path.trim_start_matches('/');
+        !relative.is_empty() && dir.ends_with(relative)
+    })
+}
+
 /// How many rounds [`kill_members`] reads the cgroup's processes and kills them, at most.
 const KILL_ROUNDS: u32 = 200;
 /// Pause between two rounds of [`kill_members`].
@@ -428,5 +444,22 @@ mod tests {
         }
         assert!(status.success(), "{status:?}: {output}");
         assert!(output.contains(RLIMIT_CHILD_MARKER), "{output}");
+    }
+
+    #[test]
+    fn a_process_is_in_the_cgroup_its_proc_file_names_below_a_root() {
+        let v1 = Path::new("/sys/fs/cgroup/memory/run-1/actor-3");
+        let v1_text = "12:cpu,cpuacct:/\n7:memory:/run-1/actor-3\n0::/\n";
+        assert!(names(v1, v1_text));
+        assert!(!names(
+            Path::new("/sys/fs/cgroup/memory/run-1/actor-4"),
+            v1_text
+        ));
+        let v2 = Path::new("/sys/fs/cgroup/user.slice/run-1/actor-3");
+        assert!(names(v2, "0::/user.slice/run-1/actor-3\n"));
+        assert!(!names(v2, "0::/\n"), "the root names no worker");
+        assert!(!names(v2, "0::/user.slice/run-1/actor-33\n"));
+        assert!(!names(v2, ""), "nothing read");
+        assert!(!holds(v2, u32::MAX), "no such process");
     }
 }

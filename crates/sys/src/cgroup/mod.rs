@@ -72,7 +72,7 @@ use std::sync::Arc;
 
 pub use error::CgroupError;
 pub use member::{
-    Hierarchy, LimitError, OomCounter, join_self, kill_members, limit_address_space,
+    Hierarchy, LimitError, OomCounter, holds, join_self, kill_members, limit_address_space,
     own_oom_counter,
 };
 pub use mounts::{
