@@ -227,7 +227,9 @@ fn move_aside(path: &Path) -> io::Result<PathBuf> {
 }
 
 /// Writes `contents` to a new file of mode `mode` beside `path` (made exclusively, under a
-/// random name) and renames it over `path`.
+/// random name) and renames it over `path`. Not synced to disk: the ledger tells of live
+/// processes, which a crash of the machine ends all the same, and a file a crash left
+/// garbled reads as an empty ledger ([`read`] moves it aside).
 pub(crate) fn write(path: &Path, contents: &Contents, mode: u32) -> io::Result<()> {
     let dir = path
         .parent()
@@ -247,7 +249,6 @@ pub(crate) fn write(path: &Path, contents: &Contents, mode: u32) -> io::Result<(
         .as_file()
         .set_permissions(Permissions::from_mode(mode))?;
     temporary.write_all(&text)?;
-    temporary.as_file().sync_all()?;
     temporary.persist(path).map_err(|error| error.error)?;
     Ok(())
 }
