@@ -6,10 +6,12 @@
 //! caps its address space), starts a session of its own (`setsid`: so its process group is
 //! its own too, and no process of the task can join the agent's group, which is in another
 //! session), asks for SIGKILL when the agent dies, checks the agent is still its parent, and
-//! executes the program. The agent waits for the session before it takes the task as
-//! started, and then knows whether the task is in the worker's cgroup; session, group and
-//! cgroup survive `exec`.
+//! executes the program. Just before it does, it writes one byte ([`READY`]) to its standard
+//! output: the agent takes the task as started once it has read it (the first byte of the
+//! pipe, before any of the program's), and then knows whether the task is in the worker's
+//! cgroup; session, group and cgroup survive `exec`.
 
+use std::io::Write as _;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode};
 
@@ -20,6 +22,10 @@ use trainyard_wire::config::{EXEC, ExecSpec, MemoryLimit, PRIVATE};
 
 /// The exit code of a trampoline that could not execute its program (as shells use).
 pub const CANNOT_EXECUTE: u8 = 127;
+
+/// The byte the trampoline writes to its standard output, before anything of the task's,
+/// once it is set up and about to execute the program.
+pub(crate) const READY: u8 = 0;
 
 /// Sets up this process as `spec` says and executes its program; returns only on failure.
 pub(crate) fn run() -> ExitCode {
@@ -74,6 +80,16 @@ pub(crate) fn run() -> ExitCode {
     for private in PRIVATE {
         command.env_remove(private);
     }
+    // The first byte the agent reads from the task's output: everything above is done.
+    let mut stdout = std::io::stdout().lock();
+    if stdout
+        .write_all(&[READY])
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        return ExitCode::from(CANNOT_EXECUTE);
+    }
+    drop(stdout);
     let error = command.exec();
     eprintln!(
         "trainyard: cannot execute {}: {error}",

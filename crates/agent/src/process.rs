@@ -17,7 +17,7 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use trainyard_runtime::events::EventSender;
@@ -29,6 +29,7 @@ use trainyard_wire::config::{EXEC, ExecSpec, MemoryLimit};
 
 use crate::descendants::{self, SWEEP_BOUND};
 use crate::double_spawn::SelfExec;
+use crate::exec::READY;
 use crate::handin::TaskReports;
 use crate::lines::{Lines, MAX_LINE};
 use crate::report::ReportSocket;
@@ -77,24 +78,24 @@ impl RunningCommand {
     }
 }
 
-/// How long a trampoline may take to start its session.
-const SESSION_LIMIT: Duration = Duration::from_secs(10);
+/// How long a trampoline may take to set the task up.
+const SETUP_LIMIT: Duration = Duration::from_secs(10);
 
-/// Waits until this process's unreaped child `pid` leads a process group of its own (the
-/// trampoline's `setsid`, its first step), or has ended; `false` when it did neither within
-/// [`SESSION_LIMIT`].
-async fn own_session(pid: u32) -> bool {
-    let deadline = tokio::time::Instant::now() + SESSION_LIMIT;
-    loop {
-        match trainyard_sys::procfs::read_stat(pid).ok().flatten() {
-            Some(stat) if stat.group != pid && !matches!(stat.state, 'Z' | 'X') => {}
-            _ => return true,
+/// Waits until the trampoline says it is set up ([`READY`], the first byte of its standard
+/// output), or has ended without; `false` when it did neither within [`SETUP_LIMIT`]. What
+/// comes before the byte (a test harness that serves as the agent prints its banner there) is
+/// dropped, a byte at a time so that nothing of the program's is read.
+async fn set_up(stdout: &mut ChildStdout) -> bool {
+    let ready = async {
+        let mut byte = [0u8; 1];
+        while stdout.read(&mut byte).await.is_ok_and(|read| read == 1) {
+            if byte[0] == READY {
+                return;
+            }
         }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+        // Ended before it executed the program: its end says why.
+    };
+    tokio::time::timeout(SETUP_LIMIT, ready).await.is_ok()
 }
 
 /// Finds `program` the way `execvp` would, on the task's own `PATH`.
@@ -196,9 +197,13 @@ pub(crate) async fn start(
         .id()
         .ok_or_else(|| spawn_failed(&"the process ended at once"))?;
     // Signals go to the task's group only once the trampoline leads it (`setsid`).
-    if !own_session(pid).await {
+    let set = match child.stdout.as_mut() {
+        Some(stdout) => set_up(stdout).await,
+        None => false,
+    };
+    if !set {
         return Err(spawn_failed(
-            &"the task's process did not start a session of its own in time",
+            &"the task's process did not set itself up in time",
         ));
     }
     // The trampoline is this process's unreaped child: its pid is its own still.
@@ -217,7 +222,7 @@ pub(crate) async fn start(
     if let Some(dir) = &worker_cgroup {
         watchdog.kill_cgroup_at_end(dir);
     }
-    // The trampoline joins the cgroup before it starts its session: whether it did is known.
+    // The trampoline is set up: whether it joined the worker's cgroup is known.
     // An agent that joined it itself (for a function task) would have its helpers there too.
     let in_cgroup = worker_cgroup.as_deref().is_some_and(|dir| {
         trainyard_sys::cgroup::holds(dir, pid)
