@@ -363,6 +363,7 @@ impl SlurmLauncher {
         }
         command.envs(&spec.env).envs(env);
         tracing::debug!(%actor, node = %held.node.id, flags = ?step.flags, "starting a job step");
+        let started = std::time::Instant::now();
         let mut srun = command
             .spawn()
             .map_err(|error| failed(format!("cannot start `srun`: {error}")))?;
@@ -377,6 +378,7 @@ impl SlurmLauncher {
         let mut process = StepAgent {
             handle,
             srun,
+            started,
             job: step.job,
             step_name: step.name,
             node: held.node.id.clone(),

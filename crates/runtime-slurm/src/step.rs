@@ -7,7 +7,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use nix::sys::signal::Signal;
@@ -26,6 +26,11 @@ const STDERR_DRAIN: Duration = Duration::from_secs(2);
 const SRUN_KILL_AFTER: Duration = Duration::from_secs(3);
 /// How long `srun` gets to exit once its agent's connection is lost.
 const SRUN_EXIT_WAIT: Duration = Duration::from_secs(10);
+/// How old a step must be before it is cancelled: Slurm 22.05's `slurmstepd`, cancelled in
+/// the first tens of milliseconds of its launch, was seen to hang in a futex wait for good,
+/// its job stuck completing and the node's CPUs taken (`slurmd`: `STEP … CANCELLED` 63 ms
+/// after `launch task`, then nothing).
+const STEP_SETTLE: Duration = Duration::from_secs(1);
 
 /// What Slurm said about a step's end, from `srun`'s stderr.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -91,6 +96,8 @@ pub(crate) struct StepAgent {
     /// A hold on `srun`, taken while it was this driver's unreaped child: a signal sent
     /// through it reaches `srun` or nobody.
     pub(crate) handle: Option<Arc<ProcessHandle>>,
+    /// When `srun` was started: the step is cancelled no sooner than [`STEP_SETTLE`] after.
+    pub(crate) started: Instant,
     /// The job, and the step's name (unique in it), to cancel it by.
     pub(crate) job: String,
     pub(crate) step_name: String,
@@ -123,6 +130,11 @@ impl StepAgent {
         }));
     }
 
+    /// How long a cancel waits for the step to be [`STEP_SETTLE`] old.
+    fn settle(&self) -> Duration {
+        STEP_SETTLE.saturating_sub(self.started.elapsed())
+    }
+
     fn end(&self) -> StepEnd {
         self.end
             .lock()
@@ -137,8 +149,10 @@ impl StepAgent {
     fn cancel(&self, signal: Option<Signal>) {
         let (job, name) = (self.job.clone(), self.step_name.clone());
         let srun = self.handle.clone();
+        let settle = self.settle();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
+                tokio::time::sleep(settle).await;
                 cancel_step(&job, &name, signal).await;
                 tokio::time::sleep(SRUN_KILL_AFTER).await;
                 if let Some(srun) = srun {
@@ -214,8 +228,12 @@ impl AgentProcess for StepAgent {
     /// grace and exits, and the step ends.
     fn terminate(&mut self) {
         let (job, name) = (self.job.clone(), self.step_name.clone());
+        let settle = self.settle();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { cancel_step(&job, &name, Some(Signal::SIGTERM)).await });
+            runtime.spawn(async move {
+                tokio::time::sleep(settle).await;
+                cancel_step(&job, &name, Some(Signal::SIGTERM)).await;
+            });
         }
     }
 

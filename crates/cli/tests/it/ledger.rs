@@ -375,11 +375,13 @@ fn without_xdg_runtime_dir_the_ledger_is_under_the_home_and_the_run_says_why() {
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(again.status.success(), "{stderr}");
     assert!(!stderr.contains("XDG_RUNTIME_DIR"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("list")
+        .map(|entry| entry.expect("an entry").file_name())
+        .filter(|name| !name.to_string_lossy().starts_with("trainyard-python-"))
+        .collect();
     assert!(
-        std::fs::read_dir(tmp.path())
-            .expect("list")
-            .next()
-            .is_none(),
-        "nothing in the temporary directory"
+        left.is_empty(),
+        "nothing in the temporary directory but the Python files all agents share: {left:?}"
     );
 }
