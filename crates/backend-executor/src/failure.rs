@@ -82,6 +82,22 @@ impl AttemptFailure {
             Self::StartFailed { .. } | Self::StorageFailed { .. } => None,
         }
     }
+
+    /// The memory limit the failed rank exceeded, when that is what ended it.
+    #[must_use]
+    pub fn memory_limit(&self) -> Option<u64> {
+        match self {
+            Self::TaskFailed {
+                failure: TaskFailure::MemoryLimit { limit },
+                ..
+            }
+            | Self::WorkerDied {
+                cause: DeathCause::MemoryLimit { limit },
+                ..
+            } => Some(*limit),
+            _ => None,
+        }
+    }
 }
 
 /// `5 s`, `1.5 s`, `90 s`: a wait as the messages say it.

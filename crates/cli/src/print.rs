@@ -278,13 +278,18 @@ fn print_text(
     }
 }
 
-/// `; its output: DIR/rank_1.log` for a failure that belongs to one rank.
+/// `; its output: DIR/rank_1.log` for a failure that belongs to one rank, when that rank
+/// wrote anything (a rank that died before its first line has no file).
 pub(crate) fn log_file_note(failure: &AttemptFailure, log_dir: Option<&str>) -> String {
     match (failure.rank(), log_dir) {
-        (Some(rank), Some(dir)) => format!(
-            "; its output: {}",
-            Path::new(dir).join(format!("rank_{rank}.log")).display()
-        ),
+        (Some(rank), Some(dir)) => {
+            let file = Path::new(dir).join(format!("rank_{rank}.log"));
+            if file.is_file() {
+                format!("; its output: {}", file.display())
+            } else {
+                String::new()
+            }
+        }
         _ => String::new(),
     }
 }

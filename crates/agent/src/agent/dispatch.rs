@@ -89,6 +89,14 @@ impl Agent {
         diagnostics: Diagnostics,
         watchdog: Watchdog,
     ) -> Self {
+        let mut config = config;
+        // A scheduler's step that asked for no memory has a limit all the same, the one the
+        // scheduler gave it (Slurm: the job's, from DefMemPerCPU): its tasks' OOM kills are
+        // that limit's.
+        if config.memory.is_none() && config.scheduler_stops {
+            config.memory = trainyard_sys::cgroup::own_memory_limit()
+                .map(|limit| MemoryLimit::Scheduler { limit });
+        }
         let env = std::env::vars()
             .filter(|(key, _)| !PRIVATE.contains(&key.as_str()))
             .collect();

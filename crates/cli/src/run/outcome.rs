@@ -204,7 +204,7 @@ fn print_resume_hint(report: &trainyard::FitReport, args: &RunArgs) {
 
 /// What ended the final attempt, in the program's words: the first rank to fail by time,
 /// its exception and where it was raised, its traceback's last lines, and its log file.
-fn print_root_cause(report: &trainyard::FitReport) {
+fn print_root_cause(report: &trainyard::FitReport, args: &RunArgs) {
     /// How many of the traceback's last lines are shown (the log file keeps them all).
     const TRACEBACK_LINES: usize = 12;
     let Some(failure) = report.failures.last() else {
@@ -242,6 +242,25 @@ fn print_root_cause(report: &trainyard::FitReport) {
             say!("trainyard: rank {rank}'s output: {file}");
         }
     }
+    if let (Some(limit), Some(rank)) = (failure.memory_limit(), failure.rank()) {
+        if args.runtime == RuntimeKind::Slurm && asked_no_memory(args) {
+            say!(
+                "trainyard: rank {rank} asked for no memory, so its Slurm step had what the job got by default ({}: the partition's DefMemPerCPU for each of its CPUs): ask for what a worker needs with -r memory=<size>",
+                trainyard::resources::ByteSize::new(limit).human()
+            );
+        }
+    }
+}
+
+/// Whether the workers asked for no memory on the command line (a `--config` file may have
+/// asked: then this cannot tell).
+fn asked_no_memory(args: &RunArgs) -> bool {
+    args.scaling.config.is_none()
+        && args
+            .scaling
+            .resources_per_worker
+            .as_ref()
+            .is_none_or(|resources| resources.amount("memory").is_zero())
 }
 
 /// `line` without the `[rank1]: ` that torch puts before what a rank prints.
@@ -271,7 +290,7 @@ fn failure_of(error: trainyard::Error, args: &RunArgs) -> Failure {
     }
     if format == LogFormat::Text {
         if let trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) = &error {
-            print_root_cause(report);
+            print_root_cause(report, args);
             print_checkpoints(report);
             print_resume_hint(report, args);
         }

@@ -182,6 +182,48 @@ fn memory_per_worker_is_each_steps_limit_and_past_it_is_the_ranks_limit() {
     nothing_left(&sandbox, &run);
 }
 
+/// A worker that asks for no memory gets the job's default (the test cluster's
+/// DefMemPerCPU=256 for its one CPU): past it, the run says that limit and where it came
+/// from, and names no log file the rank never wrote.
+#[test]
+fn a_worker_without_memory_past_slurms_default_is_told_the_limit_and_where_it_came_from() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-default-memory");
+    let run = name("default-memory");
+    let (out, stdout, stderr) = run_to_end(
+        &mut slurm_run(
+            &sandbox,
+            &run,
+            &[
+                "--backend",
+                "none",
+                "--",
+                "python3",
+                "-c",
+                "x = b'x' * 800_000_000",
+            ],
+        ),
+        Duration::from_secs(120),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("rank 0 exceeded its memory limit of 256MiB"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.lines().any(|line| line
+            == "trainyard: rank 0 asked for no memory, so its Slurm step had what the job got by default (256MiB: the partition's DefMemPerCPU for each of its CPUs): ask for what a worker needs with -r memory=<size>"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("rank_0.log"),
+        "the rank wrote nothing: no log file is named: {stderr}"
+    );
+    nothing_left(&sandbox, &run);
+}
+
 #[test]
 fn a_cancelled_allocation_fails_the_run_with_that_cause() {
     let Some(_cluster) = cluster() else {

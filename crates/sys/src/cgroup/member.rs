@@ -95,6 +95,39 @@ pub fn own_oom_counter() -> Option<OomCounter> {
         .find_map(|dir| OomCounter::open(&dir))
 }
 
+/// The memory limit this process runs under (a scheduler put it in a memory cgroup: a Slurm
+/// step's task under its step), in bytes: the smallest limit of its memory cgroup and the
+/// cgroups above it; `None` when none has one or none can be read.
+#[must_use]
+pub fn own_memory_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let root = Path::new("/sys/fs/cgroup");
+    own_memory_cgroups(&text)
+        .into_iter()
+        .filter(|dir| dir.is_dir())
+        .find_map(|dir| {
+            dir.ancestors()
+                .take_while(|above| above.starts_with(root) && *above != root)
+                .filter_map(|above| {
+                    ["memory.max", "memory.limit_in_bytes"]
+                        .into_iter()
+                        .find_map(|file| fs::read_to_string(above.join(file)).ok())
+                        .and_then(|value| parse_limit(&value))
+                })
+                .min()
+        })
+}
+
+/// A cgroup's memory limit as its file says it: v2's `max`, and v1's page-rounded largest
+/// value (2^63 rounded down to a page), are none.
+fn parse_limit(value: &str) -> Option<u64> {
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|&limit| limit > 0 && limit < 1 << 62)
+}
+
 /// Where the memory cgroup named in a `/proc/self/cgroup` text may be, most likely first.
 fn own_memory_cgroups(text: &str) -> Vec<PathBuf> {
     let root = Path::new("/sys/fs/cgroup");
@@ -461,5 +494,17 @@ mod tests {
         assert!(!names(v2, "0::/user.slice/run-1/actor-33\n"));
         assert!(!names(v2, ""), "nothing read");
         assert!(!holds(v2, u32::MAX), "no such process");
+    }
+
+    #[test]
+    fn a_cgroups_memory_limit_is_read_as_its_file_says_it() {
+        assert_eq!(parse_limit("268435456\n"), Some(256 << 20));
+        assert_eq!(parse_limit("max\n"), None, "v2 without a limit");
+        assert_eq!(
+            parse_limit("9223372036854771712\n"),
+            None,
+            "v1 without a limit"
+        );
+        assert_eq!(parse_limit(""), None);
     }
 }

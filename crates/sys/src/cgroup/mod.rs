@@ -73,7 +73,7 @@ use std::sync::Arc;
 pub use error::CgroupError;
 pub use member::{
     Hierarchy, LimitError, OomCounter, holds, join_self, kill_members, limit_address_space,
-    own_oom_counter,
+    own_memory_limit, own_oom_counter,
 };
 pub use mounts::{
     CgroupLine, CgroupLookupError, CgroupMount, CgroupQuery, OwnCgroup, own_cgroup,
