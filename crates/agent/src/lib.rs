@@ -82,6 +82,7 @@ mod process;
 mod python;
 mod report;
 mod root_cause;
+mod scheduler;
 mod stacks;
 mod watchdog;
 mod workdir;

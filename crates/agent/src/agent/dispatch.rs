@@ -89,17 +89,10 @@ impl Agent {
         diagnostics: Diagnostics,
         watchdog: Watchdog,
     ) -> Self {
-        let mut config = config;
-        // A scheduler's step that asked for no memory has a limit all the same, the one the
-        // scheduler gave it (Slurm: the job's, from DefMemPerCPU): its tasks' OOM kills are
-        // that limit's.
-        if config.memory.is_none() && config.scheduler_stops {
-            config.memory = trainyard_sys::cgroup::own_memory_limit()
-                .map(|limit| MemoryLimit::Scheduler { limit });
-        }
-        let env = std::env::vars()
+        let env: BTreeMap<String, String> = std::env::vars()
             .filter(|(key, _)| !PRIVATE.contains(&key.as_str()))
             .collect();
+        let config = crate::scheduler::in_step(config, &env);
         Self {
             config,
             functions,
