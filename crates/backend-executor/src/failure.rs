@@ -236,7 +236,7 @@ pub fn classify(failure: &AttemptFailure) -> Disposition {
 /// How long to wait before each restart: `initial`, doubling up to `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Backoff {
-    /// The wait before the first restart.
+    /// The first wait: before the run's second restart (its first is at once).
     pub initial: Duration,
     /// The longest wait.
     pub max: Duration,

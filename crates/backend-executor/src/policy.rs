@@ -1,7 +1,8 @@
 //! What the run does after an attempt: a pure function of the attempts so far
 //! ([`History`]) and how the last one ended ([`Outcome`]), as kube-rs's error policy returns
-//! an `Action`. Ray Train v2's rules: a failed attempt restarts everything from scratch after
-//! a backoff while `max_failures` allows; a preemption restarts without using up that
+//! an `Action`. Ray Train v2's rules: a failed attempt restarts everything from scratch while
+//! `max_failures` allows (the run's first restart at once, the later ones after a backoff
+//! that grows with the failures, so that a crash loop slows down); a preemption restarts without using up that
 //! budget; a failure [`classify`] calls fatal ends the run at once; room for more workers
 //! restarts an elastic run at the larger size, not as a failure.
 
@@ -107,9 +108,14 @@ impl Policy {
                 {
                     return Action::Fail;
                 }
-                Action::Restart {
-                    after: self.backoff.delay(count.max(1)),
-                }
+                // One failure is no crash loop: the run's first restart is at once, and the
+                // backoff grows from the second on with the failures counted.
+                let after = if history.failures.len() <= 1 {
+                    Duration::ZERO
+                } else {
+                    self.backoff.delay(count.saturating_sub(1).max(1))
+                };
+                Action::Restart { after }
             }
         }
     }
@@ -165,6 +171,7 @@ mod tests {
     #[test]
     fn each_outcome_leads_to_its_action_as_the_budget_allows() {
         let second = Duration::from_secs(1);
+        let zero = Duration::ZERO;
         let backoff = Backoff::default();
         let restarts = |n| Policy {
             failures: FailureConfig::restarts(n),
@@ -182,16 +189,21 @@ mod tests {
                 vec![Action::Finish],
             ),
             (
-                "a failure within the budget restarts after the backoff",
+                "a first failure within the budget restarts at once",
                 restarts(1),
                 vec![Outcome::Failed(user_error()), Outcome::Failed(user_error())],
-                vec![Action::Restart { after: second }, Action::Fail],
+                vec![Action::Restart { after: zero }, Action::Fail],
             ),
             (
-                "the backoff doubles with the failures counted",
+                "the backoff starts with the second failure and doubles with those counted",
                 restarts(3),
-                vec![Outcome::Failed(user_error()), Outcome::Failed(user_error())],
                 vec![
+                    Outcome::Failed(user_error()),
+                    Outcome::Failed(user_error()),
+                    Outcome::Failed(user_error()),
+                ],
+                vec![
+                    Action::Restart { after: zero },
                     Action::Restart { after: second },
                     Action::Restart { after: 2 * second },
                 ],
@@ -211,7 +223,7 @@ mod tests {
                     Outcome::Succeeded,
                 ],
                 vec![
-                    Action::Restart { after: second },
+                    Action::Restart { after: zero },
                     Action::Restart { after: second },
                     Action::Finish,
                 ],
