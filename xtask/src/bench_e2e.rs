@@ -4,8 +4,11 @@
 //! 1. `examples/torch_ddp.py` on 2 workers: `trainyard run -n 2` vs `torchrun
 //!    --nproc-per-node 2` vs two processes started by hand with the environment set.
 //! 2. From one rank's crash to every rank stopped (`trainyard run` exits).
-//! 3. Start and stop of 64 workers of `true`, against 64 `true` processes spawned by hand.
-//! 4. An elastic run (`-n 1:4`) growing from 2 to 4 workers: from the exit of the run that
+//! 3. From a rank's hang deadline to every rank's stacks printed and every rank stopped.
+//! 4. From one of 2 torch ranks SIGKILLed to both ranks' first `all_reduce` after the
+//!    restart, against `torchrun --max-restarts 1`.
+//! 5. Start and stop of 64 workers of `true`, against 64 `true` processes spawned by hand.
+//! 6. An elastic run (`-n 1:4`) growing from 2 to 4 workers: from the exit of the run that
 //!    held the other two CPUs to all 4 ranks running again from the checkpoint.
 //!
 //! Then where the launch goes, phase by phase (`trainyard run --timings`), for the torch job
@@ -171,6 +174,52 @@ fn hang_to_stop(trainyard: &Path, python: &Path, root: &Path) -> Result<Duration
     Ok(Duration::from_secs_f64((ended - ready - timeout).max(0.0)))
 }
 
+/// Rank 1 SIGKILLs itself after some `all_reduce`s (`crates/cli/tests/python/restart.py`);
+/// `command` restarts the ranks once. The time from the kill to both ranks' first
+/// `all_reduce` of the next attempt.
+fn kill_to_training(command: &mut Command) -> Result<Duration, String> {
+    let out = command
+        .env("CI", "1")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last_word = |line: &str| line.rsplit(' ').next()?.parse::<f64>().ok();
+    let killed = stdout
+        .lines()
+        .filter(|l| l.contains("killed "))
+        .find_map(last_word)
+        .ok_or_else(|| format!("no kill time in {stdout}"))?;
+    let again: Vec<f64> = stdout
+        .lines()
+        .filter(|l| l.contains("first all_reduce 1 "))
+        .filter_map(last_word)
+        .collect();
+    if again.len() != 2 || !out.status.success() {
+        return Err(format!(
+            "the ranks did not both train again ({}): {stdout}",
+            out.status
+        ));
+    }
+    let last = again.into_iter().fold(f64::MIN, f64::max);
+    Ok(Duration::from_secs_f64((last - killed).max(0.0)))
+}
+
+/// `trainyard run` of the restart script, restarting once, its run folder under `storage`.
+fn restart_command(trainyard: &Path, python: &Path, root: &Path, storage: &Path) -> Command {
+    let mut command = Command::new(trainyard);
+    command
+        .current_dir(root)
+        .args(["run", "-n", "2", "-r", "CPU=0.5", "--max-failures", "1"])
+        .arg("--storage")
+        .arg(storage)
+        .arg("--")
+        .arg(python)
+        .arg("crates/cli/tests/python/restart.py");
+    command
+}
+
 /// `--resize-interval` of the elastic run.
 const RESIZE_INTERVAL: &str = "2s";
 
@@ -283,6 +332,8 @@ struct Figures {
     by_hand: Duration,
     crash: Duration,
     hang: Duration,
+    restart: Duration,
+    torchrun_restart: Duration,
     grow: Duration,
     many: Duration,
     spawns: Duration,
@@ -421,6 +472,7 @@ fn phases(mut make: impl FnMut() -> Command) -> Result<Vec<PhaseFigure>, String>
 struct Against {
     trainyard: PathBuf,
     ddp: Vec<Duration>,
+    restart: Vec<Duration>,
     many: Vec<Duration>,
 }
 
@@ -440,6 +492,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
                 against = Some(Against {
                     trainyard,
                     ddp: Vec::new(),
+                    restart: Vec::new(),
                     many: Vec::new(),
                 });
             }
@@ -524,6 +577,49 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         hang.as_secs_f64() * 1000.0
     );
 
+    let storage = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        ours.push(kill_to_training(&mut restart_command(
+            &trainyard,
+            &python,
+            &root,
+            storage.path(),
+        ))?);
+        theirs.push(kill_to_training(
+            Command::new(&torchrun).current_dir(&root).args([
+                "--nproc-per-node",
+                "2",
+                "--max-restarts",
+                "1",
+                "crates/cli/tests/python/restart.py",
+            ]),
+        )?);
+        if let Some(against) = &mut against {
+            against.restart.push(kill_to_training(&mut restart_command(
+                &against.trainyard,
+                &python,
+                &root,
+                storage.path(),
+            ))?);
+        }
+    }
+    let (restart, torchrun_restart) = (median(ours), median(theirs));
+    println!(
+        "rank 1 of 2 SIGKILLed → both ranks' first all_reduce after the restart: trainyard {:.0} ms, torchrun --max-restarts 1 {:.0} ms (target <= 500 ms) ({stamp})",
+        ms(restart),
+        ms(torchrun_restart)
+    );
+    if let Some(against) = &against {
+        let theirs = median(against.restart.clone());
+        println!(
+            "  {} {:.0} ms: this build / that one = {:.3}",
+            against.trainyard.display(),
+            ms(theirs),
+            secs(restart) / secs(theirs)
+        );
+    }
+
     let grows: Vec<Duration> = (0..ROUNDS)
         .map(|_| elastic_grow(&trainyard, &root))
         .collect::<Result<_, _>>()?;
@@ -580,6 +676,8 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         by_hand: by_hand_median,
         crash,
         hang,
+        restart,
+        torchrun_restart,
         grow,
         many,
         spawns: spawn,
@@ -628,6 +726,12 @@ impl Figures {
         t.push_str(&format!(
             "| one rank hangs (`--hang-timeout`) → every rank's stacks printed, every rank stopped | {:.0} ms | after the deadline; 2 torch ranks, one in `time.sleep`, one in `all_reduce` |\n",
             ms(self.hang)
+        ));
+        t.push_str(&format!(
+            "| rank 1 of 2 SIGKILLed → both ranks' first `all_reduce` after the restart (`--max-failures 1`) | {:.0} ms | {:.2} × `torchrun --max-restarts 1` ({:.0} ms); 2 gloo ranks, a script that imports torch again |\n",
+            ms(self.restart),
+            secs(self.restart) / secs(self.torchrun_restart),
+            ms(self.torchrun_restart)
         ));
         t.push_str(&format!(
             "| elastic `-n 1:4` grows from 2 to 4 workers | {:.0} ms | from the other run's exit to 4 ranks running from the checkpoint (`--resize-interval {RESIZE_INTERVAL}`) |\n",

@@ -1,0 +1,28 @@
+"""Two ranks (gloo) that all_reduce for a moment; in the first attempt rank 1 then SIGKILLs
+itself. Each rank says when its first all_reduce of an attempt finished, and rank 1 when it
+killed itself (seconds since the epoch), for `cargo xtask bench-e2e`: the time from the kill
+to both ranks' first all_reduce of the next attempt is how long the restart kept training
+away. The attempt is `TORCHELASTIC_RESTART_COUNT`, which torchrun and trainyard both set."""
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+tensor = torch.ones(1)
+dist.all_reduce(tensor)
+print(f"first all_reduce {attempt} {rank} {time.time():.4f}", flush=True)
+for _ in range(20):
+    dist.all_reduce(tensor)
+    time.sleep(0.01)
+if attempt == 0 and rank == 1:
+    print(f"killed {time.time():.4f}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+for _ in range(5):
+    dist.all_reduce(tensor)
+    time.sleep(0.01)
+dist.destroy_process_group()
