@@ -12,6 +12,7 @@ macro_rules! say {
 mod args;
 mod cluster;
 mod engine;
+mod fold;
 mod local;
 mod output;
 mod plan;

@@ -4,12 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write as _};
 use std::path::Path;
+use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
 use trainyard::backend::{AttemptFailure, RunEvent, StacksReason};
 use trainyard::runtime::Stream;
 
 use crate::args::LogFormat;
+use crate::fold::{self, Folded, Folds};
 use crate::output::Progress;
 
 /// One JSON object as one line of stdout (a closed stdout is no error here).
@@ -84,9 +86,17 @@ pub(crate) fn print_events(
             .unwrap_or(0),
         ..Seen::default()
     };
+    let mut folds = Folds::default();
+    let mut queue = Vec::new();
     loop {
         let event = match tokio.block_on(shown.next()) {
-            Next::End => return,
+            Next::End => {
+                if format == LogFormat::Text {
+                    folds.flush(&mut queue);
+                    show(queue.drain(..), progress, &mut out, &seen);
+                }
+                return;
+            }
             Next::Wait(line) => {
                 progress.wait(&line);
                 continue;
@@ -101,16 +111,61 @@ pub(crate) fn print_events(
             continue;
         }
         seen.note(&event);
-        let written = match format {
-            LogFormat::Json => serde_json::to_string(&event)
-                .map_err(io::Error::other)
-                .and_then(|line| progress.suspend(|| writeln!(out, "{line}"))),
-            LogFormat::Text => print_text(&event, progress, &mut out, &seen),
-        };
-        if let Err(error) = written {
-            if error.kind() != io::ErrorKind::BrokenPipe {
-                tracing::warn!(%error, "cannot write the workers' output");
+        match format {
+            LogFormat::Json => warn_unwritten(
+                serde_json::to_string(&event)
+                    .map_err(io::Error::other)
+                    .and_then(|line| progress.suspend(|| writeln!(out, "{line}"))),
+            ),
+            LogFormat::Text => {
+                folds.take(event, Instant::now(), &mut queue);
+                show(queue.drain(..), progress, &mut out, &seen);
             }
+        }
+    }
+}
+
+/// Prints what the console shows, in text.
+fn show(
+    shown: impl Iterator<Item = fold::Shown>,
+    progress: &Progress,
+    out: &mut io::Stdout,
+    seen: &Seen,
+) {
+    for shown in shown {
+        match shown {
+            fold::Shown::Event(event) => warn_unwritten(print_text(&event, progress, out, seen)),
+            fold::Shown::Folded(folded) => progress.message(&folded_text(&folded, seen)),
+        }
+    }
+}
+
+/// `rank 0 failed after rank 1 did, with RuntimeError: … (file:line); its traceback (10
+/// lines): DIR/rank_0.log`.
+fn folded_text(folded: &Folded, seen: &Seen) -> String {
+    let Folded {
+        rank,
+        after,
+        error,
+        lines,
+    } = folded;
+    let file = seen
+        .log_dir
+        .as_deref()
+        .map(|dir| Path::new(dir).join(format!("rank_{rank}.log")))
+        .filter(|file| file.is_file());
+    let whole = match file {
+        Some(file) => format!("; its traceback ({lines} lines): {}", file.display()),
+        None => format!(" ({lines} lines of traceback not shown)"),
+    };
+    format!("rank {rank} failed after rank {after} did, with {error}{whole}")
+}
+
+/// Says why the workers' output could not be written, unless the reader went away.
+fn warn_unwritten(written: io::Result<()>) {
+    if let Err(error) = written {
+        if error.kind() != io::ErrorKind::BrokenPipe {
+            tracing::warn!(%error, "cannot write the workers' output");
         }
     }
 }

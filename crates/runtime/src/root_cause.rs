@@ -155,6 +155,7 @@ fn innermost_frame(traceback: &[String]) -> (Option<String>, Option<u32>) {
 /// }
 /// let error = tracebacks.last().unwrap();
 /// assert_eq!(error.to_string(), "ValueError: bad batch (/w/train.py:12)");
+/// assert!(!tracebacks.is_open());
 ///
 /// // torch prints a rank's uncaught exception with a prefix on every line.
 /// for line in [
@@ -216,6 +217,12 @@ impl Tracebacks {
             line: number,
             traceback,
         });
+    }
+
+    /// Whether a traceback has begun and its exception line has not come yet.
+    #[must_use]
+    pub fn is_open(&self) -> bool {
+        self.open.is_some()
     }
 
     /// The last complete traceback.
