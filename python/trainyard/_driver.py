@@ -39,6 +39,8 @@ from trainyard.train._result import (
 
 RUNTIME_ENV = "TRAINYARD_RUNTIME"
 _RUNTIMES = ("local", "ray", "slurm")
+# The interpreter the Ray runtime drives Ray with; fit() gives it its own unless it is set.
+_RAY_PYTHON_ENV = "TRAINYARD_RAY_PYTHON"
 
 # The binary's exit codes (the CLI's contract).
 _EXIT_BAD_INPUT = 2
@@ -90,7 +92,7 @@ def _command(
     runtime: str,
 ) -> List[str]:
     args = [binary, "run", "--log-format", "json", "--runtime", runtime]
-    args += scaling._cli_args()
+    args += scaling._cli_args(runtime)
     args += run._cli_args()
     if timeout_s is not None:
         args += ["--torch-timeout", str(timeout_s)]
@@ -280,14 +282,18 @@ def fit(
             fit_dir, fn, config, backend, timeout_s, scaling_config.use_gpu, resume_from_checkpoint
         )
         command = _command(binary, fit_dir, scaling_config, run_config, timeout_s, runtime)
-        return _run(command, fit_dir, run_config)
+        env = dict(os.environ)
+        if runtime == "ray" and not env.get(_RAY_PYTHON_ENV):
+            env[_RAY_PYTHON_ENV] = sys.executable
+        return _run(command, fit_dir, run_config, env)
     finally:
         shutil.rmtree(fit_dir, ignore_errors=True)
 
 
-def _run(command: List[str], fit_dir: str, run_config: RunConfig) -> Result:
+def _run(command: List[str], fit_dir: str, run_config: RunConfig, env: Dict[str, str]) -> Result:
     proc = subprocess.Popen(
         command,
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

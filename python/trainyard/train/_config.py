@@ -73,14 +73,16 @@ class ScalingConfig:
         n = self.num_workers
         return n[1] if isinstance(n, tuple) else n
 
-    def _cli_args(self) -> List[str]:
+    def _cli_args(self, runtime: str = "local") -> List[str]:
         n = self.num_workers
         args = ["--num-workers", f"{n[0]}:{n[1]}" if isinstance(n, tuple) else str(n)]
         if self.use_gpu:
             args.append("--use-gpu")
         if self.resources_per_worker:
             args += ["--resources-per-worker", _resources_json(self.resources_per_worker)]
-            if "memory" in self.resources_per_worker:
+            # Locally trainyard holds each worker to its memory; Slurm's steps are held by
+            # Slurm itself, and Ray schedules by memory without holding anyone to it.
+            if "memory" in self.resources_per_worker and runtime == "local":
                 args.append("--enforce-memory")
         if self.trainer_resources:
             args += ["--trainer-resources", _resources_json(self.trainer_resources)]
