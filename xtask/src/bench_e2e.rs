@@ -98,19 +98,25 @@ fn by_hand(python: &Path, root: &Path) -> Result<Duration, String> {
 }
 
 fn python_env(root: &Path) -> Result<PathBuf, String> {
+    script_python(root, "scripts/python-env.sh")
+}
+
+/// The interpreter that `script` (one of the project's environment scripts, which installs
+/// what is missing) prints on its last line.
+pub(crate) fn script_python(root: &Path, script: &str) -> Result<PathBuf, String> {
     let out = Command::new("bash")
-        .arg(root.join("scripts/python-env.sh"))
+        .arg(root.join(script))
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| format!("cannot run scripts/python-env.sh: {e}"))?;
+        .map_err(|e| format!("cannot run {script}: {e}"))?;
     if !out.status.success() {
-        return Err(format!("scripts/python-env.sh failed ({})", out.status));
+        return Err(format!("{script} failed ({})", out.status));
     }
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .last()
         .map(|l| PathBuf::from(l.trim()))
-        .ok_or_else(|| "scripts/python-env.sh printed no interpreter".to_owned())
+        .ok_or_else(|| format!("{script} printed no interpreter"))
 }
 
 fn now_secs() -> f64 {
@@ -343,7 +349,7 @@ struct Figures {
 }
 
 /// `DATE, commit SHA` (with `+ changes` when the work tree has uncommitted ones).
-fn stamp(root: &Path) -> String {
+pub(crate) fn stamp(root: &Path) -> String {
     let out = |program: &str, args: &[&str]| {
         Command::new(program)
             .args(args)
@@ -766,17 +772,24 @@ impl Figures {
 
 /// Replaces the README's table between [`README_START`] and [`README_END`] with `table`.
 fn write_readme(path: &Path, table: &str) -> Result<(), String> {
+    replace_block(path, README_START, README_END, table)
+}
+
+/// Replaces the block of `path` from the line `start_mark` to `end_mark` (both included) with
+/// `block`, which carries the marks again.
+pub(crate) fn replace_block(
+    path: &Path,
+    start_mark: &str,
+    end_mark: &str,
+    block: &str,
+) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let (Some(start), Some(end)) = (text.find(README_START), text.find(README_END)) else {
+    let (Some(start), Some(end)) = (text.find(start_mark), text.find(end_mark)) else {
         return Err(format!(
-            "{} has no `{README_START}` … `{README_END}` block to rewrite",
+            "{} has no `{start_mark}` … `{end_mark}` block to rewrite",
             path.display()
         ));
     };
-    let updated = format!(
-        "{}{table}{}",
-        &text[..start],
-        &text[end + README_END.len()..]
-    );
+    let updated = format!("{}{block}{}", &text[..start], &text[end + end_mark.len()..]);
     std::fs::write(path, updated).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -3,6 +3,7 @@
 
 mod bench_checkpoint;
 mod bench_e2e;
+mod bench_python;
 mod bench_ray;
 mod bench_slurm;
 mod cycles;
@@ -13,7 +14,7 @@ mod tidy;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <ci|python|tidy|cycles|bench-e2e|bench-ray|bench-slurm|bench-checkpoint|soak>
+const USAGE: &str = "usage: cargo xtask <ci|python|tidy|cycles|bench-e2e|bench-python|bench-ray|bench-slurm|bench-checkpoint|soak>
   ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests,
              the API docs with rustdoc's warnings as errors;
              the Ray tests too when TRAINYARD_RAY_PYTHON is set (under CI=true it must be,
@@ -26,6 +27,9 @@ const USAGE: &str = "usage: cargo xtask <ci|python|tidy|cycles|bench-e2e|bench-r
              hand, crash-to-stop, hangs, elastic growth, 64 workers, and where the launch goes;
              --against times another trainyard build in the same rounds; --readme writes the
              README's table
+  bench-python  [--readme] one 2-worker TorchTrainer program, whole process: the wheel's fit() vs
+             Ray Train 2.60 (the same file importing ray.train), and vs the same work through
+             trainyard run; --readme writes the README's table
   bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
   bench-slurm  time 4 workers of a trivial task on 4 Slurm test nodes: trainyard run --runtime slurm
              vs srun -N 4 -n 4
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
         Some("cycles") => print_circles(),
         Some("bench-e2e") => bench_e2e::run(&std::env::args().skip(2).collect::<Vec<_>>()),
+        Some("bench-python") => bench_python::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("bench-ray") => bench_ray::run(),
         Some("bench-slurm") => bench_slurm::run(),
         Some("bench-checkpoint") => bench_checkpoint::run(),

@@ -64,7 +64,7 @@ fn path_without_rust() -> String {
 }
 
 /// Builds the wheel into `dist` with `python`'s pip, as `pip wheel . -w dist` does; its path.
-fn build_wheel(python: &Path, root: &Path, dist: &Path) -> Result<PathBuf, String> {
+pub(crate) fn build_wheel(python: &Path, root: &Path, dist: &Path) -> Result<PathBuf, String> {
     let started = Instant::now();
     run(Command::new(python)
         .args([
@@ -103,7 +103,11 @@ fn build_wheel(python: &Path, root: &Path, dist: &Path) -> Result<PathBuf, Strin
 
 /// A fresh virtual environment in `venv` with `wheel` (and its dependencies) and pytest
 /// installed, reaching the torch venv of `torch_python` through a `.pth` file; its python.
-fn fresh_venv(torch_python: &Path, venv: &Path, wheel: &Path) -> Result<PathBuf, String> {
+pub(crate) fn fresh_venv(
+    torch_python: &Path,
+    venv: &Path,
+    wheel: &Path,
+) -> Result<PathBuf, String> {
     run(Command::new(torch_python).args(["-m", "venv"]).arg(venv))?;
     let python = venv.join("bin/python");
     let purelib = "import sysconfig; print(sysconfig.get_path('purelib'))";
