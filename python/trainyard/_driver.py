@@ -283,7 +283,7 @@ def fit(
         )
         command = _command(binary, fit_dir, scaling_config, run_config, timeout_s, runtime)
         env = dict(os.environ)
-        if runtime == "ray" and not env.get(_RAY_PYTHON_ENV):
+        if runtime == "ray" and not env.get(_RAY_PYTHON_ENV) and sys.executable:
             env[_RAY_PYTHON_ENV] = sys.executable
         return _run(command, fit_dir, run_config, env)
     finally:

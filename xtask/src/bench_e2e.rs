@@ -187,16 +187,16 @@ fn kill_to_training(command: &mut Command) -> Result<Duration, String> {
     let out = command
         .env("CI", "1")
         .stdin(Stdio::null())
-        .stderr(Stdio::null())
         .output()
         .map_err(|e| e.to_string())?;
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
     let last_word = |line: &str| line.rsplit(' ').next()?.parse::<f64>().ok();
     let killed = stdout
         .lines()
         .filter(|l| l.contains("killed "))
         .find_map(last_word)
-        .ok_or_else(|| format!("no kill time in {stdout}"))?;
+        .ok_or_else(|| format!("no kill time in {stdout}\n{stderr}"))?;
     let again: Vec<f64> = stdout
         .lines()
         .filter(|l| l.contains("first all_reduce 1 "))
@@ -204,7 +204,7 @@ fn kill_to_training(command: &mut Command) -> Result<Duration, String> {
         .collect();
     if again.len() != 2 || !out.status.success() {
         return Err(format!(
-            "the ranks did not both train again ({}): {stdout}",
+            "the ranks did not both train again ({}): {stdout}\n{stderr}",
             out.status
         ));
     }

@@ -2,6 +2,9 @@
 //! "Connection closed by peer", a broken pipe) and print tracebacks of their own that only
 //! bury the first. On the console, a rank's Python traceback that ends soon after another
 //! rank's, in the same attempt, is one line instead; the rank's log file keeps it whole.
+//!
+//! "Soon" is measured when the printer takes the lines in, not when the ranks printed them:
+//! a printer that falls behind (the case where it drops lines) sees gaps shrink.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -10,10 +13,16 @@ use trainyard::backend::RunEvent;
 use trainyard::runtime::Stream;
 use trainyard::runtime::root_cause::{TaskError, Tracebacks};
 
-/// How soon after the first rank's traceback another rank's counts as a consequence of it.
-/// A rank in a collective fails within milliseconds of its peer's exit; a traceback a
-/// minute later is news.
-pub(crate) const FOLLOWS_WITHIN: Duration = Duration::from_secs(10);
+/// How soon after the latest traceback of the first rank another rank's counts as a
+/// consequence of it. A rank in a collective fails within milliseconds of its peer's exit;
+/// a traceback seconds later is news.
+pub(crate) const FOLLOWS_WITHIN: Duration = Duration::from_secs(2);
+
+/// The lines Python prints between the parts of a chained exception.
+const CHAIN_MARKERS: [&str; 2] = [
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+];
 
 /// A traceback at most this long is held until its exception line; a longer one is shown
 /// as it comes.
@@ -35,6 +44,8 @@ pub(crate) struct Folded {
     pub(crate) rank: u32,
     /// The rank whose traceback ended first.
     pub(crate) after: u32,
+    /// How long after the latest traceback of that rank.
+    pub(crate) gap: Duration,
     /// The exception it ended with.
     pub(crate) error: TaskError,
     /// How many lines it had.
@@ -56,6 +67,9 @@ struct Held {
     lines: Vec<RunEvent>,
     /// Too long to hold: shown as it came, so not folded either.
     spilled: bool,
+    /// Its last traceback was folded: the blank lines and chain markers that may follow it
+    /// belong to it.
+    folded: bool,
 }
 
 impl Folds {
@@ -71,6 +85,10 @@ impl Folds {
             } => {
                 let held = self.ranks.entry(rank.0).or_default();
                 let was_open = held.tracebacks.is_open();
+                if !was_open && held.folded && is_chain_separator(line) {
+                    return;
+                }
+                held.folded = false;
                 held.tracebacks.push(line);
                 if held.tracebacks.is_open() {
                     if held.spilled {
@@ -88,6 +106,14 @@ impl Folds {
                 } else {
                     out.push(Shown::Event(event));
                 }
+            }
+            // Lines of that rank are lost: what it held goes first, and a traceback it was
+            // in may have lost its end.
+            RunEvent::LogsDropped { rank, .. } => {
+                if let Some(held) = self.ranks.remove(&rank.0) {
+                    out.extend(held.lines.into_iter().map(Shown::Event));
+                }
+                out.push(Shown::Event(event));
             }
             RunEvent::LogFiles { .. }
             | RunEvent::AttemptStarted { .. }
@@ -113,16 +139,19 @@ impl Folds {
             first != rank && now.saturating_duration_since(at) <= FOLLOWS_WITHIN
         });
         match (follows, held.tracebacks.last()) {
-            (Some((after, _)), Some(error)) if !spilled => out.push(Shown::Folded(Folded {
-                rank,
-                after,
-                error: error.clone(),
-                lines: lines.len(),
-            })),
+            (Some((after, at)), Some(error)) if !spilled => {
+                held.folded = true;
+                out.push(Shown::Folded(Folded {
+                    rank,
+                    after,
+                    gap: now.saturating_duration_since(at),
+                    error: error.clone(),
+                    lines: lines.len(),
+                }));
+            }
             _ => {
-                if self.first.is_none_or(|(first, at)| {
-                    first != rank && now.saturating_duration_since(at) > FOLLOWS_WITHIN
-                }) {
+                // The first rank's later tracebacks keep the window open from their end.
+                if follows.is_none() {
                     self.first = Some((rank, now));
                 }
                 out.extend(lines.into_iter().map(Shown::Event));
@@ -137,6 +166,17 @@ impl Folds {
             out.extend(held.lines.into_iter().map(Shown::Event));
         }
     }
+}
+
+/// A blank line, or the line Python prints between two parts of a chained exception (with
+/// the `[rankN]: ` prefix torch puts before each line).
+fn is_chain_separator(line: &str) -> bool {
+    let text = line.trim();
+    let text = text
+        .strip_prefix("[rank")
+        .and_then(|rest| rest.split_once("]:"))
+        .map_or(text, |(_, rest)| rest.trim());
+    text.is_empty() || CHAIN_MARKERS.contains(&text)
 }
 
 #[cfg(test)]
@@ -242,6 +282,77 @@ mod tests {
         assert!(
             restarted.iter().all(|line| !line.starts_with("folded")),
             "{restarted:#?}"
+        );
+    }
+
+    #[test]
+    fn a_chained_exception_of_a_follower_is_a_line_a_part_and_nothing_between() {
+        let mut events = traceback(1, "ValueError: bad batch");
+        events.extend(traceback(0, "OSError: closed"));
+        for text in [
+            "",
+            "During handling of the above exception, another exception occurred:",
+            "",
+        ] {
+            events.push(err(0, &format!("[rank0]: {text}")));
+        }
+        events.extend(traceback(0, "RuntimeError: Connection closed by peer"));
+        events.push(err(0, "[rank0]: after"));
+        let shown = shown(events, Duration::from_millis(5));
+        assert_eq!(
+            shown[4..],
+            [
+                "folded 0 after 1: OSError: closed (/w/train.py:8) (4 lines)",
+                "folded 0 after 1: RuntimeError: Connection closed by peer (/w/train.py:8) (4 lines)",
+                "0: [rank0]: after",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_window_runs_from_the_first_ranks_latest_traceback() {
+        // Rank 1 logs a handled traceback, then crashes much later: rank 0's traceback right
+        // after the crash still follows it.
+        let mut events = traceback(1, "KeyError: 'img_7'");
+        events.push(err(1, "carrying on"));
+        let mut folds = Folds::default();
+        let mut out = Vec::new();
+        let start = Instant::now();
+        for event in events {
+            folds.take(event, start, &mut out);
+        }
+        let crash = start + FOLLOWS_WITHIN * 10;
+        for event in traceback(1, "ValueError: bad batch") {
+            folds.take(event, crash, &mut out);
+        }
+        for event in traceback(0, "RuntimeError: Connection closed by peer") {
+            folds.take(event, crash + Duration::from_millis(30), &mut out);
+        }
+        let Some(Shown::Folded(folded)) = out.last() else {
+            panic!("rank 0's traceback is folded: {out:#?}");
+        };
+        assert_eq!((folded.rank, folded.after), (0, 1));
+        assert_eq!(folded.gap, Duration::from_millis(30));
+    }
+
+    #[test]
+    fn dropped_lines_release_what_their_rank_held_first() {
+        let mut events = traceback(1, "ValueError: bad batch");
+        events.extend(traceback(0, "RuntimeError: closed")[..2].to_vec());
+        events.push(RunEvent::LogsDropped {
+            rank: WorldRank(0),
+            count: 3,
+        });
+        events.push(err(0, "RuntimeError: closed"));
+        let shown = shown(events, Duration::from_millis(5));
+        assert_eq!(
+            shown[4..],
+            [
+                "0: [rank0]: Traceback (most recent call last):",
+                "0: [rank0]:   File \"/w/train.py\", line 8, in <module>",
+                "LogsDropped { rank: WorldRank(0), count: 3 }",
+                "0: RuntimeError: closed",
+            ]
         );
     }
 

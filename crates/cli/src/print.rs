@@ -37,6 +37,19 @@ enum Next {
 }
 
 impl Shown {
+    /// Whether the console shows output of `rank` (`None`: not output, always shown).
+    fn shows(&self, rank: Option<u32>) -> bool {
+        rank.is_none_or(|rank| self.ranks.as_ref().is_none_or(|r| r.contains(&rank)))
+    }
+
+    /// Whether the console shows `next` (output of a rank it shows, or no rank's output).
+    fn shows_next(&self, next: &fold::Shown) -> bool {
+        match next {
+            fold::Shown::Event(event) => self.shows(output_rank(event)),
+            fold::Shown::Folded(folded) => self.shows(Some(folded.rank)),
+        }
+    }
+
     /// The next event or shortage, in the order they came (an event first when both are
     /// there); [`Next::End`] once the run's events have ended.
     async fn next(&mut self) -> Next {
@@ -93,7 +106,8 @@ pub(crate) fn print_events(
             Next::End => {
                 if format == LogFormat::Text {
                     folds.flush(&mut queue);
-                    show(queue.drain(..), progress, &mut out, &seen);
+                    let rest = queue.drain(..).filter(|next| shown.shows_next(next));
+                    show(rest, progress, &mut out, &seen);
                 }
                 return;
             }
@@ -103,25 +117,30 @@ pub(crate) fn print_events(
             }
             Next::Event(event) => event,
         };
-        let rank = match &event {
-            RunEvent::Log { rank, .. } | RunEvent::LogsDropped { rank, .. } => Some(rank.0),
-            _ => None,
-        };
-        if rank.is_some_and(|rank| shown.ranks.as_ref().is_some_and(|r| !r.contains(&rank))) {
-            continue;
-        }
         seen.note(&event);
         match format {
+            LogFormat::Json if !shown.shows(output_rank(&event)) => {}
             LogFormat::Json => warn_unwritten(
                 serde_json::to_string(&event)
                     .map_err(io::Error::other)
                     .and_then(|line| progress.suspend(|| writeln!(out, "{line}"))),
             ),
+            // Every rank's lines go through the folding, so that a hidden rank's crash is
+            // still the one the shown ranks' tracebacks follow.
             LogFormat::Text => {
                 folds.take(event, Instant::now(), &mut queue);
-                show(queue.drain(..), progress, &mut out, &seen);
+                let shown_now = queue.drain(..).filter(|next| shown.shows_next(next));
+                show(shown_now, progress, &mut out, &seen);
             }
         }
+    }
+}
+
+/// The rank whose output `event` is, if it is output.
+fn output_rank(event: &RunEvent) -> Option<u32> {
+    match event {
+        RunEvent::Log { rank, .. } | RunEvent::LogsDropped { rank, .. } => Some(rank.0),
+        _ => None,
     }
 }
 
@@ -140,12 +159,13 @@ fn show(
     }
 }
 
-/// `rank 0 failed after rank 1 did, with RuntimeError: … (file:line); its traceback (10
+/// `rank 0 raised 0.03 s after rank 1: RuntimeError: … (file:line); its traceback (10
 /// lines): DIR/rank_0.log`.
 fn folded_text(folded: &Folded, seen: &Seen) -> String {
     let Folded {
         rank,
         after,
+        gap,
         error,
         lines,
     } = folded;
@@ -158,7 +178,10 @@ fn folded_text(folded: &Folded, seen: &Seen) -> String {
         Some(file) => format!("; its traceback ({lines} lines): {}", file.display()),
         None => format!(" ({lines} lines of traceback not shown)"),
     };
-    format!("rank {rank} failed after rank {after} did, with {error}{whole}")
+    format!(
+        "rank {rank} raised {:.2} s after rank {after}: {error}{whole}",
+        gap.as_secs_f64()
+    )
 }
 
 /// Says why the workers' output could not be written, unless the reader went away.

@@ -356,44 +356,52 @@ fn a_rank_that_fails_in_its_collective_after_another_crashed_is_one_line() {
         return;
     }
     let sandbox = Sandbox::new("followers");
-    let (code, _, stderr) = bad_batch(&sandbox, "followers", &[], &["--no-record", "--waiting"]);
-    assert_eq!(code, Some(1), "{stderr}");
-    // Rank 1's traceback as it came, then rank 0's gloo failure in one line.
-    let crash = stderr
-        .find("[rank1]: Traceback (most recent call last):")
-        .unwrap_or_else(|| panic!("rank 1's traceback is shown: {stderr}"));
-    assert!(
-        stderr[crash..].contains("[rank1]: ValueError: bad batch"),
-        "{stderr}"
-    );
-    assert!(
-        !stderr.contains("[rank0]: Traceback"),
-        "rank 0's traceback is not shown: {stderr}"
-    );
-    let log = sandbox
-        .storage()
-        .join("followers/logs/attempt_0/rank_0.log");
-    let folded = stderr
-        .lines()
-        .find(|line| {
-            line.starts_with("trainyard: rank 0 failed after rank 1 did, with RuntimeError: ")
-        })
-        .unwrap_or_else(|| panic!("a line for rank 0's failure: {stderr}"));
-    assert!(
-        folded.contains("Connection closed by peer")
-            && folded.ends_with(&format!(" lines): {}", log.display())),
-        "{folded}"
-    );
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(
-        text.contains("[rank0]: Traceback (most recent call last):"),
-        "the log keeps it: {text}"
-    );
-    assert!(
-        stderr.contains("trainyard: root cause: rank 1 failed first, with ValueError: bad batch"),
-        "{stderr}"
-    );
-    assert_nothing_left(&sandbox);
+    // Rank 0 fails as soon as rank 1's process ends; the driver stops it 20 ms after the
+    // last line it heard, so on a loaded machine rank 0 may be stopped before it prints.
+    // Such a try shows nothing to fold: another one is made.
+    for attempt in 0..3 {
+        let name = format!("followers-{attempt}");
+        let (code, _, stderr) = bad_batch(&sandbox, &name, &[], &["--no-record", "--waiting"]);
+        assert_eq!(code, Some(1), "{stderr}");
+        let log = sandbox
+            .storage()
+            .join(format!("{name}/logs/attempt_0/rank_0.log"));
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if !text.contains("[rank0]: Traceback (most recent call last):") {
+            eprintln!("try {attempt}: rank 0 was stopped before it failed; again");
+            continue;
+        }
+        // Rank 1's traceback as it came, then rank 0's gloo failure in one line.
+        let crash = stderr
+            .find("[rank1]: Traceback (most recent call last):")
+            .unwrap_or_else(|| panic!("rank 1's traceback is shown: {stderr}"));
+        assert!(
+            stderr[crash..].contains("[rank1]: ValueError: bad batch"),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains("[rank0]: Traceback"),
+            "rank 0's traceback is not shown: {stderr}"
+        );
+        let folded = stderr
+            .lines()
+            .find(|line| line.starts_with("trainyard: rank 0 raised "))
+            .unwrap_or_else(|| panic!("a line for rank 0's failure: {stderr}"));
+        assert!(
+            folded.contains(" s after rank 1: RuntimeError: ")
+                && folded.contains("Connection closed by peer")
+                && folded.ends_with(&format!(" lines): {}", log.display())),
+            "{folded}"
+        );
+        assert!(
+            stderr
+                .contains("trainyard: root cause: rank 1 failed first, with ValueError: bad batch"),
+            "{stderr}"
+        );
+        assert_nothing_left(&sandbox);
+        return;
+    }
+    panic!("rank 0 was stopped before it failed in 3 tries");
 }
 
 #[test]
