@@ -66,7 +66,8 @@ impl Error {
                 | ExecutorError::Unschedulable(_)
                 | ExecutorError::PlacementTimeout { .. }
                 | ExecutorError::Storage(_)
-                | ExecutorError::RunFinished { .. },
+                | ExecutorError::RunFinished { .. }
+                | ExecutorError::RunInUse { .. },
             ) => "the run cannot start",
             Self::Executor(ExecutorError::Interrupted { .. }) => "the run was interrupted",
             Self::Executor(_) => "the training run failed",

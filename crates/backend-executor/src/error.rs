@@ -77,6 +77,21 @@ pub enum ExecutorError {
         /// Its folder.
         path: String,
     },
+    /// Another driver on this host runs the run of this name and storage: a second one
+    /// would write over its record and checkpoints.
+    #[error(
+        "run `{name}` in `{path}` is being run by process {pid} on this host (since {since}); stop it first (Ctrl-C in its terminal, or kill -INT {pid}), or choose another name"
+    )]
+    RunInUse {
+        /// The run's name.
+        name: String,
+        /// Its folder.
+        path: String,
+        /// The other driver's process id.
+        pid: u32,
+        /// When it opened the run (RFC 3339, UTC).
+        since: String,
+    },
 }
 
 /// An error and its sources on one line.

@@ -78,6 +78,14 @@ impl RunStore {
                     path: folder.uri(),
                 });
             }
+            Some(ref record) if let Some(driver) = driving_here(record) => {
+                return Err(ExecutorError::RunInUse {
+                    name,
+                    path: folder.uri(),
+                    pid: driver.pid,
+                    since: since(driver.started_at),
+                });
+            }
             Some(mut record) => {
                 record.status = RunStatus::Running;
                 record.version = RUN_RECORD_VERSION;
@@ -391,6 +399,25 @@ impl RunStore {
     }
 }
 
+/// The driver of `record`'s run when it is another process on this host that still runs
+/// (its pid and process start time both match): the run is in its hands.
+fn driving_here(record: &RunRecord) -> Option<&DriverRecord> {
+    let driver = record.driver.as_ref()?;
+    let start = driver.start_ticks?;
+    let here = this_driver();
+    let running = record.status == RunStatus::Running
+        && driver.host == here.host
+        && driver.pid != here.pid
+        && trainyard_sys::procfs::is_alive(driver.pid, Some(start));
+    running.then_some(driver)
+}
+
+/// `seconds` since the Unix epoch as RFC 3339 (UTC, whole seconds).
+fn since(seconds: f64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(seconds.max(0.0));
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
 /// This process, as the driver of a run.
 fn this_driver() -> DriverRecord {
     DriverRecord {
@@ -408,6 +435,7 @@ fn this_driver() -> DriverRecord {
             .unwrap_or_default(),
         pid: std::process::id(),
         started_at: now(),
+        start_ticks: trainyard_sys::procfs::own_start_time(),
     }
 }
 

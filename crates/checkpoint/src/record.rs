@@ -86,9 +86,12 @@ pub struct DriverRecord {
     pub host: String,
     /// Its process id on that host.
     pub pid: u32,
-    /// When it opened the run, in seconds since the Unix epoch: with `pid`, a reader on the
-    /// same host tells the driver from a process that reuses its id.
+    /// When it opened the run, in seconds since the Unix epoch.
     pub started_at: f64,
+    /// When its process started, in clock ticks after boot (`/proc/<pid>/stat`): with `pid`,
+    /// a reader on the same host tells the driver from a process that reuses its id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ticks: Option<u64>,
 }
 
 /// The version of `run.json` this build writes, and the newest it reads: 2 added the

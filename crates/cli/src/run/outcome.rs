@@ -299,7 +299,9 @@ fn failure_of(error: trainyard::Error, args: &RunArgs) -> Failure {
         trainyard::Error::Config(_)
         | trainyard::Error::Resources(_)
         | trainyard::Error::Executor(
-            ExecutorError::Storage(_) | ExecutorError::RunFinished { .. },
+            ExecutorError::Storage(_)
+            | ExecutorError::RunFinished { .. }
+            | ExecutorError::RunInUse { .. },
         ) => EXIT_BAD_INPUT,
         trainyard::Error::Executor(
             ExecutorError::Unschedulable(_) | ExecutorError::PlacementTimeout { .. },

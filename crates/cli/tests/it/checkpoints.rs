@@ -336,26 +336,27 @@ fn a_driver_killed_after_epoch_3_is_resumed_by_the_same_command() {
     assert!(storage.path().join(format!("{name}-2/run.json")).is_file());
 }
 
+/// `trainyard run --backend none --name NAME --storage STORAGE FLAGS -- PROGRAM`, with a
+/// ledger of the storage's own.
+fn named_run(storage: &Path, name: &str, flags: &[&str], program: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_trainyard"));
+    command
+        .env(LEDGER, storage.join("ledger"))
+        .args(["run", "--backend", "none", "--name", name, "--storage"])
+        .arg(storage)
+        .args(flags)
+        .arg("--")
+        .args(program)
+        .env("CI", "1")
+        .stdin(Stdio::null());
+    command
+}
+
 #[test]
 fn a_finished_run_of_the_same_name_exits_2_with_a_hint() {
     let storage = tempfile::tempdir().expect("tempdir");
-    let dir = storage.path().display().to_string();
     let run = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_trainyard"))
-            .env(LEDGER, storage.path().join("ledger"))
-            .args([
-                "run",
-                "--backend",
-                "none",
-                "--name",
-                "done",
-                "--storage",
-                &dir,
-            ])
-            .args(extra)
-            .args(["--", "true"])
-            .env("CI", "1")
-            .stdin(Stdio::null())
+        named_run(storage.path(), "done", extra, &["true"])
             .output()
             .expect("trainyard runs")
     };
@@ -369,6 +370,67 @@ fn a_finished_run_of_the_same_name_exits_2_with_a_hint() {
     );
     assert!(run(&["--resume", "never"]).status.success());
     assert!(storage.path().join("done-2/run.json").is_file());
+}
+
+#[test]
+fn a_second_driver_of_a_running_run_is_refused_naming_the_first() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let run = |program: &[&str]| named_run(storage.path(), "busy", &[], program);
+    let mut first = run(&["sh", "-c", "echo up; sleep 600"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("trainyard starts");
+    let log = storage.path().join("busy/logs/attempt_0/rank_0.log");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&log).is_ok_and(|text| text.contains(" up")) {
+        assert!(
+            Instant::now() < deadline,
+            "the first run's worker never printed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let second = run(&["true"]).output().expect("trainyard runs");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(2), "{stderr}");
+    let expected = format!(
+        "error: the run cannot start: run `busy` in `{}` is being run by process {} on this host (since ",
+        storage.path().join("busy").display(),
+        first.id()
+    );
+    assert!(
+        stderr
+            .lines()
+            .next()
+            .is_some_and(|l| l.starts_with(&expected)),
+        "expected `{expected}…` in:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("kill -INT {}", first.id())),
+        "{stderr}"
+    );
+    assert!(
+        first.try_wait().expect("waitable").is_none(),
+        "the first run goes on"
+    );
+    // Once the first is interrupted, the same command resumes the run.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(first.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT is sent");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let code = loop {
+        if let Some(status) = first.try_wait().expect("waitable") {
+            break status.code();
+        }
+        assert!(Instant::now() < deadline, "the first run stops on SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(130));
+    let third = run(&["true"]).output().expect("trainyard runs");
+    assert!(
+        third.status.success(),
+        "{}",
+        String::from_utf8_lossy(&third.stderr)
+    );
 }
 
 #[test]
