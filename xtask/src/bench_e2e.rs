@@ -226,6 +226,34 @@ fn restart_command(trainyard: &Path, python: &Path, root: &Path, storage: &Path)
     command
 }
 
+/// How many times one round runs torchrun's restart before it gives up on it.
+const TORCHRUN_TRIES: usize = 3;
+
+/// torchrun's restarts of the restart row: how many tries worked, and their median.
+struct TorchrunRestarts {
+    worked: usize,
+    tries: usize,
+    median: Option<Duration>,
+}
+
+impl TorchrunRestarts {
+    /// `2104 ms, 7 of 15 restarts worked`.
+    fn said(&self) -> String {
+        let worked = if self.worked == self.tries {
+            format!("{} of {} restarts worked", self.worked, self.tries)
+        } else {
+            format!(
+                "{} of {} restarts worked (the others: gloo could not connect the restarted ranks)",
+                self.worked, self.tries
+            )
+        };
+        match self.median {
+            Some(median) => format!("{:.0} ms, {worked}", ms(median)),
+            None => worked,
+        }
+    }
+}
+
 /// `--resize-interval` of the elastic run.
 const RESIZE_INTERVAL: &str = "2s";
 
@@ -339,7 +367,7 @@ struct Figures {
     crash: Duration,
     hang: Duration,
     restart: Duration,
-    torchrun_restart: Duration,
+    torchrun_restart: TorchrunRestarts,
     grow: Duration,
     many: Duration,
     spawns: Duration,
@@ -585,6 +613,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
 
     let storage = tempfile::tempdir().map_err(|e| e.to_string())?;
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let mut torchrun_tries = 0;
     for _ in 0..ROUNDS {
         ours.push(kill_to_training(&mut restart_command(
             &trainyard,
@@ -592,15 +621,24 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             &root,
             storage.path(),
         ))?);
-        theirs.push(kill_to_training(
-            Command::new(&torchrun).current_dir(&root).args([
+        // torchrun's restarted gloo ranks often cannot connect to each other (its store
+        // keeps the peers' addresses of the attempt before): a round tries it up to
+        // TORCHRUN_TRIES times, and the failures are counted.
+        for _ in 0..TORCHRUN_TRIES {
+            torchrun_tries += 1;
+            let tried = kill_to_training(Command::new(&torchrun).current_dir(&root).args([
+                "--standalone",
                 "--nproc-per-node",
                 "2",
                 "--max-restarts",
                 "1",
                 "crates/cli/tests/python/restart.py",
-            ]),
-        )?);
+            ]));
+            if let Ok(time) = tried {
+                theirs.push(time);
+                break;
+            }
+        }
         if let Some(against) = &mut against {
             against.restart.push(kill_to_training(&mut restart_command(
                 &against.trainyard,
@@ -610,11 +648,16 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             ))?);
         }
     }
-    let (restart, torchrun_restart) = (median(ours), median(theirs));
+    let restart = median(ours);
+    let torchrun_restart = TorchrunRestarts {
+        worked: theirs.len(),
+        tries: torchrun_tries,
+        median: (!theirs.is_empty()).then(|| median(theirs)),
+    };
     println!(
-        "rank 1 of 2 SIGKILLed → both ranks' first all_reduce after the restart: trainyard {:.0} ms, torchrun --max-restarts 1 {:.0} ms (target <= 500 ms) ({stamp})",
+        "rank 1 of 2 SIGKILLed → both ranks' first all_reduce after the restart: trainyard {:.0} ms (target <= 500 ms); torchrun --standalone --max-restarts 1: {} ({stamp})",
         ms(restart),
-        ms(torchrun_restart)
+        torchrun_restart.said()
     );
     if let Some(against) = &against {
         let theirs = median(against.restart.clone());
@@ -733,11 +776,20 @@ impl Figures {
             "| one rank hangs (`--hang-timeout`) → every rank's stacks printed, every rank stopped | {:.0} ms | after the deadline; 2 torch ranks, one in `time.sleep`, one in `all_reduce` |\n",
             ms(self.hang)
         ));
+        let versus = match self.torchrun_restart.median {
+            Some(theirs) => format!(
+                "{:.2} × `torchrun --standalone --max-restarts 1` ({})",
+                secs(self.restart) / secs(theirs),
+                self.torchrun_restart.said()
+            ),
+            None => format!(
+                "`torchrun --standalone --max-restarts 1`: {}",
+                self.torchrun_restart.said()
+            ),
+        };
         t.push_str(&format!(
-            "| rank 1 of 2 SIGKILLed → both ranks' first `all_reduce` after the restart (`--max-failures 1`) | {:.0} ms | {:.2} × `torchrun --max-restarts 1` ({:.0} ms); 2 gloo ranks, a script that imports torch again |\n",
+            "| rank 1 of 2 SIGKILLed → both ranks' first `all_reduce` after the restart (`--max-failures 1`) | {:.0} ms | {versus}; 2 gloo ranks, a script that imports torch again |\n",
             ms(self.restart),
-            secs(self.restart) / secs(self.torchrun_restart),
-            ms(self.torchrun_restart)
         ));
         t.push_str(&format!(
             "| elastic `-n 1:4` grows from 2 to 4 workers | {:.0} ms | from the other run's exit to 4 ranks running from the checkpoint (`--resize-interval {RESIZE_INTERVAL}`) |\n",

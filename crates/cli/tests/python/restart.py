@@ -7,6 +7,13 @@ import os
 import signal
 import time
 
+
+def say(text):
+    # One write, so that the ranks' lines do not interleave where they share a pipe
+    # (torchrun's workers write to torchrun's own stdout).
+    os.write(1, f"{text}\n".encode())
+
+
 import torch
 import torch.distributed as dist
 
@@ -15,12 +22,12 @@ rank = dist.get_rank()
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 tensor = torch.ones(1)
 dist.all_reduce(tensor)
-print(f"first all_reduce {attempt} {rank} {time.time():.4f}", flush=True)
+say(f"first all_reduce {attempt} {rank} {time.time():.4f}")
 for _ in range(20):
     dist.all_reduce(tensor)
     time.sleep(0.01)
 if attempt == 0 and rank == 1:
-    print(f"killed {time.time():.4f}", flush=True)
+    say(f"killed {time.time():.4f}")
     os.kill(os.getpid(), signal.SIGKILL)
 for _ in range(5):
     dist.all_reduce(tensor)
