@@ -184,11 +184,7 @@ fn hang_to_stop(trainyard: &Path, python: &Path, root: &Path) -> Result<Duration
 /// `command` restarts the ranks once. The time from the kill to both ranks' first
 /// `all_reduce` of the next attempt.
 fn kill_to_training(command: &mut Command) -> Result<Duration, String> {
-    let out = command
-        .env("CI", "1")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| e.to_string())?;
+    let out = output_within(command.env("CI", "1"), RESTART_LIMIT)?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let last_word = |line: &str| line.rsplit(' ').next()?.parse::<f64>().ok();
@@ -210,6 +206,54 @@ fn kill_to_training(command: &mut Command) -> Result<Duration, String> {
     }
     let last = again.into_iter().fold(f64::MIN, f64::max);
     Ok(Duration::from_secs_f64((last - killed).max(0.0)))
+}
+
+/// How long one run of the restart script may take: torchrun's restarted ranks were seen
+/// to hang in their rendezvous for good.
+const RESTART_LIMIT: Duration = Duration::from_secs(90);
+
+/// Runs `command` in a process group of its own, with its output; the whole group is killed
+/// (torchrun and its workers) when it runs past `limit`, and that is an error.
+fn output_within(command: &mut Command, limit: Duration) -> Result<std::process::Output, String> {
+    use std::os::unix::process::CommandExt as _;
+    let mut child = command
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {command:?}: {e}"))?;
+    let read = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = read(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = read(child.stderr.take().map(|p| Box::new(p) as _));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(format!("-{}", child.id()))
+                .status();
+            let _ = child.wait();
+            return Err(format!("{command:?} ran past {limit:?} and was killed"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
 }
 
 /// `trainyard run` of the restart script, restarting once, its run folder under `storage`.

@@ -38,6 +38,18 @@ def test_import_trainyard_train_is_light() -> None:
     assert min(times) <= 0.050, times
 
 
+def test_a_driver_that_builds_a_torch_trainer_does_not_import_torch() -> None:
+    # Importing torch takes seconds; a driver only hands the loop function to the workers.
+    code = (
+        "import sys\n"
+        "from trainyard.train.torch import TorchConfig, TorchTrainer, prepare_model\n"
+        "TorchTrainer(lambda: None, torch_config=TorchConfig(backend='gloo'))\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
 def test_the_binary_is_found_and_runs_a_plain_command(tmp_path) -> None:
     binary = find_trainyard_bin()
     out = subprocess.run(

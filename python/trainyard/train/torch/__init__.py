@@ -1,5 +1,7 @@
 """Ray Train v2's ``ray.train.torch`` on trainyard: ``TorchTrainer`` and the helpers a loop
-function uses to run under ``torch.distributed``. This module imports torch.
+function uses to run under ``torch.distributed``. Importing it does not import torch: the
+helpers import it when first called, in the workers, so that a driver that only calls
+``fit()`` does not spend seconds importing a torch it never uses.
 
 A Ray Train program runs with ``ray.train`` replaced by ``trainyard.train``::
 
@@ -17,10 +19,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Union
-
-import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, SequentialSampler
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
 from trainyard.train import (
     Checkpoint,
@@ -29,6 +28,10 @@ from trainyard.train import (
     ScalingConfig,
     get_context,
 )
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
 
 __all__ = [
     "TorchConfig",
@@ -156,6 +159,8 @@ def _uses_gpu() -> bool:
 
 def get_device() -> torch.device:
     """This worker's device: its GPU when the run gives workers GPUs, else the CPU."""
+    import torch
+
     if _uses_gpu() and torch.cuda.is_available():
         count = torch.cuda.device_count()
         return torch.device("cuda", get_context().get_local_rank() % count)
@@ -176,6 +181,8 @@ def prepare_model(
     """Moves ``model`` to this worker's device and, with more than one worker, wraps it
     in ``DistributedDataParallel`` (``parallel_strategy="ddp"``) or
     ``FullyShardedDataParallel`` (``"fsdp"``); ``None`` wraps nothing."""
+    import torch
+
     kwargs = dict(parallel_strategy_kwargs or {})
     device = move_to_device if isinstance(move_to_device, torch.device) else get_device()
     if move_to_device is not False:
@@ -197,6 +204,8 @@ def prepare_model(
 
 
 def _move(batch: Any, device: torch.device) -> Any:
+    import torch
+
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, (list, tuple)):
@@ -207,20 +216,22 @@ def _move(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-class _DeviceDataLoader(DataLoader):
-    """A ``DataLoader`` whose batches come on this worker's device."""
+def _on_device(base: DataLoader, device: torch.device) -> DataLoader:
+    """``base`` as a ``DataLoader`` whose batches come on ``device``."""
+    from torch.utils.data import DataLoader
 
-    def __init__(self, base: DataLoader, device: torch.device) -> None:
-        self.__dict__.update(base.__dict__)
-        self._base = base
-        self._device = device
+    class _DeviceDataLoader(DataLoader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.__dict__.update(base.__dict__)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        for batch in iter(self._base):
-            yield _move(batch, self._device)
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for batch in iter(base):
+                yield _move(batch, device)
 
-    def __len__(self) -> int:
-        return len(self._base)
+        def __len__(self) -> int:
+            return len(base)
+
+    return _DeviceDataLoader()
 
 
 def prepare_data_loader(
@@ -232,6 +243,13 @@ def prepare_data_loader(
     """Gives each worker its shard of ``data_loader``'s dataset (a ``DistributedSampler``,
     shuffling when the loader shuffled) and, with ``move_to_device``, its batches on this
     worker's device. Call ``loader.sampler.set_epoch(epoch)`` each epoch to reshuffle."""
+    from torch.utils.data import (
+        DataLoader,
+        DistributedSampler,
+        IterableDataset,
+        SequentialSampler,
+    )
+
     world_size = get_context().get_world_size()
     if (
         add_dist_sampler
@@ -260,7 +278,7 @@ def prepare_data_loader(
         )
     device = get_device()
     if move_to_device and device.type != "cpu":
-        return _DeviceDataLoader(data_loader, device)
+        return _on_device(data_loader, device)
     return data_loader
 
 
@@ -277,6 +295,8 @@ def backward(tensor: torch.Tensor) -> None:
 def enable_reproducibility(seed: int = 0) -> None:
     """Seeds Python, NumPy and torch with ``seed`` and makes torch's algorithms
     deterministic, as Ray's does."""
+    import torch
+
     torch.manual_seed(seed)
     random.seed(seed)
     try:
