@@ -297,8 +297,10 @@ fn timings_name_every_phase_in_launch_order_and_the_phases_add_up_to_the_launch(
             .and_then(|p| p["wall_ms"].as_f64())
             .expect("a wall time")
     };
-    // Each rank's first line comes after its `sleep 0.1`.
-    assert!(wall("first_output") >= 100.0, "{stdout}");
+    // Each rank's first line comes after its `sleep 0.1`, counted from when the driver heard
+    // that every task started: the word of a start travels agent → driver while the program
+    // already runs, so the phase may be a few milliseconds short of the sleep.
+    assert!(wall("first_output") >= 80.0, "{stdout}");
     let launch = attempt["launch_ms"].as_f64().expect("launch_ms");
     let added: f64 = phases
         .iter()
