@@ -142,18 +142,18 @@ impl StepAgent {
             .clone()
     }
 
-    /// Cancels the step with `signal` (by its name: `srun` does not tell its id), in the
+    /// Cancels the step (SIGKILL, by its name: `srun` does not tell its id), in the
     /// background; the hub's signals do not wait. `srun` is left to see the step end: one
     /// killed first leaves Slurm waiting for it, and the step's CPUs taken, for seconds. It
     /// is killed only if it is still there [`SRUN_KILL_AFTER`] later.
-    fn cancel(&self, signal: Option<Signal>) {
+    fn cancel(&self) {
         let (job, name) = (self.job.clone(), self.step_name.clone());
         let srun = self.handle.clone();
         let settle = self.settle();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 tokio::time::sleep(settle).await;
-                cancel_step(&job, &name, signal).await;
+                cancel_step(&job, &name, None).await;
                 tokio::time::sleep(SRUN_KILL_AFTER).await;
                 if let Some(srun) = srun {
                     srun.signal(Signal::SIGKILL);
@@ -163,7 +163,16 @@ impl StepAgent {
     }
 }
 
-/// `scancel [--signal S] JOB.STEP` for the step of `job` named `name`.
+/// `scancel [--signal S] JOB.STEP` for the step of `job` named `name`; a SIGKILL (or no
+/// signal) is Slurm's own cancel, `scancel JOB.STEP`.
+///
+/// Never `--signal=KILL`: that is `REQUEST_TERMINATE_TASKS` sent to the node's `slurmd`
+/// directly, whose handler in Slurm 22.05's `slurmstepd` arms the step's terminate monitor a
+/// second time when it arrives while the step is ending by itself (its task just killed by
+/// the SIGTERM before, say). The step then waits `UnkillableStepTimeout` (180 s on the test
+/// cluster) for a thread nobody wakes, and drains its node ("Kill task failed"). Seen here:
+/// `slurmstepd` joining one monitor thread while two wait. A plain `scancel` goes through the
+/// controller as a signal (`REQUEST_SIGNAL_TASKS`), which arms nothing.
 pub(crate) async fn cancel_step(job: &str, name: &str, signal: Option<Signal>) {
     let steps = match slurm::output("squeue", &["-h", "-s", "-j", job, "-o", "%i %j"]).await {
         Ok(steps) => steps,
@@ -178,7 +187,9 @@ pub(crate) async fn cancel_step(job: &str, name: &str, signal: Option<Signal>) {
     }) else {
         return;
     };
-    let signal = signal.map(|s| format!("--signal={}", s.as_str().trim_start_matches("SIG")));
+    let signal = signal
+        .filter(|signal| *signal != Signal::SIGKILL)
+        .map(|s| format!("--signal={}", s.as_str().trim_start_matches("SIG")));
     let mut args: Vec<&str> = signal.iter().map(String::as_str).collect();
     args.push(&step);
     if let Err(error) = slurm::output("scancel", &args).await {
@@ -246,7 +257,7 @@ impl AgentProcess for StepAgent {
     /// SIGKILL to the step's tasks through Slurm, which then ends the step and every process
     /// in it; `srun` goes too.
     fn kill(&mut self, _task: Option<trainyard_hub::TaskProcess>) {
-        self.cancel(Some(Signal::SIGKILL));
+        self.cancel();
     }
 
     async fn memory_kill(&mut self) -> Option<u64> {
@@ -259,7 +270,7 @@ impl AgentProcess for StepAgent {
 impl Drop for StepAgent {
     fn drop(&mut self) {
         if self.exited.is_none() {
-            self.cancel(Some(Signal::SIGKILL));
+            self.cancel();
         }
     }
 }
