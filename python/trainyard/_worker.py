@@ -177,4 +177,15 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         print("usage: python -m trainyard._worker FIT_DIR", file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(sys.argv[1]))
+    code = main(sys.argv[1])
+    # The result is written: what is left is the interpreter's teardown, where torch's gloo
+    # was seen to abort the process ("terminate called without an active exception",
+    # SIGABRT) in its C++ destructors although the process group was destroyed, failing a
+    # run that had succeeded. The user's exit handlers (``atexit``: logging's flush, a
+    # tracker's ``finish``) still run; the teardown after them is skipped.
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

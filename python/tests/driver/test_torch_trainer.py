@@ -108,6 +108,23 @@ def test_a_closure_travels_by_value(storage) -> None:
     assert _run(closure, storage).return_value == 42
 
 
+def atexit_loop(config):  # type: ignore[no-untyped-def]
+    import atexit
+
+    rank = train.get_context().get_world_rank()
+    path = os.path.join(config["dir"], f"atexit_{rank}")
+    atexit.register(lambda: open(path, "w").write("ran"))
+    return rank
+
+
+def test_the_loops_exit_handlers_run_when_its_worker_exits(storage, tmp_path) -> None:
+    # A worker leaves without the interpreter's teardown (gloo aborts in it), but after
+    # the exit handlers a loop registered (a tracker's finish, logging's flush).
+    assert _run(atexit_loop, storage, config={"dir": str(tmp_path)}).return_value == 0
+    for rank in (0, 1):
+        assert (tmp_path / f"atexit_{rank}").read_text() == "ran"
+
+
 # --- data, model, device -------------------------------------------------------------------
 
 
