@@ -147,6 +147,27 @@ async fn an_s3_run_folder_keeps_two_ranks_checkpoints_its_record_and_restores_th
     );
 }
 
+/// What `trainyard ps` reads: one listing names the run folders under the prefix (not those
+/// of another prefix), and each one's record loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_run_folders_under_an_s3_prefix_are_listed_and_their_records_load() {
+    let Some(server) = server() else { return };
+    let env = server.env();
+    let storage = Storage::open("s3://runs/listed".parse().unwrap(), &env).unwrap();
+    assert!(storage.run_names().await.unwrap().is_empty());
+    for name in ["b-run", "a-run"] {
+        storage.run(name).save(&RunRecord::new(name)).await.unwrap();
+    }
+    let elsewhere = Storage::open("s3://runs/other".parse().unwrap(), &env).unwrap();
+    elsewhere.run("c-run").save(&RunRecord::new("c-run")).await.unwrap();
+    let names = storage.run_names().await.unwrap();
+    assert_eq!(names, ["a-run", "b-run"]);
+    for name in names {
+        let record = storage.run(&name).load().await.unwrap().expect("a record");
+        assert_eq!(record.name, name);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folder_uploaded_into_an_s3_run_folder_reads_back_the_same() {
     let Some(server) = server() else { return };

@@ -150,6 +150,31 @@ pub(crate) fn read(path: &Path) -> Result<Option<Vec<u8>>, StorageError> {
 }
 
 /// Whether a file is at `path`.
+/// The names of the folders directly under `root` that hold a `run.json` (a regular file),
+/// links not followed; none when `root` does not exist.
+pub(crate) fn run_names(root: &Path) -> Result<Vec<String>, StorageError> {
+    let failed = |error: std::io::Error| io("list", root, error);
+    let entries = match std::fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(error) if missing(&error) => return Ok(Vec::new()),
+        Err(error) => return Err(failed(error)),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(failed)?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
+        let has_record = std::fs::symlink_metadata(entry.path().join(crate::RUN_FILE))
+            .is_ok_and(|meta| meta.file_type().is_file());
+        if is_dir && has_record {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
 pub(crate) fn is_file(path: &Path) -> Result<bool, StorageError> {
     match std::fs::metadata(path) {
         Ok(meta) => Ok(meta.is_file()),
@@ -364,4 +389,32 @@ fn remove_temp_files(dir: &Path) -> Result<(), StorageError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_folders_are_the_folders_that_hold_a_record_links_not_followed() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path();
+        for name in ["run-b", "run-a", "empty"] {
+            std::fs::create_dir(dir.join(name)).expect("folder");
+        }
+        std::fs::write(dir.join("run-a").join(crate::RUN_FILE), "{}").expect("record");
+        std::fs::write(dir.join("run-b").join(crate::RUN_FILE), "{}").expect("record");
+        std::fs::write(dir.join("stray.json"), "{}").expect("file");
+        std::os::unix::fs::symlink(dir.join("run-a"), dir.join("link")).expect("link");
+        std::fs::create_dir(dir.join("linked-record")).expect("folder");
+        std::os::unix::fs::symlink(
+            dir.join("run-a").join(crate::RUN_FILE),
+            dir.join("linked-record").join(crate::RUN_FILE),
+        )
+        .expect("link");
+        let mut names = run_names(dir).expect("listed");
+        names.sort();
+        assert_eq!(names, ["run-a", "run-b"]);
+        assert!(run_names(&dir.join("missing")).expect("listed").is_empty());
+    }
 }

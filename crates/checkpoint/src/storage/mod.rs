@@ -118,6 +118,32 @@ impl Storage {
         }
     }
 
+    /// The names of the run folders at the location, sorted: on a local disk the folders
+    /// holding a `run.json`, on S3 every folder (one listing; [`RunFolder::load`] tells which
+    /// hold a record). None when the location does not exist yet.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`] when the location cannot be listed.
+    pub async fn run_names(&self) -> Result<Vec<String>, StorageError> {
+        let mut names = match &self.backend {
+            Backend::Local(root) => {
+                let root = root.clone();
+                blocking("list", &root.clone(), move || local::run_names(&root)).await?
+            }
+            Backend::S3 {
+                store,
+                bucket,
+                prefix,
+            } => {
+                bucket_of(store, bucket)
+                    .folders(&s3::key(prefix, ""))
+                    .await?
+            }
+        };
+        names.sort();
+        Ok(names)
+    }
+
     /// The folder of run `name`.
     #[must_use]
     pub fn run(&self, name: &str) -> RunFolder {

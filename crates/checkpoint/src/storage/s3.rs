@@ -202,6 +202,21 @@ impl Bucket<'_> {
             .collect())
     }
 
+    /// The names of the folders directly under `prefix` (common prefixes: one listing with a
+    /// delimiter, however many objects the folders hold).
+    pub(crate) async fn folders(&self, prefix: &Key) -> Result<Vec<String>, StorageError> {
+        let listed = self
+            .store
+            .list_with_delimiter(Some(prefix))
+            .await
+            .map_err(|e| failed("list", self.uri(prefix), e))?;
+        Ok(listed
+            .common_prefixes
+            .iter()
+            .filter_map(|folder| folder.filename().map(str::to_owned))
+            .collect())
+    }
+
     /// Deletes every object of `keys` (under `folder`, which an error names); one already
     /// gone is not an error.
     pub(crate) async fn delete(&self, keys: Vec<Key>, folder: &Key) -> Result<(), StorageError> {
