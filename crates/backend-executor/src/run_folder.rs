@@ -403,13 +403,48 @@ impl RunStore {
 /// (its pid and process start time both match): the run is in its hands.
 fn driving_here(record: &RunRecord) -> Option<&DriverRecord> {
     let driver = record.driver.as_ref()?;
-    let start = driver.start_ticks?;
-    let here = this_driver();
-    let running = record.status == RunStatus::Running
-        && driver.host == here.host
-        && driver.pid != here.pid
-        && trainyard_sys::procfs::is_alive(driver.pid, Some(start));
-    running.then_some(driver)
+    let alive = driver_liveness(record) == DriverLiveness::Alive;
+    (alive && driver.pid != std::process::id()).then_some(driver)
+}
+
+/// What this host can tell of the driver of a run whose record says `running`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverLiveness {
+    /// The run is not `running`: no driver is expected.
+    Ended,
+    /// Its driver runs on this host (its pid and process start time both match).
+    Alive,
+    /// Its driver was on this host and is gone without a word (SIGKILL, a crash, a reboot):
+    /// the run is not running any more, and can be resumed.
+    Gone,
+    /// Its driver is on another host, or recorded no start time: this host cannot tell.
+    Unknown,
+}
+
+/// What this host can tell of `record`'s driver: whether a `running` run still runs.
+#[must_use]
+pub fn driver_liveness(record: &RunRecord) -> DriverLiveness {
+    if record.status != RunStatus::Running {
+        return DriverLiveness::Ended;
+    }
+    let Some(driver) = &record.driver else {
+        return DriverLiveness::Unknown;
+    };
+    let (Some(start), Some(host)) = (driver.start_ticks, host_name()) else {
+        return DriverLiveness::Unknown;
+    };
+    if driver.host != host {
+        DriverLiveness::Unknown
+    } else if trainyard_sys::procfs::is_alive(driver.pid, Some(start)) {
+        DriverLiveness::Alive
+    } else {
+        DriverLiveness::Gone
+    }
+}
+
+/// This host's name, as a run's record names its driver's host.
+fn host_name() -> Option<String> {
+    nix::unistd::gethostname().ok()?.into_string().ok()
 }
 
 /// `seconds` since the Unix epoch as RFC 3339 (UTC, whole seconds).
@@ -429,10 +464,7 @@ fn this_driver() -> DriverRecord {
                 Some(user.name)
             }),
         uid: nix::unistd::getuid().as_raw(),
-        host: nix::unistd::gethostname()
-            .ok()
-            .and_then(|host| host.into_string().ok())
-            .unwrap_or_default(),
+        host: host_name().unwrap_or_default(),
         pid: std::process::id(),
         started_at: now(),
         start_ticks: trainyard_sys::procfs::own_start_time(),

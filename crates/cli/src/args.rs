@@ -36,6 +36,37 @@ pub(crate) enum Command {
     Run(Box<RunArgs>),
     /// Show the nodes and resources of the runtime.
     Cluster(ClusterArgs),
+    /// List the runs in a storage location, newest first: the live ones, or all with --all.
+    Ps(PsArgs),
+    /// Stop a run driven on this host as Ctrl-C does: the workers stop, the run can be resumed.
+    Stop(StopArgs),
+}
+
+/// The STOP flags.
+#[derive(Debug, Args)]
+pub(crate) struct StopArgs {
+    /// The run's name, as `trainyard ps` shows it
+    pub(crate) name: String,
+    /// Kill the workers at once instead of giving them their grace
+    #[arg(long)]
+    pub(crate) now: bool,
+    /// Where run folders live: a path, file:///PATH or s3://BUCKET[/PREFIX] [default: $TRAINYARD_STORAGE, else ~/trainyard_results]
+    #[arg(long, value_name = "URI")]
+    pub(crate) storage: Option<String>,
+}
+
+/// The PS flags.
+#[derive(Debug, Args)]
+pub(crate) struct PsArgs {
+    /// Every run, not only the live ones
+    #[arg(long, short = 'a')]
+    pub(crate) all: bool,
+    /// Where run folders live: a path, file:///PATH or s3://BUCKET[/PREFIX] [default: $TRAINYARD_STORAGE, else ~/trainyard_results]
+    #[arg(long, value_name = "URI")]
+    pub(crate) storage: Option<String>,
+    /// Output format
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub(crate) format: OutputFormat,
 }
 
 /// The RUN flags.

@@ -1,4 +1,5 @@
-//! The `trainyard` command line: `plan` a scaling config, `run` its workers, show the `cluster`.
+//! The `trainyard` command line: `plan` a scaling config, `run` its workers, show the `cluster`,
+//! list the runs (`ps`) and `stop` one.
 
 /// `eprintln!` that never panics: a closed stderr (`trainyard run ... 2>&1 | head -1`) loses
 /// the line instead of ending the driver before it has stopped its workers.
@@ -17,8 +18,10 @@ mod local;
 mod output;
 mod plan;
 mod print;
+mod ps;
 mod run;
 mod slurm;
+mod stop;
 mod values;
 
 use std::error::Error;
@@ -82,6 +85,8 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan::run(&args),
         Command::Run(args) => run::run(&args),
         Command::Cluster(args) => cluster::run(&args),
+        Command::Ps(args) => ps::run(&args),
+        Command::Stop(args) => stop::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,305 @@
+//! `trainyard ps`: the runs of a storage location, newest first — the live ones, or every
+//! run with `--all` — read from their `run.json`. A run whose record says `running` but whose
+//! driver on this host is gone (SIGKILL, a crash) is shown as `lost`.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write as _};
+
+use futures::StreamExt as _;
+use serde::Serialize;
+use trainyard::backend::{DriverLiveness, driver_liveness};
+use trainyard::checkpoint::{RunRecord, RunStatus, STORAGE_VARS, Storage, StorageLocation};
+
+use crate::Failure;
+use crate::args::{OutputFormat, PsArgs};
+use crate::values::FlagError;
+
+/// Run records read at once.
+const PARALLEL_READS: usize = 32;
+
+/// One run as `ps` shows it.
+#[derive(Debug, Serialize)]
+struct Row {
+    name: String,
+    /// The record's status, or `lost` for a `running` run whose driver on this host is gone.
+    status: &'static str,
+    /// Seconds since the Unix epoch.
+    started_at: Option<f64>,
+    /// Until now for a live run, until its last attempt ended otherwise.
+    duration_s: Option<f64>,
+    attempts: usize,
+    world_size: Option<u32>,
+    /// The driver's host and process id.
+    host: Option<String>,
+    pid: Option<u32>,
+    latest_checkpoint: Option<Latest>,
+}
+
+/// A run's latest checkpoint, with the metrics reported with it.
+#[derive(Debug, Serialize)]
+struct Latest {
+    index: u64,
+    metrics: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Row {
+    fn of(record: RunRecord, now: f64) -> Self {
+        let status = match driver_liveness(&record) {
+            DriverLiveness::Gone => "lost",
+            DriverLiveness::Alive | DriverLiveness::Unknown => "running",
+            DriverLiveness::Ended => status_name(record.status),
+        };
+        let started_at = record
+            .driver
+            .as_ref()
+            .map(|driver| driver.started_at)
+            .or_else(|| record.attempts.first().map(|attempt| attempt.started_at));
+        let ended_at = if status == "running" {
+            Some(now)
+        } else {
+            record.attempts.last().and_then(|attempt| attempt.ended_at)
+        };
+        let world_size = record
+            .attempts
+            .last()
+            .and_then(|attempt| attempt.resized_to.or(attempt.world_size));
+        let latest_checkpoint = record.latest().map(|checkpoint| Latest {
+            index: checkpoint.index,
+            metrics: checkpoint.metrics.clone(),
+        });
+        Self {
+            status,
+            started_at,
+            duration_s: started_at
+                .zip(ended_at)
+                .map(|(start, end)| (end - start).max(0.0)),
+            attempts: record.attempts.len(),
+            world_size,
+            host: record.driver.as_ref().map(|driver| driver.host.clone()),
+            pid: record.driver.as_ref().map(|driver| driver.pid),
+            latest_checkpoint,
+            name: record.name,
+        }
+    }
+
+    fn is_live(&self) -> bool {
+        self.status == "running"
+    }
+}
+
+/// The status as `run.json` spells it.
+pub(crate) const fn status_name(status: RunStatus) -> &'static str {
+    match status {
+        RunStatus::Running => "running",
+        RunStatus::Finished => "finished",
+        RunStatus::Failed => "failed",
+        RunStatus::Interrupted => "interrupted",
+        RunStatus::Stopped => "stopped",
+    }
+}
+
+/// The storage a day-two command reads: `--storage`, else `$TRAINYARD_STORAGE`, else
+/// `~/trainyard_results`, as `trainyard run` takes it; remote storage configured from this
+/// process's environment.
+pub(crate) fn open_storage(flag: Option<&str>) -> Result<Storage, Failure> {
+    let given = flag
+        .map(str::to_owned)
+        .or_else(|| std::env::var("TRAINYARD_STORAGE").ok())
+        .filter(|storage| !storage.is_empty());
+    let location = match given {
+        Some(storage) => storage
+            .parse::<StorageLocation>()
+            .map_err(|e| Failure::bad_input(FlagError::new("--storage", &storage)(e.into())))?,
+        None => StorageLocation::default_local(),
+    };
+    let env: BTreeMap<String, String> = std::env::vars()
+        .filter(|(name, _)| STORAGE_VARS.contains(&name.as_str()))
+        .collect();
+    Storage::open(location, &env).map_err(Failure::other)
+}
+
+/// A runtime for a day-two command's reads and waits.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Failure::other)
+}
+
+pub(crate) fn run(args: &PsArgs) -> Result<(), Failure> {
+    let storage = open_storage(args.storage.as_deref())?;
+    let runtime = runtime()?;
+    let (records, unreadable) = runtime.block_on(read_records(&storage))?;
+    let now = trainyard::checkpoint::now();
+    let mut rows: Vec<Row> = records.into_iter().map(|r| Row::of(r, now)).collect();
+    rows.sort_by(|a, b| {
+        b.started_at
+            .unwrap_or(0.0)
+            .total_cmp(&a.started_at.unwrap_or(0.0))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    let total = rows.len();
+    if !args.all {
+        rows.retain(Row::is_live);
+    }
+    if let Some((count, first)) = unreadable {
+        say!("trainyard: {count} run folder(s) could not be read; the first: {first}");
+    }
+    let mut out = io::stdout().lock();
+    let written = match args.format {
+        OutputFormat::Json => serde_json::to_writer_pretty(&mut out, &rows)
+            .map_err(io::Error::other)
+            .and_then(|()| writeln!(out)),
+        OutputFormat::Text => out.write_all(text(&rows, total, args.all, &storage).as_bytes()),
+    };
+    written.map_err(Failure::output)
+}
+
+/// The records of every run at `storage`, and how many could not be read with the first
+/// reason.
+async fn read_records(
+    storage: &Storage,
+) -> Result<(Vec<RunRecord>, Option<(usize, String)>), Failure> {
+    let names = storage.run_names().await.map_err(Failure::other)?;
+    let loaded: Vec<_> = futures::stream::iter(names)
+        .map(|name| async move { (storage.run(&name).load().await, name) })
+        .buffer_unordered(PARALLEL_READS)
+        .collect()
+        .await;
+    let mut records = Vec::new();
+    let mut unreadable: Option<(usize, String)> = None;
+    for (loaded, name) in loaded {
+        match loaded {
+            Ok(Some(record)) => records.push(record),
+            Ok(None) => {}
+            Err(error) => {
+                let why = format!(
+                    "{name}: {}",
+                    trainyard_config::resources::ErrorChain(&error)
+                );
+                let entry = unreadable.get_or_insert((0, why));
+                entry.0 += 1;
+            }
+        }
+    }
+    Ok((records, unreadable))
+}
+
+/// The table, or a line saying there is nothing to show.
+fn text(rows: &[Row], total: usize, all: bool, storage: &Storage) -> String {
+    if rows.is_empty() {
+        let others = if total > 0 {
+            format!(" ({total} ended: trainyard ps --all)")
+        } else {
+            String::new()
+        };
+        let which = if all { "runs" } else { "live runs" };
+        return format!("no {which} in {}{others}\n", storage.location());
+    }
+    let header = [
+        "NAME",
+        "STATUS",
+        "STARTED",
+        "DURATION",
+        "ATTEMPTS",
+        "WORKERS",
+        "CHECKPOINT",
+    ];
+    let mut table: Vec<[String; 7]> = vec![header.map(str::to_owned)];
+    for row in rows {
+        table.push([
+            row.name.clone(),
+            row.status.to_owned(),
+            row.started_at.map_or_else(|| "-".to_owned(), started),
+            row.duration_s.map_or_else(|| "-".to_owned(), duration),
+            row.attempts.to_string(),
+            row.world_size
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            row.latest_checkpoint
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), checkpoint),
+        ]);
+    }
+    let mut widths = [0; 7];
+    for line in &table {
+        for (width, cell) in widths.iter_mut().zip(line) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for line in &table {
+        let mut text = String::new();
+        for (i, (cell, width)) in line.iter().zip(widths).enumerate() {
+            if i + 1 == line.len() {
+                text.push_str(cell);
+            } else {
+                text.push_str(&format!("{cell:<width$}  "));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `2026-12-03 09:15:02` (UTC).
+fn started(seconds: f64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(seconds.max(0.0));
+    humantime::format_rfc3339_seconds(at)
+        .to_string()
+        .replace('T', " ")
+        .trim_end_matches('Z')
+        .to_owned()
+}
+
+/// `0.8s`, `12m05s`, `3h02m`.
+fn duration(seconds: f64) -> String {
+    let whole = seconds as u64;
+    match whole {
+        0..60 => format!("{seconds:.1}s"),
+        60..3600 => format!("{}m{:02}s", whole / 60, whole % 60),
+        _ => format!("{}h{:02}m", whole / 3600, whole / 60 % 60),
+    }
+}
+
+/// `#3 loss=0.12 epoch=4` (the first few metrics).
+fn checkpoint(latest: &Latest) -> String {
+    const SHOWN: usize = 3;
+    let mut text = format!("#{}", latest.index);
+    for (name, value) in latest.metrics.iter().take(SHOWN) {
+        let value = match value {
+            serde_json::Value::Number(n) => n
+                .as_f64()
+                .filter(|v| v.fract() != 0.0)
+                .map_or_else(|| n.to_string(), |v| format!("{v:.4}")),
+            other => other.to_string(),
+        };
+        text.push_str(&format!(" {name}={value}"));
+    }
+    if latest.metrics.len() > SHOWN {
+        text.push_str(" …");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_in_the_largest_units_that_fit() {
+        assert_eq!(duration(0.83), "0.8s");
+        assert_eq!(duration(725.0), "12m05s");
+        assert_eq!(duration(3.0 * 3600.0 + 125.0), "3h02m");
+    }
+
+    #[test]
+    fn a_checkpoint_shows_its_index_and_first_metrics() {
+        let metrics = serde_json::json!({"a": 1, "b": 0.123_456, "c": "x", "d": 4});
+        let latest = Latest {
+            index: 3,
+            metrics: metrics.as_object().cloned().unwrap_or_default(),
+        };
+        assert_eq!(checkpoint(&latest), "#3 a=1 b=0.1235 c=\"x\" …");
+    }
+}

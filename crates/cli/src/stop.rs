@@ -1,0 +1,149 @@
+//! `trainyard stop NAME`: stops a run driven on this host as Ctrl-C in its terminal does —
+//! the driver stops the workers within their grace and exits, the run stays resumable — and
+//! records it as `stopped`. A driver that is still there after [`PATIENCE`] is interrupted
+//! again, which kills the workers; `--now` does that at once.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use trainyard::backend::{DriverLiveness, driver_liveness};
+use trainyard::checkpoint::{RunFolder, RunRecord, RunStatus};
+
+use crate::Failure;
+use crate::args::StopArgs;
+use crate::ps::{open_storage, runtime, status_name};
+use crate::values::FlagError;
+
+/// How long a driver gets to stop its workers after the first interrupt: a little over its
+/// own limit for the stop.
+const PATIENCE: Duration = Duration::from_secs(35);
+/// How long a driver gets to exit after it was interrupted again.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How often the run's record is read while waiting.
+const POLL: Duration = Duration::from_millis(50);
+/// How often `--now` interrupts again while the driver is there (a second interrupt that
+/// arrives with the first would be taken as one).
+const AGAIN_EVERY: Duration = Duration::from_millis(300);
+
+pub(crate) fn run(args: &StopArgs) -> Result<(), Failure> {
+    let storage = open_storage(args.storage.as_deref())?;
+    let folder = storage.run(&args.name);
+    let runtime = runtime()?;
+    let not_found = || {
+        Failure::bad_input(FlagError::new("NAME", &args.name)(
+            format!(
+                "no run of this name in {} (trainyard ps --all lists them)",
+                storage.location()
+            )
+            .into(),
+        ))
+    };
+    let record = runtime
+        .block_on(folder.load())
+        .map_err(Failure::other)?
+        .ok_or_else(not_found)?;
+    let Some(driver) = record.driver.clone() else {
+        return Err(Failure::other(format!(
+            "run `{}` names no driver in its record: it cannot be stopped from here",
+            args.name
+        )));
+    };
+    match driver_liveness(&record) {
+        DriverLiveness::Alive => {}
+        DriverLiveness::Ended => {
+            say!(
+                "trainyard: run `{}` is not running: it is {}",
+                args.name,
+                status_name(record.status)
+            );
+            return Ok(());
+        }
+        DriverLiveness::Gone => {
+            say!(
+                "trainyard: run `{}` is not running: its driver (pid {} on {}) is gone without a word; the same command resumes it",
+                args.name,
+                driver.pid,
+                driver.host
+            );
+            return Ok(());
+        }
+        DriverLiveness::Unknown => {
+            return Err(Failure::other(format!(
+                "run `{}` is driven on host {} (pid {}): stop it there",
+                args.name, driver.host, driver.pid
+            )));
+        }
+    }
+    let pid = Pid::from_raw(i32::try_from(driver.pid).map_err(Failure::other)?);
+    let started = Instant::now();
+    kill(pid, Signal::SIGINT).map_err(|error| {
+        Failure::other(format!(
+            "cannot interrupt the driver of run `{}` (pid {}): {error}",
+            args.name, driver.pid
+        ))
+    })?;
+    let again_every = args.now.then_some(AGAIN_EVERY);
+    let ended = runtime.block_on(wait_for_end(&folder, pid, PATIENCE, again_every));
+    let ended = match ended {
+        Some(record) => Some(record),
+        None => {
+            say!(
+                "trainyard: the driver of run `{}` did not stop its workers within {PATIENCE:?}: killing them",
+                args.name
+            );
+            runtime.block_on(wait_for_end(&folder, pid, KILL_WAIT, Some(AGAIN_EVERY)))
+        }
+    };
+    let Some(mut record) = ended else {
+        return Err(Failure::other(format!(
+            "the driver of run `{}` (pid {}) is still there after it was interrupted twice",
+            args.name, driver.pid
+        )));
+    };
+    // A driver interrupted twice exits without writing its record: it was this command's
+    // interrupts that ended it all the same.
+    if matches!(record.status, RunStatus::Interrupted | RunStatus::Running) {
+        record.status = RunStatus::Stopped;
+        runtime
+            .block_on(folder.save(&record))
+            .map_err(Failure::other)?;
+    }
+    say!(
+        "trainyard: run `{}` stopped in {:.1}s (its driver was pid {} on {}); the same command resumes it",
+        args.name,
+        started.elapsed().as_secs_f64(),
+        driver.pid,
+        driver.host
+    );
+    Ok(())
+}
+
+/// Waits up to `limit` for the run's driver to end; its last record once it has. With
+/// `again_every`, interrupts the driver again at that pace meanwhile.
+async fn wait_for_end(
+    folder: &RunFolder,
+    pid: Pid,
+    limit: Duration,
+    again_every: Option<Duration>,
+) -> Option<RunRecord> {
+    let deadline = Instant::now() + limit;
+    let mut next_again = again_every.map(|every| Instant::now() + every);
+    loop {
+        if let Ok(Some(record)) = folder.load().await {
+            if driver_liveness(&record) != DriverLiveness::Alive {
+                return Some(record);
+            }
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        if let (Some(at), Some(every)) = (next_again, again_every) {
+            if Instant::now() >= at {
+                let _ = kill(pid, Signal::SIGINT);
+                next_again = Some(at + every);
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
