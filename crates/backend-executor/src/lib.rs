@@ -90,6 +90,7 @@ mod error;
 mod executor;
 mod failure;
 mod hang;
+mod history;
 mod logs;
 mod options;
 mod policy;

@@ -15,6 +15,7 @@ use trainyard_checkpoint::{
 use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig, ScoreOrder};
 
 use crate::error::chain;
+use crate::history::MetricsHistory;
 use crate::{AttemptFailure, ExecutorError};
 
 /// A committed checkpoint, as a [`crate::FitReport`] and [`crate::RunEvent`]s name it.
@@ -40,6 +41,8 @@ pub(crate) struct RunStore {
     storage_env: BTreeMap<String, String>,
     /// Whether this driver made the folder (no run of the name was there).
     created: bool,
+    /// Every report, as it comes.
+    history: MetricsHistory,
 }
 
 impl RunStore {
@@ -112,6 +115,7 @@ impl RunStore {
                 .filter(|(k, _)| trainyard_checkpoint::STORAGE_VARS.contains(&k.as_str()))
                 .collect()
         };
+        let history = MetricsHistory::open(&folder).await;
         let store = Self {
             folder,
             record,
@@ -119,6 +123,7 @@ impl RunStore {
             book: None,
             storage_env,
             created,
+            history,
         };
         store.save().await.map_err(ExecutorError::Storage)?;
         Ok(store)
@@ -276,6 +281,12 @@ impl RunStore {
         metrics: &serde_json::Map<String, serde_json::Value>,
         checkpoint: Option<HandIn>,
     ) -> Result<Option<CheckpointResult>, AttemptFailure> {
+        if let Some(attempt) = self.record.attempts.last() {
+            let world_size = attempt.world_size.unwrap_or_default();
+            self.history
+                .take(attempt.restart_count, world_size, rank, metrics);
+            self.history.write(&self.folder, false).await;
+        }
         let Some(book) = self.book.as_mut() else {
             return Ok(None);
         };
@@ -360,6 +371,7 @@ impl RunStore {
     /// Ends the current attempt as `ending` says.
     pub(crate) async fn end_attempt(&mut self, ending: AttemptEnd<'_>) {
         self.book = None;
+        self.history.write(&self.folder, true).await;
         if let Some(attempt) = self.record.attempts.last_mut() {
             attempt.ended_at = Some(now());
             match ending {
@@ -388,6 +400,7 @@ impl RunStore {
 
     /// Ends the run.
     pub(crate) async fn finish(&mut self, status: RunStatus) {
+        self.history.write(&self.folder, true).await;
         self.record.status = status;
         if let Err(error) = self.save().await {
             warn!(error = %chain(&error), "the run's record could not be updated");
@@ -555,6 +568,7 @@ mod tests {
             book: None,
             storage_env: BTreeMap::new(),
             created: true,
+            history: MetricsHistory::new(Some(Vec::new())),
         };
         let (dir, remote) = store.attempt_log_dir(None);
         assert_eq!(remote.as_deref(), Some("logs/attempt_0"));

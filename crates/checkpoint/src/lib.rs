@@ -61,8 +61,8 @@ pub use env::{
 };
 pub use error::{BookError, StorageError};
 pub use record::{
-    AttemptRecord, CheckpointRecord, DriverRecord, RUN_FILE, RUN_RECORD_VERSION, RunRecord,
-    RunStatus, now,
+    AttemptRecord, CheckpointRecord, DriverRecord, METRICS_FILE, MetricsEntry, RUN_FILE,
+    RUN_RECORD_VERSION, RunRecord, RunStatus, now,
 };
 pub use retention::retention;
 pub use storage::{HandInLimits, RunFolder, Storage, StorageLocation, checkpoint_dir_name};

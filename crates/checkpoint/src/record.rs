@@ -5,6 +5,25 @@ use serde::{Deserialize, Serialize};
 /// The name of a run folder's record.
 pub const RUN_FILE: &str = "run.json";
 
+/// The name of a run folder's metrics history: one [`MetricsEntry`] per line (JSON lines),
+/// every report of every attempt, with or without a checkpoint.
+pub const METRICS_FILE: &str = "metrics.jsonl";
+
+/// One report in a run's metrics history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetricsEntry {
+    /// When the driver took it in, in seconds since the Unix epoch.
+    pub time: f64,
+    /// The attempt it came from (its restart count: 0 for the first).
+    pub attempt: u32,
+    /// The attempt's world size.
+    pub world_size: u32,
+    /// The world rank that reported it.
+    pub rank: u32,
+    /// What was reported.
+    pub metrics: serde_json::Map<String, serde_json::Value>,
+}
+
 /// Where a run is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -159,13 +159,29 @@ async fn the_run_folders_under_an_s3_prefix_are_listed_and_their_records_load() 
         storage.run(name).save(&RunRecord::new(name)).await.unwrap();
     }
     let elsewhere = Storage::open("s3://runs/other".parse().unwrap(), &env).unwrap();
-    elsewhere.run("c-run").save(&RunRecord::new("c-run")).await.unwrap();
+    elsewhere
+        .run("c-run")
+        .save(&RunRecord::new("c-run"))
+        .await
+        .unwrap();
     let names = storage.run_names().await.unwrap();
     assert_eq!(names, ["a-run", "b-run"]);
     for name in names {
         let record = storage.run(&name).load().await.unwrap().expect("a record");
         assert_eq!(record.name, name);
     }
+    // The metrics history: S3 cannot append, so the whole history goes each time.
+    let run = storage.run("a-run");
+    assert!(run.read_metrics().await.unwrap().is_empty());
+    assert!(run.metrics_tail(64).await.unwrap().is_empty());
+    run.write_metrics(b"{\"n\":1}\n", b"{\"n\":1}\n")
+        .await
+        .unwrap();
+    run.write_metrics(b"{\"n\":2}\n", b"{\"n\":1}\n{\"n\":2}\n")
+        .await
+        .unwrap();
+    assert_eq!(run.read_metrics().await.unwrap(), b"{\"n\":1}\n{\"n\":2}\n");
+    assert_eq!(run.metrics_tail(8).await.unwrap(), b"{\"n\":2}\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

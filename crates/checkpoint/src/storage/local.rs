@@ -183,6 +183,34 @@ pub(crate) fn is_file(path: &Path) -> Result<bool, StorageError> {
     }
 }
 
+/// The last `bytes` of the file at `path` (all of it when smaller); `None` when there is none.
+pub(crate) fn tail(path: &Path, bytes: u64) -> Result<Option<Vec<u8>>, StorageError> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(error) if missing(&error) => return Ok(None),
+        Err(error) => return Err(io("read", path, error)),
+    };
+    let mut tail = Vec::new();
+    file.metadata()
+        .and_then(|meta| file.seek(SeekFrom::Start(meta.len().saturating_sub(bytes))))
+        .and_then(|_| file.read_to_end(&mut tail))
+        .map_err(|e| io("read", path, e))?;
+    Ok(Some(tail))
+}
+
+/// Appends `bytes` to the file at `path` (made 0644 when new; never through a link).
+pub(crate) fn append(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .and_then(|mut file| file.write_all(bytes))
+        .map_err(|e| io("write", path, e))
+}
+
 /// The folder and name of a file path.
 fn split(path: &Path) -> Result<(&Path, &str), StorageError> {
     match (path.parent(), path.file_name().and_then(|n| n.to_str())) {

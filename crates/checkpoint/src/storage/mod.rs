@@ -19,7 +19,7 @@ use object_store::ObjectStore;
 pub use files::HandInLimits;
 pub use location::StorageLocation;
 
-use crate::{HandIn, RUN_FILE, RunRecord, StorageError};
+use crate::{HandIn, METRICS_FILE, RUN_FILE, RunRecord, StorageError};
 use files::{checkpoint_index, is_temp, random_suffix};
 use local::blocking;
 use s3::Bucket;
@@ -251,6 +251,66 @@ impl RunFolder {
                     .await
             }
         }
+    }
+
+    /// Adds reports to the run's metrics history ([`METRICS_FILE`], JSON lines): on a local
+    /// disk `new` is appended; on S3, which cannot append, the object is replaced by `all`
+    /// (every line the driver holds, `new` included).
+    ///
+    /// # Errors
+    /// [`StorageError::Io`].
+    pub async fn write_metrics(&self, new: &[u8], all: &[u8]) -> Result<(), StorageError> {
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                let path = Self::local_dir(root, &self.name).join(METRICS_FILE);
+                let new = new.to_vec();
+                blocking("write", &path.clone(), move || local::append(&path, &new)).await
+            }
+            Backend::S3 { store, bucket, .. } => {
+                bucket_of(store, bucket)
+                    .put(&self.key(METRICS_FILE), all.to_vec())
+                    .await
+            }
+        }
+    }
+
+    /// The run's metrics history as written so far; empty when there is none.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`].
+    pub async fn read_metrics(&self) -> Result<Vec<u8>, StorageError> {
+        let bytes = match &self.storage.backend {
+            Backend::Local(root) => {
+                let path = Self::local_dir(root, &self.name).join(METRICS_FILE);
+                blocking("read", &path.clone(), move || local::read(&path)).await?
+            }
+            Backend::S3 { store, bucket, .. } => {
+                bucket_of(store, bucket)
+                    .get(&self.key(METRICS_FILE))
+                    .await?
+            }
+        };
+        Ok(bytes.unwrap_or_default())
+    }
+
+    /// The last `bytes` of the run's metrics history (its latest reports, the first line
+    /// likely cut); empty when there is none.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`].
+    pub async fn metrics_tail(&self, bytes: u64) -> Result<Vec<u8>, StorageError> {
+        let tail = match &self.storage.backend {
+            Backend::Local(root) => {
+                let path = Self::local_dir(root, &self.name).join(METRICS_FILE);
+                blocking("read", &path.clone(), move || local::tail(&path, bytes)).await?
+            }
+            Backend::S3 { store, bucket, .. } => {
+                bucket_of(store, bucket)
+                    .tail(&self.key(METRICS_FILE), bytes)
+                    .await?
+            }
+        };
+        Ok(tail.unwrap_or_default())
     }
 
     /// The local run folder.

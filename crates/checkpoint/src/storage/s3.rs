@@ -14,8 +14,8 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
 use object_store::{
-    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
-    WriteMultipart,
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload,
+    RetryConfig, WriteMultipart,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -151,7 +151,29 @@ impl Bucket<'_> {
 
     /// The object at `key`; `None` when there is none.
     pub(crate) async fn get(&self, key: &Key) -> Result<Option<Vec<u8>>, StorageError> {
-        let result = match self.store.get(key).await {
+        self.get_with(key, GetOptions::default()).await
+    }
+
+    /// The last `bytes` of the object at `key` (all of it when smaller); `None` when there
+    /// is none.
+    pub(crate) async fn tail(
+        &self,
+        key: &Key,
+        bytes: u64,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        let options = GetOptions {
+            range: Some(GetRange::Suffix(bytes)),
+            ..GetOptions::default()
+        };
+        self.get_with(key, options).await
+    }
+
+    async fn get_with(
+        &self,
+        key: &Key,
+        options: GetOptions,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        let result = match self.store.get_opts(key, options).await {
             Ok(result) => result.bytes().await,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(error) => Err(error),
