@@ -40,6 +40,21 @@ pub(crate) enum Command {
     Ps(PsArgs),
     /// Stop a run driven on this host as Ctrl-C does: the workers stop, the run can be resumed.
     Stop(StopArgs),
+    /// Show one run: its record, attempts, checkpoints and metrics history.
+    Show(ShowArgs),
+}
+
+/// The SHOW flags.
+#[derive(Debug, Args)]
+pub(crate) struct ShowArgs {
+    /// The run's name, as `trainyard ps` shows it
+    pub(crate) name: String,
+    /// Where run folders live: a path, file:///PATH or s3://BUCKET[/PREFIX] [default: $TRAINYARD_STORAGE, else ~/trainyard_results]
+    #[arg(long, value_name = "URI")]
+    pub(crate) storage: Option<String>,
+    /// Output format: json holds the record and every report of every rank
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub(crate) format: OutputFormat,
 }
 
 /// The STOP flags.

@@ -1,5 +1,5 @@
 //! The `trainyard` command line: `plan` a scaling config, `run` its workers, show the `cluster`,
-//! list the runs (`ps`) and `stop` one.
+//! list the runs (`ps`), `show` or `stop` one.
 
 /// `eprintln!` that never panics: a closed stderr (`trainyard run ... 2>&1 | head -1`) loses
 /// the line instead of ending the driver before it has stopped its workers.
@@ -20,6 +20,7 @@ mod plan;
 mod print;
 mod ps;
 mod run;
+mod show;
 mod slurm;
 mod stop;
 mod values;
@@ -87,6 +88,7 @@ fn main() -> ExitCode {
         Command::Cluster(args) => cluster::run(&args),
         Command::Ps(args) => ps::run(&args),
         Command::Stop(args) => stop::run(&args),
+        Command::Show(args) => show::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

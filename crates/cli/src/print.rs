@@ -14,9 +14,20 @@ use crate::args::LogFormat;
 use crate::fold::{self, Folded, Folds};
 use crate::output::Progress;
 
-/// One JSON object as one line of stdout (a closed stdout is no error here).
+/// One JSON object as one line of stdout (a closed stdout is no error here), stamped.
 pub(crate) fn print_json(value: &serde_json::Value) {
-    let _ = writeln!(io::stdout(), "{value}");
+    let _ = writeln!(io::stdout(), "{}", stamped(value.clone()));
+}
+
+/// `value` with `"time"`: when it was printed, in seconds since the Unix epoch (an object
+/// that has a `time` of its own keeps it).
+pub(crate) fn stamped(mut value: serde_json::Value) -> serde_json::Value {
+    if let serde_json::Value::Object(object) = &mut value {
+        object
+            .entry("time")
+            .or_insert_with(|| serde_json::json!(trainyard::checkpoint::now()));
+    }
+    value
 }
 
 /// What the printer shows: the run's events, and what the placement group waits for (other
@@ -121,7 +132,9 @@ pub(crate) fn print_events(
         match format {
             LogFormat::Json if !shown.shows(output_rank(&event)) => {}
             LogFormat::Json => warn_unwritten(
-                serde_json::to_string(&event)
+                serde_json::to_value(&event)
+                    .map(stamped)
+                    .and_then(|event| serde_json::to_string(&event))
                     .map_err(io::Error::other)
                     .and_then(|line| progress.suspend(|| writeln!(out, "{line}"))),
             ),

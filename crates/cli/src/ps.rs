@@ -8,7 +8,9 @@ use std::io::{self, Write as _};
 use futures::StreamExt as _;
 use serde::Serialize;
 use trainyard::backend::{DriverLiveness, driver_liveness};
-use trainyard::checkpoint::{RunRecord, RunStatus, STORAGE_VARS, Storage, StorageLocation};
+use trainyard::checkpoint::{
+    MetricsEntry, RunFolder, RunRecord, RunStatus, STORAGE_VARS, Storage, StorageLocation,
+};
 
 use crate::Failure;
 use crate::args::{OutputFormat, PsArgs};
@@ -16,6 +18,8 @@ use crate::values::FlagError;
 
 /// Run records read at once.
 const PARALLEL_READS: usize = 32;
+/// How much of the end of a run's metrics history is read for its latest report.
+const METRICS_TAIL: u64 = 16 * 1024;
 
 /// One run as `ps` shows it.
 #[derive(Debug, Serialize)]
@@ -33,6 +37,9 @@ struct Row {
     host: Option<String>,
     pid: Option<u32>,
     latest_checkpoint: Option<Latest>,
+    /// The latest report of rank 0 (of any rank when rank 0 made none lately), from the
+    /// run's metrics history.
+    latest_metrics: Option<MetricsEntry>,
 }
 
 /// A run's latest checkpoint, with the metrics reported with it.
@@ -43,7 +50,7 @@ struct Latest {
 }
 
 impl Row {
-    fn of(record: RunRecord, now: f64) -> Self {
+    fn of((record, latest_metrics): (RunRecord, Option<MetricsEntry>), now: f64) -> Self {
         let status = match driver_liveness(&record) {
             DriverLiveness::Gone => "lost",
             DriverLiveness::Alive | DriverLiveness::Unknown => "running",
@@ -78,6 +85,7 @@ impl Row {
             host: record.driver.as_ref().map(|driver| driver.host.clone()),
             pid: record.driver.as_ref().map(|driver| driver.pid),
             latest_checkpoint,
+            latest_metrics,
             name: record.name,
         }
     }
@@ -155,14 +163,28 @@ pub(crate) fn run(args: &PsArgs) -> Result<(), Failure> {
     written.map_err(Failure::output)
 }
 
-/// The records of every run at `storage`, and how many could not be read with the first
-/// reason.
+/// The records of every run at `storage`, each with its latest report, and how many could
+/// not be read with the first reason.
 async fn read_records(
     storage: &Storage,
-) -> Result<(Vec<RunRecord>, Option<(usize, String)>), Failure> {
+) -> Result<
+    (
+        Vec<(RunRecord, Option<MetricsEntry>)>,
+        Option<(usize, String)>,
+    ),
+    Failure,
+> {
     let names = storage.run_names().await.map_err(Failure::other)?;
     let loaded: Vec<_> = futures::stream::iter(names)
-        .map(|name| async move { (storage.run(&name).load().await, name) })
+        .map(|name| async move {
+            let folder = storage.run(&name);
+            let record = folder.load().await;
+            let latest = match &record {
+                Ok(Some(_)) => latest_report(&folder).await,
+                _ => None,
+            };
+            (record.map(|r| r.map(|r| (r, latest))), name)
+        })
         .buffer_unordered(PARALLEL_READS)
         .collect()
         .await;
@@ -185,6 +207,22 @@ async fn read_records(
     Ok((records, unreadable))
 }
 
+/// The run's latest report of rank 0 (of any rank when the end of its history has none of
+/// rank 0), from the end of its metrics history.
+pub(crate) async fn latest_report(folder: &RunFolder) -> Option<MetricsEntry> {
+    let tail = folder.metrics_tail(METRICS_TAIL).await.ok()?;
+    let entries: Vec<MetricsEntry> = tail
+        .split(|byte| *byte == b'\n')
+        .filter_map(|line| serde_json::from_slice(line).ok())
+        .collect();
+    entries
+        .iter()
+        .rev()
+        .find(|entry| entry.rank == 0)
+        .or_else(|| entries.last())
+        .cloned()
+}
+
 /// The table, or a line saying there is nothing to show.
 fn text(rows: &[Row], total: usize, all: bool, storage: &Storage) -> String {
     if rows.is_empty() {
@@ -204,8 +242,9 @@ fn text(rows: &[Row], total: usize, all: bool, storage: &Storage) -> String {
         "ATTEMPTS",
         "WORKERS",
         "CHECKPOINT",
+        "METRICS",
     ];
-    let mut table: Vec<[String; 7]> = vec![header.map(str::to_owned)];
+    let mut table: Vec<[String; 8]> = vec![header.map(str::to_owned)];
     for row in rows {
         table.push([
             row.name.clone(),
@@ -217,10 +256,13 @@ fn text(rows: &[Row], total: usize, all: bool, storage: &Storage) -> String {
                 .map_or_else(|| "-".to_owned(), |n| n.to_string()),
             row.latest_checkpoint
                 .as_ref()
-                .map_or_else(|| "-".to_owned(), checkpoint),
+                .map_or_else(|| "-".to_owned(), |latest| format!("#{}", latest.index)),
+            row.latest_metrics
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |entry| metrics(&entry.metrics)),
         ]);
     }
-    let mut widths = [0; 7];
+    let mut widths = [0; 8];
     for line in &table {
         for (width, cell) in widths.iter_mut().zip(line) {
             *width = (*width).max(cell.chars().count());
@@ -243,7 +285,7 @@ fn text(rows: &[Row], total: usize, all: bool, storage: &Storage) -> String {
 }
 
 /// `2026-12-03 09:15:02` (UTC).
-fn started(seconds: f64) -> String {
+pub(crate) fn started(seconds: f64) -> String {
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(seconds.max(0.0));
     humantime::format_rfc3339_seconds(at)
         .to_string()
@@ -253,7 +295,7 @@ fn started(seconds: f64) -> String {
 }
 
 /// `0.8s`, `12m05s`, `3h02m`.
-fn duration(seconds: f64) -> String {
+pub(crate) fn duration(seconds: f64) -> String {
     let whole = seconds as u64;
     match whole {
         0..60 => format!("{seconds:.1}s"),
@@ -262,24 +304,27 @@ fn duration(seconds: f64) -> String {
     }
 }
 
-/// `#3 loss=0.12 epoch=4` (the first few metrics).
-fn checkpoint(latest: &Latest) -> String {
+/// `loss=0.1235 epoch=4` (the first few metrics).
+pub(crate) fn metrics(metrics: &serde_json::Map<String, serde_json::Value>) -> String {
     const SHOWN: usize = 3;
-    let mut text = format!("#{}", latest.index);
-    for (name, value) in latest.metrics.iter().take(SHOWN) {
-        let value = match value {
-            serde_json::Value::Number(n) => n
-                .as_f64()
-                .filter(|v| v.fract() != 0.0)
-                .map_or_else(|| n.to_string(), |v| format!("{v:.4}")),
-            other => other.to_string(),
-        };
-        text.push_str(&format!(" {name}={value}"));
+    let mut parts: Vec<String> = metrics
+        .iter()
+        .take(SHOWN)
+        .map(|(name, value)| {
+            let value = match value {
+                serde_json::Value::Number(n) => n
+                    .as_f64()
+                    .filter(|v| v.fract() != 0.0)
+                    .map_or_else(|| n.to_string(), |v| format!("{v:.4}")),
+                other => other.to_string(),
+            };
+            format!("{name}={value}")
+        })
+        .collect();
+    if metrics.len() > SHOWN {
+        parts.push("…".to_owned());
     }
-    if latest.metrics.len() > SHOWN {
-        text.push_str(" …");
-    }
-    text
+    parts.join(" ")
 }
 
 #[cfg(test)]
@@ -294,12 +339,9 @@ mod tests {
     }
 
     #[test]
-    fn a_checkpoint_shows_its_index_and_first_metrics() {
-        let metrics = serde_json::json!({"a": 1, "b": 0.123_456, "c": "x", "d": 4});
-        let latest = Latest {
-            index: 3,
-            metrics: metrics.as_object().cloned().unwrap_or_default(),
-        };
-        assert_eq!(checkpoint(&latest), "#3 a=1 b=0.1235 c=\"x\" …");
+    fn metrics_show_the_first_few_rounded() {
+        let reported = serde_json::json!({"a": 1, "b": 0.123_456, "c": "x", "d": 4});
+        let reported = reported.as_object().cloned().unwrap_or_default();
+        assert_eq!(metrics(&reported), "a=1 b=0.1235 c=\"x\" …");
     }
 }

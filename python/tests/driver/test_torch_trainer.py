@@ -108,6 +108,22 @@ def test_a_closure_travels_by_value(storage) -> None:
     assert _run(closure, storage).return_value == 42
 
 
+def reporting_loop():  # type: ignore[no-untyped-def]
+    for step in range(3):
+        train.report({"step": step, "loss": 1.0 / (step + 1)})
+
+
+def test_the_metrics_history_holds_every_report_without_a_checkpoint(storage) -> None:
+    result = _run(reporting_loop, storage, name="history")
+    frame = result.metrics_history
+    assert list(frame["step"]) == [0, 1, 2]
+    assert list(frame["attempt"]) == [0, 0, 0]
+    assert list(frame["world_size"]) == [2, 2, 2]
+    assert frame["time"].is_monotonic_increasing
+    # Ray's metrics_dataframe holds the metrics of checkpoints only: none here.
+    assert len(result.metrics_dataframe) == 0
+
+
 def atexit_loop(config):  # type: ignore[no-untyped-def]
     import atexit
 

@@ -80,3 +80,43 @@ class Result:
         import pandas
 
         return pandas.DataFrame(self._metrics_history)
+
+    @property
+    def metrics_history(self) -> "pandas.DataFrame":
+        """Every report rank 0 made, with or without a checkpoint, in every attempt (resumed
+        runs included), in order, as a pandas ``DataFrame``: the metrics, with ``time``
+        (seconds since the epoch), ``attempt`` and ``world_size`` beside them (pandas must be
+        installed). Read from the run folder's ``metrics.jsonl``, local or remote, through
+        ``trainyard show``; ``metrics_dataframe`` keeps Ray's meaning (the metrics of
+        checkpoints only)."""
+        import pandas
+
+        rows = []
+        for entry in _metrics_history(self.path):
+            if entry.get("rank") == 0:
+                row = {k: entry[k] for k in ("time", "attempt", "world_size")}
+                row.update(entry.get("metrics") or {})
+                rows.append(row)
+        return pandas.DataFrame(rows)
+
+
+def _metrics_history(path: Optional[str]) -> List[Dict[str, Any]]:
+    """Every report in the run folder ``path``'s metrics history, as ``trainyard show``
+    reads it (any storage it reads)."""
+    import json
+    import subprocess
+
+    from trainyard._find_trainyard import find_trainyard_bin
+
+    if not path or "/" not in path.rstrip("/"):
+        return []
+    storage, name = path.rstrip("/").rsplit("/", 1)
+    shown = subprocess.run(
+        [find_trainyard_bin(), "show", name, "--storage", storage or "/", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if shown.returncode != 0:
+        raise RuntimeError(f"cannot read the metrics history of {path}: {shown.stderr.strip()}")
+    return list(json.loads(shown.stdout).get("metrics") or [])

@@ -273,3 +273,66 @@ fn a_driver_killed_without_a_word_is_shown_lost_and_not_live() {
     // The workers go with their driver.
     assert!(left_behind(mark, Duration::from_secs(15)).is_empty());
 }
+
+#[test]
+fn every_report_is_kept_and_ps_and_show_read_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = dir.path().join("runs");
+    let mark = "day-two-show";
+    let script = "from trainyard import train\nfor step in range(3):\n    train.report({'step': step, 'loss': 1 / (step + 1)})\n";
+    let run = trainyard(&storage, mark)
+        .args(["run", "-n", "2", "--backend", "none", "--name", "reports"])
+        .args(["--", "python3", "-c", script])
+        .output()
+        .expect("trainyard runs");
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run));
+
+    let listed = day_two(&storage, mark, &["ps", "--all"]);
+    let table = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(
+        table.lines().next().is_some_and(|h| h.ends_with("METRICS")),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .nth(1)
+            .is_some_and(|row| row.ends_with("loss=0.3333 step=2")),
+        "rank 0's latest report: {table}"
+    );
+
+    let shown = day_two(&storage, mark, &["show", "reports", "--format", "json"]);
+    assert_eq!(shown.status.code(), Some(0), "{}", text(&shown));
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("JSON");
+    assert_eq!(shown["status"], "finished");
+    assert_eq!(shown["record"]["name"], "reports");
+    let entries = shown["metrics"].as_array().expect("the history");
+    assert_eq!(entries.len(), 6, "every report of both ranks: {entries:?}");
+    for rank in [0, 1] {
+        let steps: Vec<i64> = entries
+            .iter()
+            .filter(|e| e["rank"] == rank)
+            .map(|e| {
+                assert_eq!(
+                    (e["attempt"].as_i64(), e["world_size"].as_i64()),
+                    (Some(0), Some(2))
+                );
+                e["metrics"]["step"].as_i64().expect("a step")
+            })
+            .collect();
+        assert_eq!(steps, [0, 1, 2], "rank {rank}");
+    }
+    let text_out = day_two(&storage, mark, &["show", "reports"]);
+    let shown = String::from_utf8_lossy(&text_out.stdout).into_owned();
+    assert!(shown.starts_with("run reports: finished\n"), "{shown}");
+    assert!(
+        shown.contains("metrics: 6 reports (3 of rank 0)"),
+        "{shown}"
+    );
+    assert!(
+        shown
+            .lines()
+            .any(|line| line.trim_start().starts_with("loss ") && line.contains('█')),
+        "a chart of the loss: {shown}"
+    );
+}

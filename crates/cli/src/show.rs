@@ -1,0 +1,276 @@
+//! `trainyard show NAME`: one run's record — status, driver, attempts, checkpoints — and its
+//! metrics history (every report, with or without a checkpoint): rank 0's latest reports as a
+//! table and a small chart per numeric metric. `--format json` prints the record and every
+//! report of every rank.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{self, Write as _};
+
+use serde::Serialize;
+use trainyard::backend::{DriverLiveness, driver_liveness};
+use trainyard::checkpoint::{MetricsEntry, RunRecord};
+
+use crate::Failure;
+use crate::args::{OutputFormat, ShowArgs};
+use crate::ps::{open_storage, runtime, status_name};
+use crate::values::FlagError;
+
+/// Rank 0's reports shown as rows in text.
+const ROWS: usize = 10;
+/// Metrics shown as columns and charts in text.
+const COLUMNS: usize = 4;
+/// The width of a chart, in reports.
+const CHART_WIDTH: usize = 60;
+
+/// What `--format json` prints.
+#[derive(Debug, Serialize)]
+struct Shown<'a> {
+    /// The status as seen from here: `lost` for a running run whose driver is gone.
+    status: &'a str,
+    record: &'a RunRecord,
+    metrics: &'a [MetricsEntry],
+}
+
+pub(crate) fn run(args: &ShowArgs) -> Result<(), Failure> {
+    let storage = open_storage(args.storage.as_deref())?;
+    let folder = storage.run(&args.name);
+    let runtime = runtime()?;
+    let (record, history) = runtime.block_on(async {
+        let record = folder.load().await;
+        let history = folder.read_metrics().await;
+        (record, history)
+    });
+    let record = record.map_err(Failure::other)?.ok_or_else(|| {
+        Failure::bad_input(FlagError::new("NAME", &args.name)(
+            format!(
+                "no run of this name in {} (trainyard ps --all lists them)",
+                storage.location()
+            )
+            .into(),
+        ))
+    })?;
+    let history = history.map_err(Failure::other)?;
+    let entries: Vec<MetricsEntry> = history
+        .split(|byte| *byte == b'\n')
+        .filter_map(|line| serde_json::from_slice(line).ok())
+        .collect();
+    let status = match driver_liveness(&record) {
+        DriverLiveness::Gone => "lost",
+        _ => status_name(record.status),
+    };
+    let mut out = io::stdout().lock();
+    let written = match args.format {
+        OutputFormat::Json => {
+            let shown = Shown {
+                status,
+                record: &record,
+                metrics: &entries,
+            };
+            serde_json::to_writer_pretty(&mut out, &shown)
+                .map_err(io::Error::other)
+                .and_then(|()| writeln!(out))
+        }
+        OutputFormat::Text => {
+            out.write_all(text(&record, status, &folder.uri(), &entries).as_bytes())
+        }
+    };
+    written.map_err(Failure::output)
+}
+
+fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "run {}: {status}", record.name);
+    let _ = writeln!(out, "  folder      {uri}");
+    if let Some(driver) = &record.driver {
+        let user = driver.user.as_deref().unwrap_or("?");
+        let _ = writeln!(
+            out,
+            "  driver      pid {} on {} (user {user}), started {}",
+            driver.pid,
+            driver.host,
+            crate::ps::started(driver.started_at)
+        );
+    }
+    for attempt in &record.attempts {
+        let took = attempt
+            .ended_at
+            .map(|end| crate::ps::duration((end - attempt.started_at).max(0.0)))
+            .unwrap_or_else(|| "running".to_owned());
+        let workers = attempt
+            .world_size
+            .map(|n| format!("{n} workers"))
+            .unwrap_or_default();
+        let ending = attempt
+            .failure
+            .as_deref()
+            .map(|failure| format!(": {failure}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  attempt {}   {workers}, {took}{ending}",
+            attempt.restart_count
+        );
+    }
+    for checkpoint in &record.checkpoints {
+        let latest = if Some(checkpoint.index) == record.latest_checkpoint {
+            " (latest)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  checkpoint  #{} {}{latest}",
+            checkpoint.index,
+            crate::ps::metrics(&checkpoint.metrics)
+        );
+    }
+    let rank0: Vec<&MetricsEntry> = entries.iter().filter(|e| e.rank == 0).collect();
+    let _ = writeln!(
+        out,
+        "metrics: {} reports ({} of rank 0)",
+        entries.len(),
+        rank0.len()
+    );
+    if rank0.is_empty() {
+        return out;
+    }
+    // The first numeric metrics rank 0 reported, in the order it reported them.
+    let mut names: Vec<&str> = Vec::new();
+    for entry in &rank0 {
+        for (name, value) in &entry.metrics {
+            if value.is_number() && !names.contains(&name.as_str()) && names.len() < COLUMNS {
+                names.push(name);
+            }
+        }
+    }
+    let mut table: Vec<Vec<String>> = vec![
+        ["time", "attempt"]
+            .into_iter()
+            .chain(names.iter().copied())
+            .map(str::to_owned)
+            .collect(),
+    ];
+    for entry in rank0.iter().skip(rank0.len().saturating_sub(ROWS)) {
+        let mut row = vec![
+            crate::ps::started(entry.time)
+                .split(' ')
+                .nth(1)
+                .unwrap_or_default()
+                .to_owned(),
+            entry.attempt.to_string(),
+        ];
+        for name in &names {
+            row.push(
+                entry
+                    .metrics
+                    .get(*name)
+                    .map_or_else(|| "-".to_owned(), number),
+            );
+        }
+        table.push(row);
+    }
+    let mut widths: Vec<usize> = vec![0; table[0].len()];
+    for row in &table {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    for row in &table {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:>width$}"))
+            .collect();
+        let _ = writeln!(out, "  {}", cells.join("  "));
+    }
+    let series: BTreeMap<&str, Vec<f64>> = names
+        .iter()
+        .map(|name| {
+            let values = rank0
+                .iter()
+                .filter_map(|entry| entry.metrics.get(*name)?.as_f64())
+                .collect();
+            (*name, values)
+        })
+        .collect();
+    let label = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
+    for name in &names {
+        let values = &series[name];
+        if values.len() < 2 {
+            continue;
+        }
+        let (low, high) = values
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(*v), hi.max(*v))
+            });
+        let _ = writeln!(
+            out,
+            "  {name:<label$}  {}  {} .. {}",
+            sparkline(values, CHART_WIDTH),
+            number(&serde_json::json!(low)),
+            number(&serde_json::json!(high))
+        );
+    }
+    out
+}
+
+/// A number as the table shows it: whole numbers as they are, others to 4 places.
+fn number(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::Number(n) => n
+            .as_f64()
+            .filter(|v| v.fract() != 0.0)
+            .map_or_else(|| n.to_string(), |v| format!("{v:.4}")),
+        other => other.to_string(),
+    }
+}
+
+/// `values` as one line of block characters, lowest to highest, at most `width` wide (each
+/// character the mean of the reports it covers).
+fn sparkline(values: &[f64], width: usize) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    if finite.is_empty() {
+        return String::new();
+    }
+    let columns = finite.len().min(width.max(1));
+    let means: Vec<f64> = (0..columns)
+        .map(|c| {
+            let from = c * finite.len() / columns;
+            let to = ((c + 1) * finite.len() / columns).max(from + 1);
+            finite[from..to].iter().sum::<f64>() / (to - from) as f64
+        })
+        .collect();
+    let low = means.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = means.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    means
+        .iter()
+        .map(|v| {
+            if high > low {
+                let step = ((v - low) / (high - low) * 7.0).round() as usize;
+                BARS[step.min(7)]
+            } else {
+                BARS[3]
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sparkline_goes_from_the_lowest_bar_to_the_highest() {
+        assert_eq!(sparkline(&[1.0, 2.0, 3.0, 4.0], 60), "▁▃▆█");
+        assert_eq!(sparkline(&[5.0, 5.0], 60), "▄▄");
+        // Eight reports in four columns: each the mean of two.
+        assert_eq!(
+            sparkline(&[0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0], 4),
+            "▁▃▆█"
+        );
+        assert_eq!(sparkline(&[f64::NAN], 4), "");
+    }
+}
