@@ -240,9 +240,17 @@ fn output_within(command: &mut Command, limit: Duration) -> Result<std::process:
             break status;
         }
         if Instant::now() > deadline {
+            // Its descendants too: torchrun starts each worker in a session of its own.
+            // (`kill -KILL -PGID` without `--` kills nothing: procps reads `-PGID` as an
+            // option.)
+            let mut pids: Vec<String> = descendants(child.id())
+                .into_iter()
+                .map(|pid| pid.to_string())
+                .collect();
+            pids.push(format!("-{}", child.id()));
             let _ = Command::new("kill")
-                .arg("-KILL")
-                .arg(format!("-{}", child.id()))
+                .args(["-s", "KILL", "--"])
+                .args(&pids)
                 .status();
             let _ = child.wait();
             return Err(format!("{command:?} ran past {limit:?} and was killed"));
@@ -254,6 +262,36 @@ fn output_within(command: &mut Command, limit: Duration) -> Result<std::process:
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
     })
+}
+
+/// The processes descended from `pid`, found through each process's parent in `/proc`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let parent = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((child, parent))
+        })
+        .collect();
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let of = found[i];
+        found.extend(parents.iter().filter(|(_, p)| *p == of).map(|(c, _)| *c));
+        i += 1;
+    }
+    found.remove(0);
+    found
 }
 
 /// `trainyard run` of the restart script, restarting once, its run folder under `storage`.
@@ -888,4 +926,47 @@ pub(crate) fn replace_block(
     };
     let updated = format!("{}{block}{}", &text[..start], &text[end + end_mark.len()..]);
     std::fs::write(path, updated).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_past_its_limit_is_killed_with_the_descendants_in_sessions_of_their_own() {
+        let dir = std::env::temp_dir().join(format!("bench-e2e-kill-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a folder");
+        let pid_file = dir.join("pid");
+        // The grandchild leaves the group (setsid), as torchrun's workers do.
+        let script = format!(
+            "setsid sh -c 'echo $$ > {0}; exec sleep 60' & wait",
+            pid_file.display()
+        );
+        let started = Instant::now();
+        let out = output_within(
+            Command::new("sh").args(["-c", &script]),
+            Duration::from_millis(500),
+        );
+        assert!(out.is_err(), "it ran past its limit: {out:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let pid: u32 = std::fs::read_to_string(&pid_file)
+            .expect("the grandchild's pid")
+            .trim()
+            .parse()
+            .expect("a pid");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let alive = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                !stat
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|s| s.trim_start().starts_with('Z'))
+            })
+        };
+        while alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!alive(pid), "the grandchild in its own session is gone");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
