@@ -222,12 +222,30 @@ fn stop_now_kills_workers_that_ignore_the_interrupt() {
     let dir = tempfile::tempdir().expect("tempdir");
     let storage = dir.path().join("runs");
     let mark = "day-two-stop-now";
+    // Each rank says when it ignores the interrupt: a stop before that would end it at once.
+    let ready = dir.path().join("ready");
+    std::fs::create_dir(&ready).expect("a folder");
     let live = start(
         &storage,
         mark,
         "stubborn",
-        "trap '' TERM INT; echo up; while :; do sleep 0.1; done",
+        &format!(
+            "trap '' TERM INT; touch {}/$TRAINYARD_WORLD_RANK; while :; do sleep 0.1; done",
+            ready.display()
+        ),
     );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut live = Some(live);
+    while std::fs::read_dir(&ready).map_or(0, Iterator::count) < 2 {
+        if Instant::now() > deadline {
+            let mut driver = live.take().expect("the driver");
+            let _ = driver.kill();
+            let driver = driver.wait_with_output().expect("its output");
+            panic!("the ranks never started: {}", text(&driver));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let live = live.expect("the driver");
     until_shown(&storage, mark, "stubborn", "running");
     let stop = day_two(&storage, mark, &["stop", "stubborn", "--now"]);
     assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
