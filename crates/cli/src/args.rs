@@ -49,9 +49,8 @@ pub(crate) enum Command {
 pub(crate) struct ShowArgs {
     /// The run's name, as `trainyard ps` shows it
     pub(crate) name: String,
-    /// Where run folders live: a path, file:///PATH or s3://BUCKET[/PREFIX] [default: $TRAINYARD_STORAGE, else ~/trainyard_results]
-    #[arg(long, value_name = "URI")]
-    pub(crate) storage: Option<String>,
+    #[command(flatten)]
+    pub(crate) storage: StorageArgs,
     /// Output format: json holds the record and every report of every rank
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub(crate) format: OutputFormat,
@@ -65,9 +64,31 @@ pub(crate) struct StopArgs {
     /// Kill the workers at once instead of giving them their grace
     #[arg(long)]
     pub(crate) now: bool,
+    #[command(flatten)]
+    pub(crate) storage: StorageArgs,
+}
+
+/// Where a day-two command finds the runs.
+#[derive(Debug, Args)]
+pub(crate) struct StorageArgs {
     /// Where run folders live: a path, file:///PATH or s3://BUCKET[/PREFIX] [default: $TRAINYARD_STORAGE, else ~/trainyard_results]
     #[arg(long, value_name = "URI")]
     pub(crate) storage: Option<String>,
+}
+
+impl StorageArgs {
+    /// The storage given: the flag, else `$TRAINYARD_STORAGE`; `None` for the default.
+    pub(crate) fn given(&self) -> Option<String> {
+        storage_given(self.storage.as_deref())
+    }
+}
+
+/// The storage `flag` or `$TRAINYARD_STORAGE` names, as `trainyard run` and the day-two
+/// commands take it; `None` (the default, `~/trainyard_results`) when neither says.
+pub(crate) fn storage_given(flag: Option<&str>) -> Option<String> {
+    flag.map(str::to_owned)
+        .or_else(|| std::env::var("TRAINYARD_STORAGE").ok())
+        .filter(|storage| !storage.is_empty())
 }
 
 /// The PS flags.
@@ -76,9 +97,8 @@ pub(crate) struct PsArgs {
     /// Every run, not only the live ones
     #[arg(long, short = 'a')]
     pub(crate) all: bool,
-    /// Where run folders live: a path, file:///PATH or s3://BUCKET[/PREFIX] [default: $TRAINYARD_STORAGE, else ~/trainyard_results]
-    #[arg(long, value_name = "URI")]
-    pub(crate) storage: Option<String>,
+    #[command(flatten)]
+    pub(crate) storage: StorageArgs,
     /// Output format
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub(crate) format: OutputFormat,

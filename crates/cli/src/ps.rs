@@ -13,7 +13,7 @@ use trainyard::checkpoint::{
 };
 
 use crate::Failure;
-use crate::args::{OutputFormat, PsArgs};
+use crate::args::{OutputFormat, PsArgs, StorageArgs};
 use crate::values::FlagError;
 
 /// Run records read at once.
@@ -50,7 +50,7 @@ struct Latest {
 }
 
 impl Row {
-    fn of((record, latest_metrics): (RunRecord, Option<MetricsEntry>), now: f64) -> Self {
+    fn of(record: RunRecord, now: f64) -> Self {
         let status = match driver_liveness(&record) {
             DriverLiveness::Gone => "lost",
             DriverLiveness::Alive | DriverLiveness::Unknown => "running",
@@ -85,7 +85,7 @@ impl Row {
             host: record.driver.as_ref().map(|driver| driver.host.clone()),
             pid: record.driver.as_ref().map(|driver| driver.pid),
             latest_checkpoint,
-            latest_metrics,
+            latest_metrics: None,
             name: record.name,
         }
     }
@@ -109,12 +109,8 @@ pub(crate) const fn status_name(status: RunStatus) -> &'static str {
 /// The storage a day-two command reads: `--storage`, else `$TRAINYARD_STORAGE`, else
 /// `~/trainyard_results`, as `trainyard run` takes it; remote storage configured from this
 /// process's environment.
-pub(crate) fn open_storage(flag: Option<&str>) -> Result<Storage, Failure> {
-    let given = flag
-        .map(str::to_owned)
-        .or_else(|| std::env::var("TRAINYARD_STORAGE").ok())
-        .filter(|storage| !storage.is_empty());
-    let location = match given {
+pub(crate) fn open_storage(args: &StorageArgs) -> Result<Storage, Failure> {
+    let location = match args.given() {
         Some(storage) => storage
             .parse::<StorageLocation>()
             .map_err(|e| Failure::bad_input(FlagError::new("--storage", &storage)(e.into())))?,
@@ -135,7 +131,7 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 }
 
 pub(crate) fn run(args: &PsArgs) -> Result<(), Failure> {
-    let storage = open_storage(args.storage.as_deref())?;
+    let storage = open_storage(&args.storage)?;
     let runtime = runtime()?;
     let (records, unreadable) = runtime.block_on(read_records(&storage))?;
     let now = trainyard::checkpoint::now();
@@ -150,6 +146,19 @@ pub(crate) fn run(args: &PsArgs) -> Result<(), Failure> {
     if !args.all {
         rows.retain(Row::is_live);
     }
+    // Only the runs shown: their histories' ends.
+    let latest: Vec<Option<MetricsEntry>> = runtime.block_on(
+        futures::stream::iter(&rows)
+            .map(|row| {
+                let folder = storage.run(&row.name);
+                async move { latest_report(&folder).await }
+            })
+            .buffered(PARALLEL_READS)
+            .collect(),
+    );
+    for (row, latest) in rows.iter_mut().zip(latest) {
+        row.latest_metrics = latest;
+    }
     if let Some((count, first)) = unreadable {
         say!("trainyard: {count} run folder(s) could not be read; the first: {first}");
     }
@@ -163,28 +172,14 @@ pub(crate) fn run(args: &PsArgs) -> Result<(), Failure> {
     written.map_err(Failure::output)
 }
 
-/// The records of every run at `storage`, each with its latest report, and how many could
-/// not be read with the first reason.
+/// The records of every run at `storage`, and how many could not be read with the first
+/// reason.
 async fn read_records(
     storage: &Storage,
-) -> Result<
-    (
-        Vec<(RunRecord, Option<MetricsEntry>)>,
-        Option<(usize, String)>,
-    ),
-    Failure,
-> {
+) -> Result<(Vec<RunRecord>, Option<(usize, String)>), Failure> {
     let names = storage.run_names().await.map_err(Failure::other)?;
     let loaded: Vec<_> = futures::stream::iter(names)
-        .map(|name| async move {
-            let folder = storage.run(&name);
-            let record = folder.load().await;
-            let latest = match &record {
-                Ok(Some(_)) => latest_report(&folder).await,
-                _ => None,
-            };
-            (record.map(|r| r.map(|r| (r, latest))), name)
-        })
+        .map(|name| async move { (storage.run(&name).load().await, name) })
         .buffer_unordered(PARALLEL_READS)
         .collect()
         .await;
@@ -209,7 +204,7 @@ async fn read_records(
 
 /// The run's latest report of rank 0 (of any rank when the end of its history has none of
 /// rank 0), from the end of its metrics history.
-pub(crate) async fn latest_report(folder: &RunFolder) -> Option<MetricsEntry> {
+async fn latest_report(folder: &RunFolder) -> Option<MetricsEntry> {
     let tail = folder.metrics_tail(METRICS_TAIL).await.ok()?;
     let entries: Vec<MetricsEntry> = tail
         .split(|byte| *byte == b'\n')
@@ -310,21 +305,23 @@ pub(crate) fn metrics(metrics: &serde_json::Map<String, serde_json::Value>) -> S
     let mut parts: Vec<String> = metrics
         .iter()
         .take(SHOWN)
-        .map(|(name, value)| {
-            let value = match value {
-                serde_json::Value::Number(n) => n
-                    .as_f64()
-                    .filter(|v| v.fract() != 0.0)
-                    .map_or_else(|| n.to_string(), |v| format!("{v:.4}")),
-                other => other.to_string(),
-            };
-            format!("{name}={value}")
-        })
+        .map(|(name, value)| format!("{name}={}", number(value)))
         .collect();
     if metrics.len() > SHOWN {
         parts.push("…".to_owned());
     }
     parts.join(" ")
+}
+
+/// A metric's value as the tables show it: whole numbers as they are, others to 4 places.
+pub(crate) fn number(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::Number(n) => n
+            .as_f64()
+            .filter(|v| v.fract() != 0.0)
+            .map_or_else(|| n.to_string(), |v| format!("{v:.4}")),
+        other => other.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use trainyard::checkpoint::{MetricsEntry, RunRecord};
 
 use crate::Failure;
 use crate::args::{OutputFormat, ShowArgs};
-use crate::ps::{open_storage, runtime, status_name};
+use crate::ps::{number, open_storage, runtime, status_name};
 use crate::values::FlagError;
 
 /// Rank 0's reports shown as rows in text.
@@ -33,7 +33,7 @@ struct Shown<'a> {
 }
 
 pub(crate) fn run(args: &ShowArgs) -> Result<(), Failure> {
-    let storage = open_storage(args.storage.as_deref())?;
+    let storage = open_storage(&args.storage)?;
     let folder = storage.run(&args.name);
     let runtime = runtime()?;
     let (record, history) = runtime.block_on(async {
@@ -214,17 +214,6 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
         );
     }
     out
-}
-
-/// A number as the table shows it: whole numbers as they are, others to 4 places.
-fn number(value: &serde_json::Value) -> String {
-    match value {
-        serde_json::Value::Number(n) => n
-            .as_f64()
-            .filter(|v| v.fract() != 0.0)
-            .map_or_else(|| n.to_string(), |v| format!("{v:.4}")),
-        other => other.to_string(),
-    }
 }
 
 /// `values` as one line of block characters, lowest to highest, at most `width` wide (each

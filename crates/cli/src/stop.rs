@@ -27,7 +27,7 @@ const POLL: Duration = Duration::from_millis(50);
 const AGAIN_EVERY: Duration = Duration::from_millis(300);
 
 pub(crate) fn run(args: &StopArgs) -> Result<(), Failure> {
-    let storage = open_storage(args.storage.as_deref())?;
+    let storage = open_storage(&args.storage)?;
     let folder = storage.run(&args.name);
     let runtime = runtime()?;
     let not_found = || {

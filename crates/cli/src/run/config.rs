@@ -122,11 +122,7 @@ fn run_config(
         run.env.insert(key.clone(), value.clone());
     }
     run.name.clone_from(&args.name);
-    run.storage_path = args
-        .storage
-        .clone()
-        .or_else(|| std::env::var("TRAINYARD_STORAGE").ok())
-        .filter(|s| !s.is_empty());
+    run.storage_path = crate::args::storage_given(args.storage.as_deref());
     if let Some(storage) = &run.storage_path {
         storage
             .parse::<trainyard::checkpoint::StorageLocation>()
