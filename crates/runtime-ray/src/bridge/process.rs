@@ -173,8 +173,10 @@ fn bridge_env(
         "TRAINYARD_RAY_UNAVAILABLE_GRACE_S".to_owned(),
         config.unavailable_grace.as_secs_f64().to_string(),
     ));
-    // A wrong token otherwise costs 20 retries a second apart; 1 s makes it fail in ~1.5 s.
-    if config.var("RAY_gcs_server_port_wait_time_s").is_none() {
+    // Connecting to a cluster, a wrong token otherwise costs 20 retries a second apart; 1 s
+    // makes it fail in ~1.5 s. A throwaway head keeps Ray's own wait: the same variable bounds
+    // how long its GCS may take to publish its port, over a second on a busy machine.
+    if config.address.is_some() && config.var("RAY_gcs_server_port_wait_time_s").is_none() {
         env.push(("RAY_gcs_server_port_wait_time_s".to_owned(), "1".to_owned()));
     }
     if let Some(mode) = auth.mode_to_set() {
@@ -236,7 +238,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_throwaway_head_gets_a_random_token_and_an_explicit_address_does_not() {
+    fn a_throwaway_head_gets_a_random_token_and_ray_s_start_wait_an_explicit_address_neither() {
         let none = AuthLookup {
             mode: None,
             token: None,
@@ -249,6 +251,12 @@ mod tests {
             .map(|(_, v)| v.clone())
             .expect("a throwaway head gets a token");
         assert_eq!(token.len(), 64);
+        assert!(
+            !local
+                .iter()
+                .any(|(k, _)| k == "RAY_gcs_server_port_wait_time_s"),
+            "a throwaway head's GCS gets Ray's own time to publish its port"
+        );
         let remote = bridge_env(&BridgeConfig::default().address("10.0.0.1:6379"), &none)
             .expect("no token needed");
         assert!(!remote.iter().any(|(k, _)| k == AUTH_TOKEN_VAR));
