@@ -235,9 +235,15 @@ fn write_all(dir: &Path, world_size: usize, rx: &Receiver<Entry>) -> u64 {
                 }
             }
             Entry::File { name, text } => {
+                // Whole or not at all: a reader (`trainyard stacks`) waits for the name.
                 let path = dir.join(&name);
-                if let Err(error) = create(&path).and_then(|mut f| f.write_all(text.as_bytes())) {
-                    warn!(file = %dir.join(&name).display(), %error, "cannot write the stack dump");
+                let part = dir.join(format!(".{name}.part"));
+                let written = create(&part)
+                    .and_then(|mut file| file.write_all(text.as_bytes()))
+                    .and_then(|()| std::fs::rename(&part, &path));
+                if let Err(error) = written {
+                    let _ = std::fs::remove_file(&part);
+                    warn!(file = %path.display(), %error, "cannot write the stack dump");
                 }
             }
         }

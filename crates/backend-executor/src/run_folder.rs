@@ -45,6 +45,19 @@ pub(crate) struct RunStore {
     history: MetricsHistory,
 }
 
+/// An attempt booked in the run's folder: what its ranks are told, and where its logs go.
+#[derive(Debug)]
+pub(crate) struct BegunAttempt {
+    /// The environment every rank's task gets about checkpoints.
+    pub(crate) env: BTreeMap<String, String>,
+    /// The checkpoint it starts from.
+    pub(crate) resumed: Option<CheckpointResult>,
+    /// The local folder its rank logs are written to as it runs (empty: none).
+    pub(crate) logs: PathBuf,
+    /// Where in the run folder they are copied to when it ends (remote storage).
+    pub(crate) upload_logs_to: Option<String>,
+}
+
 impl RunStore {
     /// Opens the run's folder before any worker starts: checks that the storage is
     /// writable, and resumes the run of the same name when there is an unfinished one (or,
@@ -198,11 +211,15 @@ impl RunStore {
     /// never committed, checks that the latest checkpoint is still there, records the
     /// attempt, and returns the environment every rank's task gets (where to persist, where
     /// to resume from) with the checkpoint it resumes from.
+    ///
+    /// The attempt's rank logs go to `log_dir/attempt_<k>` (see [`Self::attempt_log_dir`]);
+    /// the record names the folder they are written to as the attempt runs.
     pub(crate) async fn begin_attempt(
         &mut self,
         world_size: u32,
         restart_count: u32,
-    ) -> Result<(BTreeMap<String, String>, Option<CheckpointResult>), StorageError> {
+        log_dir: Option<&str>,
+    ) -> Result<BegunAttempt, StorageError> {
         let base = self.record.latest_checkpoint.unwrap_or(0);
         let removed = self.folder.delete_uncommitted(base).await?;
         if !removed.is_empty() {
@@ -258,9 +275,19 @@ impl RunStore {
             failure: None,
             world_size: Some(world_size),
             resized_to: None,
+            log_dir: None,
         });
+        let (logs, upload_logs_to) = self.attempt_log_dir(log_dir);
+        if let Some(attempt) = self.record.attempts.last_mut() {
+            attempt.log_dir = (!logs.as_os_str().is_empty()).then(|| logs.display().to_string());
+        }
         self.save().await?;
-        Ok((env, resumed))
+        Ok(BegunAttempt {
+            env,
+            resumed,
+            logs,
+            upload_logs_to,
+        })
     }
 
     /// Gives the current attempt, before any rank has reported, `world_size` ranks.
@@ -339,14 +366,16 @@ impl RunStore {
     /// one of this user's alone (see [`staging_dir`]); the second value is then where in the
     /// run folder they go when the attempt ends.
     pub(crate) fn attempt_log_dir(&self, log_dir: Option<&str>) -> (PathBuf, Option<String>) {
-        let attempt = format!("attempt_{}", self.record.attempts.len().saturating_sub(1));
+        let index = self.record.attempts.len().saturating_sub(1);
+        let attempt = format!("attempt_{index}");
         if let Some(dir) = log_dir {
             return (expand_home(dir).join(attempt), None);
         }
+        let relative = trainyard_checkpoint::attempt_logs_dir_name(index);
         match self.folder.local_path() {
-            Some(run_dir) => (run_dir.join("logs").join(attempt), None),
+            Some(run_dir) => (run_dir.join(relative), None),
             None => match staging_dir(self.name(), &attempt) {
-                Ok(dir) => (dir, Some(format!("logs/{attempt}"))),
+                Ok(dir) => (dir, Some(relative)),
                 Err(error) => {
                     warn!(%error, "cannot make a private folder for the rank logs; the ranks' output is not written to files");
                     (PathBuf::new(), None)
@@ -479,6 +508,9 @@ fn this_driver() -> DriverRecord {
         uid: nix::unistd::getuid().as_raw(),
         host: host_name().unwrap_or_default(),
         pid: std::process::id(),
+        command: std::env::args_os()
+            .map(|arg| arg.to_string_lossy().into_owned())
+            .collect(),
         started_at: now(),
         start_ticks: trainyard_sys::procfs::own_start_time(),
     }
@@ -560,6 +592,7 @@ mod tests {
             failure: None,
             world_size: Some(1),
             resized_to: None,
+            log_dir: None,
         });
         let store = RunStore {
             folder: storage.run("staged"),
@@ -672,7 +705,8 @@ mod tests {
             ..RunConfig::default()
         };
         let mut store = RunStore::open(&run, "bounded").await.expect("opened");
-        let (env, _) = store.begin_attempt(2, 0).await.expect("begun");
+        let begun = store.begin_attempt(2, 0, None).await.expect("begun");
+        let env = &begun.env;
         assert_eq!(
             env.get(trainyard_checkpoint::CHECKPOINT_MAX_FILES),
             Some(&"100".to_owned())

@@ -360,13 +360,13 @@ impl RunLoop {
         ),
         ExecutorError,
     > {
-        let (env, resumed) = self
+        let begun = self
             .store
-            .begin_attempt(world_size, restart_count)
+            .begin_attempt(world_size, restart_count, self.setup.run.log_dir.as_deref())
             .await
             .map_err(ExecutorError::Storage)?;
         let sink = &self.controls.sink;
-        if let Some(checkpoint) = resumed {
+        if let Some(checkpoint) = begun.resumed {
             info!(run = %self.setup.run_name, path = %checkpoint.path, "every rank starts from the latest committed checkpoint");
             sink.emit(RunEvent::Resuming {
                 restart_count,
@@ -374,17 +374,14 @@ impl RunLoop {
             })
             .await;
         }
-        let (dir, remote) = self
-            .store
-            .attempt_log_dir(self.setup.run.log_dir.as_deref());
         let most = self.setup.scaling.num_workers.max() as usize;
-        let logs = RankLogs::open(dir, most);
+        let logs = RankLogs::open(begun.logs, most);
         sink.emit(RunEvent::LogFiles {
             restart_count,
             dir: logs.dir().display().to_string(),
         })
         .await;
-        Ok((env, logs, remote))
+        Ok((begun.env, logs, begun.upload_logs_to))
     }
 
     /// Starts one attempt: reserves the placement group, starts and sorts the workers,

@@ -65,5 +65,7 @@ pub use record::{
     RUN_RECORD_VERSION, RunRecord, RunStatus, now,
 };
 pub use retention::retention;
-pub use storage::{HandInLimits, RunFolder, Storage, StorageLocation, checkpoint_dir_name};
+pub use storage::{
+    HandInLimits, RunFolder, Storage, StorageLocation, attempt_logs_dir_name, checkpoint_dir_name,
+};
 pub use writer::{CheckpointWriter, HandIn};

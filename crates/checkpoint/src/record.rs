@@ -74,6 +74,10 @@ pub struct AttemptRecord {
     /// The world size the run was resized to when this attempt was stopped to resize it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resized_to: Option<u32>,
+    /// The folder on the driver's host its rank logs were written to as it ran
+    /// (`rank_<r>.log`); remote storage gets a copy under `logs/attempt_<k>` when it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_dir: Option<String>,
 }
 
 /// One committed checkpoint.
@@ -105,6 +109,9 @@ pub struct DriverRecord {
     pub host: String,
     /// Its process id on that host.
     pub pid: u32,
+    /// Its command line (`trainyard run … -- PROGRAM ARGS`, or a library user's program).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
     /// When it opened the run, in seconds since the Unix epoch.
     pub started_at: f64,
     /// When its process started, in clock ticks after boot (`/proc/<pid>/stat`): with `pid`,

@@ -42,6 +42,43 @@ pub(crate) enum Command {
     Stop(StopArgs),
     /// Show one run: its record, attempts, checkpoints and metrics history.
     Show(ShowArgs),
+    /// Print a run's rank logs merged by time; -f follows a live run until it ends.
+    Logs(LogsArgs),
+    /// Print every rank's stacks of a run driven on this host, as SIGQUIT in its terminal does.
+    Stacks(StacksArgs),
+}
+
+/// The LOGS flags.
+#[derive(Debug, Args)]
+pub(crate) struct LogsArgs {
+    /// The run's name, as `trainyard ps` shows it
+    pub(crate) name: String,
+    /// Follow a live run: print lines as they come, go on into its next attempt when it restarts, end when it ends
+    #[arg(long, short = 'f')]
+    pub(crate) follow: bool,
+    /// Only these ranks' lines, e.g. 0 or 0,2-3 [default: all]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true, value_parser = rank_list)]
+    pub(crate) rank: Option<RankList>,
+    /// The attempt whose logs to print, counted from 0 over the run's restarts [default: the latest]
+    #[arg(long, value_name = "K")]
+    pub(crate) attempt: Option<usize>,
+    /// Begin each line with the time the driver took it in (RFC 3339, UTC)
+    #[arg(long, short = 't')]
+    pub(crate) timestamps: bool,
+    #[command(flatten)]
+    pub(crate) storage: StorageArgs,
+    /// Output format: json prints one object a line (time, attempt, rank, stream, line)
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub(crate) format: OutputFormat,
+}
+
+/// The STACKS flags.
+#[derive(Debug, Args)]
+pub(crate) struct StacksArgs {
+    /// The run's name, as `trainyard ps` shows it
+    pub(crate) name: String,
+    #[command(flatten)]
+    pub(crate) storage: StorageArgs,
 }
 
 /// The SHOW flags.

@@ -1,5 +1,5 @@
 //! The `trainyard` command line: `plan` a scaling config, `run` its workers, show the `cluster`,
-//! list the runs (`ps`), `show` or `stop` one.
+//! list the runs (`ps`), `show`, `stop`, follow (`logs`) or look inside (`stacks`) one.
 
 /// `eprintln!` that never panics: a closed stderr (`trainyard run ... 2>&1 | head -1`) loses
 /// the line instead of ending the driver before it has stopped its workers.
@@ -15,6 +15,7 @@ mod cluster;
 mod engine;
 mod fold;
 mod local;
+mod logs;
 mod output;
 mod plan;
 mod print;
@@ -22,6 +23,7 @@ mod ps;
 mod run;
 mod show;
 mod slurm;
+mod stacks;
 mod stop;
 mod values;
 
@@ -89,6 +91,8 @@ fn main() -> ExitCode {
         Command::Ps(args) => ps::run(&args),
         Command::Stop(args) => stop::run(&args),
         Command::Show(args) => show::run(&args),
+        Command::Logs(args) => logs::run(&args),
+        Command::Stacks(args) => stacks::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

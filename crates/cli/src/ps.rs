@@ -122,6 +122,26 @@ pub(crate) fn open_storage(args: &StorageArgs) -> Result<Storage, Failure> {
     Storage::open(location, &env).map_err(Failure::other)
 }
 
+/// Run `name` of `storage` and its record; bad input naming `NAME` when there is none.
+pub(crate) fn find_run(
+    storage: &Storage,
+    runtime: &tokio::runtime::Runtime,
+    name: &str,
+) -> Result<(RunFolder, RunRecord), Failure> {
+    let folder = storage.run(name);
+    let record = runtime.block_on(folder.load()).map_err(Failure::other)?;
+    let record = record.ok_or_else(|| {
+        Failure::bad_input(FlagError::new("NAME", name)(
+            format!(
+                "no run of this name in {} (trainyard ps --all lists them)",
+                storage.location()
+            )
+            .into(),
+        ))
+    })?;
+    Ok((folder, record))
+}
+
 /// A runtime for a day-two command's reads and waits.
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()

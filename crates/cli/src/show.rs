@@ -13,8 +13,7 @@ use trainyard::checkpoint::{MetricsEntry, RunRecord};
 
 use crate::Failure;
 use crate::args::{OutputFormat, ShowArgs};
-use crate::ps::{number, open_storage, runtime, status_name};
-use crate::values::FlagError;
+use crate::ps::{find_run, number, open_storage, runtime, status_name};
 
 /// Rank 0's reports shown as rows in text.
 const ROWS: usize = 10;
@@ -34,22 +33,9 @@ struct Shown<'a> {
 
 pub(crate) fn run(args: &ShowArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
-    let folder = storage.run(&args.name);
     let runtime = runtime()?;
-    let (record, history) = runtime.block_on(async {
-        let record = folder.load().await;
-        let history = folder.read_metrics().await;
-        (record, history)
-    });
-    let record = record.map_err(Failure::other)?.ok_or_else(|| {
-        Failure::bad_input(FlagError::new("NAME", &args.name)(
-            format!(
-                "no run of this name in {} (trainyard ps --all lists them)",
-                storage.location()
-            )
-            .into(),
-        ))
-    })?;
+    let (folder, record) = find_run(&storage, &runtime, &args.name)?;
+    let history = runtime.block_on(folder.read_metrics());
     let history = history.map_err(Failure::other)?;
     let entries: Vec<MetricsEntry> = history
         .split(|byte| *byte == b'\n')
@@ -91,6 +77,13 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
             driver.host,
             crate::ps::started(driver.started_at)
         );
+        if !driver.command.is_empty() {
+            let _ = writeln!(
+                out,
+                "  command     {}",
+                crate::escape_newlines(&command_line(&driver.command))
+            );
+        }
     }
     for attempt in &record.attempts {
         let took = attempt
@@ -245,6 +238,12 @@ fn sparkline(values: &[f64], width: usize) -> String {
             }
         })
         .collect()
+}
+
+/// `words` as one command line a shell takes back (a word with a NUL byte, which no shell
+/// word holds, as it is).
+fn command_line(words: &[String]) -> String {
+    shlex::try_join(words.iter().map(String::as_str)).unwrap_or_else(|_| words.join(" "))
 }
 
 #[cfg(test)]

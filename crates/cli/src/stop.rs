@@ -12,8 +12,7 @@ use trainyard::checkpoint::{RunFolder, RunRecord, RunStatus};
 
 use crate::Failure;
 use crate::args::StopArgs;
-use crate::ps::{open_storage, runtime, status_name};
-use crate::values::FlagError;
+use crate::ps::{find_run, open_storage, runtime, status_name};
 
 /// How long a driver gets to stop its workers after the first interrupt: a little over its
 /// own limit for the stop.
@@ -28,21 +27,8 @@ const AGAIN_EVERY: Duration = Duration::from_millis(300);
 
 pub(crate) fn run(args: &StopArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
-    let folder = storage.run(&args.name);
     let runtime = runtime()?;
-    let not_found = || {
-        Failure::bad_input(FlagError::new("NAME", &args.name)(
-            format!(
-                "no run of this name in {} (trainyard ps --all lists them)",
-                storage.location()
-            )
-            .into(),
-        ))
-    };
-    let record = runtime
-        .block_on(folder.load())
-        .map_err(Failure::other)?
-        .ok_or_else(not_found)?;
+    let (folder, record) = find_run(&storage, &runtime, &args.name)?;
     let Some(driver) = record.driver.clone() else {
         return Err(Failure::other(format!(
             "run `{}` names no driver in its record: it cannot be stopped from here",

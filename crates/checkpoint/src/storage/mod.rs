@@ -30,6 +30,13 @@ pub fn checkpoint_dir_name(index: u64) -> String {
     format!("checkpoint_{index:06}")
 }
 
+/// Where attempt `attempt`'s rank logs are kept in a run folder (`rank_<r>.log` in it):
+/// `logs/attempt_2`.
+#[must_use]
+pub fn attempt_logs_dir_name(attempt: usize) -> String {
+    format!("logs/attempt_{attempt}")
+}
+
 /// How an opened location is reached.
 #[derive(Debug, Clone)]
 enum Backend {
@@ -575,6 +582,32 @@ impl RunFolder {
                 }
                 bucket.delete(keys, &prefix).await?;
                 Ok(deleted.into_iter().collect())
+            }
+        }
+    }
+
+    /// Attempt `attempt`'s rank logs in the run folder ([`attempt_logs_dir_name`]): a local
+    /// folder's own, or remote storage's copy (made when the attempt ended) downloaded into
+    /// `dest`; `None` when there are none.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`], [`StorageError::Copy`].
+    pub async fn attempt_logs(
+        &self,
+        attempt: usize,
+        dest: &Path,
+    ) -> Result<Option<PathBuf>, StorageError> {
+        let relative = attempt_logs_dir_name(attempt);
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                let dir = Self::local_dir(root, &self.name).join(relative);
+                Ok(dir.is_dir().then_some(dir))
+            }
+            Backend::S3 { store, bucket, .. } => {
+                let copied = bucket_of(store, bucket)
+                    .download(&self.key(&relative), dest)
+                    .await?;
+                Ok((copied > 0).then(|| dest.to_path_buf()))
             }
         }
     }

@@ -344,6 +344,11 @@ fn every_report_is_kept_and_ps_and_show_read_it() {
     let shown = String::from_utf8_lossy(&text_out.stdout).into_owned();
     assert!(shown.starts_with("run reports: finished\n"), "{shown}");
     assert!(
+        shown.lines().any(|line| line.starts_with("  command     ")
+            && line.ends_with(r#" run -n 2 --backend none --name reports -- python3 -c "from trainyard import train\nfor step in range(3):\n    train.report({'step': step, 'loss': 1 / (step + 1)})\n""#)),
+        "the driver's command line, as a shell takes it back: {shown}"
+    );
+    assert!(
         shown.contains("metrics: 6 reports (3 of rank 0)"),
         "{shown}"
     );
@@ -352,5 +357,250 @@ fn every_report_is_kept_and_ps_and_show_read_it() {
             .lines()
             .any(|line| line.trim_start().starts_with("loss ") && line.contains('█')),
         "a chart of the loss: {shown}"
+    );
+}
+
+/// A driver in the background, killed if a test fails before it ends.
+struct Driver(Option<Child>);
+
+impl Driver {
+    fn start(storage: &Path, mark: &str, name: &str, flags: &[&str], script: &str) -> Self {
+        Self(Some(
+            trainyard(storage, mark)
+                .args(["run", "-n", "2", "--backend", "none", "--name", name])
+                .args(flags)
+                .args(["--", "sh", "-c", script])
+                .spawn()
+                .expect("trainyard starts"),
+        ))
+    }
+
+    /// Waits up to `limit` for it to exit; its output.
+    fn finished(mut self, limit: Duration) -> Output {
+        finished(self.0.take().expect("a driver"), limit)
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `trainyard SUBCOMMAND [ARGS] --storage STORAGE`, in the background.
+fn day_two_spawned(storage: &Path, mark: &str, args: &[&str]) -> Driver {
+    Driver(Some(
+        trainyard(storage, mark)
+            .args(args)
+            .arg("--storage")
+            .arg(storage)
+            .spawn()
+            .expect("trainyard starts"),
+    ))
+}
+
+#[test]
+fn logs_merge_the_ranks_by_time_and_follow_a_live_run_into_its_restart_and_to_its_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = dir.path().join("runs");
+    let mark = "day-two-logs";
+    let flags = dir.path().join("flags");
+    std::fs::create_dir(&flags).expect("a folder");
+    // Attempt 0: each rank says so and rank 1 fails. Attempt 1: rank 0 prints m1 and m3,
+    // rank 1 prints m2 between them.
+    let script = format!(
+        r#"R=$TRAINYARD_WORLD_RANK
+if [ ! -e {flags}/$R ]; then
+  touch {flags}/$R; echo "first $R"; sleep 1
+  [ "$R" = 1 ] && exit 1; sleep 30
+fi
+sleep 1
+if [ "$R" = 0 ]; then echo m1; sleep 0.6; echo m3; else sleep 0.3; echo m2 >&2; fi"#,
+        flags = flags.display()
+    );
+    let run = Driver::start(&storage, mark, "logged", &["--max-failures", "1"], &script);
+    until_shown(&storage, mark, "logged", "running");
+    let follower = day_two_spawned(&storage, mark, &["logs", "logged", "-f"]);
+    let run = run.finished(Duration::from_secs(60));
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run));
+    let followed = follower.finished(Duration::from_secs(10));
+    assert_eq!(followed.status.code(), Some(0), "{}", text(&followed));
+    let stdout = String::from_utf8_lossy(&followed.stdout).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    for expected in ["(rank=0) first 0", "(rank=1) first 1"] {
+        assert!(lines.contains(&expected), "{expected}: {}", text(&followed));
+    }
+    let ends: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|line| line.ends_with(" m1") || line.ends_with(" m2") || line.ends_with(" m3"))
+        .collect();
+    assert_eq!(
+        ends,
+        ["(rank=0) m1", "(rank=1) m2", "(rank=0) m3"],
+        "the restarted attempt's lines, merged by time: {}",
+        text(&followed)
+    );
+    assert!(
+        String::from_utf8_lossy(&followed.stderr)
+            .contains("trainyard: attempt 1 of run `logged` started"),
+        "{}",
+        text(&followed)
+    );
+
+    // A finished run: the latest attempt by default, another one by --attempt, one rank by
+    // --rank, JSON with the time of every line.
+    let latest = day_two(&storage, mark, &["logs", "logged"]);
+    assert_eq!(latest.status.code(), Some(0), "{}", text(&latest));
+    assert_eq!(
+        String::from_utf8_lossy(&latest.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        ["(rank=0) m1", "(rank=1) m2", "(rank=0) m3"]
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&latest.stderr).lines().next(),
+        Some("trainyard: attempt 1 of run `logged` (attempts 0 to 1; --attempt K shows another)")
+    );
+    let first = day_two(
+        &storage,
+        mark,
+        &[
+            "logs",
+            "logged",
+            "--attempt",
+            "0",
+            "--rank",
+            "1",
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
+    let objects: Vec<serde_json::Value> = String::from_utf8_lossy(&first.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object a line"))
+        .collect();
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    assert_eq!(
+        (
+            &objects[0]["line"],
+            &objects[0]["rank"],
+            &objects[0]["attempt"],
+            &objects[0]["stream"]
+        ),
+        (
+            &serde_json::json!("first 1"),
+            &serde_json::json!(1),
+            &serde_json::json!(0),
+            &serde_json::json!("stdout")
+        )
+    );
+    assert!(
+        objects[0]["time"].as_f64().is_some_and(|t| t > 1.7e9),
+        "{objects:?}"
+    );
+    let beyond = day_two(&storage, mark, &["logs", "logged", "--attempt", "2"]);
+    assert_eq!(beyond.status.code(), Some(2), "{}", text(&beyond));
+    assert_eq!(
+        String::from_utf8_lossy(&beyond.stderr).trim_end(),
+        "error: invalid value `2` for `--attempt`: run `logged` has 2 attempts (0 to 1)"
+    );
+    let no_rank = day_two(&storage, mark, &["logs", "logged", "--rank", "2"]);
+    assert_eq!(no_rank.status.code(), Some(2), "{}", text(&no_rank));
+    assert!(left_behind(mark, Duration::from_secs(10)).is_empty());
+}
+
+#[test]
+fn stacks_prints_a_live_runs_stacks_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = dir.path().join("runs");
+    let mark = "day-two-stacks";
+    let run = Driver::start(&storage, mark, "looked-at", &[], "echo up; sleep 300");
+    until_shown(&storage, mark, "looked-at", "running");
+    let stacks = day_two(&storage, mark, &["stacks", "looked-at"]);
+    assert_eq!(stacks.status.code(), Some(0), "{}", text(&stacks));
+    let dump = String::from_utf8_lossy(&stacks.stdout).into_owned();
+    for rank in ["=== rank 0 ===", "=== rank 1 ==="] {
+        assert!(dump.contains(rank), "{rank}: {dump}");
+    }
+    assert!(
+        String::from_utf8_lossy(&stacks.stderr).starts_with("trainyard: the stacks are kept in "),
+        "{}",
+        text(&stacks)
+    );
+    assert_eq!(statuses(&storage, mark)[0].1, "running", "the run goes on");
+
+    let stop = day_two(&storage, mark, &["stop", "looked-at"]);
+    assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
+    let run = run.finished(Duration::from_secs(30));
+    assert!(
+        String::from_utf8_lossy(&run.stderr)
+            .contains("trainyard: every rank's stacks (SIGQUIT; the run goes on):"),
+        "{}",
+        text(&run)
+    );
+    let ended = day_two(&storage, mark, &["stacks", "looked-at"]);
+    assert_eq!(ended.status.code(), Some(1), "{}", text(&ended));
+    assert_eq!(
+        String::from_utf8_lossy(&ended.stderr).trim_end(),
+        "error: run `looked-at` is not running: it is stopped"
+    );
+    assert!(left_behind(mark, Duration::from_secs(10)).is_empty());
+}
+
+#[test]
+fn logs_of_an_s3_run_are_read_from_its_folder_once_the_local_copy_is_gone() {
+    let Some(server) = trainyard_checkpoint::testing::S3Server::start().expect("moto starts")
+    else {
+        return;
+    };
+    server.create_bucket("day-two").expect("a bucket");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = Path::new("s3://day-two/runs");
+    let mark = "day-two-s3-logs";
+    let run = trainyard(storage, mark)
+        .envs(server.env())
+        .args(["run", "-n", "2", "--backend", "none", "--name", "remote"])
+        .args(["--", "sh", "-c", "echo hello $TRAINYARD_WORLD_RANK"])
+        .output()
+        .expect("trainyard runs");
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run));
+    let shown = trainyard(storage, mark)
+        .envs(server.env())
+        .args(["show", "remote", "--format", "json"])
+        .output()
+        .expect("trainyard runs");
+    assert_eq!(shown.status.code(), Some(0), "{}", text(&shown));
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("JSON");
+    let written = shown["record"]["attempts"][0]["log_dir"]
+        .as_str()
+        .expect("the record names where the logs were written")
+        .to_owned();
+    assert!(
+        Path::new(&written).join("rank_1.log").is_file(),
+        "{written}"
+    );
+    std::fs::remove_dir_all(&written).expect("the local copy removed");
+    let logs = trainyard(storage, mark)
+        .envs(server.env())
+        .env("TMPDIR", dir.path())
+        .args(["logs", "remote"])
+        .output()
+        .expect("trainyard runs");
+    assert_eq!(logs.status.code(), Some(0), "{}", text(&logs));
+    let mut lines: Vec<String> = String::from_utf8_lossy(&logs.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines.sort();
+    assert_eq!(lines, ["(rank=0) hello 0", "(rank=1) hello 1"]);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("the temp dir").count(),
+        0,
+        "the download is removed"
     );
 }

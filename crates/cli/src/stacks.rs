@@ -1,0 +1,138 @@
+//! `trainyard stacks NAME`: every rank's stacks of a run driven on this host, as SIGQUIT
+//! (Ctrl-\) in its terminal gives them: the driver is sent SIGQUIT, captures them (the run
+//! goes on) and writes the dump beside the rank logs, and this command prints that file.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write as _};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use trainyard::backend::{DriverLiveness, driver_liveness};
+
+use crate::Failure;
+use crate::args::StacksArgs;
+use crate::ps::{find_run, open_storage, runtime, status_name};
+
+/// How long the driver gets to capture every rank's stacks and write them.
+const LIMIT: Duration = Duration::from_secs(60);
+/// How often the log folder is looked at meanwhile.
+const POLL: Duration = Duration::from_millis(50);
+/// How often the run's record is read meanwhile (whether the driver is still there).
+const RECORD_EVERY: Duration = Duration::from_millis(500);
+
+pub(crate) fn run(args: &StacksArgs) -> Result<(), Failure> {
+    let storage = open_storage(&args.storage)?;
+    let runtime = runtime()?;
+    let (folder, record) = find_run(&storage, &runtime, &args.name)?;
+    let Some(driver) = record.driver.clone() else {
+        return Err(Failure::other(format!(
+            "run `{}` names no driver in its record: its stacks cannot be asked for from here",
+            args.name
+        )));
+    };
+    match driver_liveness(&record) {
+        DriverLiveness::Alive => {}
+        DriverLiveness::Ended => {
+            return Err(Failure::other(format!(
+                "run `{}` is not running: it is {}",
+                args.name,
+                status_name(record.status)
+            )));
+        }
+        DriverLiveness::Gone => {
+            return Err(Failure::other(format!(
+                "run `{}` is not running: its driver (pid {} on {}) is gone without a word",
+                args.name, driver.pid, driver.host
+            )));
+        }
+        DriverLiveness::Unknown => {
+            return Err(Failure::other(format!(
+                "run `{}` is driven on host {} (pid {}): run `trainyard stacks` there",
+                args.name, driver.host, driver.pid
+            )));
+        }
+    }
+    let Some(dir) = record
+        .attempts
+        .last()
+        .and_then(|attempt| attempt.log_dir.clone())
+        .map(PathBuf::from)
+    else {
+        return Err(Failure::other(format!(
+            "run `{}` has no log folder for its current attempt: its stacks have nowhere to go",
+            args.name
+        )));
+    };
+    let before = dumps(&dir);
+    let pid = Pid::from_raw(i32::try_from(driver.pid).map_err(Failure::other)?);
+    kill(pid, Signal::SIGQUIT).map_err(|error| {
+        Failure::other(format!(
+            "cannot signal the driver of run `{}` (pid {}): {error}",
+            args.name, driver.pid
+        ))
+    })?;
+    let started = Instant::now();
+    let mut record_read = Instant::now();
+    let file = loop {
+        if let Some(file) = dumps(&dir)
+            .into_iter()
+            .find(|(name, inode)| before.get(name) != Some(inode))
+            .map(|(name, _)| dir.join(name))
+        {
+            break file;
+        }
+        if started.elapsed() > LIMIT {
+            return Err(Failure::other(format!(
+                "the driver of run `{}` (pid {}) wrote no stacks within {LIMIT:?}",
+                args.name, driver.pid
+            )));
+        }
+        if record_read.elapsed() > RECORD_EVERY {
+            record_read = Instant::now();
+            if let Ok(Some(now)) = runtime.block_on(folder.load()) {
+                if driver_liveness(&now) != DriverLiveness::Alive {
+                    return Err(Failure::other(format!(
+                        "run `{}` ended before its stacks were written: it is {}",
+                        args.name,
+                        status_name(now.status)
+                    )));
+                }
+            }
+        }
+        std::thread::sleep(POLL);
+    };
+    let text = std::fs::read_to_string(&file).map_err(|error| {
+        Failure::other(format!(
+            "cannot read the stacks in {}: {error}",
+            file.display()
+        ))
+    })?;
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
+        Err(error) => return Err(Failure::output(error)),
+    }
+    say!("trainyard: the stacks are kept in {}", file.display());
+    Ok(())
+}
+
+/// The stack dumps in `dir`, by name, with their inodes (a dump written again under the
+/// same name is a new file).
+fn dumps(dir: &Path) -> BTreeMap<String, u64> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeMap::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let dump = name.starts_with("stacks-") && name.ends_with(".txt");
+            let meta = entry.metadata().ok().filter(|meta| meta.is_file())?;
+            dump.then_some((name, meta.ino()))
+        })
+        .collect()
+}
