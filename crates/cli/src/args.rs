@@ -166,10 +166,10 @@ pub(crate) struct RunArgs {
     pub(crate) ray: RayArgs,
     #[command(flatten)]
     pub(crate) slurm: SlurmArgs,
-    /// Submit the whole run as a Slurm batch job (runtime slurm) whose script is this same command inside the allocation, print its job id and exit
+    /// Run in the background: return once the workers are starting, printing the run's name and how to follow it (trainyard logs NAME -f); on Slurm the whole run is submitted as a batch job whose script is this same command, and its job id is printed
     #[arg(long)]
     pub(crate) detach: bool,
-    /// Where a --detach run's output goes; %j is the job id [default: trainyard-%j.out in this directory]
+    /// Where a --detach run's driver output goes; on Slurm %j is the job id [default: the run folder's driver-TIME.log (local storage), else trainyard-NAME.out, on Slurm trainyard-%j.out, in this directory]
     #[arg(long, value_name = "FILE", requires = "detach")]
     pub(crate) output: Option<PathBuf>,
     /// The framework whose environment the workers get: torch sets PyTorch's process-group variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) and logs `Setting up process group for: env://...`; none runs plain commands without them (the TRAINYARD_* ranks only)

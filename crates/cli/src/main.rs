@@ -11,6 +11,7 @@ macro_rules! say {
 }
 
 mod args;
+mod background;
 mod cluster;
 mod engine;
 mod fold;
@@ -102,6 +103,9 @@ fn main() -> ExitCode {
 
 /// Says what went wrong on one `error:` line, and exits with the failure's code.
 fn failed(failure: &Failure) -> ExitCode {
+    if failure.error.is::<Said>() {
+        return ExitCode::from(failure.code);
+    }
     let message = ErrorChain(failure.error.as_ref()).to_string();
     say!("error: {}", escape_newlines(&message));
     ExitCode::from(failure.code)
@@ -126,6 +130,11 @@ fn missing_subcommand() -> String {
 pub(crate) fn escape_newlines(text: &str) -> String {
     text.replace('\r', "\\r").replace('\n', "\\n")
 }
+
+/// The error of a failure that has been told already.
+#[derive(Debug, thiserror::Error)]
+#[error("the failure was told already")]
+struct Said;
 
 /// A command's failure: what went wrong and the exit code it maps to.
 #[derive(Debug)]
@@ -154,6 +163,11 @@ impl Failure {
     /// A failure that is nobody's input (exit code 1).
     pub(crate) fn other(error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
         Self::new(EXIT_FAILURE, error)
+    }
+
+    /// A failure that has been told already (another process printed it): only its code.
+    pub(crate) fn said(code: u8) -> Self {
+        Self::new(code, Said)
     }
 
     /// An interrupted run (exit code 130).

@@ -110,7 +110,13 @@ pub(crate) const fn status_name(status: RunStatus) -> &'static str {
 /// `~/trainyard_results`, as `trainyard run` takes it; remote storage configured from this
 /// process's environment.
 pub(crate) fn open_storage(args: &StorageArgs) -> Result<Storage, Failure> {
-    let location = match args.given() {
+    open_storage_at(args.given())
+}
+
+/// The storage `given` names (`--storage` or `$TRAINYARD_STORAGE`), else
+/// `~/trainyard_results`.
+pub(crate) fn open_storage_at(given: Option<String>) -> Result<Storage, Failure> {
+    let location = match given {
         Some(storage) => storage
             .parse::<StorageLocation>()
             .map_err(|e| Failure::bad_input(FlagError::new("--storage", &storage)(e.into())))?,

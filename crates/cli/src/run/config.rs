@@ -201,13 +201,6 @@ fn check_runtime_flags(args: &RunArgs) -> Result<(), Failure> {
         if let Some((flag, value)) = args.slurm.given() {
             return misplaced(flag, value, "applies to --runtime slurm only");
         }
-        if args.detach {
-            return misplaced(
-                "--detach",
-                "true",
-                "applies to --runtime slurm only (it submits the run as a Slurm batch job)",
-            );
-        }
     }
     if let (Some(address), RuntimeKind::Local | RuntimeKind::Slurm) =
         (&args.ray.address, args.runtime)

@@ -13,13 +13,17 @@ mod outcome;
 use std::time::Duration;
 
 use crate::Failure;
-use crate::args::RunArgs;
+use crate::args::{RunArgs, RuntimeKind};
 use crate::output::{Progress, init_logging};
 
 /// How long the driver waits, as it exits, for work left on its blocking threads.
 const SHUTDOWN_LIMIT: Duration = Duration::from_secs(10);
 
 pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
+    let background = crate::background::is_background_driver();
+    if background {
+        crate::background::leave_the_terminal();
+    }
     let progress = Progress::new(args.log_format);
     let timings = init_logging(args.log_format, &progress, args.timings);
     let launch = match config::request(args)? {
@@ -33,6 +37,11 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
             );
         }
     };
+    // On Slurm a detached run is a batch job, which drives it here.
+    if args.detach && !background && args.runtime != RuntimeKind::Slurm {
+        let name = launch.run.name.clone().unwrap_or_default();
+        return crate::background::detach(args, &name, launch.run.resume);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

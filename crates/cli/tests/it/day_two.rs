@@ -4,7 +4,7 @@
 
 use trainyard_test_support::processes as common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -603,4 +603,105 @@ fn logs_of_an_s3_run_are_read_from_its_folder_once_the_local_copy_is_gone() {
         0,
         "the download is removed"
     );
+}
+
+#[test]
+fn a_detached_run_goes_on_in_the_background_and_a_refused_one_leaves_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = dir.path().join("runs");
+    let mark = "day-two-detach";
+    let detached = trainyard(&storage, mark)
+        .args([
+            "run",
+            "-n",
+            "2",
+            "--backend",
+            "none",
+            "--name",
+            "bg",
+            "--detach",
+        ])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo up $TRAINYARD_WORLD_RANK; sleep 2; echo done $TRAINYARD_WORLD_RANK",
+        ])
+        .output()
+        .expect("trainyard runs");
+    assert_eq!(detached.status.code(), Some(0), "{}", text(&detached));
+    assert_eq!(String::from_utf8_lossy(&detached.stdout), "bg\n");
+    let said = String::from_utf8_lossy(&detached.stderr).into_owned();
+    assert!(
+        said.starts_with("trainyard: run `bg` goes on in the background (driver pid "),
+        "{said}"
+    );
+    assert!(
+        said.contains("\n  follow it:  trainyard logs bg -f\n"),
+        "{said}"
+    );
+    assert_eq!(
+        statuses(&storage, mark),
+        [("bg".to_owned(), "running".to_owned())]
+    );
+
+    let followed =
+        day_two_spawned(&storage, mark, &["logs", "bg", "-f"]).finished(Duration::from_secs(30));
+    assert_eq!(followed.status.code(), Some(0), "{}", text(&followed));
+    let lines = String::from_utf8_lossy(&followed.stdout).into_owned();
+    for expected in ["(rank=0) up 0", "(rank=1) done 1"] {
+        assert!(
+            lines.lines().any(|line| line == expected),
+            "{expected}: {lines}"
+        );
+    }
+    until_shown(&storage, mark, "bg", "finished");
+    let outputs: Vec<PathBuf> = std::fs::read_dir(storage.join("bg"))
+        .expect("the run folder")
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("driver-"))
+        })
+        .collect();
+    assert_eq!(outputs.len(), 1, "{outputs:?}");
+    let output = std::fs::read_to_string(&outputs[0]).expect("the driver's output");
+    assert!(output.contains("trainyard: the run succeeded"), "{output}");
+
+    // Refused: the driver's word and its exit code, and no file or folder left.
+    let refused = trainyard(&storage, mark)
+        .args([
+            "run",
+            "-n",
+            "64",
+            "--backend",
+            "none",
+            "--name",
+            "too-big",
+            "--detach",
+            "--",
+            "true",
+        ])
+        .output()
+        .expect("trainyard runs");
+    assert_eq!(refused.status.code(), Some(3), "{}", text(&refused));
+    let said = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(
+        said.lines().filter(|l| l.starts_with("error:")).count(),
+        1,
+        "{said}"
+    );
+    assert!(
+        said.contains("error: the run cannot start: the workers cannot be scheduled"),
+        "{said}"
+    );
+    let mut left: Vec<String> = std::fs::read_dir(&storage)
+        .expect("the storage")
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["bg"]);
+    assert!(left_behind(mark, Duration::from_secs(10)).is_empty());
 }

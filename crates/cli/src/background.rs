@@ -1,0 +1,224 @@
+//! `trainyard run --detach` on the local and Ray runtimes: the same command is started again
+//! as the run's driver in a session of its own (no terminal: closing this one does not stop
+//! it), its output going to a file; this process returns once the run's first attempt has
+//! begun — its record names the new driver — printing the run's name and how to follow it.
+//! A driver that ends before that (bad input, nothing to schedule, a run that was quick) has
+//! its output shown here and its exit code returned, and leaves no file behind.
+//!
+//! The output file is made beside the run folders of a local storage and renamed into the run
+//! folder (`driver-TIME.log`) once the run is found; with remote storage it is
+//! `trainyard-NAME.out` in this directory; `--output FILE` puts it anywhere.
+
+use std::fs::{File, OpenOptions};
+use std::io::Read as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use trainyard::checkpoint::{RunRecord, Storage};
+use trainyard_config::ResumePolicy;
+
+use crate::Failure;
+use crate::args::RunArgs;
+use crate::ps::{open_storage_at, runtime};
+
+/// Set in the environment of a driver started in the background.
+pub(crate) const BACKGROUND_VAR: &str = "TRAINYARD_BACKGROUND_DRIVER";
+
+/// How long the run may take to begin its first attempt (a Ray head coming up included)
+/// before this process returns all the same.
+const START_LIMIT: Duration = Duration::from_secs(120);
+/// How often the run's record is looked at meanwhile.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Whether this process is a driver started in the background by `--detach`.
+pub(crate) fn is_background_driver() -> bool {
+    std::env::var_os(BACKGROUND_VAR).is_some()
+}
+
+/// Leaves the terminal's session, so that its hang-up and its Ctrl-C never reach this driver.
+pub(crate) fn leave_the_terminal() {
+    let _ = nix::unistd::setsid();
+}
+
+/// Starts this same command again as run `name`'s driver in the background, and waits until
+/// its first attempt has begun.
+pub(crate) fn detach(args: &RunArgs, name: &str, resume: ResumePolicy) -> Result<(), Failure> {
+    let storage = open_storage_at(crate::args::storage_given(args.storage.as_deref()))?;
+    let output = Output::open(args.output.as_deref(), &storage, name)?;
+    let mut child = spawn(args.name.is_none().then_some(name), &output)?;
+    let pid = child.id();
+    let runtime = runtime()?;
+    let started = Instant::now();
+    let found = loop {
+        if let Some(status) = child.try_wait().map_err(Failure::other)? {
+            let said = output.take();
+            let said = said.trim_end();
+            if !said.is_empty() {
+                say!("{said}");
+            }
+            let code = status.code().unwrap_or(1);
+            // It said why; its code is this command's.
+            return match u8::try_from(code) {
+                Ok(0) => Ok(()),
+                Ok(code) => Err(Failure::said(code)),
+                Err(_) => Err(Failure::other(format!(
+                    "the run's driver (pid {pid}) ended before the run started: {status}"
+                ))),
+            };
+        }
+        if let Some(found) = runtime.block_on(find(&storage, name, resume, pid)) {
+            break Some(found);
+        }
+        if started.elapsed() > START_LIMIT {
+            break None;
+        }
+        std::thread::sleep(POLL);
+    };
+    let name = found.as_ref().map_or(name, |record| record.name.as_str());
+    let file = output.settle(&storage, name);
+    println!("{name}");
+    if found.is_none() {
+        say!("trainyard: run `{name}` is still starting after {START_LIMIT:?} (driver pid {pid})");
+    } else {
+        say!("trainyard: run `{name}` goes on in the background (driver pid {pid})");
+    }
+    say!("  follow it:  trainyard logs {name} -f");
+    say!("  stop it:    trainyard stop {name}");
+    say!("  its driver's output: {}", file.display());
+    // Not waited for: it goes on when this process exits.
+    drop(child);
+    Ok(())
+}
+
+/// The same command line, as the driver of the run in the background; `generated` is the
+/// name it is given when the command gave none.
+fn spawn(generated: Option<&str>, output: &Output) -> Result<Child, Failure> {
+    let exe = std::env::current_exe().map_err(Failure::other)?;
+    let mut words: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // `run` is the first word (no flag comes before the subcommand): the name goes after it,
+    // before the program's own words.
+    if let Some(name) = generated {
+        words.insert(1, "--name".into());
+        words.insert(2, name.into());
+    }
+    let file = output.file.try_clone().map_err(Failure::other)?;
+    let err = output.file.try_clone().map_err(Failure::other)?;
+    Command::new(exe)
+        .args(words)
+        .env(BACKGROUND_VAR, "1")
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .spawn()
+        .map_err(|error| Failure::other(format!("cannot start the run's driver: {error}")))
+}
+
+/// The record of the run the driver `pid` of this host started as `name` (or, with
+/// `--resume never`, under the name it took in its stead), once its first attempt began.
+async fn find(storage: &Storage, name: &str, resume: ResumePolicy, pid: u32) -> Option<RunRecord> {
+    let ours = |record: &RunRecord| {
+        record
+            .driver
+            .as_ref()
+            .is_some_and(|driver| driver.pid == pid)
+            && !record.attempts.is_empty()
+    };
+    if let Ok(Some(record)) = storage.run(name).load().await {
+        if ours(&record) {
+            return Some(record);
+        }
+    }
+    if resume != ResumePolicy::Never {
+        return None;
+    }
+    let prefix = format!("{name}-");
+    for other in storage.run_names().await.ok()? {
+        if other.starts_with(&prefix) {
+            if let Ok(Some(record)) = storage.run(&other).load().await {
+                if ours(&record) {
+                    return Some(record);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Where the driver's output goes.
+struct Output {
+    file: File,
+    path: PathBuf,
+    /// Whether it moves into the run folder once the run is found (local storage, no
+    /// `--output`).
+    moves: bool,
+}
+
+impl Output {
+    fn open(given: Option<&Path>, storage: &Storage, name: &str) -> Result<Self, Failure> {
+        let (path, moves) = match (given, storage.run(name).local_path()) {
+            (Some(path), _) => (
+                std::path::absolute(path).unwrap_or(path.to_path_buf()),
+                false,
+            ),
+            (None, Some(run_dir)) => {
+                let root = run_dir.parent().map(Path::to_path_buf).unwrap_or_default();
+                std::fs::create_dir_all(&root).map_err(|error| {
+                    Failure::other(format!("cannot make {}: {error}", root.display()))
+                })?;
+                (
+                    root.join(format!(".driver-{name}-{}.log", std::process::id())),
+                    true,
+                )
+            }
+            (None, None) => (
+                std::path::absolute(format!("trainyard-{name}.out"))
+                    .unwrap_or_else(|_| PathBuf::from(format!("trainyard-{name}.out"))),
+                false,
+            ),
+        };
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .mode(0o600)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(&path)
+            .map_err(|error| {
+                Failure::other(format!(
+                    "cannot open {} for the driver's output: {error}",
+                    path.display()
+                ))
+            })?;
+        Ok(Self { file, path, moves })
+    }
+
+    /// What the driver wrote, for a driver that ended before its run started; a file made
+    /// for it alone is removed.
+    fn take(mut self) -> String {
+        let mut text = String::new();
+        let _ = std::io::Seek::rewind(&mut self.file);
+        let _ = self.file.read_to_string(&mut text);
+        if self.moves {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        text
+    }
+
+    /// Where the output is kept from now on: moved into run `name`'s folder when it is made
+    /// beside it.
+    fn settle(&self, storage: &Storage, name: &str) -> PathBuf {
+        let Some(run_dir) = storage.run(name).local_path().filter(|_| self.moves) else {
+            return self.path.clone();
+        };
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+            .to_string()
+            .replace(':', "");
+        let kept = run_dir.join(format!("driver-{stamp}.log"));
+        match std::fs::rename(&self.path, &kept) {
+            Ok(()) => kept,
+            Err(_) => self.path.clone(),
+        }
+    }
+}
