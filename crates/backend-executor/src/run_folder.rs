@@ -485,7 +485,8 @@ pub fn driver_liveness(record: &RunRecord) -> DriverLiveness {
 }
 
 /// This host's name, as a run's record names its driver's host.
-fn host_name() -> Option<String> {
+#[must_use]
+pub fn host_name() -> Option<String> {
     nix::unistd::gethostname().ok()?.into_string().ok()
 }
 

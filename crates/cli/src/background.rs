@@ -16,12 +16,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use trainyard::checkpoint::{RunRecord, Storage};
+use trainyard::checkpoint::Storage;
 use trainyard_config::ResumePolicy;
 
 use crate::Failure;
 use crate::args::RunArgs;
-use crate::ps::{open_storage_at, runtime};
+use crate::ps::{driven_by, open_storage_at, runtime};
 
 /// Set in the environment of a driver started in the background.
 pub(crate) const BACKGROUND_VAR: &str = "TRAINYARD_BACKGROUND_DRIVER";
@@ -68,7 +68,8 @@ pub(crate) fn detach(args: &RunArgs, name: &str, resume: ResumePolicy) -> Result
                 ))),
             };
         }
-        if let Some(found) = runtime.block_on(find(&storage, name, resume, pid)) {
+        let found = runtime.block_on(driven_by(&storage, name, resume, pid));
+        if let Some(found) = found.filter(|record| !record.attempts.is_empty()) {
             break Some(found);
         }
         if started.elapsed() > START_LIMIT {
@@ -113,37 +114,6 @@ fn spawn(generated: Option<&str>, output: &Output) -> Result<Child, Failure> {
         .stderr(err)
         .spawn()
         .map_err(|error| Failure::other(format!("cannot start the run's driver: {error}")))
-}
-
-/// The record of the run the driver `pid` of this host started as `name` (or, with
-/// `--resume never`, under the name it took in its stead), once its first attempt began.
-async fn find(storage: &Storage, name: &str, resume: ResumePolicy, pid: u32) -> Option<RunRecord> {
-    let ours = |record: &RunRecord| {
-        record
-            .driver
-            .as_ref()
-            .is_some_and(|driver| driver.pid == pid)
-            && !record.attempts.is_empty()
-    };
-    if let Ok(Some(record)) = storage.run(name).load().await {
-        if ours(&record) {
-            return Some(record);
-        }
-    }
-    if resume != ResumePolicy::Never {
-        return None;
-    }
-    let prefix = format!("{name}-");
-    for other in storage.run_names().await.ok()? {
-        if other.starts_with(&prefix) {
-            if let Ok(Some(record)) = storage.run(&other).load().await {
-                if ours(&record) {
-                    return Some(record);
-                }
-            }
-        }
-    }
-    None
 }
 
 /// Where the driver's output goes.

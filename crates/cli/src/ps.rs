@@ -7,10 +7,12 @@ use std::io::{self, Write as _};
 
 use futures::StreamExt as _;
 use serde::Serialize;
-use trainyard::backend::{DriverLiveness, driver_liveness};
+use trainyard::backend::{DriverLiveness, driver_liveness, host_name};
 use trainyard::checkpoint::{
     MetricsEntry, RunFolder, RunRecord, RunStatus, STORAGE_VARS, Storage, StorageLocation,
 };
+
+use trainyard_config::ResumePolicy;
 
 use crate::Failure;
 use crate::args::{OutputFormat, PsArgs, StorageArgs};
@@ -146,6 +148,42 @@ pub(crate) fn find_run(
         ))
     })?;
     Ok((folder, record))
+}
+
+/// The record of the run that driver `pid` of this host opened as `name` (or, with
+/// `--resume never`, under the name it took in its stead: `name-2`, ...).
+pub(crate) async fn driven_by(
+    storage: &Storage,
+    name: &str,
+    resume: ResumePolicy,
+    pid: u32,
+) -> Option<RunRecord> {
+    let host = host_name();
+    let ours = |record: &RunRecord| {
+        record
+            .driver
+            .as_ref()
+            .is_some_and(|driver| driver.pid == pid && Some(&driver.host) == host.as_ref())
+    };
+    if let Ok(Some(record)) = storage.run(name).load().await {
+        if ours(&record) {
+            return Some(record);
+        }
+    }
+    if resume != ResumePolicy::Never {
+        return None;
+    }
+    let prefix = format!("{name}-");
+    for other in storage.run_names().await.ok()? {
+        if other.starts_with(&prefix) {
+            if let Ok(Some(record)) = storage.run(&other).load().await {
+                if ours(&record) {
+                    return Some(record);
+                }
+            }
+        }
+    }
+    None
 }
 
 /// A runtime for a day-two command's reads and waits.

@@ -9,9 +9,11 @@ use tokio::sync::mpsc;
 use tracing::Instrument as _;
 use trainyard::Trainer;
 use trainyard::backend::{NoBackend, StacksTrigger, StopTrigger};
+use trainyard::checkpoint::RunStatus;
 use trainyard::local::LocalRuntime;
 use trainyard::runtime::TaskSpec;
 use trainyard::runtime::timings as phase;
+use trainyard_config::ResumePolicy;
 
 use super::config::{Launch, Start};
 use crate::Failure;
@@ -26,6 +28,9 @@ const EVENT_BUFFER: usize = 4096;
 /// How long stopping the workers may take after an interruption before the driver gives up
 /// waiting (its own exit still kills them).
 const STOP_LIMIT: Duration = Duration::from_secs(30);
+
+/// How long writing an interrupted run's record may take.
+const RECORD_LIMIT: Duration = Duration::from_secs(5);
 
 /// How long the printer may take to write what the run streamed, once the run has ended.
 const PRINTER_DRAIN: Duration = Duration::from_secs(30);
@@ -82,6 +87,12 @@ pub(super) async fn drive(
         .split_first()
         .ok_or_else(|| Failure::bad_input("a program to run is required (PROGRAM [ARGS...])"))?;
     let task = TaskSpec::command(program.clone(), program_args.iter().cloned());
+    // Where the run's record is, for when the driver stops waiting for the executor.
+    let record_at = (
+        run.storage_path.clone(),
+        run.name.clone().unwrap_or_default(),
+        run.resume,
+    );
     let (events, received) = mpsc::channel(EVENT_BUFFER);
     let trainer = match args.backend {
         BackendKind::Torch => Trainer::builder(runtime.runtime()).backend(&args.torch_config()),
@@ -135,6 +146,11 @@ pub(super) async fn drive(
         }
     };
     drop(fit);
+    if interrupted && outcome.is_none() {
+        // The executor that would have recorded the end is gone.
+        let (storage, name, resume) = record_at;
+        record_interrupted(storage, &name, resume).await;
+    }
     if again {
         progress.message("interrupted again: killing the workers");
     } else {
@@ -165,6 +181,31 @@ pub(super) async fn drive(
         interrupted,
         started,
     })
+}
+
+/// Records run `name`, which this driver runs and stopped waiting for after an interrupt, as
+/// interrupted (its current attempt ended), so that no reader takes it for a running one.
+async fn record_interrupted(storage: Option<String>, name: &str, resume: ResumePolicy) {
+    let Ok(storage) = crate::ps::open_storage_at(storage) else {
+        return;
+    };
+    let Some(mut record) = crate::ps::driven_by(&storage, name, resume, std::process::id()).await
+    else {
+        return;
+    };
+    if record.status != RunStatus::Running {
+        return;
+    }
+    record.status = RunStatus::Interrupted;
+    if let Some(attempt) = record.attempts.last_mut() {
+        attempt
+            .ended_at
+            .get_or_insert_with(trainyard::checkpoint::now);
+    }
+    let saved = tokio::time::timeout(RECORD_LIMIT, storage.run(&record.name).save(&record)).await;
+    if !matches!(saved, Ok(Ok(()))) {
+        tracing::warn!(run = %record.name, "the run's record could not be marked interrupted");
+    }
 }
 
 /// Starts the run's runtime.

@@ -705,3 +705,38 @@ fn a_detached_run_goes_on_in_the_background_and_a_refused_one_leaves_nothing() {
     assert_eq!(left, ["bg"]);
     assert!(left_behind(mark, Duration::from_secs(10)).is_empty());
 }
+
+#[test]
+fn a_driver_interrupted_twice_records_its_run_as_interrupted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = dir.path().join("runs");
+    let mark = "day-two-twice";
+    let ready = dir.path().join("ready");
+    std::fs::create_dir(&ready).expect("a folder");
+    let script = format!(
+        "trap '' TERM INT; touch {}/$TRAINYARD_WORLD_RANK; while :; do sleep 0.1; done",
+        ready.display()
+    );
+    let run = Driver::start(&storage, mark, "twice", &[], &script);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_dir(&ready).map_or(0, Iterator::count) < 2 {
+        assert!(Instant::now() < deadline, "the ranks never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = Pid::from_raw(i32::try_from(run.0.as_ref().expect("a driver").id()).expect("a pid"));
+    kill(pid, Signal::SIGINT).expect("interrupted");
+    std::thread::sleep(Duration::from_millis(500));
+    kill(pid, Signal::SIGINT).expect("interrupted again");
+    let ended = run.finished(Duration::from_secs(30));
+    assert_eq!(ended.status.code(), Some(130), "{}", text(&ended));
+    assert!(
+        String::from_utf8_lossy(&ended.stderr).contains("interrupted again: killing the workers"),
+        "{}",
+        text(&ended)
+    );
+    assert_eq!(
+        statuses(&storage, mark),
+        [("twice".to_owned(), "interrupted".to_owned())]
+    );
+    assert!(left_behind(mark, Duration::from_secs(10)).is_empty());
+}
