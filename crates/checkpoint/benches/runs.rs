@@ -7,37 +7,14 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures::StreamExt as _;
-use trainyard_checkpoint::{CheckpointRecord, RunRecord, Storage, StorageLocation};
+use trainyard_checkpoint::{Storage, StorageLocation};
 
 const RUNS: usize = 1_000;
 
 /// A storage of `RUNS` runs with three checkpoints each.
 fn storage(root: &std::path::Path) -> Storage {
-    let storage =
-        Storage::open(StorageLocation::Local(root.to_owned()), &BTreeMap::new()).expect("opened");
-    for i in 0..RUNS {
-        let name = format!("run-{i:04}");
-        let dir = root.join(&name);
-        std::fs::create_dir_all(&dir).expect("run folder");
-        let mut record = RunRecord::new(&name);
-        for index in 1..=3 {
-            let metrics = serde_json::json!({"loss": 1.0 / index as f64, "epoch": index});
-            record.commit(CheckpointRecord {
-                index,
-                dir: format!("checkpoint_{index:06}"),
-                metrics: metrics.as_object().cloned().unwrap_or_default(),
-                files: vec!["model.pt".to_owned()],
-                bytes: 1 << 20,
-                committed_at: 1.0,
-            });
-        }
-        std::fs::write(
-            dir.join("run.json"),
-            serde_json::to_vec_pretty(&record).expect("JSON"),
-        )
-        .expect("run.json");
-    }
-    storage
+    trainyard_test_support::runs::write_runs(root, RUNS);
+    Storage::open(StorageLocation::Local(root.to_owned()), &BTreeMap::new()).expect("opened")
 }
 
 fn list_and_read(c: &mut Criterion) {
@@ -47,6 +24,11 @@ fn list_and_read(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
+    let one = runtime.block_on(storage.run("run-0000").load());
+    assert!(
+        matches!(one, Ok(Some(_))),
+        "the fixture's run.json reads: {one:?}"
+    );
     let mut group = c.benchmark_group("storage/runs");
     group.measurement_time(Duration::from_secs(5));
     group.bench_function("list_and_read_1000", |b| {

@@ -46,6 +46,21 @@ pub(crate) enum Command {
     Logs(LogsArgs),
     /// Print every rank's stacks of a run driven on this host, as SIGQUIT in its terminal does.
     Stacks(StacksArgs),
+    /// Serve a web page of the runs: live metric charts, attempts, logs, stacks, stop.
+    Dashboard(DashboardArgs),
+}
+
+/// The DASHBOARD flags.
+#[derive(Debug, Args)]
+pub(crate) struct DashboardArgs {
+    /// The port to listen on; 0 picks a free one
+    #[arg(long, default_value_t = 8270)]
+    pub(crate) port: u16,
+    /// The address to listen on (every request needs the token in the printed URL, loopback included)
+    #[arg(long, default_value = "127.0.0.1")]
+    pub(crate) host: String,
+    #[command(flatten)]
+    pub(crate) storage: StorageArgs,
 }
 
 /// The LOGS flags.

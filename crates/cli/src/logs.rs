@@ -148,8 +148,8 @@ pub(crate) fn run(args: &LogsArgs) -> Result<(), Failure> {
 }
 
 /// Where an attempt's rank logs are read from.
-struct Source {
-    dir: PathBuf,
+pub(crate) struct Source {
+    pub(crate) dir: PathBuf,
     /// A download of remote storage's copy, removed at the end.
     _download: Option<tempfile::TempDir>,
 }
@@ -158,6 +158,15 @@ struct Source {
 /// host, else the run folder's (a remote one's downloaded); `None` when there is none yet.
 fn locate(
     runtime: &tokio::runtime::Runtime,
+    folder: &RunFolder,
+    record: &RunRecord,
+    attempt: usize,
+) -> Result<Option<Source>, Failure> {
+    runtime.block_on(locate_async(folder, record, attempt))
+}
+
+/// [`locate`], on the caller's runtime.
+pub(crate) async fn locate_async(
     folder: &RunFolder,
     record: &RunRecord,
     attempt: usize,
@@ -177,8 +186,9 @@ fn locate(
         .prefix("trainyard-logs-")
         .tempdir()
         .map_err(Failure::other)?;
-    let found = runtime
-        .block_on(folder.attempt_logs(attempt, download.path()))
+    let found = folder
+        .attempt_logs(attempt, download.path())
+        .await
         .map_err(Failure::other)?;
     Ok(found.map(|dir| Source {
         _download: (dir == download.path()).then_some(download),
@@ -187,13 +197,13 @@ fn locate(
 }
 
 /// One line of a rank's log file.
-#[derive(Debug, Clone, PartialEq)]
-struct LogLine {
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub(crate) struct LogLine {
     /// When the driver took it in (RFC 3339, UTC, milliseconds: they sort as text).
-    time: String,
-    rank: u32,
-    stream: String,
-    text: String,
+    pub(crate) time: String,
+    pub(crate) rank: u32,
+    pub(crate) stream: String,
+    pub(crate) text: String,
 }
 
 /// What has been read of each rank's file in one log folder.
@@ -301,6 +311,47 @@ impl RankFile {
             })
             .collect()
     }
+}
+
+/// The last `lines` lines of each rank's file in `dir` (read from its last `bytes` at most).
+pub(crate) fn tails(dir: &Path, lines: usize, bytes: u64) -> BTreeMap<u32, Vec<LogLine>> {
+    use std::io::{Seek as _, SeekFrom};
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeMap::new();
+    };
+    let mut tails = BTreeMap::new();
+    for entry in entries.flatten() {
+        let Some(rank) = entry.file_name().to_str().and_then(rank_of) else {
+            continue;
+        };
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
+            .open(entry.path())
+            .ok()
+            .filter(|file| file.metadata().is_ok_and(|meta| meta.is_file()));
+        let Some(mut file) = opened else {
+            continue;
+        };
+        let size = file.metadata().map_or(0, |meta| meta.len());
+        let from = size.saturating_sub(bytes);
+        if file.seek(SeekFrom::Start(from)).is_err() {
+            continue;
+        }
+        let mut rank_file = RankFile {
+            file,
+            partial: Vec::new(),
+            last_time: String::new(),
+        };
+        let mut read = rank_file.new_lines(rank);
+        // A read from the middle of the file: its first line is likely cut.
+        if from > 0 && !read.is_empty() {
+            read.remove(0);
+        }
+        let keep = read.len().saturating_sub(lines);
+        tails.insert(rank, read.split_off(keep));
+    }
+    tails
 }
 
 /// `rank_3.log` → 3.

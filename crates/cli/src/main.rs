@@ -13,6 +13,7 @@ macro_rules! say {
 mod args;
 mod background;
 mod cluster;
+mod dashboard;
 mod engine;
 mod fold;
 mod local;
@@ -94,6 +95,7 @@ fn main() -> ExitCode {
         Command::Show(args) => show::run(&args),
         Command::Logs(args) => logs::run(&args),
         Command::Stacks(args) => stacks::run(&args),
+        Command::Dashboard(args) => dashboard::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -163,6 +165,11 @@ impl Failure {
     /// A failure that is nobody's input (exit code 1).
     pub(crate) fn other(error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
         Self::new(EXIT_FAILURE, error)
+    }
+
+    /// What went wrong, on one line.
+    pub(crate) fn message(&self) -> String {
+        escape_newlines(&ErrorChain(self.error.as_ref()).to_string())
     }
 
     /// A failure that has been told already (another process printed it): only its code.

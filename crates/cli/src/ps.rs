@@ -25,7 +25,7 @@ const METRICS_TAIL: u64 = 16 * 1024;
 
 /// One run as `ps` shows it.
 #[derive(Debug, Serialize)]
-struct Row {
+pub(crate) struct Row {
     name: String,
     /// The record's status, or `lost` for a `running` run whose driver on this host is gone.
     status: &'static str,
@@ -197,32 +197,11 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 pub(crate) fn run(args: &PsArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
     let runtime = runtime()?;
-    let (records, unreadable) = runtime.block_on(read_records(&storage))?;
-    let now = trainyard::checkpoint::now();
-    let mut rows: Vec<Row> = records.into_iter().map(|r| Row::of(r, now)).collect();
-    rows.sort_by(|a, b| {
-        b.started_at
-            .unwrap_or(0.0)
-            .total_cmp(&a.started_at.unwrap_or(0.0))
-            .then_with(|| a.name.cmp(&b.name))
-    });
-    let total = rows.len();
-    if !args.all {
-        rows.retain(Row::is_live);
-    }
-    // Only the runs shown: their histories' ends.
-    let latest: Vec<Option<MetricsEntry>> = runtime.block_on(
-        futures::stream::iter(&rows)
-            .map(|row| {
-                let folder = storage.run(&row.name);
-                async move { latest_report(&folder).await }
-            })
-            .buffered(PARALLEL_READS)
-            .collect(),
-    );
-    for (row, latest) in rows.iter_mut().zip(latest) {
-        row.latest_metrics = latest;
-    }
+    let Listed {
+        rows,
+        total,
+        unreadable,
+    } = runtime.block_on(list(&storage, args.all))?;
     if let Some((count, first)) = unreadable {
         say!("trainyard: {count} run folder(s) could not be read; the first: {first}");
     }
@@ -234,6 +213,48 @@ pub(crate) fn run(args: &PsArgs) -> Result<(), Failure> {
         OutputFormat::Text => out.write_all(text(&rows, total, args.all, &storage).as_bytes()),
     };
     written.map_err(Failure::output)
+}
+
+/// The runs `ps` shows.
+pub(crate) struct Listed {
+    /// Newest first, each with its latest report.
+    pub(crate) rows: Vec<Row>,
+    /// How many runs there are, shown or not.
+    pub(crate) total: usize,
+    /// How many run folders could not be read, and the first reason.
+    pub(crate) unreadable: Option<(usize, String)>,
+}
+
+/// The runs of `storage`, newest first: every run with `all`, else the live ones.
+pub(crate) async fn list(storage: &Storage, all: bool) -> Result<Listed, Failure> {
+    let (records, unreadable) = read_records(storage).await?;
+    let now = trainyard::checkpoint::now();
+    let mut rows: Vec<Row> = records.into_iter().map(|r| Row::of(r, now)).collect();
+    rows.sort_by(|a, b| {
+        b.started_at
+            .unwrap_or(0.0)
+            .total_cmp(&a.started_at.unwrap_or(0.0))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    let total = rows.len();
+    if !all {
+        rows.retain(Row::is_live);
+    }
+    // Only the runs shown: their histories' ends.
+    let folders: Vec<RunFolder> = rows.iter().map(|row| storage.run(&row.name)).collect();
+    let latest: Vec<Option<MetricsEntry>> = futures::stream::iter(folders)
+        .map(|folder| async move { latest_report(&folder).await })
+        .buffered(PARALLEL_READS)
+        .collect()
+        .await;
+    for (row, latest) in rows.iter_mut().zip(latest) {
+        row.latest_metrics = latest;
+    }
+    Ok(Listed {
+        rows,
+        total,
+        unreadable,
+    })
 }
 
 /// The records of every run at `storage`, and how many could not be read with the first

@@ -9,7 +9,7 @@ use std::io::{self, Write as _};
 
 use serde::Serialize;
 use trainyard::backend::{DriverLiveness, driver_liveness};
-use trainyard::checkpoint::{MetricsEntry, RunRecord};
+use trainyard::checkpoint::{MetricsEntry, RunFolder, RunRecord};
 
 use crate::Failure;
 use crate::args::{OutputFormat, ShowArgs};
@@ -22,44 +22,48 @@ const COLUMNS: usize = 4;
 /// The width of a chart, in reports.
 const CHART_WIDTH: usize = 60;
 
-/// What `--format json` prints.
+/// What `--format json` prints (and the dashboard's `/api/runs/NAME`): the record as seen
+/// from here, with the run's metrics history.
 #[derive(Debug, Serialize)]
-struct Shown<'a> {
+pub(crate) struct Shown {
     /// The status as seen from here: `lost` for a running run whose driver is gone.
-    status: &'a str,
-    record: &'a RunRecord,
-    metrics: &'a [MetricsEntry],
+    pub(crate) status: &'static str,
+    pub(crate) record: RunRecord,
+    pub(crate) metrics: Vec<MetricsEntry>,
+}
+
+impl Shown {
+    /// `record`'s run with its metrics history read from `folder`.
+    pub(crate) async fn read(folder: &RunFolder, record: RunRecord) -> Result<Self, Failure> {
+        let history = folder.read_metrics().await.map_err(Failure::other)?;
+        let metrics = history
+            .split(|byte| *byte == b'\n')
+            .filter_map(|line| serde_json::from_slice(line).ok())
+            .collect();
+        let status = match driver_liveness(&record) {
+            DriverLiveness::Gone => "lost",
+            _ => status_name(record.status),
+        };
+        Ok(Self {
+            status,
+            record,
+            metrics,
+        })
+    }
 }
 
 pub(crate) fn run(args: &ShowArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
     let runtime = runtime()?;
     let (folder, record) = find_run(&storage, &runtime, &args.name)?;
-    let history = runtime.block_on(folder.read_metrics());
-    let history = history.map_err(Failure::other)?;
-    let entries: Vec<MetricsEntry> = history
-        .split(|byte| *byte == b'\n')
-        .filter_map(|line| serde_json::from_slice(line).ok())
-        .collect();
-    let status = match driver_liveness(&record) {
-        DriverLiveness::Gone => "lost",
-        _ => status_name(record.status),
-    };
+    let shown = runtime.block_on(Shown::read(&folder, record))?;
     let mut out = io::stdout().lock();
     let written = match args.format {
-        OutputFormat::Json => {
-            let shown = Shown {
-                status,
-                record: &record,
-                metrics: &entries,
-            };
-            serde_json::to_writer_pretty(&mut out, &shown)
-                .map_err(io::Error::other)
-                .and_then(|()| writeln!(out))
-        }
-        OutputFormat::Text => {
-            out.write_all(text(&record, status, &folder.uri(), &entries).as_bytes())
-        }
+        OutputFormat::Json => serde_json::to_writer_pretty(&mut out, &shown)
+            .map_err(io::Error::other)
+            .and_then(|()| writeln!(out)),
+        OutputFormat::Text => out
+            .write_all(text(&shown.record, shown.status, &folder.uri(), &shown.metrics).as_bytes()),
     };
     written.map_err(Failure::output)
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use trainyard::backend::{DriverLiveness, driver_liveness};
+use trainyard::checkpoint::{RunFolder, RunRecord};
 
 use crate::Failure;
 use crate::args::StacksArgs;
@@ -27,31 +28,49 @@ pub(crate) fn run(args: &StacksArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
     let runtime = runtime()?;
     let (folder, record) = find_run(&storage, &runtime, &args.name)?;
+    let (file, text) = runtime.block_on(capture(&folder, &record))?;
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
+        Err(error) => return Err(Failure::output(error)),
+    }
+    say!("trainyard: the stacks are kept in {}", file.display());
+    Ok(())
+}
+
+/// Asks the driver of `record`'s run for every rank's stacks and waits for the dump it
+/// writes: its path and text.
+pub(crate) async fn capture(
+    folder: &RunFolder,
+    record: &RunRecord,
+) -> Result<(PathBuf, String), Failure> {
+    let name = &record.name;
     let Some(driver) = record.driver.clone() else {
         return Err(Failure::other(format!(
             "run `{}` names no driver in its record: its stacks cannot be asked for from here",
-            args.name
+            name
         )));
     };
-    match driver_liveness(&record) {
+    match driver_liveness(record) {
         DriverLiveness::Alive => {}
         DriverLiveness::Ended => {
             return Err(Failure::other(format!(
                 "run `{}` is not running: it is {}",
-                args.name,
+                name,
                 status_name(record.status)
             )));
         }
         DriverLiveness::Gone => {
             return Err(Failure::other(format!(
                 "run `{}` is not running: its driver (pid {} on {}) is gone without a word",
-                args.name, driver.pid, driver.host
+                name, driver.pid, driver.host
             )));
         }
         DriverLiveness::Unknown => {
             return Err(Failure::other(format!(
                 "run `{}` is driven on host {} (pid {}): run `trainyard stacks` there",
-                args.name, driver.host, driver.pid
+                name, driver.host, driver.pid
             )));
         }
     }
@@ -63,7 +82,7 @@ pub(crate) fn run(args: &StacksArgs) -> Result<(), Failure> {
     else {
         return Err(Failure::other(format!(
             "run `{}` has no log folder for its current attempt: its stacks have nowhere to go",
-            args.name
+            name
         )));
     };
     let before = dumps(&dir);
@@ -71,7 +90,7 @@ pub(crate) fn run(args: &StacksArgs) -> Result<(), Failure> {
     kill(pid, Signal::SIGQUIT).map_err(|error| {
         Failure::other(format!(
             "cannot signal the driver of run `{}` (pid {}): {error}",
-            args.name, driver.pid
+            name, driver.pid
         ))
     })?;
     let started = Instant::now();
@@ -87,22 +106,22 @@ pub(crate) fn run(args: &StacksArgs) -> Result<(), Failure> {
         if started.elapsed() > LIMIT {
             return Err(Failure::other(format!(
                 "the driver of run `{}` (pid {}) wrote no stacks within {LIMIT:?}",
-                args.name, driver.pid
+                name, driver.pid
             )));
         }
         if record_read.elapsed() > RECORD_EVERY {
             record_read = Instant::now();
-            if let Ok(Some(now)) = runtime.block_on(folder.load()) {
+            if let Ok(Some(now)) = folder.load().await {
                 if driver_liveness(&now) != DriverLiveness::Alive {
                     return Err(Failure::other(format!(
                         "run `{}` ended before its stacks were written: it is {}",
-                        args.name,
+                        name,
                         status_name(now.status)
                     )));
                 }
             }
         }
-        std::thread::sleep(POLL);
+        tokio::time::sleep(POLL).await;
     };
     let text = std::fs::read_to_string(&file).map_err(|error| {
         Failure::other(format!(
@@ -110,19 +129,12 @@ pub(crate) fn run(args: &StacksArgs) -> Result<(), Failure> {
             file.display()
         ))
     })?;
-    let mut out = io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => {}
-        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
-        Err(error) => return Err(Failure::output(error)),
-    }
-    say!("trainyard: the stacks are kept in {}", file.display());
-    Ok(())
+    Ok((file, text))
 }
 
 /// The stack dumps in `dir`, by name, with their inodes (a dump written again under the
 /// same name is a new file).
-fn dumps(dir: &Path) -> BTreeMap<String, u64> {
+pub(crate) fn dumps(dir: &Path) -> BTreeMap<String, u64> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return BTreeMap::new();
     };

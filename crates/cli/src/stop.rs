@@ -29,10 +29,18 @@ pub(crate) fn run(args: &StopArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
     let runtime = runtime()?;
     let (folder, record) = find_run(&storage, &runtime, &args.name)?;
+    runtime.block_on(stop(&folder, record, args.now))
+}
+
+/// Stops the run of `record` as Ctrl-C in its driver's terminal does (`now`: as a second
+/// Ctrl-C does), waiting until the driver has ended, and records it as `stopped`; says how it
+/// went on stderr.
+pub(crate) async fn stop(folder: &RunFolder, record: RunRecord, now: bool) -> Result<(), Failure> {
+    let name = record.name.clone();
     let Some(driver) = record.driver.clone() else {
         return Err(Failure::other(format!(
             "run `{}` names no driver in its record: it cannot be stopped from here",
-            args.name
+            name
         )));
     };
     match driver_liveness(&record) {
@@ -40,7 +48,7 @@ pub(crate) fn run(args: &StopArgs) -> Result<(), Failure> {
         DriverLiveness::Ended => {
             say!(
                 "trainyard: run `{}` is not running: it is {}",
-                args.name,
+                name,
                 status_name(record.status)
             );
             return Ok(());
@@ -48,7 +56,7 @@ pub(crate) fn run(args: &StopArgs) -> Result<(), Failure> {
         DriverLiveness::Gone => {
             say!(
                 "trainyard: run `{}` is not running: its driver (pid {} on {}) is gone without a word; the same command resumes it",
-                args.name,
+                name,
                 driver.pid,
                 driver.host
             );
@@ -57,7 +65,7 @@ pub(crate) fn run(args: &StopArgs) -> Result<(), Failure> {
         DriverLiveness::Unknown => {
             return Err(Failure::other(format!(
                 "run `{}` is driven on host {} (pid {}): stop it there",
-                args.name, driver.host, driver.pid
+                name, driver.host, driver.pid
             )));
         }
     }
@@ -66,38 +74,36 @@ pub(crate) fn run(args: &StopArgs) -> Result<(), Failure> {
     kill(pid, Signal::SIGINT).map_err(|error| {
         Failure::other(format!(
             "cannot interrupt the driver of run `{}` (pid {}): {error}",
-            args.name, driver.pid
+            name, driver.pid
         ))
     })?;
-    let again_every = args.now.then_some(AGAIN_EVERY);
-    let ended = runtime.block_on(wait_for_end(&folder, pid, PATIENCE, again_every));
+    let again_every = now.then_some(AGAIN_EVERY);
+    let ended = wait_for_end(folder, pid, PATIENCE, again_every).await;
     let ended = match ended {
         Some(record) => Some(record),
         None => {
             say!(
                 "trainyard: the driver of run `{}` did not stop its workers within {PATIENCE:?}: killing them",
-                args.name
+                name
             );
-            runtime.block_on(wait_for_end(&folder, pid, KILL_WAIT, Some(AGAIN_EVERY)))
+            wait_for_end(folder, pid, KILL_WAIT, Some(AGAIN_EVERY)).await
         }
     };
     let Some(mut record) = ended else {
         return Err(Failure::other(format!(
             "the driver of run `{}` (pid {}) is still there after it was interrupted twice",
-            args.name, driver.pid
+            name, driver.pid
         )));
     };
     // A driver interrupted twice exits without writing its record: it was this command's
     // interrupts that ended it all the same.
     if matches!(record.status, RunStatus::Interrupted | RunStatus::Running) {
         record.status = RunStatus::Stopped;
-        runtime
-            .block_on(folder.save(&record))
-            .map_err(Failure::other)?;
+        folder.save(&record).await.map_err(Failure::other)?;
     }
     say!(
         "trainyard: run `{}` stopped in {:.1}s (its driver was pid {} on {}); the same command resumes it",
-        args.name,
+        name,
         started.elapsed().as_secs_f64(),
         driver.pid,
         driver.host

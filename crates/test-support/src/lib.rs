@@ -3,7 +3,9 @@
 //! behind ([`processes`]), the soak's driver ([`soak`]); and what a test logs, read back
 //! ([`logs`]). Not part of trainyard's API.
 
+pub mod dashboard;
 pub mod logs;
 pub mod processes;
+pub mod runs;
 pub mod soak;
 pub mod users;

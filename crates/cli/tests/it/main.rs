@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod checkpoints;
+mod dashboard;
 mod day_two;
 mod elastic;
 mod hangs;

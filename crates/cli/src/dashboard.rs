@@ -1,0 +1,301 @@
+//! `trainyard dashboard`: a web page over a storage's runs — the runs list, and each run's
+//! page with live charts of its metrics (uPlot, bundled), its attempts, each rank's latest
+//! report and output, the latest stacks, and stop and stacks buttons — and the JSON API under
+//! `/api/` that the page uses:
+//!
+//! - `GET /api/runs`: every run, newest first, as `trainyard ps --all --format json` has them;
+//! - `GET /api/runs/NAME`: its record and metrics history, as `trainyard show --format json`;
+//! - `GET /api/runs/NAME/logs`: the last lines of each rank of its latest attempt;
+//! - `GET /api/runs/NAME/stacks`: the latest stack dump; `POST` asks for a new one;
+//! - `POST /api/runs/NAME/stop`: stops it as `trainyard stop` does.
+//!
+//! Every request but the bundled script and style needs the token the printed URL carries
+//! (`?token=`, or `Authorization: Bearer`), loopback included: another user of the machine
+//! must not be able to press stop.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use subtle::ConstantTimeEq as _;
+use trainyard::backend::{DriverLiveness, driver_liveness};
+use trainyard::checkpoint::{RunFolder, RunRecord, Storage};
+
+use crate::Failure;
+use crate::args::DashboardArgs;
+use crate::ps::open_storage;
+use crate::show::Shown;
+use crate::values::FlagError;
+
+/// The page.
+const PAGE: &str = include_str!("../assets/dashboard.html");
+/// uPlot 1.6.32 (MIT, <https://github.com/leeoniya/uPlot>): the charts.
+const UPLOT_JS: &str = include_str!("../assets/uplot/uPlot.iife.min.js");
+const UPLOT_CSS: &str = include_str!("../assets/uplot/uPlot.min.css");
+
+/// The lines of each rank a run's page shows.
+const LOG_LINES: usize = 40;
+/// How much of the end of each rank's file is read for them.
+const LOG_BYTES: u64 = 64 * 1024;
+
+struct Dashboard {
+    storage: Storage,
+    token: String,
+}
+
+pub(crate) fn run(args: &DashboardArgs) -> Result<(), Failure> {
+    let storage = open_storage(&args.storage)?;
+    let token = token()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(Failure::other)?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .map_err(|error| {
+                Failure::bad_input(FlagError::new("--port", &args.port.to_string())(
+                    format!("cannot listen on {}:{}: {error}", args.host, args.port).into(),
+                ))
+            })?;
+        let address: SocketAddr = listener.local_addr().map_err(Failure::other)?;
+        let location = storage.location().to_string();
+        let state = Arc::new(Dashboard { storage, token });
+        let app = routes(Arc::clone(&state));
+        println!("http://{address}/?token={}", state.token);
+        say!("trainyard: the dashboard of {location} (Ctrl-C ends it)");
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+            .map_err(Failure::other)
+    })
+}
+
+fn routes(state: Arc<Dashboard>) -> Router {
+    let guarded = Router::new()
+        .route("/", get(page))
+        .route("/api/runs", get(runs))
+        .route("/api/runs/{name}", get(run_page))
+        .route("/api/runs/{name}/logs", get(logs))
+        .route(
+            "/api/runs/{name}/stacks",
+            get(latest_stacks).post(new_stacks),
+        )
+        .route("/api/runs/{name}/stop", post(stop))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            authorize,
+        ))
+        .with_state(state);
+    Router::new()
+        .route("/assets/uPlot.iife.min.js", get(script))
+        .route("/assets/uPlot.min.css", get(style))
+        .merge(guarded)
+}
+
+/// 32 random hex digits.
+fn token() -> Result<String, Failure> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|error| {
+        Failure::other(format!(
+            "the operating system gives no randomness for the dashboard's token: {error}"
+        ))
+    })?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Lets a request through only with the token: `?token=` or `Authorization: Bearer`.
+async fn authorize(State(state): State<Arc<Dashboard>>, request: Request, next: Next) -> Response {
+    let from_query = request.uri().query().and_then(|query| {
+        query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("token="))
+            .map(str::to_owned)
+    });
+    let from_header = bearer(request.headers());
+    let given = from_header.or(from_query).unwrap_or_default();
+    if bool::from(given.as_bytes().ct_eq(state.token.as_bytes())) {
+        next.run(request).await
+    } else {
+        refused(
+            StatusCode::UNAUTHORIZED,
+            "a token is required: open the URL `trainyard dashboard` printed",
+        )
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    value.strip_prefix("Bearer ").map(str::to_owned)
+}
+
+fn refused(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+fn failed(failure: &Failure) -> Response {
+    refused(StatusCode::CONFLICT, &failure.message())
+}
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+async fn script() -> Response {
+    ([(header::CONTENT_TYPE, "text/javascript")], UPLOT_JS).into_response()
+}
+
+async fn style() -> Response {
+    ([(header::CONTENT_TYPE, "text/css")], UPLOT_CSS).into_response()
+}
+
+async fn runs(State(state): State<Arc<Dashboard>>) -> Response {
+    match crate::ps::list(&state.storage, true).await {
+        Ok(listed) => axum::Json(serde_json::json!({
+            "runs": listed.rows,
+            "total": listed.total,
+            "unreadable": listed.unreadable.map(|(count, first)| {
+                serde_json::json!({ "count": count, "first": first })
+            }),
+        }))
+        .into_response(),
+        Err(failure) => failed(&failure),
+    }
+}
+
+/// Run `name`'s folder and record; a response saying there is none otherwise.
+async fn find(state: &Dashboard, name: &str) -> Result<(RunFolder, RunRecord), Response> {
+    let folder = state.storage.run(name);
+    match folder.load().await {
+        Ok(Some(record)) => Ok((folder, record)),
+        Ok(None) => Err(refused(
+            StatusCode::NOT_FOUND,
+            &format!("no run named `{name}` in {}", state.storage.location()),
+        )),
+        Err(error) => Err(refused(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &error.to_string(),
+        )),
+    }
+}
+
+async fn run_page(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> Response {
+    let (folder, record) = match find(&state, &name).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    match Shown::read(&folder, record).await {
+        Ok(shown) => axum::Json(shown).into_response(),
+        Err(failure) => failed(&failure),
+    }
+}
+
+async fn logs(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> Response {
+    let (folder, record) = match find(&state, &name).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    let Some(attempt) = record.attempts.len().checked_sub(1) else {
+        return axum::Json(serde_json::json!({ "attempt": null, "ranks": {} })).into_response();
+    };
+    let ranks = match crate::logs::locate_async(&folder, &record, attempt).await {
+        Ok(Some(source)) => {
+            let dir = source.dir.clone();
+            tokio::task::spawn_blocking(move || {
+                let _kept = source;
+                crate::logs::tails(&dir, LOG_LINES, LOG_BYTES)
+            })
+            .await
+            .unwrap_or_default()
+        }
+        Ok(None) => BTreeMap::new(),
+        Err(failure) => return failed(&failure),
+    };
+    axum::Json(serde_json::json!({ "attempt": attempt, "ranks": ranks })).into_response()
+}
+
+async fn latest_stacks(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> Response {
+    let (_, record) = match find(&state, &name).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    let latest = record
+        .attempts
+        .iter()
+        .rev()
+        .filter_map(|attempt| attempt.log_dir.as_deref())
+        .find_map(|dir| {
+            let dir = std::path::Path::new(dir);
+            let newest = crate::stacks::dumps(dir).into_keys().max()?;
+            Some(dir.join(newest))
+        });
+    let (file, text) = match latest {
+        Some(file) => {
+            let text = std::fs::read_to_string(&file).ok();
+            (Some(file.display().to_string()), text)
+        }
+        None => (None, None),
+    };
+    axum::Json(serde_json::json!({ "file": file, "text": text })).into_response()
+}
+
+async fn new_stacks(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> Response {
+    let (folder, record) = match find(&state, &name).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    match crate::stacks::capture(&folder, &record).await {
+        Ok((file, text)) => {
+            axum::Json(serde_json::json!({ "file": file.display().to_string(), "text": text }))
+                .into_response()
+        }
+        Err(failure) => failed(&failure),
+    }
+}
+
+async fn stop(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> Response {
+    let (folder, record) = match find(&state, &name).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    if driver_liveness(&record) != DriverLiveness::Alive {
+        let why = match &record.driver {
+            Some(driver) if driver_liveness(&record) == DriverLiveness::Unknown => format!(
+                "run `{name}` is driven on host {} (pid {}): stop it there",
+                driver.host, driver.pid
+            ),
+            _ => format!("run `{name}` is not running"),
+        };
+        return refused(StatusCode::CONFLICT, &why);
+    }
+    // The stop goes on after the answer: the driver gets its patience.
+    tokio::spawn(async move {
+        if let Err(failure) = crate::stop::stop(&folder, record, false).await {
+            say!(
+                "trainyard: the dashboard's stop of run `{name}` failed: {}",
+                failure.message()
+            );
+        }
+    });
+    (
+        StatusCode::ACCEPTED,
+        axum::Json(serde_json::json!({ "stopping": true })),
+    )
+        .into_response()
+}
