@@ -106,6 +106,9 @@ pub(crate) struct ShowArgs {
     /// Output format: json holds the record and every report of every rank
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub(crate) format: OutputFormat,
+    /// Write one self-contained web page with the record and a chart per metric to FILE instead
+    #[arg(long, value_name = "FILE")]
+    pub(crate) html: Option<PathBuf>,
 }
 
 /// The STOP flags.

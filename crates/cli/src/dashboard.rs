@@ -36,8 +36,10 @@ use crate::values::FlagError;
 /// The page.
 const PAGE: &str = include_str!("../assets/dashboard.html");
 /// uPlot 1.6.32 (MIT, <https://github.com/leeoniya/uPlot>): the charts.
-const UPLOT_JS: &str = include_str!("../assets/uplot/uPlot.iife.min.js");
-const UPLOT_CSS: &str = include_str!("../assets/uplot/uPlot.min.css");
+pub(crate) const UPLOT_JS: &str = include_str!("../assets/uplot/uPlot.iife.min.js");
+pub(crate) const UPLOT_CSS: &str = include_str!("../assets/uplot/uPlot.min.css");
+/// The charts of a metrics history, on uPlot (shared with `trainyard show --html`).
+pub(crate) const CHARTS_JS: &str = include_str!("../assets/charts.js");
 
 /// The lines of each rank a run's page shows.
 const LOG_LINES: usize = 40;
@@ -99,6 +101,7 @@ fn routes(state: Arc<Dashboard>) -> Router {
     Router::new()
         .route("/assets/uPlot.iife.min.js", get(script))
         .route("/assets/uPlot.min.css", get(style))
+        .route("/assets/charts.js", get(charts))
         .merge(guarded)
 }
 
@@ -159,6 +162,10 @@ async fn page() -> Response {
 
 async fn script() -> Response {
     ([(header::CONTENT_TYPE, "text/javascript")], UPLOT_JS).into_response()
+}
+
+async fn charts() -> Response {
+    ([(header::CONTENT_TYPE, "text/javascript")], CHARTS_JS).into_response()
 }
 
 async fn style() -> Response {

@@ -57,6 +57,17 @@ pub(crate) fn run(args: &ShowArgs) -> Result<(), Failure> {
     let runtime = runtime()?;
     let (folder, record) = find_run(&storage, &runtime, &args.name)?;
     let shown = runtime.block_on(Shown::read(&folder, record))?;
+    if let Some(file) = &args.html {
+        let page = html(&shown).map_err(Failure::other)?;
+        std::fs::write(file, page)
+            .map_err(|error| Failure::other(format!("cannot write {}: {error}", file.display())))?;
+        say!(
+            "trainyard: run `{}` written to {} (one page, charts included)",
+            shown.record.name,
+            file.display()
+        );
+        return Ok(());
+    }
     let mut out = io::stdout().lock();
     let written = match args.format {
         OutputFormat::Json => serde_json::to_writer_pretty(&mut out, &shown)
@@ -242,6 +253,25 @@ fn sparkline(values: &[f64], width: usize) -> String {
             }
         })
         .collect()
+}
+
+/// The page of `trainyard show --html`: the run's record and a chart per metric, with
+/// everything it needs inside it (uPlot, the data).
+fn html(shown: &Shown) -> Result<String, serde_json::Error> {
+    // In a script element, `</` could end it early.
+    let data = serde_json::to_string(shown)?.replace("</", "<\\/");
+    let name: String = shown
+        .record
+        .name
+        .chars()
+        .filter(|c| !"<>&\"'".contains(*c))
+        .collect();
+    Ok(include_str!("../assets/show.html")
+        .replace("{{NAME}}", &name)
+        .replace("{{UPLOT_CSS}}", crate::dashboard::UPLOT_CSS)
+        .replace("{{UPLOT_JS}}", crate::dashboard::UPLOT_JS)
+        .replace("{{CHARTS_JS}}", crate::dashboard::CHARTS_JS)
+        .replace("{{SHOWN}}", &data))
 }
 
 /// `words` as one command line a shell takes back (a word with a NUL byte, which no shell

@@ -253,5 +253,30 @@ fn a_browser_sees_a_live_run_its_chart_and_logs_and_stops_it() {
     assert_eq!(status(&storage, "watched"), "stopped");
     drop(dashboard);
     assert!(left_behind(mark, Duration::from_secs(10)).is_empty());
+
+    // `show --html`: one page that draws its charts with nothing but itself.
+    let page = dir.path().join("watched.html");
+    let written = Command::new(env!("CARGO_BIN_EXE_trainyard"))
+        .args(["show", "watched", "--storage"])
+        .arg(&storage)
+        .arg("--html")
+        .arg(&page)
+        .output()
+        .expect("trainyard show runs");
+    assert!(written.status.success(), "{written:?}");
+    let html = std::fs::read_to_string(&page).expect("the page");
+    assert!(
+        !html.contains("src=\"http") && !html.contains("href=\"http"),
+        "nothing from outside"
+    );
+    browser.call(
+        "Page.navigate",
+        json!({ "url": format!("file://{}", page.display()) }),
+    );
+    browser.until(
+        "window.charts && window.charts.loss && window.charts.loss.data[0].length >= 3 && document.getElementById('title').textContent === 'watched: stopped'",
+        "the page's chart of the loss",
+    );
+    browser.screenshot(&shots.join("show.png"));
     eprintln!("screenshots: {}", shots.display());
 }
