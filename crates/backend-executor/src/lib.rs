@@ -101,6 +101,7 @@ mod run_loop;
 mod sharing;
 mod sink;
 mod tally;
+mod tensorboard;
 pub mod timings;
 mod triggers;
 

@@ -16,6 +16,7 @@ use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig, ScoreOrder};
 
 use crate::error::chain;
 use crate::history::MetricsHistory;
+use crate::tensorboard::EventFile;
 use crate::{AttemptFailure, ExecutorError};
 
 /// A committed checkpoint, as a [`crate::FitReport`] and [`crate::RunEvent`]s name it.
@@ -43,6 +44,8 @@ pub(crate) struct RunStore {
     created: bool,
     /// Every report, as it comes.
     history: MetricsHistory,
+    /// Rank 0's numeric metrics for TensorBoard, when asked for.
+    tensorboard: Option<EventFile>,
 }
 
 /// An attempt booked in the run's folder: what its ranks are told, and where its logs go.
@@ -129,6 +132,14 @@ impl RunStore {
                 .collect()
         };
         let history = MetricsHistory::open(&folder).await;
+        let tensorboard = run.tensorboard_dir.as_deref().and_then(|dir| {
+            let dir = expand_home(dir);
+            EventFile::create(&dir, now())
+                .map_err(|error| {
+                    warn!(dir = %dir.display(), %error, "cannot write TensorBoard event files there; the run goes on without them");
+                })
+                .ok()
+        });
         let store = Self {
             folder,
             record,
@@ -137,6 +148,7 @@ impl RunStore {
             storage_env,
             created,
             history,
+            tensorboard,
         };
         store.save().await.map_err(ExecutorError::Storage)?;
         Ok(store)
@@ -313,6 +325,20 @@ impl RunStore {
             self.history
                 .take(attempt.restart_count, world_size, rank, metrics);
             self.history.write(&self.folder, false).await;
+        }
+        if rank == 0 {
+            if let Some(events) = &mut self.tensorboard {
+                // The report's index, as its checkpoint would be numbered: it goes on over
+                // restarts and resumes.
+                let step = self
+                    .book
+                    .as_ref()
+                    .map_or(self.record.last_index + 1, |book| book.next_index(0));
+                if let Err(error) = events.scalars(now(), step, metrics) {
+                    warn!(file = %events.path().display(), %error, "cannot write to the TensorBoard event file; it is left as it is");
+                    self.tensorboard = None;
+                }
+            }
         }
         let Some(book) = self.book.as_mut() else {
             return Ok(None);
@@ -603,6 +629,7 @@ mod tests {
             storage_env: BTreeMap::new(),
             created: true,
             history: MetricsHistory::new(Some(Vec::new())),
+            tensorboard: None,
         };
         let (dir, remote) = store.attempt_log_dir(None);
         assert_eq!(remote.as_deref(), Some("logs/attempt_0"));

@@ -252,6 +252,9 @@ pub(crate) struct RunArgs {
     /// Where each rank's output is written, one file a rank and attempt (DIR/attempt_K/rank_R.log) [default: the run folder's logs/]
     #[arg(long, value_name = "DIR")]
     pub(crate) log_dir: Option<PathBuf>,
+    /// Write TensorBoard event files of rank 0's numeric metrics to DIR (tensorboard --logdir DIR reads them as the run goes)
+    #[arg(long, value_name = "DIR")]
+    pub(crate) tensorboard: Option<PathBuf>,
     /// Show only these ranks' output on the console, e.g. 0 or 0,2-3; the log files keep every rank's [default: all]
     #[arg(long, value_name = "LIST", allow_hyphen_values = true, value_parser = rank_list)]
     pub(crate) ranks: Option<RankList>,

@@ -343,6 +343,9 @@ pub struct RunConfig {
     /// Where each rank's output is written, one file a rank and attempt
     /// (`<log_dir>/attempt_<k>/rank_<r>.log`); the run folder's `logs/` when `None`.
     pub log_dir: Option<String>,
+    /// A folder to write TensorBoard event files of rank 0's numeric metrics to
+    /// (`tensorboard --logdir` reads them), one file a driver; none when `None`.
+    pub tensorboard_dir: Option<String>,
 }
 
 impl RunConfig {
@@ -392,6 +395,13 @@ impl RunConfig {
     #[must_use]
     pub const fn progress(mut self, progress: ProgressSource) -> Self {
         self.progress = progress;
+        self
+    }
+
+    /// Sets `tensorboard_dir`.
+    #[must_use]
+    pub fn tensorboard_dir(mut self, dir: impl Into<String>) -> Self {
+        self.tensorboard_dir = Some(dir.into());
         self
     }
 

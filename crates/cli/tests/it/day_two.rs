@@ -740,3 +740,87 @@ fn a_driver_interrupted_twice_records_its_run_as_interrupted() {
     );
     assert!(left_behind(mark, Duration::from_secs(10)).is_empty());
 }
+
+/// The Python of a venv with TensorBoard (`scripts/tensorboard-env.sh`): `None`, after saying
+/// why, when there is none (a failure under `CI=true` unless `TRAINYARD_TENSORBOARD_SKIP`
+/// says why).
+fn tensorboard_python() -> Option<String> {
+    if let Some(python) = std::env::var("TRAINYARD_TENSORBOARD_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+    {
+        return Some(python);
+    }
+    let reason = std::env::var("TRAINYARD_TENSORBOARD_SKIP").unwrap_or_default();
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true") || !reason.is_empty(),
+        "TRAINYARD_TENSORBOARD_PYTHON is not set (scripts/tensorboard-env.sh prints it), and CI did not say why (TRAINYARD_TENSORBOARD_SKIP)"
+    );
+    eprintln!(
+        "SKIP: reading TensorBoard event files back: {}",
+        if reason.is_empty() {
+            "TRAINYARD_TENSORBOARD_PYTHON is not set (scripts/tensorboard-env.sh)"
+        } else {
+            &reason
+        }
+    );
+    None
+}
+
+#[test]
+fn tensorboard_reads_rank_0s_metrics_from_the_event_files() {
+    let Some(python) = tensorboard_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = dir.path().join("runs");
+    let events = dir.path().join("tb");
+    let mark = "day-two-tensorboard";
+    let script = "import os\nfrom trainyard import train\nrank = int(os.environ['TRAINYARD_WORLD_RANK'])\nfor step in range(5):\n    train.report({'loss': 1 / (step + 1) + rank, 'phase': 'train'})\n";
+    let run = trainyard(&storage, mark)
+        .args(["run", "-n", "2", "--backend", "none", "--name", "boarded"])
+        .arg("--tensorboard")
+        .arg(&events)
+        .args(["--", "python3", "-c", script])
+        .output()
+        .expect("trainyard runs");
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run));
+    let read = Command::new(python)
+        .args([
+            "-c",
+            "import json, sys\nfrom tensorboard.backend.event_processing.event_accumulator import EventAccumulator\nevents = EventAccumulator(sys.argv[1])\nevents.Reload()\nprint(json.dumps({tag: [[e.step, e.value] for e in events.Scalars(tag)] for tag in events.Tags()['scalars']}))",
+        ])
+        .arg(&events)
+        .output()
+        .expect("python runs");
+    assert!(read.status.success(), "{}", text(&read));
+    let scalars: serde_json::Value = serde_json::from_slice(&read.stdout).expect("JSON");
+    let loss: Vec<(u64, f64)> = scalars["loss"]
+        .as_array()
+        .expect("a loss series")
+        .iter()
+        .map(|point| {
+            (
+                point[0].as_u64().expect("a step"),
+                point[1].as_f64().expect("a value"),
+            )
+        })
+        .collect();
+    let expected: Vec<(u64, f64)> = (0..5u32)
+        .map(|step| (u64::from(step) + 1, 1.0 / f64::from(step + 1)))
+        .collect();
+    assert_eq!(
+        loss.len(),
+        expected.len(),
+        "rank 0's reports only: {scalars}"
+    );
+    for ((step, value), (want_step, want)) in loss.iter().zip(&expected) {
+        assert_eq!(step, want_step, "{scalars}");
+        assert!((value - want).abs() < 1e-6, "{scalars}");
+    }
+    assert_eq!(
+        scalars.as_object().map(|tags| tags.len()),
+        Some(1),
+        "only numbers are scalars: {scalars}"
+    );
+}
