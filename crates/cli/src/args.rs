@@ -252,6 +252,9 @@ pub(crate) struct RunArgs {
     /// Where each rank's output is written, one file a rank and attempt (DIR/attempt_K/rank_R.log) [default: the run folder's logs/]
     #[arg(long, value_name = "DIR")]
     pub(crate) log_dir: Option<PathBuf>,
+    /// POST the run's changes of state (attempt started, restarting, resized, checkpoint committed, and how it ended) as JSON to this http:// or https:// URL
+    #[arg(long, value_name = "URL")]
+    pub(crate) notify: Option<String>,
     /// Write TensorBoard event files of rank 0's numeric metrics to DIR (tensorboard --logdir DIR reads them as the run goes)
     #[arg(long, value_name = "DIR")]
     pub(crate) tensorboard: Option<PathBuf>,

@@ -18,6 +18,7 @@ mod engine;
 mod fold;
 mod local;
 mod logs;
+mod notify;
 mod output;
 mod plan;
 mod print;

@@ -38,6 +38,8 @@ pub(crate) struct Shown {
     /// The ranks whose output the console shows (`--ranks`); all when `None`. The log files
     /// keep every rank's.
     pub(crate) ranks: Option<BTreeSet<u32>>,
+    /// The `--notify` webhook, sent the run's changes of state.
+    pub(crate) notify: Option<crate::notify::Notifier>,
 }
 
 /// The next thing to show.
@@ -129,6 +131,9 @@ pub(crate) fn print_events(
             Next::Event(event) => event,
         };
         seen.note(&event);
+        if let Some(notify) = &shown.notify {
+            notify.run_event(&event);
+        }
         match format {
             LogFormat::Json if !shown.shows(output_rank(&event)) => {}
             LogFormat::Json => warn_unwritten(

@@ -19,6 +19,7 @@ use super::config::{Launch, Start};
 use crate::Failure;
 use crate::args::{BackendKind, RunArgs};
 use crate::engine::Engine;
+use crate::notify::{Delivery, Notifier};
 use crate::output::Progress;
 use crate::print::{Shown, print_events};
 
@@ -43,6 +44,10 @@ pub(super) struct Ended {
     pub(super) interrupted: bool,
     /// When the fit began.
     pub(super) started: Instant,
+    /// The `--notify` webhook's sender, for the run's last event.
+    pub(super) notify: Option<Notifier>,
+    /// What delivers to the webhook.
+    pub(super) delivery: Option<Delivery>,
 }
 
 /// Drives the run `launch` describes: starts its runtime, fits, streams the run's events to
@@ -60,6 +65,13 @@ pub(super) async fn drive(
         ranks,
         worker: _,
     } = launch;
+    let (notify, delivery) = match &args.notify {
+        Some(url) => {
+            let (notify, delivery) = Notifier::start(url, run.name.as_deref().unwrap_or_default())?;
+            (Some(notify), Some(delivery))
+        }
+        None => (None, None),
+    };
     // Before anything starts: an interrupt from here on stops what was started (a Ray head
     // that is coming up, say) rather than killing the driver outright.
     let mut interrupt = Interrupts::new()?;
@@ -114,6 +126,7 @@ pub(super) async fn drive(
         events: received,
         waits: runtime.waits(),
         ranks,
+        notify: notify.clone(),
     };
     let format = args.log_format;
     let printing = progress.clone();
@@ -180,6 +193,8 @@ pub(super) async fn drive(
         outcome,
         interrupted,
         started,
+        notify,
+        delivery,
     })
 }
 

@@ -16,6 +16,9 @@ use crate::Failure;
 use crate::args::{RunArgs, RuntimeKind};
 use crate::output::{Progress, init_logging};
 
+/// How long the driver waits, as it exits, for the `--notify` webhook to take what is left.
+const NOTIFY_LIMIT: Duration = Duration::from_secs(10);
+
 /// How long the driver waits, as it exits, for work left on its blocking threads.
 const SHUTDOWN_LIMIT: Duration = Duration::from_secs(10);
 
@@ -49,8 +52,13 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
     let worker = launch.worker.clone();
     let workers = launch.scaling.num_workers.max();
     let result = runtime.block_on(async {
-        let ended = drive::drive(args, *launch, &progress).await?;
-        outcome::render(ended, args, timings.as_ref(), &worker, workers)
+        let mut ended = drive::drive(args, *launch, &progress).await?;
+        let delivery = ended.delivery.take();
+        let result = outcome::render(ended, args, timings.as_ref(), &worker, workers);
+        if let Some(delivery) = delivery {
+            delivery.finish(NOTIFY_LIMIT).await;
+        }
+        result
     });
     // What is left is clean-up on blocking threads (or a printer stuck on a stdout nobody
     // reads): bounded.

@@ -824,3 +824,120 @@ fn tensorboard_reads_rank_0s_metrics_from_the_event_files() {
         "only numbers are scalars: {scalars}"
     );
 }
+
+/// A webhook on loopback: every JSON body POSTed to it, in order.
+fn webhook() -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+) {
+    use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let url = format!(
+        "http://{}/hook",
+        listener.local_addr().expect("its address")
+    );
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = std::sync::Arc::clone(&bodies);
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let kept = std::sync::Arc::clone(&kept);
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("a clone"));
+                let mut stream = stream;
+                // Requests one after another on a kept-alive connection.
+                loop {
+                    let mut length = 0;
+                    let mut first = true;
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let line = line.trim_end();
+                        if line.is_empty() && !first {
+                            break;
+                        }
+                        first = false;
+                        if let Some((name, value)) = line.split_once(':') {
+                            if name.eq_ignore_ascii_case("content-length") {
+                                length = value.trim().parse().unwrap_or(0);
+                            }
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    if let Ok(value) = serde_json::from_slice(&body) {
+                        kept.lock().expect("the bodies").push(value);
+                    }
+                    let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+                }
+            });
+        }
+    });
+    (url, bodies)
+}
+
+#[test]
+fn notify_posts_each_change_of_state_and_the_end_to_a_webhook() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = dir.path().join("runs");
+    let mark = "day-two-notify";
+    let flags = dir.path().join("flags");
+    std::fs::create_dir(&flags).expect("a folder");
+    let (url, bodies) = webhook();
+    let script = format!(
+        "[ -e {flags}/$TRAINYARD_WORLD_RANK ] || {{ touch {flags}/$TRAINYARD_WORLD_RANK; [ $TRAINYARD_WORLD_RANK = 1 ] && exit 1; sleep 30; }}; true",
+        flags = flags.display()
+    );
+    let run = trainyard(&storage, mark)
+        .args(["run", "-n", "2", "--backend", "none", "--name", "notified"])
+        .args(["--max-failures", "1", "--notify", &url])
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .expect("trainyard runs");
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run));
+    let events: Vec<(String, String)> = bodies
+        .lock()
+        .expect("the bodies")
+        .iter()
+        .map(|body| {
+            assert!(body["time"].as_f64().is_some(), "{body}");
+            (
+                body["run"].as_str().unwrap_or_default().to_owned(),
+                body["event"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = [
+        "attempt_started",
+        "restarting",
+        "attempt_started",
+        "run_succeeded",
+    ]
+    .map(|event| ("notified".to_owned(), event.to_owned()))
+    .to_vec();
+    assert_eq!(events, expected);
+
+    let refused = trainyard(&storage, mark)
+        .args([
+            "run",
+            "-n",
+            "1",
+            "--backend",
+            "none",
+            "--notify",
+            "ftp://x",
+            "--",
+            "true",
+        ])
+        .output()
+        .expect("trainyard runs");
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr).trim_end(),
+        "error: invalid value `ftp://x` for `--notify`: expected an http:// or https:// URL"
+    );
+    assert!(left_behind(mark, Duration::from_secs(10)).is_empty());
+}
