@@ -535,6 +535,9 @@ fn this_driver() -> DriverRecord {
         uid: nix::unistd::getuid().as_raw(),
         host: host_name().unwrap_or_default(),
         pid: std::process::id(),
+        slurm_job: std::env::var("SLURM_JOB_ID")
+            .ok()
+            .filter(|job| !job.is_empty()),
         command: std::env::args_os()
             .map(|arg| arg.to_string_lossy().into_owned())
             .collect(),

@@ -109,6 +109,10 @@ pub struct DriverRecord {
     pub host: String,
     /// Its process id on that host.
     pub pid: u32,
+    /// The Slurm job it runs in (a batch job of `trainyard run --runtime slurm --detach`), when
+    /// it runs in one: a reader on another host stops it through Slurm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_job: Option<String>,
     /// Its command line (`trainyard run … -- PROGRAM ARGS`, or a library user's program).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,

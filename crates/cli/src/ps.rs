@@ -38,6 +38,12 @@ pub(crate) struct Row {
     /// The driver's host and process id.
     host: Option<String>,
     pid: Option<u32>,
+    /// The Slurm job the driver runs in, when it runs in one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slurm_job: Option<String>,
+    /// Whether this host cannot tell if the driver of a `running` run still runs.
+    #[serde(skip)]
+    unknown: bool,
     latest_checkpoint: Option<Latest>,
     /// The latest report of rank 0 (of any rank when rank 0 made none lately), from the
     /// run's metrics history.
@@ -53,7 +59,8 @@ struct Latest {
 
 impl Row {
     fn of(record: RunRecord, now: f64) -> Self {
-        let status = match driver_liveness(&record) {
+        let liveness = driver_liveness(&record);
+        let status = match liveness {
             DriverLiveness::Gone => "lost",
             DriverLiveness::Alive | DriverLiveness::Unknown => "running",
             DriverLiveness::Ended => status_name(record.status),
@@ -86,6 +93,11 @@ impl Row {
             world_size,
             host: record.driver.as_ref().map(|driver| driver.host.clone()),
             pid: record.driver.as_ref().map(|driver| driver.pid),
+            slurm_job: record
+                .driver
+                .as_ref()
+                .and_then(|driver| driver.slurm_job.clone()),
+            unknown: liveness == DriverLiveness::Unknown,
             latest_checkpoint,
             latest_metrics: None,
             name: record.name,
@@ -236,6 +248,28 @@ pub(crate) async fn list(storage: &Storage, all: bool) -> Result<Listed, Failure
             .total_cmp(&a.started_at.unwrap_or(0.0))
             .then_with(|| a.name.cmp(&b.name))
     });
+    // A driver on another host that runs in a Slurm job is gone when its job is.
+    let jobs: Vec<&str> = rows
+        .iter()
+        .filter(|row| row.unknown)
+        .filter_map(|row| row.slurm_job.as_deref())
+        .collect();
+    if !jobs.is_empty() {
+        // Every job in the queue: one that ended may be unknown to `squeue -j` already.
+        if let Ok(queued) = trainyard::slurm::slurm::output("squeue", &["-h", "-o", "%i"]).await {
+            let queued: Vec<&str> = queued.lines().map(str::trim).collect();
+            for row in &mut rows {
+                if row.unknown
+                    && row
+                        .slurm_job
+                        .as_deref()
+                        .is_some_and(|job| !queued.contains(&job))
+                {
+                    row.status = "lost";
+                }
+            }
+        }
+    }
     let total = rows.len();
     if !all {
         rows.retain(Row::is_live);

@@ -62,6 +62,9 @@ pub(crate) async fn stop(folder: &RunFolder, record: RunRecord, now: bool) -> Re
             );
             return Ok(());
         }
+        DriverLiveness::Unknown if driver.slurm_job.is_some() => {
+            return stop_through_slurm(folder, &name, &driver, now).await;
+        }
         DriverLiveness::Unknown => {
             return Err(Failure::other(format!(
                 "run `{}` is driven on host {} (pid {}): stop it there",
@@ -109,6 +112,69 @@ pub(crate) async fn stop(folder: &RunFolder, record: RunRecord, now: bool) -> Re
         driver.host
     );
     Ok(())
+}
+
+/// Stops a run whose driver runs in Slurm job `driver.slurm_job` on another host: SIGINT to
+/// the job's batch step (the driver: Ctrl-C), then, if the run is still running after
+/// [`PATIENCE`] (at once with `now`), the whole job is cancelled.
+async fn stop_through_slurm(
+    folder: &RunFolder,
+    name: &str,
+    driver: &trainyard::checkpoint::DriverRecord,
+    now: bool,
+) -> Result<(), Failure> {
+    let job = driver.slurm_job.clone().unwrap_or_default();
+    let started = Instant::now();
+    if now {
+        scancel(name, &[&job]).await?;
+    } else {
+        scancel(name, &["--batch", "--signal=INT", &job]).await?;
+    }
+    let deadline = Instant::now() + PATIENCE;
+    let mut record = loop {
+        if let Ok(Some(record)) = folder.load().await {
+            if record.status != RunStatus::Running {
+                break Some(record);
+            }
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    if record.is_none() {
+        say!(
+            "trainyard: the driver of run `{name}` did not stop its workers within {PATIENCE:?}: cancelling Slurm job {job}"
+        );
+        scancel(name, &[&job]).await?;
+        record = folder.load().await.ok().flatten();
+    }
+    if let Some(mut record) = record {
+        if matches!(record.status, RunStatus::Interrupted | RunStatus::Running) {
+            record.status = RunStatus::Stopped;
+            folder.save(&record).await.map_err(Failure::other)?;
+        }
+    }
+    say!(
+        "trainyard: run `{name}` stopped in {:.1}s (its driver was pid {} on {}, in Slurm job {job}); the same command resumes it",
+        started.elapsed().as_secs_f64(),
+        driver.pid,
+        driver.host
+    );
+    Ok(())
+}
+
+/// `scancel ARGS` for run `name` (the job id last).
+async fn scancel(name: &str, args: &[&str]) -> Result<(), Failure> {
+    trainyard::slurm::slurm::output("scancel", args)
+        .await
+        .map(drop)
+        .map_err(|error| {
+            Failure::other(format!(
+                "cannot stop run `{name}` through its Slurm job {}: {error}",
+                args.last().copied().unwrap_or_default()
+            ))
+        })
 }
 
 /// Waits up to `limit` for the run's driver to end; its last record once it has. With

@@ -536,3 +536,170 @@ fn cluster_and_plan_show_the_partitions_nodes() {
         .expect("trainyard runs");
     assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
 }
+
+/// `trainyard SUBCOMMAND ARGS` over the sandbox's storage, to its end.
+fn day_two(sandbox: &Sandbox, args: &[&str]) -> (Output, String, String) {
+    run_to_end(
+        Command::new(env!("CARGO_BIN_EXE_trainyard"))
+            .envs(sandbox.env())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+        Duration::from_secs(60),
+    )
+}
+
+#[test]
+fn the_day_two_commands_see_a_live_slurm_run_and_its_stop_leaves_no_job() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-day-two");
+    let run = name("daytwo");
+    let driver = slurm_run(
+        &sandbox,
+        &run,
+        &[
+            "-n",
+            "2",
+            "-s",
+            "SPREAD",
+            "--backend",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            "echo up $TRAINYARD_WORLD_RANK; while :; do sleep 0.2; done",
+        ],
+    )
+    .spawn()
+    .expect("trainyard starts");
+    wait_for_steps(&run, 2);
+
+    let (out, stdout, stderr) = day_two(&sandbox, &["ps"]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .any(|line| line.starts_with(&format!("{run} ")) && line.contains(" running ")),
+        "{stdout}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, stdout, _) = day_two(&sandbox, &["logs", &run]);
+        if ["(rank=0) up 0", "(rank=1) up 1"]
+            .iter()
+            .all(|line| stdout.lines().any(|l| l == *line))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the ranks' lines: {stdout}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (out, stdout, stderr) = day_two(&sandbox, &["stacks", &run]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("=== rank 1 ==="), "{stdout}");
+
+    let (out, stdout, stderr) = day_two(&sandbox, &["stop", &run]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("trainyard: run `{run}` stopped in ")),
+        "{stderr}"
+    );
+    let ended = wait_bounded(driver, Duration::from_secs(60));
+    assert_eq!(ended.status.code(), Some(130), "{:?}", text(&ended));
+    nothing_left(&sandbox, &run);
+
+    // The finished run: its record, and its logs from the run folder.
+    let (out, stdout, stderr) = day_two(&sandbox, &["show", &run, "--format", "json"]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let shown: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(shown["status"], "stopped");
+    let (_, stdout, _) = day_two(&sandbox, &["logs", &run, "--rank", "1"]);
+    assert_eq!(stdout.lines().next(), Some("(rank=1) up 1"), "{stdout}");
+}
+
+#[test]
+fn a_detached_slurm_run_driven_on_another_host_is_stopped_through_its_job() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-stop-anywhere");
+    let run = name("anywhere");
+    let output = std::env::temp_dir().join(format!("{run}-%j.out"));
+    let out = slurm_run(
+        &sandbox,
+        &run,
+        &[
+            "--detach",
+            "--output",
+            &output.to_string_lossy(),
+            "-n",
+            "2",
+            "--backend",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            "echo up; while :; do sleep 0.2; done",
+        ],
+    )
+    .output()
+    .expect("trainyard submits");
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let job = stdout.trim().to_owned();
+    let file = output.to_string_lossy().replace("%j", &job);
+    // The driver, in the batch job, records its job; it is made to look driven elsewhere.
+    let record_file = sandbox.storage().join(&run).join("run.json");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut record: serde_json::Value = loop {
+        let read = std::fs::read(&record_file)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .filter(|record| !record["attempts"].as_array().is_none_or(Vec::is_empty));
+        if let Some(record) = read {
+            break record;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run never started in job {job}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(record["driver"]["slurm_job"], serde_json::json!(job));
+    wait_for_steps(&run, 3);
+    record["driver"]["host"] = serde_json::json!("elsewhere");
+    std::fs::write(&record_file, serde_json::to_vec(&record).expect("JSON")).expect("written");
+    let (_, listed, _) = day_two(&sandbox, &["ps", "--format", "json"]);
+    let rows: serde_json::Value = serde_json::from_str(&listed).expect("JSON");
+    assert_eq!(rows[0]["status"], "running", "{listed}");
+
+    let (out, stdout, stderr) = day_two(&sandbox, &["stop", &run]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("in Slurm job {job}); the same command resumes it")),
+        "{stderr}"
+    );
+    nothing_left(&sandbox, &run);
+    let shown = std::fs::read_to_string(&file).unwrap_or_default();
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        shown.contains("interrupted"),
+        "the driver was interrupted: {shown}"
+    );
+    let (_, stdout, _) = day_two(&sandbox, &["ps", "--all", "--format", "json"]);
+    let rows: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(rows[0]["status"], "stopped", "{stdout}");
+
+    // A record that still says running elsewhere, of a job that is gone: lost.
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record_file).expect("run.json")).expect("JSON");
+    record["status"] = serde_json::json!("running");
+    record["driver"]["host"] = serde_json::json!("elsewhere");
+    std::fs::write(&record_file, serde_json::to_vec(&record).expect("JSON")).expect("written");
+    let (_, stdout, _) = day_two(&sandbox, &["ps", "--all", "--format", "json"]);
+    let rows: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(rows[0]["status"], "lost", "{stdout}");
+}
