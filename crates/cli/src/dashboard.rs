@@ -29,17 +29,10 @@ use trainyard::checkpoint::{RunFolder, RunRecord, Storage};
 
 use crate::Failure;
 use crate::args::DashboardArgs;
+use crate::assets::{CHARTS_JS, DASHBOARD_PAGE, UPLOT_CSS, UPLOT_JS};
 use crate::ps::open_storage;
 use crate::show::Shown;
 use crate::values::FlagError;
-
-/// The page.
-const PAGE: &str = include_str!("../assets/dashboard.html");
-/// uPlot 1.6.32 (MIT, <https://github.com/leeoniya/uPlot>): the charts.
-pub(crate) const UPLOT_JS: &str = include_str!("../assets/uplot/uPlot.iife.min.js");
-pub(crate) const UPLOT_CSS: &str = include_str!("../assets/uplot/uPlot.min.css");
-/// The charts of a metrics history, on uPlot (shared with `trainyard show --html`).
-pub(crate) const CHARTS_JS: &str = include_str!("../assets/charts.js");
 
 /// The lines of each rank a run's page shows.
 const LOG_LINES: usize = 40;
@@ -155,7 +148,7 @@ async fn page() -> Response {
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-store"),
         ],
-        PAGE,
+        DASHBOARD_PAGE,
     )
         .into_response()
 }

@@ -11,6 +11,7 @@ macro_rules! say {
 }
 
 mod args;
+mod assets;
 mod background;
 mod cluster;
 mod dashboard;

@@ -72,7 +72,7 @@ impl Notifier {
 
     /// Sends `event` (a JSON object), with the run's name and the time.
     pub(crate) fn send(&self, event: &serde_json::Value) {
-        let mut event = crate::print::stamped(event.clone());
+        let mut event = crate::output::stamped(event.clone());
         if let serde_json::Value::Object(object) = &mut event {
             object.insert("run".to_owned(), serde_json::json!(self.run));
         }

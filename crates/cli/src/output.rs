@@ -17,6 +17,17 @@ use trainyard::backend::timings::{TimingsHandle, TimingsLayer};
 
 use crate::args::LogFormat;
 
+/// `value` with `"time"`: when it was printed, in seconds since the Unix epoch (an object
+/// that has a `time` of its own keeps it).
+pub(crate) fn stamped(mut value: serde_json::Value) -> serde_json::Value {
+    if let serde_json::Value::Object(object) = &mut value {
+        object
+            .entry("time")
+            .or_insert_with(|| serde_json::json!(trainyard::checkpoint::now()));
+    }
+    value
+}
+
 /// The log filter unless `RUST_LOG` says otherwise: warnings, and the lines a user of Ray
 /// Train expects to see (the workers' ranks, rank 0's process-group setup). The executor's
 /// line about a restart is left out: the printer shows the restart event itself.

@@ -12,22 +12,11 @@ use trainyard::runtime::Stream;
 
 use crate::args::LogFormat;
 use crate::fold::{self, Folded, Folds};
-use crate::output::Progress;
+use crate::output::{Progress, stamped};
 
 /// One JSON object as one line of stdout (a closed stdout is no error here), stamped.
 pub(crate) fn print_json(value: &serde_json::Value) {
     let _ = writeln!(io::stdout(), "{}", stamped(value.clone()));
-}
-
-/// `value` with `"time"`: when it was printed, in seconds since the Unix epoch (an object
-/// that has a `time` of its own keeps it).
-pub(crate) fn stamped(mut value: serde_json::Value) -> serde_json::Value {
-    if let serde_json::Value::Object(object) = &mut value {
-        object
-            .entry("time")
-            .or_insert_with(|| serde_json::json!(trainyard::checkpoint::now()));
-    }
-    value
 }
 
 /// What the printer shows: the run's events, and what the placement group waits for (other

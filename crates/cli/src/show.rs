@@ -11,9 +11,9 @@ use serde::Serialize;
 use trainyard::backend::{DriverLiveness, driver_liveness};
 use trainyard::checkpoint::{MetricsEntry, RunFolder, RunRecord};
 
-use crate::Failure;
 use crate::args::{OutputFormat, ShowArgs};
 use crate::ps::{find_run, number, open_storage, runtime, status_name};
+use crate::{Failure, assets};
 
 /// Rank 0's reports shown as rows in text.
 const ROWS: usize = 10;
@@ -266,11 +266,11 @@ fn html(shown: &Shown) -> Result<String, serde_json::Error> {
         .chars()
         .filter(|c| !"<>&\"'".contains(*c))
         .collect();
-    Ok(include_str!("../assets/show.html")
+    Ok(assets::SHOW_PAGE
         .replace("{{NAME}}", &name)
-        .replace("{{UPLOT_CSS}}", crate::dashboard::UPLOT_CSS)
-        .replace("{{UPLOT_JS}}", crate::dashboard::UPLOT_JS)
-        .replace("{{CHARTS_JS}}", crate::dashboard::CHARTS_JS)
+        .replace("{{UPLOT_CSS}}", assets::UPLOT_CSS)
+        .replace("{{UPLOT_JS}}", assets::UPLOT_JS)
+        .replace("{{CHARTS_JS}}", assets::CHARTS_JS)
         .replace("{{SHOWN}}", &data))
 }
 

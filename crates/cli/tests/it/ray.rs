@@ -383,6 +383,47 @@ async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
     nothing_left(&cluster, "ray-checkpoint").await;
     a_sigkilled_driver_leaves_nothing_running(&cluster);
     nothing_left(&cluster, "ray-sigkill").await;
+    a_detached_run_goes_on_until_stopped(&cluster, scratch.path());
+    nothing_left(&cluster, "ray-detach").await;
+}
+
+/// `--detach` on Ray: the command returns once the workers are starting, the driver goes on
+/// in the background, `logs` shows its ranks and `stop` ends it.
+fn a_detached_run_goes_on_until_stopped(cluster: &RayCluster, scratch: &Path) {
+    let storage = scratch.join("detached");
+    let storage = storage.to_string_lossy().into_owned();
+    let detached = run(cluster, "ray-detach", &["-n", "2", "--backend", "none"])
+        .args(["--name", "ray-detach", "--storage", &storage, "--detach"])
+        .args(["--", "sh", "-c", "echo up $TRAINYARD_WORLD_RANK; sleep 300"])
+        .output()
+        .expect("trainyard runs");
+    let (stdout, stderr) = text(&detached);
+    assert_eq!(detached.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert_eq!(stdout, "ray-detach\n", "{stderr}");
+    let day_two = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_trainyard"))
+            .args(args)
+            .args(["--storage", &storage])
+            .stdin(Stdio::null())
+            .output()
+            .expect("trainyard runs")
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let logs = day_two(&["logs", "ray-detach"]);
+        let (lines, _) = text(&logs);
+        if lines.contains("(rank=0) up 0") && lines.contains("(rank=1) up 1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the ranks' lines: {lines}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let stop = day_two(&["stop", "ray-detach"]);
+    let (stdout, stderr) = text(&stop);
+    assert_eq!(stop.status.code(), Some(0), "{stdout}\n{stderr}");
+    let shown = day_two(&["ps", "--all", "--format", "json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("JSON");
+    assert_eq!(rows[0]["status"], "stopped", "{rows}");
 }
 
 /// An elastic run on the two-node cluster (3 CPUs): `-n 3:4` starts with 3 workers, grows to
