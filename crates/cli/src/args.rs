@@ -94,6 +94,9 @@ pub(crate) struct StacksArgs {
     pub(crate) name: String,
     #[command(flatten)]
     pub(crate) storage: StorageArgs,
+    /// Output format: json prints the dump's file and text
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub(crate) format: OutputFormat,
 }
 
 /// The SHOW flags.
@@ -121,6 +124,9 @@ pub(crate) struct StopArgs {
     pub(crate) now: bool,
     #[command(flatten)]
     pub(crate) storage: StorageArgs,
+    /// Output format: json prints the run's name, its status after the stop, how long it took and what text would say
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub(crate) format: OutputFormat,
 }
 
 /// Where a day-two command finds the runs.

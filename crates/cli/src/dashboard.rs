@@ -286,11 +286,12 @@ async fn stop(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> 
     }
     // The stop goes on after the answer: the driver gets its patience.
     tokio::spawn(async move {
-        if let Err(failure) = crate::stop::stop(&folder, record, false).await {
-            say!(
+        match crate::stop::stop(&folder, record, false).await {
+            Ok(stopped) => say!("{}", stopped.message),
+            Err(failure) => say!(
                 "trainyard: the dashboard's stop of run `{name}` failed: {}",
                 failure.message()
-            );
+            ),
         }
     });
     (

@@ -14,7 +14,7 @@ use trainyard::backend::{DriverLiveness, driver_liveness};
 use trainyard::checkpoint::{RunFolder, RunRecord};
 
 use crate::Failure;
-use crate::args::StacksArgs;
+use crate::args::{OutputFormat, StacksArgs};
 use crate::ps::{find_run, open_storage, runtime, status_name};
 
 /// How long the driver gets to capture every rank's stacks and write them.
@@ -30,6 +30,10 @@ pub(crate) fn run(args: &StacksArgs) -> Result<(), Failure> {
     let (folder, record) = find_run(&storage, &runtime, &args.name)?;
     let (file, text) = runtime.block_on(capture(&folder, &record))?;
     let mut out = io::stdout().lock();
+    if args.format == OutputFormat::Json {
+        let value = serde_json::json!({ "file": file.display().to_string(), "text": text });
+        return writeln!(out, "{value}").map_err(Failure::output);
+    }
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => {}
         Err(error) if error.kind() == io::ErrorKind::BrokenPipe => return Ok(()),

@@ -11,7 +11,7 @@ use trainyard::backend::{DriverLiveness, driver_liveness};
 use trainyard::checkpoint::{RunFolder, RunRecord, RunStatus};
 
 use crate::Failure;
-use crate::args::StopArgs;
+use crate::args::{OutputFormat, StopArgs};
 use crate::ps::{find_run, open_storage, runtime, status_name};
 
 /// How long a driver gets to stop its workers after the first interrupt: a little over its
@@ -25,17 +25,50 @@ const POLL: Duration = Duration::from_millis(50);
 /// arrives with the first would be taken as one).
 const AGAIN_EVERY: Duration = Duration::from_millis(300);
 
+/// How a stop went.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct Stopped {
+    /// The run's status as the stop left it.
+    pub(crate) status: &'static str,
+    /// How long stopping it took, when it had to be stopped.
+    pub(crate) seconds: Option<f64>,
+    /// What is said of it, on one line.
+    pub(crate) message: String,
+}
+
 pub(crate) fn run(args: &StopArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
     let runtime = runtime()?;
     let (folder, record) = find_run(&storage, &runtime, &args.name)?;
-    runtime.block_on(stop(&folder, record, args.now))
+    let stopped = runtime.block_on(stop(&folder, record, args.now))?;
+    match args.format {
+        OutputFormat::Text => say!("{}", stopped.message),
+        OutputFormat::Json => {
+            let mut out = std::io::stdout().lock();
+            let written = serde_json::to_writer(
+                &mut out,
+                &serde_json::json!({
+                    "name": args.name,
+                    "status": stopped.status,
+                    "seconds": stopped.seconds,
+                    "message": stopped.message,
+                }),
+            )
+            .map_err(std::io::Error::other)
+            .and_then(|()| std::io::Write::write_all(&mut out, b"\n"));
+            written.map_err(Failure::output)?;
+        }
+    }
+    Ok(())
 }
 
 /// Stops the run of `record` as Ctrl-C in its driver's terminal does (`now`: as a second
-/// Ctrl-C does), waiting until the driver has ended, and records it as `stopped`; says how it
-/// went on stderr.
-pub(crate) async fn stop(folder: &RunFolder, record: RunRecord, now: bool) -> Result<(), Failure> {
+/// Ctrl-C does), waiting until the driver has ended, and records it as `stopped`.
+pub(crate) async fn stop(
+    folder: &RunFolder,
+    record: RunRecord,
+    now: bool,
+) -> Result<Stopped, Failure> {
     let name = record.name.clone();
     let Some(driver) = record.driver.clone() else {
         return Err(Failure::other(format!(
@@ -46,21 +79,24 @@ pub(crate) async fn stop(folder: &RunFolder, record: RunRecord, now: bool) -> Re
     match driver_liveness(&record) {
         DriverLiveness::Alive => {}
         DriverLiveness::Ended => {
-            say!(
-                "trainyard: run `{}` is not running: it is {}",
-                name,
-                status_name(record.status)
-            );
-            return Ok(());
+            return Ok(Stopped {
+                status: status_name(record.status),
+                seconds: None,
+                message: format!(
+                    "trainyard: run `{name}` is not running: it is {}",
+                    status_name(record.status)
+                ),
+            });
         }
         DriverLiveness::Gone => {
-            say!(
-                "trainyard: run `{}` is not running: its driver (pid {} on {}) is gone without a word; the same command resumes it",
-                name,
-                driver.pid,
-                driver.host
-            );
-            return Ok(());
+            return Ok(Stopped {
+                status: "lost",
+                seconds: None,
+                message: format!(
+                    "trainyard: run `{name}` is not running: its driver (pid {} on {}) is gone without a word; the same command resumes it",
+                    driver.pid, driver.host
+                ),
+            });
         }
         DriverLiveness::Unknown if driver.slurm_job.is_some() => {
             return stop_through_slurm(folder, &name, &driver, now).await;
@@ -104,14 +140,15 @@ pub(crate) async fn stop(folder: &RunFolder, record: RunRecord, now: bool) -> Re
         record.status = RunStatus::Stopped;
         folder.save(&record).await.map_err(Failure::other)?;
     }
-    say!(
-        "trainyard: run `{}` stopped in {:.1}s (its driver was pid {} on {}); the same command resumes it",
-        name,
-        started.elapsed().as_secs_f64(),
-        driver.pid,
-        driver.host
-    );
-    Ok(())
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(Stopped {
+        status: "stopped",
+        seconds: Some(seconds),
+        message: format!(
+            "trainyard: run `{name}` stopped in {seconds:.1}s (its driver was pid {} on {}); the same command resumes it",
+            driver.pid, driver.host
+        ),
+    })
 }
 
 /// Stops a run whose driver runs in Slurm job `driver.slurm_job` on another host: SIGINT to
@@ -122,7 +159,7 @@ async fn stop_through_slurm(
     name: &str,
     driver: &trainyard::checkpoint::DriverRecord,
     now: bool,
-) -> Result<(), Failure> {
+) -> Result<Stopped, Failure> {
     let job = driver.slurm_job.clone().unwrap_or_default();
     let started = Instant::now();
     if now {
@@ -155,13 +192,15 @@ async fn stop_through_slurm(
             folder.save(&record).await.map_err(Failure::other)?;
         }
     }
-    say!(
-        "trainyard: run `{name}` stopped in {:.1}s (its driver was pid {} on {}, in Slurm job {job}); the same command resumes it",
-        started.elapsed().as_secs_f64(),
-        driver.pid,
-        driver.host
-    );
-    Ok(())
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(Stopped {
+        status: "stopped",
+        seconds: Some(seconds),
+        message: format!(
+            "trainyard: run `{name}` stopped in {seconds:.1}s (its driver was pid {} on {}, in Slurm job {job}); the same command resumes it",
+            driver.pid, driver.host
+        ),
+    })
 }
 
 /// `scancel ARGS` for run `name` (the job id last).

@@ -185,6 +185,17 @@ fn ps_lists_the_live_runs_and_stop_ends_one_that_stays_resumable() {
         String::from_utf8_lossy(&again.stderr).trim_end(),
         "trainyard: run `live` is not running: it is stopped"
     );
+    let json = day_two(&storage, mark, &["stop", "live", "--format", "json"]);
+    let said: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(
+        (&said["name"], &said["status"], &said["seconds"]),
+        (
+            &serde_json::json!("live"),
+            &serde_json::json!("stopped"),
+            &serde_json::Value::Null
+        ),
+        "{said}"
+    );
     let unknown = day_two(&storage, mark, &["stop", "nope"]);
     assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown));
     assert!(
@@ -533,6 +544,16 @@ fn stacks_prints_a_live_runs_stacks_and_the_run_goes_on() {
         text(&stacks)
     );
     assert_eq!(statuses(&storage, mark)[0].1, "running", "the run goes on");
+    let json = day_two(&storage, mark, &["stacks", "looked-at", "--format", "json"]);
+    assert_eq!(json.status.code(), Some(0), "{}", text(&json));
+    let dump: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert!(
+        dump["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("=== rank 0 ==="))
+            && dump["file"].is_string(),
+        "{dump}"
+    );
 
     let stop = day_two(&storage, mark, &["stop", "looked-at"]);
     assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
