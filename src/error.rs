@@ -67,7 +67,8 @@ impl Error {
                 | ExecutorError::PlacementTimeout { .. }
                 | ExecutorError::Storage(_)
                 | ExecutorError::RunFinished { .. }
-                | ExecutorError::RunInUse { .. },
+                | ExecutorError::RunInUse { .. }
+                | ExecutorError::RunInUseElsewhere { .. },
             ) => "the run cannot start",
             Self::Executor(ExecutorError::Interrupted { .. }) => "the run was interrupted",
             Self::Executor(_) => "the training run failed",

@@ -92,6 +92,23 @@ pub enum ExecutorError {
         /// When it opened the run (RFC 3339, UTC).
         since: String,
     },
+    /// A driver on another host runs the run of this name and storage: its lease was renewed
+    /// lately.
+    #[error(
+        "run `{name}` in `{path}` is being run by process {pid} on host {host} (its lease was renewed {renewed_s}s ago); stop it there (trainyard stop {name}), or choose another name"
+    )]
+    RunInUseElsewhere {
+        /// The run's name.
+        name: String,
+        /// Its folder.
+        path: String,
+        /// The other driver's host.
+        host: String,
+        /// Its process id there.
+        pid: u32,
+        /// Seconds since it renewed its lease.
+        renewed_s: u64,
+    },
 }
 
 /// An error and its sources on one line.

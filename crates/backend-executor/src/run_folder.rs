@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 use trainyard_checkpoint::{
-    AttemptRecord, CheckpointBook, CheckpointRecord, DriverRecord, HandIn, RUN_RECORD_VERSION,
-    RunFolder, RunRecord, RunStatus, Storage, StorageError, StorageLocation, checkpoint_dir_name,
-    retention,
+    AttemptRecord, CheckpointBook, CheckpointRecord, DriverRecord, HandIn, LEASE_RENEW, Lease,
+    RUN_RECORD_VERSION, RunFolder, RunRecord, RunStatus, Storage, StorageError, StorageLocation,
+    checkpoint_dir_name, retention,
 };
 use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig, ScoreOrder};
 
@@ -35,6 +35,8 @@ pub struct CheckpointResult {
 pub(crate) struct RunStore {
     folder: RunFolder,
     record: RunRecord,
+    /// This driver's lease on the run, renewed while it runs it.
+    lease: LeaseRenewal,
     config: CheckpointConfig,
     /// The current attempt's book.
     book: Option<CheckpointBook>,
@@ -90,7 +92,17 @@ impl RunStore {
         }
         let folder = storage.run(&name);
         folder.prepare().await.map_err(ExecutorError::Storage)?;
-        let record = match folder.load().await.map_err(ExecutorError::Storage)? {
+        let loaded = folder.load().await.map_err(ExecutorError::Storage)?;
+        if let Some(lease) = held_elsewhere(&folder, loaded.as_ref()).await {
+            return Err(ExecutorError::RunInUseElsewhere {
+                name,
+                path: folder.uri(),
+                host: lease.host,
+                pid: lease.pid,
+                renewed_s: (now() - lease.renewed_at).max(0.0).round() as u64,
+            });
+        }
+        let record = match loaded {
             Some(record) if !record.status.is_resumable() => {
                 return Err(ExecutorError::RunFinished {
                     name,
@@ -140,9 +152,10 @@ impl RunStore {
                 })
                 .ok()
         });
-        let store = Self {
+        let mut store = Self {
             folder,
             record,
+            lease: LeaseRenewal(None),
             config: run.checkpoint_config.clone(),
             book: None,
             storage_env,
@@ -151,6 +164,8 @@ impl RunStore {
             tensorboard,
         };
         store.save().await.map_err(ExecutorError::Storage)?;
+        // Once the folder is there.
+        store.lease = LeaseRenewal::start(store.folder.clone()).await;
         Ok(store)
     }
 
@@ -444,6 +459,7 @@ impl RunStore {
     /// refused before its first task started leaves nothing behind. A resumed run's folder is
     /// kept, marked failed.
     pub(crate) async fn discard_if_new(&mut self) {
+        self.lease.stop().await;
         if !self.created {
             self.finish(RunStatus::Failed).await;
             return;
@@ -455,6 +471,7 @@ impl RunStore {
 
     /// Ends the run.
     pub(crate) async fn finish(&mut self, status: RunStatus) {
+        self.lease.stop().await;
         self.history.write(&self.folder, true).await;
         self.record.status = status;
         if let Err(error) = self.save().await {
@@ -464,6 +481,82 @@ impl RunStore {
 
     async fn save(&self) -> Result<(), StorageError> {
         self.folder.save(&self.record).await
+    }
+}
+
+/// The lease of another host's driver that still holds `record`'s run: a `running` record
+/// whose driver is elsewhere, and a lease renewed within
+/// [`LEASE_STALE`](trainyard_checkpoint::LEASE_STALE).
+async fn held_elsewhere(folder: &RunFolder, record: Option<&RunRecord>) -> Option<Lease> {
+    let record = record.filter(|record| record.status == RunStatus::Running)?;
+    let here = host_name();
+    let driver = record.driver.as_ref()?;
+    if Some(&driver.host) == here.as_ref() {
+        return None;
+    }
+    let lease = folder.read_lease().await?;
+    (lease.is_fresh(now()) && Some(&lease.host) != here.as_ref()).then_some(lease)
+}
+
+/// Renews this driver's lease on its run every [`LEASE_RENEW`] from a task of its own, until
+/// stopped (a write in progress is finished first, so that nothing is written after the stop)
+/// or dropped.
+#[derive(Debug)]
+struct LeaseRenewal(
+    Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
+);
+
+/// How long stopping the renewal waits for a write in progress.
+const LEASE_STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl LeaseRenewal {
+    /// Takes the lease (one write, waited for), then renews it in the background.
+    async fn start(folder: RunFolder) -> Self {
+        let lease = || Lease {
+            host: host_name().unwrap_or_default(),
+            pid: std::process::id(),
+            renewed_at: now(),
+        };
+        let mut warned = false;
+        let mut write = move |result: Result<(), StorageError>| {
+            if let Err(error) = result {
+                if !warned {
+                    warn!(error = %chain(&error), "the run's lease could not be renewed; drivers on other hosts may take the run for abandoned");
+                    warned = true;
+                }
+            }
+        };
+        write(folder.write_lease(&lease()).await);
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(LEASE_RENEW) => {}
+                    _ = &mut stopped => return,
+                }
+                write(folder.write_lease(&lease()).await);
+            }
+        });
+        Self(Some((stop, task)))
+    }
+
+    /// Stops the renewal once a write in progress is done.
+    async fn stop(&mut self) {
+        if let Some((stop, task)) = self.0.take() {
+            let _ = stop.send(());
+            let _ = tokio::time::timeout(LEASE_STOP_LIMIT, task).await;
+        }
+    }
+}
+
+impl Drop for LeaseRenewal {
+    fn drop(&mut self) {
+        if let Some((_, task)) = self.0.take() {
+            task.abort();
+        }
     }
 }
 
@@ -633,6 +726,7 @@ mod tests {
             created: true,
             history: MetricsHistory::new(Some(Vec::new())),
             tensorboard: None,
+            lease: LeaseRenewal(None),
         };
         let (dir, remote) = store.attempt_log_dir(None);
         assert_eq!(remote.as_deref(), Some("logs/attempt_0"));

@@ -61,8 +61,8 @@ pub use env::{
 };
 pub use error::{BookError, StorageError};
 pub use record::{
-    AttemptRecord, CheckpointRecord, DriverRecord, METRICS_FILE, MetricsEntry, RUN_FILE,
-    RUN_RECORD_VERSION, RunRecord, RunStatus, now,
+    AttemptRecord, CheckpointRecord, DriverRecord, LEASE_FILE, LEASE_RENEW, LEASE_STALE, Lease,
+    METRICS_FILE, MetricsEntry, RUN_FILE, RUN_RECORD_VERSION, RunRecord, RunStatus, now,
 };
 pub use retention::retention;
 pub use storage::{

@@ -24,6 +24,37 @@ pub struct MetricsEntry {
     pub metrics: serde_json::Map<String, serde_json::Value>,
 }
 
+/// The name of a running driver's lease in its run folder (see [`Lease`]).
+pub const LEASE_FILE: &str = "lease.json";
+
+/// How often a driver renews its lease.
+pub const LEASE_RENEW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How old a lease may be before its driver counts as gone: three renewals, so that a slow
+/// write or clocks apart by up to 20 s do not make a live driver look dead.
+pub const LEASE_STALE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A running driver's lease on its run, rewritten every [`LEASE_RENEW`]: what tells a reader
+/// on another host (a shared file system, S3) that the run still has a driver, where its pid
+/// cannot be checked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The driver's host.
+    pub host: String,
+    /// The driver's process id there.
+    pub pid: u32,
+    /// When it was renewed last, in seconds since the Unix epoch (the driver's clock).
+    pub renewed_at: f64,
+}
+
+impl Lease {
+    /// Whether it was renewed within [`LEASE_STALE`] of `now`.
+    #[must_use]
+    pub fn is_fresh(&self, now: f64) -> bool {
+        now - self.renewed_at < LEASE_STALE.as_secs_f64()
+    }
+}
+
 /// Where a run is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -248,7 +248,29 @@ pub(crate) async fn list(storage: &Storage, all: bool) -> Result<Listed, Failure
             .total_cmp(&a.started_at.unwrap_or(0.0))
             .then_with(|| a.name.cmp(&b.name))
     });
-    // A driver on another host that runs in a Slurm job is gone when its job is.
+    // A driver on another host is gone when its lease has gone stale.
+    let unknown: Vec<RunFolder> = rows
+        .iter()
+        .filter(|row| row.unknown)
+        .map(|row| storage.run(&row.name))
+        .collect();
+    let leases: Vec<Option<bool>> = futures::stream::iter(unknown)
+        .map(|folder| async move { lease_is_fresh(&folder).await })
+        .buffered(PARALLEL_READS)
+        .collect()
+        .await;
+    let mut leases = leases.into_iter();
+    for row in rows.iter_mut().filter(|row| row.unknown) {
+        match leases.next().flatten() {
+            Some(true) => row.unknown = false,
+            Some(false) => {
+                row.status = "lost";
+                row.unknown = false;
+            }
+            None => {}
+        }
+    }
+    // One without a lease that runs in a Slurm job is gone when its job is.
     let jobs: Vec<&str> = rows
         .iter()
         .filter(|row| row.unknown)
@@ -289,6 +311,13 @@ pub(crate) async fn list(storage: &Storage, all: bool) -> Result<Listed, Failure
         total,
         unreadable,
     })
+}
+
+/// Whether the lease of the run in `folder` (its driver's on another host) was renewed
+/// lately; `None` when its driver holds none (a driver of an earlier version).
+pub(crate) async fn lease_is_fresh(folder: &RunFolder) -> Option<bool> {
+    let lease = folder.read_lease().await?;
+    Some(lease.is_fresh(trainyard::checkpoint::now()))
 }
 
 /// The records of every run at `storage`, and how many could not be read with the first

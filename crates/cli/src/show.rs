@@ -42,6 +42,9 @@ impl Shown {
             .collect();
         let status = match driver_liveness(&record) {
             DriverLiveness::Gone => "lost",
+            DriverLiveness::Unknown if crate::ps::lease_is_fresh(folder).await == Some(false) => {
+                "lost"
+            }
             _ => status_name(record.status),
         };
         Ok(Self {

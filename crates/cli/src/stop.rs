@@ -12,7 +12,7 @@ use trainyard::checkpoint::{RunFolder, RunRecord, RunStatus};
 
 use crate::Failure;
 use crate::args::{OutputFormat, StopArgs};
-use crate::ps::{find_run, open_storage, runtime, status_name};
+use crate::ps::{find_run, lease_is_fresh, open_storage, runtime, status_name};
 
 /// How long a driver gets to stop its workers after the first interrupt: a little over its
 /// own limit for the stop.
@@ -76,7 +76,11 @@ pub(crate) async fn stop(
             name
         )));
     };
-    match driver_liveness(&record) {
+    let mut liveness = driver_liveness(&record);
+    if liveness == DriverLiveness::Unknown && lease_is_fresh(folder).await == Some(false) {
+        liveness = DriverLiveness::Gone;
+    }
+    match liveness {
         DriverLiveness::Alive => {}
         DriverLiveness::Ended => {
             return Ok(Stopped {

@@ -19,7 +19,7 @@ use object_store::ObjectStore;
 pub use files::HandInLimits;
 pub use location::StorageLocation;
 
-use crate::{HandIn, METRICS_FILE, RUN_FILE, RunRecord, StorageError};
+use crate::{HandIn, LEASE_FILE, Lease, METRICS_FILE, RUN_FILE, RunRecord, StorageError};
 use files::{checkpoint_index, is_temp, random_suffix};
 use local::blocking;
 use s3::Bucket;
@@ -390,6 +390,50 @@ impl RunFolder {
         serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|source| StorageError::BadRecord { path, source })
+    }
+
+    /// Replaces the run's [`Lease`] ([`LEASE_FILE`]) atomically.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`].
+    pub async fn write_lease(&self, lease: &Lease) -> Result<(), StorageError> {
+        let bytes = serde_json::to_vec(lease).map_err(|source| StorageError::Io {
+            action: "write",
+            path: format!("{}/{LEASE_FILE}", self.uri()),
+            source: Box::new(source),
+        })?;
+        match &self.storage.backend {
+            Backend::Local(root) => {
+                let path = Self::local_dir(root, &self.name).join(LEASE_FILE);
+                blocking("write", &path.clone(), move || {
+                    local::write_atomically(&path, &bytes)
+                })
+                .await
+            }
+            Backend::S3 { store, bucket, .. } => {
+                bucket_of(store, bucket)
+                    .put(&self.key(LEASE_FILE), bytes)
+                    .await
+            }
+        }
+    }
+
+    /// The run's [`Lease`], when its driver holds one (one that cannot be read counts as
+    /// none).
+    pub async fn read_lease(&self) -> Option<Lease> {
+        let bytes = match &self.storage.backend {
+            Backend::Local(root) => {
+                let path = Self::local_dir(root, &self.name).join(LEASE_FILE);
+                blocking("read", &path.clone(), move || local::read(&path))
+                    .await
+                    .ok()??
+            }
+            Backend::S3 { store, bucket, .. } => bucket_of(store, bucket)
+                .get(&self.key(LEASE_FILE))
+                .await
+                .ok()??,
+        };
+        serde_json::from_slice(&bytes).ok()
     }
 
     /// Replaces `run.json` atomically: a reader sees the old record or the new one, never a

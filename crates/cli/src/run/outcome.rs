@@ -320,7 +320,8 @@ fn failure_of(error: trainyard::Error, args: &RunArgs, notify: Option<&Notifier>
         | trainyard::Error::Executor(
             ExecutorError::Storage(_)
             | ExecutorError::RunFinished { .. }
-            | ExecutorError::RunInUse { .. },
+            | ExecutorError::RunInUse { .. }
+            | ExecutorError::RunInUseElsewhere { .. },
         ) => EXIT_BAD_INPUT,
         trainyard::Error::Executor(
             ExecutorError::Unschedulable(_) | ExecutorError::PlacementTimeout { .. },

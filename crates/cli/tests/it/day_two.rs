@@ -962,3 +962,84 @@ fn notify_posts_each_change_of_state_and_the_end_to_a_webhook() {
     );
     assert!(left_behind(mark, Duration::from_secs(10)).is_empty());
 }
+
+#[test]
+fn a_run_leased_by_a_driver_on_another_host_is_running_until_the_lease_goes_stale() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = dir.path().join("runs");
+    let mark = "day-two-lease";
+    let run = |name: &str| {
+        trainyard(&storage, mark)
+            .args([
+                "run",
+                "-n",
+                "1",
+                "--backend",
+                "none",
+                "--name",
+                name,
+                "--",
+                "true",
+            ])
+            .output()
+            .expect("trainyard runs")
+    };
+    let first = run("leased");
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
+    assert!(
+        storage.join("leased").join("lease.json").is_file(),
+        "the driver held a lease"
+    );
+    // As a driver on another host would have left it, alive.
+    let record_file = storage.join("leased").join("run.json");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record_file).expect("run.json")).expect("JSON");
+    record["status"] = serde_json::json!("running");
+    record["driver"]["host"] = serde_json::json!("elsewhere");
+    record["driver"]["pid"] = serde_json::json!(1);
+    std::fs::write(&record_file, serde_json::to_vec(&record).expect("JSON")).expect("written");
+    let lease = |age: f64| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs_f64();
+        let lease = serde_json::json!({"host": "elsewhere", "pid": 1, "renewed_at": now - age});
+        std::fs::write(
+            storage.join("leased").join("lease.json"),
+            serde_json::to_vec(&lease).expect("JSON"),
+        )
+        .expect("written");
+    };
+    lease(0.0);
+    assert_eq!(
+        statuses(&storage, mark),
+        [("leased".to_owned(), "running".to_owned())]
+    );
+    let refused = run("leased");
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    let said = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(
+        said.starts_with("error: the run cannot start: run `leased` in `")
+            && said.contains("` is being run by process 1 on host elsewhere (its lease was renewed 0s ago); stop it there (trainyard stop leased), or choose another name"),
+        "{said}"
+    );
+    let stop = day_two(&storage, mark, &["stop", "leased"]);
+    assert_eq!(stop.status.code(), Some(1), "{}", text(&stop));
+    assert_eq!(
+        String::from_utf8_lossy(&stop.stderr).trim_end(),
+        "error: run `leased` is driven on host elsewhere (pid 1): stop it there"
+    );
+
+    // Not renewed for a minute: the driver is gone, and the same command resumes the run.
+    lease(60.0);
+    assert_eq!(
+        statuses(&storage, mark),
+        [("leased".to_owned(), "lost".to_owned())]
+    );
+    let resumed = run("leased");
+    assert_eq!(resumed.status.code(), Some(0), "{}", text(&resumed));
+    assert_eq!(
+        statuses(&storage, mark),
+        [("leased".to_owned(), "finished".to_owned())]
+    );
+}

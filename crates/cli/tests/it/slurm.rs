@@ -693,7 +693,9 @@ fn a_detached_slurm_run_driven_on_another_host_is_stopped_through_its_job() {
     let rows: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
     assert_eq!(rows[0]["status"], "stopped", "{stdout}");
 
-    // A record that still says running elsewhere, of a job that is gone: lost.
+    // A record that still says running elsewhere, with no lease (a driver of an earlier
+    // version), of a job that is gone: lost.
+    let _ = std::fs::remove_file(sandbox.storage().join(&run).join("lease.json"));
     let mut record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&record_file).expect("run.json")).expect("JSON");
     record["status"] = serde_json::json!("running");
