@@ -122,7 +122,10 @@ pub use hang::{RankStacks, STACKS_LIMIT, StacksReason, full_dump};
 pub use options::{DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, RESTARTS_TARGET, unique_run_name};
 pub use ranks::{RankInfo, WorldRank, assign_ranks};
 pub use report::{FitReport, RunEvent, StartedWorker};
-pub use run_folder::{CheckpointResult, DriverLiveness, driver_liveness, host_name};
+pub use run_folder::{
+    CheckpointResult, DriverLiveness, SLURM_DETACHED_VAR, driver_liveness, host_name,
+    set_driver_command,
+};
 pub use sharing::{
     AcceleratorView, MissingAcceleratorIds, SharingRule, accelerator_env, default_rules, shared_ids,
 };

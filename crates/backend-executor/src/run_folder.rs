@@ -410,7 +410,10 @@ impl RunStore {
         let index = self.record.attempts.len().saturating_sub(1);
         let attempt = format!("attempt_{index}");
         if let Some(dir) = log_dir {
-            return (expand_home(dir).join(attempt), None);
+            let dir = expand_home(dir);
+            // Recorded for readers in other directories.
+            let dir = std::path::absolute(&dir).unwrap_or(dir);
+            return (dir.join(attempt), None);
         }
         let relative = trainyard_checkpoint::attempt_logs_dir_name(index);
         match self.folder.local_path() {
@@ -615,6 +618,22 @@ fn since(seconds: f64) -> String {
     humantime::format_rfc3339_seconds(at).to_string()
 }
 
+/// The driver's command line as its record shows it, when the program says (with its secrets
+/// left out); its own arguments otherwise.
+static DRIVER_COMMAND: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Sets the command line run records show for this process's runs (once; later calls are
+/// ignored): a program that takes secrets on its command line leaves them out here.
+pub fn set_driver_command(command: Vec<String>) {
+    let _ = DRIVER_COMMAND.set(command);
+}
+
+/// Set in the environment of a driver that is a Slurm batch job's own process (`trainyard run
+/// --runtime slurm --detach` submits such jobs): its record names the job, through which a
+/// driver on another host is stopped. A driver that merely runs inside an allocation (`salloc`,
+/// a user's batch script) names none: cancelling the job would end more than the run.
+pub const SLURM_DETACHED_VAR: &str = "TRAINYARD_SLURM_DETACHED";
+
 /// This process, as the driver of a run.
 fn this_driver() -> DriverRecord {
     DriverRecord {
@@ -628,12 +647,14 @@ fn this_driver() -> DriverRecord {
         uid: nix::unistd::getuid().as_raw(),
         host: host_name().unwrap_or_default(),
         pid: std::process::id(),
-        slurm_job: std::env::var("SLURM_JOB_ID")
-            .ok()
+        slurm_job: std::env::var_os(SLURM_DETACHED_VAR)
+            .and_then(|_| std::env::var("SLURM_JOB_ID").ok())
             .filter(|job| !job.is_empty()),
-        command: std::env::args_os()
-            .map(|arg| arg.to_string_lossy().into_owned())
-            .collect(),
+        command: DRIVER_COMMAND.get().cloned().unwrap_or_else(|| {
+            std::env::args_os()
+                .map(|arg| arg.to_string_lossy().into_owned())
+                .collect()
+        }),
         started_at: now(),
         start_ticks: trainyard_sys::procfs::own_start_time(),
     }

@@ -46,7 +46,7 @@ pub(crate) fn leave_the_terminal() {
 /// its first attempt has begun.
 pub(crate) fn detach(args: &RunArgs, name: &str, resume: ResumePolicy) -> Result<(), Failure> {
     let storage = open_storage_at(crate::args::storage_given(args.storage.as_deref()))?;
-    let output = Output::open(args.output.as_deref(), &storage, name)?;
+    let mut output = Output::open(args.output.as_deref(), &storage, name)?;
     let mut child = spawn(args.name.is_none().then_some(name), &output)?;
     let pid = child.id();
     let runtime = runtime()?;
@@ -116,13 +116,20 @@ fn spawn(generated: Option<&str>, output: &Output) -> Result<Child, Failure> {
         .map_err(|error| Failure::other(format!("cannot start the run's driver: {error}")))
 }
 
-/// Where the driver's output goes.
+/// Where the driver's output goes. A file this process made is removed again unless the run
+/// started (whatever way this process ends up failing before that).
 struct Output {
     file: File,
     path: PathBuf,
     /// Whether it moves into the run folder once the run is found (local storage, no
     /// `--output`).
     moves: bool,
+    /// Whether this process made the file (it was not there).
+    created: bool,
+    /// Its length before the driver wrote to it (a `--output` file may hold earlier output).
+    start: u64,
+    /// Whether it is kept: the run started.
+    kept: bool,
 }
 
 impl Output {
@@ -148,37 +155,56 @@ impl Output {
                 false,
             ),
         };
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .read(true)
-            .mode(0o600)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(&path)
-            .map_err(|error| {
-                Failure::other(format!(
-                    "cannot open {} for the driver's output: {error}",
-                    path.display()
-                ))
-            })?;
-        Ok(Self { file, path, moves })
+        let options = |new: bool| {
+            let mut options = OpenOptions::new();
+            options
+                .append(true)
+                .read(true)
+                .mode(0o600)
+                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits());
+            if new {
+                options.create_new(true);
+            }
+            options
+        };
+        let opened = match options(true).open(&path) {
+            Ok(file) => Ok((file, true)),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+                options(false).open(&path).map(|file| (file, false))
+            }
+            Err(error) => Err(error),
+        };
+        let (file, created) = opened.map_err(|error| {
+            Failure::other(format!(
+                "cannot open {} for the driver's output: {error}",
+                path.display()
+            ))
+        })?;
+        let start = file.metadata().map_or(0, |meta| meta.len());
+        Ok(Self {
+            file,
+            path,
+            moves,
+            created,
+            start,
+            kept: false,
+        })
     }
 
-    /// What the driver wrote, for a driver that ended before its run started; a file made
-    /// for it alone is removed.
+    /// What the driver wrote, for a driver that ended before its run started (the file goes
+    /// when this process made it).
     fn take(mut self) -> String {
         let mut text = String::new();
-        let _ = std::io::Seek::rewind(&mut self.file);
-        let _ = self.file.read_to_string(&mut text);
-        if self.moves {
-            let _ = std::fs::remove_file(&self.path);
+        if std::io::Seek::seek(&mut self.file, std::io::SeekFrom::Start(self.start)).is_ok() {
+            let _ = self.file.read_to_string(&mut text);
         }
         text
     }
 
     /// Where the output is kept from now on: moved into run `name`'s folder when it is made
     /// beside it.
-    fn settle(&self, storage: &Storage, name: &str) -> PathBuf {
+    fn settle(&mut self, storage: &Storage, name: &str) -> PathBuf {
+        self.kept = true;
         let Some(run_dir) = storage.run(name).local_path().filter(|_| self.moves) else {
             return self.path.clone();
         };
@@ -189,6 +215,14 @@ impl Output {
         match std::fs::rename(&self.path, &kept) {
             Ok(()) => kept,
             Err(_) => self.path.clone(),
+        }
+    }
+}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        if self.created && !self.kept {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
 }

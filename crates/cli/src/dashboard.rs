@@ -42,6 +42,8 @@ const LOG_BYTES: u64 = 64 * 1024;
 struct Dashboard {
     storage: Storage,
     token: String,
+    /// The runs a stop was asked for and is under way: a second press is no second Ctrl-C.
+    stopping: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 pub(crate) fn run(args: &DashboardArgs) -> Result<(), Failure> {
@@ -62,7 +64,11 @@ pub(crate) fn run(args: &DashboardArgs) -> Result<(), Failure> {
             })?;
         let address: SocketAddr = listener.local_addr().map_err(Failure::other)?;
         let location = storage.location().to_string();
-        let state = Arc::new(Dashboard { storage, token });
+        let state = Arc::new(Dashboard {
+            storage,
+            token,
+            stopping: std::sync::Mutex::default(),
+        });
         let app = routes(Arc::clone(&state));
         println!("http://{address}/?token={}", state.token);
         say!("trainyard: the dashboard of {location} (Ctrl-C ends it)");
@@ -181,6 +187,9 @@ async fn runs(State(state): State<Arc<Dashboard>>) -> Response {
 
 /// Run `name`'s folder and record; a response saying there is none otherwise.
 async fn find(state: &Dashboard, name: &str) -> Result<(RunFolder, RunRecord), Response> {
+    if let Err(error) = trainyard_config::check_run_name(name) {
+        return Err(refused(StatusCode::BAD_REQUEST, &error.to_string()));
+    }
     let folder = state.storage.run(name);
     match folder.load().await {
         Ok(Some(record)) => Ok((folder, record)),
@@ -247,7 +256,7 @@ async fn latest_stacks(State(state): State<Arc<Dashboard>>, Path(name): Path<Str
         });
     let (file, text) = match latest {
         Some(file) => {
-            let text = std::fs::read_to_string(&file).ok();
+            let text = read_no_link(&file);
             (Some(file.display().to_string()), text)
         }
         None => (None, None),
@@ -284,19 +293,51 @@ async fn stop(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> 
         };
         return refused(StatusCode::CONFLICT, &why);
     }
-    // The stop goes on after the answer: the driver gets its patience.
-    tokio::spawn(async move {
-        match crate::stop::stop(&folder, record, false).await {
+    let first = state
+        .stopping
+        .lock()
+        .is_ok_and(|mut stopping| stopping.insert(name.clone()));
+    if first {
+        // The stop goes on after the answer: the driver gets its patience.
+        let state = Arc::clone(&state);
+        tokio::spawn(async move {
+            stop_run(&folder, record, &name).await;
+            if let Ok(mut stopping) = state.stopping.lock() {
+                stopping.remove(&name);
+            }
+        });
+    }
+    (
+        StatusCode::ACCEPTED,
+        axum::Json(serde_json::json!({ "stopping": true })),
+    )
+        .into_response()
+}
+
+/// Stops run `name` as `trainyard stop` does, saying how it went on stderr.
+async fn stop_run(folder: &RunFolder, record: RunRecord, name: &str) {
+    {
+        match crate::stop::stop(folder, record, false).await {
             Ok(stopped) => say!("{}", stopped.message),
             Err(failure) => say!(
                 "trainyard: the dashboard's stop of run `{name}` failed: {}",
                 failure.message()
             ),
         }
-    });
-    (
-        StatusCode::ACCEPTED,
-        axum::Json(serde_json::json!({ "stopping": true })),
-    )
-        .into_response()
+    }
+}
+
+/// The text of the regular file at `path`, never through a link (a FIFO does not block).
+fn read_no_link(path: &std::path::Path) -> Option<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
+        .open(path)
+        .ok()
+        .filter(|file| file.metadata().is_ok_and(|meta| meta.is_file()))?;
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    Some(text)
 }

@@ -26,6 +26,8 @@ use crate::values::FlagError;
 const POLL: Duration = Duration::from_millis(100);
 /// How often a followed run's record is read for a new attempt or its end.
 const RECORD_EVERY: Duration = Duration::from_millis(500);
+/// How many reads of a followed run's record in a row may fail before following stops.
+const UNREADABLE_LIMIT: u32 = 60;
 /// The longest line kept whole; a longer one is cut.
 const MAX_LINE: usize = 1024 * 1024;
 
@@ -70,7 +72,10 @@ pub(crate) fn run(args: &LogsArgs) -> Result<(), Failure> {
                 .world_size
                 .or(record.attempts[attempt].resized_to)
                 .unwrap_or(u32::MAX);
-            Some(list.within(world).map_err(Failure::bad_input)?)
+            Some(
+                list.within_for("--rank", world)
+                    .map_err(Failure::bad_input)?,
+            )
         }
         None => None,
     };
@@ -96,6 +101,7 @@ pub(crate) fn run(args: &LogsArgs) -> Result<(), Failure> {
     }
     let mut tail = Tail::default();
     let mut record_read = Instant::now();
+    let mut unreadable = 0u32;
     loop {
         if let Some(source) = &source {
             if !out.lines(attempt, tail.read(&source.dir, ranks.as_ref()))? {
@@ -111,9 +117,24 @@ pub(crate) fn run(args: &LogsArgs) -> Result<(), Failure> {
         }
         record_read = Instant::now();
         let Ok(Some(now)) = runtime.block_on(folder.load()) else {
+            unreadable += 1;
+            if unreadable >= UNREADABLE_LIMIT {
+                return Err(Failure::other(format!(
+                    "the record of run `{}` could not be read for {:?}: stopped following it",
+                    args.name,
+                    RECORD_EVERY * UNREADABLE_LIMIT
+                )));
+            }
             continue;
         };
-        let ended = driver_liveness(&now) != DriverLiveness::Alive;
+        unreadable = 0;
+        // A given attempt is followed to its own end.
+        let attempt_ended = args.attempt.is_some()
+            && now
+                .attempts
+                .get(attempt)
+                .is_some_and(|a| a.ended_at.is_some());
+        let ended = attempt_ended || driver_liveness(&now) != DriverLiveness::Alive;
         let next = now.attempts.len().saturating_sub(1);
         let moved_on = args.attempt.is_none() && next > attempt;
         if ended || moved_on || source.is_none() {

@@ -57,7 +57,10 @@ impl Notifier {
                     .and_then(reqwest::Response::error_for_status);
                 if let Err(error) = sent {
                     if !failed {
-                        tracing::warn!(url = %parsed, %error, "the --notify webhook failed; the run goes on, and later events are still sent");
+                        // The URL's path may hold the webhook's token: its host only.
+                        let host = parsed.host_str().unwrap_or_default();
+                        let error = error.without_url();
+                        tracing::warn!(%host, %error, "the --notify webhook failed; the run goes on, and later events are still sent");
                         failed = true;
                     }
                 }

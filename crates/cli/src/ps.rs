@@ -148,6 +148,9 @@ pub(crate) fn find_run(
     runtime: &tokio::runtime::Runtime,
     name: &str,
 ) -> Result<(RunFolder, RunRecord), Failure> {
+    trainyard_config::check_run_name(name).map_err(|error| {
+        Failure::bad_input(FlagError::new("NAME", name)(error.to_string().into()))
+    })?;
     let folder = storage.run(name);
     let record = runtime.block_on(folder.load()).map_err(Failure::other)?;
     let record = record.ok_or_else(|| {
@@ -196,6 +199,41 @@ pub(crate) async fn driven_by(
         }
     }
     None
+}
+
+/// The pid of `record`'s driver, to be signalled: only a driver of this user's (a record
+/// on shared storage names any process).
+pub(crate) fn own_driver_pid(
+    record: &RunRecord,
+    driver: &trainyard::checkpoint::DriverRecord,
+) -> Result<nix::unistd::Pid, Failure> {
+    let uid = nix::unistd::getuid().as_raw();
+    let owner = {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(format!("/proc/{}", driver.pid))
+            .ok()
+            .map(|meta| meta.uid())
+    };
+    if driver.uid != uid || owner.is_some_and(|owner| owner != uid) {
+        return Err(Failure::other(format!(
+            "run `{}` is driven by another user (uid {}, pid {}): only they can signal its driver",
+            record.name, driver.uid, driver.pid
+        )));
+    }
+    i32::try_from(driver.pid)
+        .map(nix::unistd::Pid::from_raw)
+        .map_err(Failure::other)
+}
+
+/// Whether process `pid` catches `signal` (its `SigCgt` mask in `/proc/<pid>/status`);
+/// `None` when that cannot be read.
+pub(crate) fn catches(pid: u32, signal: nix::sys::signal::Signal) -> Option<bool> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mask = status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())?;
+    Some(mask & (1 << (signal as u32 - 1)) != 0)
 }
 
 /// A runtime for a day-two command's reads and waits.

@@ -261,8 +261,9 @@ fn sparkline(values: &[f64], width: usize) -> String {
 /// The page of `trainyard show --html`: the run's record and a chart per metric, with
 /// everything it needs inside it (uPlot, the data).
 fn html(shown: &Shown) -> Result<String, serde_json::Error> {
-    // In a script element, `</` could end it early.
-    let data = serde_json::to_string(shown)?.replace("</", "<\\/");
+    // In a script element, `</script` or `<!--` could end it early or hide its end: JSON
+    // has `<` only inside strings, where `\u003c` means the same.
+    let data = serde_json::to_string(shown)?.replace('<', "\\u003c");
     let name: String = shown
         .record
         .name

@@ -13,7 +13,7 @@ use crate::args::SlurmArgs;
 use crate::values::FlagError;
 
 /// Set in a `--detach` run's batch script: the run inside it is the submitted one.
-pub(crate) const DETACHED_VAR: &str = "TRAINYARD_SLURM_DETACHED";
+pub(crate) const DETACHED_VAR: &str = trainyard::backend::SLURM_DETACHED_VAR;
 
 impl SlurmArgs {
     /// The first SLURM flag given, for refusing it with another runtime.

@@ -9,13 +9,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use trainyard::backend::{DriverLiveness, driver_liveness};
 use trainyard::checkpoint::{RunFolder, RunRecord};
 
 use crate::Failure;
 use crate::args::{OutputFormat, StacksArgs};
-use crate::ps::{find_run, open_storage, runtime, status_name};
+use crate::ps::{catches, find_run, open_storage, own_driver_pid, runtime, status_name};
 
 /// How long the driver gets to capture every rank's stacks and write them.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -89,8 +88,15 @@ pub(crate) async fn capture(
             name
         )));
     };
+    let pid = own_driver_pid(record, &driver)?;
+    // Only `trainyard run` takes SIGQUIT for stacks: to another program it is a core dump.
+    if catches(driver.pid, Signal::SIGQUIT) == Some(false) {
+        return Err(Failure::other(format!(
+            "the driver of run `{name}` (pid {}) does not take SIGQUIT for stacks: it is a program of its own, not `trainyard run`",
+            driver.pid
+        )));
+    }
     let before = dumps(&dir);
-    let pid = Pid::from_raw(i32::try_from(driver.pid).map_err(Failure::other)?);
     kill(pid, Signal::SIGQUIT).map_err(|error| {
         Failure::other(format!(
             "cannot signal the driver of run `{}` (pid {}): {error}",

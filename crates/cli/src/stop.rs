@@ -12,7 +12,7 @@ use trainyard::checkpoint::{RunFolder, RunRecord, RunStatus};
 
 use crate::Failure;
 use crate::args::{OutputFormat, StopArgs};
-use crate::ps::{find_run, lease_is_fresh, open_storage, runtime, status_name};
+use crate::ps::{find_run, lease_is_fresh, open_storage, own_driver_pid, runtime, status_name};
 
 /// How long a driver gets to stop its workers after the first interrupt: a little over its
 /// own limit for the stop.
@@ -112,7 +112,7 @@ pub(crate) async fn stop(
             )));
         }
     }
-    let pid = Pid::from_raw(i32::try_from(driver.pid).map_err(Failure::other)?);
+    let pid = own_driver_pid(&record, &driver)?;
     let started = Instant::now();
     kill(pid, Signal::SIGINT).map_err(|error| {
         Failure::other(format!(
@@ -166,10 +166,24 @@ async fn stop_through_slurm(
 ) -> Result<Stopped, Failure> {
     let job = driver.slurm_job.clone().unwrap_or_default();
     let started = Instant::now();
-    if now {
-        scancel(name, &[&job]).await?;
+    let asked = if now {
+        scancel(name, &[&job]).await
     } else {
-        scancel(name, &["--batch", "--signal=INT", &job]).await?;
+        scancel(name, &["--batch", "--signal=INT", &job]).await
+    };
+    if let Err(failure) = asked {
+        // A job that has left the queue took its driver with it.
+        let queued = trainyard::slurm::slurm::output("squeue", &["-h", "-o", "%i"]).await;
+        if queued.is_ok_and(|queued| !queued.lines().any(|line| line.trim() == job)) {
+            return Ok(Stopped {
+                status: "lost",
+                seconds: None,
+                message: format!(
+                    "trainyard: run `{name}` is not running: its Slurm job {job} is gone; the same command resumes it"
+                ),
+            });
+        }
+        return Err(failure);
     }
     let deadline = Instant::now() + PATIENCE;
     let mut record = loop {

@@ -218,7 +218,16 @@ impl RankList {
     /// The ranks listed, each of which must be below `num_workers`, and each range not
     /// empty.
     pub(crate) fn within(&self, num_workers: u32) -> Result<BTreeSet<u32>, FlagError> {
-        let bad = |reason: String| FlagError::new("--ranks", &self.text)(reason.into());
+        self.within_for("--ranks", num_workers)
+    }
+
+    /// [`Self::within`], for the flag `flag`.
+    pub(crate) fn within_for(
+        &self,
+        flag: &str,
+        num_workers: u32,
+    ) -> Result<BTreeSet<u32>, FlagError> {
+        let bad = |reason: String| FlagError::new(flag, &self.text)(reason.into());
         let exists = |n: u32| {
             if n >= num_workers {
                 return Err(bad(format!(

@@ -73,7 +73,7 @@ pub use load::Format;
 pub use plan::{Plan, WorkerPlan};
 pub use run::{
     CheckpointConfig, FailureConfig, ProgressSource, ResumePolicy, RunConfig, ScoreOrder,
-    parse_hang_timeout, parse_resize_interval,
+    check_run_name, parse_hang_timeout, parse_resize_interval,
 };
 pub use scaling::{
     ACCELERATOR_TYPE_AMOUNT, ACCELERATOR_TYPE_PREFIX, MAX_WORKERS, PlacementGroupFactory,

@@ -175,6 +175,26 @@ impl CheckpointConfig {
     }
 }
 
+/// Checks that `name` can be a run's folder name: 1 to 200 letters, digits, `-`, `_` and `.`,
+/// not `.` or `..` (so no name reaches outside its storage).
+///
+/// # Errors
+/// [`ConfigError::RunName`].
+pub fn check_run_name(name: &str) -> Result<(), ConfigError> {
+    let bad = name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.len() > 200
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if bad {
+        Err(ConfigError::RunName(name.to_owned()))
+    } else {
+        Ok(())
+    }
+}
+
 /// What a run does when its folder already holds a run of the same name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -427,16 +447,7 @@ impl RunConfig {
     /// [`CheckpointConfig::validate`].
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Some(name) = &self.name {
-            let bad = name.is_empty()
-                || name == "."
-                || name == ".."
-                || name.len() > 200
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-            if bad {
-                return Err(ConfigError::RunName(name.clone()));
-            }
+            check_run_name(name)?;
         }
         self.checkpoint_config.validate()?;
         if self.hang_timeout.is_some_and(|d| d.is_zero()) {

@@ -162,7 +162,12 @@ pub(super) async fn drive(
     if interrupted && outcome.is_none() {
         // The executor that would have recorded the end is gone.
         let (storage, name, resume) = record_at;
-        record_interrupted(storage, &name, resume).await;
+        if tokio::time::timeout(RECORD_LIMIT, record_interrupted(storage, &name, resume))
+            .await
+            .is_err()
+        {
+            tracing::warn!(run = %name, "the run's record could not be marked interrupted in time");
+        }
     }
     if again {
         progress.message("interrupted again: killing the workers");
@@ -217,8 +222,7 @@ async fn record_interrupted(storage: Option<String>, name: &str, resume: ResumeP
             .ended_at
             .get_or_insert_with(trainyard::checkpoint::now);
     }
-    let saved = tokio::time::timeout(RECORD_LIMIT, storage.run(&record.name).save(&record)).await;
-    if !matches!(saved, Ok(Ok(()))) {
+    if storage.run(&record.name).save(&record).await.is_err() {
         tracing::warn!(run = %record.name, "the run's record could not be marked interrupted");
     }
 }

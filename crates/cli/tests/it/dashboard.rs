@@ -206,6 +206,12 @@ fn a_browser_sees_a_live_run_its_chart_and_logs_and_stops_it() {
     assert!(get(&dashboard.address, "/api/runs", None).contains("a token is required"));
     assert!(get(&dashboard.address, "/", None).contains("a token is required"));
     assert!(get(&dashboard.address, "/assets/uPlot.iife.min.js", None).contains("uPlot"));
+    // No run name reaches outside the storage.
+    assert!(
+        dashboard
+            .get("/api/runs/..%2F..%2Fetc")
+            .contains("run name `../../etc` must be")
+    );
 
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots");
     std::fs::create_dir_all(&shots).expect("a folder for screenshots");

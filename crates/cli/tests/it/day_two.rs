@@ -196,6 +196,17 @@ fn ps_lists_the_live_runs_and_stop_ends_one_that_stays_resumable() {
         ),
         "{said}"
     );
+    for outside in ["..", "../runs/live", "a/b"] {
+        let refused = day_two(&storage, mark, &["show", outside]);
+        assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).starts_with(&format!(
+                "error: invalid value `{outside}` for `NAME`: run name `{outside}` must be"
+            )),
+            "{}",
+            text(&refused)
+        );
+    }
     let unknown = day_two(&storage, mark, &["stop", "nope"]);
     assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown));
     assert!(
@@ -687,8 +698,16 @@ fn a_detached_run_goes_on_in_the_background_and_a_refused_one_leaves_nothing() {
         })
         .collect();
     assert_eq!(outputs.len(), 1, "{outputs:?}");
-    let output = std::fs::read_to_string(&outputs[0]).expect("the driver's output");
-    assert!(output.contains("trainyard: the run succeeded"), "{output}");
+    // The record says finished a moment before the driver says so.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let output = std::fs::read_to_string(&outputs[0]).expect("the driver's output");
+        if output.contains("trainyard: the run succeeded") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{output}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // Refused: the driver's word and its exit code, and no file or folder left.
     let refused = trainyard(&storage, mark)
@@ -1042,4 +1061,58 @@ fn a_run_leased_by_a_driver_on_another_host_is_running_until_the_lease_goes_stal
         statuses(&storage, mark),
         [("leased".to_owned(), "finished".to_owned())]
     );
+}
+
+#[test]
+fn stacks_never_sends_sigquit_to_a_driver_that_does_not_take_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = dir.path().join("runs");
+    let mark = "day-two-sigquit";
+    let done = trainyard(&storage, mark)
+        .args([
+            "run",
+            "-n",
+            "1",
+            "--backend",
+            "none",
+            "--name",
+            "library",
+            "--",
+            "true",
+        ])
+        .output()
+        .expect("trainyard runs");
+    assert_eq!(done.status.code(), Some(0), "{}", text(&done));
+    // A program of its own drives the run (as a library user's would): SIGQUIT would kill it.
+    let mut program = Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("sleep starts");
+    let pid = program.id();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("its stat");
+    let start_ticks: u64 = stat
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(19))
+        .and_then(|ticks| ticks.parse().ok())
+        .expect("its start time");
+    let record_file = storage.join("library").join("run.json");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record_file).expect("run.json")).expect("JSON");
+    record["status"] = serde_json::json!("running");
+    record["driver"]["pid"] = serde_json::json!(pid);
+    record["driver"]["start_ticks"] = serde_json::json!(start_ticks);
+    std::fs::write(&record_file, serde_json::to_vec(&record).expect("JSON")).expect("written");
+    let stacks = day_two(&storage, mark, &["stacks", "library"]);
+    let alive = program.try_wait().expect("try_wait").is_none();
+    let _ = program.kill();
+    let _ = program.wait();
+    assert_eq!(stacks.status.code(), Some(1), "{}", text(&stacks));
+    assert_eq!(
+        String::from_utf8_lossy(&stacks.stderr).trim_end(),
+        format!(
+            "error: the driver of run `library` (pid {pid}) does not take SIGQUIT for stacks: it is a program of its own, not `trainyard run`"
+        )
+    );
+    assert!(alive, "the program was not signalled");
 }
