@@ -80,6 +80,9 @@ pub(crate) struct LogsArgs {
     /// Begin each line with the time the driver took it in (RFC 3339, UTC)
     #[arg(long, short = 't')]
     pub(crate) timestamps: bool,
+    /// Only the last N lines written so far (with -f, then every new one)
+    #[arg(long, value_name = "N")]
+    pub(crate) tail: Option<usize>,
     #[command(flatten)]
     pub(crate) storage: StorageArgs,
     /// Output format: json prints one object a line (time, attempt, rank, stream, line)

@@ -283,7 +283,12 @@ async fn stop(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> 
         Ok(found) => found,
         Err(response) => return response,
     };
-    if driver_liveness(&record) != DriverLiveness::Alive {
+    let through_slurm = driver_liveness(&record) == DriverLiveness::Unknown
+        && record
+            .driver
+            .as_ref()
+            .is_some_and(|driver| driver.slurm_job.is_some());
+    if driver_liveness(&record) != DriverLiveness::Alive && !through_slurm {
         let why = match &record.driver {
             Some(driver) if driver_liveness(&record) == DriverLiveness::Unknown => format!(
                 "run `{name}` is driven on host {} (pid {}): stop it there",

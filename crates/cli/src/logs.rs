@@ -102,9 +102,15 @@ pub(crate) fn run(args: &LogsArgs) -> Result<(), Failure> {
     let mut tail = Tail::default();
     let mut record_read = Instant::now();
     let mut unreadable = 0u32;
+    let mut first = args.tail;
     loop {
         if let Some(source) = &source {
-            if !out.lines(attempt, tail.read(&source.dir, ranks.as_ref()))? {
+            let mut lines = tail.read(&source.dir, ranks.as_ref());
+            // `--tail N`: of what was there when this began, the last N lines.
+            if let Some(keep) = first.take() {
+                lines.drain(..lines.len().saturating_sub(keep));
+            }
+            if !out.lines(attempt, lines)? {
                 return Ok(());
             }
         }

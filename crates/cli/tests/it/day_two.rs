@@ -531,6 +531,13 @@ if [ "$R" = 0 ]; then echo m1; sleep 0.6; echo m3; else sleep 0.3; echo m2 >&2; 
         String::from_utf8_lossy(&beyond.stderr).trim_end(),
         "error: invalid value `2` for `--attempt`: run `logged` has 2 attempts (0 to 1)"
     );
+    let last = day_two(&storage, mark, &["logs", "logged", "--tail", "2"]);
+    assert_eq!(
+        String::from_utf8_lossy(&last.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        ["(rank=1) m2", "(rank=0) m3"]
+    );
     let no_rank = day_two(&storage, mark, &["logs", "logged", "--rank", "2"]);
     assert_eq!(no_rank.status.code(), Some(2), "{}", text(&no_rank));
     assert!(left_behind(mark, Duration::from_secs(10)).is_empty());
