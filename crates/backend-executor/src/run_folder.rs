@@ -165,7 +165,7 @@ impl RunStore {
         };
         store.save().await.map_err(ExecutorError::Storage)?;
         // Once the folder is there.
-        store.lease = LeaseRenewal::start(store.folder.clone()).await;
+        store.lease = LeaseRenewal::start(store.folder.clone());
         Ok(store)
     }
 
@@ -516,8 +516,8 @@ struct LeaseRenewal(
 const LEASE_STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl LeaseRenewal {
-    /// Takes the lease (one write, waited for), then renews it in the background.
-    async fn start(folder: RunFolder) -> Self {
+    /// Takes the lease and renews it, in the background: the run does not wait for it.
+    fn start(folder: RunFolder) -> Self {
         let lease = || Lease {
             host: host_name().unwrap_or_default(),
             pid: std::process::id(),
@@ -532,15 +532,14 @@ impl LeaseRenewal {
                 }
             }
         };
-        write(folder.write_lease(&lease()).await);
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             loop {
+                write(folder.write_lease(&lease()).await);
                 tokio::select! {
                     () = tokio::time::sleep(LEASE_RENEW) => {}
                     _ = &mut stopped => return,
                 }
-                write(folder.write_lease(&lease()).await);
             }
         });
         Self(Some((stop, task)))

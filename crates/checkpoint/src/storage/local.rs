@@ -226,6 +226,16 @@ fn split(path: &Path) -> Result<(&Path, &str), StorageError> {
 /// Replaces the file at `path` with `bytes` (its folder is created): written and synced
 /// under a temporary name, then renamed, so a reader sees the old content or the new.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    replace(path, bytes, true)
+}
+
+/// Replaces the file at `path` with `bytes` as [`write_atomically`] does, but without waiting
+/// for the disk: for what a crash may lose (a lease, renewed again in seconds).
+pub(crate) fn replace_unsynced(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    replace(path, bytes, false)
+}
+
+fn replace(path: &Path, bytes: &[u8], sync: bool) -> Result<(), StorageError> {
     let (dir, name) = split(path)?;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -242,7 +252,7 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StorageE
         .open(&temp)
         .and_then(|mut file| {
             file.write_all(bytes)?;
-            file.sync_all()
+            if sync { file.sync_all() } else { Ok(()) }
         });
     let renamed = written.and_then(|()| std::fs::rename(&temp, path));
     if let Err(error) = renamed {

@@ -406,7 +406,7 @@ impl RunFolder {
             Backend::Local(root) => {
                 let path = Self::local_dir(root, &self.name).join(LEASE_FILE);
                 blocking("write", &path.clone(), move || {
-                    local::write_atomically(&path, &bytes)
+                    local::replace_unsynced(&path, &bytes)
                 })
                 .await
             }

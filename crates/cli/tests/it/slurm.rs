@@ -251,6 +251,20 @@ fn a_cancelled_allocation_fails_the_run_with_that_cause() {
     .spawn()
     .expect("trainyard starts");
     let job = wait_for_steps(&run, 2);
+    // The tasks themselves run: a cancel while the steps still launch is a failed start,
+    // which is retried.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while common::marked(sandbox.mark())
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+        })
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "the tasks never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let status = Command::new("scancel").arg(&job).status().expect("scancel");
     assert!(status.success());
     let out = wait_bounded(child, Duration::from_secs(60));
