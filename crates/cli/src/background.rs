@@ -1,7 +1,8 @@
 //! `trainyard run --detach` on the local and Ray runtimes: the same command is started again
 //! as the run's driver in a session of its own (no terminal: closing this one does not stop
-//! it), its output going to a file; this process returns once the run's first attempt has
-//! begun — its record names the new driver — printing the run's name and how to follow it.
+//! it), its output going to a file; this process returns once the run's workers have started
+//! (the driver says so by making a file this process names) and its record names the new
+//! driver, printing the run's name and how to follow it.
 //! A driver that ends before that (bad input, nothing to schedule, a run that was quick) has
 //! its output shown here and its exit code returned, and leaves no file behind.
 //!
@@ -23,7 +24,8 @@ use crate::Failure;
 use crate::args::RunArgs;
 use crate::ps::{driven_by, open_storage_at, runtime};
 
-/// Set in the environment of a driver started in the background.
+/// Set in the environment of a driver started in the background: the file it makes once its
+/// workers have started.
 pub(crate) const BACKGROUND_VAR: &str = "TRAINYARD_BACKGROUND_DRIVER";
 
 /// How long the run may take to begin its first attempt (a Ray head coming up included)
@@ -37,6 +39,14 @@ pub(crate) fn is_background_driver() -> bool {
     std::env::var_os(BACKGROUND_VAR).is_some()
 }
 
+/// Tells the process that started this driver in the background that the run's workers have
+/// started (the file it waits for); nothing for a driver in the foreground.
+pub(crate) fn say_started() {
+    if let Some(ready) = std::env::var_os(BACKGROUND_VAR).filter(|path| !path.is_empty()) {
+        let _ = std::fs::write(ready, b"");
+    }
+}
+
 /// Leaves the terminal's session, so that its hang-up and its Ctrl-C never reach this driver.
 pub(crate) fn leave_the_terminal() {
     let _ = nix::unistd::setsid();
@@ -47,7 +57,13 @@ pub(crate) fn leave_the_terminal() {
 pub(crate) fn detach(args: &RunArgs, name: &str, resume: ResumePolicy) -> Result<(), Failure> {
     let storage = open_storage_at(crate::args::storage_given(args.storage.as_deref()))?;
     let mut output = Output::open(args.output.as_deref(), &storage, name)?;
-    let mut child = spawn(args.name.is_none().then_some(name), &output)?;
+    // The driver says its workers have started by making this file.
+    let signal = tempfile::Builder::new()
+        .prefix("trainyard-detach-")
+        .tempdir()
+        .map_err(Failure::other)?;
+    let ready = signal.path().join("started");
+    let mut child = spawn(args.name.is_none().then_some(name), &output, &ready)?;
     let pid = child.id();
     let runtime = runtime()?;
     let started = Instant::now();
@@ -68,9 +84,11 @@ pub(crate) fn detach(args: &RunArgs, name: &str, resume: ResumePolicy) -> Result
                 ))),
             };
         }
-        let found = runtime.block_on(driven_by(&storage, name, resume, pid));
-        if let Some(found) = found.filter(|record| !record.attempts.is_empty()) {
-            break Some(found);
+        // Placed and started: a run refused (nothing to schedule it on) never gets here.
+        if ready.exists() {
+            if let Some(found) = runtime.block_on(driven_by(&storage, name, resume, pid)) {
+                break Some(found);
+            }
         }
         if started.elapsed() > START_LIMIT {
             break None;
@@ -95,7 +113,7 @@ pub(crate) fn detach(args: &RunArgs, name: &str, resume: ResumePolicy) -> Result
 
 /// The same command line, as the driver of the run in the background; `generated` is the
 /// name it is given when the command gave none.
-fn spawn(generated: Option<&str>, output: &Output) -> Result<Child, Failure> {
+fn spawn(generated: Option<&str>, output: &Output, ready: &Path) -> Result<Child, Failure> {
     let exe = std::env::current_exe().map_err(Failure::other)?;
     let mut words: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     // `run` is the first word (no flag comes before the subcommand): the name goes after it,
@@ -108,7 +126,7 @@ fn spawn(generated: Option<&str>, output: &Output) -> Result<Child, Failure> {
     let err = output.file.try_clone().map_err(Failure::other)?;
     Command::new(exe)
         .args(words)
-        .env(BACKGROUND_VAR, "1")
+        .env(BACKGROUND_VAR, ready)
         .stdin(Stdio::null())
         .stdout(file)
         .stderr(err)

@@ -256,7 +256,11 @@ async fn latest_stacks(State(state): State<Arc<Dashboard>>, Path(name): Path<Str
         });
     let (file, text) = match latest {
         Some(file) => {
-            let text = read_no_link(&file);
+            let text = crate::logs::open_regular(&file).and_then(|mut opened| {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut opened, &mut text).ok()?;
+                Some(text)
+            });
             (Some(file.display().to_string()), text)
         }
         None => (None, None),
@@ -283,14 +287,15 @@ async fn stop(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> 
         Ok(found) => found,
         Err(response) => return response,
     };
-    let through_slurm = driver_liveness(&record) == DriverLiveness::Unknown
+    let liveness = driver_liveness(&record);
+    let through_slurm = liveness == DriverLiveness::Unknown
         && record
             .driver
             .as_ref()
             .is_some_and(|driver| driver.slurm_job.is_some());
-    if driver_liveness(&record) != DriverLiveness::Alive && !through_slurm {
+    if liveness != DriverLiveness::Alive && !through_slurm {
         let why = match &record.driver {
-            Some(driver) if driver_liveness(&record) == DriverLiveness::Unknown => format!(
+            Some(driver) if liveness == DriverLiveness::Unknown => format!(
                 "run `{name}` is driven on host {} (pid {}): stop it there",
                 driver.host, driver.pid
             ),
@@ -330,19 +335,4 @@ async fn stop_run(folder: &RunFolder, record: RunRecord, name: &str) {
             ),
         }
     }
-}
-
-/// The text of the regular file at `path`, never through a link (a FIFO does not block).
-fn read_no_link(path: &std::path::Path) -> Option<String> {
-    use std::io::Read as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
-        .open(path)
-        .ok()
-        .filter(|file| file.metadata().is_ok_and(|meta| meta.is_file()))?;
-    let mut text = String::new();
-    file.read_to_string(&mut text).ok()?;
-    Some(text)
 }

@@ -264,16 +264,7 @@ impl Tail {
                 if self.files.contains_key(&rank) || ranks.is_some_and(|r| !r.contains(&rank)) {
                     continue;
                 }
-                // Never through a link; a FIFO planted there must not block the read.
-                let opened = std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(
-                        (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits(),
-                    )
-                    .open(entry.path())
-                    .ok()
-                    .filter(|file| file.metadata().is_ok_and(|meta| meta.is_file()));
-                if let Some(file) = opened {
+                if let Some(file) = open_regular(&entry.path()) {
                     self.files.insert(
                         rank,
                         RankFile {
@@ -351,13 +342,7 @@ pub(crate) fn tails(dir: &Path, lines: usize, bytes: u64) -> BTreeMap<u32, Vec<L
         let Some(rank) = entry.file_name().to_str().and_then(rank_of) else {
             continue;
         };
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
-            .open(entry.path())
-            .ok()
-            .filter(|file| file.metadata().is_ok_and(|meta| meta.is_file()));
-        let Some(mut file) = opened else {
+        let Some(mut file) = open_regular(&entry.path()) else {
             continue;
         };
         let size = file.metadata().map_or(0, |meta| meta.len());
@@ -379,6 +364,17 @@ pub(crate) fn tails(dir: &Path, lines: usize, bytes: u64) -> BTreeMap<u32, Vec<L
         tails.insert(rank, read.split_off(keep));
     }
     tails
+}
+
+/// The regular file at `path`, opened to read, never through a link (and a FIFO planted
+/// there does not block the open).
+pub(crate) fn open_regular(path: &Path) -> Option<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
+        .open(path)
+        .ok()
+        .filter(|file| file.metadata().is_ok_and(|meta| meta.is_file()))
 }
 
 /// `rank_3.log` → 3.

@@ -120,6 +120,9 @@ pub(crate) fn print_events(
             Next::Event(event) => event,
         };
         seen.note(&event);
+        if matches!(event, RunEvent::AttemptStarted { .. }) {
+            crate::background::say_started();
+        }
         if let Some(notify) = &shown.notify {
             notify.run_event(&event);
         }

@@ -132,24 +132,39 @@ pub(crate) async fn stop(
             wait_for_end(folder, pid, KILL_WAIT, Some(AGAIN_EVERY)).await
         }
     };
-    let Some(mut record) = ended else {
+    let Some(record) = ended else {
         return Err(Failure::other(format!(
             "the driver of run `{}` (pid {}) is still there after it was interrupted twice",
             name, driver.pid
         )));
     };
+    stopped(folder, Some(record), &driver, started, "").await
+}
+
+/// Records the run of `record` (its record once its driver ended, when it could be read) as
+/// stopped, and says so; `via` tells how its driver was reached.
+async fn stopped(
+    folder: &RunFolder,
+    record: Option<RunRecord>,
+    driver: &trainyard::checkpoint::DriverRecord,
+    started: Instant,
+    via: &str,
+) -> Result<Stopped, Failure> {
+    let name = folder.name();
     // A driver interrupted twice exits without writing its record: it was this command's
     // interrupts that ended it all the same.
-    if matches!(record.status, RunStatus::Interrupted | RunStatus::Running) {
-        record.status = RunStatus::Stopped;
-        folder.save(&record).await.map_err(Failure::other)?;
+    if let Some(mut record) = record {
+        if matches!(record.status, RunStatus::Interrupted | RunStatus::Running) {
+            record.status = RunStatus::Stopped;
+            folder.save(&record).await.map_err(Failure::other)?;
+        }
     }
     let seconds = started.elapsed().as_secs_f64();
     Ok(Stopped {
         status: "stopped",
         seconds: Some(seconds),
         message: format!(
-            "trainyard: run `{name}` stopped in {seconds:.1}s (its driver was pid {} on {}); the same command resumes it",
+            "trainyard: run `{name}` stopped in {seconds:.1}s (its driver was pid {} on {}{via}); the same command resumes it",
             driver.pid, driver.host
         ),
     })
@@ -204,21 +219,14 @@ async fn stop_through_slurm(
         scancel(name, &[&job]).await?;
         record = folder.load().await.ok().flatten();
     }
-    if let Some(mut record) = record {
-        if matches!(record.status, RunStatus::Interrupted | RunStatus::Running) {
-            record.status = RunStatus::Stopped;
-            folder.save(&record).await.map_err(Failure::other)?;
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    Ok(Stopped {
-        status: "stopped",
-        seconds: Some(seconds),
-        message: format!(
-            "trainyard: run `{name}` stopped in {seconds:.1}s (its driver was pid {} on {}, in Slurm job {job}); the same command resumes it",
-            driver.pid, driver.host
-        ),
-    })
+    stopped(
+        folder,
+        record,
+        driver,
+        started,
+        &format!(", in Slurm job {job}"),
+    )
+    .await
 }
 
 /// `scancel ARGS` for run `name` (the job id last).
