@@ -393,8 +393,18 @@ pub struct Ledger {
     owner: Owner,
     instance: u64,
     /// The run's agents, recorded in its entry.
-    members: Mutex<BTreeSet<Member>>,
+    members: Mutex<Members>,
+    /// How many changes to the members the file has: held while they are written, so that
+    /// one write records every change made before it.
+    recorded: Mutex<u64>,
     _live: Flock<File>,
+}
+
+/// The run's agents, and how many changes were made to them.
+#[derive(Debug, Default)]
+struct Members {
+    set: BTreeSet<Member>,
+    changes: u64,
 }
 
 /// The ledger's files, and their mode.
@@ -466,7 +476,8 @@ impl Ledger {
             run: run.to_owned(),
             owner,
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
-            members: Mutex::new(BTreeSet::new()),
+            members: Mutex::new(Members::default()),
+            recorded: Mutex::new(0),
             _live: live,
         })
     }
@@ -528,8 +539,9 @@ impl Ledger {
     /// # Errors
     /// As [`Ledger::update`]; the member is recorded with the next update then.
     pub fn add_member(&self, member: Member) -> Result<(), LedgerError> {
-        crate::lock(&self.members).insert(member);
-        self.record_members()
+        self.change_members(|set| {
+            set.insert(member);
+        })
     }
 
     /// Removes `member` (once it has ended and been reaped) from the run's entry.
@@ -537,25 +549,47 @@ impl Ledger {
     /// # Errors
     /// As [`Ledger::update`]; the member is removed with the next update then.
     pub fn remove_member(&self, member: Member) -> Result<(), LedgerError> {
-        crate::lock(&self.members).remove(&member);
-        self.record_members()
+        self.change_members(|set| {
+            set.remove(&member);
+        })
     }
 
     /// The run's members now.
     fn members(&self) -> BTreeSet<Member> {
-        crate::lock(&self.members).clone()
+        crate::lock(&self.members).set.clone()
     }
 
-    /// Writes the run's members into its entry (when it holds anything).
-    fn record_members(&self) -> Result<(), LedgerError> {
+    /// Changes the run's members, and returns once the ledger has the change: written by
+    /// this call, or by another made meanwhile (the agents of a run join and leave at about
+    /// the same time, and each write reads, checks and writes the whole ledger, so one
+    /// write records what many calls waited on).
+    fn change_members(
+        &self,
+        change: impl FnOnce(&mut BTreeSet<Member>),
+    ) -> Result<(), LedgerError> {
+        let this = {
+            let mut members = crate::lock(&self.members);
+            change(&mut members.set);
+            members.changes += 1;
+            members.changes
+        };
+        let mut recorded = crate::lock(&self.recorded);
+        if *recorded >= this {
+            return Ok(());
+        }
+        let (members, changes) = {
+            let members = crate::lock(&self.members);
+            (members.set.clone(), members.changes)
+        };
         self.files.locked(|contents| {
-            let members = self.members();
             for entry in &mut contents.runs {
                 if entry.is(self.owner, self.instance) {
                     entry.members.clone_from(&members);
                 }
             }
-        })
+        })?;
+        *recorded = changes;
+        Ok(())
     }
 }
 
@@ -683,5 +717,55 @@ mod tests {
         ledger.remove_member(me).expect("removed");
         ledger.remove_member(other).expect("removed");
         assert_eq!(members(&path), [BTreeSet::new()]);
+    }
+
+    #[test]
+    fn members_that_join_at_once_are_each_in_the_ledger_when_their_join_returns() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("ledger");
+        let ledger = Ledger::open(&path, "members").expect("opened");
+        let bundle = HeldBundle {
+            resources: "CPU=1".parse().expect("resources"),
+            devices: std::collections::BTreeMap::new(),
+        };
+        ledger.update(|_| (vec![bundle], ())).expect("updated");
+        let (me, _) = this_process();
+        let recorded = |member: Member| {
+            live_runs(&path)
+                .expect("runs")
+                .iter()
+                .any(|entry| entry.members.contains(&member))
+        };
+        let joined: Vec<Member> = std::thread::scope(|scope| {
+            let joins: Vec<_> = (0..16u64)
+                .map(|n| {
+                    let (ledger, recorded) = (&ledger, &recorded);
+                    scope.spawn(move || {
+                        let member = Member {
+                            start_time: me.start_time.wrapping_add(n),
+                            ..me
+                        };
+                        ledger.add_member(member).expect("added");
+                        assert!(recorded(member), "in the ledger once its join returned");
+                        member
+                    })
+                })
+                .collect();
+            joins
+                .into_iter()
+                .map(|join| join.join().expect("joined"))
+                .collect()
+        });
+        assert_eq!(ledger.members().len(), 16);
+        std::thread::scope(|scope| {
+            for member in &joined {
+                let (ledger, recorded) = (&ledger, &recorded);
+                scope.spawn(move || {
+                    ledger.remove_member(*member).expect("removed");
+                    assert!(!recorded(*member), "gone once its leave returned");
+                });
+            }
+        });
+        assert!(live_runs(&path).expect("runs")[0].members.is_empty());
     }
 }
