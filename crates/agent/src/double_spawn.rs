@@ -1,20 +1,18 @@
 //! This very program, started again in another part: what a runtime starts as an agent, and
-//! what the agent starts as its watchdog and as each command task's trampoline, is the
-//! binary that called `run_if_agent`. [`SelfExec::of_this_process`] tells which part a
+//! what the agent starts as its watchdog when it cannot fork one (it has other threads: a
+//! test harness serving as the agent), is the binary that called `run_if_agent`. [`SelfExec::of_this_process`] tells which part a
 //! process was started as, and [`SelfExec::command`] starts one.
 
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use trainyard_wire::config::{ROLE, ROLE_AGENT, ROLE_EXEC, ROLE_WATCHDOG};
+use trainyard_wire::config::{ROLE, ROLE_AGENT, ROLE_WATCHDOG};
 
 /// A part this program plays when started again ([`ROLE`] in its environment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SelfExec {
     /// A worker's agent, started by a runtime.
     Agent,
-    /// A command task's trampoline, started by the agent.
-    Exec,
     /// The agent's watchdog, started by the agent.
     Watchdog,
 }
@@ -24,7 +22,6 @@ impl SelfExec {
     pub(crate) fn of_this_process() -> Option<Self> {
         match std::env::var(ROLE).as_deref() {
             Ok(ROLE_AGENT) => Some(Self::Agent),
-            Ok(ROLE_EXEC) => Some(Self::Exec),
             Ok(ROLE_WATCHDOG) => Some(Self::Watchdog),
             _ => None,
         }
@@ -33,7 +30,6 @@ impl SelfExec {
     const fn role(self) -> &'static str {
         match self {
             Self::Agent => ROLE_AGENT,
-            Self::Exec => ROLE_EXEC,
             Self::Watchdog => ROLE_WATCHDOG,
         }
     }

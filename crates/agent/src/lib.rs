@@ -62,7 +62,7 @@
 //!
 //! # Main items
 //!
-//! - [`run_if_agent`]: serve as an agent (or a task's trampoline) when started as one
+//! - [`run_if_agent`]: serve as an agent (or an agent's watchdog) when started as one
 //!   (`trainyard_wire::config::skipped_run_if_agent`: whether a process started as one
 //!   forgot to).
 //! - The protocol, the agent's configuration and the variables of its environment are the
@@ -74,7 +74,6 @@ mod agent;
 mod descendants;
 mod diagnostics;
 mod double_spawn;
-mod exec;
 mod handin;
 mod lines;
 mod output;
@@ -89,7 +88,6 @@ mod workdir;
 
 use std::process::ExitCode;
 
-pub use exec::CANNOT_EXECUTE;
 pub use lines::MAX_LINE;
 pub use report::{MAX_REPORT, REPORT_ADDR, REPORT_TOKEN};
 pub use stacks::PY_SPY;
@@ -98,7 +96,7 @@ use trainyard_wire::config;
 
 use double_spawn::SelfExec;
 
-/// Runs this process as an agent, or as a task's trampoline, when the runtime started it as
+/// Runs this process as an agent, or as an agent's watchdog, when it was started as
 /// one ([`config::ROLE`] in its environment), serving the functions of `functions` (the
 /// built-ins are always there); returns the exit code then. Returns `None` in a process the
 /// user started: it goes on as itself.
@@ -107,7 +105,6 @@ pub fn run_if_agent(functions: FunctionRegistry) -> Option<ExitCode> {
     config::entered_run_if_agent();
     Some(match SelfExec::of_this_process()? {
         SelfExec::Agent => agent::main(FunctionRegistry::with_builtins().merge(functions)),
-        SelfExec::Exec => exec::run(),
         SelfExec::Watchdog => watchdog::run(),
     })
 }

@@ -1,4 +1,5 @@
-//! A command task: resolved, started through the trampoline in a process group of its own,
+//! A command task: resolved, started in a session and process group of its own (set up between
+//! `fork` and `exec`: [`trainyard_sys::spawn::TaskSetup`]),
 //! its output streamed line by line, its reports taken from a socket (their checkpoints
 //! persisted by the agent), and its end turned into a [`TaskExit`] that says what happened —
 //! after a failure, with its root cause (its error file, or its output's last traceback).
@@ -17,7 +18,7 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use trainyard_runtime::events::EventSender;
@@ -25,11 +26,10 @@ use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
 
 use trainyard_sys::cgroup::OomCounter;
 use trainyard_sys::process_group;
-use trainyard_wire::config::{EXEC, ExecSpec, MemoryLimit};
+use trainyard_sys::spawn::TaskSetup;
+use trainyard_wire::config::MemoryLimit;
 
 use crate::descendants::{self, SWEEP_BOUND};
-use crate::double_spawn::SelfExec;
-use crate::exec::READY;
 use crate::handin::TaskReports;
 use crate::lines::{Lines, MAX_LINE};
 use crate::report::ReportSocket;
@@ -78,25 +78,22 @@ impl RunningCommand {
     }
 }
 
-/// How long a trampoline may take to set the task up.
-const SETUP_LIMIT: Duration = Duration::from_secs(10);
-
-/// Waits until the trampoline says it is set up ([`READY`], the first byte of its standard
-/// output), or has ended without; `false` when it did neither within [`SETUP_LIMIT`]. What
-/// comes before the byte (a test harness that serves as the agent prints its banner there) is
-/// dropped, a byte at a time so that nothing of the program's is read.
-async fn set_up(stdout: &mut ChildStdout) -> bool {
-    let ready = async {
-        let mut byte = [0u8; 1];
-        while stdout.read(&mut byte).await.is_ok_and(|read| read == 1) {
-            if byte[0] == READY {
-                return;
-            }
-        }
-        // Ended before it executed the program: its end says why.
-    };
-    tokio::time::timeout(SETUP_LIMIT, ready).await.is_ok()
+/// The set-up of a task's process that its memory limit asks for: the worker's cgroup to
+/// join (a task that cannot join a limited one is not started; one without a limit runs all
+/// the same, and its agent alone ends what it leaves), or an address-space cap. The
+/// scheduler's cgroup holds the agent, so the task too already.
+fn task_setup(memory: Option<&MemoryLimit>) -> std::io::Result<TaskSetup> {
+    let setup = TaskSetup::new(std::process::id());
+    match memory {
+        Some(MemoryLimit::Cgroup { path, .. }) => setup.join_cgroup(&path.join(PROCS), true),
+        Some(MemoryLimit::Unlimited { path }) => setup.join_cgroup(&path.join(PROCS), false),
+        Some(MemoryLimit::AddressSpace { limit }) => Ok(setup.limit_address_space(*limit)),
+        Some(MemoryLimit::Scheduler { .. }) | None => Ok(setup),
+    }
 }
+
+/// A cgroup's file of member processes.
+const PROCS: &str = "cgroup.procs";
 
 /// Finds `program` the way `execvp` would, on the task's own `PATH`.
 ///
@@ -159,14 +156,11 @@ pub(crate) async fn start(
     // Counted against the task's own environment, as the driver sent it.
     let counted = TaskReports::new(&env, events.clone());
     env.extend(reports.env());
-    let spec = ExecSpec {
-        program: resolved,
-        args,
-        parent: std::process::id(),
-        memory: memory.clone(),
-    };
-    let trampoline = SelfExec::Exec.command(&env).map_err(|e| spawn_failed(&e))?;
-    let spec = serde_json::to_string(&spec).map_err(|e| spawn_failed(&e))?;
+    let mut command = std::process::Command::new(&resolved);
+    command.args(args).env_clear().envs(&env);
+    let probe = task_setup(memory.as_ref())
+        .and_then(|setup| setup.apply(&mut command))
+        .map_err(|e| spawn_failed(&e))?;
     let cgroup = match &memory {
         Some(MemoryLimit::Cgroup { path, limit }) => {
             OomCounter::open(path).map(|counter| CgroupLimit {
@@ -185,28 +179,19 @@ pub(crate) async fn start(
         _ => None,
     };
     descendants::task_starting();
-    let mut child = Command::from(trampoline)
-        .env(EXEC, spec)
+    // Returns once the program is executing: set up (cgroup, session, parent-death signal)
+    // between `fork` and `exec`, or not started, with the step that failed.
+    let mut child = Command::from(command)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| spawn_failed(&e))?;
+        .map_err(|e| spawn_failed(&probe.explain(e)))?;
     let pid = child
         .id()
         .ok_or_else(|| spawn_failed(&"the process ended at once"))?;
-    // Signals go to the task's group only once the trampoline leads it (`setsid`).
-    let set = match child.stdout.as_mut() {
-        Some(stdout) => set_up(stdout).await,
-        None => false,
-    };
-    if !set {
-        return Err(spawn_failed(
-            &"the task's process did not set itself up in time",
-        ));
-    }
-    // The trampoline is this process's unreaped child: its pid is its own still.
+    // The task is this process's unreaped child: its pid is its own still.
     match trainyard_sys::procfs::read_stat(pid)
         .ok()
         .flatten()
@@ -222,12 +207,16 @@ pub(crate) async fn start(
     if let Some(dir) = &worker_cgroup {
         watchdog.kill_cgroup_at_end(dir);
     }
-    // The trampoline is set up: whether it joined the worker's cgroup is known.
-    // An agent that joined it itself (for a function task) would have its helpers there too.
-    let in_cgroup = worker_cgroup.as_deref().is_some_and(|dir| {
-        trainyard_sys::cgroup::holds(dir, pid)
-            && !trainyard_sys::cgroup::holds(dir, std::process::id())
-    });
+    // The task is set up: whether it joined the worker's cgroup is known. An agent that
+    // joined it itself (for a function task) would have its helpers there too.
+    let joined = probe.joined_cgroup() == Some(true);
+    if let (Some(dir), false) = (&worker_cgroup, joined) {
+        tracing::warn!(cgroup = %dir.display(), "the task runs outside the worker's cgroup");
+    }
+    let in_cgroup = joined
+        && worker_cgroup
+            .as_deref()
+            .is_some_and(|dir| !trainyard_sys::cgroup::holds(dir, std::process::id()));
     let (done_tx, done) = watch::channel(None);
     let watchdog = watchdog.clone();
     let outputs = [

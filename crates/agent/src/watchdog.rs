@@ -1,5 +1,5 @@
-//! The agent's watchdog: a small process of its own (this very binary, started again) that
-//! SIGKILLs the process groups of the agent's tasks, and the processes of the worker's
+//! The agent's watchdog: a small process of its own (forked by the agent before it starts any
+//! thread; this very binary started again where it cannot be) that SIGKILLs the process groups of the agent's tasks, and the processes of the worker's
 //! cgroup, once the agent is gone, however it went.
 //!
 //! The agent kills what its task left itself when it exits normally ([`crate::descendants`]),
@@ -13,12 +13,14 @@
 //! which the watchdog deletes after the kill, as the agent itself would have; end of file
 //! means the agent is gone. Without a cgroup, what a task detached from its group (`setsid`)
 //! outlives an agent killed by SIGKILL. The watchdog leads its own process group (a kill of
-//! the agent's group does not reach it) and inherits nothing of the agent's environment. The agent writes those lines from a thread
+//! the agent's group does not reach it) and holds none of the agent's descriptors but its end
+//! of the pipe and standard error (a forked one closes the rest: the ledger's liveness lock
+//! goes with the agent). The agent writes those lines from a thread
 //! of its own, so that a watchdog slow to read never holds up the agent, and waits for them
 //! to be written before it exits.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead as _, Write};
+use std::io::{BufRead, Write};
 use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Child, ExitCode, Stdio};
@@ -44,8 +46,22 @@ pub(crate) struct Watchdog {
 #[derive(Debug)]
 struct Running {
     lines: Mutex<mpsc::Sender<Message>>,
-    /// Kept so that the watchdog is not reaped by anyone else; it exits on its own.
-    child: Child,
+    pid: u32,
+    /// A watchdog started as a program, kept so that it is not reaped by anyone else; it
+    /// exits on its own. A forked one is this process's child all the same.
+    _program: Option<Child>,
+}
+
+/// What a forked watchdog is called (`/proc/<pid>/comm`); one started as a program has
+/// [`ROLE`](trainyard_wire::config::ROLE) `watchdog` in its environment instead.
+pub(crate) const NAME: &std::ffi::CStr = c"trainyard-wdog";
+
+/// A watchdog just started: its pid, the agent's end of its input, and the child when it
+/// was started as a program.
+struct Started {
+    pid: u32,
+    input: Box<dyn Write + Send>,
+    program: Option<Child>,
 }
 
 /// What the writing thread is asked to do.
@@ -58,32 +74,31 @@ enum Message {
 }
 
 impl Watchdog {
-    /// Starts the watchdog of this agent. Without one (it cannot be started), tasks still
-    /// end with the agent in every case but a SIGKILL of the agent; the agent says so
-    /// through `diagnostics` and goes on.
+    /// Starts the watchdog of this agent: forked, while the agent has a single thread (as
+    /// it has when it calls this first thing), else this program started again. Without one
+    /// (it cannot be started), tasks still end with the agent in every case but a SIGKILL
+    /// of the agent; the agent says so through `diagnostics` and goes on.
     pub(crate) fn start(diagnostics: &Diagnostics) -> Self {
-        let started = SelfExec::Watchdog
-            .command(&BTreeMap::new())
-            .and_then(|mut command| {
-                let mut child = command
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::inherit())
-                    .process_group(0)
-                    .spawn()?;
-                let stdin = child
-                    .stdin
-                    .take()
-                    .ok_or_else(|| std::io::Error::other("the watchdog has no stdin"))?;
-                let (lines, pending) = mpsc::channel();
-                std::thread::Builder::new()
-                    .name("trainyard-watchdog".to_owned())
-                    .spawn(move || write_lines(stdin, &pending))?;
-                Ok(Running {
-                    lines: Mutex::new(lines),
-                    child,
-                })
-            });
+        let started = Self::fork()
+            .transpose()
+            .unwrap_or_else(Self::start_program)
+            .and_then(
+                |Started {
+                     pid,
+                     input,
+                     program,
+                 }| {
+                    let (lines, pending) = mpsc::channel();
+                    std::thread::Builder::new()
+                        .name("watchdog-lines".to_owned())
+                        .spawn(move || write_lines(input, &pending))?;
+                    Ok(Running {
+                        lines: Mutex::new(lines),
+                        pid,
+                        _program: program,
+                    })
+                },
+            );
         match started {
             Ok(running) => Self {
                 running: Some(Arc::new(running)),
@@ -95,6 +110,40 @@ impl Watchdog {
                 Self::default()
             }
         }
+    }
+
+    /// Forks the watchdog; `None` when this process has other threads already.
+    fn fork() -> std::io::Result<Option<Started>> {
+        let (output, input) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let forked = trainyard_sys::spawn::fork_single_threaded(NAME, output, |lines| {
+            follow(std::io::BufReader::new(lines));
+            0
+        })?;
+        Ok(forked.map(|pid| Started {
+            pid,
+            input: Box::new(std::fs::File::from(input)),
+            program: None,
+        }))
+    }
+
+    /// Starts this program again as the watchdog.
+    fn start_program() -> std::io::Result<Started> {
+        let mut child = SelfExec::Watchdog
+            .command(&BTreeMap::new())?
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .spawn()?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("the watchdog has no stdin"))?;
+        Ok(Started {
+            pid: child.id(),
+            input: Box::new(stdin),
+            program: Some(child),
+        })
     }
 
     /// Tells the watchdog about a task's process group, led by the task's process, which
@@ -121,7 +170,7 @@ impl Watchdog {
 
     /// The watchdog's process id, once it is started: a process of the agent's own.
     pub(crate) fn pid(&self) -> Option<u32> {
-        self.running.as_ref().map(|running| running.child.id())
+        self.running.as_ref().map(|running| running.pid)
     }
 
     /// Asks the watchdog to delete `dir`, the agent's private directory, once the agent is
@@ -217,14 +266,19 @@ fn parse(line: &str) -> Option<Line> {
     }
 }
 
-/// The watchdog's `main`: follows the agent's lines until end of file, then SIGKILLs every
-/// group still watched and every process of the cgroups it was given, and deletes the
-/// directories it was given.
+/// The `main` of a watchdog started as a program: [`follow`]s its standard input.
 pub(crate) fn run() -> ExitCode {
+    follow(std::io::stdin().lock());
+    ExitCode::SUCCESS
+}
+
+/// Follows the agent's lines until end of file, then SIGKILLs every group still watched and
+/// every process of the cgroups it was given, and deletes the directories it was given.
+fn follow(input: impl BufRead) {
     let mut groups = BTreeMap::new();
     let mut cgroups = BTreeSet::new();
     let mut dirs = Vec::new();
-    for line in std::io::stdin().lock().lines() {
+    for line in input.lines() {
         let Ok(line) = line else {
             break;
         };
@@ -254,7 +308,6 @@ pub(crate) fn run() -> ExitCode {
         // Gone already when the agent exited normally: it deletes its directory itself.
         let _ = std::fs::remove_dir_all(dir);
     }
-    ExitCode::SUCCESS
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ const EXIT_UNSCHEDULABLE: u8 = 3;
 const EXIT_INTERRUPTED: u8 = 130;
 
 fn main() -> ExitCode {
-    // The runtime starts this binary again as each worker's agent (and task trampoline).
+    // The runtime starts this binary again as each worker's agent.
     if let Some(code) = trainyard::run_if_agent(trainyard::runtime::FunctionRegistry::new()) {
         return code;
     }

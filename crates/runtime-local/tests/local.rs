@@ -134,7 +134,7 @@ fn spin_until(until: std::time::Instant) {
     }
 }
 
-/// This test binary as the agent, serving [`functions`] (function tasks need no trampoline).
+/// This test binary as the agent, serving [`functions`].
 fn functions_agent() -> AgentCommand {
     entry_agent("agent_entry")
 }
@@ -207,7 +207,7 @@ fn running(pid: u32) -> bool {
     }
 }
 
-/// Waits until the task `pid` is `sleep` (its trampoline has executed it).
+/// Waits until the task `pid` is `sleep` (its `sh` has executed it).
 async fn sleeping(pid: u32) {
     let deadline = Instant::now() + GONE_WITHIN;
     loop {

@@ -10,7 +10,11 @@
 //!   worker's: [`join_self`](cgroup::join_self) before `exec`, an
 //!   [`OomCounter`](cgroup::OomCounter) that tells an OOM kill from a crash, and
 //!   [`kill_members`](cgroup::kill_members) at a task's end.
+//! - [`spawn`]: a task's process set up between `fork` and `exec` (cgroup, address-space
+//!   limit, session, parent-death signal), and a helper forked from a single-threaded
+//!   process. The workspace's only `unsafe` code, in that one module.
 
 pub mod cgroup;
 pub mod process_group;
 pub mod procfs;
+pub mod spawn;

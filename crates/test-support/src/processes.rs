@@ -22,6 +22,11 @@ pub const STORAGE: &str = "TRAINYARD_STORAGE";
 /// (`trainyard_wire::config::ROLE` set to `ROLE_WATCHDOG`, see `crates/agent/src/watchdog.rs`).
 const WATCHDOG_ROLE: &[u8] = b"TRAINYARD_ROLE=watchdog";
 
+/// What a watchdog the agent forked is called (`/proc/<pid>/comm`; `NAME` in
+/// `crates/agent/src/watchdog.rs`). It carries its agent's environment, the test's marker
+/// among it.
+const WATCHDOG_NAME: &str = "trainyard-wdog";
+
 /// The environment entry of a worker agent.
 const AGENT_ROLE: &[u8] = b"TRAINYARD_ROLE=agent";
 
@@ -87,7 +92,8 @@ impl Drop for Sandbox {
 }
 
 /// Live (not zombie) processes whose environment holds `MARKER=mark`, and the watchdogs
-/// they started (a watchdog starts with an empty environment, so it carries no marker).
+/// they started (a forked one carries the marker; one started as a program starts with an
+/// empty environment, so it carries none).
 pub fn marked(mark: &str) -> Vec<u32> {
     let needle = format!("{MARKER}={mark}");
     let live: Vec<u32> = pids().filter(|pid| !is_zombie(*pid)).collect();
@@ -99,7 +105,7 @@ pub fn marked(mark: &str) -> Vec<u32> {
     let watchdogs: Vec<u32> = live
         .iter()
         .copied()
-        .filter(|pid| is_watchdog(*pid))
+        .filter(|pid| !found.contains(pid) && is_watchdog(*pid))
         .filter(|pid| stat(*pid).is_some_and(|s| found.contains(&s.parent)))
         .collect();
     found.extend(watchdogs);
@@ -125,9 +131,12 @@ pub fn orphaned_watchdogs() -> Vec<u32> {
         .collect()
 }
 
-/// Whether `pid` is an agent's watchdog (its environment holds nothing but its role).
+/// Whether `pid` is an agent's watchdog: one the agent forked (named [`WATCHDOG_NAME`]), or
+/// one started as a program (its environment holds nothing but its role).
 pub fn is_watchdog(pid: u32) -> bool {
-    environ_has(pid, WATCHDOG_ROLE)
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|comm| comm.trim_end() == WATCHDOG_NAME)
+        || environ_has(pid, WATCHDOG_ROLE)
 }
 
 /// Waits up to `limit` for every marked process, and every watchdog left behind by this

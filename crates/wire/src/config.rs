@@ -12,19 +12,16 @@ use trainyard_runtime::{ActorId, NodeId};
 
 use crate::token::Token;
 
-/// Selects what a binary that calls `trainyard_agent::run_if_agent` does: [`ROLE_AGENT`],
-/// [`ROLE_EXEC`] or [`ROLE_WATCHDOG`].
+/// Selects what a binary that calls `trainyard_agent::run_if_agent` does: [`ROLE_AGENT`] or
+/// [`ROLE_WATCHDOG`].
 pub const ROLE: &str = "TRAINYARD_ROLE";
 /// Serve as a worker agent.
 pub const ROLE_AGENT: &str = "agent";
-/// Be the trampoline that sets up a task's process and executes its program.
-pub const ROLE_EXEC: &str = "exec";
-/// Be the agent's watchdog, which kills what is left of its tasks once the agent is gone.
+/// Be the agent's watchdog, which kills what is left of its tasks once the agent is gone
+/// (where the agent cannot fork it: a process with other threads already).
 pub const ROLE_WATCHDOG: &str = "watchdog";
 /// The agent's [`AgentConfig`], as JSON.
 pub const CONFIG: &str = "TRAINYARD_AGENT_CONFIG";
-/// The trampoline's [`ExecSpec`], as JSON.
-pub const EXEC: &str = "TRAINYARD_EXEC_SPEC";
 
 /// Exit code of an agent that could not start (bad configuration, no driver).
 pub const AGENT_FAILED: u8 = 2;
@@ -54,7 +51,7 @@ pub fn skipped_run_if_agent() -> bool {
 pub const LEDGER_LIVE: &str = "TRAINYARD_LEDGER_LIVE";
 
 /// Every variable of the agent's own: none reaches a task.
-pub const PRIVATE: [&str; 4] = [ROLE, CONFIG, EXEC, LEDGER_LIVE];
+pub const PRIVATE: [&str; 3] = [ROLE, CONFIG, LEDGER_LIVE];
 
 /// How the agent enforces its worker's memory limit, and the worker's cgroup when it has
 /// one.
@@ -166,17 +163,4 @@ pub fn token_line(token: &Token) -> String {
     let mut line = token.to_hex();
     line.push('\n');
     line
-}
-
-/// What the trampoline sets up before it executes the task's program.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExecSpec {
-    /// The program, resolved to a path.
-    pub program: PathBuf,
-    /// Its arguments.
-    pub args: Vec<String>,
-    /// The agent's pid: the task dies with it.
-    pub parent: u32,
-    /// The memory limit to put on the task.
-    pub memory: Option<MemoryLimit>,
 }

@@ -1,5 +1,5 @@
 //! Serving the driver's requests: where the agent runs, free ports, environment, and one
-//! task at a time (a command through the trampoline, a function on threads of its own).
+//! task at a time (a command in a process of its own, a function on threads of its own).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

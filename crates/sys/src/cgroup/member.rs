@@ -3,11 +3,11 @@
 //! Where cgroups can be made, the driver makes one per worker ([`WorkerCgroup`](super::WorkerCgroup)),
 //! with the memory limit when one was asked (`MemoryLimit::Cgroup` of `trainyard-wire`'s
 //! agent configuration), else without (`MemoryLimit::Unlimited`), and tells the agent
-//! its directory. The task's trampoline joins it with [`join_self`] before `exec`, so nothing
+//! its directory. The task's process joins it between `fork` and `exec` (`crate::spawn`), so nothing
 //! the task forks escapes the limit, nor [`kill_members`] at the task's end; a function
 //! task's agent joins a limited one itself. After a task ends, an [`OomCounter`] tells an
-//! OOM kill apart from a crash. Where the driver found no cgroup to use, the trampoline
-//! caps its own address space instead ([`limit_address_space`]), a weak per-process limit.
+//! OOM kill apart from a crash. Where the driver found no cgroup to use, the task's process
+//! caps its own address space instead (`RLIMIT_AS`), a weak per-process limit.
 //!
 //! ```no_run
 //! use std::path::Path;
@@ -17,7 +17,7 @@
 //! let worker = Path::new("/sys/fs/cgroup/job/trainyard-run.42.7/actor-0");
 //! let counter = OomCounter::open(worker).ok_or("not a memory cgroup")?;
 //! let before = counter.count();
-//! // In the task's trampoline, before `exec`:
+//! // In a process of the worker's (a task's joins between `fork` and `exec`):
 //! join_self(&worker.join("cgroup.procs"))?;
 //! // After the task ended:
 //! let killed_for_memory = counter.count() > before;
@@ -29,8 +29,6 @@
 use std::fs;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
-
-use nix::sys::resource::{Resource, setrlimit};
 
 /// Which cgroup hierarchy a mount or directory belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,15 +63,6 @@ pub enum LimitError {
         /// The cause.
         #[source]
         source: io::Error,
-    },
-    /// `setrlimit(RLIMIT_AS)` failed.
-    #[error("cannot limit the address space to {limit} bytes")]
-    AddressSpace {
-        /// The requested limit.
-        limit: u64,
-        /// The cause.
-        #[source]
-        source: nix::Error,
     },
 }
 
@@ -274,19 +263,6 @@ pub fn kill_members(dir: &Path) -> bool {
     left == 0
 }
 
-/// The RLIMIT_AS fallback for the calling process (`setrlimit`), soft = hard = `limit`.
-///
-/// It caps each process's virtual address space separately, and hitting it is an allocation
-/// error rather than a kill; CUDA processes usually break under it. Lowering the hard limit
-/// cannot be undone without privileges.
-///
-/// # Errors
-/// [`LimitError::AddressSpace`].
-pub fn limit_address_space(limit: u64) -> Result<(), LimitError> {
-    setrlimit(Resource::RLIMIT_AS, limit, limit)
-        .map_err(|source| LimitError::AddressSpace { limit, source })
-}
-
 /// The value of a `key N` line (`memory.oom_control`, `memory.events`).
 fn parse_counter(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|line| {
@@ -306,8 +282,6 @@ mod tests {
     use std::io::Read as _;
     use std::process::{Command, Stdio};
     use std::time::Duration;
-
-    const MIB: u64 = 1024 * 1024;
 
     #[test]
     fn a_process_finds_its_memory_cgroup_in_either_hierarchy() {
@@ -401,82 +375,6 @@ mod tests {
             .expect("read stderr");
         assert_eq!(status.code(), Some(1), "{status:?}: {stderr}");
         assert!(stderr.contains("MemoryError"), "{stderr}");
-    }
-
-    const RLIMIT_CHILD_ENV: &str = "TRAINYARD_CGROUP_TEST_RLIMIT_CHILD";
-    const RLIMIT_CHILD_MARKER: &str = "rlimit-child: large allocation refused, small one granted";
-
-    /// The bytes of virtual memory this process maps now (`VmSize`).
-    fn own_vm_size() -> u64 {
-        let status = fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-        let kib: u64 = parse_counter(&status.replace(':', " ").replace(" kB", ""), "VmSize")
-            .expect("VmSize line");
-        kib * 1024
-    }
-
-    /// Runs only when re-executed by `limit_address_space_makes_a_large_allocation_fail`.
-    #[test]
-    fn address_space_limit_child_entry() {
-        if std::env::var_os(RLIMIT_CHILD_ENV).is_none() {
-            eprintln!("nothing to do: this test only runs re-executed with {RLIMIT_CHILD_ENV} set");
-            return;
-        }
-        // Relative to what this test binary already maps (threads, arenas), so
-        // the limit leaves exactly 256 MiB of head room.
-        let limit = own_vm_size() + 256 * MIB;
-        limit_address_space(limit).expect("setrlimit");
-        let (soft, hard) = nix::sys::resource::getrlimit(Resource::RLIMIT_AS).expect("getrlimit");
-        assert_eq!((soft, hard), (limit, limit));
-        let mut large: Vec<u8> = Vec::new();
-        let large_result = large.try_reserve_exact(usize::try_from(512 * MIB).expect("64-bit"));
-        assert!(
-            large_result.is_err(),
-            "512 MiB were granted under RLIMIT_AS"
-        );
-        let mut small: Vec<u8> = Vec::new();
-        small
-            .try_reserve_exact(usize::try_from(16 * MIB).expect("64-bit"))
-            .expect("16 MiB must still fit");
-        println!("{RLIMIT_CHILD_MARKER}");
-    }
-
-    #[test]
-    fn limit_address_space_makes_a_large_allocation_fail() {
-        let exe = std::env::current_exe().expect("current_exe");
-        let module = module_path!()
-            .split_once("::")
-            .map_or(module_path!(), |(_, rest)| rest);
-        let name = format!("{module}::address_space_limit_child_entry");
-        let mut child = Command::new(exe)
-            .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
-            .env(RLIMIT_CHILD_ENV, "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("re-execute the test binary");
-        let status = wait_bounded(&mut child, Duration::from_secs(30));
-        let mut output = String::new();
-        for stream in [
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn io::Read>),
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn io::Read>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let mut stream = stream;
-            stream
-                .read_to_string(&mut output)
-                .expect("read child output");
-        }
-        assert!(status.success(), "{status:?}: {output}");
-        assert!(output.contains(RLIMIT_CHILD_MARKER), "{output}");
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! cgroup (cgroup v1 `memory` controller, or cgroup v2 when that hierarchy holds the memory
 //! controller) and checks that it may create children there. Each run gets one directory,
 //! [`RunCgroup`], and each worker one child, [`WorkerCgroup`], with a hard limit when one
-//! was asked. The worker's trampoline joins its cgroup before `exec`
-//! ([`join_self`]), so nothing it forks escapes the limit, nor
+//! was asked. A worker's task joins its cgroup between `fork` and `exec`
+//! ([`TaskSetup`](crate::spawn::TaskSetup); a function task's agent joins it itself,
+//! [`join_self`]), so nothing it forks escapes the limit, nor
 //! [`WorkerCgroup::kill_all`] once the worker is gone. After the worker exits,
 //! [`WorkerCgroup::oom_kills`] tells an OOM kill apart from a user error (read it *before*
 //! removing the cgroup).
@@ -23,8 +24,8 @@
 //! start time (`trainyard-<run>.<pid>.<start>`), so that [`sweep_stale`] removes those of
 //! drivers that are gone, even when their pid has been reused since.
 //!
-//! Where no cgroup can be used, the probe says why and the trampoline falls back to an
-//! address-space limit per process ([`limit_address_space`]). What the worker's own processes
+//! Where no cgroup can be used, the probe says why and the task's process falls back to an
+//! address-space limit of its own (`RLIMIT_AS`, set by the same `TaskSetup`). What the worker's own processes
 //! do about their cgroup (join it, count its OOM kills, kill what is in it) is the other half
 //! of this module: [`join_self`], [`OomCounter`], [`kill_members`].
 //!
@@ -44,7 +45,7 @@
 //! }
 //! let run = enforcement.create_run("job-42")?;
 //! let worker = run.create_worker("rank-0", 8 << 30)?;
-//! // In the worker's trampoline, before `exec`:
+//! // In a process of the worker's (a task's joins between `fork` and `exec`):
 //! join_self(&worker.procs_file())?;
 //! // After the worker exited:
 //! let killed_for_memory = worker.oom_kills() > 0;
@@ -72,8 +73,8 @@ use std::sync::Arc;
 
 pub use error::CgroupError;
 pub use member::{
-    Hierarchy, LimitError, OomCounter, holds, join_self, kill_members, limit_address_space,
-    own_memory_limit, own_oom_counter,
+    Hierarchy, LimitError, OomCounter, holds, join_self, kill_members, own_memory_limit,
+    own_oom_counter,
 };
 pub use mounts::{
     CgroupLine, CgroupLookupError, CgroupMount, CgroupQuery, OwnCgroup, own_cgroup,
