@@ -26,8 +26,8 @@ use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
 
 use trainyard_sys::cgroup::OomCounter;
 use trainyard_sys::process_group;
-use trainyard_sys::spawn::TaskSetup;
-use trainyard_wire::config::MemoryLimit;
+use trainyard_sys::spawn::{SpawnError, TaskSetup};
+use trainyard_wire::config::{MemoryLimit, PRIVATE};
 
 use crate::descendants::{self, SWEEP_BOUND};
 use crate::handin::TaskReports;
@@ -82,7 +82,7 @@ impl RunningCommand {
 /// join (a task that cannot join a limited one is not started; one without a limit runs all
 /// the same, and its agent alone ends what it leaves), or an address-space cap. The
 /// scheduler's cgroup holds the agent, so the task too already.
-fn task_setup(memory: Option<&MemoryLimit>) -> std::io::Result<TaskSetup> {
+fn task_setup(memory: Option<&MemoryLimit>) -> Result<TaskSetup, SpawnError> {
     let setup = TaskSetup::new(std::process::id());
     match memory {
         Some(MemoryLimit::Cgroup { path, .. }) => setup.join_cgroup(&path.join(PROCS), true),
@@ -158,8 +158,13 @@ pub(crate) async fn start(
     env.extend(reports.env());
     let mut command = std::process::Command::new(&resolved);
     command.args(args).env_clear().envs(&env);
+    // The agent's own variables reach no task, whatever the driver set.
+    for private in PRIVATE {
+        command.env_remove(private);
+    }
     let probe = task_setup(memory.as_ref())
-        .and_then(|setup| setup.apply(&mut command))
+        .map_err(|e| spawn_failed(&e))?
+        .apply(&mut command)
         .map_err(|e| spawn_failed(&e))?;
     let cgroup = match &memory {
         Some(MemoryLimit::Cgroup { path, limit }) => {
@@ -209,10 +214,19 @@ pub(crate) async fn start(
     }
     // The task is set up: whether it joined the worker's cgroup is known. An agent that
     // joined it itself (for a function task) would have its helpers there too.
-    let joined = probe.joined_cgroup() == Some(true);
-    if let (Some(dir), false) = (&worker_cgroup, joined) {
-        tracing::warn!(cgroup = %dir.display(), "the task runs outside the worker's cgroup");
-    }
+    let joined = match probe.cgroup_join() {
+        Some(Ok(())) => true,
+        Some(Err(error)) => {
+            tracing::warn!(%error, "the task runs outside the worker's cgroup");
+            false
+        }
+        None => {
+            if worker_cgroup.is_some() {
+                tracing::warn!("the task runs outside the worker's cgroup: it cannot be opened");
+            }
+            false
+        }
+    };
     let in_cgroup = joined
         && worker_cgroup
             .as_deref()

@@ -19,6 +19,23 @@ use crate::workdir::WorkDir;
 /// The most of an error file that is read; a longer one is not a valid record.
 const MAX_ERROR_FILE: u64 = 1024 * 1024;
 
+/// Whether the task's environment asks for an error file that the agent provides (see
+/// [`ERROR_FILE_VAR`]; one whose path the environment gives already needs no directory).
+pub(crate) fn wants_error_file(env: &BTreeMap<String, String>) -> bool {
+    env.get(ERROR_FILE_VAR)
+        .filter(|name| !name.is_empty())
+        .is_some_and(|name| env.get(name).is_none_or(String::is_empty))
+}
+
+/// The error file the task's environment names itself, if it asks for one (see
+/// [`ERROR_FILE_VAR`]).
+pub(crate) fn given_error_file(env: &BTreeMap<String, String>) -> Option<PathBuf> {
+    let name = env.get(ERROR_FILE_VAR).filter(|name| !name.is_empty())?;
+    env.get(name)
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+}
+
 /// Gives the task about to start its error file when its environment asks for one (see
 /// [`ERROR_FILE_VAR`]); the file's path, to read once it has failed.
 ///

@@ -157,8 +157,9 @@ impl TaskSetup {
     /// cannot join is not started; else it runs outside (the caller can tell afterwards).
     ///
     /// # Errors
-    /// When the file cannot be opened for writing and `required`.
-    pub fn join_cgroup(mut self, procs_file: &Path, required: bool) -> io::Result<Self> {
+    /// When the file cannot be opened for writing and `required` (a [`Step::JoinCgroup`]
+    /// error that names it).
+    pub fn join_cgroup(mut self, procs_file: &Path, required: bool) -> Result<Self, SpawnError> {
         match OpenOptions::new()
             .write(true)
             .custom_flags(OFlag::O_NOFOLLOW.bits())
@@ -171,7 +172,14 @@ impl TaskSetup {
                     required,
                 });
             }
-            Err(error) if required => return Err(error),
+            Err(error) if required => {
+                return Err(SpawnError {
+                    step: Some(Step::JoinCgroup),
+                    procs_file: Some(procs_file.to_owned()),
+                    address_space: None,
+                    source: error,
+                });
+            }
             Err(_) => {}
         }
         Ok(self)
@@ -197,7 +205,9 @@ impl TaskSetup {
         let probe = SetupProbe {
             failed: failed_rx,
             procs_file: self.join.as_ref().map(|join| join.path.clone()),
+            join_required: self.join.as_ref().is_some_and(|join| join.required),
             address_space: self.address_space,
+            records: std::sync::OnceLock::new(),
         };
         let Self {
             parent,
@@ -206,8 +216,12 @@ impl TaskSetup {
         } = self;
         let parent = i32::try_from(parent).unwrap_or(-1);
         let setup = move || -> io::Result<()> {
+            // One record per failed step: its number and its errno (on the stack).
             let fail = |step: Step, error: nix::Error| {
-                let _ = nix::unistd::write(&failed_tx, &[step as u8]);
+                let mut record = [0u8; RECORD];
+                record[0] = step as u8;
+                record[1..].copy_from_slice(&(error as i32).to_le_bytes());
+                let _ = nix::unistd::write(&failed_tx, &record);
                 io::Error::from(error)
             };
             if let Some(join) = &join {
@@ -217,7 +231,7 @@ impl TaskSetup {
                     if join.required {
                         return Err(error);
                     }
-                    // Runs outside: the step's byte says so to `SetupProbe::joined_cgroup`.
+                    // Runs outside: its record says so to `SetupProbe::cgroup_join`.
                 }
             }
             if let Some(limit) = address_space {
@@ -243,6 +257,9 @@ impl TaskSetup {
     }
 }
 
+/// The bytes of one failed step's record in the probe's pipe: the step, and its errno.
+const RECORD: usize = 5;
+
 /// Tells which step of a [`TaskSetup`] failed: after `spawn` failed, why; after it
 /// succeeded, whether the task joined the cgroup it was to join if it could. What the child
 /// wrote is there once `spawn` returns (it returns once the program is executing, or with
@@ -251,36 +268,64 @@ impl TaskSetup {
 pub struct SetupProbe {
     failed: OwnedFd,
     procs_file: Option<PathBuf>,
+    join_required: bool,
     address_space: Option<u64>,
+    /// What the child wrote, read once.
+    records: std::sync::OnceLock<Vec<(Step, i32)>>,
 }
 
 impl SetupProbe {
-    /// `spawn`'s `error`, with the step of the set-up that failed.
+    /// `spawn`'s `error`, with the step of the set-up that failed: the last one the child
+    /// recorded but a join it could do without (after which only the `exec` can have
+    /// failed), or none (the `fork` or the `exec` failed).
     #[must_use]
     pub fn explain(&self, error: io::Error) -> SpawnError {
+        let step = self
+            .records()
+            .last()
+            .map(|(step, _)| *step)
+            .filter(|step| *step != Step::JoinCgroup || self.join_required);
         SpawnError {
-            step: self.failed_step(),
+            step,
             procs_file: self.procs_file.clone(),
             address_space: self.address_space,
             source: error,
         }
     }
 
-    /// After a successful `spawn`: whether the task is in the cgroup it was to join (`None`:
-    /// it was to join none). Exact, however soon the task has exited since: a read of its
-    /// `/proc/<pid>/cgroup` would not be once it has.
+    /// After a successful `spawn`: whether the task joined the cgroup it was to join, or why
+    /// not (`None`: it was to join none, or could not open it). Exact, however soon the task
+    /// has exited since: a read of its `/proc/<pid>/cgroup` would not be once it has.
     #[must_use]
-    pub fn joined_cgroup(&self) -> Option<bool> {
+    pub fn cgroup_join(&self) -> Option<io::Result<()>> {
         self.procs_file.as_ref()?;
-        Some(self.failed_step() != Some(Step::JoinCgroup))
+        Some(
+            match self
+                .records()
+                .iter()
+                .find(|(step, _)| *step == Step::JoinCgroup)
+            {
+                Some((_, errno)) => Err(io::Error::from_raw_os_error(*errno)),
+                None => Ok(()),
+            },
+        )
     }
 
-    fn failed_step(&self) -> Option<Step> {
-        let mut byte = [0u8; 1];
-        match nix::unistd::read(&self.failed, &mut byte) {
-            Ok(1) => Step::ALL.into_iter().find(|step| *step as u8 == byte[0]),
-            _ => None,
-        }
+    fn records(&self) -> &[(Step, i32)] {
+        self.records.get_or_init(|| {
+            let mut bytes = [0u8; RECORD * Step::ALL.len()];
+            let read = nix::unistd::read(&self.failed, &mut bytes).unwrap_or(0);
+            bytes[..read]
+                .chunks_exact(RECORD)
+                .filter_map(|record| {
+                    let step = Step::ALL
+                        .into_iter()
+                        .find(|step| *step as u8 == record[0])?;
+                    let errno = i32::from_le_bytes(record[1..].try_into().ok()?);
+                    Some((step, errno))
+                })
+                .collect()
+        })
     }
 }
 
@@ -322,10 +367,17 @@ pub fn fork_single_threaded(
             let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let _ = nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
                 let _ = nix::sys::prctl::set_name(name);
-                let _ = nix::unistd::dup2_stdin(&input);
-                let _ = nix::unistd::dup2_stdout(&null);
+                if nix::unistd::dup2_stdin(&input).is_err()
+                    || nix::unistd::dup2_stdout(&null).is_err()
+                {
+                    return 1;
+                }
                 drop((input, null));
-                close_from(3);
+                // A child that might hold the parent's descriptors (the other end of its own
+                // pipe, so it would never see end of file; the parent's locks) does not run.
+                if !close_from(3) {
+                    return 1;
+                }
                 // SAFETY: descriptor 0 is open (`input`, just duplicated onto it) and owned by
                 // nothing else in the child (the standard library's stdin only borrows it).
                 child(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(0) }))
@@ -338,19 +390,28 @@ pub fn fork_single_threaded(
     }
 }
 
-/// Closes every descriptor from `lowest` up, in a child that has a single thread.
-fn close_from(lowest: RawFd) {
-    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
-        .map(|entries| {
-            entries
-                .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
+/// Closes every descriptor from `lowest` up, in a child that has a single thread: with
+/// `close_range` (Linux 5.9), else each one `/proc/self/fd` lists. Whether it could.
+fn close_from(lowest: RawFd) -> bool {
+    let Ok(first) = libc::c_uint::try_from(lowest) else {
+        return false;
+    };
+    // SAFETY: closes descriptors only; the child owns every one of them from `lowest` up and
+    // never uses them again.
+    if unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) } == 0 {
+        return true;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return false;
+    };
+    let open: Vec<RawFd> = entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
     // The directory's own descriptor is closed by now; closing it again does nothing.
     for fd in open.into_iter().filter(|fd| *fd >= lowest) {
         let _ = nix::unistd::close(fd);
     }
+    true
 }
 
 #[cfg(test)]
@@ -416,14 +477,22 @@ mod tests {
     #[test]
     fn a_required_cgroup_that_cannot_be_opened_is_refused_before_any_fork() {
         let missing = Path::new("/nonexistent-trainyard/cgroup.procs");
-        assert!(TaskSetup::new(1).join_cgroup(missing, true).is_err());
+        let refused = TaskSetup::new(1)
+            .join_cgroup(missing, true)
+            .expect_err("required");
+        assert!(
+            refused.to_string().starts_with(
+                "cannot enter the worker's memory cgroup (/nonexistent-trainyard/cgroup.procs): "
+            ),
+            "{refused}"
+        );
         let setup = TaskSetup::new(std::process::id())
             .join_cgroup(missing, false)
             .expect("best effort");
         let mut command = Command::new("true");
         let probe = setup.apply(&mut command).expect("apply");
         assert!(command.status().expect("runs outside").success());
-        assert_eq!(probe.joined_cgroup(), None, "it had none to join");
+        assert!(probe.cgroup_join().is_none(), "it had none to join");
     }
 
     #[test]
@@ -455,7 +524,21 @@ mod tests {
             .apply(&mut command)
             .expect("apply");
         assert!(command.status().expect("runs").success());
-        assert_eq!(probe.joined_cgroup(), Some(false));
+        let why = probe
+            .cgroup_join()
+            .expect("it was to join")
+            .expect_err("it could not");
+        assert_eq!(why.raw_os_error(), Some(nix::Error::ENOSPC as i32));
+        // A later failure (here the `exec`) is not taken for the join.
+        let mut missing = Command::new("/nonexistent-trainyard/program");
+        let probe = TaskSetup::new(std::process::id())
+            .join_cgroup(Path::new("/dev/full"), false)
+            .expect("opened")
+            .apply(&mut missing)
+            .expect("apply");
+        let error = probe.explain(missing.spawn().expect_err("no such program"));
+        assert_eq!(error.step, None, "{error}");
+        assert_eq!(error.source.kind(), io::ErrorKind::NotFound);
     }
 
     #[test]

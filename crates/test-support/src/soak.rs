@@ -7,9 +7,10 @@
 //! Every run reserves through a private ledger, keeps its folder in private storage, and
 //! carries the CLI tests' marker (`TRAINYARD_TEST_MARKER`, a value of the soak's own) in its
 //! driver's and its workers' environment, all from one [`Sandbox`], so the processes it
-//! leaves behind are told apart from the rest of a shared machine's. An agent's watchdog
-//! carries no marker: one left behind is found as a watchdog of this session, started
-//! after the soak, whose agent is gone.
+//! leaves behind are told apart from the rest of a shared machine's. An agent's watchdog,
+//! forked by the agent, carries the marker too; one started as a program carries none, and
+//! one left behind is found as a watchdog of this session, started after the soak, whose
+//! agent is gone.
 
 use std::collections::BTreeSet;
 use std::fmt;

@@ -230,19 +230,34 @@ impl Agent {
         };
         self.commands_started += 1;
         let number = self.commands_started;
-        let workdir = self.workdir().map_err(|e| cannot_start(no_workdir(&e)))?;
+        // The agent's private directory is made only for what needs it: the carried Python
+        // files where the directory all agents share cannot be used, an error file, a
+        // download.
         if !crate::python::running_from_wheel() {
-            crate::python::prepend(&mut task_env, workdir.python());
+            match crate::python::shared() {
+                Ok(shared) => crate::python::prepend(&mut task_env, &shared),
+                Err(error) => {
+                    tracing::debug!(%error, "the carried Python files go into the agent's directory");
+                    let workdir = self.workdir().map_err(|e| cannot_start(no_workdir(&e)))?;
+                    crate::python::prepend(&mut task_env, workdir.python());
+                }
+            }
         }
-        let error_file = root_cause::prepare_error_file(&mut task_env, workdir, number)
-            .map_err(|e| cannot_start(format!("cannot prepare the task's error file: {e}")))?;
+        let error_file = if root_cause::wants_error_file(&task_env) {
+            let workdir = self.workdir().map_err(|e| cannot_start(no_workdir(&e)))?;
+            root_cause::prepare_error_file(&mut task_env, workdir, number)
+                .map_err(|e| cannot_start(format!("cannot prepare the task's error file: {e}")))?
+        } else {
+            root_cause::given_error_file(&task_env)
+        };
         // The download counts against the driver's wait for the reply: the reply carries
         // the started process's id.
         if task_env.contains_key(CHECKPOINT_URI) {
             // A program that is not there is not worth a download.
             process::resolve(&program, &task_env).map_err(rejected)?;
-            let scratch = workdir
-                .fresh_scratch()
+            let scratch = self
+                .workdir()
+                .and_then(WorkDir::fresh_scratch)
                 .map_err(|e| cannot_start(no_workdir(&e)))?;
             download(&mut task_env, &scratch)
                 .await
@@ -287,7 +302,7 @@ impl Agent {
                 })
             })?)
         } else {
-            None
+            root_cause::given_error_file(&task_env)
         };
         self.limit_own_memory().await;
         let function_name = name.clone();

@@ -1,7 +1,7 @@
 //! The leftover checks of the CLI tests and the soak find what a run leaves behind, an
-//! agent's watchdog included: it starts with an empty environment, so it carries no marker,
-//! and is found through its agent while that lives, and as an orphan of this session once
-//! its agent is gone.
+//! agent's watchdog included: a forked one carries its agent's environment, the marker
+//! among it (one started as a program carries none, and is found through its agent while
+//! that lives); either is found as an orphan of this session once its agent is gone.
 //!
 //! A test binary of its own: the watchdog it leaves behind on purpose, for a moment, is an
 //! orphan that the leftover checks of a test running beside it would wait for.

@@ -394,10 +394,18 @@ pub struct Ledger {
     instance: u64,
     /// The run's agents, recorded in its entry.
     members: Mutex<Members>,
-    /// How many changes to the members the file has: held while they are written, so that
-    /// one write records every change made before it.
-    recorded: Mutex<u64>,
+    /// What the file has of the changes to the members: held while they are written, so
+    /// that one write records every change made before it.
+    recorded: Mutex<Recorded>,
     _live: Flock<File>,
+}
+
+/// How many changes to the members the file has, and the last write of them that failed:
+/// the changes it was to record, and why.
+#[derive(Debug, Default)]
+struct Recorded {
+    changes: u64,
+    failed: Option<(u64, String)>,
 }
 
 /// The run's agents, and how many changes were made to them.
@@ -477,7 +485,7 @@ impl Ledger {
             owner,
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
             members: Mutex::new(Members::default()),
-            recorded: Mutex::new(0),
+            recorded: Mutex::new(Recorded::default()),
             _live: live,
         })
     }
@@ -574,22 +582,45 @@ impl Ledger {
             members.changes
         };
         let mut recorded = crate::lock(&self.recorded);
-        if *recorded >= this {
+        if recorded.changes >= this {
             return Ok(());
         }
-        let (members, changes) = {
+        // A write that was to record this change failed while this call waited: the same
+        // write now would wait as long for the same lock; say why it failed instead.
+        if let Some((attempted, why)) = &recorded.failed {
+            if *attempted >= this {
+                return Err(LedgerError::Io {
+                    path: self.files.path.clone(),
+                    source: io::Error::other(why.clone()),
+                });
+            }
+        }
+        let attempting = crate::lock(&self.members).changes;
+        let mut taken = attempting;
+        let written = self.files.locked(|contents| {
+            // Read under the file's lock, as `update` does, so neither writes an older set.
             let members = crate::lock(&self.members);
-            (members.set.clone(), members.changes)
-        };
-        self.files.locked(|contents| {
+            taken = members.changes;
             for entry in &mut contents.runs {
                 if entry.is(self.owner, self.instance) {
-                    entry.members.clone_from(&members);
+                    entry.members.clone_from(&members.set);
                 }
             }
-        })?;
-        *recorded = changes;
-        Ok(())
+        });
+        match written {
+            Ok(()) => {
+                *recorded = Recorded {
+                    changes: taken,
+                    failed: None,
+                };
+                Ok(())
+            }
+            Err(error) => {
+                let why = trainyard_resources::ErrorChain(&error).to_string();
+                recorded.failed = Some((attempting, why));
+                Err(error)
+            }
+        }
     }
 }
 
