@@ -52,6 +52,11 @@ impl Shown {
         }
     }
 
+    /// What the placement group waits for now, if anything.
+    fn current_wait(&self) -> Option<String> {
+        self.waits.as_ref().and_then(|waits| waits.borrow().clone())
+    }
+
     /// The next event or shortage, in the order they came (an event first when both are
     /// there); [`Next::End`] once the run's events have ended.
     async fn next(&mut self) -> Next {
@@ -119,6 +124,11 @@ pub(crate) fn print_events(
             }
             Next::Event(event) => event,
         };
+        // What other runs hold (or the queue) says more than the placement group's request:
+        // a shortage that came before this event stays the wait shown.
+        let shortage = matches!(event, RunEvent::Placing { .. })
+            .then(|| shown.current_wait())
+            .flatten();
         seen.note(&event);
         if matches!(event, RunEvent::AttemptStarted { .. }) {
             crate::background::say_started();
@@ -142,6 +152,9 @@ pub(crate) fn print_events(
                 let shown_now = queue.drain(..).filter(|next| shown.shows_next(next));
                 show(shown_now, progress, &mut out, &seen);
             }
+        }
+        if let Some(line) = shortage {
+            progress.wait(&line);
         }
     }
 }
