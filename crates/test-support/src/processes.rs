@@ -131,7 +131,7 @@ pub fn orphaned_watchdogs() -> Vec<u32> {
         .collect()
 }
 
-/// Whether `pid` is an agent's watchdog: one the agent forked (named [`WATCHDOG_NAME`]), or
+/// Whether `pid` is an agent's watchdog: one the agent forked (named `trainyard-wdog`), or
 /// one started as a program (its environment holds nothing but its role).
 pub fn is_watchdog(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
