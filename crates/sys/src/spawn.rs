@@ -515,14 +515,20 @@ mod tests {
         );
     }
 
+    /// Sets `command` up to join, if it can, a "cgroup" that refuses every write
+    /// (`/dev/full`: ENOSPC).
+    fn join_dev_full_if_it_can(command: &mut Command) -> SetupProbe {
+        TaskSetup::new(std::process::id())
+            .join_cgroup(Path::new("/dev/full"), false)
+            .expect("opened")
+            .apply(command)
+            .expect("apply")
+    }
+
     #[test]
     fn a_task_that_could_not_join_a_cgroup_it_needs_not_runs_and_says_so() {
         let mut command = Command::new("true");
-        let probe = TaskSetup::new(std::process::id())
-            .join_cgroup(Path::new("/dev/full"), false)
-            .expect("opened")
-            .apply(&mut command)
-            .expect("apply");
+        let probe = join_dev_full_if_it_can(&mut command);
         assert!(command.status().expect("runs").success());
         let why = probe
             .cgroup_join()
@@ -531,11 +537,7 @@ mod tests {
         assert_eq!(why.raw_os_error(), Some(nix::Error::ENOSPC as i32));
         // A later failure (here the `exec`) is not taken for the join.
         let mut missing = Command::new("/nonexistent-trainyard/program");
-        let probe = TaskSetup::new(std::process::id())
-            .join_cgroup(Path::new("/dev/full"), false)
-            .expect("opened")
-            .apply(&mut missing)
-            .expect("apply");
+        let probe = join_dev_full_if_it_can(&mut missing);
         let error = probe.explain(missing.spawn().expect_err("no such program"));
         assert_eq!(error.step, None, "{error}");
         assert_eq!(error.source.kind(), io::ErrorKind::NotFound);
