@@ -7,13 +7,16 @@ end, then one JSON object per line::
 
     {"metrics": {...}, "checkpoint": "/abs/dir" or null}
 
+(with ``"upload": "ASYNC"`` and ``"delete": true|false`` for an ``ASYNC`` hand-in)
 and reads one line back for each::
 
     {"ok": true, "index": N}
     {"ok": false, "index": N, "error": "..."}
 
 The agent answers only once the checkpoint's files are persisted (or failed
-to be), and only after the report has gone on to the driver.
+to be), and only after the report has gone on to the driver; an ``ASYNC`` one
+once the agent has taken the files (it persists them in the background and
+passes the report on in order).
 
 A connection that is refused, or reset before its first answer (the agent
 drops connections that have not shown the token when newer ones crowd in;
@@ -102,8 +105,17 @@ def address() -> Optional[str]:
     return os.environ.get(ADDR_ENV) or None
 
 
-def send(metrics: Dict[str, Any], checkpoint: Optional[str]) -> int:
+def send(
+    metrics: Dict[str, Any],
+    checkpoint: Optional[str],
+    upload: str = "SYNC",
+    delete: Optional[bool] = None,
+) -> int:
     """Send one report and wait for the agent's answer; its checkpoint index.
+
+    With ``upload="ASYNC"`` the agent answers once it has taken the checkpoint's
+    directory (renamed away when ``delete`` is true, the default then; its files
+    hard-linked otherwise), and persists it in the background.
 
     Raises ``ReportError`` when the agent says the report failed (its
     checkpoint was not persisted), ``OSError`` when the agent cannot be
@@ -112,8 +124,13 @@ def send(metrics: Dict[str, Any], checkpoint: Optional[str]) -> int:
     infinities are not JSON either).
     """
     global _conn, _atexit_registered
+    report: Dict[str, Any] = {"metrics": metrics, "checkpoint": checkpoint}
+    if upload != "SYNC":
+        report["upload"] = upload
+    if delete is not None:
+        report["delete"] = bool(delete)
     line = json.dumps(
-        {"metrics": metrics, "checkpoint": checkpoint},
+        report,
         separators=(",", ":"),
         allow_nan=False,
     )

@@ -146,10 +146,7 @@ def main(fit_dir: str) -> int:
         with open(os.path.join(fit_dir, LOOP), "rb") as f:
             fn, config = cloudpickle.load(f)
         grouped = _init_process_group(spec)
-        from trainyard import train
-
         value = _call(fn, config)
-        train._wait_for_async_reports()
         if _rank() == 0:
             try:
                 data = cloudpickle.dumps(value)

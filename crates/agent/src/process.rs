@@ -30,7 +30,6 @@ use trainyard_sys::spawn::{SpawnError, TaskSetup};
 use trainyard_wire::config::{MemoryLimit, PRIVATE};
 
 use crate::descendants::{self, SWEEP_BOUND};
-use crate::handin::TaskReports;
 use crate::lines::{Lines, MAX_LINE};
 use crate::report::ReportSocket;
 use crate::root_cause::{self, OutputTracebacks};
@@ -39,6 +38,8 @@ use crate::watchdog::Watchdog;
 /// How long output and report connections may stay open after the task's process exited
 /// (grandchildren can hold them).
 const DRAIN: Duration = Duration::from_millis(500);
+/// How long checkpoints handed in `ASYNC` may go on being persisted after their task ended.
+const PERSIST_PATIENCE: Duration = Duration::from_secs(30 * 60);
 
 /// A started command task.
 #[derive(Debug)]
@@ -154,7 +155,7 @@ pub(crate) async fn start(
     };
     let reports = ReportSocket::bind().await.map_err(|e| spawn_failed(&e))?;
     // Counted against the task's own environment, as the driver sent it.
-    let counted = TaskReports::new(&env, events.clone());
+    let counted = crate::handin::task_reports(&env, events.clone());
     env.extend(reports.env());
     let mut command = std::process::Command::new(&resolved);
     command.args(args).env_clear().envs(&env);
@@ -258,7 +259,7 @@ pub(crate) async fn start(
                 tracebacks.clone(),
             ));
         }
-        let reporting = reports.serve(counted, events.clone());
+        let reporting = reports.serve(counted.clone(), events.clone());
         let ended = Ended {
             cgroup: cgroup.as_ref(),
             worker_cgroup,
@@ -266,6 +267,18 @@ pub(crate) async fn start(
             watchdog: &watchdog,
         };
         let (exit, ended_ms) = follow(child, readers, reporting, ended).await;
+        // Checkpoints handed in `ASYNC` are persisted, and their reports sent, before the
+        // end: a rank that dies after handing one in still has it persisted.
+        if !counted.flush(PERSIST_PATIENCE).await {
+            events.log(
+                Stream::Stderr,
+                format!(
+                    "trainyard: {} report(s) whose checkpoints were still being persisted after {} s are dropped; their checkpoints are not committed",
+                    counted.unsent(),
+                    PERSIST_PATIENCE.as_secs()
+                ),
+            );
+        }
         let error = match exit {
             TaskExit::Failed { .. } => root_cause::command_error(error_file, &tracebacks).await,
             TaskExit::Succeeded { .. } => None,

@@ -17,7 +17,11 @@
 //!   driver: `{"ok": true, "index": N}`, or `{"ok": false, "index": N, "error": "..."}` when
 //!   the checkpoint's files could not be persisted (the driver is told, and never commits
 //!   index `N`). A line that is not such an object is answered with `"index": null` and is
-//!   not a report.
+//!   not a report. With `"upload": "ASYNC"` (and `"delete": false` to keep the directory;
+//!   deleted otherwise) a report is answered once its checkpoint is taken from the task,
+//!   and `"ok": false` then says why it could not be taken; its files are persisted in the
+//!   background, and the report goes on to the driver when they are, in order with the
+//!   others (see [`RankReports`]).
 //!
 //! Lines are at most [`MAX_REPORT`] bytes; a longer one ends the connection. Every report of
 //! either protocol counts: the N-th report of the task, over all its connections, belongs
@@ -38,7 +42,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use trainyard_runtime::Stream;
 use trainyard_runtime::events::EventSender;
 
-use crate::handin::{Reported, TaskReports};
+use trainyard_checkpoint::{RankReports, Reported, UploadMode};
 use trainyard_wire::admission::{Gate, Limits, Ticket};
 use trainyard_wire::token::Token;
 
@@ -101,7 +105,7 @@ impl ReportSocket {
 
     /// Accepts clients and passes their reports to `reports`; lines that are not reports
     /// are logged to `events`.
-    pub(crate) fn serve(self, reports: TaskReports, events: EventSender) -> Serving {
+    pub(crate) fn serve(self, reports: RankReports, events: EventSender) -> Serving {
         let (stop, mut stopped) = tokio::sync::oneshot::channel();
         let (closing, closed) = watch::channel(false);
         let accept = tokio::spawn(async move {
@@ -163,7 +167,7 @@ impl Serving {
 
 /// Where a client's reports go.
 struct Task {
-    reports: TaskReports,
+    reports: RankReports,
     events: EventSender,
 }
 
@@ -208,6 +212,13 @@ struct Report {
     metrics: serde_json::Map<String, serde_json::Value>,
     #[serde(default)]
     checkpoint: Option<PathBuf>,
+    /// How the checkpoint is handed in; `SYNC` when not given.
+    #[serde(default)]
+    upload: UploadMode,
+    /// Whether the checkpoint's directory is deleted once handed in; as Ray Train's
+    /// `delete_local_checkpoint_after_upload`, for `ASYNC` when not given.
+    #[serde(default)]
+    delete: Option<bool>,
 }
 
 /// The answer to one line of protocol 2.
@@ -346,7 +357,9 @@ async fn reports(
 async fn report_v1(task: &Task, line: &str) {
     match serde_json::from_str::<serde_json::Value>(line) {
         Ok(serde_json::Value::Object(metrics)) => {
-            task.reports.report(metrics, None).await;
+            task.reports
+                .report(metrics, None, UploadMode::Sync, false)
+                .await;
         }
         _ => task.events.log(
             Stream::Stderr,
@@ -362,9 +375,15 @@ async fn report_v1(task: &Task, line: &str) {
 async fn report_v2(task: &Task, line: &str) -> Answer {
     match serde_json::from_str::<Report>(line) {
         Ok(report) => {
+            let delete = report.delete.unwrap_or(report.upload == UploadMode::Async);
             let reported = task
                 .reports
-                .report(report.metrics, report.checkpoint.as_deref())
+                .report(
+                    report.metrics,
+                    report.checkpoint.as_deref(),
+                    report.upload,
+                    delete,
+                )
                 .await;
             Answer::from(reported)
         }
@@ -404,7 +423,7 @@ mod tests {
 
     use futures::StreamExt as _;
     use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
-    use trainyard_checkpoint::{CHECKPOINT_BASE, HandIn};
+    use trainyard_checkpoint::{CHECKPOINT_BASE, HandIn, RUN_DIR};
     use trainyard_runtime::TaskEvent;
     use trainyard_runtime::events::{ActorEvent, TaskEvents, event_channel};
 
@@ -412,12 +431,23 @@ mod tests {
 
     /// A served report socket of a task whose checkpoints count from `base`, and its events.
     async fn serving(base: u64) -> (String, String, Serving, TaskEvents) {
+        serving_in(base, None).await
+    }
+
+    /// [`serving`], with checkpoints persisted into `run_dir` when given.
+    async fn serving_in(
+        base: u64,
+        run_dir: Option<&std::path::Path>,
+    ) -> (String, String, Serving, TaskEvents) {
         let socket = ReportSocket::bind().await.expect("bound");
         let env: BTreeMap<String, String> = socket.env().into_iter().collect();
         let (addr, token) = (env[REPORT_ADDR].clone(), env[REPORT_TOKEN].clone());
         let (events, stream) = event_channel(64);
-        let task_env = BTreeMap::from([(CHECKPOINT_BASE.to_owned(), base.to_string())]);
-        let reports = TaskReports::new(&task_env, events.clone());
+        let mut task_env = BTreeMap::from([(CHECKPOINT_BASE.to_owned(), base.to_string())]);
+        if let Some(dir) = run_dir {
+            task_env.insert(RUN_DIR.to_owned(), dir.display().to_string());
+        }
+        let reports = crate::handin::task_reports(&task_env, events.clone());
         (addr, token, socket.serve(reports, events), stream)
     }
 
@@ -517,6 +547,68 @@ mod tests {
         assert!(error.contains("TRAINYARD_RUN_DIR"), "{error}");
         let got = reports(&mut events, 1).await;
         assert_eq!(got[0].1, Some(HandIn::Failed { index: 1, error }));
+        drop(client);
+        serving.finish(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test]
+    async fn an_async_checkpoint_is_answered_once_taken_and_sent_once_persisted() {
+        let root = tempfile::tempdir().expect("a temporary directory");
+        let (addr, token, serving, mut events) =
+            serving_in(0, Some(&root.path().join("run"))).await;
+        let mut client = Client::connect(&addr, &format!("{token} 2")).await;
+        let (moved, kept) = (root.path().join("moved"), root.path().join("kept"));
+        for dir in [&moved, &kept] {
+            std::fs::create_dir(dir).expect("made");
+            std::fs::write(dir.join("model.pt"), b"weights").expect("written");
+        }
+        client
+            .send(&format!(
+                r#"{{"metrics": {{"step": 1}}, "checkpoint": "{}", "upload": "ASYNC"}}"#,
+                moved.display()
+            ))
+            .await;
+        assert_eq!(
+            client.answer().await,
+            Some(serde_json::json!({"ok": true, "index": 1}))
+        );
+        assert!(
+            !moved.exists(),
+            "ASYNC deletes the directory unless told not to"
+        );
+        client
+            .send(&format!(
+                r#"{{"metrics": {{"step": 2}}, "checkpoint": "{}", "upload": "ASYNC", "delete": false}}"#,
+                kept.display()
+            ))
+            .await;
+        assert_eq!(client.answer().await.expect("answered")["ok"], true);
+        assert!(kept.join("model.pt").is_file());
+        client
+            .send(r#"{"metrics": {"step": 3}, "checkpoint": "/no/such/dir", "upload": "ASYNC"}"#)
+            .await;
+        let refused = client.answer().await.expect("answered");
+        assert_eq!(
+            (&refused["ok"], &refused["index"]),
+            (&false.into(), &3.into())
+        );
+        let got = reports(&mut events, 3).await;
+        for (i, (metrics, hand_in)) in got.iter().enumerate() {
+            let index = i as u64 + 1;
+            assert_eq!(metrics, &serde_json::json!({"step": index}));
+            match hand_in {
+                Some(HandIn::Persisted {
+                    index: at, files, ..
+                }) if index < 3 => {
+                    assert_eq!(
+                        (*at, files.as_slice()),
+                        (index, ["model.pt".to_owned()].as_slice())
+                    );
+                }
+                Some(HandIn::Failed { index: 3, .. }) if index == 3 => {}
+                other => panic!("report {index}: {other:?}"),
+            }
+        }
         drop(client);
         serving.finish(Duration::from_secs(1)).await;
     }

@@ -260,6 +260,30 @@ impl TrainContext {
         self.task.report_checkpoint(metrics, dir).await
     }
 
+    /// Reports metrics with a checkpoint handed in `ASYNC`, as Ray Train's
+    /// `train.report(metrics, checkpoint=..., checkpoint_upload_mode=ASYNC,
+    /// delete_local_checkpoint_after_upload=delete_local)`: returns once the files under
+    /// `dir` are taken (with `delete_local`, `dir` is gone then; otherwise its files are
+    /// hard-linked, so replace a file rather than rewrite it in place until it is persisted).
+    /// The files are persisted in the background, and the checkpoint commits as a `SYNC` one
+    /// does once every rank's part is persisted. At most
+    /// [`trainyard_checkpoint::ASYNC_IN_FLIGHT`] per rank are on their way at once; the next
+    /// report with a checkpoint waits for room. A rank whose task ends, or dies, with hand-ins
+    /// on their way has them persisted before its end is reported.
+    ///
+    /// # Errors
+    /// When the files cannot be taken; that checkpoint is then never committed.
+    pub async fn report_checkpoint_async(
+        &self,
+        metrics: serde_json::Map<String, serde_json::Value>,
+        dir: impl AsRef<std::path::Path>,
+        delete_local: bool,
+    ) -> Result<(), trainyard_checkpoint::StorageError> {
+        self.task
+            .report_checkpoint_async(metrics, dir, delete_local)
+            .await
+    }
+
     /// The local directory of the checkpoint to resume from: the run's latest committed one,
     /// after a restart or when a run of the same name and storage is resumed; `None` on a
     /// fresh start (Ray Train's `train.get_checkpoint()`).

@@ -81,6 +81,14 @@ pub enum StorageError {
         "this task has no run folder to persist a checkpoint in (TRAINYARD_RUN_DIR is not set)"
     )]
     NoRunFolder,
+    /// A checkpoint handed in with a report was not persisted (or, `ASYNC`, not taken).
+    #[error("checkpoint {index} was not persisted: {reason}")]
+    HandInFailed {
+        /// The report's checkpoint index.
+        index: u64,
+        /// Why, as the driver was told.
+        reason: String,
+    },
     /// A rank handed in something that is not a directory.
     #[error("a checkpoint must be a directory; `{path}` is not one")]
     NotADirectory {

@@ -48,6 +48,7 @@ mod book;
 mod env;
 mod error;
 mod record;
+mod reports;
 mod retention;
 mod storage;
 #[cfg(feature = "testing")]
@@ -64,8 +65,10 @@ pub use record::{
     AttemptRecord, CheckpointRecord, DriverRecord, LEASE_FILE, LEASE_RENEW, LEASE_STALE, Lease,
     METRICS_FILE, MetricsEntry, RUN_FILE, RUN_RECORD_VERSION, RunRecord, RunStatus, now,
 };
+pub use reports::{ASYNC_IN_FLIGHT, RankReports, ReportSink, Reported, UploadMode};
 pub use retention::retention;
 pub use storage::{
-    HandInLimits, RunFolder, Storage, StorageLocation, attempt_logs_dir_name, checkpoint_dir_name,
+    HandInLimits, RunFolder, Storage, StorageLocation, Taken, attempt_logs_dir_name,
+    checkpoint_dir_name,
 };
 pub use writer::{CheckpointWriter, HandIn};

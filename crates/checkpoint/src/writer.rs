@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{HandInLimits, RunFolder, StorageError};
+use crate::{HandInLimits, RunFolder, StorageError, Taken};
 
 /// What a rank's report carries about its checkpoint, for the driver's
 /// [`crate::CheckpointBook`].
@@ -91,6 +91,18 @@ impl CheckpointWriter {
         self.folder
             .persist_directory_within(index, source, self.limits)
             .await
+    }
+
+    /// Takes `source` from the rank for a later [`CheckpointWriter::persist`] of
+    /// [`Taken::path`] (an `ASYNC` hand-in): renamed into a staging directory beside it with
+    /// `delete_local` (then `source` is gone), else hard-linked there file by file (copied
+    /// where a link cannot be made). Walked first with the hand-in rules and this writer's
+    /// limits.
+    ///
+    /// # Errors
+    /// As [`CheckpointWriter::persist`]'s walk, or the first link, copy or delete that failed.
+    pub async fn take(&self, source: &Path, delete_local: bool) -> Result<Taken, StorageError> {
+        crate::storage::take(source, delete_local, self.limits).await
     }
 
     /// [`CheckpointWriter::persist`], with a failure turned into [`HandIn::Failed`].

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -12,7 +12,7 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
-use trainyard_checkpoint::{CheckpointWriter, HandIn, StorageError};
+use trainyard_checkpoint::{RankReports, ReportSink, StorageError, UploadMode};
 
 use crate::events::{ActorEvent, EventSender};
 use crate::{Stream, TaskEvent, TaskExit, TaskFailure};
@@ -128,9 +128,26 @@ impl FunctionRegistry {
     }
 
     /// Starts the function registered under `name`, or `None` when there is none.
+    ///
+    /// The future ends once the function has returned and every report it made is passed on
+    /// (checkpoints handed in `ASYNC` are persisted by then; bounded by
+    /// [`TaskContext::PERSIST_PATIENCE`]).
     #[must_use]
     pub fn call(&self, name: &str, ctx: TaskContext) -> Option<BoxFuture<'static, TaskResult>> {
-        self.functions.get(name).map(|f| f(ctx))
+        let reports = ctx.reports.clone();
+        self.functions.get(name).map(|f| {
+            let returned = f(ctx);
+            Box::pin(async move {
+                let result = returned.await;
+                if !reports.flush(TaskContext::PERSIST_PATIENCE).await {
+                    tracing::warn!(
+                        unsent = reports.unsent(),
+                        "reports whose checkpoints were still being persisted are dropped"
+                    );
+                }
+                result
+            }) as BoxFuture<'static, TaskResult>
+        })
     }
 }
 
@@ -153,11 +170,15 @@ pub struct TaskContext {
     arg: serde_json::Value,
     env: BTreeMap<String, String>,
     events: mpsc::UnboundedSender<TaskEvent>,
-    /// How many reports the task has made, over every clone of the context.
-    reports: Arc<AtomicU64>,
+    /// The task's reports, counted over every clone of the context, passed on in order.
+    reports: RankReports,
 }
 
 impl TaskContext {
+    /// How long checkpoints handed in `ASYNC` may go on being persisted after the function
+    /// returned.
+    pub const PERSIST_PATIENCE: Duration = Duration::from_secs(30 * 60);
+
     /// A context whose events go to `events`.
     #[must_use]
     pub fn new(
@@ -165,11 +186,24 @@ impl TaskContext {
         env: BTreeMap<String, String>,
         events: mpsc::UnboundedSender<TaskEvent>,
     ) -> Self {
+        let sink: ReportSink = {
+            let events = events.clone();
+            Arc::new(move |metrics, checkpoint| {
+                // The receiver is gone only when the actor is being torn down; the report is
+                // moot then.
+                let _ = events.send(TaskEvent::Report {
+                    metrics,
+                    checkpoint,
+                });
+                Box::pin(async {})
+            })
+        };
+        let reports = RankReports::new(&env, sink);
         Self {
             arg,
             env,
             events,
-            reports: Arc::new(AtomicU64::new(0)),
+            reports,
         }
     }
 
@@ -191,14 +225,29 @@ impl TaskContext {
         self.env.get(key).map(String::as_str)
     }
 
-    /// Sends a metrics report to the driver.
+    /// Sends a metrics report to the driver (after the reports before it whose checkpoints
+    /// are still being persisted, when there are some).
     pub fn report(&self, metrics: serde_json::Map<String, serde_json::Value>) {
-        self.reports.fetch_add(1, Ordering::SeqCst);
-        // The receiver is gone only when the actor is being torn down; the report is moot then.
-        let _ = self.events.send(TaskEvent::Report {
-            metrics,
-            checkpoint: None,
-        });
+        let events = &self.events;
+        let send = |metrics| {
+            // The receiver is gone only when the actor is being torn down; the report is moot
+            // then.
+            let _ = events.send(TaskEvent::Report {
+                metrics,
+                checkpoint: None,
+            });
+        };
+        let Err(metrics) = self.reports.try_report_now(metrics, send) else {
+            return;
+        };
+        // Earlier hand-ins are on their way, on this runtime: this one goes after them.
+        let reports = self.reports.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move {
+                reports.report(metrics, None, UploadMode::Sync, false).await
+            })),
+            Err(_) => send(metrics),
+        }
     }
 
     /// Sends a metrics report with a checkpoint: every file under `dir` is persisted into the
@@ -207,39 +256,44 @@ impl TaskContext {
     /// index; each rank may hand in files of its own names (a shard each).
     ///
     /// # Errors
-    /// [`StorageError`] when the files cannot be persisted (the driver is told, and that
-    /// index is never committed), or [`StorageError::NoRunFolder`] when the task was not
-    /// started with a run folder.
+    /// [`StorageError::HandInFailed`] when the files cannot be persisted (the driver is told,
+    /// and that index is never committed), saying why ([`StorageError::NoRunFolder`]'s words
+    /// when the task was not started with a run folder).
     pub async fn report_checkpoint(
         &self,
         metrics: serde_json::Map<String, serde_json::Value>,
         dir: impl AsRef<Path>,
     ) -> Result<(), StorageError> {
-        let base: u64 = self
-            .var(trainyard_checkpoint::CHECKPOINT_BASE)
-            .and_then(|b| b.parse().ok())
-            .unwrap_or(0);
-        let index = base + self.reports.fetch_add(1, Ordering::SeqCst) + 1;
-        let persisted = match CheckpointWriter::from_env(&self.env) {
-            Ok(Some(writer)) => writer.persist(index, dir.as_ref()).await,
-            Ok(None) => Err(StorageError::NoRunFolder),
-            Err(error) => Err(error),
-        };
-        let (hand_in, result) = match persisted {
-            Ok(hand_in) => (hand_in, Ok(())),
-            Err(error) => (
-                HandIn::Failed {
-                    index,
-                    error: trainyard_resources::ErrorChain(&error).to_string(),
-                },
-                Err(error),
-            ),
-        };
-        let _ = self.events.send(TaskEvent::Report {
-            metrics,
-            checkpoint: Some(hand_in),
-        });
-        result
+        self.reports
+            .report(metrics, Some(dir.as_ref()), UploadMode::Sync, false)
+            .await
+            .into_result()
+            .map(drop)
+    }
+
+    /// Sends a metrics report with a checkpoint handed in `ASYNC` (Ray Train's
+    /// `checkpoint_upload_mode=ASYNC`): returns once the files under `dir` are taken (renamed
+    /// into a staging directory on its file system with `delete_local`, so that `dir` is gone;
+    /// hard-linked there otherwise, so that a file must be replaced, not rewritten in place,
+    /// until it is persisted). They are persisted in the background and the report goes on to
+    /// the driver when they are, in order with the task's other reports. At most
+    /// [`trainyard_checkpoint::ASYNC_IN_FLIGHT`] are on their way at once: the next waits.
+    ///
+    /// # Errors
+    /// [`StorageError::HandInFailed`] when the files cannot be taken (the driver is told, and
+    /// that index is never committed). A persist that fails later is the driver's to see:
+    /// that checkpoint is not committed.
+    pub async fn report_checkpoint_async(
+        &self,
+        metrics: serde_json::Map<String, serde_json::Value>,
+        dir: impl AsRef<Path>,
+        delete_local: bool,
+    ) -> Result<(), StorageError> {
+        self.reports
+            .report(metrics, Some(dir.as_ref()), UploadMode::Async, delete_local)
+            .await
+            .into_result()
+            .map(drop)
     }
 
     /// The local directory of the checkpoint this task resumes from

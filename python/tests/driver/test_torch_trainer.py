@@ -340,6 +340,59 @@ def test_async_checkpoints_commit_in_order_and_their_folders_are_deleted(storage
     assert not any(os.path.exists(d) for d in result.return_value)
 
 
+def async_then_die_loop():  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
+    rank = train.get_context().get_world_rank()
+    checkpoint = train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            parts = {}
+            for name in sorted(os.listdir(d)):
+                with open(os.path.join(d, name), "rb") as f:
+                    parts[name] = f.read()
+        return {name: (len(data), data[:1]) for name, data in parts.items()}
+    for step in (1, 2):
+        dist.barrier()
+        d = tempfile.mkdtemp()
+        with open(os.path.join(d, f"shard_{rank}"), "wb") as f:
+            f.write(bytes([step]) * (32 << 20))
+        kept = step == 1
+        train.report(
+            {"step": step},
+            checkpoint=Checkpoint.from_directory(d),
+            checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC,
+            delete_local_checkpoint_after_upload=not kept,
+        )
+        # Taken: gone, or kept with its file (hard-linked) as it was.
+        assert os.path.isdir(d) == kept
+    if rank == 1:
+        # Dies the moment its second hand-in is taken, before it is persisted.
+        os._exit(3)
+    time.sleep(60)
+    return None
+
+
+def test_a_rank_dying_right_after_an_async_hand_in_resumes_from_a_whole_checkpoint(
+    storage,
+) -> None:
+    result = _run(
+        async_then_die_loop,
+        storage,
+        name="async_dies",
+        run_kwargs={"failure_config": FailureConfig(max_failures=1)},
+    )
+    parts = result.return_value
+    # Every rank's part of one step, never one rank's alone or a part cut short.
+    assert sorted(parts) == ["shard_0", "shard_1"], parts
+    steps = {first for _, first in parts.values()}
+    assert len(steps) == 1 and steps <= {b"\x01", b"\x02"}, parts
+    assert all(size == 32 << 20 for size, _ in parts.values()), parts
+    committed = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_"))
+    for name in committed:
+        assert sorted(os.listdir(os.path.join(result.path, name))) == ["shard_0", "shard_1"]
+
+
 def resumed_loop():  # type: ignore[no-untyped-def]
     checkpoint = train.get_checkpoint()
     assert checkpoint is not None

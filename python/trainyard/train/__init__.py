@@ -139,71 +139,21 @@ class CheckpointUploadMode(enum.Enum):
     """How ``report`` hands in a checkpoint.
 
     ``SYNC``: ``report`` returns once the files are persisted. ``ASYNC``: ``report``
-    returns at once and the files are persisted in the background, in order with the
-    later reports; the directory must not change until then, and it is deleted afterwards
-    unless ``delete_local_checkpoint_after_upload=False``. ``NO_UPLOAD``: as ``SYNC`` here
-    (every checkpoint is persisted into the run folder by the agent).
+    returns once the agent has taken the directory, and the agent persists it in the
+    background (the report reaches the driver, in order with the others, when it is;
+    the checkpoint commits when every rank's part is persisted). Taken means renamed
+    away (the directory is gone then), or, with
+    ``delete_local_checkpoint_after_upload=False``, its files hard-linked: replace a
+    file rather than rewrite it in place until the next ``ASYNC`` report returns. At
+    most two are on their way per rank; the next ``ASYNC`` report with a checkpoint
+    waits for room. A rank that dies after ``report`` returned still has its files
+    persisted. ``NO_UPLOAD``: as ``SYNC`` here (every checkpoint is persisted into the
+    run folder by the agent).
     """
 
     SYNC = "SYNC"
     ASYNC = "ASYNC"
     NO_UPLOAD = "NO_UPLOAD"
-
-
-class _AsyncReports:
-    """One background thread that sends ``ASYNC`` reports in order."""
-
-    def __init__(self) -> None:
-        import queue
-
-        self.queue: "queue.Queue[Any]" = queue.Queue()
-        self.error: Optional[BaseException] = None
-        self.thread = threading.Thread(target=self._run, name="trainyard-report", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self.queue.get()
-            try:
-                if item is None:
-                    return
-                from trainyard import _client
-
-                metrics, path, delete = item
-                try:
-                    _client.send(metrics, path)
-                except BaseException as error:  # noqa: BLE001 - raised by the next report
-                    self.error = error
-                if delete and path is not None:
-                    import shutil
-
-                    shutil.rmtree(path, ignore_errors=True)
-            finally:
-                self.queue.task_done()
-
-    def put(self, metrics: "dict[str, Any]", path: Optional[str], delete: bool) -> None:
-        self.raise_pending()
-        self.queue.put((metrics, path, delete))
-
-    def wait(self) -> None:
-        """Waits until every report handed over is sent."""
-        self.queue.join()
-        self.raise_pending()
-
-    def raise_pending(self) -> None:
-        error, self.error = self.error, None
-        if error is not None:
-            raise error
-
-
-_async_reports: Optional[_AsyncReports] = None
-_async_lock = threading.Lock()
-
-
-def _wait_for_async_reports() -> None:
-    """Waits until every ``ASYNC`` report is sent (before the loop function returns)."""
-    if _async_reports is not None:
-        _async_reports.wait()
 
 
 def report(
@@ -220,8 +170,8 @@ def report(
 
     With ``checkpoint_upload_mode=SYNC`` (the default) it returns once the agent
     has persisted the checkpoint's files into the run folder and passed the
-    report on, so the directory may be deleted then; with ``ASYNC`` at once
-    (see ``CheckpointUploadMode``). Safe to call from several threads (reports
+    report on, so the directory may be deleted then; with ``ASYNC`` once the
+    agent has taken the directory (see ``CheckpointUploadMode``). Safe to call from several threads (reports
     are sent one at a time). ``checkpoint_dir_name`` is accepted for Ray's
     sake: the run folder names its checkpoints by index.
 
@@ -231,7 +181,6 @@ def report(
     ``Checkpoint``, ``ValueError`` when ``metrics`` is not JSON (NaN and
     infinities are not), ``OSError`` when the agent cannot be reached.
     """
-    global _async_reports
     if not isinstance(metrics, Mapping):
         raise TypeError(f"metrics must be a mapping, got {type(metrics).__name__}")
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
@@ -269,19 +218,8 @@ def report(
     json.dumps(metrics, allow_nan=False)
     path = None if checkpoint is None else checkpoint.path
     if mode is CheckpointUploadMode.ASYNC:
-        with _async_lock:
-            if _async_reports is None:
-                _async_reports = _AsyncReports()
-        delete = (
-            True
-            if delete_local_checkpoint_after_upload is None
-            else bool(delete_local_checkpoint_after_upload)
-        )
-        _async_reports.put(metrics, path, delete)
+        _client.send(metrics, path, "ASYNC", delete_local_checkpoint_after_upload)
         return
-    if _async_reports is not None:
-        # A report counts in the order it was made: the ASYNC ones before go first.
-        _async_reports.wait()
     _client.send(metrics, path)
     if path is not None and delete_local_checkpoint_after_upload:
         import shutil

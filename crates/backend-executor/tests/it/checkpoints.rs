@@ -51,9 +51,17 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
         std::fs::write(dir.join(file), epoch.to_string()).map_err(|e| e.to_string())?;
         // Lower is better, and epoch 2 and 4 are the best.
         let loss = [0.0, 0.5, 0.1, 0.9, 0.2, 0.7][epoch as usize % 6];
-        ctx.report_checkpoint(metrics(json!({"epoch": epoch, "loss": loss})), &dir)
-            .await
-            .map_err(|e| e.to_string())?;
+        let reported = metrics(json!({"epoch": epoch, "loss": loss}));
+        if arg["async"].as_bool() == Some(true) {
+            // Taken: the directory is gone when this returns.
+            ctx.report_checkpoint_async(reported, &dir, true).await
+        } else {
+            ctx.report_checkpoint(reported, &dir).await
+        }
+        .map_err(|e| e.to_string())?;
+        if dir.exists() == (arg["async"].as_bool() == Some(true)) {
+            return Err(format!("{} was not taken as its mode says", dir.display()));
+        }
         if Some(epoch) == fail_at && ctx.restart_count() == 0 && rank == 1 {
             // The other rank reports the same epoch meanwhile.
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -128,6 +136,27 @@ fn checkpoint_dirs(storage: &Path, name: &str) -> Vec<String> {
         .collect();
     dirs.sort();
     dirs
+}
+
+#[tokio::test]
+async fn async_hand_ins_commit_every_epoch_in_order_before_the_run_ends() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let run = run_config(storage.path(), "async").failure_config(FailureConfig::restarts(1));
+    let mut arg = plan(5, Some(3), false);
+    arg["async"] = json!(true);
+    let (result, events) = fit(&sim(), run, arg).await;
+    let report = result.expect("the run succeeds after one restart");
+    assert_eq!(ran(&report), vec![vec![4, 5], vec![4, 5]]);
+    // Handed in without waiting, committed all the same, the last one before fit returns.
+    assert_eq!(committed(&events), vec![1, 2, 3, 4, 5]);
+    assert_eq!(report.checkpoint.expect("a latest checkpoint").index, 5);
+    let latest_dir = storage.path().join("async/checkpoint_000005");
+    for rank in 0..2 {
+        assert_eq!(
+            std::fs::read_to_string(latest_dir.join(format!("epoch_{rank}"))).expect("shard"),
+            "5"
+        );
+    }
 }
 
 #[tokio::test]

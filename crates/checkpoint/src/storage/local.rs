@@ -265,7 +265,7 @@ fn replace(path: &Path, bytes: &[u8], sync: bool) -> Result<(), StorageError> {
 
 /// Copies `from` (a regular file: see [`open_regular`]) to `to` through a temporary name
 /// beside it; the bytes copied.
-fn copy_file(from: &Path, to: &Path) -> Result<u64, StorageError> {
+pub(crate) fn copy_file(from: &Path, to: &Path) -> Result<u64, StorageError> {
     let (dir, name) = split(to)?;
     let mut source = open_regular(from)?;
     let temp = dir.join(temp_name(name));

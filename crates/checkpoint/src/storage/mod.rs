@@ -9,6 +9,7 @@ mod files;
 mod local;
 mod location;
 mod s3;
+mod take;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,8 @@ use object_store::ObjectStore;
 
 pub use files::HandInLimits;
 pub use location::StorageLocation;
+pub use take::Taken;
+pub(crate) use take::take;
 
 use crate::{HandIn, LEASE_FILE, Lease, METRICS_FILE, RUN_FILE, RunRecord, StorageError};
 use files::{checkpoint_index, is_temp, random_suffix};

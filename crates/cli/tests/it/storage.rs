@@ -171,3 +171,95 @@ fn an_s3_error_shows_each_cause_once() {
     // the error carry it.
     assert_eq!(errors[0].matches("NoSuchBucket").count(), 1, "{stderr}");
 }
+
+#[test]
+fn a_slow_storage_makes_the_third_async_report_wait_and_every_checkpoint_commits() {
+    use std::io::BufRead as _;
+
+    let Some(server) = trainyard_checkpoint::testing::S3Server::start().expect("moto starts")
+    else {
+        return;
+    };
+    server.create_bucket("slow").expect("a bucket");
+    let scratch = tempfile::tempdir().expect("a temporary directory");
+    let go = scratch.path().join("go");
+    let script = r#"
+import os, sys, tempfile, time
+from trainyard import train
+print("ready", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+for step in range(3):
+    d = tempfile.mkdtemp()
+    with open(os.path.join(d, f"step_{step}"), "w") as f:
+        f.write(str(step))
+    train.report({"step": step}, checkpoint=train.Checkpoint.from_directory(d),
+                 checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC)
+    print(f"returned {step}", flush=True)
+"#;
+    let mut child = trainyard("slow-s3", "s3://slow/runs")
+        .envs(server.env())
+        .args(["--", "python3", "-c", script])
+        .arg(&go)
+        .spawn()
+        .expect("trainyard starts");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("piped");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let mut wait_for = |needle: &str, within: Duration| -> bool {
+        let deadline = Instant::now() + within;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(needle);
+                    seen.push(line);
+                    if found {
+                        return true;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        false
+    };
+    let signal = |signal: nix::sys::signal::Signal| {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(server.pid()).expect("a pid"));
+        nix::sys::signal::kill(pid, signal).expect("the storage server is signalled");
+    };
+    assert!(wait_for("ready", Duration::from_secs(60)), "{seen:?}");
+    // The storage stops answering: the hand-ins are taken, not persisted.
+    signal(nix::sys::signal::Signal::SIGSTOP);
+    std::fs::write(&go, b"").expect("the script is told to go");
+    let two = wait_for("returned 1", Duration::from_secs(20));
+    let third_waited = two && !wait_for("returned 2", Duration::from_secs(3));
+    signal(nix::sys::signal::Signal::SIGCONT);
+    assert!(
+        two,
+        "two ASYNC reports return while the storage is stopped: {seen:?}"
+    );
+    assert!(third_waited, "the third waits for room: {seen:?}");
+    assert!(
+        wait_for("returned 2", Duration::from_secs(60)),
+        "and returns once the storage answers again: {seen:?}"
+    );
+    let status = child.wait().expect("trainyard ends");
+    let mut stderr = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
+    }
+    assert!(status.success(), "{seen:?}\n{stderr}");
+    let all = format!("{}\n{stderr}", seen.join("\n"));
+    assert!(
+        all.contains("checkpoint committed: s3://slow/runs/slow-s3/checkpoint_000003"),
+        "every checkpoint commits, the third too: {all}"
+    );
+    assert!(left_behind("slow-s3", Duration::from_secs(10)).is_empty());
+}
