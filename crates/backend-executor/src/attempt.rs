@@ -409,11 +409,14 @@ impl Attempt {
         for worker_env in &mut env {
             worker_env.extend(extra.clone());
         }
+        let mut restores = false;
         let starts: Vec<_> = env
             .into_iter()
             .enumerate()
             .map(|(i, worker_env)| {
-                let request = Request::RunTask(with_env(task, worker_env));
+                let task = with_env(task, worker_env);
+                restores |= task.downloads_checkpoint();
+                let request = Request::RunTask(task);
                 let span = info_span!(target: TIMINGS, phase::TASK_START, attempt = self.restart_count, worker = i);
                 self.group
                     .execute_single_async(i, request)
@@ -421,7 +424,15 @@ impl Attempt {
                     .map_err(|e| start_failed(&e))
             })
             .collect::<Result<_, _>>()?;
-        let limit = setup.options.health_check_timeout;
+        // A start that downloads the checkpoint it resumes from may take longer.
+        let limit = if restores {
+            setup
+                .options
+                .health_check_timeout
+                .saturating_add(trainyard_runtime::RESTORE_PATIENCE)
+        } else {
+            setup.options.health_check_timeout
+        };
         tokio::time::timeout(limit, join_all(starts))
             .await
             .map_err(|_| start_timed_out("starting the task", limit))

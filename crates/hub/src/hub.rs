@@ -15,7 +15,9 @@ use tracing::Instrument as _;
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
 use trainyard_runtime::timings;
-use trainyard_runtime::{ActorId, DeathCause, NodeId, Request, Response, RuntimeError};
+use trainyard_runtime::{
+    ActorId, DeathCause, NodeId, RESTORE_PATIENCE, Request, Response, RuntimeError,
+};
 use trainyard_wire::admission::{Gate, Limits};
 use trainyard_wire::config::AgentConfig;
 use trainyard_wire::token::{Role, Token};
@@ -301,20 +303,15 @@ impl AgentHub {
     }
 
     /// Sends one request to an actor's agent and waits (up to [`HubConfig::call_timeout`],
-    /// plus the stop grace for a stop) for its answer; an agent that does not answer in time
+    /// plus the stop grace for a stop, plus [`RESTORE_PATIENCE`] for a task whose start
+    /// downloads a checkpoint) for its answer; an agent that does not answer in time
     /// is killed as unresponsive.
     ///
     /// # Errors
     /// The actor's death, an unknown actor, or the agent's own error.
     pub async fn call(&self, actor: ActorId, request: Request) -> Result<Response, RuntimeError> {
         let core = self.core();
-        let limit = if request == Request::Stop {
-            core.config
-                .call_timeout
-                .saturating_add(core.config.stop_grace)
-        } else {
-            core.config.call_timeout
-        };
+        let limit = call_limit(&core.config, &request);
         let Some(commands) = core.registry.commands(actor) else {
             return Err(core.registry.death(actor));
         };
@@ -439,6 +436,19 @@ impl fmt::Debug for AgentHub {
 }
 
 /// Where agents reach a listener bound to `bound`: loopback for an unspecified address.
+/// How long a call may wait for the agent's answer: the call timeout, plus the stop grace
+/// for a stop, plus [`RESTORE_PATIENCE`] for a task whose start downloads the checkpoint it
+/// resumes from.
+fn call_limit(config: &HubConfig, request: &Request) -> Duration {
+    match request {
+        Request::Stop => config.call_timeout.saturating_add(config.stop_grace),
+        Request::RunTask(task) if task.downloads_checkpoint() => {
+            config.call_timeout.saturating_add(RESTORE_PATIENCE)
+        }
+        _ => config.call_timeout,
+    }
+}
+
 fn reachable(bound: SocketAddr) -> SocketAddr {
     let ip = match bound.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -550,6 +560,31 @@ async fn handshake(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_task_start_that_downloads_a_checkpoint_may_take_the_restore_patience_more() {
+        let config = HubConfig::new("limits");
+        let run = |env: &[(&str, &str)]| {
+            let mut task = trainyard_runtime::TaskSpec::command("python", ["train.py"]);
+            if let trainyard_runtime::TaskSpec::Command { env: task_env, .. } = &mut task {
+                task_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+            }
+            Request::RunTask(task)
+        };
+        assert_eq!(call_limit(&config, &run(&[])), config.call_timeout);
+        assert_eq!(
+            call_limit(
+                &config,
+                &run(&[("TRAINYARD_CHECKPOINT_URI", "s3://b/r/checkpoint_000002")])
+            ),
+            config.call_timeout + RESTORE_PATIENCE
+        );
+        assert_eq!(
+            call_limit(&config, &Request::Stop),
+            config.call_timeout + config.stop_grace
+        );
+        assert_eq!(call_limit(&config, &Request::Poll), config.call_timeout);
+    }
     use crate::registry::DEAD_KEPT;
 
     #[tokio::test]

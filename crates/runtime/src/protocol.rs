@@ -147,7 +147,37 @@ impl TaskSpec {
             env: BTreeMap::new(),
         }
     }
+
+    /// Whether starting the task first downloads the remote checkpoint it resumes from: a
+    /// command whose environment names one ([`trainyard_checkpoint::CHECKPOINT_URI`]; a
+    /// function downloads it as part of its task). Its start may then take up to
+    /// [`RESTORE_PATIENCE`] more than another's.
+    ///
+    /// ```
+    /// use trainyard_runtime::TaskSpec;
+    ///
+    /// let mut task = TaskSpec::command("python", ["train.py"]);
+    /// assert!(!task.downloads_checkpoint());
+    /// if let TaskSpec::Command { env, .. } = &mut task {
+    ///     env.insert("TRAINYARD_CHECKPOINT_URI".into(), "s3://b/run/checkpoint_000003".into());
+    /// }
+    /// assert!(task.downloads_checkpoint());
+    /// ```
+    #[must_use]
+    pub fn downloads_checkpoint(&self) -> bool {
+        match self {
+            Self::Command { env, .. } => env
+                .get(trainyard_checkpoint::CHECKPOINT_URI)
+                .is_some_and(|uri| !uri.is_empty()),
+            Self::Function { .. } => false,
+        }
+    }
 }
+
+/// How much longer than another a task start may take when it downloads the remote
+/// checkpoint it resumes from ([`TaskSpec::downloads_checkpoint`]): a large checkpoint does
+/// not fit a request's usual time.
+pub const RESTORE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 /// Which output stream a log line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
