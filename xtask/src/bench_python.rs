@@ -8,7 +8,7 @@
 //! torch come from the project's venv (`scripts/ray-env.sh`). `--readme` writes the README's
 //! table between its markers.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -21,11 +21,18 @@ const README_START: &str = "<!-- bench-python: written by `cargo xtask bench-pyt
 const README_END: &str = "<!-- /bench-python -->";
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
-    let readme = match args {
-        [] => false,
-        [flag] if flag == "--readme" => true,
-        other => return Err(format!("unknown arguments {other:?}: expected --readme")),
-    };
+    let (mut readme, mut stall) = (false, false);
+    for arg in args {
+        match arg.as_str() {
+            "--readme" => readme = true,
+            "--stall" => stall = true,
+            other => {
+                return Err(format!(
+                    "unknown argument `{other}`: expected --stall or --readme"
+                ));
+            }
+        }
+    }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let root = root
         .canonicalize()
@@ -38,6 +45,9 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     }
     let wheel = crate::python::build_wheel(&ray_python, &root, &scratch.join("dist"))?;
     let python = crate::python::fresh_venv(&ray_python, &scratch.join("venv"), &wheel)?;
+    if stall {
+        return stalls(&root, &python, readme);
+    }
     let trainyard = python.with_file_name("trainyard");
     let program = root.join("benches/python/linear.py");
     let script = root.join("benches/python/linear_script.py");
@@ -46,19 +56,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     for round in 0..ROUNDS {
         let storage = tempfile::tempdir().map_err(|e| e.to_string())?;
         // As a user's shell would start them: no variable of ours, no Ray address.
-        let plain = |program: &std::path::Path| {
-            let mut command = Command::new(program);
-            command
-                .current_dir(storage.path())
-                .env_remove("RAY_ADDRESS")
-                .env("RAY_USAGE_STATS_ENABLED", "0");
-            for (name, _) in std::env::vars_os() {
-                if name.to_string_lossy().starts_with("TRAINYARD_") {
-                    command.env_remove(name);
-                }
-            }
-            command
-        };
+        let plain = |program: &Path| plain(program, storage.path());
         let fit = |which: &str| {
             let mut command = plain(&python);
             command
@@ -118,6 +116,123 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             &figures.table(),
         )?;
         eprintln!("README.md: the bench-python table is rewritten");
+    }
+    Ok(())
+}
+
+/// `program` as a user's shell would start it in `dir`: no variable of ours, no Ray address.
+fn plain(program: &Path, dir: &Path) -> Command {
+    let mut command = Command::new(program);
+    command
+        .current_dir(dir)
+        .env_remove("RAY_ADDRESS")
+        .env("RAY_USAGE_STATS_ENABLED", "0");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("TRAINYARD_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// Rounds of the stall figure; each runs three whole programs.
+const STALL_ROUNDS: usize = 2;
+
+const STALL_START: &str =
+    "<!-- bench-stall: written by `cargo xtask bench-python --stall --readme` -->";
+const STALL_END: &str = "<!-- /bench-stall -->";
+
+/// What one run of `benches/python/stall.py` printed.
+#[derive(serde::Deserialize)]
+struct Stalled {
+    stalls: Vec<f64>,
+    commit: f64,
+}
+
+/// The stall figure: `benches/python/stall.py` as `SYNC` and `ASYNC` on trainyard and as
+/// `ASYNC` on Ray Train, interleaved; the medians of every report's stall and of the time
+/// to commit.
+fn stalls(root: &Path, python: &Path, readme: bool) -> Result<(), String> {
+    let program = root.join("benches/python/stall.py");
+    let contenders = [
+        ("trainyard", "SYNC"),
+        ("trainyard", "ASYNC"),
+        ("ray", "ASYNC"),
+    ];
+    let mut seen: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); contenders.len()];
+    for round in 0..STALL_ROUNDS {
+        for k in 0..contenders.len() {
+            let i = (k + round) % contenders.len();
+            let (which, mode) = contenders[i];
+            let storage = tempfile::tempdir().map_err(|e| e.to_string())?;
+            let output = plain(python, storage.path())
+                .arg(&program)
+                .args([which, mode])
+                .arg(storage.path().join("runs"))
+                .stderr(std::process::Stdio::null())
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+            if !output.status.success() {
+                return Err(format!(
+                    "{which} {mode}: stall.py failed ({})",
+                    output.status
+                ));
+            }
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let line = stdout
+                .lines()
+                .rev()
+                .find(|l| l.starts_with('{'))
+                .unwrap_or("");
+            let stalled: Stalled = serde_json::from_str(line)
+                .map_err(|e| format!("{which} {mode}: not the figures ({e}): {stdout}"))?;
+            eprintln!(
+                "round {}: {which} {mode}: stalls {:?} s, commit {:.2} s",
+                round + 1,
+                stalled
+                    .stalls
+                    .iter()
+                    .map(|s| (s * 1000.0).round() / 1000.0)
+                    .collect::<Vec<_>>(),
+                stalled.commit
+            );
+            seen[i].0.extend(stalled.stalls);
+            seen[i].1.push(stalled.commit);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let figures: Vec<(f64, f64)> = seen
+        .into_iter()
+        .map(|(stalls, commits)| (median(stalls), median(commits)))
+        .collect();
+    let rows = [
+        "trainyard, `SYNC`",
+        "trainyard, `ASYNC`",
+        "Ray Train 2.60, `ASYNC`",
+    ];
+    let mut table = format!(
+        "{STALL_START}\nMeasured with `cargo xtask bench-python --stall` ({}; {STALL_ROUNDS} interleaved rounds of 5 reports per rank, medians, 2 cores, local disk):\n\n\
+         | 2 ranks, 256 MiB per rank per report | stall per `report()` | last report → `fit()` returned |\n\
+         |---|---|---|\n",
+        stamp(root)
+    );
+    for (row, (stall, commit)) in rows.iter().zip(&figures) {
+        println!(
+            "{row}: stall per report {:.1} ms, last report to fit() returned {commit:.2} s",
+            stall * 1000.0
+        );
+        table.push_str(&format!(
+            "| {row} | {:.1} ms | {commit:.2} s |\n",
+            stall * 1000.0
+        ));
+    }
+    table.push_str(STALL_END);
+    if readme {
+        replace_block(&root.join("README.md"), STALL_START, STALL_END, &table)?;
+        eprintln!("README.md: the bench-stall table is rewritten");
     }
     Ok(())
 }

@@ -27,9 +27,10 @@ const USAGE: &str = "usage: cargo xtask <ci|python|tidy|cycles|bench-e2e|bench-p
              hand, crash-to-stop, hangs, elastic growth, 64 workers, and where the launch goes;
              --against times another trainyard build in the same rounds; --readme writes the
              README's table
-  bench-python  [--readme] one 2-worker TorchTrainer program, whole process: the wheel's fit() vs
-             Ray Train 2.60 (the same file importing ray.train), and vs the same work through
-             trainyard run; --readme writes the README's table
+  bench-python  [--stall] [--readme] one 2-worker TorchTrainer program, whole process: the wheel's
+             fit() vs Ray Train 2.60 (the same file importing ray.train), and vs the same work
+             through trainyard run; --stall: report()'s stall with a 256 MiB checkpoint per rank,
+             SYNC and ASYNC vs Ray Train's ASYNC; --readme writes the README's table
   bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
   bench-slurm  time 4 workers of a trivial task on 4 Slurm test nodes: trainyard run --runtime slurm
              vs srun -N 4 -n 4
