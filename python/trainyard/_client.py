@@ -13,10 +13,11 @@ and reads one line back for each::
     {"ok": true, "index": N}
     {"ok": false, "index": N, "error": "..."}
 
-The agent answers only once the checkpoint's files are persisted (or failed
-to be), and only after the report has gone on to the driver; an ``ASYNC`` one
-once the agent has taken the files (it persists them in the background and
-passes the report on in order).
+The agent answers a report with a checkpoint only once the checkpoint's
+files are persisted (or failed to be), and only after the report has gone on
+to the driver; an ``ASYNC`` one once the agent has taken the files (it
+persists them in the background and passes the report on in order); one
+without a checkpoint once it is counted.
 
 A connection that is refused, or reset before its first answer (the agent
 drops connections that have not shown the token when newer ones crowd in;

@@ -12,6 +12,8 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -48,12 +50,20 @@ pub(crate) struct RunningCommand {
     pub(crate) pid: u32,
     /// The task's exit, once it has ended and its end was sent.
     pub(crate) done: watch::Receiver<Option<TaskExit>>,
+    /// Whether its process has been reaped: its id, and its group's, may be another's then,
+    /// while its end waits for the checkpoints it handed in.
+    reaped: Arc<AtomicBool>,
 }
 
 impl RunningCommand {
     /// Whether the task has ended (and its end was sent).
     pub(crate) fn is_done(&self) -> bool {
         self.done.borrow().is_some()
+    }
+
+    /// Whether the task's process is still there to be signalled (it has not been reaped).
+    pub(crate) fn is_alive(&self) -> bool {
+        !self.is_done() && !self.reaped.load(Ordering::Acquire)
     }
 
     /// How the task ended, once it has (and its end was sent).
@@ -67,12 +77,16 @@ impl RunningCommand {
         if self.is_done() {
             return;
         }
-        process_group::signal(self.pid, Signal::SIGTERM);
+        if self.is_alive() {
+            process_group::signal(self.pid, Signal::SIGTERM);
+        }
         if tokio::time::timeout(grace, self.done.wait_for(Option::is_some))
             .await
             .is_err()
         {
-            process_group::signal(self.pid, Signal::SIGKILL);
+            if self.is_alive() {
+                process_group::signal(self.pid, Signal::SIGKILL);
+            }
             let bound = SWEEP_BOUND + Duration::from_secs(5);
             let _ = tokio::time::timeout(bound, self.done.wait_for(Option::is_some)).await;
         }
@@ -233,6 +247,8 @@ pub(crate) async fn start(
             .as_deref()
             .is_some_and(|dir| !trainyard_sys::cgroup::holds(dir, std::process::id()));
     let (done_tx, done) = watch::channel(None);
+    let reaped = Arc::new(AtomicBool::new(false));
+    let reaped_at_end = Arc::clone(&reaped);
     let watchdog = watchdog.clone();
     let outputs = [
         child.stdout.take().map(|out| {
@@ -267,6 +283,7 @@ pub(crate) async fn start(
             watchdog: &watchdog,
         };
         let (exit, ended_ms) = follow(child, readers, reporting, ended).await;
+        reaped_at_end.store(true, Ordering::Release);
         // Checkpoints handed in `ASYNC` are persisted, and their reports sent, before the
         // end: a rank that dies after handing one in still has it persisted.
         if !counted.flush(PERSIST_PATIENCE).await {
@@ -278,6 +295,7 @@ pub(crate) async fn start(
                     PERSIST_PATIENCE.as_secs()
                 ),
             );
+            counted.abandon();
         }
         let error = match exit {
             TaskExit::Failed { .. } => root_cause::command_error(error_file, &tracebacks).await,
@@ -286,7 +304,7 @@ pub(crate) async fn start(
         root_cause::send_exit(&events, exit.clone(), ended_ms, error).await;
         done_tx.send_replace(Some(exit));
     });
-    Ok(RunningCommand { pid, done })
+    Ok(RunningCommand { pid, done, reaped })
 }
 
 /// A task's memory cgroup: its limit, and its OOM kills before the task started.

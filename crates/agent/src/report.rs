@@ -14,14 +14,16 @@
 //!   sent back; a line that is not an object is logged to the task's stderr and skipped.
 //! - **Protocol 2**: then one JSON object per line, `{"metrics": {...}, "checkpoint":
 //!   "/abs/dir" or null}`, each answered with one line once the report has gone on to the
-//!   driver: `{"ok": true, "index": N}`, or `{"ok": false, "index": N, "error": "..."}` when
+//!   driver (its checkpoint persisted): `{"ok": true, "index": N}`, or `{"ok": false, "index": N, "error": "..."}` when
 //!   the checkpoint's files could not be persisted (the driver is told, and never commits
 //!   index `N`). A line that is not such an object is answered with `"index": null` and is
-//!   not a report. With `"upload": "ASYNC"` (and `"delete": false` to keep the directory;
-//!   deleted otherwise) a report is answered once its checkpoint is taken from the task,
-//!   and `"ok": false` then says why it could not be taken; its files are persisted in the
-//!   background, and the report goes on to the driver when they are, in order with the
-//!   others (see [`RankReports`]).
+//!   not a report. A report without a checkpoint is answered once counted. With
+//!   `"upload": "ASYNC"` (and `"delete": false` to keep the directory; deleted otherwise) a
+//!   report is answered once its checkpoint is taken from the task, and `"ok": false` then
+//!   says why it could not be taken; its files are persisted in the background, and the
+//!   report goes on to the driver when they are, in order with the others (see
+//!   [`RankReports`]). `"delete"` means nothing to a `SYNC` report: the client deletes the
+//!   directory itself once answered.
 //!
 //! Lines are at most [`MAX_REPORT`] bytes; a longer one ends the connection. Every report of
 //! either protocol counts: the N-th report of the task, over all its connections, belongs

@@ -116,6 +116,10 @@ struct Shared {
     /// The run folder, opened on the first checkpoint.
     writer: OnceLock<Result<Option<CheckpointWriter>, String>>,
     in_flight: Arc<Semaphore>,
+    /// The runtime the reports' jobs run on: the first report's.
+    runtime: OnceLock<tokio::runtime::Handle>,
+    /// The jobs not known to have finished.
+    jobs: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl RankReports {
@@ -136,6 +140,8 @@ impl RankReports {
                 sent: watch::Sender::new(0),
                 writer: OnceLock::new(),
                 in_flight: Arc::new(Semaphore::new(ASYNC_IN_FLIGHT)),
+                runtime: OnceLock::new(),
+                jobs: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -143,7 +149,8 @@ impl RankReports {
     /// Counts a report, hands in `checkpoint` (an absolute directory) as `mode` says, and
     /// passes the report on in its turn. Returns once the report is passed on (`SYNC`), or
     /// once the checkpoint is taken (`ASYNC`, after waiting for room among the hand-ins in
-    /// flight; with `delete_local` the directory is gone then).
+    /// flight; with `delete_local` the directory is gone then); a report without a
+    /// checkpoint, once it is counted.
     pub async fn report(
         &self,
         metrics: serde_json::Map<String, serde_json::Value>,
@@ -158,74 +165,110 @@ impl RankReports {
                 .ok(),
             _ => None,
         };
-        let seq = {
-            let mut count = self.shared.count.lock().unwrap_or_else(|e| e.into_inner());
-            *count += 1;
-            *count
+        let runtime = self
+            .shared
+            .runtime
+            .get_or_init(tokio::runtime::Handle::current);
+        let Some(dir) = checkpoint.map(Path::to_path_buf) else {
+            let shared = Arc::clone(&self.shared);
+            let index = self.start(runtime, move |seq| {
+                Box::pin(async move { shared.pass_on(seq, metrics, None).await })
+            });
+            return Reported { index, error: None };
         };
-        let index = self.shared.base + seq;
         let (taken_tx, taken) = oneshot::channel();
         let (sent_tx, sent) = oneshot::channel();
         let shared = Arc::clone(&self.shared);
-        let source = checkpoint.map(Path::to_path_buf);
-        tokio::spawn(async move {
-            let hand_in = match source {
-                None => {
-                    let _ = taken_tx.send(None);
-                    None
-                }
-                Some(dir) => Some(
-                    shared
-                        .hand_in(index, &dir, mode, delete_local, taken_tx)
-                        .await,
-                ),
-            };
-            // Its turn: every report before it is passed on.
-            let mut turn = shared.sent.subscribe();
-            let _ = turn.wait_for(|sent| *sent + 1 >= seq).await;
-            let error = match &hand_in {
-                Some(HandIn::Failed { error, .. }) => Some(error.clone()),
-                _ => None,
-            };
-            (shared.sink)(metrics, hand_in).await;
-            shared.sent.send_modify(|sent| *sent = (*sent).max(seq));
-            drop(permit);
-            let _ = sent_tx.send(error);
+        let base = self.shared.base;
+        let index = self.start(runtime, move |seq| {
+            Box::pin(async move {
+                let index = base + seq;
+                let hand_in = shared
+                    .hand_in(index, &dir, mode, delete_local, taken_tx)
+                    .await;
+                let error = match &hand_in {
+                    HandIn::Failed { error, .. } => Some(error.clone()),
+                    HandIn::Persisted { .. } => None,
+                };
+                shared.pass_on(seq, metrics, Some(hand_in)).await;
+                drop(permit);
+                let _ = sent_tx.send(error);
+            })
         });
+        // A job aborted (its agent gave up on it) says nothing: that is no success.
+        let abandoned = || Some("the hand-in was abandoned before it was persisted".to_owned());
         let error = match mode {
-            UploadMode::Async => taken.await.ok().flatten(),
-            UploadMode::Sync => sent.await.ok().flatten(),
+            UploadMode::Async => taken.await.unwrap_or_else(|_| abandoned()),
+            UploadMode::Sync => sent.await.unwrap_or_else(|_| abandoned()),
         };
         Reported { index, error }
     }
 
-    /// Counts a report without a checkpoint and gives it to `send` at once, when no report
-    /// made before it is still on its way (the common case, for callers that cannot wait);
-    /// its index. `Err` gives the metrics back otherwise: [`RankReports::report`] them.
-    ///
-    /// # Errors
-    /// The metrics, when earlier reports are not passed on yet.
-    pub fn try_report_now(
+    /// Counts a report without a checkpoint for callers that cannot wait: given to
+    /// `send_now` at once when no report made before it is still on its way (the common
+    /// case), else passed on in its turn by a job on the runtime of the earlier reports. Its
+    /// index.
+    pub fn report_now_or_later(
         &self,
         metrics: serde_json::Map<String, serde_json::Value>,
-        send: impl FnOnce(serde_json::Map<String, serde_json::Value>),
-    ) -> Result<u64, serde_json::Map<String, serde_json::Value>> {
-        let mut count = self.shared.count.lock().unwrap_or_else(|e| e.into_inner());
-        if *self.shared.sent.borrow() != *count {
-            return Err(metrics);
+        send_now: impl FnOnce(serde_json::Map<String, serde_json::Value>),
+    ) -> u64 {
+        let runtime = self
+            .shared
+            .runtime
+            .get()
+            .cloned()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        let mut count = self.shared.lock_count();
+        let seq = *count + 1;
+        match runtime {
+            Some(runtime) if *self.shared.sent.borrow() != *count => {
+                *count = seq;
+                let shared = Arc::clone(&self.shared);
+                let job = runtime.spawn(async move { shared.pass_on(seq, metrics, None).await });
+                self.shared.track(&job);
+            }
+            // Nothing before it is on its way (and with no runtime, nothing can be).
+            _ => {
+                *count = seq;
+                send_now(metrics);
+                self.shared
+                    .sent
+                    .send_modify(|sent| *sent = (*sent).max(seq));
+            }
         }
+        self.shared.base + seq
+    }
+
+    /// Counts a report and starts `job` with its number (1 for the task's first report),
+    /// under the count's lock, so that numbers are handed out in the order jobs start; its
+    /// index.
+    fn start(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        job: impl FnOnce(u64) -> futures::future::BoxFuture<'static, ()>,
+    ) -> u64 {
+        let mut count = self.shared.lock_count();
         *count += 1;
         let seq = *count;
-        send(metrics);
-        self.shared
-            .sent
-            .send_modify(|sent| *sent = (*sent).max(seq));
-        Ok(self.shared.base + seq)
+        let job = runtime.spawn(job(seq));
+        self.shared.track(&job);
+        self.shared.base + seq
+    }
+
+    /// Gives up on the reports not passed on yet: their jobs are aborted, their staging
+    /// directories deleted, and they never reach the sink (after [`RankReports::flush`] ran
+    /// out of time, so that none outlives its task).
+    pub fn abandon(&self) {
+        let jobs = std::mem::take(&mut *self.shared.lock_jobs());
+        for job in jobs {
+            job.abort();
+        }
     }
 
     /// Waits up to `within` until every report made so far is passed on; whether they are.
     pub async fn flush(&self, within: Duration) -> bool {
-        let made = *self.shared.count.lock().unwrap_or_else(|e| e.into_inner());
+        let made = *self.shared.lock_count();
         let mut sent = self.shared.sent.subscribe();
         tokio::time::timeout(within, sent.wait_for(|sent| *sent >= made))
             .await
@@ -235,12 +278,40 @@ impl RankReports {
     /// How many reports were made and not passed on yet.
     #[must_use]
     pub fn unsent(&self) -> u64 {
-        let made = *self.shared.count.lock().unwrap_or_else(|e| e.into_inner());
+        let made = *self.shared.lock_count();
         made.saturating_sub(*self.shared.sent.borrow())
     }
 }
 
 impl Shared {
+    fn lock_count(&self) -> std::sync::MutexGuard<'_, u64> {
+        self.count.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_jobs(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::AbortHandle>> {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `job`'s handle for [`RankReports::abandon`], letting go of finished ones.
+    fn track(&self, job: &tokio::task::JoinHandle<()>) {
+        let mut jobs = self.lock_jobs();
+        jobs.retain(|job| !job.is_finished());
+        jobs.push(job.abort_handle());
+    }
+
+    /// Passes report `seq` on once every report before it is.
+    async fn pass_on(
+        &self,
+        seq: u64,
+        metrics: serde_json::Map<String, serde_json::Value>,
+        hand_in: Option<HandIn>,
+    ) {
+        let mut turn = self.sent.subscribe();
+        let _ = turn.wait_for(|sent| *sent + 1 >= seq).await;
+        (self.sink)(metrics, hand_in).await;
+        self.sent.send_modify(|sent| *sent = (*sent).max(seq));
+    }
+
     /// The run folder's writer; an error in words when there is none.
     fn writer(&self) -> Result<&CheckpointWriter, String> {
         let opened = self.writer.get_or_init(|| {
@@ -459,6 +530,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn abandoned_reports_are_never_passed_on() {
+        let (root, env) = run_env();
+        let gate = Arc::new(Gate::new(0));
+        let (sink, seen) = recording(&gate);
+        let reports = RankReports::new(&env, sink);
+        let dir = shard(root.path(), "c1");
+        reports
+            .report(step(1), Some(&dir), UploadMode::Async, true)
+            .await;
+        assert!(!reports.flush(Duration::from_millis(100)).await);
+        reports.abandon();
+        gate.add_permits(10);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(seen.lock().unwrap().is_empty(), "never passed on");
+        assert_eq!(reports.unsent(), 1);
+    }
+
+    #[tokio::test]
     async fn a_report_sent_at_once_waits_behind_hand_ins_on_their_way() {
         let (root, env) = run_env();
         let gate = Arc::new(Gate::new(0));
@@ -466,21 +555,29 @@ mod tests {
         let reports = RankReports::new(&env, sink);
         let sent_now = |reports: &RankReports, n| {
             let seen = Arc::clone(&seen);
-            reports.try_report_now(step(n), move |metrics| {
+            let now = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let told = Arc::clone(&now);
+            let index = reports.report_now_or_later(step(n), move |metrics| {
                 let n = metrics["step"].as_u64().unwrap();
                 seen.lock().unwrap().push((n, None));
-            })
+                told.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            (index, now.load(std::sync::atomic::Ordering::SeqCst))
         };
-        assert_eq!(sent_now(&reports, 1), Ok(1));
+        assert_eq!(sent_now(&reports, 1), (1, true));
         let dir = shard(root.path(), "c2");
         reports
             .report(step(2), Some(&dir), UploadMode::Async, true)
             .await;
-        assert_eq!(sent_now(&reports, 3), Err(step(3)), "one is on its way");
-        gate.add_permits(1);
+        // Counted at once, passed on after the hand-in on its way.
+        assert_eq!(sent_now(&reports, 3), (3, false));
+        let last = reports.report(step(4), None, UploadMode::Sync, false).await;
+        assert_eq!(last.index, 4);
+        assert_eq!(reports.unsent(), 3);
+        gate.add_permits(10);
         assert!(reports.flush(Duration::from_secs(10)).await);
-        assert_eq!(sent_now(&reports, 3), Ok(3));
+        assert_eq!(sent_now(&reports, 5), (5, true));
         let order: Vec<u64> = seen.lock().unwrap().iter().map(|(n, _)| *n).collect();
-        assert_eq!(order, [1, 2, 3]);
+        assert_eq!(order, [1, 2, 3, 4, 5]);
     }
 }

@@ -94,9 +94,9 @@ impl CheckpointWriter {
     }
 
     /// Takes `source` from the rank for a later [`CheckpointWriter::persist`] of
-    /// [`Taken::path`] (an `ASYNC` hand-in): renamed into a staging directory beside it with
-    /// `delete_local` (then `source` is gone), else hard-linked there file by file (copied
-    /// where a link cannot be made). Walked first with the hand-in rules and this writer's
+    /// [`Taken::path`] (an `ASYNC` hand-in): renamed into a private staging directory on its
+    /// file system with `delete_local` (then `source` is gone), else hard-linked there file by
+    /// file (copied where a link cannot be made). Walked first with the hand-in rules and this writer's
     /// limits.
     ///
     /// # Errors

@@ -435,7 +435,6 @@ impl fmt::Debug for AgentHub {
     }
 }
 
-/// Where agents reach a listener bound to `bound`: loopback for an unspecified address.
 /// How long a call may wait for the agent's answer: the call timeout, plus the stop grace
 /// for a stop, plus [`RESTORE_PATIENCE`] for a task whose start downloads the checkpoint it
 /// resumes from.
@@ -449,6 +448,7 @@ fn call_limit(config: &HubConfig, request: &Request) -> Duration {
     }
 }
 
+/// Where agents reach a listener bound to `bound`: loopback for an unspecified address.
 fn reachable(bound: SocketAddr) -> SocketAddr {
     let ip = match bound.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -560,6 +560,7 @@ async fn handshake(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::registry::DEAD_KEPT;
 
     #[test]
     fn a_task_start_that_downloads_a_checkpoint_may_take_the_restore_patience_more() {
@@ -585,7 +586,6 @@ mod tests {
         );
         assert_eq!(call_limit(&config, &Request::Poll), config.call_timeout);
     }
-    use crate::registry::DEAD_KEPT;
 
     #[tokio::test]
     async fn an_actor_whose_cause_was_let_go_is_gone_for_calls_and_kills() {

@@ -144,6 +144,7 @@ impl FunctionRegistry {
                         unsent = reports.unsent(),
                         "reports whose checkpoints were still being persisted are dropped"
                     );
+                    reports.abandon();
                 }
                 result
             }) as BoxFuture<'static, TaskResult>
@@ -237,17 +238,7 @@ impl TaskContext {
                 checkpoint: None,
             });
         };
-        let Err(metrics) = self.reports.try_report_now(metrics, send) else {
-            return;
-        };
-        // Earlier hand-ins are on their way, on this runtime: this one goes after them.
-        let reports = self.reports.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(async move {
-                reports.report(metrics, None, UploadMode::Sync, false).await
-            })),
-            Err(_) => send(metrics),
-        }
+        self.reports.report_now_or_later(metrics, send);
     }
 
     /// Sends a metrics report with a checkpoint: every file under `dir` is persisted into the

@@ -144,7 +144,9 @@ class CheckpointUploadMode(enum.Enum):
     the checkpoint commits when every rank's part is persisted). Taken means renamed
     away (the directory is gone then), or, with
     ``delete_local_checkpoint_after_upload=False``, its files hard-linked: replace a
-    file rather than rewrite it in place until the next ``ASYNC`` report returns. At
+    file (write a new one and rename it over) rather than write it again in place until
+    it is persisted, which is known once two more ``ASYNC`` reports with a checkpoint
+    have returned. At
     most two are on their way per rank; the next ``ASYNC`` report with a checkpoint
     waits for room. A rank that dies after ``report`` returned still has its files
     persisted. ``NO_UPLOAD``: as ``SYNC`` here (every checkpoint is persisted into the

@@ -118,7 +118,7 @@ impl Agent {
     /// in the agent's own process and has no process of its own to signal.
     pub(super) fn relay(&self, signal: Signal) {
         match &self.task {
-            Some(Running::Command(command)) if !command.is_done() => {
+            Some(Running::Command(command)) if command.is_alive() => {
                 if !trainyard_sys::process_group::signal(command.pid, signal) {
                     tracing::debug!(pid = command.pid, ?signal, "the task's group is gone");
                 }
@@ -165,7 +165,7 @@ impl Agent {
     /// What runs, for its stacks.
     fn subject(&self) -> Subject {
         match &self.task {
-            Some(Running::Command(command)) if !command.is_done() => {
+            Some(Running::Command(command)) if command.is_alive() => {
                 Subject::Command { pid: command.pid }
             }
             Some(task @ Running::Function(_)) if !task.is_done() => Subject::Function,
@@ -190,7 +190,7 @@ impl Agent {
     /// The running command's process id.
     fn task_pid(&self) -> Option<u32> {
         match &self.task {
-            Some(Running::Command(command)) if !command.is_done() => Some(command.pid),
+            Some(Running::Command(command)) if command.is_alive() => Some(command.pid),
             _ => None,
         }
     }

@@ -1,18 +1,18 @@
 //! Taking a rank's checkpoint directory for a persist in the background (`ASYNC` hand-ins).
 //!
-//! The rank's files are moved or linked into a staging directory of the agent's on the
-//! handed-in directory's file system (in the temporary directory when it is there, else
-//! beside the directory): with `delete_local` the directory is renamed
-//! there whole, one system call whatever it holds; otherwise each file is hard-linked, and
-//! copied only when it cannot be (another file system, a file of another user's under
-//! `protected_hardlinks`). Either way the files are walked first with the hand-in rules
-//! (nothing but regular files and directories, the rank's limits), and the persist walks the
-//! staging directory again with the same rules.
+//! The rank's files are moved or linked into a staging directory of the agent's (mode 0700)
+//! on the handed-in directory's file system: in the temporary directory when that is on it,
+//! else beside the directory. With `delete_local` the directory is renamed into it whole, one
+//! system call whatever it holds; otherwise each file is hard-linked, and copied only when it
+//! cannot be (another file system, a file of another user's under `protected_hardlinks`).
+//! Either way the files are walked first with the hand-in rules (nothing but regular files
+//! and directories, the rank's limits), and the persist walks the staging directory again
+//! with the same rules.
 //!
-//! A linked file is the rank's file: one rewritten in place (opened without `O_TRUNC`'s new
-//! inode, or truncated and written again) before it is persisted changes what is persisted,
-//! as a file changed during Ray Train's `ASYNC` upload does. A file replaced by a new one
-//! (written to a new name and renamed, or deleted and created again) does not.
+//! A linked file is the rank's file: written again in place before it is persisted (opened
+//! for writing, `torch.save` to the same name included), it changes what is persisted, as a
+//! file changed during Ray Train's `ASYNC` upload does. A file replaced by a new one (written
+//! to another name and renamed over it, or deleted and created again) does not.
 
 use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
@@ -22,22 +22,25 @@ use super::local::{blocking, copy_file};
 use crate::StorageError;
 
 /// A handed-in directory taken into staging; [`Taken::remove`] deletes it once persisted
-/// (dropped without it, it is deleted then, off the async threads when there are some).
+/// (dropped without it, it is deleted then).
 #[derive(Debug)]
 pub struct Taken {
-    dir: Option<PathBuf>,
+    /// The staging directory, of the agent's alone.
+    staging: Option<PathBuf>,
+    /// The rank's files, in it.
+    files: PathBuf,
 }
 
 impl Taken {
-    /// The staging directory that holds the rank's files now.
+    /// The directory that holds the rank's files now.
     #[must_use]
     pub fn path(&self) -> &Path {
-        self.dir.as_deref().unwrap_or(Path::new(""))
+        &self.files
     }
 
     /// Deletes the staging directory.
     pub async fn remove(mut self) {
-        if let Some(dir) = self.dir.take() {
+        if let Some(dir) = self.staging.take() {
             let _ = tokio::task::spawn_blocking(move || remove_staging(&dir)).await;
         }
     }
@@ -45,11 +48,10 @@ impl Taken {
 
 impl Drop for Taken {
     fn drop(&mut self) {
-        if let Some(dir) = self.dir.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn_blocking(move || remove_staging(&dir))),
-                Err(_) => remove_staging(&dir),
-            }
+        // Rare (a failed take, an abandoned hand-in, a runtime shutting down): deleted here
+        // and now, where a task handed to the runtime might never run.
+        if let Some(dir) = self.staging.take() {
+            remove_staging(&dir);
         }
     }
 }
@@ -67,8 +69,8 @@ fn remove_staging(dir: &Path) {
 ///
 /// # Errors
 /// What the walk refuses ([`StorageError::NotADirectory`], [`StorageError::NotARegularFile`],
-/// the limits), or the first link, copy or delete that failed (nothing is taken then, and
-/// `source` is left as it was, unless only its deletion failed).
+/// the limits), or the first link or copy that failed (nothing is taken then, and `source`
+/// is left as it was).
 pub(crate) async fn take(
     source: &Path,
     delete_local: bool,
@@ -89,18 +91,18 @@ fn take_blocking(
     let files = walk_within(source, limits)?;
     // A link to a directory (the caller named it) is taken for the directory it names.
     let source = &std::fs::canonicalize(source).map_err(|error| io("read", source, error))?;
-    let staging = staging_beside(source);
-    if delete_local && std::fs::rename(source, &staging).is_ok() {
-        return Ok(Taken { dir: Some(staging) });
+    let staging = make_staging(source)?;
+    let taken = Taken {
+        files: staging.join("files"),
+        staging: Some(staging),
+    };
+    if delete_local && std::fs::rename(source, &taken.files).is_ok() {
+        return Ok(taken);
     }
     // Not renamed (a mount point, the working directory, a parent not writable): linked or
-    // copied, file by file, into a staging directory where one can be made.
-    let staging = make_staging(staging)?;
-    let taken = Taken {
-        dir: Some(staging.clone()),
-    };
+    // copied, file by file.
     for file in &files {
-        let to = staging.join(&file.name);
+        let to = taken.files.join(&file.name);
         if let Some(parent) = to.parent() {
             std::fs::DirBuilder::new()
                 .recursive(true)
@@ -113,39 +115,50 @@ fn take_blocking(
         }
     }
     if delete_local {
-        std::fs::remove_dir_all(source).map_err(|error| io("delete", source, error))?;
+        // Every file is taken: a directory that cannot be deleted (whole) is left, said.
+        if let Err(error) = std::fs::remove_dir_all(source) {
+            tracing::warn!(dir = %source.display(), %error, "a checkpoint directory handed in ASYNC could not be deleted; its files are taken all the same");
+        }
     }
     Ok(taken)
 }
 
-/// A fresh name for the staging directory, hidden (`.trainyard-handin-<random>`), on the
-/// file system of `source`: in the temporary directory when that is on it (where a rank's
-/// folder that holds `source` and is deleted once `report` returns cannot take the staging
-/// directory with it), else beside `source`.
-fn staging_beside(source: &Path) -> PathBuf {
+/// A fresh staging directory (mode 0700, `.trainyard-handin-<random>`) on the file system
+/// of `source` and outside it: in the temporary directory when that is on it (where a
+/// rank's folder that holds `source`, deleted once `report` returns, cannot take the
+/// staging directory with it), else beside `source`; else in the temporary directory all
+/// the same (the files are copied then).
+fn make_staging(source: &Path) -> Result<PathBuf, StorageError> {
     use std::os::unix::fs::MetadataExt as _;
     let name = format!(".trainyard-handin-{}", random_suffix());
     let temp = std::env::temp_dir();
     let device = |path: &Path| std::fs::metadata(path).ok().map(|meta| meta.dev());
+    let mut candidates = Vec::new();
     if device(&temp).is_some() && device(&temp) == device(source) {
-        return temp.join(name);
+        candidates.push(temp.join(&name));
     }
-    match source.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.join(name),
-        _ => PathBuf::from(name),
+    if let Some(parent) = source.parent() {
+        candidates.push(parent.join(&name));
     }
-}
-
-/// Makes `beside` (mode 0700), or a fresh directory in the temporary directory when that
-/// cannot be made.
-fn make_staging(beside: PathBuf) -> Result<PathBuf, StorageError> {
+    candidates.push(temp.join(&name));
     let make = |dir: &Path| std::fs::DirBuilder::new().mode(0o700).create(dir);
-    if make(&beside).is_ok() {
-        return Ok(beside);
+    let mut last = None;
+    for dir in candidates {
+        if dir.starts_with(source) {
+            continue;
+        }
+        match make(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(error) => last = Some((dir, error)),
+        }
     }
-    let elsewhere = std::env::temp_dir().join(format!(".trainyard-handin-{}", random_suffix()));
-    make(&elsewhere).map_err(|error| io("write", &elsewhere, error))?;
-    Ok(elsewhere)
+    let (dir, error) = last.unwrap_or_else(|| {
+        (
+            temp.join(&name),
+            std::io::Error::other("the temporary directory is inside the handed-in one"),
+        )
+    });
+    Err(io("write", &dir, error))
 }
 
 #[cfg(test)]
@@ -171,7 +184,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_directory_to_delete_is_renamed_beside_itself_and_gone() {
+    async fn a_directory_to_delete_is_renamed_into_a_private_staging_directory_and_gone() {
         let root = tempfile::tempdir().unwrap();
         let source = checkpoint(root.path());
         let inode = std::fs::metadata(source.join("model.pt")).unwrap().ino();
@@ -184,7 +197,12 @@ mod tests {
         assert_eq!(names(taken.path()), ["model.pt", "sub/optim.pt"]);
         let moved = std::fs::metadata(taken.path().join("model.pt")).unwrap();
         assert_eq!(moved.ino(), inode, "moved, not copied");
-        let staging = taken.path().to_path_buf();
+        let staging = taken.path().parent().unwrap().to_path_buf();
+        let mode = std::fs::metadata(&staging).unwrap().mode() & 0o777;
+        assert_eq!(
+            mode, 0o700,
+            "other users cannot look in while it is persisted"
+        );
         taken.remove().await;
         assert!(!staging.exists());
     }
@@ -209,14 +227,8 @@ mod tests {
             std::fs::read(taken.path().join("model.pt")).unwrap(),
             b"weights"
         );
-        let staging = taken.path().to_path_buf();
+        let staging = taken.path().parent().unwrap().to_path_buf();
         drop(taken);
-        for _ in 0..100 {
-            if !staging.exists() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
         assert!(!staging.exists(), "dropped, the staging directory goes too");
     }
 
