@@ -7,7 +7,8 @@
 //! 2. The time from a rank's death to every rank running again from a 100 MB checkpoint,
 //!    restart back-off excluded, for 2 workers of a real `trainyard run`: rank 1 prints the
 //!    time it SIGKILLs itself, each rank of the next attempt prints the time it has read the
-//!    checkpoint it resumes from.
+//!    checkpoint it resumes from. `--against BIN` runs the same rounds with another build
+//!    of `trainyard`, interleaved, each first in turn.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -195,7 +196,10 @@ fn persist_figure(work: &Path) -> Result<f64, String> {
 fn restart_round(trainyard: &Path, root: &Path, work: &Path, round: usize) -> Result<f64, String> {
     let script = work.join("restart.py");
     io("write the script", std::fs::write(&script, RESTART_SCRIPT))?;
-    let flag = work.join(format!("flag-{round}"));
+    // A fresh flag for every run, whichever build it is.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let flag = work.join(format!("flag-{round}-{run}"));
     let out = io(
         "run trainyard",
         Command::new(trainyard)
@@ -254,30 +258,61 @@ fn restart_round(trainyard: &Path, root: &Path, work: &Path, round: usize) -> Re
     Ok(last - died - backoff)
 }
 
-fn restart_figure(root: &Path, work: &Path) -> Result<f64, String> {
+fn restart_figure(root: &Path, work: &Path, against: Option<&Path>) -> Result<f64, String> {
     crate::cargo(&["build", "--release", "-p", "trainyard-cli"])?;
     let trainyard = crate::target_dir().join("release/trainyard");
     let mut times = Vec::new();
+    let mut theirs = Vec::new();
     for round in 1..=RESTART_ROUNDS {
-        let seconds = restart_round(&trainyard, root, work, round)?;
-        eprintln!("round {round}: {seconds:.3}s from the death to every rank running again");
-        times.push(Duration::from_secs_f64(seconds.max(0.0)));
+        // Each build goes first in turn.
+        let mut builds: Vec<(&Path, &mut Vec<Duration>)> = vec![(&trainyard, &mut times)];
+        if let Some(other) = against {
+            builds.push((other, &mut theirs));
+            if round % 2 == 0 {
+                builds.reverse();
+            }
+        }
+        for (build, seen) in builds {
+            let seconds = restart_round(build, root, work, round)?;
+            eprintln!(
+                "round {round}, {}: {seconds:.3}s from the death to every rank running again",
+                build.display()
+            );
+            seen.push(Duration::from_secs_f64(seconds.max(0.0)));
+        }
     }
     let median = crate::bench_e2e::median(times).as_secs_f64();
     println!(
         "restart of 2 workers from a 100 MB checkpoint, back-off excluded, median of {RESTART_ROUNDS}:"
     );
     println!("  from a rank's death to every rank running again: {median:.3}s (target < 1 s)");
+    if let Some(other) = against {
+        let theirs = crate::bench_e2e::median(theirs).as_secs_f64();
+        println!(
+            "  the same with {}: {theirs:.3}s; this build is {:.2} × it",
+            other.display(),
+            median / theirs
+        );
+    }
     Ok(median)
 }
 
-pub(crate) fn run() -> Result<(), String> {
+pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    let against = match args {
+        [] => None,
+        [flag, bin] if flag == "--against" => Some(PathBuf::from(bin)),
+        other => {
+            return Err(format!(
+                "unknown arguments {other:?}: expected --against BIN"
+            ));
+        }
+    };
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let work = crate::target_dir().join("bench-checkpoint");
     let _ = std::fs::remove_dir_all(&work);
     io("make the work folder", std::fs::create_dir_all(&work))?;
     let ratio = persist_figure(&work);
-    let restart = restart_figure(&root, &work);
+    let restart = restart_figure(&root, &work, against.as_deref());
     let _ = std::fs::remove_dir_all(&work);
     let (ratio, restart) = (ratio?, restart?);
     if ratio < 0.8 || restart >= 1.0 {

@@ -34,8 +34,8 @@ const USAGE: &str = "usage: cargo xtask <ci|python|tidy|cycles|bench-e2e|bench-p
   bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
   bench-slurm  time 4 workers of a trivial task on 4 Slurm test nodes: trainyard run --runtime slurm
              vs srun -N 4 -n 4
-  bench-checkpoint  persist 1 GiB of checkpoint vs cp -r; a rank's death to every rank resumed
-             from a 100 MB checkpoint
+  bench-checkpoint  [--against BIN] persist 1 GiB of checkpoint vs cp -r; a rank's death to every
+             rank resumed from a 100 MB checkpoint (interleaved with BIN's when given)
   soak       [--runs N] N (300) back-to-back local runs, a mix of endings; fails on a wrong exit
              code or on processes, descriptors, listening sockets or ledger entries left behind";
 
@@ -50,7 +50,9 @@ fn main() -> ExitCode {
         Some("bench-python") => bench_python::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("bench-ray") => bench_ray::run(),
         Some("bench-slurm") => bench_slurm::run(),
-        Some("bench-checkpoint") => bench_checkpoint::run(),
+        Some("bench-checkpoint") => {
+            bench_checkpoint::run(&std::env::args().skip(2).collect::<Vec<_>>())
+        }
         Some("soak") => soak::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => {
             eprintln!("{USAGE}");
