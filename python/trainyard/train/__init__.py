@@ -216,7 +216,7 @@ def report(
             # one write() per line, even when stderr is unbuffered
             print(STDERR_PREFIX + line + "\n", end="", file=sys.stderr, flush=True)
         return
-    # Checked here, where the caller sees it, not in the background.
+    # Checked here, so that the caller sees the ValueError before anything is sent.
     json.dumps(metrics, allow_nan=False)
     path = None if checkpoint is None else checkpoint.path
     if mode is CheckpointUploadMode.ASYNC:
