@@ -310,10 +310,15 @@ fn the_root_cause_is_the_first_rank_to_fail_with_its_recorded_exception() {
         line_of(&script, "raise ValueError"),
         "the traceback's innermost frame: {error}"
     );
+    // The exception ends the rank with code 1; now and then gloo's threads abort its
+    // interpreter's exit instead (torch's own "terminate called without an active
+    // exception", after the error file is written). The root cause is the same either way.
     assert!(
-        failed["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("rank 1 exited with code 1: ValueError: bad batch")),
+        failed["error"].as_str().is_some_and(|e| {
+            (e.contains("rank 1 exited with code 1: ")
+                || e.contains("rank 1 was killed by signal 6 (SIGABRT): "))
+                && e.contains("ValueError: bad batch")
+        }),
         "{failed}"
     );
     assert_nothing_left(&sandbox);
