@@ -255,11 +255,8 @@ impl TaskContext {
         metrics: serde_json::Map<String, serde_json::Value>,
         dir: impl AsRef<Path>,
     ) -> Result<(), StorageError> {
-        self.reports
-            .report(metrics, Some(dir.as_ref()), UploadMode::Sync, false)
+        self.hand_in(metrics, dir.as_ref(), UploadMode::Sync, false)
             .await
-            .into_result()
-            .map(drop)
     }
 
     /// Sends a metrics report with a checkpoint handed in `ASYNC` (Ray Train's
@@ -280,8 +277,20 @@ impl TaskContext {
         dir: impl AsRef<Path>,
         delete_local: bool,
     ) -> Result<(), StorageError> {
+        self.hand_in(metrics, dir.as_ref(), UploadMode::Async, delete_local)
+            .await
+    }
+
+    /// A report with the checkpoint in `dir`, handed in as `mode` says.
+    async fn hand_in(
+        &self,
+        metrics: serde_json::Map<String, serde_json::Value>,
+        dir: &Path,
+        mode: UploadMode,
+        delete_local: bool,
+    ) -> Result<(), StorageError> {
         self.reports
-            .report(metrics, Some(dir.as_ref()), UploadMode::Async, delete_local)
+            .report(metrics, Some(dir), mode, delete_local)
             .await
             .into_result()
             .map(drop)
