@@ -96,7 +96,27 @@ def _command(
     args += run._cli_args()
     if timeout_s is not None:
         args += ["--torch-timeout", str(timeout_s)]
+    warm = _warm_modules(runtime)
+    if warm:
+        args += ["--warm-python", warm]
     return args + ["--", sys.executable, "-m", "trainyard._worker", fit_dir]
+
+
+WARM_PYTHON_VAR = "TRAINYARD_WARM_PYTHON"
+
+
+def _warm_modules(runtime: str) -> str:
+    """What the workers' warm Python imports before any rank starts (``trainyard run
+    --warm-python``): ``$TRAINYARD_WARM_PYTHON`` when set (empty: every rank starts cold),
+    else ``torch`` where it is installed. Local runs only: on Ray and Slurm ranks start cold."""
+    if runtime != "local":
+        return ""
+    given = os.environ.get(WARM_PYTHON_VAR)
+    if given is not None:
+        return given.strip()
+    import importlib.util
+
+    return "torch" if importlib.util.find_spec("torch") is not None else ""
 
 
 def _die_with_parent() -> None:

@@ -83,6 +83,7 @@ mod report;
 mod root_cause;
 mod scheduler;
 mod stacks;
+mod warm;
 mod watchdog;
 mod workdir;
 

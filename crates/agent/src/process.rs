@@ -29,7 +29,7 @@ use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
 use trainyard_sys::cgroup::OomCounter;
 use trainyard_sys::process_group;
 use trainyard_sys::spawn::{SpawnError, TaskSetup};
-use trainyard_wire::config::{MemoryLimit, PRIVATE};
+use trainyard_wire::config::{AgentConfig, MemoryLimit, PRIVATE};
 
 use crate::descendants::{self, SWEEP_BOUND};
 use crate::lines::{Lines, MAX_LINE};
@@ -145,7 +145,9 @@ pub(crate) fn resolve(
     Ok(path)
 }
 
-/// Starts `program` with `args` and `env` as a task; its events go to `events`, ending
+/// Starts `program` with `args` and `env` as a task of the worker `worker` configures (its
+/// memory limit; its warm Python, which starts the task when `program` is its
+/// interpreter); its events go to `events`, ending
 /// with [`ActorEvent::TaskExited`](trainyard_runtime::events::ActorEvent::TaskExited) (after
 /// a failure, preceded by its root cause, read from `error_file` when there is one). The
 /// agent's `watchdog` kills the task's group and the worker's cgroup should the agent be
@@ -157,11 +159,13 @@ pub(crate) async fn start(
     program: &str,
     args: Vec<String>,
     mut env: BTreeMap<String, String>,
-    memory: Option<MemoryLimit>,
+    worker: &AgentConfig,
     error_file: Option<PathBuf>,
     events: EventSender,
     watchdog: &Watchdog,
 ) -> Result<RunningCommand, TaskRejection> {
+    let memory = worker.memory.clone();
+    let warm = worker.warm_python.as_ref();
     let resolved = resolve(program, &env)?;
     let spawn_failed = |error: &dyn std::fmt::Display| TaskRejection::SpawnFailed {
         program: program.to_owned(),
@@ -171,16 +175,6 @@ pub(crate) async fn start(
     // Counted against the task's own environment, as the driver sent it.
     let counted = crate::handin::task_reports(&env, events.clone());
     env.extend(reports.env());
-    let mut command = std::process::Command::new(&resolved);
-    command.args(args).env_clear().envs(&env);
-    // The agent's own variables reach no task, whatever the driver set.
-    for private in PRIVATE {
-        command.env_remove(private);
-    }
-    let probe = task_setup(memory.as_ref())
-        .map_err(|e| spawn_failed(&e))?
-        .apply(&mut command)
-        .map_err(|e| spawn_failed(&e))?;
     let cgroup = match &memory {
         Some(MemoryLimit::Cgroup { path, limit }) => {
             OomCounter::open(path).map(|counter| CgroupLimit {
@@ -199,19 +193,59 @@ pub(crate) async fn start(
         _ => None,
     };
     descendants::task_starting();
-    // Returns once the program is executing: set up (cgroup, session, parent-death signal)
-    // between `fork` and `exec`, or not started, with the step that failed.
-    let mut child = Command::from(command)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| spawn_failed(&probe.explain(e)))?;
-    let pid = child
+    let (leader, stdout, stderr, joined) = if let Some(warm) = crate::warm::serving(warm, &resolved)
+    {
+        // The agent's own variables are not in `env`: the driver's are, and the warm
+        // Python's request carries them whole.
+        for private in PRIVATE {
+            env.remove(private);
+        }
+        let mut argv = vec![resolved.display().to_string()];
+        argv.extend(args);
+        let mut task = crate::warm::start(warm, argv, &env, memory.as_ref())
+            .await
+            .map_err(|e| spawn_failed(&e))?;
+        let joined = task.joined;
+        let (stdout, stderr) = task.take_output();
+        (Leader::Warm(task), stdout, stderr, Some(Ok(joined)))
+    } else {
+        let mut command = std::process::Command::new(&resolved);
+        command.args(args).env_clear().envs(&env);
+        // The agent's own variables reach no task, whatever the driver set.
+        for private in PRIVATE {
+            command.env_remove(private);
+        }
+        let probe = task_setup(memory.as_ref())
+            .map_err(|e| spawn_failed(&e))?
+            .apply(&mut command)
+            .map_err(|e| spawn_failed(&e))?;
+        // Returns once the program is executing: set up (cgroup, session, parent-death
+        // signal) between `fork` and `exec`, or not started, with the step that failed.
+        let mut child = Command::from(command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| spawn_failed(&probe.explain(e)))?;
+        let stdout = child
+            .stdout
+            .take()
+            .map(|out| Box::new(out) as Box<dyn AsyncRead + Send + Unpin>);
+        let stderr = child
+            .stderr
+            .take()
+            .map(|err| Box::new(err) as Box<dyn AsyncRead + Send + Unpin>);
+        let joined = probe
+            .cgroup_join()
+            .map(|joined| joined.map(|()| true).map_err(|e| e.to_string()));
+        (Leader::Spawned(child), stdout, stderr, joined)
+    };
+    let pid = leader
         .id()
         .ok_or_else(|| spawn_failed(&"the process ended at once"))?;
-    // The task is this process's unreaped child: its pid is its own still.
+    // The task is an unreaped child (of this process or of the warm Python): its pid is its
+    // own still.
     match trainyard_sys::procfs::read_stat(pid)
         .ok()
         .flatten()
@@ -229,8 +263,8 @@ pub(crate) async fn start(
     }
     // The task is set up: whether it joined the worker's cgroup is known. An agent that
     // joined it itself (for a function task) would have its helpers there too.
-    let joined = match probe.cgroup_join() {
-        Some(Ok(())) => true,
+    let joined = match joined {
+        Some(Ok(joined)) => joined,
         Some(Err(error)) => {
             tracing::warn!(%error, "the task runs outside the worker's cgroup");
             false
@@ -250,24 +284,12 @@ pub(crate) async fn start(
     let reaped = Arc::new(AtomicBool::new(false));
     let reaped_at_end = Arc::clone(&reaped);
     let watchdog = watchdog.clone();
-    let outputs = [
-        child.stdout.take().map(|out| {
-            (
-                Stream::Stdout,
-                Box::new(out) as Box<dyn AsyncRead + Send + Unpin>,
-            )
-        }),
-        child.stderr.take().map(|err| {
-            (
-                Stream::Stderr,
-                Box::new(err) as Box<dyn AsyncRead + Send + Unpin>,
-            )
-        }),
-    ];
+    let outputs = [(Stream::Stdout, stdout), (Stream::Stderr, stderr)];
     tokio::spawn(async move {
         let tracebacks = OutputTracebacks::default();
         let mut readers = JoinSet::new();
-        for (stream, output) in outputs.into_iter().flatten() {
+        for (stream, output) in outputs {
+            let Some(output) = output else { continue };
             readers.spawn(read_lines(
                 output,
                 stream,
@@ -282,7 +304,7 @@ pub(crate) async fn start(
             in_cgroup,
             watchdog: &watchdog,
         };
-        let (exit, ended_ms) = follow(child, readers, reporting, ended).await;
+        let (exit, ended_ms) = follow(leader, readers, reporting, ended).await;
         reaped_at_end.store(true, Ordering::Release);
         // Checkpoints handed in `ASYNC` are persisted, and their reports sent, before the
         // end: a rank that dies after handing one in still has it persisted.
@@ -305,6 +327,52 @@ pub(crate) async fn start(
         done_tx.send_replace(Some(exit));
     });
     Ok(RunningCommand { pid, done, reaped })
+}
+
+/// The task's process: this agent's child, or the warm Python's.
+#[derive(Debug)]
+enum Leader {
+    Spawned(Child),
+    Warm(crate::warm::WarmTask),
+}
+
+impl Leader {
+    fn id(&self) -> Option<u32> {
+        match self {
+            Self::Spawned(child) => child.id(),
+            Self::Warm(task) => Some(task.pid),
+        }
+    }
+
+    /// Waits for the process to end, kills what it left running in its group (background
+    /// children would outlive it and hold its output open), then reaps it.
+    async fn wait(self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Self::Spawned(mut child) => {
+                // Peek at the exit without reaping, so that the group id stays taken.
+                if let Some(leader) = child.id() {
+                    let exited = match i32::try_from(leader) {
+                        Ok(raw) => {
+                            let pid = Pid::from_raw(raw);
+                            tokio::task::spawn_blocking(move || {
+                                waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
+                            })
+                            .await
+                            .is_ok_and(|waited| waited.is_ok())
+                        }
+                        Err(_) => false,
+                    };
+                    if exited {
+                        // The leader is a zombie still, so its group is the task's.
+                        process_group::signal(leader, Signal::SIGKILL);
+                    }
+                }
+                child.wait().await
+            }
+            // The warm Python kills the group the same way before it reaps the leader.
+            Self::Warm(task) => task.wait().await,
+        }
+    }
 }
 
 /// A task's memory cgroup: its limit, and its OOM kills before the task started.
@@ -334,7 +402,7 @@ struct Ended<'a> {
 /// how it ended, and when (ms since the Unix epoch: its process's exit, not the end of its
 /// output).
 async fn follow(
-    mut child: Child,
+    leader: Leader,
     mut readers: JoinSet<()>,
     reporting: crate::report::Serving,
     ended: Ended<'_>,
@@ -345,28 +413,8 @@ async fn follow(
         in_cgroup,
         watchdog,
     } = ended;
-    // Peek at the exit without reaping, so that the group id stays taken, then kill what the
-    // task left running in its group (background children would outlive it and hold its
-    // output open), then reap.
-    if let Some(leader) = child.id() {
-        let exited = match i32::try_from(leader) {
-            Ok(raw) => {
-                let pid = Pid::from_raw(raw);
-                tokio::task::spawn_blocking(move || {
-                    waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
-                })
-                .await
-                .is_ok_and(|waited| waited.is_ok())
-            }
-            Err(_) => false,
-        };
-        if exited {
-            // The leader is a zombie still, so its group is the task's.
-            process_group::signal(leader, Signal::SIGKILL);
-        }
-    }
-    let group = child.id();
-    let status = child.wait().await;
+    let group = leader.id();
+    let status = leader.wait().await;
     let ended_ms = root_cause::now_ms();
     // What detached from the group, and what joined the worker's cgroup, are gone before
     // the end is reported: nothing of the task outlives it (nor holds its output open). A

@@ -42,6 +42,10 @@ pub(crate) const FILES: &[(&str, &str)] = &[
         include_str!("../../../python/trainyard/_find_trainyard.py"),
     ),
     (
+        "trainyard/_warm.py",
+        include_str!("../../../python/trainyard/_warm.py"),
+    ),
+    (
         "trainyard/_worker.py",
         include_str!("../../../python/trainyard/_worker.py"),
     ),

@@ -14,9 +14,9 @@ use trainyard_config::{
 };
 
 use crate::values::{
-    CheckpointScore, FlagError, RankList, at_least_one, checkpoint_score, env_pair, hang_timeout,
-    num_workers, parsed, positive_size, rank_list, resize_interval, seconds, slurm_name,
-    slurm_signal, slurm_time,
+    CheckpointScore, FlagError, ModuleList, RankList, at_least_one, checkpoint_score, env_pair,
+    hang_timeout, module_list, num_workers, parsed, positive_size, rank_list, resize_interval,
+    seconds, slurm_name, slurm_signal, slurm_time,
 };
 use crate::{Failure, escape_newlines};
 
@@ -252,6 +252,9 @@ pub(crate) struct RunArgs {
     /// The most bytes one rank may hand in for one checkpoint, e.g. 20GB; a larger hand-in fails that rank's report [default: no limit]
     #[arg(long, value_name = "SIZE", value_parser = positive_size)]
     pub(crate) max_checkpoint_size: Option<ByteSize>,
+    /// Start Python tasks from a warm interpreter that imported MODULES once (comma-separated, e.g. torch): a restarted rank trains again without starting Python and importing them. The program then sees MODULES imported before its __main__ runs; its interpreter options other than -u, -B, -m and -c start it cold (--runtime local) [default: off]
+    #[arg(long, value_name = "MODULES", value_parser = module_list)]
+    pub(crate) warm_python: Option<ModuleList>,
     /// Judge a rank hung after this long without progress (a report; with --progress output, a line too): its stacks are printed and the attempt restarts under --max-failures, e.g. 90s, 10m [default: off]
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = hang_timeout)]
     pub(crate) hang_timeout: Option<Duration>,

@@ -132,6 +132,27 @@ pub(crate) fn resize_interval(text: &str) -> Result<Duration, Refusal> {
     parse_resize_interval(text).map_err(|error| Refusal::field(&error))
 }
 
+/// `--warm-python`: the modules a warm Python imports first, comma-separated
+/// (`torch,numpy`); each a dotted Python name.
+pub(crate) fn module_list(text: &str) -> Result<ModuleList, Refusal> {
+    let modules: Vec<String> = text.split(',').map(|m| m.trim().to_owned()).collect();
+    let is_name = |part: &str| {
+        let mut chars = part.chars();
+        chars.next().is_some_and(|c| c == '_' || c.is_alphabetic())
+            && chars.all(|c| c == '_' || c.is_alphanumeric())
+    };
+    match modules.iter().find(|m| !m.split('.').all(is_name)) {
+        Some(bad) => Err(Refusal::value(format!(
+            "`{bad}` is not a Python module name: expected names such as torch or torch.distributed, comma-separated"
+        ))),
+        None => Ok(ModuleList(modules)),
+    }
+}
+
+/// The modules of [`module_list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ModuleList(pub(crate) Vec<String>);
+
 /// A whole number of at least 1 (`--checkpoints-to-keep`).
 pub(crate) fn at_least_one(text: &str) -> Result<u32, Refusal> {
     text.trim()

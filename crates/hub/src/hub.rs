@@ -207,6 +207,7 @@ impl AgentHub {
             grace_ms: u64::try_from(config.stop_grace.as_millis()).unwrap_or(u64::MAX),
             heartbeat_ms: config.heartbeat_ms(),
             scheduler_stops: false,
+            warm_python: None,
         }
     }
 

@@ -79,6 +79,10 @@ pub struct LocalConfig {
     pub ledger: LedgerLocation,
     /// What a group does when other runs hold what it needs.
     pub when_busy: WhenBusy,
+    /// The run's warm Python, when it has one: started with the runtime, it starts the
+    /// Python tasks whose program is its interpreter as forks of itself, with its modules
+    /// imported already.
+    pub warm_python: Option<crate::WarmPythonSpec>,
 }
 
 impl LocalConfig {
@@ -106,6 +110,7 @@ impl LocalConfig {
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             ledger: LedgerLocation::from_env(),
             when_busy: WhenBusy::Wait,
+            warm_python: None,
         })
     }
 

@@ -23,4 +23,13 @@ pub enum LocalError {
     /// The machine-wide ledger cannot be opened.
     #[error("cannot open the machine's reservation ledger")]
     Ledger(#[source] LedgerError),
+    /// The run's warm Python cannot be started.
+    #[error("cannot start the warm Python `{}`", python.display())]
+    WarmPython {
+        /// The interpreter.
+        python: std::path::PathBuf,
+        /// Why.
+        #[source]
+        error: io::Error,
+    },
 }

@@ -80,6 +80,7 @@ pub mod ledger;
 mod memory;
 mod process;
 mod runtime;
+mod warm;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -96,6 +97,7 @@ pub use trainyard_hub::{
     AgentCommand, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_STOP_GRACE,
 };
+pub use warm::WarmPythonSpec;
 
 /// Locks shared bookkeeping; every update under it is finished before it is let go, so a
 /// lock poisoned by a panic elsewhere is used as it is.

@@ -28,6 +28,7 @@ use crate::ledger::{self, Ledger, LedgerLocation};
 use crate::lock;
 use crate::memory::Memory;
 use crate::process::LocalProcess;
+use crate::warm::WarmZygote;
 use trainyard_sys::cgroup::WorkerCgroup;
 
 /// The embedded runtime: every actor is an agent process on this machine, started from
@@ -82,6 +83,8 @@ pub(crate) struct Core {
     pub(crate) ledger: Option<Arc<Ledger>>,
     /// What a placement group waits for while other runs hold it.
     pub(crate) shortage: watch::Sender<Option<Shortage>>,
+    /// The run's warm Python, when it has one.
+    warm: Option<WarmZygote>,
 }
 
 impl Core {
@@ -132,7 +135,14 @@ impl Setup for LocalConfig {
             nodes = config.nodes.len(),
             "starting the local runtime"
         );
+        // Started first, so that its imports overlap with placing and starting the agents.
+        let warm = config
+            .warm_python
+            .as_ref()
+            .map(WarmZygote::start)
+            .transpose()?;
         let core = Arc::new(Core {
+            warm,
             book: Mutex::new(Reservations::new(config.node_specs()).with_scheduling(scheduling)),
             memory: Memory::new(&config.run_name),
             ledger,
@@ -258,6 +268,9 @@ impl Placer for LocalPlacer {
             let _ = tokio::task::spawn_blocking(move || core.memory.remove_all()).await;
         }
         ledger::release(core).await;
+        if let Some(warm) = &core.warm {
+            warm.stop();
+        }
     }
 
     fn end_now(&self) {
@@ -268,6 +281,9 @@ impl Placer for LocalPlacer {
                 core.memory.remove_all();
             }
             ledger::release_now(&core);
+            if let Some(warm) = &core.warm {
+                warm.stop();
+            }
         });
     }
 }
@@ -356,6 +372,7 @@ impl Launcher for LocalLauncher {
             node_ip: held.node.ip,
             accelerator_ids: held.accelerator_ids,
             memory: memory.clone(),
+            warm_python: core.warm.as_ref().map(|warm| warm.agent.clone()),
             ..hub.agent_config(actor)
         };
         let mut command = self.agent_command(spec, &config)?;

@@ -302,3 +302,24 @@ pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A Python program (`python3 -c`) that writes to 512 MiB, and prints `survived` if it can.
+pub const TOUCH_512MIB: &str = "b = bytearray(512 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')";
+
+/// Asserts that `out` is the run of [`TOUCH_512MIB`] on one rank limited to 64 MiB, stopped
+/// by the limit: its cgroup's (reported as the limit), else its address space's (a
+/// `MemoryError`).
+///
+/// # Panics
+/// When it is not.
+pub fn assert_stopped_by_64mib_limit(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let cgroup = stderr.contains("rank 0 exceeded its memory limit of 64MiB");
+    let rlimit = stderr.contains("MemoryError");
+    assert!(
+        cgroup || rlimit,
+        "neither the cgroup nor the address-space limit stopped the worker: {stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("survived"));
+}

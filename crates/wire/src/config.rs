@@ -136,6 +136,24 @@ pub struct AgentConfig {
     /// rather than a task killed by SIGTERM.
     #[serde(default)]
     pub scheduler_stops: bool,
+    /// A warm Python on the agent's node that starts the agent's Python tasks as forks of
+    /// itself, when the run has one (`trainyard run --warm-python`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_python: Option<WarmPython>,
+}
+
+/// A warm Python: an interpreter that imported the run's heavy modules once and starts each
+/// task whose program is [`WarmPython::python`] as a fork of itself, asked through the Unix
+/// socket at [`WarmPython::socket`] (the protocol is `python/trainyard/_warm.py`'s).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmPython {
+    /// The interpreter, as the command names it once found on `PATH`: only tasks whose
+    /// program is this very path start warm.
+    pub python: PathBuf,
+    /// Its listening socket, in a directory only this user can enter.
+    pub socket: PathBuf,
+    /// What a request must carry, as hex: the socket's own secret, not the run's token.
+    pub token: String,
 }
 
 /// The default of [`AgentConfig::heartbeat_ms`].

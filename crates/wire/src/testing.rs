@@ -28,6 +28,7 @@ pub fn local_agent_config(driver: String, actor: ActorId) -> AgentConfig {
         grace_ms: 1_000,
         heartbeat_ms: 1_000,
         scheduler_stops: false,
+        warm_python: None,
     }
 }
 

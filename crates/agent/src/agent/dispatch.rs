@@ -267,7 +267,7 @@ impl Agent {
             &program,
             args,
             task_env,
-            self.config.memory.clone(),
+            &self.config,
             error_file,
             self.events.clone(),
             &self.watchdog,

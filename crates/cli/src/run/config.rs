@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use trainyard::backend::{ExecutorOptions, unique_run_name};
+use trainyard::local::WarmPythonSpec;
 use trainyard::resources::Resources;
 use trainyard::runtime::timings as phase;
 use trainyard_config::{CheckpointConfig, FailureConfig, RunConfig, ScalingConfig};
@@ -64,11 +65,13 @@ pub(super) fn request(args: &RunArgs) -> Result<Request, Failure> {
     // Detecting this machine is the first part of reading the cluster.
     let detecting = tracing::info_span!(target: phase::TARGET, phase::CLUSTER).entered();
     let start = match args.runtime {
-        RuntimeKind::Local => Start::Local(args.local.config(
-            &name,
-            args.name.as_deref(),
-            args.no_wait,
-        )?),
+        RuntimeKind::Local => {
+            let mut config = args
+                .local
+                .config(&name, args.name.as_deref(), args.no_wait)?;
+            config.warm_python = warm_python(args)?;
+            Start::Local(config)
+        }
         RuntimeKind::Ray => {
             for (key, value) in env_from_driver(&args.env_from_driver, &reserved)? {
                 run.env.entry(key).or_insert(value);
@@ -104,6 +107,71 @@ pub(super) fn request(args: &RunArgs) -> Result<Request, Failure> {
         worker,
     })))
 }
+
+/// `--warm-python`'s interpreter: the command's program, found as its agents will find it,
+/// which must be a Python.
+fn warm_python(args: &RunArgs) -> Result<Option<WarmPythonSpec>, Failure> {
+    let Some(modules) = &args.warm_python else {
+        return Ok(None);
+    };
+    let value = modules.0.join(",");
+    let refused =
+        |reason: String| Failure::bad_input(FlagError::new("--warm-python", &value)(reason.into()));
+    let program = args.program.first().map_or("", String::as_str);
+    let python = if program.contains('/') {
+        std::path::PathBuf::from(program)
+    } else {
+        which::which(program)
+            .map_err(|_| refused(format!("the program `{program}` is not found on PATH")))?
+    };
+    let name = python.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if !name.starts_with("python") {
+        return Err(refused(format!(
+            "starts Python programs only, and the program `{program}` is not a Python interpreter (python, python3, python3.11, ...)"
+        )));
+    }
+    // Whether each module's package is installed, without importing it (that is the warm
+    // Python's own work, begun as the run starts).
+    let packages: Vec<&str> = modules
+        .0
+        .iter()
+        .filter_map(|module| module.split('.').next())
+        .collect();
+    let found = std::process::Command::new(&python)
+        .args(["-c", FIND_PACKAGES])
+        .args(&packages)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .map_err(|e| {
+            refused(format!(
+                "the program `{}` cannot be run: {e}",
+                python.display()
+            ))
+        })?;
+    let missing = String::from_utf8_lossy(&found.stdout);
+    if let Some(package) = missing.split_whitespace().next() {
+        return Err(refused(format!(
+            "`{package}` is not installed for {} (`{} -m pip install {package}`)",
+            python.display(),
+            python.display()
+        )));
+    }
+    if !found.status.success() {
+        return Err(refused(format!(
+            "the program `{}` cannot be run: {}",
+            python.display(),
+            found.status
+        )));
+    }
+    Ok(Some(WarmPythonSpec {
+        python,
+        modules: modules.0.clone(),
+    }))
+}
+
+/// Prints the packages named in `argv` that the interpreter cannot find.
+const FIND_PACKAGES: &str = "import importlib.util, sys\nfor m in sys.argv[1:]:\n    if importlib.util.find_spec(m) is None: print(m)";
 
 /// The RUN flags turned into the run's configuration; `reserved` are the variables that
 /// trainyard sets on every worker, which `--env` cannot set.
@@ -197,6 +265,15 @@ fn check_runtime_flags(args: &RunArgs) -> Result<(), Failure> {
                 ),
             );
         }
+    }
+    if let (Some(modules), RuntimeKind::Ray | RuntimeKind::Slurm) =
+        (&args.warm_python, args.runtime)
+    {
+        return misplaced(
+            "--warm-python",
+            &modules.0.join(","),
+            "applies to --runtime local only: on Ray and Slurm each attempt's Python starts cold",
+        );
     }
     if args.runtime != RuntimeKind::Slurm {
         if let Some((flag, value)) = args.slurm.given() {

@@ -302,6 +302,28 @@ fn cases(dir: &Path) -> Vec<Case> {
         run(&["--hang-timeout", "0s"], "`0s` for `--hang-timeout`"),
         run(&["--hang-timeout", "soon"], "`soon` for `--hang-timeout`"),
         run(&["--progress", "lines"], "`lines` for `--progress`"),
+        run(
+            &["--warm-python", "torch"],
+            "invalid value `torch` for `--warm-python`: starts Python programs only, and the program `true` is not a Python interpreter",
+        ),
+        run_program(
+            &["--warm-python", "to rch"],
+            &["python3", "-c", "pass"],
+            BAD_INPUT,
+            "invalid value `to rch` for `--warm-python`: `to rch` is not a Python module name",
+        ),
+        run_program(
+            &["--warm-python", "no_such_module_here.sub"],
+            &["python3", "-c", "pass"],
+            BAD_INPUT,
+            "invalid value `no_such_module_here.sub` for `--warm-python`: `no_such_module_here` is not installed for",
+        ),
+        run_program(
+            &["--runtime", "slurm", "--warm-python", "json"],
+            &["python3", "-c", "pass"],
+            BAD_INPUT,
+            "invalid value `json` for `--warm-python`: applies to --runtime local only",
+        ),
         run(&["-n", "2", "--ranks", "9"], "`9` for `--ranks`"),
         run(&["-n", "2", "--ranks", "a-b"], "`a-b` for `--ranks`"),
         run(&["-n", "4", "--ranks", "3-1"], "`3-1` for `--ranks`"),

@@ -19,3 +19,4 @@ mod storage;
 mod torch;
 mod torchrun;
 mod users;
+mod warm;

@@ -182,22 +182,10 @@ fn a_rank_over_its_memory_limit_is_reported_as_such() {
             r#"{"CPU": 0.5, "memory": "64MiB"}"#,
             "--enforce-memory",
         ],
-        &[
-            "python3",
-            "-c",
-            "b = bytearray(512 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived')",
-        ],
+        &["python3", "-c", common::TOUCH_512MIB],
         Duration::from_secs(60),
     );
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    let cgroup = stderr.contains("rank 0 exceeded its memory limit of 64MiB");
-    let rlimit = stderr.contains("MemoryError");
-    assert!(
-        cgroup || rlimit,
-        "neither the cgroup nor the address-space limit stopped the worker: {stderr}"
-    );
-    assert!(!text(&out.stdout).contains("survived"));
+    common::assert_stopped_by_64mib_limit(&out);
     assert_nothing_left(&sandbox, Duration::from_secs(5));
 }
 

@@ -1,0 +1,234 @@
+//! A command task started by the node's warm Python ([`WarmPython`]) as a fork of itself,
+//! rather than executed: the interpreter and the run's heavy modules are loaded already.
+//!
+//! The agent sends the task's command line, environment, working directory and set-up (the
+//! worker's cgroup, an address-space cap) with its stdin, stdout and stderr, and hears back
+//! its process id once it is set up, then its wait status once it has ended and the rest of
+//! its group was killed (the protocol is `python/trainyard/_warm.py`'s). The task is the warm
+//! Python's child: it dies with that process, and is killed by it should this connection
+//! close first (the agent gone).
+
+use std::collections::BTreeMap;
+use std::io::{IoSlice, Write as _};
+use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use nix::fcntl::OFlag;
+use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::net::unix::pipe;
+use trainyard_wire::config::{MemoryLimit, WarmPython};
+
+/// How long the warm Python may take to set a task up. Its first task also waits for it to
+/// import the run's modules, which it began as the run started.
+const START_PATIENCE: Duration = Duration::from_secs(45);
+
+/// `warm`, when it starts the task of `program` (as found on the task's `PATH`): a task of
+/// its very interpreter.
+pub(crate) fn serving<'a>(
+    warm: Option<&'a WarmPython>,
+    program: &std::path::Path,
+) -> Option<&'a WarmPython> {
+    warm.filter(|warm| warm.python == program)
+}
+
+/// What the agent asks of the warm Python.
+#[derive(Debug, Serialize)]
+struct StartRequest<'a> {
+    token: &'a str,
+    argv: Vec<String>,
+    env: &'a BTreeMap<String, String>,
+    cwd: String,
+    cgroup: Option<String>,
+    cgroup_required: bool,
+    address_space: Option<u64>,
+}
+
+/// What the warm Python says of a task.
+#[derive(Debug, Deserialize)]
+struct Said {
+    started: Option<u32>,
+    #[serde(default)]
+    joined: bool,
+    error: Option<String>,
+    status: Option<i32>,
+}
+
+/// A task the warm Python started.
+#[derive(Debug)]
+pub(crate) struct WarmTask {
+    /// Its process id, also its process group's.
+    pub(crate) pid: u32,
+    /// Whether it joined the worker's cgroup.
+    pub(crate) joined: bool,
+    /// Its stdout and stderr, until taken.
+    stdout: Option<pipe::Receiver>,
+    stderr: Option<pipe::Receiver>,
+    /// The connection its end comes on; closing it kills the task.
+    lines: tokio::io::Lines<BufReader<tokio::net::UnixStream>>,
+}
+
+/// A task's output, as the agent reads it.
+type Output = Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>;
+
+impl WarmTask {
+    /// Its stdout and stderr, to read.
+    pub(crate) fn take_output(&mut self) -> (Output, Output) {
+        let boxed = |pipe: pipe::Receiver| Box::new(pipe) as Box<_>;
+        (self.stdout.take().map(boxed), self.stderr.take().map(boxed))
+    }
+
+    /// Its wait status, once it has ended and its group is gone.
+    pub(crate) async fn wait(mut self) -> std::io::Result<ExitStatus> {
+        loop {
+            let Some(line) = self.lines.next_line().await? else {
+                return Err(std::io::Error::other(
+                    "the warm Python ended before the task",
+                ));
+            };
+            let said: Said = serde_json::from_str(&line).map_err(std::io::Error::other)?;
+            if let Some(status) = said.status {
+                return Ok(ExitStatus::from_raw(status));
+            }
+        }
+    }
+}
+
+/// Asks the warm Python to start `argv` (the interpreter first) with `env`, set up for
+/// `memory`.
+///
+/// # Errors
+/// Why the task was not started, in words.
+pub(crate) async fn start(
+    warm: &WarmPython,
+    argv: Vec<String>,
+    env: &BTreeMap<String, String>,
+    memory: Option<&MemoryLimit>,
+) -> Result<WarmTask, String> {
+    let (cgroup, cgroup_required, address_space) = match memory {
+        Some(MemoryLimit::Cgroup { path, .. }) => (Some(path.join("cgroup.procs")), true, None),
+        Some(MemoryLimit::Unlimited { path }) => (Some(path.join("cgroup.procs")), false, None),
+        Some(MemoryLimit::AddressSpace { limit }) => (None, false, Some(*limit)),
+        Some(MemoryLimit::Scheduler { .. }) | None => (None, false, None),
+    };
+    let cwd = std::env::current_dir()
+        .map_err(|e| format!("the agent's working directory is gone: {e}"))?
+        .display()
+        .to_string();
+    let request = StartRequest {
+        token: &warm.token,
+        argv,
+        env,
+        cwd,
+        cgroup: cgroup.map(|path| path.display().to_string()),
+        cgroup_required,
+        address_space,
+    };
+    let body = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
+    let (out_read, out_write) = pipe_pair()?;
+    let (err_read, err_write) = pipe_pair()?;
+    let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    let socket = warm.socket.clone();
+    let stream = tokio::task::spawn_blocking(move || -> Result<UnixStream, String> {
+        let mut stream = connect(&socket)?;
+        stream
+            .set_write_timeout(Some(START_PATIENCE))
+            .map_err(|e| e.to_string())?;
+        let length = u32::try_from(body.len())
+            .map_err(|_| "the task's request is too large".to_owned())?
+            .to_be_bytes();
+        let fds = [
+            null.as_raw_fd(),
+            out_write.as_raw_fd(),
+            err_write.as_raw_fd(),
+        ];
+        sendmsg::<()>(
+            stream.as_raw_fd(),
+            &[IoSlice::new(&length)],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        )
+        .map_err(|e| format!("cannot hand the task's descriptors over: {e}"))?;
+        stream
+            .write_all(&body)
+            .map_err(|e| format!("cannot send the task's request: {e}"))?;
+        // The task holds the write ends now; ours would keep its output open.
+        drop((null, out_write, err_write));
+        stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+        Ok(stream)
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())?;
+    let mut lines = BufReader::new(stream).lines();
+    let first = tokio::time::timeout(START_PATIENCE, lines.next_line())
+        .await
+        .map_err(|_| {
+            format!(
+                "the warm Python did not start the task within {} s",
+                START_PATIENCE.as_secs()
+            )
+        })?
+        .map_err(|e| format!("the warm Python's answer was cut off: {e}"))?
+        .ok_or_else(|| {
+            "the warm Python ended without starting the task (its own message, above, says why)"
+                .to_owned()
+        })?;
+    let said: Said = serde_json::from_str(&first)
+        .map_err(|e| format!("the warm Python's answer `{first}` is not understood: {e}"))?;
+    match (said.started, said.error) {
+        (Some(pid), _) => Ok(WarmTask {
+            pid,
+            joined: said.joined,
+            stdout: Some(pipe::Receiver::from_owned_fd(out_read).map_err(|e| e.to_string())?),
+            stderr: Some(pipe::Receiver::from_owned_fd(err_read).map_err(|e| e.to_string())?),
+            lines,
+        }),
+        (None, Some(error)) => Err(error),
+        (None, None) => Err(format!(
+            "the warm Python's answer `{first}` is not understood"
+        )),
+    }
+}
+
+/// Connects to the warm Python's socket, which it binds as it starts: an agent can ask
+/// before it listens, up to [`LISTEN_PATIENCE`].
+fn connect(socket: &std::path::Path) -> Result<UnixStream, String> {
+    let deadline = std::time::Instant::now() + LISTEN_PATIENCE;
+    loop {
+        match UnixStream::connect(socket) {
+            Ok(stream) => return Ok(stream),
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(error) => {
+                return Err(format!(
+                    "cannot reach the warm Python at {}: {error}",
+                    socket.display()
+                ));
+            }
+        }
+    }
+}
+
+/// How long the warm Python may take to listen once the run started it.
+const LISTEN_PATIENCE: Duration = Duration::from_secs(10);
+
+/// A pipe whose read end is non-blocking (for tokio), both ends closed on exec.
+fn pipe_pair() -> Result<(OwnedFd, OwnedFd), String> {
+    let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+        .map_err(|e| format!("cannot make the task's output pipe: {e}"))?;
+    nix::fcntl::fcntl(&read, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+        .map_err(|e| format!("cannot make the task's output pipe: {e}"))?;
+    Ok((read, write))
+}

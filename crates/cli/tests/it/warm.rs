@@ -1,0 +1,202 @@
+//! `trainyard run --warm-python`: Python ranks started as forks of one interpreter that
+//! imported the given modules first, through the built binary. The driver itself carries
+//! the sandbox's marker, so that the warm Python (which inherits the driver's environment)
+//! and the ranks forked from it are found should any be left behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::{MARKER, Sandbox, left_behind, root, torch_python, wait_bounded};
+use trainyard_test_support::processes as common;
+
+fn run(sandbox: &Sandbox, args: &[&str], program: &[&str]) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_trainyard"))
+        .current_dir(root())
+        .arg("run")
+        .args(args)
+        .arg("--")
+        .args(program)
+        .envs(sandbox.env())
+        .env(MARKER, sandbox.mark())
+        .env("CI", "1")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trainyard starts");
+    wait_bounded(child, Duration::from_secs(120))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn assert_nothing_left(sandbox: &Sandbox) {
+    let left = left_behind(sandbox.mark(), Duration::from_secs(5));
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
+
+/// What each rank prints: whether its module was imported before its first line ran, who
+/// its parent is, its rank and attempt, its argv, working directory and first path entry.
+const PROBE: &str = r#"
+import os, sys
+preloaded = "sqlite3" in sys.modules
+with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+    parent = f.read().split(b"\0")
+warm_parent = any(arg.endswith(b"/warm.py") for arg in parent)
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+print(f"probe rank={os.environ['RANK']} attempt={attempt} preloaded={preloaded} warm_parent={warm_parent} argv={sys.argv[1:]} cwd={os.getcwd()} path0={sys.path[0]} main={__name__}")
+print(f"to stderr {os.environ['RANK']}", file=sys.stderr)
+if attempt == "0" and os.environ["RANK"] == "1":
+    sys.exit(3)
+"#;
+
+/// The probe as a script file in `dir`.
+fn probe_script(dir: &Path) -> PathBuf {
+    let script = dir.join("probe.py");
+    std::fs::write(&script, PROBE).expect("write the probe");
+    script
+}
+
+#[test]
+fn ranks_start_as_forks_of_the_warm_python_across_a_restart_and_nothing_is_left() {
+    let sandbox = Sandbox::new("warm");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let script = probe_script(dir.path());
+    let out = run(
+        &sandbox,
+        &[
+            "-n",
+            "2",
+            "-r",
+            "CPU=0.5",
+            "--max-failures",
+            "1",
+            "--warm-python",
+            "sqlite3",
+        ],
+        &["python3", script.to_str().expect("UTF-8"), "one", "two"],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("attempt 1 failed (rank 1 exited with code 3"),
+        "the exit code comes through the warm Python: {stderr}"
+    );
+    let cwd = root().canonicalize().expect("the repository");
+    for attempt in 0..2 {
+        for rank in 0..2 {
+            let want = format!(
+                "probe rank={rank} attempt={attempt} preloaded=True warm_parent=True argv=['one', 'two'] cwd={} path0={} main=__main__",
+                cwd.display(),
+                dir.path().canonicalize().expect("the temp dir").display()
+            );
+            assert!(
+                stdout.lines().any(|line| line.ends_with(&want)),
+                "no `{want}` in {stdout}"
+            );
+        }
+    }
+    for rank in 0..2 {
+        assert!(
+            stderr
+                .lines()
+                .any(|line| line.ends_with(&format!(") to stderr {rank}"))),
+            "rank {rank}'s stderr comes through: {stderr}"
+        );
+    }
+    assert_nothing_left(&sandbox);
+}
+
+#[test]
+fn a_warm_rank_over_its_memory_limit_is_reported_as_such() {
+    let sandbox = Sandbox::new("warm-memory");
+    let out = run(
+        &sandbox,
+        &[
+            "-n",
+            "1",
+            "-r",
+            r#"{"CPU": 0.5, "memory": "64MiB"}"#,
+            "--enforce-memory",
+            "--warm-python",
+            "sqlite3",
+        ],
+        &["python3", "-c", common::TOUCH_512MIB],
+    );
+    common::assert_stopped_by_64mib_limit(&out);
+    assert_nothing_left(&sandbox);
+}
+
+#[test]
+fn a_warm_rank_that_raises_shows_its_own_traceback_as_the_root_cause() {
+    let sandbox = Sandbox::new("warm-raise");
+    let out = run(
+        &sandbox,
+        &["-n", "1", "-r", "CPU=0.5", "--warm-python", "sqlite3"],
+        &[
+            "python3",
+            "-c",
+            "def step():\n    raise ValueError('bad batch')\nstep()",
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("rank 0 exited with code 1: ValueError: bad batch"),
+        "{stderr}"
+    );
+    // The traceback starts at the program, as a cold interpreter's does.
+    let traceback: Vec<&str> = stderr
+        .lines()
+        .skip_while(|line| !line.ends_with("Traceback (most recent call last):"))
+        .take(2)
+        .collect();
+    assert!(
+        traceback
+            .get(1)
+            .is_some_and(|line| line.ends_with(r#"File "<string>", line 3, in <module>"#)),
+        "{traceback:?} in {stderr}"
+    );
+    assert_nothing_left(&sandbox);
+}
+
+#[test]
+fn torch_ranks_restart_from_the_warm_python_and_all_reduce_again() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let sandbox = Sandbox::new("warm-torch");
+    let python = python.to_str().expect("UTF-8").to_owned();
+    let out = run(
+        &sandbox,
+        &[
+            "-n",
+            "2",
+            "-r",
+            "CPU=0.5",
+            "--max-failures",
+            "1",
+            "--warm-python",
+            "torch",
+        ],
+        &[&python, "crates/cli/tests/python/restart.py"],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("rank 1 was killed by signal 9 (SIGKILL)"),
+        "{stderr}"
+    );
+    for rank in 0..2 {
+        assert!(
+            stdout
+                .lines()
+                .any(|line| line.contains(&format!("first all_reduce 1 {rank} "))),
+            "rank {rank} trains again after the restart: {stdout}"
+        );
+    }
+    assert_nothing_left(&sandbox);
+}

@@ -1,0 +1,415 @@
+"""A warm Python (``trainyard run --warm-python MODULES``): it imports MODULES once, then starts
+each Python task of the run's workers as a fork of itself, so that a restarted rank does not
+pay for starting Python and importing them again.
+
+Started by the local runtime as ``python WARM_PY SOCKET MODULE...`` (this file, copied beside
+SOCKET) with its secret as the
+first line of its stdin; it listens on the Unix socket SOCKET (in a directory only its user can
+enter) before it imports anything, and ends when its stdin closes (the driver is gone),
+killing the tasks it started. Should a module fail to import, every task is refused with
+the reason.
+
+One connection per task, from the task's agent:
+
+- agent → here: a 4-byte big-endian length, then that many bytes of JSON ``{"token", "argv",
+  "env", "cwd", "cgroup", "cgroup_required", "address_space"}``; the first bytes carry the
+  task's stdin, stdout and stderr (``SCM_RIGHTS``).
+- here → agent: JSON lines: ``{"started": PID, "joined": BOOL}`` once the task is set up (a
+  session of its own, the worker's cgroup, its limits, its descriptors and environment), or
+  ``{"error": TEXT}``; then ``{"status": WAIT_STATUS}`` when it has ended, after the rest of
+  its process group was killed. A connection that closes before that kills the task's group.
+
+The task runs ``argv`` as ``python`` would: ``SCRIPT ARGS``, ``-m MODULE ARGS`` or ``-c CODE
+ARGS`` (after ``-u`` or ``-B``). Any other interpreter option is executed cold, as given.
+"""
+
+import errno
+import hmac
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import traceback
+
+HEADER = struct.Struct(">I")
+MAX_REQUEST = 16 * 1024 * 1024
+
+
+def _fail(text):
+    sys.stderr.write(f"trainyard: --warm-python: {text}\n")
+    sys.stderr.flush()
+    os._exit(2)
+
+
+class Task:
+    """A task started here: its process (the leader of its group), and its agent's connection."""
+
+    def __init__(self, pid, conn):
+        self.pid = pid
+        self.conn = conn
+
+
+def _recv_exactly(conn, n):
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the agent closed the connection mid-request")
+        data += chunk
+    return data
+
+
+def _read_request(conn, token):
+    """The request on `conn` and the descriptors that came with it; `None` for a stranger."""
+    conn.settimeout(30)
+    head, fds, _flags, _addr = socket.recv_fds(conn, HEADER.size, 3)
+    if len(head) < HEADER.size:
+        head += _recv_exactly(conn, HEADER.size - len(head))
+    (length,) = HEADER.unpack(head)
+    if length > MAX_REQUEST or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        return None
+    request = json.loads(_recv_exactly(conn, length))
+    if not hmac.compare_digest(str(request.get("token", "")).encode(), token.encode()):
+        for fd in fds:
+            os.close(fd)
+        return None
+    return request, fds
+
+
+def _send(conn, message):
+    try:
+        conn.sendall((json.dumps(message) + "\n").encode())
+    except OSError:
+        pass
+
+
+def _kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def serve(token, listener, base_path, refusal):
+    """Starts tasks until stdin closes; returns only in a started task, with what it runs."""
+    woken_r, woken_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(woken_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(woken_r, selectors.EVENT_READ, "child")
+    selector.register(sys.stdin, selectors.EVENT_READ, "driver")
+    tasks = {}  # pid -> Task
+    try:
+        while True:
+            for key, _ in selector.select():
+                if key.data == "driver":
+                    if not os.read(sys.stdin.fileno(), 4096):
+                        # The driver is gone: its directory for this goes too.
+                        import shutil
+
+                        shutil.rmtree(os.path.dirname(listener.getsockname()), ignore_errors=True)
+                        return None
+                elif key.data == "child":
+                    try:
+                        while os.read(woken_r, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    _reap(tasks, selector)
+                elif key.data == "accept":
+                    try:
+                        conn, _ = listener.accept()
+                    except OSError:
+                        continue
+                    started = _start(conn, token, tasks, selector, listener, base_path, refusal)
+                    if started is not None:
+                        # The forked task: none of this loop's state is its own.
+                        selector.close()
+                        os.close(woken_r)
+                        os.close(woken_w)
+                        return started
+                else:
+                    # The agent's connection: it closed (the agent is gone), or sent what
+                    # nobody asked for; either way the task goes.
+                    task = key.data
+                    try:
+                        data = task.conn.recv(1)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        selector.unregister(task.conn)
+                        _kill_group(task.pid)
+    finally:
+        # Here only in this process (a task returned above before this runs for it).
+        if os.getpid() == MAIN_PID:
+            for task in tasks.values():
+                _kill_group(task.pid)
+
+
+def _reap(tasks, selector):
+    """Reports the end of every task that ended: its group killed first (its leader is a
+    zombie still, so the group is the task's), then its leader reaped."""
+    for pid in list(tasks):
+        try:
+            exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            exited = None
+        if exited is None:
+            continue
+        _kill_group(pid)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            status = 255 << 8
+        task = tasks.pop(pid)
+        _send(task.conn, {"status": status})
+        try:
+            selector.unregister(task.conn)
+        except (KeyError, ValueError):
+            pass
+        task.conn.close()
+    # Whatever else ended (a task's orphan adopted here) is reaped too.
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _start(conn, token, tasks, selector, listener, base_path, refusal):
+    try:
+        got = _read_request(conn, token)
+    except (OSError, ValueError, ConnectionError):
+        got = None
+    if got is None:
+        conn.close()
+        return None
+    request, fds = got
+    if refusal is not None:
+        for fd in fds:
+            os.close(fd)
+        _send(conn, {"error": refusal})
+        conn.close()
+        return None
+    conn.settimeout(None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            listener.close()
+            for task in tasks.values():
+                task.conn.close()
+            return _become_task(request, fds, conn, base_path)
+        except BaseException as error:  # noqa: BLE001 - told to the agent, then gone
+            _send(conn, {"error": f"{type(error).__name__}: {error}"})
+            os._exit(127)
+    for fd in fds:
+        os.close(fd)
+    tasks[pid] = Task(pid, conn)
+    selector.register(conn, selectors.EVENT_READ, tasks[pid])
+    return None
+
+
+def _become_task(request, fds, conn, base_path):
+    """In the forked child: the task's set-up, then what it runs."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()
+    _die_with_parent()
+    joined = False
+    cgroup = request.get("cgroup")
+    if cgroup:
+        try:
+            fd = os.open(cgroup, os.O_WRONLY | os.O_NOFOLLOW)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+            joined = True
+        except OSError as error:
+            if request.get("cgroup_required"):
+                raise OSError(error.errno, f"cannot join the worker's cgroup {cgroup}: {error.strerror}")
+    limit = request.get("address_space")
+    if limit:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    os.chdir(request["cwd"])
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    env = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    argv = request["argv"]
+    run = _what_to_run(argv[1:])
+    if run is None:
+        # An interpreter option this does not emulate: the task starts cold, as given.
+        _send(conn, {"started": os.getpid(), "joined": joined})
+        conn.close()
+        os.execve(argv[0], argv, env)
+    unbuffered, kind, target, args = run
+    unbuffered = unbuffered or bool(env.get("PYTHONUNBUFFERED"))
+    sys.stdout.reconfigure(write_through=unbuffered)
+    sys.stderr.reconfigure(line_buffering=True, write_through=unbuffered)
+    if env.get("PYTHONDONTWRITEBYTECODE") or "-B" in argv[1:]:
+        sys.dont_write_bytecode = True
+    _set_path(kind, target, env, base_path)
+    _reseed()
+    _send(conn, {"started": os.getpid(), "joined": joined})
+    conn.close()
+    return kind, target, args
+
+
+def _die_with_parent():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != MAIN_PID:
+        os._exit(127)
+
+
+def _what_to_run(args):
+    """``(unbuffered, kind, target, argv)`` for the command line after the interpreter, or
+    `None` where it holds an option this does not emulate."""
+    unbuffered = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-u",):
+            unbuffered = True
+        elif arg == "-B":
+            pass
+        elif arg in ("-m", "-c"):
+            if i + 1 >= len(args):
+                return None
+            kind = "module" if arg == "-m" else "code"
+            rest = args[i + 2 :]
+            return unbuffered, kind, args[i + 1], (["-m"] if kind == "module" else ["-c"]) + rest
+        elif arg == "--":
+            if i + 1 >= len(args):
+                return None
+            return unbuffered, "script", args[i + 1], args[i + 1 :]
+        elif arg.startswith("-"):
+            return None
+        else:
+            return unbuffered, "script", arg, args[i:]
+        i += 1
+    return None
+
+
+def _set_path(kind, target, env, base_path):
+    """``sys.path`` as a fresh interpreter would have it for this task."""
+    if kind == "script":
+        first = os.path.dirname(os.path.realpath(target))
+    elif kind == "module":
+        first = os.getcwd()
+    else:
+        first = ""
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [first] + extra + base_path
+
+
+def _reseed():
+    """Random state a fresh process would not share with its siblings."""
+    numpy = sys.modules.get("numpy.random")
+    if numpy is not None:
+        try:
+            numpy.seed()
+        except Exception:  # noqa: BLE001 - a numpy without the legacy global state
+            pass
+
+
+def _run(kind, target, argv):
+    import runpy
+
+    sys.argv = argv
+    if kind == "script":
+        sys.argv[0] = target
+        runpy.run_path(target, run_name="__main__")
+    elif kind == "module":
+        runpy._run_module_as_main(target, alter_argv=True)
+    else:
+        import types
+
+        main = types.ModuleType("__main__")
+        main.__builtins__ = __builtins__
+        sys.modules["__main__"] = main
+        exec(compile(target, "<string>", "exec"), main.__dict__)
+
+
+def _user_frames(tb):
+    """`tb` without the frames of this module and of runpy, which start every task."""
+    import runpy
+
+    ours = {_user_frames.__code__.co_filename, "<frozen runpy>", runpy.__file__}
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb
+
+
+def main():
+    global MAIN_PID
+    MAIN_PID = os.getpid()
+    if len(sys.argv) < 2:
+        _fail("no socket to listen on")
+    path, modules = sys.argv[1], sys.argv[2:]
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(128)
+    token = sys.stdin.readline().strip()
+    if not token:
+        _fail("no token on stdin")
+    # This file's own directory: nothing to import from there.
+    del sys.path[0]
+    zygote_extra = {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    refusal = None
+    for module in modules:
+        try:
+            __import__(module)
+        except BaseException as error:  # noqa: BLE001 - every task is refused with it
+            refusal = (
+                f"--warm-python: `{module}` cannot be imported by {sys.executable}: "
+                f"{type(error).__name__}: {error}"
+            )
+            break
+    base_path = [p for p in sys.path if p not in zygote_extra]
+    import gc
+
+    gc.freeze()
+    started = serve(token, listener, base_path, refusal)
+    if started is None:
+        return
+    kind, target, argv = started
+    try:
+        _run(kind, target, argv)
+    except SystemExit:
+        raise
+    except BaseException as error:  # noqa: BLE001 - printed as Python prints it, exit 1
+        # Python prints the exception's own traceback: trimmed first.
+        error.__traceback__ = _user_frames(error.__traceback__)
+        sys.excepthook(type(error), error, error.__traceback__)
+        if isinstance(error, KeyboardInterrupt):
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGINT)
+        raise SystemExit(1) from None
+
+
+MAIN_PID = 0
+
+if __name__ == "__main__":
+    main()
