@@ -21,14 +21,15 @@ const README_START: &str = "<!-- bench-python: written by `cargo xtask bench-pyt
 const README_END: &str = "<!-- /bench-python -->";
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
-    let (mut readme, mut stall) = (false, false);
+    let (mut readme, mut stall, mut restart) = (false, false, false);
     for arg in args {
         match arg.as_str() {
             "--readme" => readme = true,
             "--stall" => stall = true,
+            "--restart" => restart = true,
             other => {
                 return Err(format!(
-                    "unknown argument `{other}`: expected --stall or --readme"
+                    "unknown argument `{other}`: expected --stall, --restart or --readme"
                 ));
             }
         }
@@ -47,6 +48,9 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let python = crate::python::fresh_venv(&ray_python, &scratch.join("venv"), &wheel)?;
     if stall {
         return stalls(&root, &python, readme);
+    }
+    if restart {
+        return restarts(&root, &python, readme);
     }
     let trainyard = python.with_file_name("trainyard");
     let program = root.join("benches/python/linear.py");
@@ -233,6 +237,74 @@ fn stalls(root: &Path, python: &Path, readme: bool) -> Result<(), String> {
     if readme {
         replace_block(&root.join("README.md"), STALL_START, STALL_END, &table)?;
         eprintln!("README.md: the bench-stall table is rewritten");
+    }
+    Ok(())
+}
+
+/// Rounds of the restart figure; each runs two whole programs.
+const RESTART_ROUNDS: usize = 3;
+
+const RESTART_START: &str =
+    "<!-- bench-restart: written by `cargo xtask bench-python --restart --readme` -->";
+const RESTART_END: &str = "<!-- /bench-restart -->";
+
+/// The restart figure: `benches/python/restart.py` on trainyard (loop functions start from
+/// a warm Python by default) and on Ray Train, interleaved; the median time from a rank's
+/// death to every rank's first `all_reduce` after the restart.
+fn restarts(root: &Path, python: &Path, readme: bool) -> Result<(), String> {
+    let program = root.join("benches/python/restart.py");
+    let contenders = ["trainyard", "ray"];
+    let mut seen: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
+    for round in 0..RESTART_ROUNDS {
+        for k in 0..contenders.len() {
+            let i = (k + round) % contenders.len();
+            let which = contenders[i];
+            let storage = tempfile::tempdir().map_err(|e| e.to_string())?;
+            let output = plain(python, storage.path())
+                .arg(&program)
+                .arg(which)
+                .arg(storage.path().join("runs"))
+                .stderr(std::process::Stdio::null())
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let figure = stdout
+                .lines()
+                .rev()
+                .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .and_then(|v| v["restart"].as_f64())
+                .filter(|_| output.status.success())
+                .ok_or_else(|| {
+                    format!("{which}: restart.py failed ({}): {stdout}", output.status)
+                })?;
+            eprintln!("round {}: {which}: {figure:.3} s", round + 1);
+            seen[i].push(figure);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let [ours, ray] = [median(seen[0].clone()), median(seen[1].clone())];
+    let stamp = stamp(root);
+    println!(
+        "TorchTrainer, 2 workers, rank 1 SIGKILLed → both ranks' first all_reduce after the restart: trainyard {:.0} ms (target <= 500 ms), Ray Train 2.60 {:.0} ms ({stamp})",
+        ours * 1000.0,
+        ray * 1000.0
+    );
+    let table = format!(
+        "{RESTART_START}\nMeasured with `cargo xtask bench-python --restart` ({stamp}; {RESTART_ROUNDS} interleaved rounds, medians, 2 cores):\n\n\
+         | `TorchTrainer` loop function, 2 gloo ranks, rank 1 SIGKILLed, `FailureConfig(max_failures=1)` | kill → both ranks' first `all_reduce` again |\n\
+         |---|---|\n\
+         | trainyard (`from trainyard import train`, default flags: ranks fork from a Python that imported torch) | {:.0} ms |\n\
+         | Ray Train 2.60 (`from ray import train`) | {:.0} ms |\n\
+         {RESTART_END}",
+        ours * 1000.0,
+        ray * 1000.0
+    );
+    if readme {
+        replace_block(&root.join("README.md"), RESTART_START, RESTART_END, &table)?;
+        eprintln!("README.md: the bench-restart table is rewritten");
     }
     Ok(())
 }

@@ -276,6 +276,38 @@ def test_a_sigkilled_rank_resumes_from_the_last_checkpoint_every_rank_reported(s
     assert result.metrics == {"epoch": 4}
 
 
+def warm_loop(config):  # type: ignore[no-untyped-def]
+    import sys
+
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        parent = f.read().split(b"\0")
+    forked = any(arg.endswith(b"/warm.py") for arg in parent)
+    if config["die"] and train.get_context().get_world_rank() == 1:
+        marker = os.path.join(config["dir"], "died")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+    return {"forked": forked, "torch": "torch" in sys.modules}
+
+
+def test_ranks_start_from_a_warm_python_that_imported_torch_unless_told_not_to(
+    storage, tmp_path, monkeypatch
+) -> None:
+    warm = _run(
+        warm_loop,
+        storage,
+        name="warm",
+        config={"die": True, "dir": str(tmp_path)},
+        run_kwargs={"failure_config": FailureConfig(max_failures=1)},
+    )
+    # Rank 0 of the attempt after rank 1's death: forked from the same warm Python.
+    assert (tmp_path / "died").exists()
+    assert warm.return_value == {"forked": True, "torch": True}
+    monkeypatch.setenv("TRAINYARD_WARM_PYTHON", "")
+    cold = _run(warm_loop, storage, name="cold", config={"die": False, "dir": str(tmp_path)})
+    assert cold.return_value == {"forked": False, "torch": True}
+
+
 def test_a_sigkilled_rank_without_restarts_fails_fit_naming_it(storage) -> None:
     with pytest.raises(WorkerGroupError) as caught:
         _run(killed_loop, storage, name="killed0")
