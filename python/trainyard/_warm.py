@@ -45,11 +45,15 @@ def _fail(text):
 
 
 class Task:
-    """A task started here: its process (the leader of its group), and its agent's connection."""
+    """A task started here: its process (the leader of its group), its agent's connection,
+    and whether its end was told (its leader is kept a zombie until the agent closes the
+    connection, so that its pid, and its group's, name nobody else meanwhile)."""
 
     def __init__(self, pid, conn):
         self.pid = pid
         self.conn = conn
+        self.told = False
+        self.abandoned = False
 
 
 def _recv_exactly(conn, n):
@@ -63,22 +67,27 @@ def _recv_exactly(conn, n):
 
 
 def _read_request(conn, token):
-    """The request on `conn` and the descriptors that came with it; `None` for a stranger."""
+    """The request on `conn` and the descriptors that came with it; `None` for a stranger
+    or a request cut short (its descriptors closed)."""
     conn.settimeout(30)
-    head, fds, _flags, _addr = socket.recv_fds(conn, HEADER.size, 3)
-    if len(head) < HEADER.size:
-        head += _recv_exactly(conn, HEADER.size - len(head))
-    (length,) = HEADER.unpack(head)
-    if length > MAX_REQUEST or len(fds) != 3:
+    fds = []
+    try:
+        head, fds, _flags, _addr = socket.recv_fds(conn, HEADER.size, 3)
+        if len(head) < HEADER.size:
+            head += _recv_exactly(conn, HEADER.size - len(head))
+        (length,) = HEADER.unpack(head)
+        if length > MAX_REQUEST or len(fds) != 3:
+            raise ValueError("not a request")
+        request = json.loads(_recv_exactly(conn, length))
+        if not isinstance(request, dict) or not hmac.compare_digest(
+            str(request.get("token", "")).encode(), token.encode()
+        ):
+            raise ValueError("not a request")
+        return request, fds
+    except Exception:  # noqa: BLE001 - whatever a stranger sent, nothing of it stays
         for fd in fds:
             os.close(fd)
         return None
-    request = json.loads(_recv_exactly(conn, length))
-    if not hmac.compare_digest(str(request.get("token", "")).encode(), token.encode()):
-        for fd in fds:
-            os.close(fd)
-        return None
-    return request, fds
 
 
 def _send(conn, message):
@@ -135,8 +144,8 @@ def serve(token, listener, base_path, refusal):
                         os.close(woken_w)
                         return started
                 else:
-                    # The agent's connection: it closed (the agent is gone), or sent what
-                    # nobody asked for; either way the task goes.
+                    # The agent's connection closed: once the task's end was told, the
+                    # agent is done with it (reap it); before, the agent is gone (kill it).
                     task = key.data
                     try:
                         data = task.conn.recv(1)
@@ -144,7 +153,12 @@ def serve(token, listener, base_path, refusal):
                         data = b""
                     if not data:
                         selector.unregister(task.conn)
-                        _kill_group(task.pid)
+                        task.conn.close()
+                        if task.told:
+                            _reap_leader(tasks, task)
+                        else:
+                            task.abandoned = True
+                            _kill_group(task.pid)
     finally:
         # Here only in this process (a task returned above before this runs for it).
         if os.getpid() == MAIN_PID:
@@ -153,42 +167,47 @@ def serve(token, listener, base_path, refusal):
 
 
 def _reap(tasks, selector):
-    """Reports the end of every task that ended: its group killed first (its leader is a
-    zombie still, so the group is the task's), then its leader reaped."""
-    for pid in list(tasks):
+    """Tells the end of every task that ended: its group killed first (its leader is a
+    zombie still, so the group is the task's), then its wait status. A task whose agent is
+    gone is reaped at once."""
+    for task in list(tasks.values()):
+        if task.told:
+            continue
         try:
-            exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            exited = os.waitid(os.P_PID, task.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             exited = None
+            task.told = True
+            _send(task.conn, {"status": 255 << 8})
         if exited is None:
             continue
-        _kill_group(pid)
-        try:
-            _, status = os.waitpid(pid, 0)
-        except ChildProcessError:
-            status = 255 << 8
-        task = tasks.pop(pid)
-        _send(task.conn, {"status": status})
-        try:
-            selector.unregister(task.conn)
-        except (KeyError, ValueError):
-            pass
-        task.conn.close()
-    # Whatever else ended (a task's orphan adopted here) is reaped too.
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+        _kill_group(task.pid)
+        task.told = True
+        if task.abandoned:
+            _reap_leader(tasks, task)
+            continue
+        _send(task.conn, {"status": _wait_status(exited)})
+
+
+def _wait_status(exited):
+    """The wait status ``waitpid`` would give for what ``waitid`` saw."""
+    if exited.si_code == os.CLD_EXITED:
+        return (exited.si_status & 0xFF) << 8
+    if exited.si_code == os.CLD_DUMPED:
+        return exited.si_status | 0x80
+    return exited.si_status
+
+
+def _reap_leader(tasks, task):
+    try:
+        os.waitpid(task.pid, 0)
+    except ChildProcessError:
+        pass
+    tasks.pop(task.pid, None)
 
 
 def _start(conn, token, tasks, selector, listener, base_path, refusal):
-    try:
-        got = _read_request(conn, token)
-    except (OSError, ValueError, ConnectionError):
-        got = None
+    got = _read_request(conn, token)
     if got is None:
         conn.close()
         return None
@@ -259,8 +278,8 @@ def _become_task(request, fds, conn, base_path):
         os.execve(argv[0], argv, env)
     unbuffered, kind, target, args = run
     unbuffered = unbuffered or bool(env.get("PYTHONUNBUFFERED"))
-    sys.stdout.reconfigure(write_through=unbuffered)
-    sys.stderr.reconfigure(line_buffering=True, write_through=unbuffered)
+    _streams(unbuffered)
+    _threads(env)
     if env.get("PYTHONDONTWRITEBYTECODE") or "-B" in argv[1:]:
         sys.dont_write_bytecode = True
     _set_path(kind, target, env, base_path)
@@ -268,6 +287,37 @@ def _become_task(request, fds, conn, base_path):
     _send(conn, {"started": os.getpid(), "joined": joined})
     conn.close()
     return kind, target, args
+
+
+def _streams(unbuffered):
+    """stdout and stderr as a fresh interpreter would have them on these pipes: stdout
+    block-buffered, stderr line-buffered; neither buffered at all with ``-u``."""
+    import io
+
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        raw = io.FileIO(fd, "wb", closefd=False)
+        binary = raw if unbuffered else io.BufferedWriter(raw)
+        setattr(
+            sys,
+            name,
+            io.TextIOWrapper(
+                binary,
+                encoding=old.encoding,
+                errors=old.errors,
+                line_buffering=name == "stderr" and not unbuffered,
+                write_through=unbuffered,
+            ),
+        )
+        setattr(sys, f"__{name}__", getattr(sys, name))
+
+
+def _threads(env):
+    """The task's ``OMP_NUM_THREADS``: torch read the warm Python's as it was imported."""
+    torch = sys.modules.get("torch")
+    threads = env.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
 
 
 def _die_with_parent():
@@ -393,6 +443,22 @@ def main():
     if started is None:
         return
     kind, target, argv = started
+    import atexit
+
+    interrupted = []
+
+    def end_as_interrupted():
+        # Last of the exit handlers: a cold interpreter ends by SIGINT after its teardown.
+        if interrupted:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    atexit.register(end_as_interrupted)
     try:
         _run(kind, target, argv)
     except SystemExit:
@@ -402,10 +468,7 @@ def main():
         error.__traceback__ = _user_frames(error.__traceback__)
         sys.excepthook(type(error), error, error.__traceback__)
         if isinstance(error, KeyboardInterrupt):
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGINT)
+            interrupted.append(True)
         raise SystemExit(1) from None
 
 

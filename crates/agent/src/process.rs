@@ -193,18 +193,29 @@ pub(crate) async fn start(
         _ => None,
     };
     descendants::task_starting();
-    let (leader, stdout, stderr, joined) = if let Some(warm) = crate::warm::serving(warm, &resolved)
-    {
-        // The agent's own variables are not in `env`: the driver's are, and the warm
-        // Python's request carries them whole.
-        for private in PRIVATE {
-            env.remove(private);
+    let warm_task = match crate::warm::serving(warm, &resolved, memory.as_ref()) {
+        Some(warm) => {
+            // The agent's own variables are not in `env`: the driver's are, and the warm
+            // Python's request carries them whole.
+            for private in PRIVATE {
+                env.remove(private);
+            }
+            let mut argv = vec![resolved.display().to_string()];
+            argv.extend(args.iter().cloned());
+            match crate::warm::start(warm, argv, &env, memory.as_ref()).await {
+                Ok(task) => Some(task),
+                Err(crate::warm::NotStarted::Unreachable(why)) => {
+                    tracing::warn!(%why, "the warm Python is gone: the task starts cold");
+                    None
+                }
+                Err(refused @ crate::warm::NotStarted::Refused(_)) => {
+                    return Err(spawn_failed(&refused));
+                }
+            }
         }
-        let mut argv = vec![resolved.display().to_string()];
-        argv.extend(args);
-        let mut task = crate::warm::start(warm, argv, &env, memory.as_ref())
-            .await
-            .map_err(|e| spawn_failed(&e))?;
+        None => None,
+    };
+    let (leader, stdout, stderr, joined) = if let Some(mut task) = warm_task {
         let joined = task.joined;
         let (stdout, stderr) = task.take_output();
         (Leader::Warm(task), stdout, stderr, Some(Ok(joined)))
@@ -345,10 +356,11 @@ impl Leader {
     }
 
     /// Waits for the process to end, kills what it left running in its group (background
-    /// children would outlive it and hold its output open), then reaps it.
-    async fn wait(self) -> std::io::Result<std::process::ExitStatus> {
+    /// children would outlive it and hold its output open), then reaps it (a warm task's
+    /// leader: once this is dropped).
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
         match self {
-            Self::Spawned(mut child) => {
+            Self::Spawned(child) => {
                 // Peek at the exit without reaping, so that the group id stays taken.
                 if let Some(leader) = child.id() {
                     let exited = match i32::try_from(leader) {
@@ -402,7 +414,7 @@ struct Ended<'a> {
 /// how it ended, and when (ms since the Unix epoch: its process's exit, not the end of its
 /// output).
 async fn follow(
-    leader: Leader,
+    mut leader: Leader,
     mut readers: JoinSet<()>,
     reporting: crate::report::Serving,
     ended: Ended<'_>,
@@ -415,6 +427,8 @@ async fn follow(
     } = ended;
     let group = leader.id();
     let status = leader.wait().await;
+    // A warm task's leader is reaped once `leader` is dropped, after the sweep below: its
+    // pid and group id stay the task's until then.
     let ended_ms = root_cause::now_ms();
     // What detached from the group, and what joined the worker's cgroup, are gone before
     // the end is reported: nothing of the task outlives it (nor holds its output open). A

@@ -6,7 +6,13 @@
 //! its process id once it is set up, then its wait status once it has ended and the rest of
 //! its group was killed (the protocol is `python/trainyard/_warm.py`'s). The task is the warm
 //! Python's child: it dies with that process, and is killed by it should this connection
-//! close first (the agent gone).
+//! close first (the agent gone). Its ended leader stays unreaped until the agent closes the
+//! connection, after its own sweep, so that the task's pid and group id name nobody else
+//! while the agent may still signal them.
+//!
+//! A worker without a cgroup starts its tasks cold: what a task detaches from its group is
+//! found and killed through the worker's cgroup, or below the agent (its subreaper), and a
+//! forked task is below neither.
 
 use std::collections::BTreeMap;
 use std::io::{IoSlice, Write as _};
@@ -28,12 +34,21 @@ use trainyard_wire::config::{MemoryLimit, WarmPython};
 const START_PATIENCE: Duration = Duration::from_secs(45);
 
 /// `warm`, when it starts the task of `program` (as found on the task's `PATH`): a task of
-/// its very interpreter.
+/// its very interpreter, in a worker with a cgroup (`memory`'s), through which what the
+/// task leaves is found and killed.
 pub(crate) fn serving<'a>(
     warm: Option<&'a WarmPython>,
     program: &std::path::Path,
+    memory: Option<&MemoryLimit>,
 ) -> Option<&'a WarmPython> {
-    warm.filter(|warm| warm.python == program)
+    let warm = warm.filter(|warm| warm.python == program)?;
+    if memory.and_then(MemoryLimit::cgroup).is_none() {
+        tracing::warn!(
+            "the worker has no cgroup to find what a forked task leaves through: the task starts cold"
+        );
+        return None;
+    }
+    Some(warm)
 }
 
 /// What the agent asks of the warm Python.
@@ -63,6 +78,8 @@ struct Said {
 pub(crate) struct WarmTask {
     /// Its process id, also its process group's.
     pub(crate) pid: u32,
+    /// When it started (clock ticks after boot), read while it could not have ended.
+    start_time: Option<u64>,
     /// Whether it joined the worker's cgroup.
     pub(crate) joined: bool,
     /// Its stdout and stderr, until taken.
@@ -82,10 +99,33 @@ impl WarmTask {
         (self.stdout.take().map(boxed), self.stderr.take().map(boxed))
     }
 
-    /// Its wait status, once it has ended and its group is gone.
-    pub(crate) async fn wait(mut self) -> std::io::Result<ExitStatus> {
+    /// Its wait status, once it has ended and its group is gone. Its leader is reaped once
+    /// this is dropped. Should the warm Python end first, what is left of the task's group
+    /// is killed here.
+    pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        let mut check = tokio::time::interval(LEADER_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let Some(line) = self.lines.next_line().await? else {
+            let line = tokio::select! {
+                line = self.lines.next_line() => line?,
+                _ = check.tick() => {
+                    // Its leader is kept until this connection closes: one that is gone
+                    // is an end the warm Python will never tell.
+                    if self.leader_gone() {
+                        return Err(std::io::Error::other(
+                            "the task's process is gone without its end from the warm Python",
+                        ));
+                    }
+                    continue;
+                }
+            };
+            let Some(line) = line else {
+                match self.start_time {
+                    Some(start_time) => {
+                        trainyard_sys::process_group::kill_started(self.pid, start_time);
+                    }
+                    None => trainyard_sys::process_group::kill(self.pid),
+                }
                 return Err(std::io::Error::other(
                     "the warm Python ended before the task",
                 ));
@@ -96,15 +136,63 @@ impl WarmTask {
             }
         }
     }
+
+    /// Whether the task's leader is no longer there (a zombie still is), or another process
+    /// has its pid.
+    fn leader_gone(&self) -> bool {
+        match trainyard_sys::procfs::read_stat(self.pid) {
+            Ok(Some(stat)) => self.start_time.is_some_and(|t| stat.start_time != Some(t)),
+            Ok(None) => false,
+            Err(error) => error.kind() == std::io::ErrorKind::NotFound,
+        }
+    }
+}
+
+/// How often a waiting agent checks that its warm task's leader is still there.
+const LEADER_CHECK: Duration = Duration::from_secs(1);
+
+/// Why a task did not start from the warm Python.
+#[derive(Debug)]
+pub(crate) enum NotStarted {
+    /// The warm Python is not there to ask (it ended): the task may start cold.
+    Unreachable(String),
+    /// It was asked and refused, or could not set the task up.
+    Refused(String),
+}
+
+impl std::fmt::Display for NotStarted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unreachable(why) | Self::Refused(why) => f.write_str(why),
+        }
+    }
 }
 
 /// Asks the warm Python to start `argv` (the interpreter first) with `env`, set up for
 /// `memory`.
 ///
 /// # Errors
-/// Why the task was not started, in words.
+/// Why the task was not started: [`NotStarted::Unreachable`] before anything was sent.
 pub(crate) async fn start(
     warm: &WarmPython,
+    argv: Vec<String>,
+    env: &BTreeMap<String, String>,
+    memory: Option<&MemoryLimit>,
+) -> Result<WarmTask, NotStarted> {
+    let socket = warm.socket.clone();
+    let stream = tokio::task::spawn_blocking(move || connect(&socket))
+        .await
+        .map_err(|e| NotStarted::Unreachable(e.to_string()))?
+        .map_err(NotStarted::Unreachable)?;
+    ask(warm, stream, argv, env, memory)
+        .await
+        .map_err(NotStarted::Refused)
+}
+
+/// Sends the request on `stream`, and waits for the task to be set up.
+async fn ask(
+    warm: &WarmPython,
+    stream: UnixStream,
     argv: Vec<String>,
     env: &BTreeMap<String, String>,
     memory: Option<&MemoryLimit>,
@@ -132,9 +220,8 @@ pub(crate) async fn start(
     let (out_read, out_write) = pipe_pair()?;
     let (err_read, err_write) = pipe_pair()?;
     let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-    let socket = warm.socket.clone();
     let stream = tokio::task::spawn_blocking(move || -> Result<UnixStream, String> {
-        let mut stream = connect(&socket)?;
+        let mut stream = stream;
         stream
             .set_write_timeout(Some(START_PATIENCE))
             .map_err(|e| e.to_string())?;
@@ -184,6 +271,11 @@ pub(crate) async fn start(
     match (said.started, said.error) {
         (Some(pid), _) => Ok(WarmTask {
             pid,
+            // Its leader is unreaped until this connection closes: the pid is its own.
+            start_time: trainyard_sys::procfs::read_stat(pid)
+                .ok()
+                .flatten()
+                .and_then(|stat| stat.start_time),
             joined: said.joined,
             stdout: Some(pipe::Receiver::from_owned_fd(out_read).map_err(|e| e.to_string())?),
             stderr: Some(pipe::Receiver::from_owned_fd(err_read).map_err(|e| e.to_string())?),
@@ -197,17 +289,18 @@ pub(crate) async fn start(
 }
 
 /// Connects to the warm Python's socket, which it binds as it starts: an agent can ask
-/// before it listens, up to [`LISTEN_PATIENCE`].
+/// before the socket is there, up to [`LISTEN_PATIENCE`], or between its bind and its
+/// listen (a moment); a socket nobody listens on beyond that is a warm Python that ended.
 fn connect(socket: &std::path::Path) -> Result<UnixStream, String> {
-    let deadline = std::time::Instant::now() + LISTEN_PATIENCE;
+    let started = std::time::Instant::now();
     loop {
+        let waited = started.elapsed();
         match UnixStream::connect(socket) {
             Ok(stream) => return Ok(stream),
             Err(error)
-                if matches!(
-                    error.kind(),
-                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-                ) && std::time::Instant::now() < deadline =>
+                if (error.kind() == std::io::ErrorKind::NotFound && waited < LISTEN_PATIENCE)
+                    || (error.kind() == std::io::ErrorKind::ConnectionRefused
+                        && waited < Duration::from_millis(200)) =>
             {
                 std::thread::sleep(Duration::from_millis(10));
             }

@@ -20,7 +20,7 @@ use trainyard_runtime::{
     ActorId, ActorSpec, ClusterSnapshot, PlacementGroupId, PlacementInfo, RuntimeError, Shortage,
 };
 use trainyard_sys::procfs::ProcessHandle;
-use trainyard_wire::config::{AgentConfig, MemoryLimit};
+use trainyard_wire::config::{AgentConfig, MemoryLimit, WarmPython};
 
 use crate::config::LocalConfig;
 use crate::error::LocalError;
@@ -83,8 +83,10 @@ pub(crate) struct Core {
     pub(crate) ledger: Option<Arc<Ledger>>,
     /// What a placement group waits for while other runs hold it.
     pub(crate) shortage: watch::Sender<Option<Shortage>>,
-    /// The run's warm Python, when it has one.
-    warm: Option<WarmZygote>,
+    /// The run's warm Python, when it has one: started with the first agent, once the run's
+    /// cgroups are set up (a process left in the driver's cgroup would keep the memory
+    /// controller from being enabled for the workers').
+    warm: tokio::sync::OnceCell<WarmZygote>,
 }
 
 impl Core {
@@ -135,14 +137,8 @@ impl Setup for LocalConfig {
             nodes = config.nodes.len(),
             "starting the local runtime"
         );
-        // Started first, so that its imports overlap with placing and starting the agents.
-        let warm = config
-            .warm_python
-            .as_ref()
-            .map(WarmZygote::start)
-            .transpose()?;
         let core = Arc::new(Core {
-            warm,
+            warm: tokio::sync::OnceCell::new(),
             book: Mutex::new(Reservations::new(config.node_specs()).with_scheduling(scheduling)),
             memory: Memory::new(&config.run_name),
             ledger,
@@ -263,27 +259,28 @@ impl Placer for LocalPlacer {
     /// Removes the run's memory cgroups and gives back what the run holds in the ledger.
     async fn shutdown(&self) {
         let core = &self.core;
+        // Before the run's cgroups go: it is in the driver's.
+        if let Some(warm) = core.warm.get() {
+            warm.stop();
+        }
         if core.memory.has_run_cgroup() {
             let core = Arc::clone(core);
             let _ = tokio::task::spawn_blocking(move || core.memory.remove_all()).await;
         }
         ledger::release(core).await;
-        if let Some(warm) = &core.warm {
-            warm.stop();
-        }
     }
 
     fn end_now(&self) {
         // Removing the run's cgroups and taking the ledger's lock block: not here.
         let core = Arc::clone(&self.core);
         crate::off_async_threads(move || {
+            if let Some(warm) = core.warm.get() {
+                warm.stop();
+            }
             if core.memory.has_run_cgroup() {
                 core.memory.remove_all();
             }
             ledger::release_now(&core);
-            if let Some(warm) = &core.warm {
-                warm.stop();
-            }
         });
     }
 }
@@ -321,6 +318,23 @@ impl LocalLauncher {
                 name: spec.name.clone(),
                 reason,
             })
+    }
+
+    /// What agents are told of the run's warm Python, started with the first of them.
+    async fn warm_python(&self, spec: &ActorSpec) -> Result<Option<WarmPython>, RuntimeError> {
+        let core = &self.core;
+        let Some(warm) = &core.config.warm_python else {
+            return Ok(None);
+        };
+        let started = core
+            .warm
+            .get_or_try_init(|| async { WarmZygote::start(warm) })
+            .await
+            .map_err(|error| RuntimeError::SpawnFailed {
+                name: spec.name.clone(),
+                reason: ErrorChain(&error).to_string(),
+            })?;
+        Ok(Some(started.agent.clone()))
     }
 
     /// The agent's command: the driver's environment, the actor's, then the agent's own.
@@ -366,13 +380,14 @@ impl Launcher for LocalLauncher {
         let core = &self.core;
         let (memory, cgroup) = self.memory_limit(actor, spec).await?;
         let mut starting = Starting { cgroup };
+        let warm = self.warm_python(spec).await?;
         let config = AgentConfig {
             parent: std::process::id(),
             node_id: held.node.id,
             node_ip: held.node.ip,
             accelerator_ids: held.accelerator_ids,
             memory: memory.clone(),
-            warm_python: core.warm.as_ref().map(|warm| warm.agent.clone()),
+            warm_python: warm,
             ..hub.agent_config(actor)
         };
         let mut command = self.agent_command(spec, &config)?;

@@ -17,6 +17,9 @@ use crate::error::LocalError;
 /// The warm Python's program: `python WARM_PY SOCKET MODULE...`, written beside its socket.
 const SOURCE: &str = include_str!("../../../python/trainyard/_warm.py");
 
+/// How long the warm Python gets to end its tasks and itself once told to.
+const STOP_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// What the run's warm Python is: an interpreter, and what it imports before any task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WarmPythonSpec {
@@ -88,8 +91,14 @@ impl WarmZygote {
         let Some((mut child, stdin)) = crate::lock(&self.process).take() else {
             return;
         };
-        // Its tasks get SIGKILL as it dies (their parent-death signal).
+        // Its stdin's end is its stop: it kills its tasks' groups and goes. Should it not
+        // within a moment, SIGKILL (its tasks get SIGKILL as it dies: their parent-death
+        // signal).
         drop(stdin);
+        let deadline = std::time::Instant::now() + STOP_PATIENCE;
+        while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let _ = child.kill();
         let _ = child.wait();
     }

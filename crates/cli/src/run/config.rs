@@ -170,8 +170,9 @@ fn warm_python(args: &RunArgs) -> Result<Option<WarmPythonSpec>, Failure> {
     }))
 }
 
-/// Prints the packages named in `argv` that the interpreter cannot find.
-const FIND_PACKAGES: &str = "import importlib.util, sys\nfor m in sys.argv[1:]:\n    if importlib.util.find_spec(m) is None: print(m)";
+/// Prints the packages named in `argv` that the interpreter cannot find, as the warm Python
+/// looks for them: without the working directory on `sys.path`.
+const FIND_PACKAGES: &str = "import importlib.util, sys\ndel sys.path[0]\nfor m in sys.argv[1:]:\n    if importlib.util.find_spec(m) is None: print(m)";
 
 /// The RUN flags turned into the run's configuration; `reserved` are the variables that
 /// trainyard sets on every worker, which `--env` cannot set.

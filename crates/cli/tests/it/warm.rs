@@ -200,3 +200,88 @@ fn torch_ranks_restart_from_the_warm_python_and_all_reduce_again() {
     }
     assert_nothing_left(&sandbox);
 }
+
+#[test]
+fn a_warm_rank_ends_as_a_cold_one_unbuffered_with_u_and_by_sigint_after_its_exit_handlers() {
+    let sandbox = Sandbox::new("warm-end");
+    for warm in [false, true] {
+        let mut args = vec!["-n", "1", "-r", "CPU=0.5"];
+        if warm {
+            args.extend(["--warm-python", "sqlite3"]);
+        }
+        // `-u`: a line printed just before a SIGKILL is not lost in a buffer.
+        let out = run(
+            &sandbox,
+            &args,
+            &[
+                "python3",
+                "-u",
+                "-c",
+                "import os\nprint('unbuffered')\nos.kill(os.getpid(), 9)",
+            ],
+        );
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(
+            stdout.contains(") unbuffered"),
+            "warm {warm}: {stdout}\n{stderr}"
+        );
+        assert!(
+            stderr.contains("rank 0 was killed by signal 9 (SIGKILL)"),
+            "{stderr}"
+        );
+        // An uncaught KeyboardInterrupt: exit handlers run, then the end is by SIGINT.
+        let out = run(
+            &sandbox,
+            &args,
+            &[
+                "python3",
+                "-c",
+                "import atexit\natexit.register(lambda: print('exit handler ran'))\nraise KeyboardInterrupt",
+            ],
+        );
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(
+            stdout.contains(") exit handler ran"),
+            "warm {warm}: {stdout}\n{stderr}"
+        );
+        assert!(
+            stderr.contains("rank 0 was killed by signal 2 (SIGINT)"),
+            "warm {warm}: {stderr}"
+        );
+    }
+    assert_nothing_left(&sandbox);
+}
+
+#[test]
+fn ranks_start_cold_once_the_warm_python_is_gone() {
+    let sandbox = Sandbox::new("warm-gone");
+    // The first attempt's rank kills the warm Python, its parent: it dies with it, and the
+    // next attempt's rank starts cold.
+    let out = run(
+        &sandbox,
+        &[
+            "-n",
+            "1",
+            "-r",
+            "CPU=0.5",
+            "--max-failures",
+            "1",
+            "--warm-python",
+            "sqlite3",
+        ],
+        &[
+            "python3",
+            "-c",
+            "import os, sys, time\nattempt = os.environ['TORCHELASTIC_RESTART_COUNT']\nprint(f'attempt {attempt} preloaded={\"sqlite3\" in sys.modules}', flush=True)\nif attempt == '0':\n    os.kill(os.getppid(), 9)\n    time.sleep(30)",
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(") attempt 0 preloaded=True"), "{stdout}");
+    assert!(stdout.contains(") attempt 1 preloaded=False"), "{stdout}");
+    assert!(
+        stderr.contains("the warm Python ended before the task"),
+        "{stderr}"
+    );
+    assert_nothing_left(&sandbox);
+}
