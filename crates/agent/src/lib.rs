@@ -30,6 +30,10 @@
 //! fresh error file (torch's `@record` writes the exception that ended `main` there, given
 //! `NAME=TORCHELASTIC_ERROR_FILE`), unless it sets `NAME` itself.
 //!
+//! A command task whose program is the interpreter of the run's warm Python
+//! ([`AgentConfig::warm_python`](trainyard_wire::config::AgentConfig::warm_python)), in a
+//! worker with a cgroup, starts as a fork of that Python, set up as an executed task is.
+//!
 //! When a task fails, the agent sends its root cause
 //! ([`TaskEvent::RootCause`](trainyard_runtime::TaskEvent::RootCause): when it ended, and the
 //! exception from its error file, else the last Python traceback of its output) just before

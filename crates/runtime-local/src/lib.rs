@@ -72,6 +72,9 @@
 //! - [`ledger`]: the machine-wide record through which concurrent runs share this machine.
 //! - [`hub`]: the agent hub (the `trainyard-hub` crate), which serves this runtime's agents
 //!   as it serves those of every agent-based runtime.
+//! - [`WarmPythonSpec`] ([`LocalConfig::warm_python`]): the run's warm Python, which imports
+//!   the heavy modules once and outlives attempts; agents start the Python tasks of its
+//!   interpreter as forks of it, so that a restarted rank does not import them again.
 
 mod config;
 pub mod detect;
