@@ -193,7 +193,11 @@ pub(crate) async fn start(
         _ => None,
     };
     descendants::task_starting();
-    let warm_task = match crate::warm::serving(warm, &resolved, memory.as_ref()) {
+    let serving = crate::warm::serving(warm, &resolved, memory.as_ref()).unwrap_or_else(|why| {
+        events.log(Stream::Stderr, format!("trainyard: --warm-python: {why}"));
+        None
+    });
+    let warm_task = match serving {
         Some(warm) => {
             // The agent's own variables are not in `env`: the driver's are, and the warm
             // Python's request carries them whole.
@@ -205,7 +209,10 @@ pub(crate) async fn start(
             match crate::warm::start(warm, argv, &env, memory.as_ref()).await {
                 Ok(task) => Some(task),
                 Err(crate::warm::NotStarted::Unreachable(why)) => {
-                    tracing::warn!(%why, "the warm Python is gone: the task starts cold");
+                    events.log(
+                        Stream::Stderr,
+                        format!("trainyard: --warm-python: {why}; this rank starts cold"),
+                    );
                     None
                 }
                 Err(refused @ crate::warm::NotStarted::Refused(_)) => {

@@ -35,20 +35,22 @@ const START_PATIENCE: Duration = Duration::from_secs(45);
 
 /// `warm`, when it starts the task of `program` (as found on the task's `PATH`): a task of
 /// its very interpreter, in a worker with a cgroup (`memory`'s), through which what the
-/// task leaves is found and killed.
+/// task leaves is found and killed. A task it would start otherwise starts cold, and why is
+/// the `Err`.
 pub(crate) fn serving<'a>(
     warm: Option<&'a WarmPython>,
     program: &std::path::Path,
     memory: Option<&MemoryLimit>,
-) -> Option<&'a WarmPython> {
-    let warm = warm.filter(|warm| warm.python == program)?;
+) -> Result<Option<&'a WarmPython>, &'static str> {
+    let Some(warm) = warm.filter(|warm| warm.python == program) else {
+        return Ok(None);
+    };
     if memory.and_then(MemoryLimit::cgroup).is_none() {
-        tracing::warn!(
-            "the worker has no cgroup to find what a forked task leaves through: the task starts cold"
+        return Err(
+            "this worker has no cgroup to find what a forked rank leaves behind through, so it starts cold",
         );
-        return None;
     }
-    Some(warm)
+    Ok(Some(warm))
 }
 
 /// What the agent asks of the warm Python.

@@ -293,6 +293,8 @@ def warm_loop(config):  # type: ignore[no-untyped-def]
 def test_ranks_start_from_a_warm_python_that_imported_torch_unless_told_not_to(
     storage, tmp_path, monkeypatch
 ) -> None:
+    if not os.access("/sys/fs/cgroup", os.W_OK):
+        pytest.skip("workers get no cgroup here (/sys/fs/cgroup is not writable): ranks start cold")
     warm = _run(
         warm_loop,
         storage,

@@ -33,6 +33,21 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Whether the run's ranks could start warm: not where workers get no cgroup (a rank says
+/// so, and starts cold), which is a loud `SKIP:` outside CI and a failure under `CI=true`,
+/// where the tests run as root with cgroups.
+fn forked_here(stderr: &str) -> bool {
+    if !stderr.contains("has no cgroup to find what a forked rank leaves behind through") {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").ok().as_deref() != Some("true"),
+        "under CI=true workers get cgroups, and ranks start warm: {stderr}"
+    );
+    eprintln!("SKIP: workers get no cgroup on this machine, so their ranks start cold");
+    false
+}
+
 fn assert_nothing_left(sandbox: &Sandbox) {
     let left = left_behind(sandbox.mark(), Duration::from_secs(5));
     assert!(left.is_empty(), "processes left behind: {left:?}");
@@ -81,6 +96,9 @@ fn ranks_start_as_forks_of_the_warm_python_across_a_restart_and_nothing_is_left(
     );
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    if !forked_here(&stderr) {
+        return;
+    }
     assert!(
         stderr.contains("attempt 1 failed (rank 1 exited with code 3"),
         "the exit code comes through the warm Python: {stderr}"
@@ -277,11 +295,15 @@ fn ranks_start_cold_once_the_warm_python_is_gone() {
     );
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    if !forked_here(&stderr) {
+        return;
+    }
     assert!(stdout.contains(") attempt 0 preloaded=True"), "{stdout}");
     assert!(stdout.contains(") attempt 1 preloaded=False"), "{stdout}");
     assert!(
         stderr.contains("the warm Python ended before the task"),
         "{stderr}"
     );
+    assert!(stderr.contains("; this rank starts cold"), "{stderr}");
     assert_nothing_left(&sandbox);
 }
