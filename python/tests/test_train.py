@@ -38,6 +38,7 @@ TRAINYARD_VARS = [
     "TRAINYARD_CHECKPOINT",
     "TRAINYARD_REPORT_ADDR",
     "TRAINYARD_REPORT_TOKEN",
+    "TRAINYARD_RUN_DIR",
 ]
 
 
@@ -129,6 +130,29 @@ class ReportTest(unittest.TestCase):
         train.report({"step": 2})
         self.assertEqual(agent.hellos, [TOKEN + " 2", TOKEN + " 2"])
 
+    def test_a_no_upload_report_names_its_folder_in_storage_and_deletes_nothing(self) -> None:
+        agent = self.agent([{"ok": True, "index": 1}, {"ok": True, "index": 2}])
+        with tempfile.TemporaryDirectory() as d:
+            for checkpoint in (d, "s3://bucket/runs/a/dcp/step_1"):
+                train.report(
+                    {"step": 1},
+                    checkpoint=train.Checkpoint(checkpoint),
+                    checkpoint_upload_mode=train.CheckpointUploadMode.NO_UPLOAD,
+                    delete_local_checkpoint_after_upload=True,
+                )
+            self.assertTrue(os.path.isdir(d))
+        self.assertEqual(
+            agent.lines,
+            [
+                {"metrics": {"step": 1}, "checkpoint": d, "upload": "NO_UPLOAD"},
+                {
+                    "metrics": {"step": 1},
+                    "checkpoint": "s3://bucket/runs/a/dcp/step_1",
+                    "upload": "NO_UPLOAD",
+                },
+            ],
+        )
+
     def test_metrics_that_are_not_json_raise_before_anything_is_sent(self) -> None:
         agent = self.agent([{"ok": True, "index": 1}])
         with self.assertRaises(ValueError):
@@ -190,6 +214,24 @@ class CheckpointTest(unittest.TestCase):
             self.assertEqual(
                 train.get_checkpoint(), train.Checkpoint("/runs/a/checkpoint_000002")
             )
+
+
+class StorageTest(unittest.TestCase):
+    def test_checkpoint_paths_are_folders_of_the_run_folder(self) -> None:
+        for run_dir in ("/runs/mnist", "s3://bucket/runs/mnist/"):
+            with clean_env(TRAINYARD_RUN_DIR=run_dir):
+                storage = train.get_context().get_storage()
+                self.assertEqual(storage.experiment_fs_path, run_dir)
+                self.assertEqual(
+                    storage.build_checkpoint_path_from_name("dcp/step_3/"),
+                    run_dir.rstrip("/") + "/dcp/step_3",
+                )
+                for bad in ("", "..", "a/../../b", "/"):
+                    with self.assertRaises(ValueError):
+                        storage.build_checkpoint_path_from_name(bad)
+        with clean_env():
+            with self.assertRaises(RuntimeError):
+                train.get_context().get_storage().build_checkpoint_path_from_name("a")
 
 
 class ContextTest(unittest.TestCase):

@@ -116,7 +116,9 @@ def send(
 
     With ``upload="ASYNC"`` the agent answers once it has taken the checkpoint's
     directory (renamed away when ``delete`` is true, the default then; its files
-    hard-linked otherwise), and persists it in the background.
+    hard-linked otherwise), and persists it in the background. With
+    ``upload="NO_UPLOAD"`` the checkpoint is a folder in the run folder (a path
+    or URI) that is registered where it is.
 
     Raises ``ReportError`` when the agent says the report failed (its
     checkpoint was not persisted), ``OSError`` when the agent cannot be

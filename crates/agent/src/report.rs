@@ -23,7 +23,10 @@
 //!   says why it could not be taken; its files are persisted in the background, and the
 //!   report goes on to the driver when they are, in order with the others (see
 //!   [`RankReports`]). `"delete"` means nothing to a `SYNC` report: the client deletes the
-//!   directory itself once answered.
+//!   directory itself once answered. With `"upload": "NO_UPLOAD"`, `"checkpoint"` names a
+//!   folder inside the run folder (a path, or a URI on remote storage) that the task wrote
+//!   the files to itself: it is registered where it is, nothing is copied or deleted, and
+//!   the report is answered once it has gone on to the driver.
 //!
 //! Lines are at most [`MAX_REPORT`] bytes; a longer one ends the connection. Every report of
 //! either protocol counts: the N-th report of the task, over all its connections, belongs
@@ -611,6 +614,61 @@ mod tests {
                 other => panic!("report {index}: {other:?}"),
             }
         }
+        drop(client);
+        serving.finish(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test]
+    async fn a_no_upload_checkpoint_is_registered_where_it_is_inside_the_run_folder() {
+        let root = tempfile::tempdir().expect("a temporary directory");
+        let run = root.path().join("run");
+        let (addr, token, serving, mut events) = serving_in(0, Some(&run)).await;
+        let mut client = Client::connect(&addr, &format!("{token} 2")).await;
+        let written = run.join("dcp").join("step_1");
+        std::fs::create_dir_all(&written).expect("made");
+        std::fs::write(written.join("__0_0.distcp"), b"shard").expect("written");
+        std::fs::write(written.join(".metadata"), b"meta").expect("written");
+        let outside = root.path().join("elsewhere");
+        std::fs::create_dir(&outside).expect("made");
+        std::fs::write(outside.join("model.pt"), b"weights").expect("written");
+        for (step, dir) in [(1, &written), (2, &outside)] {
+            client
+                .send(&format!(
+                    r#"{{"metrics": {{"step": {step}}}, "checkpoint": "{}", "upload": "NO_UPLOAD", "delete": true}}"#,
+                    dir.display()
+                ))
+                .await;
+        }
+        assert_eq!(
+            client.answer().await,
+            Some(serde_json::json!({"ok": true, "index": 1}))
+        );
+        let refused = client.answer().await.expect("answered");
+        assert_eq!(refused["ok"], false, "{refused}");
+        let error = refused["error"].as_str().expect("a reason");
+        assert!(
+            error.contains("inside the run folder") && error.contains("elsewhere"),
+            "{error}"
+        );
+        let got = reports(&mut events, 2).await;
+        assert_eq!(
+            got[0].1,
+            Some(HandIn::InStorage {
+                index: 1,
+                dir: "dcp/step_1".to_owned(),
+                files: vec![".metadata".to_owned(), "__0_0.distcp".to_owned()],
+                bytes: 9,
+            })
+        );
+        assert!(matches!(got[1].1, Some(HandIn::Failed { index: 2, .. })));
+        assert!(
+            written.join("__0_0.distcp").is_file() && outside.join("model.pt").is_file(),
+            "NO_UPLOAD copies, moves and deletes nothing"
+        );
+        assert!(
+            !run.join("checkpoint_000001").exists(),
+            "nothing was copied"
+        );
         drop(client);
         serving.finish(Duration::from_secs(1)).await;
     }

@@ -284,6 +284,34 @@ impl TrainContext {
             .await
     }
 
+    /// Reports metrics with a checkpoint this rank wrote into the run folder itself, as Ray
+    /// Train's `train.report(metrics, checkpoint=Checkpoint(location),
+    /// checkpoint_upload_mode=NO_UPLOAD)`: `location` is a folder inside the run folder
+    /// ([`Self::storage_path`]), registered where it is; nothing is copied. Every rank that
+    /// hands in files for the same report must name the same folder.
+    ///
+    /// # Errors
+    /// When `location` is not a folder with files inside the run folder; that checkpoint is
+    /// then never committed.
+    pub async fn report_checkpoint_in_storage(
+        &self,
+        metrics: serde_json::Map<String, serde_json::Value>,
+        location: &str,
+    ) -> Result<(), trainyard_checkpoint::StorageError> {
+        self.task
+            .report_checkpoint_in_storage(metrics, location)
+            .await
+    }
+
+    /// The location of the folder `name` inside the run folder, where a checkpoint for
+    /// [`Self::report_checkpoint_in_storage`] is written (Ray Train's
+    /// `get_context().get_storage().build_checkpoint_path_from_name(name)`); `None` when the
+    /// run has no storage.
+    #[must_use]
+    pub fn storage_path(&self, name: &str) -> Option<String> {
+        self.task.storage_path(name)
+    }
+
     /// The local directory of the checkpoint to resume from: the run's latest committed one,
     /// after a restart or when a run of the same name and storage is resumed; `None` on a
     /// fresh start (Ray Train's `train.get_checkpoint()`).

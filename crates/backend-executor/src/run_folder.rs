@@ -229,7 +229,7 @@ impl RunStore {
     fn result(&self, checkpoint: &CheckpointRecord) -> CheckpointResult {
         CheckpointResult {
             index: checkpoint.index,
-            path: self.folder.checkpoint_uri(checkpoint.index),
+            path: self.folder.dir_uri(&checkpoint.dir),
             metrics: checkpoint.metrics.clone(),
         }
     }
@@ -277,16 +277,16 @@ impl RunStore {
         let resumed = match self.record.latest().cloned() {
             Some(latest) => {
                 self.folder
-                    .verify_checkpoint(latest.index, &latest.files)
+                    .verify_checkpoint(&latest.dir, &latest.files)
                     .await?;
-                match self.folder.checkpoint_local_path(latest.index) {
+                match self.folder.dir_local_path(&latest.dir) {
                     Some(path) => env.insert(
                         trainyard_checkpoint::CHECKPOINT.to_owned(),
                         path.display().to_string(),
                     ),
                     None => env.insert(
                         trainyard_checkpoint::CHECKPOINT_URI.to_owned(),
-                        self.folder.checkpoint_uri(latest.index),
+                        self.folder.dir_uri(&latest.dir),
                     ),
                 };
                 Some(self.result(&latest))
@@ -371,7 +371,9 @@ impl RunStore {
         };
         let record = CheckpointRecord {
             index: commit.index,
-            dir: checkpoint_dir_name(commit.index),
+            dir: commit
+                .dir
+                .unwrap_or_else(|| checkpoint_dir_name(commit.index)),
             metrics: commit.metrics,
             files: commit.files,
             bytes: commit.bytes,
@@ -384,16 +386,17 @@ impl RunStore {
             self.record.latest_checkpoint,
             &self.config,
         );
-        self.record
-            .checkpoints
-            .retain(|c| !deleted.contains(&c.index));
+        let (deleted, kept) = std::mem::take(&mut self.record.checkpoints)
+            .into_iter()
+            .partition(|c| deleted.contains(&c.index));
+        self.record.checkpoints = kept;
         self.save()
             .await
             .map_err(|e| AttemptFailure::StorageFailed { reason: chain(&e) })?;
         // Deleted only once run.json no longer names them.
-        for index in deleted {
-            if let Err(error) = self.folder.delete_checkpoint(index).await {
-                warn!(index, error = %chain(&error), "a checkpoint beyond num_to_keep could not be deleted");
+        for gone in deleted {
+            if let Err(error) = self.folder.delete_checkpoint(&gone.dir).await {
+                warn!(index = gone.index, error = %chain(&error), "a checkpoint beyond num_to_keep could not be deleted");
             }
         }
         // Shown as `RunEvent::CheckpointCommitted`; a log line at info would say it twice.

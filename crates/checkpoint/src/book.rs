@@ -15,6 +15,9 @@ pub struct Commit {
     pub files: Vec<String>,
     /// Their total size in bytes.
     pub bytes: u64,
+    /// The folder the ranks registered it in (a `NO_UPLOAD` report; relative to the run
+    /// folder), or `None` for the index's own folder (`checkpoint_000003`).
+    pub dir: Option<String>,
 }
 
 /// One index that not every rank has reported yet.
@@ -25,13 +28,18 @@ struct Pending {
     /// file name → the rank that handed it in.
     files: BTreeMap<String, u32>,
     bytes: u64,
+    /// Where the first rank's files are: `Some(None)` for the index's own folder,
+    /// `Some(Some(dir))` for a folder registered in storage.
+    dir: Option<Option<String>>,
     handed_in: bool,
     failed: bool,
 }
 
 /// The driver's book of one attempt's reports: the N-th report of every rank belongs to
 /// index `base + N`; an index is committed when every rank has reported it, at least one
-/// rank handed in files with it, and no rank's files failed to persist.
+/// rank handed in files with it, no rank's files failed to persist, and every rank that
+/// handed in files put them in the same folder (the index's own, or one folder registered in
+/// storage with `NO_UPLOAD`).
 ///
 /// ```
 /// use trainyard_checkpoint::{CheckpointBook, HandIn};
@@ -111,8 +119,20 @@ impl CheckpointBook {
         match checkpoint {
             None => {}
             Some(HandIn::Failed { .. }) => pending.failed = true,
+            Some(HandIn::InStorage {
+                dir, files, bytes, ..
+            }) => {
+                pending.handed_in = true;
+                // Every rank lists the whole folder: the union of what they saw, and the
+                // largest size any saw.
+                if pending.same_folder(rank, index, Some(dir)) {
+                    pending.files.extend(files.into_iter().map(|f| (f, rank)));
+                    pending.bytes = pending.bytes.max(bytes);
+                }
+            }
             Some(HandIn::Persisted { files, bytes, .. }) => {
                 pending.handed_in = true;
+                pending.same_folder(rank, index, None);
                 // Ranks that hand in a file of the same name (each saving `model.pt`, as
                 // Ray Train accepts) share one copy in the folder: the last one persisted.
                 // A rank whose every file another rank also handed in adds no bytes.
@@ -139,7 +159,37 @@ impl CheckpointBook {
             metrics: done.rank0_metrics.unwrap_or_default(),
             files: done.files.into_keys().collect(),
             bytes: done.bytes,
+            dir: done.dir.flatten(),
         }))
+    }
+}
+
+impl Pending {
+    /// Whether `dir`, where `rank` put its files for `index`, is where the ranks before it
+    /// put theirs; if not, the index is never committed: no folder holds all of it.
+    fn same_folder(&mut self, rank: u32, index: u64, dir: Option<String>) -> bool {
+        match &self.dir {
+            None => {
+                self.dir = Some(dir);
+                true
+            }
+            Some(first) if *first == dir => true,
+            Some(first) => {
+                let name = |dir: &Option<String>| {
+                    dir.clone()
+                        .unwrap_or_else(|| crate::checkpoint_dir_name(index))
+                };
+                tracing::warn!(
+                    rank,
+                    index,
+                    folder = %name(&dir),
+                    other = %name(first),
+                    "ranks handed in checkpoint {index} in different folders; it is not committed: report the same checkpoint path from every rank (NO_UPLOAD), or let trainyard copy every rank's files (SYNC, ASYNC)"
+                );
+                self.failed = true;
+                false
+            }
+        }
     }
 }
 
@@ -222,6 +272,67 @@ mod tests {
             .expect("every rank reported");
         assert_eq!(commit.files, ["extra_2", "model.pt"]);
         assert_eq!(commit.bytes, 2, "rank 0's copy of model.pt adds nothing");
+    }
+
+    fn in_storage(index: u64, dir: &str, files: &[&str], bytes: u64) -> Option<HandIn> {
+        Some(HandIn::InStorage {
+            index,
+            dir: dir.to_owned(),
+            files: files.iter().map(|f| (*f).to_owned()).collect(),
+            bytes,
+        })
+    }
+
+    #[test]
+    fn a_folder_registered_by_every_rank_commits_once_with_what_they_saw() {
+        let mut book = CheckpointBook::new(3, 0);
+        book.record(0, metrics(1), in_storage(1, "dcp/1", &["__0_0.distcp"], 10))
+            .unwrap();
+        book.record(1, metrics(1), None).unwrap();
+        let commit = book
+            .record(
+                2,
+                metrics(1),
+                in_storage(1, "dcp/1", &["__0_0.distcp", "__2_0.distcp"], 20),
+            )
+            .unwrap()
+            .expect("every rank reported");
+        assert_eq!(commit.dir.as_deref(), Some("dcp/1"));
+        assert_eq!(commit.files, ["__0_0.distcp", "__2_0.distcp"]);
+        assert_eq!(commit.bytes, 20, "each rank listed the whole folder");
+        // A copied checkpoint keeps its index's own folder.
+        book.record(0, metrics(2), persisted(2, &["a"])).unwrap();
+        book.record(1, metrics(2), None).unwrap();
+        let copied = book
+            .record(2, metrics(2), None)
+            .unwrap()
+            .expect("committed");
+        assert_eq!(copied.dir, None);
+    }
+
+    #[test]
+    fn ranks_handing_in_one_index_in_different_folders_commit_nothing() {
+        let mut book = CheckpointBook::new(2, 0);
+        book.record(0, metrics(1), in_storage(1, "dcp/1", &["a"], 1))
+            .unwrap();
+        assert_eq!(
+            book.record(1, metrics(1), in_storage(1, "dcp/1-rank1", &["b"], 1)),
+            Ok(None)
+        );
+        book.record(0, metrics(2), in_storage(2, "dcp/2", &["a"], 1))
+            .unwrap();
+        assert_eq!(book.record(1, metrics(2), persisted(2, &["b"])), Ok(None));
+        // The next index is unaffected.
+        book.record(1, metrics(3), in_storage(3, "dcp/3", &["b"], 1))
+            .unwrap();
+        let commit = book
+            .record(0, metrics(3), in_storage(3, "dcp/3", &["a"], 1))
+            .unwrap()
+            .expect("committed");
+        assert_eq!(
+            (commit.index, commit.files),
+            (3, vec!["a".to_owned(), "b".to_owned()])
+        );
     }
 
     #[test]

@@ -89,6 +89,19 @@ pub enum StorageError {
         /// Why, as the driver was told.
         reason: String,
     },
+    /// A `NO_UPLOAD` report named a folder that is not one a checkpoint may be registered
+    /// at: outside the run folder, or one of trainyard's own in it.
+    #[error(
+        "a checkpoint reported with checkpoint_upload_mode=NO_UPLOAD must be a folder inside the run folder `{run}`, where it is already stored; `{path}` is not one ({reason}): write it to get_context().get_storage().build_checkpoint_path_from_name(NAME), or report it with SYNC or ASYNC to have it copied"
+    )]
+    NotInRunFolder {
+        /// What the rank named.
+        path: String,
+        /// The run folder's location.
+        run: String,
+        /// Why it is refused.
+        reason: String,
+    },
     /// A rank handed in something that is not a directory.
     #[error("a checkpoint must be a directory; `{path}` is not one")]
     NotADirectory {

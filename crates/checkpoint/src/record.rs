@@ -116,7 +116,8 @@ pub struct AttemptRecord {
 pub struct CheckpointRecord {
     /// Its index: the N-th report of every rank.
     pub index: u64,
-    /// Its folder, relative to the run folder (`checkpoint_000003`).
+    /// Its folder, relative to the run folder: `checkpoint_000003`, or the folder its ranks
+    /// wrote it to themselves (a `NO_UPLOAD` report: `dcp/step_3`).
     pub dir: String,
     /// The metrics reported with it (world rank 0's).
     pub metrics: serde_json::Map<String, serde_json::Value>,
@@ -209,11 +210,13 @@ impl RunRecord {
         self.checkpoints.iter().find(|c| c.index == index)
     }
 
-    /// Records a committed checkpoint as the latest.
+    /// Records a committed checkpoint as the latest. An earlier one in the same folder (a
+    /// `NO_UPLOAD` folder written again) is no longer kept: its files are the new one's now.
     pub fn commit(&mut self, checkpoint: CheckpointRecord) {
         self.last_index = self.last_index.max(checkpoint.index);
         self.latest_checkpoint = Some(checkpoint.index);
-        self.checkpoints.retain(|c| c.index != checkpoint.index);
+        self.checkpoints
+            .retain(|c| c.index != checkpoint.index && c.dir != checkpoint.dir);
         self.checkpoints.push(checkpoint);
         self.checkpoints.sort_by_key(|c| c.index);
     }

@@ -27,6 +27,10 @@ pub enum UploadMode {
     /// [`CheckpointWriter::take`]); they are persisted in the background, and the report is
     /// passed on when they are. At most [`ASYNC_IN_FLIGHT`] at once per rank.
     Async,
+    /// The files are in storage already, in a folder of the run folder the rank wrote them
+    /// to: they are registered where they are ([`CheckpointWriter::register`]), not copied,
+    /// and the report returns once it is passed on.
+    NoUpload,
 }
 
 /// Where reports go, in order: the metrics, and what became of the checkpoint handed in
@@ -146,8 +150,9 @@ impl RankReports {
         }
     }
 
-    /// Counts a report, hands in `checkpoint` (an absolute directory) as `mode` says, and
-    /// passes the report on in its turn. Returns once the report is passed on (`SYNC`), or
+    /// Counts a report, hands in `checkpoint` (an absolute directory; for `NO_UPLOAD`, a
+    /// folder in the run folder, a path or a URI) as `mode` says, and passes the report on
+    /// in its turn. Returns once the report is passed on (`SYNC`), or
     /// once the checkpoint is taken (`ASYNC`, after waiting for room among the hand-ins in
     /// flight; with `delete_local` the directory is gone then); a report without a
     /// checkpoint, once it is counted.
@@ -188,7 +193,7 @@ impl RankReports {
                     .await;
                 let error = match &hand_in {
                     HandIn::Failed { error, .. } => Some(error.clone()),
-                    HandIn::Persisted { .. } => None,
+                    HandIn::Persisted { .. } | HandIn::InStorage { .. } => None,
                 };
                 shared.pass_on(seq, metrics, Some(hand_in)).await;
                 drop(permit);
@@ -199,7 +204,7 @@ impl RankReports {
         let abandoned = || Some("the hand-in was abandoned before it was persisted".to_owned());
         let error = match mode {
             UploadMode::Async => taken.await.unwrap_or_else(|_| abandoned()),
-            UploadMode::Sync => sent.await.unwrap_or_else(|_| abandoned()),
+            UploadMode::Sync | UploadMode::NoUpload => sent.await.unwrap_or_else(|_| abandoned()),
         };
         Reported { index, error }
     }
@@ -338,7 +343,7 @@ impl Shared {
         taken: oneshot::Sender<Option<String>>,
     ) -> HandIn {
         let failed = |error: String| HandIn::Failed { index, error };
-        let writer = if dir.is_absolute() {
+        let writer = if dir.is_absolute() || mode == UploadMode::NoUpload {
             self.writer()
         } else {
             Err(format!(
@@ -357,6 +362,16 @@ impl Shared {
             UploadMode::Sync => {
                 let _ = taken.send(None);
                 writer.hand_in(index, dir).await
+            }
+            UploadMode::NoUpload => {
+                let _ = taken.send(None);
+                let location = dir.to_string_lossy();
+                match writer.register(index, &location).await {
+                    Ok(hand_in) => hand_in,
+                    Err(error) => {
+                        failed(trainyard_config::resources::ErrorChain(&error).to_string())
+                    }
+                }
             }
             UploadMode::Async => match writer.take(dir, delete_local).await {
                 Ok(staged) => {

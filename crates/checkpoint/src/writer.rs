@@ -21,6 +21,18 @@ pub enum HandIn {
         /// Their total size in bytes.
         bytes: u64,
     },
+    /// The rank's files are already in storage, in the folder `dir` of the run folder (a
+    /// `NO_UPLOAD` report): nothing was copied.
+    InStorage {
+        /// The index the rank reported it as.
+        index: u64,
+        /// The folder, relative to the run folder, with `/` separators.
+        dir: String,
+        /// The files it held when registered, relative to it, sorted.
+        files: Vec<String>,
+        /// Their total size in bytes.
+        bytes: u64,
+    },
     /// The rank's files could not be persisted; the index is never committed.
     Failed {
         /// The index.
@@ -103,6 +115,17 @@ impl CheckpointWriter {
     /// As [`CheckpointWriter::persist`]'s walk, or the first link, copy or delete that failed.
     pub async fn take(&self, source: &Path, delete_local: bool) -> Result<Taken, StorageError> {
         crate::storage::take(source, delete_local, self.limits).await
+    }
+
+    /// Registers the folder at `location`, inside the run folder, as what the rank hands in
+    /// for `index`, where it is (a `NO_UPLOAD` report; see [`RunFolder::register_directory`]).
+    ///
+    /// # Errors
+    /// As [`RunFolder::register_directory`].
+    pub async fn register(&self, index: u64, location: &str) -> Result<HandIn, StorageError> {
+        self.folder
+            .register_directory(index, location, self.limits)
+            .await
     }
 
     /// [`CheckpointWriter::persist`], with a failure turned into [`HandIn::Failed`].

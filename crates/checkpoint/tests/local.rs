@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use trainyard_checkpoint::{
     CHECKPOINT, CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, CHECKPOINT_URI, CheckpointRecord,
-    CheckpointWriter, HandIn, RUN_DIR, RunFolder, RunRecord, Storage, StorageError,
+    CheckpointWriter, HandIn, HandInLimits, RUN_DIR, RunFolder, RunRecord, Storage, StorageError,
     StorageLocation, checkpoint_dir_name, prepare_task_env,
 };
 
@@ -83,7 +83,10 @@ async fn a_rank_s_directory_is_persisted_with_nested_names_sorted_and_its_size()
         }
     );
     let dir = root.path().join("mnist/checkpoint_000003");
-    assert_eq!(folder.checkpoint_local_path(3), Some(dir.clone()));
+    assert_eq!(
+        folder.dir_local_path(&checkpoint_dir_name(3)),
+        Some(dir.clone())
+    );
     assert_eq!(
         files_under(&dir),
         ["b/c/d.txt", "model.pt", "optim/state.bin"]
@@ -98,10 +101,13 @@ async fn a_rank_s_directory_is_persisted_with_nested_names_sorted_and_its_size()
     let HandIn::Persisted { files, .. } = hand_in else {
         unreachable!()
     };
-    folder.verify_checkpoint(3, &files).await.unwrap();
+    folder
+        .verify_checkpoint(&checkpoint_dir_name(3), &files)
+        .await
+        .unwrap();
     // A local checkpoint is restored in place.
     let restored = folder
-        .download_checkpoint(3, Path::new("/nonexistent"))
+        .download_checkpoint(&checkpoint_dir_name(3), Path::new("/nonexistent"))
         .await
         .unwrap();
     assert_eq!(restored, dir);
@@ -440,10 +446,16 @@ async fn delete_uncommitted_removes_later_checkpoints_and_temporary_files_only()
             .unwrap()
             .is_empty()
     );
-    folder.delete_checkpoint(1).await.unwrap();
+    folder
+        .delete_checkpoint(&checkpoint_dir_name(1))
+        .await
+        .unwrap();
     assert!(!run.join("checkpoint_000001").exists());
     // Deleting what is gone is no error.
-    folder.delete_checkpoint(1).await.unwrap();
+    folder
+        .delete_checkpoint(&checkpoint_dir_name(1))
+        .await
+        .unwrap();
 }
 
 fn record(name: &str, checkpoints: u64) -> RunRecord {
@@ -530,7 +542,10 @@ async fn a_checkpoint_that_vanished_before_a_restore_is_an_error_naming_it() {
     let dir = root.path().join("run/checkpoint_000005");
 
     std::fs::remove_file(dir.join("b.pt")).unwrap();
-    match folder.verify_checkpoint(5, &files).await {
+    match folder
+        .verify_checkpoint(&checkpoint_dir_name(5), &files)
+        .await
+    {
         Err(StorageError::CheckpointMissing { path, file }) => {
             assert_eq!((path, file.as_str()), (dir.display().to_string(), "b.pt"));
         }
@@ -538,13 +553,18 @@ async fn a_checkpoint_that_vanished_before_a_restore_is_an_error_naming_it() {
     }
 
     std::fs::remove_dir_all(&dir).unwrap();
-    let error = folder.verify_checkpoint(5, &files).await.unwrap_err();
+    let error = folder
+        .verify_checkpoint(&checkpoint_dir_name(5), &files)
+        .await
+        .unwrap_err();
     assert!(
         error.to_string().contains(&dir.display().to_string()),
         "{error}"
     );
     assert!(matches!(
-        folder.download_checkpoint(5, root.path()).await,
+        folder
+            .download_checkpoint(&checkpoint_dir_name(5), root.path())
+            .await,
         Err(StorageError::CheckpointMissing { .. })
     ));
     // A task told to resume from it fails before it starts, naming it.
@@ -592,7 +612,7 @@ async fn a_run_folder_opens_from_its_uri() {
         folder.checkpoint_uri(1),
         "s3://bucket/p/mnist/checkpoint_000001"
     );
-    assert_eq!(folder.checkpoint_local_path(1), None);
+    assert_eq!(folder.dir_local_path(&checkpoint_dir_name(1)), None);
     for uri in ["s3://bucket", "/", "gs://b/x"] {
         assert!(
             matches!(
@@ -677,5 +697,98 @@ async fn a_folder_is_uploaded_under_any_path_of_the_run_folder() {
     assert_eq!(
         std::fs::read(uploaded.join("rank_0.log")).unwrap(),
         std::fs::read(logs.path().join("rank_0.log")).unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_written_into_the_run_folder_is_registered_where_it_is_and_nothing_else_is() {
+    let root = tempfile::tempdir().unwrap();
+    let folder = storage(root.path()).run("mnist");
+    let run = root.path().join("mnist");
+    write_file(&run.join("dcp/step_3/__0_0.distcp"), 100, 1);
+    write_file(&run.join("dcp/step_3/.metadata"), 10, 2);
+    let writer = CheckpointWriter::new(folder.clone()).with_limits(HandInLimits {
+        files: Some(2),
+        bytes: None,
+    });
+
+    let registered = writer
+        .register(3, &run.join("dcp/./step_3/").display().to_string())
+        .await
+        .unwrap();
+    assert_eq!(
+        registered,
+        HandIn::InStorage {
+            index: 3,
+            dir: "dcp/step_3".into(),
+            files: vec![".metadata".into(), "__0_0.distcp".into()],
+            bytes: 110,
+        }
+    );
+    assert_eq!(
+        folder.dir_local_path("dcp/step_3"),
+        Some(run.join("dcp/step_3"))
+    );
+    folder
+        .verify_checkpoint("dcp/step_3", &[".metadata".into()])
+        .await
+        .unwrap();
+    // Its own folder's name is the report's to use.
+    write_file(&run.join("checkpoint_000003/model.pt"), 5, 3);
+    let own = writer
+        .register(3, &run.join("checkpoint_000003").display().to_string())
+        .await
+        .unwrap();
+    assert!(matches!(own, HandIn::InStorage { ref dir, .. } if dir == "checkpoint_000003"));
+
+    let outside = tempfile::tempdir().unwrap();
+    write_file(&outside.path().join("model.pt"), 5, 4);
+    write_file(&root.path().join("mnist2/step_3/model.pt"), 5, 5);
+    write_file(&run.join("logs/attempt_0/rank_0.log"), 5, 6);
+    write_file(&run.join("checkpoint_000009/model.pt"), 5, 7);
+    let refusals = [
+        (outside.path().to_path_buf(), "it is not below it"),
+        (root.path().join("mnist2/step_3"), "it is not below it"),
+        (run.join("../mnist2/step_3"), "it is not below it"),
+        (run.clone(), "it is not below it"),
+        (run.join("logs/attempt_0"), "`logs` is trainyard's own"),
+        (
+            run.join("checkpoint_000009"),
+            "named like another checkpoint's folder",
+        ),
+    ];
+    for (path, reason) in refusals {
+        let error = writer
+            .register(3, &path.display().to_string())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, StorageError::NotInRunFolder { reason: r, .. } if r.contains(reason)),
+            "{}: {error}",
+            path.display()
+        );
+        assert!(error.to_string().contains("NO_UPLOAD"), "{error}");
+    }
+    // Not there, or empty: nothing to register.
+    std::fs::create_dir_all(run.join("empty")).unwrap();
+    for missing in ["absent", "empty"] {
+        let error = writer
+            .register(4, &run.join(missing).display().to_string())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, StorageError::NotADirectory { .. }),
+            "{error}"
+        );
+    }
+    // The task's bounds hold as for a copy.
+    write_file(&run.join("dcp/step_3/__1_0.distcp"), 100, 8);
+    let error = writer
+        .register(5, &run.join("dcp/step_3").display().to_string())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, StorageError::TooManyFiles { limit: 2, .. }),
+        "{error}"
     );
 }

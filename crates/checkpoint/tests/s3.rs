@@ -7,7 +7,7 @@ use std::path::Path;
 use trainyard_checkpoint::testing::S3Server;
 use trainyard_checkpoint::{
     CHECKPOINT, CHECKPOINT_URI, CheckpointWriter, HandIn, RUN_DIR, RunRecord, Storage,
-    StorageError, StorageLocation, prepare_task_env,
+    StorageError, StorageLocation, checkpoint_dir_name, prepare_task_env,
 };
 
 fn write_file(path: &Path, len: usize, seed: u8) {
@@ -78,7 +78,10 @@ async fn an_s3_run_folder_keeps_two_ranks_checkpoints_its_record_and_restores_th
     let files: Vec<String> = ["meta/config.json", "model.pt", "shard_1.pt"]
         .map(String::from)
         .into();
-    folder.verify_checkpoint(1, &files).await.unwrap();
+    folder
+        .verify_checkpoint(&checkpoint_dir_name(1), &files)
+        .await
+        .unwrap();
 
     // run.json
     let mut record = RunRecord::new("mnist");
@@ -94,12 +97,15 @@ async fn an_s3_run_folder_keeps_two_ranks_checkpoints_its_record_and_restores_th
     assert_eq!(folder.delete_uncommitted(1).await.unwrap(), [2, 3]);
     assert!(folder.delete_uncommitted(1).await.unwrap().is_empty());
     assert!(folder.load().await.unwrap().is_some(), "run.json is kept");
-    folder.verify_checkpoint(1, &files).await.unwrap();
+    folder
+        .verify_checkpoint(&checkpoint_dir_name(1), &files)
+        .await
+        .unwrap();
 
     // Restores: into a given folder, and for a task, into a fresh one under its scratch.
     let dest = tempfile::tempdir().unwrap();
     let restored = folder
-        .download_checkpoint(1, &dest.path().join("ckpt"))
+        .download_checkpoint(&checkpoint_dir_name(1), &dest.path().join("ckpt"))
         .await
         .unwrap();
     assert_same_files(&restored, rank0.path(), &["model.pt", "meta/config.json"]);
@@ -116,16 +122,22 @@ async fn an_s3_run_folder_keeps_two_ranks_checkpoints_its_record_and_restores_th
     assert_same_files(&local, rank1.path(), &["shard_1.pt"]);
 
     // Once deleted, a restore is an error naming the checkpoint.
-    folder.delete_checkpoint(1).await.unwrap();
+    folder
+        .delete_checkpoint(&checkpoint_dir_name(1))
+        .await
+        .unwrap();
     let uri = "s3://runs/team/exp/mnist/checkpoint_000001";
-    match folder.verify_checkpoint(1, &files).await {
+    match folder
+        .verify_checkpoint(&checkpoint_dir_name(1), &files)
+        .await
+    {
         Err(StorageError::CheckpointMissing { path, file }) => {
             assert_eq!((path.as_str(), file.as_str()), (uri, "meta/config.json"));
         }
         other => panic!("{other:?}"),
     }
     let error = folder
-        .download_checkpoint(1, dest.path())
+        .download_checkpoint(&checkpoint_dir_name(1), dest.path())
         .await
         .unwrap_err();
     assert!(
@@ -203,7 +215,7 @@ async fn a_folder_uploaded_into_an_s3_run_folder_reads_back_the_same() {
     assert_eq!(bytes, 340);
     let back = tempfile::tempdir().unwrap();
     let restored = folder
-        .download_checkpoint(7, &back.path().join("logs"))
+        .download_checkpoint(&checkpoint_dir_name(7), &back.path().join("logs"))
         .await
         .unwrap();
     assert_same_files(&restored, logs.path(), &["rank_0.log", "rank_1.log"]);
@@ -246,4 +258,61 @@ fn the_server_and_its_process_group_are_gone_once_it_is_dropped() {
     assert_eq!(env.get("AWS_ENDPOINT_URL"), Some(&server.endpoint()));
     drop(server);
     assert!(!Path::new(&format!("/proc/{pid}")).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_written_into_an_s3_run_folder_is_registered_where_it_is() {
+    let Some(server) = server() else { return };
+    let env = server.env();
+    let storage = Storage::open("s3://runs/exp".parse().unwrap(), &env).unwrap();
+    storage.check_writable().await.unwrap();
+    let folder = storage.run("dcp");
+    let shards = tempfile::tempdir().unwrap();
+    write_file(&shards.path().join("__0_0.distcp"), 300, 1);
+    write_file(&shards.path().join(".metadata"), 20, 2);
+    // What torch's distributed checkpoint writes into storage itself.
+    folder
+        .upload_directory("step_1", shards.path())
+        .await
+        .unwrap();
+    let mut task_env = env.clone();
+    task_env.insert(RUN_DIR.to_owned(), folder.uri());
+    let writer = CheckpointWriter::from_env(&task_env).unwrap().unwrap();
+
+    let uri = folder.dir_uri("step_1");
+    assert_eq!(uri, "s3://runs/exp/dcp/step_1");
+    assert_eq!(
+        writer.register(1, &uri).await.unwrap(),
+        HandIn::InStorage {
+            index: 1,
+            dir: "step_1".into(),
+            files: vec![".metadata".into(), "__0_0.distcp".into()],
+            bytes: 320,
+        }
+    );
+    for elsewhere in [
+        "s3://other/exp/dcp/step_1",
+        "s3://runs/exp/dcp2/step_1",
+        "/tmp/step_1",
+    ] {
+        let error = writer.register(1, elsewhere).await.unwrap_err();
+        assert!(
+            matches!(error, StorageError::NotInRunFolder { .. }),
+            "{elsewhere}: {error}"
+        );
+    }
+    let error = writer
+        .register(2, &folder.dir_uri("step_2"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, StorageError::NotADirectory { .. }),
+        "{error}"
+    );
+    let back = tempfile::tempdir().unwrap();
+    let restored = folder
+        .download_checkpoint("step_1", &back.path().join("step_1"))
+        .await
+        .unwrap();
+    assert_same_files(&restored, shards.path(), &["__0_0.distcp", ".metadata"]);
 }

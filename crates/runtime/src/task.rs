@@ -281,6 +281,40 @@ impl TaskContext {
             .await
     }
 
+    /// Sends a metrics report with a checkpoint the task wrote into the run folder itself
+    /// (Ray Train's `checkpoint_upload_mode=NO_UPLOAD`): `location` is a folder inside the
+    /// run folder, a path or, on remote storage, a URI ([`Self::storage_path`] of a name).
+    /// It is registered where it is; nothing is copied or deleted. Returns once the report
+    /// has gone on to the driver. Every rank that hands in files for the same index must
+    /// name the same folder, or that index is not committed.
+    ///
+    /// # Errors
+    /// [`StorageError::HandInFailed`] when `location` is not a folder with files inside the
+    /// run folder, or is one of trainyard's own there (the driver is told, and that index is
+    /// never committed).
+    pub async fn report_checkpoint_in_storage(
+        &self,
+        metrics: serde_json::Map<String, serde_json::Value>,
+        location: &str,
+    ) -> Result<(), StorageError> {
+        self.hand_in(metrics, Path::new(location), UploadMode::NoUpload, false)
+            .await
+    }
+
+    /// The location of the folder `name` inside the run folder (a path, or a URI on remote
+    /// storage), where a checkpoint for [`Self::report_checkpoint_in_storage`] is written
+    /// (Ray Train's `get_storage().build_checkpoint_path_from_name`); `None` when the task
+    /// has no run folder.
+    #[must_use]
+    pub fn storage_path(&self, name: &str) -> Option<String> {
+        let run = self.var(trainyard_checkpoint::RUN_DIR)?;
+        Some(format!(
+            "{}/{}",
+            run.trim_end_matches('/'),
+            name.trim_matches('/')
+        ))
+    }
+
     /// A report with the checkpoint in `dir`, handed in as `mode` says.
     async fn hand_in(
         &self,

@@ -427,6 +427,77 @@ def test_a_rank_dying_right_after_an_async_hand_in_resumes_from_a_whole_checkpoi
         assert sorted(os.listdir(os.path.join(result.path, name))) == ["shard_0", "shard_1"]
 
 
+def dcp_loop():  # type: ignore[no-untyped-def]
+    import torch
+    import torch.distributed
+    import torch.distributed.checkpoint as dcp
+
+    ctx = train.get_context()
+    rank = ctx.get_world_rank()
+    model = torch.nn.Linear(4, 2)
+    start, loaded = 0, None
+    checkpoint = train.get_checkpoint()
+    if checkpoint is not None:
+        state = {"model": model.state_dict(), "step": torch.tensor(-1)}
+        dcp.load(state, checkpoint_id=checkpoint.path)
+        model.load_state_dict(state["model"])
+        start, loaded = int(state["step"]) + 1, float(model.weight[0, 0])
+    for step in range(start, 3):
+        with torch.no_grad():
+            model.weight.fill_(float(step))
+        # Written by the ranks themselves, straight into the run folder.
+        path = ctx.get_storage().build_checkpoint_path_from_name(f"dcp/step_{step}")
+        dcp.save({"model": model.state_dict(), "step": torch.tensor(step)}, checkpoint_id=path)
+        train.report(
+            {"step": step},
+            checkpoint=Checkpoint(path),
+            checkpoint_upload_mode=train.CheckpointUploadMode.NO_UPLOAD,
+            delete_local_checkpoint_after_upload=True,
+        )
+        assert os.path.isdir(path), "NO_UPLOAD deletes nothing"
+        if step == 1 and checkpoint is None:
+            # Both ranks' reports of step 1 have gone on to the driver.
+            torch.distributed.barrier()
+            if rank == 1:
+                os._exit(3)
+    outside = tempfile.mkdtemp()
+    with open(os.path.join(outside, "model.pt"), "w") as f:
+        f.write("not in the run folder")
+    try:
+        train.report(
+            {"step": 3},
+            checkpoint=Checkpoint(outside),
+            checkpoint_upload_mode=train.CheckpointUploadMode.NO_UPLOAD,
+        )
+        refused = None
+    except train.ReportError as error:
+        refused = str(error)
+    return {"start": start, "loaded": loaded, "refused": refused}
+
+
+def test_checkpoints_torch_writes_into_the_run_folder_are_registered_and_resumed_from(
+    storage,
+) -> None:
+    result = _run(
+        dcp_loop,
+        storage,
+        name="dcp",
+        run_kwargs={"failure_config": FailureConfig(max_failures=1)},
+    )
+    back = result.return_value
+    # Resumed from the step both ranks reported before rank 1 died, loaded with dcp.load.
+    assert (back["start"], back["loaded"]) == (2, 1.0), back
+    assert "inside the run folder" in back["refused"], back
+    assert result.checkpoint is not None
+    assert result.checkpoint.path == os.path.join(result.path, "dcp", "step_2")
+    assert ".metadata" in os.listdir(result.checkpoint.path)
+    # Registered where they are: nothing was copied into checkpoint folders.
+    assert not [d for d in os.listdir(result.path) if d.startswith("checkpoint_")]
+    with open(os.path.join(result.path, "run.json")) as f:
+        record = json.load(f)
+    assert [c["dir"] for c in record["checkpoints"]] == ["dcp/step_0", "dcp/step_1", "dcp/step_2"]
+
+
 def resumed_loop():  # type: ignore[no-untyped-def]
     checkpoint = train.get_checkpoint()
     assert checkpoint is not None

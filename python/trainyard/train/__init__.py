@@ -68,6 +68,7 @@ __all__ = [
     "Result",
     "RunConfig",
     "ScalingConfig",
+    "StorageContext",
     "TrainContext",
     "TrainingFailedError",
     "WorkerGroupError",
@@ -79,6 +80,8 @@ __all__ = [
 ]
 
 CHECKPOINT_ENV = "TRAINYARD_CHECKPOINT"
+# The run folder: a path, or a URI (``s3://bucket/prefix/name``) on remote storage.
+RUN_DIR_ENV = "TRAINYARD_RUN_DIR"
 # The checkpoint a TorchTrainer's ``resume_from_checkpoint`` names: what ``get_checkpoint``
 # returns while the run has none of its own.
 RESUME_FROM_ENV = "TRAINYARD_RESUME_FROM_CHECKPOINT"
@@ -91,11 +94,14 @@ class Checkpoint:
     """A directory of files: handed in with ``report``, or resumed from with
     ``get_checkpoint``.
 
-    ``path`` is the directory's absolute path on this machine.
+    ``path`` is the directory's absolute path on this machine, or a URI
+    (``s3://bucket/key``) kept as given: a folder in remote storage, for
+    ``report(..., checkpoint_upload_mode=NO_UPLOAD)``.
     """
 
     def __init__(self, path: Union[str, "os.PathLike[str]"]) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        path = os.fspath(path)
+        self.path = path if "://" in path else os.path.abspath(path)
 
     @classmethod
     def from_directory(cls, path: Union[str, "os.PathLike[str]"]) -> "Checkpoint":
@@ -149,8 +155,12 @@ class CheckpointUploadMode(enum.Enum):
     have returned. At
     most two are on their way per rank; the next ``ASYNC`` report with a checkpoint
     waits for room. A rank that dies after ``report`` returned still has its files
-    persisted. ``NO_UPLOAD``: as ``SYNC`` here (every checkpoint is persisted into the
-    run folder by the agent).
+    persisted. ``NO_UPLOAD``: the rank wrote the checkpoint into the run folder itself
+    (to ``get_context().get_storage().build_checkpoint_path_from_name(name)``, with
+    ``torch.distributed.checkpoint``, say): it is registered where it is, nothing is
+    copied or deleted, and ``report`` returns once the report has gone on to the
+    driver. Every rank that reports a checkpoint for the same step must name the same
+    folder; a folder outside the run folder is refused (``ReportError``).
     """
 
     SYNC = "SYNC"
@@ -173,9 +183,12 @@ def report(
     With ``checkpoint_upload_mode=SYNC`` (the default) it returns once the agent
     has persisted the checkpoint's files into the run folder and passed the
     report on, so the directory may be deleted then; with ``ASYNC`` once the
-    agent has taken the directory (see ``CheckpointUploadMode``). Safe to call from several threads (reports
-    are sent one at a time). ``checkpoint_dir_name`` is accepted for Ray's
-    sake: the run folder names its checkpoints by index.
+    agent has taken the directory; with ``NO_UPLOAD`` once the folder the rank
+    wrote into the run folder is registered (see ``CheckpointUploadMode``). Safe
+    to call from several threads (reports are sent one at a time).
+    ``checkpoint_dir_name`` is accepted for Ray's sake: the run folder names the
+    checkpoints it copies by index (``checkpoint_000003``); a ``NO_UPLOAD``
+    checkpoint keeps the folder it was written to.
 
     Raises ``ReportError`` with the agent's reason when the files cannot be
     persisted (the driver is told, and that checkpoint is never committed),
@@ -222,6 +235,10 @@ def report(
     if mode is CheckpointUploadMode.ASYNC:
         _client.send(metrics, path, "ASYNC", delete_local_checkpoint_after_upload)
         return
+    if mode is CheckpointUploadMode.NO_UPLOAD:
+        # Already in storage: never deleted here.
+        _client.send(metrics, path, "NO_UPLOAD")
+        return
     _client.send(metrics, path)
     if path is not None and delete_local_checkpoint_after_upload:
         import shutil
@@ -267,9 +284,50 @@ def _env_int(names: "tuple[str, ...]", default: int) -> int:
     return default
 
 
+class StorageContext:
+    """Where this run keeps what it persists: its run folder
+    (``TRAINYARD_RUN_DIR``, a path or an ``s3://`` URI)."""
+
+    @property
+    def experiment_fs_path(self) -> str:
+        """The run folder.
+
+        Raises ``RuntimeError`` outside a run that has one.
+        """
+        run_dir = os.environ.get(RUN_DIR_ENV)
+        if not run_dir:
+            raise RuntimeError(
+                f"this process has no run folder ({RUN_DIR_ENV} is not set): it is not a "
+                "trainyard worker"
+            )
+        return run_dir
+
+    def build_checkpoint_path_from_name(self, name: str) -> str:
+        """The folder ``name`` inside the run folder (``name`` may nest:
+        ``"dcp/step_3"``): where to write a checkpoint that ``report`` then
+        registers with ``checkpoint_upload_mode=NO_UPLOAD``.
+
+        Raises ``ValueError`` for a name that leaves the run folder, and
+        ``RuntimeError`` outside a run that has one.
+        """
+        parts = [p for p in str(name).split("/") if p not in ("", ".")]
+        if not parts or ".." in parts:
+            raise ValueError(
+                f"a checkpoint name must be a folder inside the run folder, got {name!r}"
+            )
+        return "/".join([self.experiment_fs_path.rstrip("/")] + parts)
+
+    def __repr__(self) -> str:
+        return f"StorageContext(experiment_fs_path={os.environ.get(RUN_DIR_ENV)!r})"
+
+
 class TrainContext:
     """Where this worker stands in the run, read from its environment: the
     variables trainyard sets, else torchrun's."""
+
+    def get_storage(self) -> StorageContext:
+        """Where the run keeps what it persists (its run folder)."""
+        return StorageContext()
 
     def get_world_rank(self) -> int:
         """This worker's rank in the run: ``TRAINYARD_WORLD_RANK``, else ``RANK``, else 0."""

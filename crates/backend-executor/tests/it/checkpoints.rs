@@ -1,7 +1,7 @@
 //! Checkpoints on the simulated cluster: Rust function tasks hand in a checkpoint with every
 //! epoch's report; restarts and later runs of the same name resume from the latest one.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common;
@@ -39,9 +39,21 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
     };
     let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut ran = Vec::new();
+    let in_storage = arg["in_storage"].as_bool() == Some(true);
     for epoch in start..=total {
         ran.push(epoch);
-        let dir = scratch.path().join(format!("epoch-{epoch}"));
+        let dir = if in_storage {
+            // Written into the run folder by the rank itself, as torch's distributed
+            // checkpoint does; on `split_at`, rank 1 writes to a folder of its own.
+            let name = if arg["split_at"].as_u64() == Some(epoch) && rank == 1 {
+                format!("steps/epoch_{epoch}_rank_1")
+            } else {
+                format!("steps/epoch_{epoch}")
+            };
+            PathBuf::from(ctx.storage_path(&name).ok_or("the run has no storage")?)
+        } else {
+            scratch.path().join(format!("epoch-{epoch}"))
+        };
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let file = if arg["shared_name"].as_bool() == Some(true) {
             "model.pt".to_owned()
@@ -55,6 +67,9 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
         if arg["async"].as_bool() == Some(true) {
             // Taken: the directory is gone when this returns.
             ctx.report_checkpoint_async(reported, &dir, true).await
+        } else if in_storage {
+            ctx.report_checkpoint_in_storage(reported, &dir.display().to_string())
+                .await
         } else {
             ctx.report_checkpoint(reported, &dir).await
         }
@@ -156,6 +171,66 @@ async fn async_hand_ins_commit_every_epoch_in_order_before_the_run_ends() {
             std::fs::read_to_string(latest_dir.join(format!("epoch_{rank}"))).expect("shard"),
             "5"
         );
+    }
+}
+
+#[tokio::test]
+async fn checkpoints_written_into_the_run_folder_commit_where_they_are_and_resume_from_there() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let run = run_config(storage.path(), "in-storage")
+        .failure_config(FailureConfig::restarts(1))
+        .checkpoint_config(CheckpointConfig::default().num_to_keep(2));
+    let mut arg = plan(5, Some(3), false);
+    arg["in_storage"] = json!(true);
+    arg["split_at"] = json!(4);
+    let (result, events) = fit(&sim(), run, arg).await;
+    let report = result.expect("the run succeeds after one restart");
+    assert_eq!(
+        ran(&report),
+        vec![vec![4, 5], vec![4, 5]],
+        "resumed from epoch 3"
+    );
+    // Epoch 4's ranks wrote two folders: no folder holds all of it, so it is not committed.
+    assert_eq!(committed(&events), vec![1, 2, 3, 5]);
+    let latest = report.checkpoint.expect("a latest checkpoint");
+    assert_eq!(latest.index, 5);
+    assert!(
+        latest.path.ends_with("in-storage/steps/epoch_5"),
+        "{}",
+        latest.path
+    );
+    let record = run_json(storage.path(), "in-storage");
+    assert_eq!(record["attempts"][1]["resumed_from"], 3);
+    let kept: Vec<(u64, String)> = record["checkpoints"]
+        .as_array()
+        .expect("checkpoints")
+        .iter()
+        .map(|c| {
+            (
+                c["index"].as_u64().unwrap_or(0),
+                c["dir"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        vec![
+            (3, "steps/epoch_3".to_owned()),
+            (5, "steps/epoch_5".to_owned())
+        ]
+    );
+    assert_eq!(
+        record["checkpoints"][1]["files"],
+        json!(["epoch_0", "epoch_1"])
+    );
+    // Nothing was copied; the folders num_to_keep drops are deleted, the others kept.
+    assert!(checkpoint_dirs(storage.path(), "in-storage").is_empty());
+    let steps = storage.path().join("in-storage/steps");
+    for gone in ["epoch_1", "epoch_2"] {
+        assert!(!steps.join(gone).exists(), "{gone} is beyond num_to_keep");
+    }
+    for kept in ["epoch_3", "epoch_5"] {
+        assert!(steps.join(kept).join("epoch_1").is_file(), "{kept}");
     }
 }
 

@@ -8,6 +8,7 @@
 mod files;
 mod local;
 mod location;
+mod registered;
 mod s3;
 mod take;
 
@@ -213,18 +214,22 @@ impl RunFolder {
     /// The location of checkpoint `index`'s folder, as a user would write it.
     #[must_use]
     pub fn checkpoint_uri(&self, index: u64) -> String {
-        self.storage
-            .location
-            .join(&self.name)
-            .join(&checkpoint_dir_name(index))
-            .to_string()
+        self.dir_uri(&checkpoint_dir_name(index))
     }
 
-    /// The local directory of checkpoint `index` when the storage is local.
+    /// The location of `dir`, a folder inside the run folder (`checkpoint_000003`,
+    /// `dcp/step_3`; a [`crate::CheckpointRecord::dir`]), as a user would write it.
     #[must_use]
-    pub fn checkpoint_local_path(&self, index: u64) -> Option<PathBuf> {
+    pub fn dir_uri(&self, dir: &str) -> String {
+        self.storage.location.join(&self.name).join(dir).to_string()
+    }
+
+    /// The local directory of `dir`, a folder inside the run folder, when the storage is
+    /// local.
+    #[must_use]
+    pub fn dir_local_path(&self, dir: &str) -> Option<PathBuf> {
         match &self.storage.backend {
-            Backend::Local(root) => Some(root.join(&self.name).join(checkpoint_dir_name(index))),
+            Backend::Local(root) => Some(Self::local_dir(root, &self.name).join(dir)),
             Backend::S3 { .. } => None,
         }
     }
@@ -522,24 +527,21 @@ impl RunFolder {
         })
     }
 
-    /// Checks that every file `files` names is in checkpoint `index`'s folder.
+    /// Checks that every file `files` names is in the checkpoint folder `dir` (a
+    /// [`crate::CheckpointRecord::dir`]).
     ///
     /// # Errors
     /// [`StorageError::CheckpointMissing`] naming the folder and the first missing file.
-    pub async fn verify_checkpoint(
-        &self,
-        index: u64,
-        files: &[String],
-    ) -> Result<(), StorageError> {
+    pub async fn verify_checkpoint(&self, dir: &str, files: &[String]) -> Result<(), StorageError> {
         match &self.storage.backend {
             Backend::Local(root) => {
-                let dir = Self::local_dir(root, &self.name).join(checkpoint_dir_name(index));
+                let dir = Self::local_dir(root, &self.name).join(dir);
                 let files = files.to_vec();
                 blocking("read", &dir.clone(), move || local::verify(&dir, &files)).await
             }
             Backend::S3 { store, bucket, .. } => {
                 let bucket = bucket_of(store, bucket);
-                let prefix = self.key(&checkpoint_dir_name(index));
+                let prefix = self.key(dir);
                 let present: std::collections::BTreeSet<String> = bucket
                     .list(&prefix)
                     .await?
@@ -549,7 +551,7 @@ impl RunFolder {
                 match files.iter().find(|f| !present.contains(f.as_str())) {
                     None => Ok(()),
                     Some(file) => Err(StorageError::CheckpointMissing {
-                        path: self.checkpoint_uri(index),
+                        path: self.dir_uri(dir),
                         file: file.clone(),
                     }),
                 }
@@ -557,22 +559,19 @@ impl RunFolder {
         }
     }
 
-    /// Deletes checkpoint `index`'s folder and everything in it.
+    /// Deletes the checkpoint folder `dir` (a [`crate::CheckpointRecord::dir`]) and
+    /// everything in it.
     ///
     /// # Errors
     /// [`StorageError::Io`].
-    pub async fn delete_checkpoint(&self, index: u64) -> Result<(), StorageError> {
+    pub async fn delete_checkpoint(&self, dir: &str) -> Result<(), StorageError> {
         match &self.storage.backend {
             Backend::Local(root) => {
-                let dir = Self::local_dir(root, &self.name).join(checkpoint_dir_name(index));
+                let dir = Self::local_dir(root, &self.name).join(dir);
                 blocking("delete", &dir.clone(), move || local::remove_dir(&dir)).await
             }
             Backend::S3 { store, bucket, .. } => {
-                delete_prefix(
-                    &bucket_of(store, bucket),
-                    &self.key(&checkpoint_dir_name(index)),
-                )
-                .await
+                delete_prefix(&bucket_of(store, bucket), &self.key(dir)).await
             }
         }
     }
@@ -659,24 +658,24 @@ impl RunFolder {
         }
     }
 
-    /// Downloads checkpoint `index` into `dest` (created); for local storage, nothing is
-    /// copied and its own directory is returned.
+    /// Downloads the checkpoint folder `dir` (a [`crate::CheckpointRecord::dir`]) into
+    /// `dest` (created); for local storage, nothing is copied and its own directory is
+    /// returned.
     ///
     /// # Errors
     /// [`StorageError::CheckpointMissing`] when it is gone, [`StorageError::Io`].
     pub async fn download_checkpoint(
         &self,
-        index: u64,
+        dir: &str,
         dest: &Path,
     ) -> Result<PathBuf, StorageError> {
         match &self.storage.backend {
             Backend::Local(root) => {
-                let dir = Self::local_dir(root, &self.name).join(checkpoint_dir_name(index));
-                existing_local_checkpoint(dir).await
+                existing_local_checkpoint(Self::local_dir(root, &self.name).join(dir)).await
             }
             Backend::S3 { store, bucket, .. } => {
                 let bucket = bucket_of(store, bucket);
-                let prefix = self.key(&checkpoint_dir_name(index));
+                let prefix = self.key(dir);
                 download_prefix(bucket, &prefix, dest).await?;
                 Ok(dest.to_path_buf())
             }

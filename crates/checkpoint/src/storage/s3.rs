@@ -203,6 +203,20 @@ impl Bucket<'_> {
 
     /// Every object under `prefix`, with its name relative to it.
     pub(crate) async fn list(&self, prefix: &Key) -> Result<Vec<(String, Key)>, StorageError> {
+        Ok(self
+            .objects(prefix)
+            .await?
+            .into_iter()
+            .map(|(name, meta)| (name, meta.location))
+            .collect())
+    }
+
+    /// Every object under `prefix`, with its name relative to it and what the store says of
+    /// it (its size, say).
+    pub(crate) async fn objects(
+        &self,
+        prefix: &Key,
+    ) -> Result<Vec<(String, object_store::ObjectMeta)>, StorageError> {
         let metas: Vec<_> = self
             .store
             .list(Some(prefix))
@@ -219,7 +233,7 @@ impl Bucket<'_> {
                 } else {
                     full.strip_prefix(strip)?.strip_prefix('/')?
                 };
-                Some((relative.to_owned(), meta.location.clone()))
+                Some((relative.to_owned(), meta))
             })
             .collect())
     }
