@@ -226,7 +226,7 @@ class StorageTest(unittest.TestCase):
                     storage.build_checkpoint_path_from_name("dcp/step_3/"),
                     run_dir.rstrip("/") + "/dcp/step_3",
                 )
-                for bad in ("", "..", "a/../../b", "/"):
+                for bad in ("", "..", "a/../../b", "/", "logs/x", "checkpoint_000003"):
                     with self.assertRaises(ValueError):
                         storage.build_checkpoint_path_from_name(bad)
         with clean_env():

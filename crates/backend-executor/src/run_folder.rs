@@ -369,11 +369,23 @@ impl RunStore {
                 return Ok(None);
             }
         };
+        let dir = commit
+            .dir
+            .unwrap_or_else(|| checkpoint_dir_name(commit.index));
+        if let Some(other) = self.record.nested_with(&dir) {
+            warn!(
+                index = commit.index,
+                folder = %dir,
+                other = %other.dir,
+                "checkpoint {} is not committed: its folder holds checkpoint {}'s, or lies inside it, so deleting either would delete files of the other; give each checkpoint a folder of its own",
+                commit.index,
+                other.index
+            );
+            return Ok(None);
+        }
         let record = CheckpointRecord {
             index: commit.index,
-            dir: commit
-                .dir
-                .unwrap_or_else(|| checkpoint_dir_name(commit.index)),
+            dir,
             metrics: commit.metrics,
             files: commit.files,
             bytes: commit.bytes,

@@ -92,7 +92,7 @@ pub enum StorageError {
     /// A `NO_UPLOAD` report named a folder that is not one a checkpoint may be registered
     /// at: outside the run folder, or one of trainyard's own in it.
     #[error(
-        "a checkpoint reported with checkpoint_upload_mode=NO_UPLOAD must be a folder inside the run folder `{run}`, where it is already stored; `{path}` is not one ({reason}): write it to get_context().get_storage().build_checkpoint_path_from_name(NAME), or report it with SYNC or ASYNC to have it copied"
+        "a checkpoint reported with checkpoint_upload_mode=NO_UPLOAD must be a folder with files inside the run folder `{run}`, not one of trainyard's own; `{path}` is refused ({reason}): write it to get_context().get_storage().build_checkpoint_path_from_name(NAME), or report it with SYNC or ASYNC to have it copied"
     )]
     NotInRunFolder {
         /// What the rank named.
@@ -101,6 +101,15 @@ pub enum StorageError {
         run: String,
         /// Why it is refused.
         reason: String,
+    },
+    /// A run record names a checkpoint folder that is not a folder inside the run folder
+    /// (an edited `run.json`, say); nothing is read or deleted there.
+    #[error("`{dir}` in `{run}` is not a checkpoint folder inside the run folder")]
+    NotACheckpointFolder {
+        /// The folder the record names.
+        dir: String,
+        /// The run folder's location.
+        run: String,
     },
     /// A rank handed in something that is not a directory.
     #[error("a checkpoint must be a directory; `{path}` is not one")]

@@ -157,8 +157,9 @@ pub struct DriverRecord {
 }
 
 /// The version of `run.json` this build writes, and the newest it reads: 2 added the
-/// `interrupted` and `stopped` statuses and the driver.
-pub const RUN_RECORD_VERSION: u32 = 2;
+/// `interrupted` and `stopped` statuses and the driver; 3 checkpoints in folders the ranks
+/// named (`NO_UPLOAD`), which a reader of 2 would look for under `checkpoint_<index>`.
+pub const RUN_RECORD_VERSION: u32 = 3;
 
 /// `run.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -219,6 +220,20 @@ impl RunRecord {
             .retain(|c| c.index != checkpoint.index && c.dir != checkpoint.dir);
         self.checkpoints.push(checkpoint);
         self.checkpoints.sort_by_key(|c| c.index);
+    }
+
+    /// A kept checkpoint whose folder holds `dir`'s or lies inside it (not the same folder):
+    /// deleting either one would delete files of the other.
+    #[must_use]
+    pub fn nested_with(&self, dir: &str) -> Option<&CheckpointRecord> {
+        let inside = |inner: &str, outer: &str| {
+            inner
+                .strip_prefix(outer)
+                .is_some_and(|rest| rest.starts_with('/'))
+        };
+        self.checkpoints
+            .iter()
+            .find(|c| inside(dir, &c.dir) || inside(&c.dir, dir))
     }
 
     /// Restarts made before the next attempt, over every driver of the run.

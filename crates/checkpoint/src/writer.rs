@@ -123,9 +123,7 @@ impl CheckpointWriter {
     /// # Errors
     /// As [`RunFolder::register_directory`].
     pub async fn register(&self, index: u64, location: &str) -> Result<HandIn, StorageError> {
-        self.folder
-            .register_directory(index, location, self.limits)
-            .await
+        self.folder.register_directory(index, location).await
     }
 
     /// [`CheckpointWriter::persist`], with a failure turned into [`HandIn::Failed`].

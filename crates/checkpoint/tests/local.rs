@@ -707,9 +707,11 @@ async fn a_folder_written_into_the_run_folder_is_registered_where_it_is_and_noth
     let run = root.path().join("mnist");
     write_file(&run.join("dcp/step_3/__0_0.distcp"), 100, 1);
     write_file(&run.join("dcp/step_3/.metadata"), 10, 2);
+    write_file(&run.join("dcp/step_3/__1_0.distcp"), 100, 3);
+    // Every rank's files are in the folder: one rank's bounds do not apply.
     let writer = CheckpointWriter::new(folder.clone()).with_limits(HandInLimits {
-        files: Some(2),
-        bytes: None,
+        files: Some(1),
+        bytes: Some(1),
     });
 
     let registered = writer
@@ -721,8 +723,12 @@ async fn a_folder_written_into_the_run_folder_is_registered_where_it_is_and_noth
         HandIn::InStorage {
             index: 3,
             dir: "dcp/step_3".into(),
-            files: vec![".metadata".into(), "__0_0.distcp".into()],
-            bytes: 110,
+            files: vec![
+                ".metadata".into(),
+                "__0_0.distcp".into(),
+                "__1_0.distcp".into()
+            ],
+            bytes: 210,
         }
     );
     assert_eq!(
@@ -733,62 +739,65 @@ async fn a_folder_written_into_the_run_folder_is_registered_where_it_is_and_noth
         .verify_checkpoint("dcp/step_3", &[".metadata".into()])
         .await
         .unwrap();
-    // Its own folder's name is the report's to use.
-    write_file(&run.join("checkpoint_000003/model.pt"), 5, 3);
-    let own = writer
-        .register(3, &run.join("checkpoint_000003").display().to_string())
-        .await
-        .unwrap();
-    assert!(matches!(own, HandIn::InStorage { ref dir, .. } if dir == "checkpoint_000003"));
 
     let outside = tempfile::tempdir().unwrap();
     write_file(&outside.path().join("model.pt"), 5, 4);
     write_file(&root.path().join("mnist2/step_3/model.pt"), 5, 5);
     write_file(&run.join("logs/attempt_0/rank_0.log"), 5, 6);
-    write_file(&run.join("checkpoint_000009/model.pt"), 5, 7);
+    write_file(&run.join("checkpoint_000003/model.pt"), 5, 7);
+    // A link inside the run folder that leads out of it: num_to_keep would delete there.
+    std::os::unix::fs::symlink(outside.path(), run.join("linked")).unwrap();
+    std::fs::create_dir_all(run.join("empty")).unwrap();
     let refusals = [
-        (outside.path().to_path_buf(), "it is not below it"),
-        (root.path().join("mnist2/step_3"), "it is not below it"),
-        (run.join("../mnist2/step_3"), "it is not below it"),
-        (run.clone(), "it is not below it"),
-        (run.join("logs/attempt_0"), "`logs` is trainyard's own"),
+        (outside.path().display().to_string(), "it is not below it"),
         (
-            run.join("checkpoint_000009"),
-            "named like another checkpoint's folder",
+            root.path().join("mnist2/step_3").display().to_string(),
+            "it is not below it",
         ),
+        (
+            run.join("../mnist2/step_3").display().to_string(),
+            "it is not below it",
+        ),
+        (
+            run.join("linked").display().to_string(),
+            "it is not below it",
+        ),
+        (run.display().to_string(), "it is not below it"),
+        (
+            "mnist/dcp/step_3".to_owned(),
+            "neither an absolute path nor a URI",
+        ),
+        (
+            run.join("logs/attempt_0").display().to_string(),
+            "`logs` is trainyard's own",
+        ),
+        (
+            run.join("checkpoint_000003").display().to_string(),
+            "`checkpoint_000003` is trainyard's own",
+        ),
+        (
+            run.join("absent").display().to_string(),
+            "it does not exist",
+        ),
+        (run.join("empty").display().to_string(), "it holds no files"),
     ];
     for (path, reason) in refusals {
-        let error = writer
-            .register(3, &path.display().to_string())
-            .await
-            .unwrap_err();
+        let error = writer.register(3, &path).await.unwrap_err();
         assert!(
             matches!(&error, StorageError::NotInRunFolder { reason: r, .. } if r.contains(reason)),
-            "{}: {error}",
-            path.display()
+            "{path}: {error}"
         );
         assert!(error.to_string().contains("NO_UPLOAD"), "{error}");
     }
-    // Not there, or empty: nothing to register.
-    std::fs::create_dir_all(run.join("empty")).unwrap();
-    for missing in ["absent", "empty"] {
-        let error = writer
-            .register(4, &run.join(missing).display().to_string())
-            .await
-            .unwrap_err();
+    // A record naming a folder outside the run folder is neither read nor deleted.
+    for dir in ["", "..", "../mnist2", "/tmp"] {
         assert!(
-            matches!(error, StorageError::NotADirectory { .. }),
-            "{error}"
+            matches!(
+                folder.delete_checkpoint(dir).await,
+                Err(StorageError::NotACheckpointFolder { .. })
+            ),
+            "{dir:?}"
         );
     }
-    // The task's bounds hold as for a copy.
-    write_file(&run.join("dcp/step_3/__1_0.distcp"), 100, 8);
-    let error = writer
-        .register(5, &run.join("dcp/step_3").display().to_string())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(error, StorageError::TooManyFiles { limit: 2, .. }),
-        "{error}"
-    );
+    assert!(root.path().join("mnist2/step_3/model.pt").is_file());
 }

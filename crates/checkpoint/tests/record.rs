@@ -46,16 +46,47 @@ async fn a_record_of_a_newer_format_is_refused_by_its_version() {
     let dir = tempfile::tempdir().unwrap();
     let folder = folder_with(
         dir.path(),
-        r#"{"version": 3, "name": "run", "status": "paused", "lease": {}}"#,
+        r#"{"version": 4, "name": "run", "status": "paused", "lease": {}}"#,
     );
     let error = folder.load().await.unwrap_err();
     assert!(
-        matches!(error, StorageError::NewerRecord { version: 3, .. }),
+        matches!(error, StorageError::NewerRecord { version: 4, .. }),
         "{error:?}"
     );
     let said = error.to_string();
     assert!(
-        said.contains("format 3, written by a newer trainyard; this one reads formats 1 to 2"),
+        said.contains("format 4, written by a newer trainyard; this one reads formats 1 to 3"),
         "{said}"
     );
+}
+
+#[test]
+fn a_checkpoint_folder_inside_or_around_a_kept_ones_is_found() {
+    let mut record = RunRecord::new("run");
+    for (index, dir) in [(1, "dcp"), (2, "steps/2")] {
+        record.commit(trainyard_checkpoint::CheckpointRecord {
+            index,
+            dir: dir.to_owned(),
+            metrics: serde_json::Map::new(),
+            files: vec!["a".to_owned()],
+            bytes: 1,
+            committed_at: 0.0,
+        });
+    }
+    assert_eq!(record.nested_with("dcp/step_3").map(|c| c.index), Some(1));
+    assert_eq!(record.nested_with("steps").map(|c| c.index), Some(2));
+    for apart in ["dcp", "dcp2/x", "steps/20", "steps2"] {
+        assert!(record.nested_with(apart).is_none(), "{apart}");
+    }
+    // The same folder written again replaces the record that named it.
+    record.commit(trainyard_checkpoint::CheckpointRecord {
+        index: 3,
+        dir: "dcp".to_owned(),
+        metrics: serde_json::Map::new(),
+        files: vec!["b".to_owned()],
+        bytes: 1,
+        committed_at: 0.0,
+    });
+    let kept: Vec<u64> = record.checkpoints.iter().map(|c| c.index).collect();
+    assert_eq!(kept, [2, 3]);
 }

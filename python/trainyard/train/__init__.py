@@ -284,6 +284,10 @@ def _env_int(names: "tuple[str, ...]", default: int) -> int:
     return default
 
 
+# The names at the top of a run folder that are trainyard's own.
+_OWN_NAMES = ("run.json", "metrics.jsonl", "lease.json", "logs")
+
+
 class StorageContext:
     """Where this run keeps what it persists: its run folder
     (``TRAINYARD_RUN_DIR``, a path or an ``s3://`` URI)."""
@@ -307,13 +311,23 @@ class StorageContext:
         ``"dcp/step_3"``): where to write a checkpoint that ``report`` then
         registers with ``checkpoint_upload_mode=NO_UPLOAD``.
 
-        Raises ``ValueError`` for a name that leaves the run folder, and
-        ``RuntimeError`` outside a run that has one.
+        Raises ``ValueError`` for a name that leaves the run folder or is one
+        of trainyard's own there (``logs``, ``run.json``, ``metrics.jsonl``,
+        ``lease.json``, ``checkpoint_<digits>``), and ``RuntimeError`` outside a
+        run that has one.
         """
         parts = [p for p in str(name).split("/") if p not in ("", ".")]
         if not parts or ".." in parts:
             raise ValueError(
                 f"a checkpoint name must be a folder inside the run folder, got {name!r}"
+            )
+        top = parts[0]
+        if top in _OWN_NAMES or (
+            top.startswith("checkpoint_") and top[len("checkpoint_") :].isdigit()
+        ):
+            raise ValueError(
+                f"a checkpoint name must not be {top!r}: trainyard keeps its own files "
+                "there; name the folder otherwise (e.g. 'dcp/step_3')"
             )
         return "/".join([self.experiment_fs_path.rstrip("/")] + parts)
 

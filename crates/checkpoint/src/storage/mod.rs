@@ -527,12 +527,26 @@ impl RunFolder {
         })
     }
 
+    /// `dir`, when it names a folder inside the run folder: not the run folder itself, and
+    /// nothing above or beside it.
+    fn inside<'d>(&self, dir: &'d str) -> Result<&'d str, StorageError> {
+        match registered::relative_below(Path::new(dir), Path::new("")) {
+            Some(_) => Ok(dir),
+            None => Err(StorageError::NotACheckpointFolder {
+                dir: dir.to_owned(),
+                run: self.uri(),
+            }),
+        }
+    }
+
     /// Checks that every file `files` names is in the checkpoint folder `dir` (a
     /// [`crate::CheckpointRecord::dir`]).
     ///
     /// # Errors
-    /// [`StorageError::CheckpointMissing`] naming the folder and the first missing file.
+    /// [`StorageError::CheckpointMissing`] naming the folder and the first missing file;
+    /// [`StorageError::NotACheckpointFolder`].
     pub async fn verify_checkpoint(&self, dir: &str, files: &[String]) -> Result<(), StorageError> {
+        let dir = self.inside(dir)?;
         match &self.storage.backend {
             Backend::Local(root) => {
                 let dir = Self::local_dir(root, &self.name).join(dir);
@@ -563,8 +577,9 @@ impl RunFolder {
     /// everything in it.
     ///
     /// # Errors
-    /// [`StorageError::Io`].
+    /// [`StorageError::Io`], [`StorageError::NotACheckpointFolder`].
     pub async fn delete_checkpoint(&self, dir: &str) -> Result<(), StorageError> {
+        let dir = self.inside(dir)?;
         match &self.storage.backend {
             Backend::Local(root) => {
                 let dir = Self::local_dir(root, &self.name).join(dir);
@@ -663,12 +678,14 @@ impl RunFolder {
     /// returned.
     ///
     /// # Errors
-    /// [`StorageError::CheckpointMissing`] when it is gone, [`StorageError::Io`].
+    /// [`StorageError::CheckpointMissing`] when it is gone, [`StorageError::Io`],
+    /// [`StorageError::NotACheckpointFolder`].
     pub async fn download_checkpoint(
         &self,
         dir: &str,
         dest: &Path,
     ) -> Result<PathBuf, StorageError> {
+        let dir = self.inside(dir)?;
         match &self.storage.backend {
             Backend::Local(root) => {
                 existing_local_checkpoint(Self::local_dir(root, &self.name).join(dir)).await

@@ -5,34 +5,43 @@ use std::path::{Component, Path};
 
 use super::files::{self, HandInLimits, checkpoint_index, is_temp};
 use super::local::blocking;
-use super::{Backend, RunFolder, StorageLocation, bucket_of, checkpoint_dir_name, location};
+use super::{Backend, RunFolder, StorageLocation, bucket_of, location};
 use crate::{HandIn, LEASE_FILE, METRICS_FILE, RUN_FILE, StorageError};
 
 /// The names at the top of a run folder that are trainyard's own: no checkpoint is
-/// registered there.
+/// registered there (nor in a `checkpoint_<digits>` folder: those are trainyard's copies).
 const OWN_NAMES: [&str; 4] = [RUN_FILE, METRICS_FILE, LEASE_FILE, "logs"];
 
+/// The most files a registered folder may hold: every rank's files are in it, so the task's
+/// own bound on what one rank hands in does not apply; this keeps a listing finite.
+const MAX_LISTED: u64 = 1 << 20;
+
 impl RunFolder {
-    /// Registers the folder at `location` (a path or URI inside this run folder, as
-    /// [`RunFolder::dir_uri`] writes it) as what a rank hands in for checkpoint `index`,
-    /// without copying anything: its files are listed, within `limits`.
+    /// Registers the folder at `location` (an absolute path or a URI inside this run
+    /// folder, as [`RunFolder::dir_uri`] writes it) as what a rank hands in for checkpoint
+    /// `index`, without copying anything: its files are listed. It holds every rank's files,
+    /// so the bounds on what one rank hands in do not apply; at most 2^20 files are listed.
     ///
     /// # Errors
-    /// [`StorageError::NotInRunFolder`] when `location` is not a folder inside the run folder
-    /// or is one of trainyard's own; [`StorageError::NotADirectory`] when nothing is there;
-    /// the errors of the listing.
+    /// [`StorageError::NotInRunFolder`] when `location` is not a folder with files inside
+    /// the run folder (a local one reached through a link that leads out of it included),
+    /// or is one of trainyard's own; the errors of the listing.
     pub async fn register_directory(
         &self,
         index: u64,
         location: &str,
-        limits: HandInLimits,
     ) -> Result<HandIn, StorageError> {
-        let dir = self.folder_within(location, index).await?;
-        let (files, bytes) = self.list_folder(&dir, limits).await?;
+        let dir = self.folder_within(location).await?;
+        let listed = HandInLimits {
+            files: Some(MAX_LISTED),
+            bytes: None,
+        };
+        let (files, bytes) = match self.list_folder(&dir, listed).await {
+            Err(StorageError::NotADirectory { .. }) => (Vec::new(), 0),
+            listed => listed?,
+        };
         if files.is_empty() {
-            return Err(StorageError::NotADirectory {
-                path: location.to_owned(),
-            });
+            return Err(self.not_registered(location, "it holds no files".to_owned()));
         }
         tracing::debug!(run = %self.name, index, %dir, files = files.len(), bytes, "checkpoint registered in storage");
         Ok(HandIn::InStorage {
@@ -99,35 +108,40 @@ impl RunFolder {
         }
     }
 
-    /// The folder that `location` names inside this run folder, relative to it with `/`
-    /// separators, when a rank may register it for checkpoint `index`.
-    async fn folder_within(&self, location: &str, index: u64) -> Result<String, StorageError> {
-        let refused = |reason: String| StorageError::NotInRunFolder {
+    fn not_registered(&self, location: &str, reason: String) -> StorageError {
+        StorageError::NotInRunFolder {
             path: location.to_owned(),
             run: self.uri(),
             reason,
-        };
+        }
+    }
+
+    /// The folder that `location` names inside this run folder, relative to it with `/`
+    /// separators, when a rank may register it.
+    async fn folder_within(&self, location: &str) -> Result<String, StorageError> {
+        let refused = |reason: &str| self.not_registered(location, reason.to_owned());
+        // Relative to what? Not the agent's directory.
+        if !location.starts_with('/') && !location.contains("://") {
+            return Err(refused("it is neither an absolute path nor a URI"));
+        }
         let parsed: StorageLocation = location
             .parse()
-            .map_err(|_| refused("it is not a path or a supported URI".to_owned()))?;
+            .map_err(|_| refused("it is not a path or a supported URI"))?;
         let relative = match (&self.storage.backend, parsed) {
             (Backend::Local(root), StorageLocation::Local(path)) => {
+                // Resolved, so that no link leads out of the run folder (what num_to_keep
+                // deletes must be in it), and the run folder may be reached through one.
                 let run = Self::local_dir(root, &self.name);
-                match relative_below(&path, &run) {
-                    Some(relative) => Some(relative),
-                    // The same folder reached through a link (`/tmp` → `/private/tmp`).
-                    None => {
-                        let resolved = (path.clone(), run.clone());
-                        blocking("read", &path, move || {
-                            let (path, run) = resolved;
-                            Ok(std::fs::canonicalize(&path)
-                                .ok()
-                                .zip(std::fs::canonicalize(&run).ok()))
-                        })
-                        .await?
-                        .and_then(|(path, run)| relative_below(&path, &run))
-                    }
-                }
+                let resolved = blocking("read", &path.clone(), move || {
+                    Ok(std::fs::canonicalize(&path)
+                        .ok()
+                        .zip(std::fs::canonicalize(&run).ok()))
+                })
+                .await?;
+                let Some((path, run)) = resolved else {
+                    return Err(refused("it does not exist"));
+                };
+                relative_below(&path, &run)
             }
             (
                 Backend::S3 { bucket, prefix, .. },
@@ -144,17 +158,14 @@ impl RunFolder {
             _ => None,
         };
         let Some(relative) = relative else {
-            return Err(refused("it is not below it".to_owned()));
+            return Err(refused("it is not below it, links resolved"));
         };
         let top = relative.split('/').next().unwrap_or_default();
-        if OWN_NAMES.contains(&top) || is_temp(top) {
-            return Err(refused(format!("`{top}` is trainyard's own")));
-        }
-        if checkpoint_index(top).is_some_and(|other| other != index) {
-            return Err(refused(format!(
-                "`{top}` is named like another checkpoint's folder; this report's is `{}`",
-                checkpoint_dir_name(index)
-            )));
+        if OWN_NAMES.contains(&top) || is_temp(top) || checkpoint_index(top).is_some() {
+            return Err(self.not_registered(
+                location,
+                format!("`{top}` is trainyard's own: name the folder otherwise"),
+            ));
         }
         Ok(relative)
     }
@@ -162,7 +173,7 @@ impl RunFolder {
 
 /// `path` relative to `base`, with `/` separators, when it is a folder below it: lexically,
 /// and with no `..` in what is left.
-fn relative_below(path: &Path, base: &Path) -> Option<String> {
+pub(super) fn relative_below(path: &Path, base: &Path) -> Option<String> {
     let rest = path.strip_prefix(base).ok()?;
     let mut segments = Vec::new();
     for component in rest.components() {
