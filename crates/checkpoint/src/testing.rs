@@ -251,6 +251,39 @@ impl S3Server {
         }
     }
 
+    /// The keys of the objects in `bucket` whose key starts with `prefix`, sorted.
+    ///
+    /// # Errors
+    /// [`S3ServerError::Request`].
+    pub fn keys(&self, bucket: &str, prefix: &str) -> Result<Vec<String>, S3ServerError> {
+        let response = self.get(&format!("/{bucket}?list-type=2&prefix={prefix}"))?;
+        let mut keys = elements(&response, "Key");
+        keys.sort();
+        Ok(keys)
+    }
+
+    /// The keys of the multipart uploads open in `bucket` (started, neither completed nor
+    /// aborted).
+    ///
+    /// # Errors
+    /// [`S3ServerError::Request`].
+    pub fn open_uploads(&self, bucket: &str) -> Result<Vec<String>, S3ServerError> {
+        let response = self.get(&format!("/{bucket}?uploads"))?;
+        Ok(response
+            .split("<Upload>")
+            .skip(1)
+            .flat_map(|upload| elements(upload, "Key").into_iter().take(1))
+            .collect())
+    }
+
+    fn get(&self, path: &str) -> Result<String, S3ServerError> {
+        self.request("GET", path)
+            .map_err(|source| S3ServerError::Request {
+                endpoint: self.endpoint(),
+                source,
+            })
+    }
+
     /// The server's process id (also its process group's).
     #[must_use]
     pub fn pid(&self) -> u32 {
@@ -288,6 +321,18 @@ impl S3Server {
         let start = output.char_indices().rev().nth(2000).map_or(0, |(i, _)| i);
         output[start..].trim().to_owned()
     }
+}
+
+/// The text of every `<name>…</name>` element of `xml`, in order.
+fn elements(xml: &str, name: &str) -> Vec<String> {
+    let (open, close) = (format!("<{name}>"), format!("</{name}>"));
+    xml.split(open.as_str())
+        .skip(1)
+        .filter_map(|rest| {
+            rest.split_once(close.as_str())
+                .map(|(text, _)| text.to_owned())
+        })
+        .collect()
 }
 
 impl Drop for S3Server {

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use trainyard_checkpoint::testing::S3Server;
 use trainyard_checkpoint::{
@@ -315,4 +316,49 @@ async fn a_folder_written_into_an_s3_run_folder_is_registered_where_it_is() {
         .await
         .unwrap();
     assert_same_files(&restored, shards.path(), &["__0_0.distcp", ".metadata"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multipart_upload_cut_off_mid_way_is_aborted_when_the_next_attempt_starts() {
+    let Some(server) = server() else { return };
+    let env = server.env();
+    let storage = Storage::open("s3://runs/cut".parse().unwrap(), &env).unwrap();
+    storage.check_writable().await.unwrap();
+    let folder = storage.run("mnist");
+    let mut task_env = env.clone();
+    task_env.insert(RUN_DIR.to_owned(), folder.uri());
+    let writer = CheckpointWriter::from_env(&task_env).unwrap().unwrap();
+    let shard = tempfile::tempdir().unwrap();
+    write_file(&shard.path().join("model.pt"), 40 << 20, 1);
+    let open = || server.open_uploads("runs").unwrap();
+    let records = || server.keys("runs", "cut/mnist/.uploads/").unwrap();
+
+    // A whole upload in parts leaves neither an open upload nor its record.
+    writer.persist(1, shard.path()).await.unwrap();
+    assert_eq!((open(), records()), (vec![], vec![]));
+
+    // The agent is killed mid-upload: the upload stays open, recorded.
+    let upload = tokio::spawn({
+        let (writer, dir) = (writer.clone(), shard.path().to_path_buf());
+        async move { writer.persist(2, &dir).await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while records().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no upload was recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    upload.abort();
+    assert!(upload.await.unwrap_err().is_cancelled());
+    assert_eq!(open(), ["cut/mnist/checkpoint_000002/model.pt"]);
+    assert_eq!(records().len(), 1);
+
+    // The next attempt starts: checkpoint 1 is the last committed one.
+    assert_eq!(
+        folder.delete_uncommitted(1).await.unwrap(),
+        Vec::<u64>::new()
+    );
+    assert_eq!((open(), records()), (vec![], vec![]));
 }

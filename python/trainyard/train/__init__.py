@@ -285,7 +285,7 @@ def _env_int(names: "tuple[str, ...]", default: int) -> int:
 
 
 # The names at the top of a run folder that are trainyard's own.
-_OWN_NAMES = ("run.json", "metrics.jsonl", "lease.json", "logs")
+_OWN_NAMES = ("run.json", "metrics.jsonl", "lease.json", "logs", ".uploads")
 
 
 class StorageContext:

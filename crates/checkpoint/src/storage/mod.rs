@@ -16,8 +16,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use object_store::ObjectStore;
-
 pub use files::HandInLimits;
 pub use location::StorageLocation;
 pub use take::Taken;
@@ -48,7 +46,7 @@ enum Backend {
     Local(PathBuf),
     /// The location is a [`StorageLocation::S3`] bucket and prefix.
     S3 {
-        store: Arc<dyn ObjectStore>,
+        store: Arc<object_store::aws::AmazonS3>,
         bucket: String,
         prefix: String,
     },
@@ -165,7 +163,7 @@ impl Storage {
     }
 }
 
-fn bucket_of<'a>(store: &'a Arc<dyn ObjectStore>, name: &'a str) -> Bucket<'a> {
+fn bucket_of<'a>(store: &'a Arc<object_store::aws::AmazonS3>, name: &'a str) -> Bucket<'a> {
     Bucket { store, name }
 }
 
@@ -262,7 +260,7 @@ impl RunFolder {
             Backend::S3 { store, bucket, .. } => {
                 let prefix = self.key(relative);
                 bucket_of(store, bucket)
-                    .upload(prefix.as_ref(), files)
+                    .upload(prefix.as_ref(), files, &self.key(s3::OPEN_UPLOADS))
                     .await
             }
         }
@@ -509,7 +507,7 @@ impl RunFolder {
             Backend::S3 { store, bucket, .. } => {
                 let prefix = self.key(&dir);
                 bucket_of(store, bucket)
-                    .upload(prefix.as_ref(), files)
+                    .upload(prefix.as_ref(), files, &self.key(s3::OPEN_UPLOADS))
                     .await?
             }
         };
@@ -625,6 +623,14 @@ impl RunFolder {
             }
             Backend::S3 { store, bucket, .. } => {
                 let bucket = bucket_of(store, bucket);
+                // Multipart uploads an agent was killed in: their parts are not objects, and
+                // would stay (and cost) until a lifecycle rule removed them.
+                let aborted = bucket
+                    .abort_open_uploads(&self.key(s3::OPEN_UPLOADS))
+                    .await?;
+                if aborted > 0 {
+                    tracing::info!(run = %self.name, aborted, "aborted multipart uploads that were cut off");
+                }
                 let prefix = self.key("");
                 let mut deleted = std::collections::BTreeSet::new();
                 let mut keys = Vec::new();

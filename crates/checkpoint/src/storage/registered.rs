@@ -10,7 +10,13 @@ use crate::{HandIn, LEASE_FILE, METRICS_FILE, RUN_FILE, StorageError};
 
 /// The names at the top of a run folder that are trainyard's own: no checkpoint is
 /// registered there (nor in a `checkpoint_<digits>` folder: those are trainyard's copies).
-const OWN_NAMES: [&str; 4] = [RUN_FILE, METRICS_FILE, LEASE_FILE, "logs"];
+const OWN_NAMES: [&str; 5] = [
+    RUN_FILE,
+    METRICS_FILE,
+    LEASE_FILE,
+    "logs",
+    super::s3::OPEN_UPLOADS,
+];
 
 /// The most files a registered folder may hold: every rank's files are in it, so the task's
 /// own bound on what one rank hands in does not apply; this keeps a listing finite.

@@ -3,6 +3,12 @@
 //! Every object appears only when its upload completes (a single `PUT`, or the completion of
 //! a multipart upload), so no temporary names are needed: a failed upload is aborted and
 //! leaves nothing under its key.
+//!
+//! A multipart upload cut off by a killed agent would keep its parts (and their cost) until
+//! a bucket's lifecycle rule removed them: S3 lists no upload to a client that does not know
+//! it. So each one is recorded while it is open, as a small object in the run folder's
+//! [`OPEN_UPLOADS`] folder naming its key and id; the next attempt aborts what is recorded
+//! there ([`Bucket::abort_open_uploads`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,11 +17,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as Key;
 use object_store::{
     BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload,
-    RetryConfig, WriteMultipart,
+    RetryConfig,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -28,8 +35,15 @@ const PARALLEL_FILES: usize = 4;
 const PARALLEL_PARTS: usize = 4;
 /// The size of a part of a multipart upload; files up to it go in a single `PUT`.
 const PART_SIZE: usize = 8 * 1024 * 1024;
-/// How much of a file is read at once.
-const READ_SIZE: usize = 1024 * 1024;
+/// The folder of a run folder where open multipart uploads are recorded.
+pub(crate) const OPEN_UPLOADS: &str = ".uploads";
+
+/// What records an open multipart upload.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct OpenUpload {
+    key: String,
+    id: String,
+}
 
 /// The store of `bucket`, configured from `env` (never from the process's environment):
 /// credentials, region, an endpoint override (path-style requests), plain HTTP.
@@ -39,7 +53,7 @@ const READ_SIZE: usize = 1024 * 1024;
 pub(crate) fn open(
     bucket: &str,
     env: &BTreeMap<String, String>,
-) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
+) -> Result<Arc<AmazonS3>, object_store::Error> {
     let var = |name: &str| env.get(name).map(String::as_str).filter(|v| !v.is_empty());
     let endpoint = var("AWS_ENDPOINT_URL").or_else(|| var("AWS_ENDPOINT"));
     let allow_http = var("AWS_ALLOW_HTTP")
@@ -86,7 +100,7 @@ pub(crate) fn open(
 /// One bucket's store, and how to name its objects for a user.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Bucket<'a> {
-    pub(crate) store: &'a Arc<dyn ObjectStore>,
+    pub(crate) store: &'a Arc<AmazonS3>,
     pub(crate) name: &'a str,
 }
 
@@ -272,11 +286,12 @@ impl Bucket<'_> {
 
     /// Uploads every file of `files` under `prefix`; their total size. On a failure, the
     /// uploads still running are aborted, those complete are deleted, and the first error
-    /// is returned.
+    /// is returned. Multipart uploads are recorded under `journal` while they are open.
     pub(crate) async fn upload(
         &self,
         prefix: &str,
         files: Vec<SourceFile>,
+        journal: &Key,
     ) -> Result<u64, StorageError> {
         let stop = AtomicBool::new(false);
         let results: Vec<(Key, Result<Option<u64>, StorageError>)> = futures::stream::iter(files)
@@ -287,7 +302,7 @@ impl Bucket<'_> {
                     if stop.load(Ordering::Relaxed) {
                         return (key, Ok(None));
                     }
-                    let result = self.upload_file(&file.path, &key).await;
+                    let result = self.upload_file(&file.path, &key, journal).await;
                     if result.is_err() {
                         stop.store(true, Ordering::Relaxed);
                     }
@@ -308,8 +323,14 @@ impl Bucket<'_> {
         }
     }
 
-    /// Uploads one file, streaming it in parts when it is larger than one part.
-    async fn upload_file(&self, path: &Path, key: &Key) -> Result<u64, StorageError> {
+    /// Uploads one file, in parts when it is larger than one part; then the upload is
+    /// recorded under `journal` until it is complete or aborted.
+    async fn upload_file(
+        &self,
+        path: &Path,
+        key: &Key,
+        journal: &Key,
+    ) -> Result<u64, StorageError> {
         let uri = self.uri(key);
         let copy_failed = |source: Box<dyn std::error::Error + Send + Sync>| StorageError::Copy {
             from: path.display().to_string(),
@@ -339,37 +360,117 @@ impl Bucket<'_> {
                 .map_err(|e| copy_failed(Box::new(e)))?;
             return Ok(size);
         }
-        let upload = self
+        let id = self
             .store
-            .put_multipart(key)
+            .create_multipart(key)
             .await
             .map_err(|e| copy_failed(Box::new(e)))?;
-        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
-        let mut buffer = vec![0; READ_SIZE];
+        let record = Key::from(format!("{journal}/{}", random_suffix()));
+        let recorded = serde_json::to_vec(&OpenUpload {
+            key: key.to_string(),
+            id: id.clone(),
+        })
+        .map_err(|e| copy_failed(Box::new(e)));
+        let uploaded = match recorded {
+            Ok(bytes) => match self.put(&record, bytes).await {
+                Ok(()) => self.upload_parts(&mut file, key, &id).await,
+                Err(error) => Err(Box::new(error) as Box<dyn std::error::Error + Send + Sync>),
+            },
+            Err(error) => Err(Box::new(error) as Box<dyn std::error::Error + Send + Sync>),
+        };
+        if uploaded.is_err() {
+            if let Err(abort) = self.store.abort_multipart(key, &id).await {
+                tracing::warn!(uri, error = %abort, "a failed multipart upload could not be aborted; the next attempt aborts it");
+                return uploaded.map_err(copy_failed);
+            }
+        }
+        // Complete or aborted: nothing to abort later. Left behind, the record only costs
+        // the next attempt an abort of an upload that is gone.
+        if let Err(error) = self.delete(vec![record], journal).await {
+            tracing::debug!(uri, %error, "the record of a finished multipart upload was left");
+        }
+        uploaded.map_err(copy_failed)
+    }
+
+    /// Streams `file` into the multipart upload `id` of `key`, [`PARALLEL_PARTS`] parts at
+    /// once, and completes it; the bytes uploaded.
+    async fn upload_parts(
+        &self,
+        file: &mut tokio::fs::File,
+        key: &Key,
+        id: &str,
+    ) -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
+        let id = id.to_owned();
+        let mut parts: Vec<PartId> = Vec::new();
+        let mut in_flight = futures::stream::FuturesOrdered::new();
         let mut size = 0_u64;
-        let streamed: Result<(), Box<dyn std::error::Error + Send + Sync>> = async {
-            loop {
-                writer.wait_for_capacity(PARALLEL_PARTS).await?;
-                let read = file.read(&mut buffer).await?;
+        for index in 0.. {
+            let mut chunk = vec![0; PART_SIZE];
+            let mut filled = 0;
+            while filled < PART_SIZE {
+                let read = file.read(&mut chunk[filled..]).await?;
                 if read == 0 {
-                    return Ok(());
+                    break;
                 }
-                size += read as u64;
-                writer.write(&buffer[..read]);
+                filled += read;
+            }
+            if filled == 0 {
+                break;
+            }
+            chunk.truncate(filled);
+            size += filled as u64;
+            let store = Arc::clone(self.store);
+            let (key, id) = (key.clone(), id.clone());
+            in_flight.push_back(async move {
+                store
+                    .put_part(&key, &id, index, PutPayload::from(chunk))
+                    .await
+            });
+            if in_flight.len() >= PARALLEL_PARTS {
+                if let Some(part) = in_flight.next().await {
+                    parts.push(part?);
+                }
+            }
+            if filled < PART_SIZE {
+                break;
             }
         }
-        .await;
-        if let Err(error) = streamed {
-            if let Err(abort) = writer.abort().await {
-                tracing::warn!(uri, error = %abort, "a failed multipart upload could not be aborted");
-            }
-            return Err(copy_failed(error));
+        while let Some(part) = in_flight.next().await {
+            parts.push(part?);
         }
-        writer
-            .finish()
-            .await
-            .map_err(|e| copy_failed(Box::new(e)))?;
+        self.store.complete_multipart(key, &id, parts).await?;
         Ok(size)
+    }
+
+    /// Aborts every multipart upload recorded under `journal` (each cut off by an agent
+    /// that was killed mid-upload) and deletes the records; how many were recorded.
+    pub(crate) async fn abort_open_uploads(&self, journal: &Key) -> Result<usize, StorageError> {
+        let records = self.list(journal).await?;
+        let count = records.len();
+        let mut done = Vec::new();
+        for (_, record) in records {
+            let Some(bytes) = self.get(&record).await? else {
+                continue;
+            };
+            match serde_json::from_slice::<OpenUpload>(&bytes) {
+                Ok(open) => {
+                    let key = Key::from(open.key);
+                    match self.store.abort_multipart(&key, &open.id).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                        Err(error) => {
+                            tracing::warn!(uri = self.uri(&key), %error, "an open multipart upload could not be aborted; it is tried again at the next attempt");
+                            continue;
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(uri = self.uri(&record), %error, "not a record of a multipart upload; deleted");
+                }
+            }
+            done.push(record);
+        }
+        self.delete(done, journal).await?;
+        Ok(count)
     }
 
     /// Downloads every object under `prefix` into `dest` (created); how many there were.
