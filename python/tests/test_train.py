@@ -195,6 +195,26 @@ class CheckpointTest(unittest.TestCase):
             with checkpoint.as_directory() as local:
                 self.assertEqual(local, checkpoint.path)
 
+    def test_a_filesystem_is_taken_as_rays_is(self) -> None:
+        class S3FileSystem:
+            pass
+
+        class LocalFileSystem:
+            pass
+
+        class GcsFileSystem:
+            pass
+
+        self.assertEqual(
+            train.Checkpoint("bucket/runs/a/dcp", filesystem=S3FileSystem()).path,
+            "s3://bucket/runs/a/dcp",
+        )
+        self.assertEqual(train.Checkpoint("/x/y", filesystem=LocalFileSystem()).path, "/x/y")
+        self.assertEqual(train.Checkpoint("s3://b/k").path, "s3://b/k")
+        with self.assertRaises(TypeError) as raised:
+            train.Checkpoint("bucket/x", filesystem=GcsFileSystem())
+        self.assertIn("GcsFileSystem", str(raised.exception))
+
     def test_to_directory_copies_the_files(self) -> None:
         with tempfile.TemporaryDirectory() as src, tempfile.TemporaryDirectory() as dst:
             os.mkdir(os.path.join(src, "sub"))

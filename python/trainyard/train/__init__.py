@@ -96,12 +96,23 @@ class Checkpoint:
 
     ``path`` is the directory's absolute path on this machine, or a URI
     (``s3://bucket/key``) kept as given: a folder in remote storage, for
-    ``report(..., checkpoint_upload_mode=NO_UPLOAD)``.
+    ``report(..., checkpoint_upload_mode=NO_UPLOAD)``. ``filesystem`` is
+    accepted as Ray's is, when it is pyarrow's ``LocalFileSystem`` or
+    ``S3FileSystem`` (a ``bucket/key`` path then becomes ``s3://bucket/key``).
     """
 
-    def __init__(self, path: Union[str, "os.PathLike[str]"]) -> None:
+    def __init__(self, path: Union[str, "os.PathLike[str]"], filesystem: Any = None) -> None:
         path = os.fspath(path)
+        kind = None if filesystem is None else type(filesystem).__name__
+        if kind == "S3FileSystem" and "://" not in path:
+            path = "s3://" + path.lstrip("/")
+        elif kind not in (None, "LocalFileSystem", "S3FileSystem"):
+            raise TypeError(
+                f"Checkpoint(filesystem=...) takes pyarrow's LocalFileSystem or S3FileSystem, "
+                f"got {kind}: give the path as a local path or an s3:// URI instead"
+            )
         self.path = path if "://" in path else os.path.abspath(path)
+        self.filesystem = filesystem
 
     @classmethod
     def from_directory(cls, path: Union[str, "os.PathLike[str]"]) -> "Checkpoint":
