@@ -468,7 +468,7 @@ fn an_interrupted_run_says_that_the_same_command_resumes_it() {
     )
     .expect("JSON");
     assert_eq!(record["status"], "interrupted", "{record}");
-    assert_eq!(record["version"], 2, "{record}");
+    assert_eq!(record["version"], 3, "{record}");
     assert_eq!(record["driver"]["pid"], child_pid, "{record}");
     let left = left_behind(sandbox.mark(), Duration::from_secs(10));
     assert!(left.is_empty(), "processes left behind: {left:?}");
