@@ -277,11 +277,23 @@ impl S3Server {
     }
 
     fn get(&self, path: &str) -> Result<String, S3ServerError> {
-        self.request("GET", path)
+        let response = self
+            .request("GET", path)
             .map_err(|source| S3ServerError::Request {
                 endpoint: self.endpoint(),
                 source,
+            })?;
+        if response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200") {
+            Ok(response)
+        } else {
+            Err(S3ServerError::Request {
+                endpoint: self.endpoint(),
+                source: std::io::Error::other(format!(
+                    "GET {path}: {}",
+                    response.chars().take(300).collect::<String>()
+                )),
             })
+        }
     }
 
     /// The server's process id (also its process group's).

@@ -625,9 +625,7 @@ impl RunFolder {
                 let bucket = bucket_of(store, bucket);
                 // Multipart uploads an agent was killed in: their parts are not objects, and
                 // would stay (and cost) until a lifecycle rule removed them.
-                let aborted = bucket
-                    .abort_open_uploads(&self.key(s3::OPEN_UPLOADS))
-                    .await?;
+                let aborted = bucket.abort_open_uploads(&self.key(s3::OPEN_UPLOADS)).await;
                 if aborted > 0 {
                     tracing::info!(run = %self.name, aborted, "aborted multipart uploads that were cut off");
                 }

@@ -360,29 +360,30 @@ impl Bucket<'_> {
                 .map_err(|e| copy_failed(Box::new(e)))?;
             return Ok(size);
         }
+        // A kill between the create and the record leaves an upload no record names (its id
+        // is known only once created): the bucket's lifecycle rule is left for that moment.
         let id = self
             .store
             .create_multipart(key)
             .await
             .map_err(|e| copy_failed(Box::new(e)))?;
-        let record = Key::from(format!("{journal}/{}", random_suffix()));
-        let recorded = serde_json::to_vec(&OpenUpload {
+        let record = journal.clone().join(random_suffix());
+        let uploaded = match serde_json::to_vec(&OpenUpload {
             key: key.to_string(),
             id: id.clone(),
-        })
-        .map_err(|e| copy_failed(Box::new(e)));
-        let uploaded = match recorded {
+        }) {
             Ok(bytes) => match self.put(&record, bytes).await {
                 Ok(()) => self.upload_parts(&mut file, key, &id).await,
                 Err(error) => Err(Box::new(error) as Box<dyn std::error::Error + Send + Sync>),
             },
             Err(error) => Err(Box::new(error) as Box<dyn std::error::Error + Send + Sync>),
         };
-        if uploaded.is_err() {
-            if let Err(abort) = self.store.abort_multipart(key, &id).await {
-                tracing::warn!(uri, error = %abort, "a failed multipart upload could not be aborted; the next attempt aborts it");
-                return uploaded.map_err(copy_failed);
-            }
+        if uploaded.is_err() && !self.abort_upload(key, &id).await {
+            tracing::warn!(
+                uri,
+                "a failed multipart upload could not be aborted; the next attempt aborts it"
+            );
+            return uploaded.map_err(copy_failed);
         }
         // Complete or aborted: nothing to abort later. Left behind, the record only costs
         // the next attempt an abort of an upload that is gone.
@@ -392,8 +393,24 @@ impl Bucket<'_> {
         uploaded.map_err(copy_failed)
     }
 
+    /// Aborts the multipart upload `id` of `key`, once more after a failure (object_store
+    /// does not retry an abort); whether it is gone.
+    async fn abort_upload(&self, key: &Key, id: &str) -> bool {
+        let id = id.to_owned();
+        for _ in 0..2 {
+            match self.store.abort_multipart(key, &id).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => return true,
+                Err(error) => {
+                    tracing::debug!(uri = self.uri(key), %error, "a multipart upload could not be aborted");
+                }
+            }
+        }
+        false
+    }
+
     /// Streams `file` into the multipart upload `id` of `key`, [`PARALLEL_PARTS`] parts at
-    /// once, and completes it; the bytes uploaded.
+    /// once (each on a task of its own: a part's payload is hashed as it is sent), and
+    /// completes it; the bytes uploaded. The parts still running are aborted if it fails.
     async fn upload_parts(
         &self,
         file: &mut tokio::fs::File,
@@ -401,10 +418,15 @@ impl Bucket<'_> {
         id: &str,
     ) -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
         let id = id.to_owned();
-        let mut parts: Vec<PartId> = Vec::new();
-        let mut in_flight = futures::stream::FuturesOrdered::new();
+        let mut parts: Vec<(usize, PartId)> = Vec::new();
+        let mut running = tokio::task::JoinSet::new();
         let mut size = 0_u64;
         for index in 0.. {
+            if running.len() >= PARALLEL_PARTS {
+                if let Some(done) = running.join_next().await {
+                    parts.push(done??);
+                }
+            }
             let mut chunk = vec![0; PART_SIZE];
             let mut filled = 0;
             while filled < PART_SIZE {
@@ -421,56 +443,72 @@ impl Bucket<'_> {
             size += filled as u64;
             let store = Arc::clone(self.store);
             let (key, id) = (key.clone(), id.clone());
-            in_flight.push_back(async move {
-                store
+            running.spawn(async move {
+                let part = store
                     .put_part(&key, &id, index, PutPayload::from(chunk))
-                    .await
+                    .await?;
+                Ok::<_, object_store::Error>((index, part))
             });
-            if in_flight.len() >= PARALLEL_PARTS {
-                if let Some(part) = in_flight.next().await {
-                    parts.push(part?);
-                }
-            }
             if filled < PART_SIZE {
                 break;
             }
         }
-        while let Some(part) = in_flight.next().await {
-            parts.push(part?);
+        while let Some(done) = running.join_next().await {
+            parts.push(done??);
         }
+        parts.sort_by_key(|(index, _)| *index);
+        let parts = parts.into_iter().map(|(_, part)| part).collect();
         self.store.complete_multipart(key, &id, parts).await?;
         Ok(size)
     }
 
     /// Aborts every multipart upload recorded under `journal` (each cut off by an agent
-    /// that was killed mid-upload) and deletes the records; how many were recorded.
-    pub(crate) async fn abort_open_uploads(&self, journal: &Key) -> Result<usize, StorageError> {
-        let records = self.list(journal).await?;
-        let count = records.len();
+    /// that was killed mid-upload) and deletes the records of those gone; how many were
+    /// aborted. What cannot be read, aborted or deleted is warned about and left for the
+    /// next attempt: this is a sweep, not a step a run may fail on.
+    pub(crate) async fn abort_open_uploads(&self, journal: &Key) -> usize {
+        let records = match self.list(journal).await {
+            Ok(records) => records,
+            Err(error) => {
+                tracing::warn!(%error, "the records of open multipart uploads could not be listed");
+                return 0;
+            }
+        };
+        let mut aborted = 0;
         let mut done = Vec::new();
         for (_, record) in records {
-            let Some(bytes) = self.get(&record).await? else {
-                continue;
-            };
-            match serde_json::from_slice::<OpenUpload>(&bytes) {
-                Ok(open) => {
-                    let key = Key::from(open.key);
-                    match self.store.abort_multipart(&key, &open.id).await {
-                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                        Err(error) => {
-                            tracing::warn!(uri = self.uri(&key), %error, "an open multipart upload could not be aborted; it is tried again at the next attempt");
-                            continue;
-                        }
-                    }
-                }
+            let open = match self.get(&record).await {
+                Ok(Some(bytes)) => serde_json::from_slice::<OpenUpload>(&bytes).ok(),
+                Ok(None) => continue,
                 Err(error) => {
-                    tracing::warn!(uri = self.uri(&record), %error, "not a record of a multipart upload; deleted");
+                    tracing::warn!(%error, "the record of an open multipart upload could not be read");
+                    continue;
+                }
+            };
+            match open.map(|open| (Key::parse(&open.key), open.id)) {
+                Some((Ok(key), id)) => {
+                    if !self.abort_upload(&key, &id).await {
+                        tracing::warn!(
+                            uri = self.uri(&key),
+                            "an open multipart upload could not be aborted; it is tried again at the next attempt"
+                        );
+                        continue;
+                    }
+                    aborted += 1;
+                }
+                _ => {
+                    tracing::warn!(
+                        uri = self.uri(&record),
+                        "not a record of a multipart upload; deleted"
+                    );
                 }
             }
             done.push(record);
         }
-        self.delete(done, journal).await?;
-        Ok(count)
+        if let Err(error) = self.delete(done, journal).await {
+            tracing::warn!(%error, "the records of aborted multipart uploads could not be deleted");
+        }
+        aborted
     }
 
     /// Downloads every object under `prefix` into `dest` (created); how many there were.
