@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use trainyard_checkpoint::testing::S3Server;
 use trainyard_checkpoint::{
-    CHECKPOINT, CHECKPOINT_URI, CheckpointWriter, HandIn, RUN_DIR, RunRecord, Storage,
+    CHECKPOINT, CHECKPOINT_URI, CheckpointWriter, HandIn, RUN_DIR, RunFolder, RunRecord, Storage,
     StorageError, StorageLocation, checkpoint_dir_name, prepare_task_env,
 };
 
@@ -24,6 +24,13 @@ fn server() -> Option<S3Server> {
     let server = S3Server::start().expect("moto starts")?;
     server.create_bucket("runs").expect("the bucket is created");
     Some(server)
+}
+
+/// The writer of a task whose run folder is `folder`, in the storage `env` reaches.
+fn task_writer(folder: &RunFolder, env: &BTreeMap<String, String>) -> CheckpointWriter {
+    let mut task_env = env.clone();
+    task_env.insert(RUN_DIR.to_owned(), folder.uri());
+    CheckpointWriter::from_env(&task_env).unwrap().unwrap()
 }
 
 fn assert_same_files(a: &Path, b: &Path, names: &[&str]) {
@@ -53,9 +60,7 @@ async fn an_s3_run_folder_keeps_two_ranks_checkpoints_its_record_and_restores_th
     write_file(&rank0.path().join("model.pt"), 20 << 20, 1);
     write_file(&rank0.path().join("meta/config.json"), 100, 2);
     write_file(&rank1.path().join("shard_1.pt"), (1 << 20) + 3, 3);
-    let mut task_env = env.clone();
-    task_env.insert(RUN_DIR.to_owned(), folder.uri());
-    let writer = CheckpointWriter::from_env(&task_env).unwrap().unwrap();
+    let writer = task_writer(&folder, &env);
     let (a, b) = tokio::join!(
         writer.persist(1, rank0.path()),
         writer.persist(1, rank1.path())
@@ -276,9 +281,7 @@ async fn a_folder_written_into_an_s3_run_folder_is_registered_where_it_is() {
         .upload_directory("step_1", shards.path())
         .await
         .unwrap();
-    let mut task_env = env.clone();
-    task_env.insert(RUN_DIR.to_owned(), folder.uri());
-    let writer = CheckpointWriter::from_env(&task_env).unwrap().unwrap();
+    let writer = task_writer(&folder, &env);
 
     let uri = folder.dir_uri("step_1");
     assert_eq!(uri, "s3://runs/exp/dcp/step_1");
@@ -325,9 +328,7 @@ async fn a_multipart_upload_cut_off_mid_way_is_aborted_when_the_next_attempt_sta
     let storage = Storage::open("s3://runs/cut".parse().unwrap(), &env).unwrap();
     storage.check_writable().await.unwrap();
     let folder = storage.run("mnist");
-    let mut task_env = env.clone();
-    task_env.insert(RUN_DIR.to_owned(), folder.uri());
-    let writer = CheckpointWriter::from_env(&task_env).unwrap().unwrap();
+    let writer = task_writer(&folder, &env);
     let shard = tempfile::tempdir().unwrap();
     // A name S3 keys hold escaped: the record names the key as it is.
     write_file(&shard.path().join("model~1.pt"), 40 << 20, 1);

@@ -307,12 +307,9 @@ impl TaskContext {
     /// has no run folder.
     #[must_use]
     pub fn storage_path(&self, name: &str) -> Option<String> {
-        let run = self.var(trainyard_checkpoint::RUN_DIR)?;
-        Some(format!(
-            "{}/{}",
-            run.trim_end_matches('/'),
-            name.trim_matches('/')
-        ))
+        let run: trainyard_checkpoint::StorageLocation =
+            self.var(trainyard_checkpoint::RUN_DIR)?.parse().ok()?;
+        Some(run.join(name).to_string())
     }
 
     /// A report with the checkpoint in `dir`, handed in as `mode` says.

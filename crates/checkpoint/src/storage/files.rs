@@ -65,6 +65,14 @@ pub(crate) fn walk_within(
     source: &Path,
     limits: HandInLimits,
 ) -> Result<Vec<SourceFile>, StorageError> {
+    walk_sized(source, limits).map(|(files, _)| files)
+}
+
+/// [`walk_within`], with the files' total size.
+pub(crate) fn walk_sized(
+    source: &Path,
+    limits: HandInLimits,
+) -> Result<(Vec<SourceFile>, u64), StorageError> {
     match std::fs::metadata(source) {
         Ok(meta) if meta.is_dir() => {}
         Ok(_) => return Err(not_a_directory(source)),
@@ -82,7 +90,7 @@ pub(crate) fn walk_within(
     walked.walk_into(source, "", 0)?;
     let mut files = walked.files;
     files.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(files)
+    Ok((files, walked.bytes))
 }
 
 /// A walk under way.

@@ -38,11 +38,7 @@ impl RunFolder {
         location: &str,
     ) -> Result<HandIn, StorageError> {
         let dir = self.folder_within(location).await?;
-        let listed = HandInLimits {
-            files: Some(MAX_LISTED),
-            bytes: None,
-        };
-        let (files, bytes) = match self.list_folder(&dir, listed).await {
+        let (files, bytes) = match self.list_folder(&dir).await {
             Err(StorageError::NotADirectory { .. }) => (Vec::new(), 0),
             listed => listed?,
         };
@@ -63,24 +59,17 @@ impl RunFolder {
     /// [`StorageError::NotADirectory`]).
     ///
     /// # Errors
-    /// [`StorageError::TooManyFiles`], [`StorageError::TooLarge`], and the errors of the
-    /// listing.
-    pub async fn list_folder(
-        &self,
-        dir: &str,
-        limits: HandInLimits,
-    ) -> Result<(Vec<String>, u64), StorageError> {
+    /// [`StorageError::TooManyFiles`] beyond [`MAX_LISTED`], and the errors of the listing.
+    async fn list_folder(&self, dir: &str) -> Result<(Vec<String>, u64), StorageError> {
         match &self.storage.backend {
             Backend::Local(root) => {
                 let path = Self::local_dir(root, &self.name).join(dir);
+                let listed = HandInLimits {
+                    files: Some(MAX_LISTED),
+                    bytes: None,
+                };
                 blocking("list", &path.clone(), move || {
-                    let walked = files::walk_within(&path, limits)?;
-                    let mut bytes = 0;
-                    for file in &walked {
-                        let meta = std::fs::symlink_metadata(&file.path)
-                            .map_err(|e| files::io("read", &file.path, e))?;
-                        bytes += meta.len();
-                    }
+                    let (walked, bytes) = files::walk_sized(&path, listed)?;
                     Ok((walked.into_iter().map(|f| f.name).collect(), bytes))
                 })
                 .await
@@ -90,25 +79,14 @@ impl RunFolder {
                 let prefix = self.key(dir);
                 let mut objects = bucket.objects(&prefix).await?;
                 objects.retain(|(name, _)| !name.rsplit('/').next().is_some_and(is_temp));
-                objects.sort_by(|a, b| a.0.cmp(&b.0));
-                let uri = || bucket.uri(&prefix);
-                if limits
-                    .files
-                    .is_some_and(|limit| objects.len() as u64 > limit)
-                {
+                if objects.len() as u64 > MAX_LISTED {
                     return Err(StorageError::TooManyFiles {
-                        path: uri(),
-                        limit: limits.files.unwrap_or_default(),
+                        path: bucket.uri(&prefix),
+                        limit: MAX_LISTED,
                     });
                 }
+                objects.sort_by(|a, b| a.0.cmp(&b.0));
                 let bytes = objects.iter().map(|(_, meta)| meta.size).sum::<u64>();
-                if let Some(limit) = limits.bytes.filter(|limit| bytes > *limit) {
-                    return Err(StorageError::TooLarge {
-                        path: uri(),
-                        bytes,
-                        limit,
-                    });
-                }
                 Ok((objects.into_iter().map(|(name, _)| name).collect(), bytes))
             }
         }
