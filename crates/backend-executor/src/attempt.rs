@@ -501,6 +501,14 @@ impl Attempt {
         })
     }
 
+    /// Whose event stream has ended, by world rank.
+    pub(crate) fn streams_ended(&self) -> Vec<bool> {
+        self.running
+            .as_ref()
+            .map(|r| r.ended.clone())
+            .unwrap_or_default()
+    }
+
     /// Whether some rank's event stream goes on.
     pub(crate) fn streams_open(&self) -> bool {
         self.running

@@ -456,6 +456,12 @@ impl RunStore {
         self.book.as_ref().is_some_and(CheckpointBook::in_flight)
     }
 
+    /// A checkpoint of the current attempt that every rank whose stream `ended` reported,
+    /// with files, and that can still commit once the other ranks report it: its index.
+    pub(crate) fn checkpoint_completable(&self, ended: &[bool]) -> Option<u64> {
+        self.book.as_ref().and_then(|book| book.completable(ended))
+    }
+
     /// Ends the current attempt as `ending` says.
     pub(crate) async fn end_attempt(&mut self, ending: AttemptEnd<'_>) {
         self.book = None;

@@ -671,10 +671,13 @@ impl RunLoop {
         };
         match end {
             End::Interrupted | End::Resize { .. } => {
-                self.stop_and_drain(attempt, &mut following).await;
+                self.stop_and_drain(attempt, &mut following, false).await;
             }
             End::Done => {}
-            _ => self.linger(attempt, &mut following).await,
+            _ => {
+                self.linger(attempt, &mut following).await;
+                self.keep_checkpoint(attempt, &mut following).await;
+            }
         }
         let Following {
             report,
@@ -730,17 +733,63 @@ impl RunLoop {
         }
     }
 
+    /// After a failure, when the ranks that ended all handed in a checkpoint whose other
+    /// parts may still be on their way (`ASYNC`: taken from the surviving ranks, and being
+    /// persisted by their agents), keeps it: the other ranks are stopped, and their reports,
+    /// which their agents send once the parts are persisted, are waited for (at most
+    /// [`CHECKPOINT_WAIT`]). Without this, the next attempt would resume from the checkpoint
+    /// before.
+    async fn keep_checkpoint(&mut self, attempt: &mut Attempt, following: &mut Following<'_>) {
+        let Some(index) = self.store.checkpoint_completable(&attempt.streams_ended()) else {
+            return;
+        };
+        info!(
+            index,
+            wait_s = CHECKPOINT_WAIT.as_secs(),
+            "stopping the other ranks; checkpoint {index}, which every rank that ended handed in, commits once their parts are persisted"
+        );
+        self.stop_and_drain(attempt, following, true).await;
+        if self
+            .store
+            .latest()
+            .is_none_or(|latest| latest.index < index)
+        {
+            warn!(
+                index,
+                "checkpoint {index} did not commit: not every rank's part of it was persisted before its rank stopped, or within {} s",
+                CHECKPOINT_WAIT.as_secs()
+            );
+        }
+    }
+
     /// After a stop request: asks every worker whose stream goes on to stop its task, and
     /// meanwhile takes in what the ranks print and report as they stop, until every rank's
-    /// stream has ended. Bounded by the shutdown patience and a few seconds; what is left
-    /// then is killed as the attempt is released.
-    async fn stop_and_drain(&mut self, attempt: &mut Attempt, following: &mut Following<'_>) {
+    /// stream has ended. Bounded by the shutdown patience and a few seconds, or, with
+    /// `for_checkpoint`, by [`CHECKPOINT_WAIT`] while a checkpoint every rank that ended
+    /// handed in can still commit; what is left then is killed as the attempt is released.
+    async fn stop_and_drain(
+        &mut self,
+        attempt: &mut Attempt,
+        following: &mut Following<'_>,
+        for_checkpoint: bool,
+    ) {
         let bound = self.setup.options.stop_bound();
-        let deadline = Instant::now() + bound;
+        let started = Instant::now();
         let stops = attempt.stop_tasks(bound);
         tokio::pin!(stops);
         let mut stopped = false;
         while attempt.streams_open() {
+            let waiting = for_checkpoint
+                && self
+                    .store
+                    .checkpoint_completable(&attempt.streams_ended())
+                    .is_some();
+            let deadline = started
+                + if waiting {
+                    bound.max(CHECKPOINT_WAIT)
+                } else {
+                    bound
+                };
             let next = tokio::select! {
                 () = &mut stops, if !stopped => {
                     stopped = true;

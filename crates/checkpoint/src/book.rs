@@ -91,6 +91,26 @@ impl CheckpointBook {
         self.pending.values().any(|p| p.handed_in && !p.failed)
     }
 
+    /// The lowest index in flight that can still commit once the ranks still running report
+    /// it: every rank that `ended` (by world rank) reported it, and some rank handed in
+    /// files with it, none failing. After a rank's failure, the survivors' parts of such a
+    /// checkpoint may still be on their way (`ASYNC`): stopping them and waiting for their
+    /// reports keeps the checkpoint.
+    #[must_use]
+    pub fn completable(&self, ended: &[bool]) -> Option<u64> {
+        self.pending
+            .iter()
+            .filter(|(_, p)| p.handed_in && !p.failed)
+            .filter(|(_, p)| {
+                ended
+                    .iter()
+                    .zip(&p.reported)
+                    .all(|(ended, reported)| !ended || *reported)
+            })
+            .map(|(index, _)| *index)
+            .min()
+    }
+
     /// Books the next report of `rank`; the commit it completes, if any.
     ///
     /// # Errors
@@ -226,6 +246,41 @@ mod tests {
         assert_eq!(commit.index, 1);
         assert_eq!(commit.files, vec!["model.pt".to_owned()]);
         assert_eq!(commit.metrics, metrics(1));
+    }
+
+    #[test]
+    fn an_index_every_ended_rank_reported_can_still_commit() {
+        let mut book = CheckpointBook::new(3, 0);
+        assert_eq!(book.completable(&[false, false, true]), None);
+        // Rank 2 handed in index 1 and ended; ranks 0 and 1 are still on their way.
+        book.record(2, metrics(1), persisted(1, &["shard_2"]))
+            .unwrap();
+        assert_eq!(book.completable(&[false, false, true]), Some(1));
+        // Rank 0 ended without reporting it: index 1 can never commit.
+        assert_eq!(book.completable(&[true, false, true]), None);
+        // Index 2, reported by every rank that ended, with files.
+        book.record(2, metrics(2), persisted(2, &["shard_2"]))
+            .unwrap();
+        book.record(0, metrics(1), None).unwrap();
+        book.record(0, metrics(2), None).unwrap();
+        assert_eq!(book.completable(&[true, false, true]), Some(1));
+        // Reports without files: nothing to wait for.
+        let mut plain = CheckpointBook::new(2, 0);
+        plain.record(1, metrics(1), None).unwrap();
+        assert_eq!(plain.completable(&[false, true]), None);
+        // A failed hand-in: neither.
+        let mut failed = CheckpointBook::new(2, 0);
+        failed
+            .record(
+                1,
+                metrics(1),
+                Some(HandIn::Failed {
+                    index: 1,
+                    error: "disk full".into(),
+                }),
+            )
+            .unwrap();
+        assert_eq!(failed.completable(&[false, true]), None);
     }
 
     #[test]

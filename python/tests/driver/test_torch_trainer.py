@@ -400,8 +400,9 @@ def async_then_die_loop():  # type: ignore[no-untyped-def]
         )
         # Taken: gone, or kept with its file (hard-linked) as it was.
         assert os.path.isdir(d) == kept
+    # Both ranks' second hand-ins are taken; their agents may still be persisting them.
+    dist.barrier()
     if rank == 1:
-        # Dies the moment its second hand-in is taken, before it is persisted.
         os._exit(3)
     time.sleep(60)
     return None
@@ -417,10 +418,11 @@ def test_a_rank_dying_right_after_an_async_hand_in_resumes_from_a_whole_checkpoi
         run_kwargs={"failure_config": FailureConfig(max_failures=1)},
     )
     parts = result.return_value
-    # Every rank's part of one step, never one rank's alone or a part cut short.
+    # Every rank's part of the last step both ranks handed in, though rank 0 was still on
+    # its way when rank 1 died: never one rank's part alone, or a part cut short.
     assert sorted(parts) == ["shard_0", "shard_1"], parts
     steps = {first for _, first in parts.values()}
-    assert len(steps) == 1 and steps <= {b"\x01", b"\x02"}, parts
+    assert steps == {b"\x02"}, parts
     assert all(size == 32 << 20 for size, _ in parts.values()), parts
     committed = sorted(d for d in os.listdir(result.path) if d.startswith("checkpoint_"))
     for name in committed:

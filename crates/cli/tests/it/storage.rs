@@ -263,3 +263,56 @@ for step in range(3):
     );
     assert!(left_behind("slow-s3", Duration::from_secs(10)).is_empty());
 }
+
+#[test]
+fn a_checkpoint_every_rank_handed_in_commits_though_a_rank_died_while_anothers_part_was_persisted()
+{
+    let Some(server) = trainyard_checkpoint::testing::S3Server::start().expect("moto starts")
+    else {
+        return;
+    };
+    server.create_bucket("survivors").expect("a bucket");
+    let scratch = tempfile::tempdir().expect("a temporary directory");
+    let taken = scratch.path().join("taken");
+    // Rank 0's part takes the server a while to take in; rank 1's is small, and rank 1 dies
+    // once both parts are taken from their ranks: rank 0's is still on its way then.
+    let script = r#"
+import os, sys, tempfile, time
+from trainyard import train
+rank = train.get_context().get_world_rank()
+checkpoint = train.get_checkpoint()
+if checkpoint is not None:
+    with checkpoint.as_directory() as d:
+        parts = sorted((n, os.path.getsize(os.path.join(d, n))) for n in os.listdir(d))
+    print(f"rank {rank} resumed with {parts}", flush=True)
+    sys.exit(0)
+d = tempfile.mkdtemp()
+with open(os.path.join(d, f"shard_{rank}"), "wb") as f:
+    f.write(b"x" * ((48 << 20) if rank == 0 else 1024))
+train.report({"step": 1}, checkpoint=train.Checkpoint.from_directory(d),
+             checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC)
+if rank == 0:
+    open(sys.argv[1], "w").close()
+    time.sleep(120)
+else:
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.005)
+    os._exit(3)
+"#;
+    let output = trainyard("survivor-s3", "s3://survivors/runs")
+        .envs(server.env())
+        .args(["--max-failures", "1", "--", "python3", "-c", script])
+        .arg(&taken)
+        .output()
+        .expect("trainyard runs");
+    let all = text(&output);
+    assert!(output.status.success(), "{all}");
+    let parts = "[('shard_0', 50331648), ('shard_1', 1024)]";
+    for rank in 0..2 {
+        assert!(
+            all.contains(&format!("rank {rank} resumed with {parts}")),
+            "the restart resumes from the checkpoint both ranks handed in, both parts whole: {all}"
+        );
+    }
+    assert!(left_behind("survivor-s3", Duration::from_secs(10)).is_empty());
+}
