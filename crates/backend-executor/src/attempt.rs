@@ -136,6 +136,9 @@ struct Running {
     first_lines: Vec<Option<tracing::Span>>,
     /// Whose event stream has ended.
     ended: Vec<bool>,
+    /// Whose task has ended (its exit or death told, or its stream ended): no report comes
+    /// from it any more, since an agent sends a task's last reports before its end.
+    finished: Vec<bool>,
     /// Whose task has succeeded.
     succeeded: Vec<bool>,
     /// A rank whose stream ended before its task did, not yet told as a death.
@@ -174,6 +177,9 @@ pub(crate) struct Attempt {
     env: Vec<BTreeMap<String, String>>,
     restart_count: u32,
     running: Option<Running>,
+    /// Whether the tasks were asked to stop ([`Attempt::stop_tasks`]): their workers are
+    /// gone or going, and the release asks nothing more of them.
+    stopping: bool,
 }
 
 impl Attempt {
@@ -208,6 +214,7 @@ impl Attempt {
             env: Vec::new(),
             restart_count,
             running: None,
+            stopping: false,
         })
     }
 
@@ -359,6 +366,7 @@ impl Attempt {
                 })
                 .collect(),
             ended: vec![false; n],
+            finished: vec![false; n],
             succeeded: vec![false; n],
             silent: None,
         });
@@ -501,11 +509,12 @@ impl Attempt {
         })
     }
 
-    /// Whose event stream has ended, by world rank.
-    pub(crate) fn streams_ended(&self) -> Vec<bool> {
+    /// Whose task has ended, by world rank: its exit or death was told, or its stream
+    /// ended. No report comes from those ranks any more.
+    pub(crate) fn tasks_finished(&self) -> Vec<bool> {
         self.running
             .as_ref()
-            .map(|r| r.ended.clone())
+            .map(|r| r.finished.clone())
             .unwrap_or_default()
     }
 
@@ -520,7 +529,8 @@ impl Attempt {
     /// worker (a worker that is gone already, or does not stop in time, is killed with the
     /// rest as the attempt is released). Owns what it needs, so that the attempt's events
     /// can be read meanwhile.
-    pub(crate) fn stop_tasks(&self, bound: Duration) -> impl Future<Output = ()> + use<> {
+    pub(crate) fn stop_tasks(&mut self, bound: Duration) -> impl Future<Output = ()> + use<> {
+        self.stopping = true;
         let runtime = Arc::clone(&self.setup.runtime);
         let ended = self
             .running
@@ -575,6 +585,12 @@ impl Attempt {
     /// and what is left is killed at once.
     pub(crate) async fn release(mut self, patience: Duration) {
         let setup = Arc::clone(&self.setup);
+        // Workers whose tasks were stopped have no backend left to shut down gracefully.
+        let patience = if self.stopping {
+            Duration::ZERO
+        } else {
+            patience
+        };
         if !patience.is_zero() {
             match tokio::time::timeout(patience, setup.backend.on_shutdown(&self.group)).await {
                 Ok(Ok(())) => {}
@@ -604,6 +620,7 @@ impl Running {
         let event = match event {
             Some(ActorEvent::Task(event)) => event,
             Some(ActorEvent::TaskExited(exit)) => {
+                self.finished[i] = true;
                 self.progress.finished(i);
                 if matches!(exit, TaskExit::Succeeded { .. }) {
                     self.succeeded[i] = true;
@@ -613,10 +630,12 @@ impl Running {
             // A worker whose task finished may go; the others carry on.
             Some(ActorEvent::Died(_)) if self.succeeded[i] => return Taken::Nothing,
             Some(ActorEvent::Died(cause)) => {
+                self.finished[i] = true;
                 return Taken::Event(AttemptEvent::Died { rank: i, cause });
             }
             None => {
                 self.ended[i] = true;
+                self.finished[i] = true;
                 return if self.succeeded[i] {
                     Taken::Nothing
                 } else {

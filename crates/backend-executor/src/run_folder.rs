@@ -456,8 +456,9 @@ impl RunStore {
         self.book.as_ref().is_some_and(CheckpointBook::in_flight)
     }
 
-    /// A checkpoint of the current attempt that every rank whose stream `ended` reported,
-    /// with files, and that can still commit once the other ranks report it: its index.
+    /// A checkpoint of the current attempt that every rank whose task `ended` (by world
+    /// rank) reported, with files, and that can still commit once the other ranks report
+    /// it: its index.
     pub(crate) fn checkpoint_completable(&self, ended: &[bool]) -> Option<u64> {
         self.book.as_ref().and_then(|book| book.completable(ended))
     }

@@ -740,13 +740,14 @@ impl RunLoop {
     /// [`CHECKPOINT_WAIT`]). Without this, the next attempt would resume from the checkpoint
     /// before.
     async fn keep_checkpoint(&mut self, attempt: &mut Attempt, following: &mut Following<'_>) {
-        let Some(index) = self.store.checkpoint_completable(&attempt.streams_ended()) else {
+        let Some(index) = self.store.checkpoint_completable(&attempt.tasks_finished()) else {
             return;
         };
         info!(
             index,
             wait_s = CHECKPOINT_WAIT.as_secs(),
-            "stopping the other ranks; checkpoint {index}, which every rank that ended handed in, commits once their parts are persisted"
+            "stopping the ranks still running; checkpoint {index}, which every rank that ended handed in, commits if their parts of it are persisted within {} s",
+            CHECKPOINT_WAIT.as_secs()
         );
         self.stop_and_drain(attempt, following, true).await;
         if self
@@ -756,7 +757,7 @@ impl RunLoop {
         {
             warn!(
                 index,
-                "checkpoint {index} did not commit: not every rank's part of it was persisted before its rank stopped, or within {} s",
+                "checkpoint {index} did not commit: a rank stopped without handing in its part of it, or the parts were not persisted within {} s",
                 CHECKPOINT_WAIT.as_secs()
             );
         }
@@ -766,7 +767,8 @@ impl RunLoop {
     /// meanwhile takes in what the ranks print and report as they stop, until every rank's
     /// stream has ended. Bounded by the shutdown patience and a few seconds, or, with
     /// `for_checkpoint`, by [`CHECKPOINT_WAIT`] while a checkpoint every rank that ended
-    /// handed in can still commit; what is left then is killed as the attempt is released.
+    /// handed in can still commit (or until the run is asked to stop); what is left then is
+    /// killed as the attempt is released.
     async fn stop_and_drain(
         &mut self,
         attempt: &mut Attempt,
@@ -775,6 +777,7 @@ impl RunLoop {
     ) {
         let bound = self.setup.options.stop_bound();
         let started = Instant::now();
+        let interrupt = self.controls.stop.clone();
         let stops = attempt.stop_tasks(bound);
         tokio::pin!(stops);
         let mut stopped = false;
@@ -782,7 +785,7 @@ impl RunLoop {
             let waiting = for_checkpoint
                 && self
                     .store
-                    .checkpoint_completable(&attempt.streams_ended())
+                    .checkpoint_completable(&attempt.tasks_finished())
                     .is_some();
             let deadline = started
                 + if waiting {
@@ -795,6 +798,8 @@ impl RunLoop {
                     stopped = true;
                     continue;
                 }
+                // Waiting for a checkpoint is no reason to keep a run asked to stop.
+                () = interrupt.requested(), if for_checkpoint => break,
                 next = tokio::time::timeout_at(deadline, attempt.next_settling()) => next,
             };
             let Ok(Some(next)) = next else {
