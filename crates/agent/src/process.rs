@@ -42,10 +42,10 @@ use crate::watchdog::Watchdog;
 const DRAIN: Duration = Duration::from_millis(500);
 /// How long checkpoints handed in `ASYNC` may go on being persisted after their task ended.
 const PERSIST_PATIENCE: Duration = Duration::from_secs(30 * 60);
-/// How long a stop waits, from its start, for a stopped task's end to be sent when only the
-/// checkpoints it handed in `ASYNC` are left to persist: after a failure the driver waits as
-/// long for the surviving ranks' parts of a checkpoint (and the hub's stop call, its call
-/// timeout and the grace, no less).
+/// How long a stop the driver asked for waits, from its start, for a stopped task's end to
+/// be sent when only the checkpoints it handed in `ASYNC` are left to persist: after a
+/// failure the driver waits as long for the surviving ranks' parts of a checkpoint. (The
+/// hub's stop call allows its call timeout, 60 s by default, plus the grace.)
 const STOP_PERSIST_PATIENCE: Duration = Duration::from_secs(60);
 
 /// A started command task.
@@ -77,10 +77,10 @@ impl RunningCommand {
     }
 
     /// Stops the task: SIGTERM to its process group, SIGKILL after `grace`, then waits
-    /// (bounded: the sweep of what it left, and a little more; once its process has ended,
-    /// up to [`STOP_PERSIST_PATIENCE`] from the start for the checkpoints it handed in) for
-    /// its end to be sent.
-    pub(crate) async fn terminate(&mut self, grace: Duration) {
+    /// (bounded: the sweep of what it left, and a little more; with `persist`, once its
+    /// process has ended, up to [`STOP_PERSIST_PATIENCE`] from the start for the checkpoints
+    /// it handed in) for its end to be sent.
+    pub(crate) async fn terminate(&mut self, grace: Duration, persist: bool) {
         if self.is_done() {
             return;
         }
@@ -99,7 +99,7 @@ impl RunningCommand {
             let _ = tokio::time::timeout(bound, self.done.wait_for(Option::is_some)).await;
         }
         // Its process has ended, and its last reports wait for their checkpoints.
-        if !self.is_done() && !self.is_alive() {
+        if persist && !self.is_done() && !self.is_alive() {
             let left = STOP_PERSIST_PATIENCE.saturating_sub(started.elapsed());
             let _ = tokio::time::timeout(left, self.done.wait_for(Option::is_some)).await;
         }

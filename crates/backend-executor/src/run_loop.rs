@@ -750,11 +750,11 @@ impl RunLoop {
             CHECKPOINT_WAIT.as_secs()
         );
         self.stop_and_drain(attempt, following, true).await;
-        if self
+        let committed = self
             .store
             .latest()
-            .is_none_or(|latest| latest.index < index)
-        {
+            .is_some_and(|latest| latest.index >= index);
+        if !committed && !self.controls.stop.is_requested() {
             warn!(
                 index,
                 "checkpoint {index} did not commit: a rank stopped without handing in its part of it, or the parts were not persisted within {} s",
@@ -781,6 +781,7 @@ impl RunLoop {
         let stops = attempt.stop_tasks(bound);
         tokio::pin!(stops);
         let mut stopped = false;
+        let mut for_checkpoint = for_checkpoint;
         while attempt.streams_open() {
             let waiting = for_checkpoint
                 && self
@@ -798,8 +799,12 @@ impl RunLoop {
                     stopped = true;
                     continue;
                 }
-                // Waiting for a checkpoint is no reason to keep a run asked to stop.
-                () = interrupt.requested(), if for_checkpoint => break,
+                // Waiting for a checkpoint is no reason to keep a run asked to stop: the
+                // ranks are drained as after any stop request.
+                () = interrupt.requested(), if for_checkpoint => {
+                    for_checkpoint = false;
+                    continue;
+                }
                 next = tokio::time::timeout_at(deadline, attempt.next_settling()) => next,
             };
             let Ok(Some(next)) = next else {

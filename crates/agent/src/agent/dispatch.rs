@@ -44,11 +44,12 @@ impl Running {
         }
     }
 
-    /// Stops the task: a command gracefully (SIGTERM, SIGKILL after `grace`), a function at
-    /// its next await.
-    pub(super) async fn terminate(&mut self, grace: Duration) {
+    /// Stops the task: a command gracefully (SIGTERM, SIGKILL after `grace`; with
+    /// `persist`, waiting for the checkpoints it handed in to be persisted and reported), a
+    /// function at its next await.
+    pub(super) async fn terminate(&mut self, grace: Duration, persist: bool) {
         match self {
-            Self::Command(command) => command.terminate(grace).await,
+            Self::Command(command) => command.terminate(grace, persist).await,
             Self::Function(function) => function.cancel(),
         }
     }

@@ -212,7 +212,8 @@ async fn serve(
         writer.abort();
     }
     if let Some(task) = agent.task_mut() {
-        task.terminate(grace).await;
+        // Only a driver that asked is there to take the reports of what is still persisted.
+        task.terminate(grace, matches!(stop, Stop::Asked(_))).await;
     }
     if let Stop::Asked(id) = stop {
         let _ = replies
