@@ -773,7 +773,7 @@ impl RunLoop {
         &mut self,
         attempt: &mut Attempt,
         following: &mut Following<'_>,
-        for_checkpoint: bool,
+        mut for_checkpoint: bool,
     ) {
         let bound = self.setup.options.stop_bound();
         let started = Instant::now();
@@ -781,7 +781,6 @@ impl RunLoop {
         let stops = attempt.stop_tasks(bound);
         tokio::pin!(stops);
         let mut stopped = false;
-        let mut for_checkpoint = for_checkpoint;
         while attempt.streams_open() {
             let waiting = for_checkpoint
                 && self
