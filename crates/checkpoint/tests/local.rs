@@ -801,3 +801,23 @@ async fn a_folder_written_into_the_run_folder_is_registered_where_it_is_and_noth
     }
     assert!(root.path().join("mnist2/step_3/model.pt").is_file());
 }
+
+#[tokio::test]
+async fn delete_uncommitted_spares_the_lease_the_driver_is_writing() {
+    let root = tempfile::tempdir().unwrap();
+    let folder = storage(root.path()).run("run");
+    folder.save(&RunRecord::new("run")).await.unwrap();
+    let run = root.path().join("run");
+    // The driver renews its lease through a temporary name while an attempt starts.
+    let lease = run.join(".lease.json.part-0123456789abcdef");
+    write_file(&lease, 10, 0);
+    write_file(&run.join(".run.json.part-fedcba9876543210"), 10, 0);
+
+    assert!(folder.delete_uncommitted(0).await.unwrap().is_empty());
+
+    assert!(lease.exists(), "the lease's temporary file is spared");
+    assert_eq!(
+        files_under(&run),
+        [".lease.json.part-0123456789abcdef", "run.json"]
+    );
+}

@@ -242,13 +242,13 @@ pub(crate) fn temp_name(file_name: &str) -> String {
 
 /// Whether `file_name` is one that [`temp_name`] makes.
 pub(crate) fn is_temp(file_name: &str) -> bool {
-    let Some(rest) = file_name.strip_prefix('.') else {
-        return false;
-    };
-    let Some((_, suffix)) = rest.rsplit_once(PART) else {
-        return false;
-    };
-    suffix.len() == 16 && suffix.bytes().all(|b| b.is_ascii_hexdigit())
+    temp_of(file_name).is_some()
+}
+
+/// The name of the file that `file_name`, a name [`temp_name`] makes, is written for.
+pub(crate) fn temp_of(file_name: &str) -> Option<&str> {
+    let (name, suffix) = file_name.strip_prefix('.')?.rsplit_once(PART)?;
+    (suffix.len() == 16 && suffix.bytes().all(|b| b.is_ascii_hexdigit())).then_some(name)
 }
 
 /// The index of a checkpoint folder's name (`checkpoint_000012` → 12).

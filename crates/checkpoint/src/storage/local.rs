@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use futures::StreamExt;
 
 use super::files::{
-    SourceFile, checkpoint_index, io, is_temp, join_error, not_a_regular_file, open_regular,
-    random_suffix, tally, temp_name,
+    SourceFile, checkpoint_index, io, join_error, not_a_regular_file, open_regular, random_suffix,
+    tally, temp_name, temp_of,
 };
 use crate::StorageError;
 
@@ -401,13 +401,15 @@ pub(crate) fn delete_uncommitted(run_dir: &Path, committed: u64) -> Result<Vec<u
             }
         }
     }
-    remove_temp_files(run_dir)?;
+    // The driver's lease is renewed meanwhile, through a temporary name of its own.
+    remove_temp_files(run_dir, Some(crate::LEASE_FILE))?;
     deleted.sort_unstable();
     Ok(deleted)
 }
 
-/// Deletes every temporary file under `dir`, recursively (symlinks are not followed).
-fn remove_temp_files(dir: &Path) -> Result<(), StorageError> {
+/// Deletes every temporary file under `dir`, recursively (symlinks are not followed), but
+/// those of `spare` directly in `dir`.
+fn remove_temp_files(dir: &Path, spare: Option<&str>) -> Result<(), StorageError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(error) if missing(&error) => return Ok(()),
@@ -416,9 +418,11 @@ fn remove_temp_files(dir: &Path) -> Result<(), StorageError> {
     for entry in entries {
         let entry = entry.map_err(|e| io("list", dir, e))?;
         let path = entry.path();
+        let name = entry.file_name();
+        let written_for = name.to_str().and_then(temp_of);
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_temp_files(&path)?;
-        } else if entry.file_name().to_str().is_some_and(is_temp) {
+            remove_temp_files(&path, None)?;
+        } else if written_for.is_some_and(|of| Some(of) != spare) {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
