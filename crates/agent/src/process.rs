@@ -24,7 +24,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use trainyard_runtime::events::EventSender;
-use trainyard_runtime::{Stream, TaskExit, TaskFailure, TaskRejection};
+use trainyard_runtime::{STOP_PERSIST_PATIENCE, Stream, TaskExit, TaskFailure, TaskRejection};
 
 use trainyard_sys::cgroup::OomCounter;
 use trainyard_sys::process_group;
@@ -42,11 +42,6 @@ use crate::watchdog::Watchdog;
 const DRAIN: Duration = Duration::from_millis(500);
 /// How long checkpoints handed in `ASYNC` may go on being persisted after their task ended.
 const PERSIST_PATIENCE: Duration = Duration::from_secs(30 * 60);
-/// How long a stop the driver asked for waits, from its start, for a stopped task's end to
-/// be sent when only the checkpoints it handed in `ASYNC` are left to persist: after a
-/// failure the driver waits as long for the surviving ranks' parts of a checkpoint. (The
-/// hub's stop call allows its call timeout, 60 s by default, plus the grace.)
-const STOP_PERSIST_PATIENCE: Duration = Duration::from_secs(60);
 
 /// A started command task.
 #[derive(Debug)]

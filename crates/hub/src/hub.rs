@@ -17,6 +17,7 @@ use trainyard_runtime::events::{EVENT_BUFFER, TaskEvents, event_channel};
 use trainyard_runtime::timings;
 use trainyard_runtime::{
     ActorId, DeathCause, NodeId, RESTORE_PATIENCE, Request, Response, RuntimeError,
+    STOP_PERSIST_PATIENCE,
 };
 use trainyard_wire::admission::{Gate, Limits};
 use trainyard_wire::config::AgentConfig;
@@ -303,9 +304,9 @@ impl AgentHub {
         }
     }
 
-    /// Sends one request to an actor's agent and waits (up to [`HubConfig::call_timeout`],
-    /// plus the stop grace for a stop, plus [`RESTORE_PATIENCE`] for a task whose start
-    /// downloads a checkpoint) for its answer; an agent that does not answer in time
+    /// Sends one request to an actor's agent and waits (up to [`HubConfig::call_timeout`]; for
+    /// a stop, at least [`STOP_PERSIST_PATIENCE`], plus the stop grace; plus
+    /// [`RESTORE_PATIENCE`] for a task whose start downloads a checkpoint) for its answer; an agent that does not answer in time
     /// is killed as unresponsive.
     ///
     /// # Errors
@@ -436,12 +437,15 @@ impl fmt::Debug for AgentHub {
     }
 }
 
-/// How long a call may wait for the agent's answer: the call timeout, plus the stop grace
-/// for a stop, plus [`RESTORE_PATIENCE`] for a task whose start downloads the checkpoint it
-/// resumes from.
+/// How long a call may wait for the agent's answer: the call timeout (for a stop, at least
+/// [`STOP_PERSIST_PATIENCE`]), plus the stop grace for a stop, plus [`RESTORE_PATIENCE`] for
+/// a task whose start downloads the checkpoint it resumes from.
 fn call_limit(config: &HubConfig, request: &Request) -> Duration {
     match request {
-        Request::Stop => config.call_timeout.saturating_add(config.stop_grace),
+        Request::Stop => config
+            .call_timeout
+            .max(STOP_PERSIST_PATIENCE)
+            .saturating_add(config.stop_grace),
         Request::RunTask(task) if task.downloads_checkpoint() => {
             config.call_timeout.saturating_add(RESTORE_PATIENCE)
         }
@@ -586,6 +590,19 @@ mod tests {
             config.call_timeout + config.stop_grace
         );
         assert_eq!(call_limit(&config, &Request::Poll), config.call_timeout);
+    }
+
+    #[test]
+    fn a_stop_waits_out_the_persist_patience_however_short_the_call_timeout() {
+        let hurried = HubConfig {
+            call_timeout: Duration::from_secs(5),
+            ..HubConfig::new("run")
+        };
+        assert_eq!(
+            call_limit(&hurried, &Request::Stop),
+            STOP_PERSIST_PATIENCE + hurried.stop_grace
+        );
+        assert_eq!(call_limit(&hurried, &Request::Poll), Duration::from_secs(5));
     }
 
     #[tokio::test]

@@ -92,8 +92,8 @@ pub use error::RuntimeError;
 pub use ids::{ActorId, NodeId, PlacementGroupId};
 pub use outcome::{DeathCause, TaskExit, TaskFailure, TaskRejection, signal_name};
 pub use protocol::{
-    PollResult, RESTORE_PATIENCE, Request, Response, Stream, TaskEvent, TaskSpec, TaskStatus,
-    WorkerInfo,
+    PollResult, RESTORE_PATIENCE, Request, Response, STOP_PERSIST_PATIENCE, Stream, TaskEvent,
+    TaskSpec, TaskStatus, WorkerInfo,
 };
 #[cfg(any(test, feature = "mocks"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "mocks")))]

@@ -179,6 +179,12 @@ impl TaskSpec {
 /// not fit a request's usual time.
 pub const RESTORE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
+/// How long, at most, an agent answers a [`Request::Stop`] late because the stopped task's
+/// checkpoints handed in `ASYNC` are still being persisted: after a failure the driver waits
+/// as long for the surviving ranks' parts of a checkpoint, so a stop call allows at least
+/// this much whatever its usual time.
+pub const STOP_PERSIST_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Which output stream a log line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
