@@ -27,6 +27,81 @@ fn trainyard(name: &str, storage: &str) -> Command {
     command
 }
 
+/// A running `trainyard` (killed if the test ends first), its stdout line by line as it
+/// comes, and what was read of it so far.
+struct Running {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Running {
+    fn start(command: &mut Command) -> Self {
+        use std::io::BufRead as _;
+
+        let mut child = command.spawn().expect("trainyard starts");
+        let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+        let stdout = child.stdout.take().expect("piped");
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = lines_tx.send(line);
+            }
+        });
+        Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Whether a line containing `needle` came, or comes within `within`.
+    fn wait_for(&mut self, needle: &str, within: Duration) -> bool {
+        if self.seen.iter().any(|line| line.contains(needle)) {
+            return true;
+        }
+        let deadline = Instant::now() + within;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(needle);
+                    self.seen.push(line);
+                    if found {
+                        return true;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// The run's exit status once it ends, and all it printed: stdout, then stderr.
+    fn finish(mut self) -> (std::process::ExitStatus, String) {
+        let status = self.child.wait().expect("trainyard ends");
+        let mut stderr = String::new();
+        if let Some(mut err) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
+        }
+        // The rest of stdout: all of it once the reader meets its end.
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(10)) {
+            self.seen.push(line);
+        }
+        (status, format!("{}\n{stderr}", self.seen.join("\n")))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn text(output: &Output) -> String {
     format!(
         "{}\n{}",
@@ -174,8 +249,6 @@ fn an_s3_error_shows_each_cause_once() {
 
 #[test]
 fn a_slow_storage_makes_the_third_async_report_wait_and_every_checkpoint_commits() {
-    use std::io::BufRead as _;
-
     let Some(server) = trainyard_checkpoint::testing::S3Server::start().expect("moto starts")
     else {
         return;
@@ -197,66 +270,40 @@ for step in range(3):
                  checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC)
     print(f"returned {step}", flush=True)
 "#;
-    let mut child = trainyard("slow-s3", "s3://slow/runs")
-        .envs(server.env())
-        .args(["--", "python3", "-c", script])
-        .arg(&go)
-        .spawn()
-        .expect("trainyard starts");
-    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
-    let stdout = child.stdout.take().expect("piped");
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = lines_tx.send(line);
-        }
-    });
-    let mut seen = Vec::new();
-    let mut wait_for = |needle: &str, within: Duration| -> bool {
-        let deadline = Instant::now() + within;
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match lines.recv_timeout(left) {
-                Ok(line) => {
-                    let found = line.contains(needle);
-                    seen.push(line);
-                    if found {
-                        return true;
-                    }
-                }
-                Err(_) => return false,
-            }
-        }
-        false
-    };
+    let mut run = Running::start(
+        trainyard("slow-s3", "s3://slow/runs")
+            .envs(server.env())
+            .args(["--", "python3", "-c", script])
+            .arg(&go),
+    );
     let signal = |signal: nix::sys::signal::Signal| {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(server.pid()).expect("a pid"));
         nix::sys::signal::kill(pid, signal).expect("the storage server is signalled");
     };
-    assert!(wait_for("ready", Duration::from_secs(60)), "{seen:?}");
+    assert!(
+        run.wait_for("ready", Duration::from_secs(60)),
+        "{:?}",
+        run.seen
+    );
     // The storage stops answering: the hand-ins are taken, not persisted.
     signal(nix::sys::signal::Signal::SIGSTOP);
     std::fs::write(&go, b"").expect("the script is told to go");
-    let two = wait_for("returned 1", Duration::from_secs(20));
-    let third_waited = two && !wait_for("returned 2", Duration::from_secs(3));
+    let two = run.wait_for("returned 1", Duration::from_secs(20));
+    let third_waited = two && !run.wait_for("returned 2", Duration::from_secs(3));
     signal(nix::sys::signal::Signal::SIGCONT);
     assert!(
         two,
-        "two ASYNC reports return while the storage is stopped: {seen:?}"
+        "two ASYNC reports return while the storage is stopped: {:?}",
+        run.seen
     );
-    assert!(third_waited, "the third waits for room: {seen:?}");
+    assert!(third_waited, "the third waits for room: {:?}", run.seen);
     assert!(
-        wait_for("returned 2", Duration::from_secs(60)),
-        "and returns once the storage answers again: {seen:?}"
+        run.wait_for("returned 2", Duration::from_secs(60)),
+        "and returns once the storage answers again: {:?}",
+        run.seen
     );
-    let status = child.wait().expect("trainyard ends");
-    let mut stderr = String::new();
-    if let Some(mut err) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
-    }
-    assert!(status.success(), "{seen:?}\n{stderr}");
-    let all = format!("{}\n{stderr}", seen.join("\n"));
+    let (status, all) = run.finish();
+    assert!(status.success(), "{all}");
     assert!(
         all.contains("checkpoint committed: s3://slow/runs/slow-s3/checkpoint_000003"),
         "every checkpoint commits, the third too: {all}"
@@ -315,4 +362,76 @@ else:
         );
     }
     assert!(left_behind("survivor-s3", Duration::from_secs(10)).is_empty());
+}
+
+#[test]
+fn a_survivors_part_that_persists_for_longer_than_the_stop_grace_still_commits() {
+    let Some(server) = trainyard_checkpoint::testing::S3Server::start().expect("moto starts")
+    else {
+        return;
+    };
+    server.create_bucket("patient").expect("a bucket");
+    let scratch = tempfile::tempdir().expect("a temporary directory");
+    let (go, taken) = (scratch.path().join("go"), scratch.path().join("taken"));
+    // Rank 1's part is persisted before the storage stops; rank 0 hands its part in once it
+    // has stopped, and rank 1 dies then: rank 0 is stopped while its part waits.
+    let script = r#"
+import os, sys, tempfile, time
+from trainyard import train
+rank = train.get_context().get_world_rank()
+checkpoint = train.get_checkpoint()
+if checkpoint is not None:
+    with checkpoint.as_directory() as d:
+        print(f"rank {rank} resumed with {sorted(os.listdir(d))}", flush=True)
+    sys.exit(0)
+d = tempfile.mkdtemp()
+with open(os.path.join(d, f"shard_{rank}"), "w") as f:
+    f.write(str(rank))
+if rank == 1:
+    train.report({"step": 1}, checkpoint=train.Checkpoint.from_directory(d),
+                 checkpoint_upload_mode=train.CheckpointUploadMode.SYNC)
+    print("persisted 1", flush=True)
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.005)
+    os._exit(3)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+train.report({"step": 1}, checkpoint=train.Checkpoint.from_directory(d),
+             checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC)
+print("handed in 0", flush=True)
+open(sys.argv[2], "w").close()
+time.sleep(300)
+"#;
+    let mut run = Running::start(
+        trainyard("patient-s3", "s3://patient/runs")
+            .envs(server.env())
+            .args(["--max-failures", "1", "--", "python3", "-c", script])
+            .args([&go, &taken]),
+    );
+    let signal = |signal: nix::sys::signal::Signal| {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(server.pid()).expect("a pid"));
+        nix::sys::signal::kill(pid, signal).expect("the storage server is signalled");
+    };
+    assert!(
+        run.wait_for("persisted 1", Duration::from_secs(60)),
+        "rank 1 persists its part: {:?}",
+        run.seen
+    );
+    signal(nix::sys::signal::Signal::SIGSTOP);
+    std::fs::write(&go, b"").expect("rank 0 is told to go");
+    let handed_in = run.wait_for("handed in 0", Duration::from_secs(20));
+    // Longer than the stop's grace and the 10 s after it that a stopped task's end was once
+    // given: the survivor's agent must go on waiting for its part.
+    std::thread::sleep(Duration::from_secs(20));
+    signal(nix::sys::signal::Signal::SIGCONT);
+    assert!(handed_in, "rank 0's hand-in is taken: {:?}", run.seen);
+    let (status, all) = run.finish();
+    assert!(status.success(), "{all}");
+    for rank in 0..2 {
+        assert!(
+            all.contains(&format!("rank {rank} resumed with ['shard_0', 'shard_1']")),
+            "the restart resumes from the checkpoint both ranks handed in: {all}"
+        );
+    }
+    assert!(left_behind("patient-s3", Duration::from_secs(10)).is_empty());
 }
