@@ -102,6 +102,16 @@ impl Drop for Running {
     }
 }
 
+/// Sends `signal` to the S3 server: `SIGSTOP` makes it stop answering, `SIGCONT` answer
+/// again.
+fn signal_server(
+    server: &trainyard_checkpoint::testing::S3Server,
+    signal: nix::sys::signal::Signal,
+) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(server.pid()).expect("a pid"));
+    nix::sys::signal::kill(pid, signal).expect("the storage server is signalled");
+}
+
 fn text(output: &Output) -> String {
     format!(
         "{}\n{}",
@@ -276,10 +286,7 @@ for step in range(3):
             .args(["--", "python3", "-c", script])
             .arg(&go),
     );
-    let signal = |signal: nix::sys::signal::Signal| {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(server.pid()).expect("a pid"));
-        nix::sys::signal::kill(pid, signal).expect("the storage server is signalled");
-    };
+    let signal = |signal| signal_server(&server, signal);
     assert!(
         run.wait_for("ready", Duration::from_secs(60)),
         "{:?}",
@@ -408,10 +415,7 @@ time.sleep(300)
             .args(["--max-failures", "1", "--", "python3", "-c", script])
             .args([&go, &taken]),
     );
-    let signal = |signal: nix::sys::signal::Signal| {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(server.pid()).expect("a pid"));
-        nix::sys::signal::kill(pid, signal).expect("the storage server is signalled");
-    };
+    let signal = |signal| signal_server(&server, signal);
     assert!(
         run.wait_for("persisted 1", Duration::from_secs(60)),
         "rank 1 persists its part: {:?}",
