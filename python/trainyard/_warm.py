@@ -21,6 +21,8 @@ One connection per task, from the task's agent:
 
 The task runs ``argv`` as ``python`` would: ``SCRIPT ARGS``, ``-m MODULE ARGS`` or ``-c CODE
 ARGS`` (after ``-u`` or ``-B``). Any other interpreter option is executed cold, as given.
+Where torch is imported, a forked rank other than 0 joins an ``env://`` process group once
+rank 0's store listens, rather than after torch's back-off.
 """
 
 import errno
@@ -256,7 +258,9 @@ def _become_task(request, fds, conn, base_path):
             joined = True
         except OSError as error:
             if request.get("cgroup_required"):
-                raise OSError(error.errno, f"cannot join the worker's cgroup {cgroup}: {error.strerror}")
+                raise OSError(
+                    error.errno, f"cannot join the worker's cgroup {cgroup}: {error.strerror}"
+                )
     limit = request.get("address_space")
     if limit:
         import resource
@@ -400,6 +404,55 @@ def _run(kind, target, argv):
         exec(compile(target, "<string>", "exec"), main.__dict__)
 
 
+def wait_for_store(host: str, port: int, timeout_s: float, poll_s: float = 0.001) -> None:
+    """Returns once rank 0's store listens at ``host:port``, for a rank other than 0 to join
+    the process group then (``trainyard._worker`` calls it too). torch's store client that
+    finds nothing listening yet retries after a back-off of hundreds of milliseconds, and
+    ranks started together (a restart's, above all) often lose that race: 4 restarts of 8
+    took 0.5-0.9 s instead of 0.15 s here. A refused connection costs microseconds, so this
+    polls. Raises ``RuntimeError`` when nothing listens within ``timeout_s``, as joining
+    would have failed then."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=min(1.0, timeout_s)).close()
+            return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"rank 0's store at {host}:{port} did not listen within {timeout_s} s: {error}"
+                ) from error
+        time.sleep(poll_s)
+
+
+def _join_once_the_store_listens():
+    """Ranks forked from here start together, and one other than 0 would often reach rank
+    0's store before it listens and wait out torch's back-off: in them, torch's ``env://``
+    rendezvous first waits for the store (``wait_for_store``); nothing else of it changes.
+    Where torch is not imported, or keeps its rendezvous otherwise, this does nothing."""
+    rendezvous = sys.modules.get("torch.distributed.rendezvous")
+    handlers = getattr(rendezvous, "_rendezvous_handlers", None)
+    if not isinstance(handlers, dict) or not callable(handlers.get("env")):
+        return
+    original = handlers["env"]
+
+    def env_once_the_store_listens(url, *args, **kwargs):
+        from urllib.parse import parse_qs, urlparse
+
+        rank = (parse_qs(urlparse(url).query).get("rank") or [os.environ.get("RANK", "0")])[0]
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        if rank != "0" and addr and port.isdigit() and not agent_store:
+            timeout = kwargs.get("timeout", args[0] if args else None)
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else 1800
+            wait_for_store(addr, int(port), seconds)
+        return original(url, *args, **kwargs)
+
+    handlers["env"] = env_once_the_store_listens
+
+
 def _user_frames(tb):
     """`tb` without the frames of this module and of runpy, which start every task."""
     import runpy
@@ -436,6 +489,7 @@ def main():
             )
             break
     base_path = [p for p in sys.path if p not in zygote_extra]
+    _join_once_the_store_listens()
     import gc
 
     gc.freeze()

@@ -113,7 +113,9 @@ def _init_process_group(spec: Dict[str, Any]) -> bool:
     init_method = os.environ.get("TRAINYARD_TORCH_INIT_METHOD") or "env://"
     rank = int(os.environ["RANK"])
     if rank != 0 and init_method == "env://" and "MASTER_PORT" in os.environ:
-        _wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout)
+        from trainyard._warm import wait_for_store
+
+        wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout)
     dist.init_process_group(
         backend=backend,
         init_method=init_method,
@@ -122,29 +124,6 @@ def _init_process_group(spec: Dict[str, Any]) -> bool:
         timeout=timedelta(seconds=timeout),
     )
     return True
-
-
-def _wait_for_store(host: str, port: int, timeout_s: float, poll_s: float = 0.001) -> None:
-    """Returns once rank 0's store listens at ``host:port``, before a rank other than 0 joins
-    the process group. torch's store client that finds nothing listening yet retries after
-    a back-off of hundreds of milliseconds, and ranks started together (a restart's, above
-    all) often lose that race: 4 restarts of 8 took 0.5-0.9 s instead of 0.15 s here. A
-    refused connection costs microseconds, so this polls. Raises ``RuntimeError`` when
-    nothing listens within ``timeout_s``, as joining would have failed then."""
-    import socket
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            socket.create_connection((host, port), timeout=min(1.0, timeout_s)).close()
-            return
-        except OSError as error:
-            if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    f"rank 0's store at {host}:{port} did not listen within {timeout_s} s: {error}"
-                ) from error
-        time.sleep(poll_s)
 
 
 def _call(fn: Callable[..., Any], config: Optional[Dict[str, Any]]) -> Any:
