@@ -404,52 +404,73 @@ def _run(kind, target, argv):
         exec(compile(target, "<string>", "exec"), main.__dict__)
 
 
-def wait_for_store(host: str, port: int, timeout_s: float, poll_s: float = 0.001) -> None:
+def wait_for_store(host, port, timeout_s, error=RuntimeError):
     """Returns once rank 0's store listens at ``host:port``, for a rank other than 0 to join
-    the process group then (``trainyard._worker`` calls it too). torch's store client that
-    finds nothing listening yet retries after a back-off of hundreds of milliseconds, and
-    ranks started together (a restart's, above all) often lose that race: 4 restarts of 8
-    took 0.5-0.9 s instead of 0.15 s here. A refused connection costs microseconds, so this
-    polls. Raises ``RuntimeError`` when nothing listens within ``timeout_s``, as joining
-    would have failed then."""
+    the process group then. torch's store client that finds nothing listening yet retries
+    after a back-off of hundreds of milliseconds, and ranks started together (a restart's,
+    above all) often lose that race: 4 restarts of 8 took 0.5-0.9 s instead of 0.15 s here.
+    A refused connection costs microseconds, so this polls every millisecond for the first
+    0.1 s, then less often (up to every 20 ms), as rank 0 is then busy with something else.
+    Raises ``error`` when nothing listens within ``timeout_s``, as joining would have failed
+    then."""
     import time
 
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     while True:
+        failure = None
         try:
-            socket.create_connection((host, port), timeout=min(1.0, timeout_s)).close()
-            return
-        except OSError as error:
-            if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    f"rank 0's store at {host}:{port} did not listen within {timeout_s} s: {error}"
-                ) from error
-        time.sleep(poll_s)
+            with socket.create_connection((host, port), timeout=min(1.0, timeout_s)) as probe:
+                # A probe within this host's own port range can meet itself: no listener.
+                if probe.getsockname() != probe.getpeername():
+                    return
+        except OSError as refused:
+            failure = refused
+        if time.monotonic() >= deadline:
+            raise error(
+                f"rank 0's store at {host}:{port} did not listen within {timeout_s} s: "
+                f"{failure or 'the probe met itself'}"
+            ) from failure
+        waited = time.monotonic() - started
+        time.sleep(0.001 if waited < 0.1 else min(0.02, waited / 10))
 
 
-def _join_once_the_store_listens():
-    """Ranks forked from here start together, and one other than 0 would often reach rank
-    0's store before it listens and wait out torch's back-off: in them, torch's ``env://``
-    rendezvous first waits for the store (``wait_for_store``); nothing else of it changes.
-    Where torch is not imported, or keeps its rendezvous otherwise, this does nothing."""
+def join_once_the_store_listens():
+    """Has torch's ``env://`` rendezvous, in a rank other than 0, first wait for rank 0's
+    store to listen (``wait_for_store``), so that ranks started together do not wait out
+    torch's back-off; once per process. The rank is torch's (the URL's, else ``$RANK``);
+    ``TORCHELASTIC_USE_AGENT_STORE`` (the store is up before the ranks) and rank 0 go
+    straight to torch's handler. Nothing is done where torch's rendezvous module is not
+    imported or keeps its handlers otherwise. Called by the warm Python for the ranks it
+    forks, and by ``trainyard._worker`` before it joins."""
     rendezvous = sys.modules.get("torch.distributed.rendezvous")
     handlers = getattr(rendezvous, "_rendezvous_handlers", None)
     if not isinstance(handlers, dict) or not callable(handlers.get("env")):
         return
     original = handlers["env"]
+    if getattr(original, "trainyard_waits_for_the_store", False):
+        return
 
     def env_once_the_store_listens(url, *args, **kwargs):
         from urllib.parse import parse_qs, urlparse
 
         rank = (parse_qs(urlparse(url).query).get("rank") or [os.environ.get("RANK", "0")])[0]
+        try:
+            waits = int(rank) != 0
+        except ValueError:
+            waits = False
         addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        if rank != "0" and addr and port.isdigit() and not agent_store:
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            waits = False
+        if waits and addr and port.isdigit():
             timeout = kwargs.get("timeout", args[0] if args else None)
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else 1800
-            wait_for_store(addr, int(port), seconds)
-        return original(url, *args, **kwargs)
+            torch_distributed = sys.modules.get("torch.distributed")
+            error = getattr(torch_distributed, "DistNetworkError", RuntimeError)
+            wait_for_store(addr, int(port), seconds, error)
+        yield from original(url, *args, **kwargs)
 
+    env_once_the_store_listens.trainyard_waits_for_the_store = True
     handlers["env"] = env_once_the_store_listens
 
 
@@ -489,7 +510,7 @@ def main():
             )
             break
     base_path = [p for p in sys.path if p not in zygote_extra]
-    _join_once_the_store_listens()
+    join_once_the_store_listens()
     import gc
 
     gc.freeze()

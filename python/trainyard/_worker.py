@@ -110,16 +110,13 @@ def _init_process_group(spec: Dict[str, Any]) -> bool:
 
         torch.cuda.set_device(get_device())
     timeout = spec.get("timeout_s") or int(os.environ.get("TRAINYARD_TORCH_TIMEOUT_S") or 1800)
-    init_method = os.environ.get("TRAINYARD_TORCH_INIT_METHOD") or "env://"
-    rank = int(os.environ["RANK"])
-    if rank != 0 and init_method == "env://" and "MASTER_PORT" in os.environ:
-        from trainyard._warm import wait_for_store
+    from trainyard._warm import join_once_the_store_listens
 
-        wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout)
+    join_once_the_store_listens()
     dist.init_process_group(
         backend=backend,
-        init_method=init_method,
-        rank=rank,
+        init_method=os.environ.get("TRAINYARD_TORCH_INIT_METHOD") or "env://",
+        rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
         timeout=timedelta(seconds=timeout),
     )
