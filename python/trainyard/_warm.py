@@ -456,12 +456,10 @@ def join_once_the_store_listens():
 
         rank = (parse_qs(urlparse(url).query).get("rank") or [os.environ.get("RANK", "0")])[0]
         try:
-            waits = int(rank) != 0
+            waits = int(rank) != 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
         except ValueError:
             waits = False
         addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            waits = False
         if waits and addr and port.isdigit():
             timeout = kwargs.get("timeout", args[0] if args else None)
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else 1800

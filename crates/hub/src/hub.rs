@@ -306,8 +306,8 @@ impl AgentHub {
 
     /// Sends one request to an actor's agent and waits (up to [`HubConfig::call_timeout`]; for
     /// a stop, at least [`STOP_PERSIST_PATIENCE`], plus the stop grace; plus
-    /// [`RESTORE_PATIENCE`] for a task whose start downloads a checkpoint) for its answer; an agent that does not answer in time
-    /// is killed as unresponsive.
+    /// [`RESTORE_PATIENCE`] for a task whose start downloads a checkpoint) for its answer;
+    /// an agent that does not answer in time is killed as unresponsive.
     ///
     /// # Errors
     /// The actor's death, an unknown actor, or the agent's own error.
