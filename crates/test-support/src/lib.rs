@@ -1,11 +1,13 @@
 //! What trainyard's end-to-end tests (`crates/cli/tests`) and `cargo xtask soak` share: a
 //! marker in the environment of a run's processes and the search for the processes runs left
-//! behind ([`processes`]), the soak's driver ([`soak`]); and what a test logs, read back
+//! behind ([`processes`]), a process a test reads while it runs ([`running`]), the soak's
+//! driver ([`soak`]); and what a test logs, read back
 //! ([`logs`]). Not part of trainyard's API.
 
 pub mod dashboard;
 pub mod logs;
 pub mod processes;
+pub mod running;
 pub mod runs;
 pub mod soak;
 pub mod users;

@@ -1,15 +1,14 @@
 //! Elastic runs on the local runtime: `-n 1:4` starts with the CPUs another run leaves free
 //! and grows, from its checkpoint, as soon as that run ends (through a private ledger).
 
-use std::io::{BufRead as _, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{LEDGER, MARKER, STORAGE, left_behind, root};
 use serde_json::Value;
 use trainyard_test_support::processes as common;
+use trainyard_test_support::running::Running;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -29,37 +28,6 @@ fn trainyard(ledger: &Path, mark: &str) -> Command {
     command
 }
 
-/// Every stdout line of `child` as it comes, with when it came.
-fn lines(child: &mut Child) -> mpsc::Receiver<(Instant, String)> {
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send((Instant::now(), line)).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Waits for `child` to end, killing it after [`LIMIT`]; whether it succeeded and its stderr.
-fn finish(mut child: Child) -> (bool, String) {
-    let deadline = Instant::now() + LIMIT;
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("output");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn an_elastic_run_starts_with_what_is_free_and_grows_from_its_checkpoint_when_room_appears() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -69,35 +37,25 @@ fn an_elastic_run_starts_with_what_is_free_and_grows_from_its_checkpoint_when_ro
 
     // Another run holds two of the four CPUs until the test lets it go.
     let script = format!("while [ ! -e {} ]; do sleep 0.05; done", release.display());
-    let mut other = trainyard(&ledger, mark)
-        .args(["-n", "2", "-r", "CPU=1", "--log-format", "json"])
-        .args(["--", "sh", "-c", &script])
-        .spawn()
-        .expect("trainyard starts");
-    let other_lines = lines(&mut other);
-    let until_started = Instant::now() + LIMIT;
-    loop {
-        let (_, line) = other_lines
-            .recv_timeout(until_started.saturating_duration_since(Instant::now()))
-            .expect("the other run starts its tasks");
-        if line.contains(r#""event":"attempt_started""#) {
-            break;
-        }
-    }
+    let mut other = Running::start(
+        trainyard(&ledger, mark)
+            .args(["-n", "2", "-r", "CPU=1", "--log-format", "json"])
+            .args(["--", "sh", "-c", &script]),
+    );
+    other.expect_line(r#""event":"attempt_started""#, LIMIT);
 
-    let mut elastic = trainyard(&ledger, mark)
-        .args(["-n", "1:4", "-r", "CPU=1", "--resize-interval", "2s"])
-        .args(["--log-format", "json", "--name", "elastic"])
-        .args(["--env", "ELASTIC_STEPS=40"])
-        .args(["--", "python3", "crates/cli/tests/python/elastic.py"])
-        .spawn()
-        .expect("trainyard starts");
-    let events = lines(&mut elastic);
+    let mut elastic = Running::start(
+        trainyard(&ledger, mark)
+            .args(["-n", "1:4", "-r", "CPU=1", "--resize-interval", "2s"])
+            .args(["--log-format", "json", "--name", "elastic"])
+            .args(["--env", "ELASTIC_STEPS=40"])
+            .args(["--", "python3", "crates/cli/tests/python/elastic.py"]),
+    );
     let mut seen: Vec<(Instant, Value)> = Vec::new();
     loop {
-        let (at, line) = events
-            .recv_timeout(LIMIT)
-            .unwrap_or_else(|_| panic!("no checkpoint committed; seen: {seen:?}"));
+        let (at, line) = elastic
+            .next_line(LIMIT)
+            .unwrap_or_else(|| panic!("no checkpoint committed; seen: {seen:?}"));
         let event: Value = serde_json::from_str(&line).expect("one JSON event per line");
         let committed = event["event"] == "checkpoint_committed";
         seen.push((at, event));
@@ -113,19 +71,31 @@ fn an_elastic_run_starts_with_what_is_free_and_grows_from_its_checkpoint_when_ro
     assert_eq!(sizes, [2], "it starts at once with the two free CPUs");
 
     std::fs::write(&release, "").expect("release the other run");
-    let (ok, stderr) = finish(other);
-    assert!(ok, "the other run ends well: {stderr}");
+    let other = other.finish(LIMIT);
+    assert!(
+        other.status.success(),
+        "the other run ends well: {}",
+        other.stderr
+    );
     let room = Instant::now();
 
     // Everything else the elastic run prints, to its end.
-    let (ok, stderr) = finish(elastic);
-    seen.extend(events.try_iter().map(|(at, line)| {
-        (
-            at,
-            serde_json::from_str(&line).expect("one JSON event per line"),
-        )
-    }));
-    assert!(ok, "the elastic run ends well: {stderr}");
+    let elastic = elastic.finish(LIMIT);
+    let seen: Vec<(Instant, Value)> = elastic
+        .lines
+        .iter()
+        .map(|(at, line)| {
+            (
+                *at,
+                serde_json::from_str(line).expect("one JSON event per line"),
+            )
+        })
+        .collect();
+    assert!(
+        elastic.status.success(),
+        "the elastic run ends well: {}",
+        elastic.stderr
+    );
     let kinds = |kind: &str| -> Vec<&(Instant, Value)> {
         seen.iter().filter(|(_, e)| e["event"] == kind).collect()
     };

@@ -4,13 +4,12 @@
 
 use trainyard_test_support::processes as common;
 
-use std::io::{BufRead as _, BufReader, Read as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::{MARKER, Sandbox, json_events, left_behind, root, torch_python};
+use trainyard_test_support::running::{Ended, Running};
 
 /// How long one run may take before the test kills it.
 const RUN_LIMIT: Duration = Duration::from_secs(240);
@@ -28,91 +27,6 @@ fn trainyard(sandbox: &Sandbox, name: &str) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     command
-}
-
-/// A running `trainyard`: its stdout lines as they come, each with the time it came.
-struct Running {
-    child: Child,
-    lines: mpsc::Receiver<(Instant, String)>,
-    stdout: Vec<(Instant, String)>,
-    stderr: std::thread::JoinHandle<String>,
-}
-
-impl Running {
-    fn start(mut command: Command) -> Self {
-        let mut child = command.spawn().expect("trainyard starts");
-        let out = child.stdout.take().expect("stdout is piped");
-        let mut err = child.stderr.take().expect("stderr is piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send((Instant::now(), line));
-            }
-        });
-        let stderr = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = err.read_to_string(&mut text);
-            text
-        });
-        Self {
-            child,
-            lines,
-            stdout: Vec::new(),
-            stderr,
-        }
-    }
-
-    /// Waits for a stdout line containing `needle` (or finds it among those read); when it
-    /// came.
-    fn wait_for(&mut self, needle: &str) -> Instant {
-        if let Some((at, _)) = self.stdout.iter().find(|(_, l)| l.contains(needle)) {
-            return *at;
-        }
-        let deadline = Instant::now() + RUN_LIMIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok((at, line)) => {
-                    let found = line.contains(needle);
-                    self.stdout.push((at, line));
-                    if found {
-                        return at;
-                    }
-                }
-                Err(_) => {
-                    let _ = self.child.kill();
-                    let printed: Vec<&str> = self.stdout.iter().map(|(_, l)| l.as_str()).collect();
-                    panic!(
-                        "no line with `{needle}` on stdout; it printed:\n{}",
-                        printed.join("\n")
-                    );
-                }
-            }
-        }
-    }
-
-    /// Waits for the end: whether it exited with `code`, when, stdout and stderr.
-    fn finish(mut self) -> (Option<i32>, Instant, String, String) {
-        let deadline = Instant::now() + RUN_LIMIT;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("the run did not end within {RUN_LIMIT:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let ended = Instant::now();
-        let mut stdout: Vec<String> = std::mem::take(&mut self.stdout)
-            .into_iter()
-            .map(|(_, line)| line)
-            .collect();
-        stdout.extend(self.lines.iter().map(|(_, line)| line));
-        let stderr = self.stderr.join().expect("stderr reader");
-        (status.code(), ended, stdout.join("\n"), stderr)
-    }
 }
 
 /// A Python script of this test's own.
@@ -156,11 +70,18 @@ fn a_hung_torch_rank_is_stopped_with_every_ranks_stacks() {
         .args(["--hang-timeout", "20s", "--"])
         .arg(&python)
         .arg(script("hang.py"));
-    let mut run = Running::start(command);
+    let mut run = Running::start(&mut command);
     // Both ranks are past init_process_group: rank 1 sleeps, rank 0 waits in all_reduce.
-    run.wait_for("rank 0 ready");
-    let ready = run.wait_for("rank 1 ready");
-    let (code, ended, stdout, stderr) = run.finish();
+    run.expect_line("rank 0 ready", RUN_LIMIT);
+    let ready = run.expect_line("rank 1 ready", RUN_LIMIT);
+    let Ended {
+        status,
+        at: ended,
+        stdout,
+        stderr,
+        ..
+    } = run.finish(RUN_LIMIT);
+    let code = status.code();
     assert_eq!(code, Some(1), "{stdout}\n{stderr}");
     let took = ended.duration_since(ready);
     // 20 s, then both ranks' stacks (py-spy, slow on a loaded machine) and the stop.
@@ -235,9 +156,16 @@ fn a_hung_shell_command_shows_process_state_and_wait_channel() {
         "-c",
         "echo up; sleep 600; echo never",
     ]);
-    let mut run = Running::start(command);
-    let up = run.wait_for("up");
-    let (code, ended, stdout, stderr) = run.finish();
+    let mut run = Running::start(&mut command);
+    let up = run.expect_line("up", RUN_LIMIT);
+    let Ended {
+        status,
+        at: ended,
+        stdout,
+        stderr,
+        ..
+    } = run.finish(RUN_LIMIT);
+    let code = status.code();
     assert_eq!(code, Some(1), "{stdout}\n{stderr}");
     assert!(
         ended.duration_since(up) < Duration::from_secs(5),
@@ -279,8 +207,8 @@ fn bad_batch(
         .arg(&python)
         .arg(script("bad_batch.py"))
         .args(extra);
-    let (code, _, stdout, stderr) = Running::start(command).finish();
-    (code, stdout, stderr)
+    let ended = Running::start(&mut command).finish(RUN_LIMIT);
+    (ended.code(), ended.stdout, ended.stderr)
 }
 
 #[test]
@@ -418,11 +346,17 @@ fn sigquit_prints_a_healthy_runs_stacks_and_the_run_completes() {
     let sandbox = Sandbox::new("sigquit");
     let mut command = trainyard(&sandbox, "sigquit");
     command.arg("--").arg(&python).arg(script("healthy.py"));
-    let mut run = Running::start(command);
-    run.wait_for("rank 0 step 3");
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.child.id()).unwrap());
+    let mut run = Running::start(&mut command);
+    run.expect_line("rank 0 step 3", RUN_LIMIT);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGQUIT).expect("SIGQUIT is sent");
-    let (code, _, stdout, stderr) = run.finish();
+    let Ended {
+        status,
+        stdout,
+        stderr,
+        ..
+    } = run.finish(RUN_LIMIT);
+    let code = status.code();
     assert_eq!(code, Some(0), "the run completes:\n{stdout}\n{stderr}");
     assert!(
         stderr.contains("every rank's stacks (SIGQUIT; the run goes on):"),
@@ -450,7 +384,13 @@ fn every_rank_has_a_log_file_and_ranks_filters_only_the_console() {
         "-c",
         "echo out of $TRAINYARD_WORLD_RANK; echo err of $TRAINYARD_WORLD_RANK >&2",
     ]);
-    let (code, _, stdout, stderr) = Running::start(command).finish();
+    let Ended {
+        status,
+        stdout,
+        stderr,
+        ..
+    } = Running::start(&mut command).finish(RUN_LIMIT);
+    let code = status.code();
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(stdout.contains(") out of 1"), "{stdout}");
     assert!(stderr.contains(") err of 1"), "{stderr}");
@@ -471,7 +411,8 @@ fn every_rank_has_a_log_file_and_ranks_filters_only_the_console() {
         .args(["--backend", "none", "--log-dir"])
         .arg(&elsewhere)
         .args(["--", "sh", "-c", "echo hi from $TRAINYARD_WORLD_RANK"]);
-    let (code, _, _, stderr) = Running::start(command).finish();
+    let Ended { status, stderr, .. } = Running::start(&mut command).finish(RUN_LIMIT);
+    let code = status.code();
     assert_eq!(code, Some(0), "{stderr}");
     let text = std::fs::read_to_string(elsewhere.join("attempt_0/rank_1.log")).unwrap();
     assert!(text.contains(" stdout hi from 1"), "{text}");

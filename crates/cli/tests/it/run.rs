@@ -3,9 +3,8 @@
 //! each test checks afterwards that no process with that marker is left; every run reserves
 //! through a ledger of its test's own ([`Sandbox`]).
 
-use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -13,6 +12,7 @@ use nix::unistd::Pid;
 
 use common::{MARKER, Sandbox, json_events, left_behind, marked, report_steps, wait_bounded};
 use trainyard_test_support::processes as common;
+use trainyard_test_support::running::Running;
 
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_trainyard"))
@@ -273,34 +273,22 @@ fn a_request_no_node_can_hold_fails_at_once_with_exit_3() {
 }
 
 /// Starts a run whose ranks print `started` and then sleep, and waits for both lines.
-fn start_sleeping_run(sandbox: &Sandbox) -> (Child, Vec<u32>) {
-    let mut child = run_command(
+fn start_sleeping_run(sandbox: &Sandbox) -> (Running, Vec<u32>) {
+    let mut run = Running::start(&mut run_command(
         sandbox,
         &["-n", "2", "-r", "CPU=0.5"],
         &["sh", "-c", "echo started; exec sleep 120"],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("trainyard starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut seen = 0;
+    ));
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = 0;
     while seen < 2 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) if line.ends_with(" started") => seen += 1,
-            Ok(_) => {}
-            Err(_) => {
-                let _ = child.kill();
-                panic!("the workers did not start within a minute");
-            }
+        match run.next_line(deadline.saturating_duration_since(Instant::now())) {
+            Some((_, line)) if line.ends_with(" started") => seen += 1,
+            Some(_) => {}
+            None => panic!(
+                "the workers did not start within a minute:\n{}",
+                run.stdout()
+            ),
         }
     }
     // A task may be between `sh` and `exec sleep` for a moment; look again until all four
@@ -312,19 +300,19 @@ fn start_sleeping_run(sandbox: &Sandbox) -> (Child, Vec<u32>) {
         workers = marked(sandbox.mark());
     }
     assert!(workers.len() >= 4, "two agents and two tasks: {workers:?}");
-    (child, workers)
+    (run, workers)
 }
 
 #[test]
 fn sigint_and_sigterm_stop_the_workers_and_exit_130() {
     for signal in [Signal::SIGINT, Signal::SIGTERM] {
         let sandbox = Sandbox::new("interrupt");
-        let (child, _) = start_sleeping_run(&sandbox);
-        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        let (run, _) = start_sleeping_run(&sandbox);
+        let pid = Pid::from_raw(i32::try_from(run.id()).expect("pid"));
         let sent = Instant::now();
         kill(pid, signal).expect("signal the driver");
-        let out = wait_bounded(child, Duration::from_secs(30));
-        assert_eq!(out.status.code(), Some(130), "{signal}");
+        let ended = run.finish(Duration::from_secs(30));
+        assert_eq!(ended.code(), Some(130), "{signal}: {}", ended.all());
         assert!(
             sent.elapsed() < Duration::from_secs(10),
             "{signal}: stopping took {:?}",
@@ -337,9 +325,8 @@ fn sigint_and_sigterm_stop_the_workers_and_exit_130() {
 #[test]
 fn the_workers_die_with_a_driver_killed_by_sigkill() {
     let sandbox = Sandbox::new("sigkill");
-    let (mut child, _) = start_sleeping_run(&sandbox);
-    child.kill().expect("SIGKILL the driver");
-    let _ = child.wait();
+    let (mut run, _) = start_sleeping_run(&sandbox);
+    run.kill();
     assert_nothing_left(&sandbox, Duration::from_secs(5));
 }
 

@@ -9,6 +9,10 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{MARKER, left_behind};
+use trainyard_test_support::running::Running;
+
+/// How long one run may take before the test kills it.
+const RUN_LIMIT: Duration = Duration::from_secs(240);
 
 fn trainyard(name: &str, storage: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_trainyard"));
@@ -25,81 +29,6 @@ fn trainyard(name: &str, storage: &str) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     command
-}
-
-/// A running `trainyard` (killed if the test ends first), its stdout line by line as it
-/// comes, and what was read of it so far.
-struct Running {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Running {
-    fn start(command: &mut Command) -> Self {
-        use std::io::BufRead as _;
-
-        let mut child = command.spawn().expect("trainyard starts");
-        let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
-        let stdout = child.stdout.take().expect("piped");
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-            {
-                let _ = lines_tx.send(line);
-            }
-        });
-        Self {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Whether a line containing `needle` came, or comes within `within`.
-    fn wait_for(&mut self, needle: &str, within: Duration) -> bool {
-        if self.seen.iter().any(|line| line.contains(needle)) {
-            return true;
-        }
-        let deadline = Instant::now() + within;
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    let found = line.contains(needle);
-                    self.seen.push(line);
-                    if found {
-                        return true;
-                    }
-                }
-                Err(_) => return false,
-            }
-        }
-        false
-    }
-
-    /// The run's exit status once it ends, and all it printed: stdout, then stderr.
-    fn finish(mut self) -> (std::process::ExitStatus, String) {
-        let status = self.child.wait().expect("trainyard ends");
-        let mut stderr = String::new();
-        if let Some(mut err) = self.child.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
-        }
-        // The rest of stdout: all of it once the reader meets its end.
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(10)) {
-            self.seen.push(line);
-        }
-        (status, format!("{}\n{stderr}", self.seen.join("\n")))
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 /// Sends `signal` to the S3 server: `SIGSTOP` makes it stop answering, `SIGCONT` answer
@@ -288,28 +217,32 @@ for step in range(3):
     );
     let signal = |signal| signal_server(&server, signal);
     assert!(
-        run.wait_for("ready", Duration::from_secs(60)),
-        "{:?}",
-        run.seen
+        run.wait_for("ready", Duration::from_secs(60)).is_some(),
+        "{}",
+        run.stdout()
     );
     // The storage stops answering: the hand-ins are taken, not persisted.
     signal(nix::sys::signal::Signal::SIGSTOP);
     std::fs::write(&go, b"").expect("the script is told to go");
-    let two = run.wait_for("returned 1", Duration::from_secs(20));
-    let third_waited = two && !run.wait_for("returned 2", Duration::from_secs(3));
+    let two = run
+        .wait_for("returned 1", Duration::from_secs(20))
+        .is_some();
+    let third_waited = two && run.wait_for("returned 2", Duration::from_secs(3)).is_none();
     signal(nix::sys::signal::Signal::SIGCONT);
     assert!(
         two,
-        "two ASYNC reports return while the storage is stopped: {:?}",
-        run.seen
+        "two ASYNC reports return while the storage is stopped: {}",
+        run.stdout()
     );
-    assert!(third_waited, "the third waits for room: {:?}", run.seen);
+    assert!(third_waited, "the third waits for room: {}", run.stdout());
     assert!(
-        run.wait_for("returned 2", Duration::from_secs(60)),
-        "and returns once the storage answers again: {:?}",
-        run.seen
+        run.wait_for("returned 2", Duration::from_secs(60))
+            .is_some(),
+        "and returns once the storage answers again: {}",
+        run.stdout()
     );
-    let (status, all) = run.finish();
+    let ended = run.finish(RUN_LIMIT);
+    let (status, all) = (ended.status, ended.all());
     assert!(status.success(), "{all}");
     assert!(
         all.contains("checkpoint committed: s3://slow/runs/slow-s3/checkpoint_000003"),
@@ -417,19 +350,23 @@ time.sleep(300)
     );
     let signal = |signal| signal_server(&server, signal);
     assert!(
-        run.wait_for("persisted 1", Duration::from_secs(60)),
-        "rank 1 persists its part: {:?}",
-        run.seen
+        run.wait_for("persisted 1", Duration::from_secs(60))
+            .is_some(),
+        "rank 1 persists its part: {}",
+        run.stdout()
     );
     signal(nix::sys::signal::Signal::SIGSTOP);
     std::fs::write(&go, b"").expect("rank 0 is told to go");
-    let handed_in = run.wait_for("handed in 0", Duration::from_secs(20));
+    let handed_in = run
+        .wait_for("handed in 0", Duration::from_secs(20))
+        .is_some();
     // Longer than the stop's grace and the 10 s after it that a stopped task's end was once
     // given: the survivor's agent must go on waiting for its part.
     std::thread::sleep(Duration::from_secs(20));
     signal(nix::sys::signal::Signal::SIGCONT);
-    assert!(handed_in, "rank 0's hand-in is taken: {:?}", run.seen);
-    let (status, all) = run.finish();
+    assert!(handed_in, "rank 0's hand-in is taken: {}", run.stdout());
+    let ended = run.finish(RUN_LIMIT);
+    let (status, all) = (ended.status, ended.all());
     assert!(status.success(), "{all}");
     for rank in 0..2 {
         assert!(
