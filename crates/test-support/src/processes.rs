@@ -282,25 +282,40 @@ pub fn torch_python() -> Option<PathBuf> {
     }
 }
 
-/// Waits for `child` to end, with its piped output; kills it and panics, showing what it
-/// printed, when it runs past `limit`.
+/// Waits for `child` to end, with its piped output (read while it runs, so that it is never
+/// held up by a full pipe); kills it and panics, showing what it printed, when it runs past
+/// `limit`.
 pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+    let stdout = child.stdout.take().map(crate::running::read_alongside);
+    let stderr = child.stderr.take().map(crate::running::read_alongside);
     let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
+    let (status, ended) = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break (status, true);
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            let output = child.wait_with_output().expect("output");
-            panic!(
-                "the process did not finish within {limit:?}; stdout: {} stderr: {}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            break (child.wait().expect("wait"), false);
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
+    };
+    // Output that something the process left holds open is given a little longer.
+    let until = Instant::now() + Duration::from_secs(10);
+    let gather = |reader: Option<std::thread::JoinHandle<Vec<u8>>>| {
+        reader.map_or_else(Vec::new, |r| crate::running::gathered(r, until))
+    };
+    let output = Output {
+        status,
+        stdout: gather(stdout),
+        stderr: gather(stderr),
+    };
+    assert!(
+        ended,
+        "the process did not finish within {limit:?}; stdout: {} stderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
 }
 
 /// A Python program (`python3 -c`) that writes to 512 MiB, and prints `survived` if it can.

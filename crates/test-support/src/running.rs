@@ -1,6 +1,6 @@
 //! [`Running`]: a process a test started and reads while it runs.
 
-use std::io::{BufRead as _, BufReader, Read as _};
+use std::io::{BufRead as _, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::thread::JoinHandle;
@@ -18,7 +18,7 @@ pub struct Running {
     child: Child,
     lines: Receiver<(Instant, String)>,
     seen: Vec<(Instant, String)>,
-    stderr: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<Vec<u8>>>,
 }
 
 /// How a [`Running`] process ended: its status, when it was seen to end, and what it printed.
@@ -59,7 +59,7 @@ impl Running {
             .spawn()
             .expect("the process starts");
         let stdout = child.stdout.take().expect("stdout is piped");
-        let mut stderr = child.stderr.take().expect("stderr is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
         let (sender, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -68,11 +68,7 @@ impl Running {
                 }
             }
         });
-        let stderr = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = stderr.read_to_string(&mut text);
-            text
-        });
+        let stderr = read_alongside(stderr);
         Self {
             child,
             lines,
@@ -169,14 +165,7 @@ impl Running {
             }
         }
         let stderr = self.stderr.take().map_or_else(String::new, |reader| {
-            while !reader.is_finished() && Instant::now() < drained {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if reader.is_finished() {
-                reader.join().unwrap_or_default()
-            } else {
-                String::from("(stderr still held open by something the process left)")
-            }
+            String::from_utf8_lossy(&gathered(reader, drained)).into_owned()
         });
         Ended {
             status,
@@ -191,5 +180,27 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Reads `pipe` to its end on a thread of its own.
+pub(crate) fn read_alongside(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    })
+}
+
+/// What `reader` ([`read_alongside`]) read, once its pipe has ended, or by `until` (then what
+/// holds the pipe open is named instead).
+pub(crate) fn gathered(reader: JoinHandle<Vec<u8>>, until: Instant) -> Vec<u8> {
+    while !reader.is_finished() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if reader.is_finished() {
+        reader.join().unwrap_or_default()
+    } else {
+        b"(the output is still held open by something the process left)".to_vec()
     }
 }
