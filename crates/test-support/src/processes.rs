@@ -285,7 +285,22 @@ pub fn torch_python() -> Option<PathBuf> {
 /// Waits for `child` to end, with its piped output (read while it runs, so that it is never
 /// held up by a full pipe); kills it and panics, showing what it printed, when it runs past
 /// `limit`.
-pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+pub fn wait_bounded(child: Child, limit: Duration) -> Output {
+    wait_within(child, limit).unwrap_or_else(|output| {
+        panic!(
+            "the process did not finish within {limit:?}; stdout: {} stderr: {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+/// [`wait_bounded`], where running past `limit` is the `Err` (with what the process printed
+/// before it was killed) rather than a panic.
+///
+/// # Panics
+/// When the child's status cannot be read.
+pub fn wait_within(mut child: Child, limit: Duration) -> Result<Output, Output> {
     let stdout = child.stdout.take().map(crate::running::read_alongside);
     let stderr = child.stderr.take().map(crate::running::read_alongside);
     let deadline = Instant::now() + limit;
@@ -301,21 +316,15 @@ pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
     };
     // Output that something the process left holds open is given a little longer.
     let until = Instant::now() + Duration::from_secs(10);
-    let gather = |reader: Option<std::thread::JoinHandle<Vec<u8>>>| {
-        reader.map_or_else(Vec::new, |r| crate::running::gathered(r, until))
+    let gather = |reader: Option<crate::running::Alongside>| {
+        reader.map_or_else(Vec::new, |reader| reader.gathered(until))
     };
     let output = Output {
         status,
         stdout: gather(stdout),
         stderr: gather(stderr),
     };
-    assert!(
-        ended,
-        "the process did not finish within {limit:?}; stdout: {} stderr: {}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+    if ended { Ok(output) } else { Err(output) }
 }
 
 /// A Python program (`python3 -c`) that writes to 512 MiB, and prints `survived` if it can.

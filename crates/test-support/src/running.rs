@@ -3,6 +3,7 @@
 use std::io::{BufRead as _, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ pub struct Running {
     child: Child,
     lines: Receiver<(Instant, String)>,
     seen: Vec<(Instant, String)>,
-    stderr: Option<JoinHandle<Vec<u8>>>,
+    stderr: Option<Alongside>,
 }
 
 /// How a [`Running`] process ended: its status, when it was seen to end, and what it printed.
@@ -116,8 +117,9 @@ impl Running {
             None => {
                 self.kill();
                 panic!(
-                    "no line with `{needle}` on stdout within {within:?}; it printed:\n{}",
-                    self.stdout()
+                    "no line with `{needle}` on stdout within {within:?}; it printed:\n{}\nstderr:\n{}",
+                    self.stdout(),
+                    self.stderr_by(Instant::now() + Duration::from_secs(5))
                 );
             }
         }
@@ -128,6 +130,13 @@ impl Running {
     pub fn stdout(&self) -> String {
         let lines: Vec<&str> = self.seen.iter().map(|(_, line)| line.as_str()).collect();
         lines.join("\n")
+    }
+
+    /// Its stderr (once, taken): all of it once the pipe has ended, else what came by `until`.
+    fn stderr_by(&mut self, until: Instant) -> String {
+        self.stderr.take().map_or_else(String::new, |reader| {
+            String::from_utf8_lossy(&reader.gathered(until)).into_owned()
+        })
     }
 
     /// Kills the process (SIGKILL) and reaps it, if it still runs.
@@ -151,8 +160,9 @@ impl Running {
             if Instant::now() > deadline {
                 self.kill();
                 panic!(
-                    "the process did not end within {within:?}; stdout:\n{}",
-                    self.stdout()
+                    "the process did not end within {within:?}; stdout:\n{}\nstderr:\n{}",
+                    self.stdout(),
+                    self.stderr_by(Instant::now() + Duration::from_secs(5))
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -164,9 +174,7 @@ impl Running {
                 break;
             }
         }
-        let stderr = self.stderr.take().map_or_else(String::new, |reader| {
-            String::from_utf8_lossy(&gathered(reader, drained)).into_owned()
-        });
+        let stderr = self.stderr_by(drained);
         Ended {
             status,
             at,
@@ -183,24 +191,49 @@ impl Drop for Running {
     }
 }
 
-/// Reads `pipe` to its end on a thread of its own.
-pub(crate) fn read_alongside(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = pipe.read_to_end(&mut bytes);
-        bytes
-    })
+/// A pipe read to its end on a thread of its own ([`read_alongside`]).
+#[derive(Debug)]
+pub(crate) struct Alongside {
+    read: Arc<Mutex<Vec<u8>>>,
+    thread: JoinHandle<()>,
 }
 
-/// What `reader` ([`read_alongside`]) read, once its pipe has ended, or by `until` (then what
-/// holds the pipe open is named instead).
-pub(crate) fn gathered(reader: JoinHandle<Vec<u8>>, until: Instant) -> Vec<u8> {
-    while !reader.is_finished() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    if reader.is_finished() {
-        reader.join().unwrap_or_default()
-    } else {
-        b"(the output is still held open by something the process left)".to_vec()
+/// Reads `pipe` to its end on a thread of its own.
+pub(crate) fn read_alongside(mut pipe: impl Read + Send + 'static) -> Alongside {
+    let read = Arc::new(Mutex::new(Vec::new()));
+    let into = Arc::clone(&read);
+    let thread = std::thread::spawn(move || {
+        let mut chunk = [0_u8; 8192];
+        loop {
+            match pipe.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => into
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .extend_from_slice(&chunk[..n]),
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    });
+    Alongside { read, thread }
+}
+
+impl Alongside {
+    /// What was read: all of it once the pipe has ended, or by `until` what came so far,
+    /// with a note that something the process left holds the pipe open.
+    pub(crate) fn gathered(self, until: Instant) -> Vec<u8> {
+        while !self.thread.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let ended = self.thread.is_finished();
+        let mut bytes =
+            std::mem::take(&mut *self.read.lock().unwrap_or_else(PoisonError::into_inner));
+        if !ended {
+            bytes.extend_from_slice(
+                b"\n(the output is still held open by something the process left)",
+            );
+        }
+        bytes
     }
 }

@@ -4,10 +4,10 @@
 //! panics, and leaves no process behind.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{MARKER, Sandbox, left_behind};
+use common::{MARKER, Sandbox, left_behind, wait_within};
 use trainyard_test_support::processes as common;
 
 /// Bad input.
@@ -345,20 +345,6 @@ fn cases(dir: &Path) -> Vec<Case> {
     ]
 }
 
-fn wait_bounded(mut child: Child, limit: Duration) -> Result<Output, Output> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return Ok(child.wait_with_output().expect("output"));
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            return Err(child.wait_with_output().expect("output"));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// What is wrong with how the binary handled `case`, if anything.
 fn check(index: usize, case: &Case) -> Option<String> {
     let sandbox = Sandbox::new(&format!("bad-input-{index}"));
@@ -380,7 +366,7 @@ fn check(index: usize, case: &Case) -> Option<String> {
         .stderr(Stdio::piped());
     let started = Instant::now();
     let child = command.spawn().expect("trainyard starts");
-    let output = wait_bounded(child, KILL_AFTER);
+    let output = wait_within(child, KILL_AFTER);
     let took = started.elapsed();
     let mut problems = Vec::new();
     let output = output.unwrap_or_else(|output| {
@@ -499,7 +485,7 @@ fn refusal(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, Str
         .stderr(Stdio::piped())
         .spawn()
         .expect("trainyard starts");
-    let output = wait_bounded(child, Duration::from_secs(60)).expect("trainyard exits");
+    let output = wait_within(child, Duration::from_secs(60)).expect("trainyard exits");
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     let left = left_behind(sandbox.mark(), CLEANUP);
     assert!(left.is_empty(), "processes left behind: {left:?}");

@@ -77,7 +77,7 @@ fn an_elastic_run_starts_with_what_is_free_and_grows_from_its_checkpoint_when_ro
         "the other run ends well: {}",
         other.stderr
     );
-    let room = Instant::now();
+    let room = other.at;
 
     // Everything else the elastic run prints, to its end.
     let elastic = elastic.finish(LIMIT);
