@@ -3,11 +3,11 @@ each Python task of the run's workers as a fork of itself, so that a restarted r
 pay for starting Python and importing them again.
 
 Started by the local runtime as ``python WARM_PY SOCKET MODULE...`` (this file, copied beside
-SOCKET) with its secret as the
-first line of its stdin; it listens on the Unix socket SOCKET (in a directory only its user can
-enter) before it imports anything, and ends when its stdin closes (the driver is gone),
-killing the tasks it started. Should a module fail to import, every task is refused with
-the reason.
+SOCKET) with its secret as the first line of its stdin; it listens on the Unix socket SOCKET
+(in a directory only its user can enter) once it has imported MODULES, so that an agent that
+finds no socket knows the imports are not done (and starts its task cold once it has waited
+long enough), and ends when its stdin closes (the driver is gone), killing the tasks it
+started. Should a module fail to import, every task is refused with the reason.
 
 One connection per task, from the task's agent:
 
@@ -488,9 +488,6 @@ def main():
     if len(sys.argv) < 2:
         _fail("no socket to listen on")
     path, modules = sys.argv[1], sys.argv[2:]
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(128)
     token = sys.stdin.readline().strip()
     if not token:
         _fail("no token on stdin")
@@ -512,6 +509,11 @@ def main():
     import gc
 
     gc.freeze()
+    # The socket appears listening: an agent that finds it and is refused knows this ended.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".binding")
+    listener.listen(128)
+    os.rename(path + ".binding", path)
     started = serve(token, listener, base_path, refusal)
     if started is None:
         return

@@ -29,9 +29,12 @@ use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::net::unix::pipe;
 use trainyard_wire::config::{MemoryLimit, WarmPython};
 
-/// How long the warm Python may take to set a task up. Its first task also waits for it to
-/// import the run's modules, which it began as the run started.
-const START_PATIENCE: Duration = Duration::from_secs(45);
+/// How long the warm Python may take to set a task up once it has taken the request.
+const START_PATIENCE: Duration = Duration::from_secs(20);
+
+// A task's start waits for both at most, within the driver's default patience for a call
+// (60 s: trainyard-hub's `DEFAULT_CALL_TIMEOUT`).
+const _: () = assert!(IMPORT_PATIENCE.as_secs() + START_PATIENCE.as_secs() < 60);
 
 /// `warm`, when it starts the task of `program` (as found on the task's `PATH`): a task of
 /// its very interpreter, in a worker with a cgroup (`memory`'s), through which what the
@@ -156,7 +159,8 @@ const LEADER_CHECK: Duration = Duration::from_secs(1);
 /// Why a task did not start from the warm Python.
 #[derive(Debug)]
 pub(crate) enum NotStarted {
-    /// The warm Python is not there to ask (it ended): the task may start cold.
+    /// The warm Python is not there to ask (it ended, or is still importing the run's
+    /// modules after [`IMPORT_PATIENCE`]): the task may start cold.
     Unreachable(String),
     /// It was asked and refused, or could not set the task up.
     Refused(String),
@@ -181,8 +185,8 @@ pub(crate) async fn start(
     env: &BTreeMap<String, String>,
     memory: Option<&MemoryLimit>,
 ) -> Result<WarmTask, NotStarted> {
-    let socket = warm.socket.clone();
-    let stream = tokio::task::spawn_blocking(move || connect(&socket))
+    let owner = warm.clone();
+    let stream = tokio::task::spawn_blocking(move || connect(&owner))
         .await
         .map_err(|e| NotStarted::Unreachable(e.to_string()))?
         .map_err(NotStarted::Unreachable)?;
@@ -290,34 +294,42 @@ async fn ask(
     }
 }
 
-/// Connects to the warm Python's socket, which it binds as it starts: an agent can ask
-/// before the socket is there, up to [`LISTEN_PATIENCE`], or between its bind and its
-/// listen (a moment); a socket nobody listens on beyond that is a warm Python that ended.
-fn connect(socket: &std::path::Path) -> Result<UnixStream, String> {
+/// Connects to `warm`'s socket, which appears, listening already, once it has imported the
+/// run's modules: an agent waits for it while the warm Python lives, up to
+/// [`IMPORT_PATIENCE`] (then its task starts cold rather than fail on a slow import). A
+/// socket nobody listens on is a warm Python that ended.
+fn connect(warm: &WarmPython) -> Result<UnixStream, String> {
     let started = std::time::Instant::now();
+    let alive = || warm.pid == 0 || trainyard_sys::procfs::is_alive(warm.pid, warm.start_time);
     loop {
-        let waited = started.elapsed();
-        match UnixStream::connect(socket) {
+        match UnixStream::connect(&warm.socket) {
             Ok(stream) => return Ok(stream),
-            Err(error)
-                if (error.kind() == std::io::ErrorKind::NotFound && waited < LISTEN_PATIENCE)
-                    || (error.kind() == std::io::ErrorKind::ConnectionRefused
-                        && waited < Duration::from_millis(200)) =>
-            {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                if !alive() {
+                    return Err("the warm Python ended before it had imported its modules".into());
+                }
+                if started.elapsed() >= IMPORT_PATIENCE {
+                    return Err(format!(
+                        "the warm Python had not imported its modules after {} s",
+                        IMPORT_PATIENCE.as_secs()
+                    ));
+                }
                 std::thread::sleep(Duration::from_millis(10));
             }
             Err(error) => {
                 return Err(format!(
                     "cannot reach the warm Python at {}: {error}",
-                    socket.display()
+                    warm.socket.display()
                 ));
             }
         }
     }
 }
 
-/// How long the warm Python may take to listen once the run started it.
-const LISTEN_PATIENCE: Duration = Duration::from_secs(10);
+/// How long an agent waits for the warm Python to have imported the run's modules (it
+/// listens once it has): past it the rank starts cold (importing for itself) instead of
+/// failing on a slow file system.
+const IMPORT_PATIENCE: Duration = Duration::from_secs(30);
 
 /// A pipe whose read end is non-blocking (for tokio), both ends closed on exec.
 fn pipe_pair() -> Result<(OwnedFd, OwnedFd), String> {

@@ -42,7 +42,7 @@ pub(crate) struct WarmZygote {
 }
 
 impl WarmZygote {
-    /// Starts the warm Python of `spec`; it listens at once and imports in the background.
+    /// Starts the warm Python of `spec`; it imports in the background, then listens.
     pub(crate) fn start(spec: &WarmPythonSpec) -> Result<Self, LocalError> {
         let failed = |error: std::io::Error| LocalError::WarmPython {
             python: spec.python.clone(),
@@ -75,11 +75,18 @@ impl WarmZygote {
             let _ = child.wait();
             return Err(failed(error));
         }
+        let pid = child.id();
+        let start_time = trainyard_sys::procfs::read_stat(pid)
+            .ok()
+            .flatten()
+            .and_then(|stat| stat.start_time);
         Ok(Self {
             agent: WarmPython {
                 python: spec.python.clone(),
                 socket,
                 token,
+                pid,
+                start_time,
             },
             process: Mutex::new(Some((child, stdin))),
             _dir: dir,

@@ -154,6 +154,12 @@ pub struct WarmPython {
     pub socket: PathBuf,
     /// What a request must carry, as hex: the socket's own secret, not the run's token.
     pub token: String,
+    /// Its process id and start time (clock ticks after boot, as `/proc/PID/stat` has it),
+    /// by which an agent waiting for it to listen sees it end; 0 when unknown.
+    #[serde(default)]
+    pub pid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<u64>,
 }
 
 /// The default of [`AgentConfig::heartbeat_ms`].

@@ -11,8 +11,14 @@ use common::{MARKER, Sandbox, left_behind, root, torch_python, wait_bounded};
 use trainyard_test_support::processes as common;
 
 fn run(sandbox: &Sandbox, args: &[&str], program: &[&str]) -> Output {
+    run_with(sandbox, &[], args, program)
+}
+
+/// [`run`] with `env` in the driver's environment too (the warm Python's).
+fn run_with(sandbox: &Sandbox, env: &[(&str, &Path)], args: &[&str], program: &[&str]) -> Output {
     let child = Command::new(env!("CARGO_BIN_EXE_trainyard"))
         .current_dir(root())
+        .envs(env.iter().copied())
         .arg("run")
         .args(args)
         .arg("--")
@@ -267,6 +273,88 @@ fn a_warm_rank_ends_as_a_cold_one_unbuffered_with_u_and_by_sigint_after_its_exit
             "warm {warm}: {stderr}"
         );
     }
+    assert_nothing_left(&sandbox);
+}
+
+#[test]
+fn a_rank_starts_cold_when_the_warm_python_is_still_importing_after_the_patience() {
+    let sandbox = Sandbox::new("warm-slow-import");
+    let modules = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(
+        modules.path().join("slow_to_import.py"),
+        "import time\ntime.sleep(120)\n",
+    )
+    .expect("write the module");
+    let out = run_with(
+        &sandbox,
+        &[("PYTHONPATH", modules.path())],
+        &[
+            "-n",
+            "1",
+            "-r",
+            "CPU=0.5",
+            "--warm-python",
+            "slow_to_import",
+        ],
+        &[
+            "python3",
+            "-c",
+            "import sys\nprint(f'preloaded={\"slow_to_import\" in sys.modules}')",
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    if !forked_here(&stderr) {
+        return;
+    }
+    assert!(stdout.contains(") preloaded=False"), "{stdout}");
+    assert!(
+        stderr.contains(
+            "--warm-python: the warm Python had not imported its modules after 30 s; this rank starts cold"
+        ),
+        "{stderr}"
+    );
+    assert_nothing_left(&sandbox);
+}
+
+#[test]
+fn a_rank_starts_cold_at_once_when_the_warm_python_dies_while_importing() {
+    let sandbox = Sandbox::new("warm-dies-importing");
+    let modules = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(
+        modules.path().join("ends_its_importer.py"),
+        "import os\nos._exit(3)\n",
+    )
+    .expect("write the module");
+    let started = std::time::Instant::now();
+    let out = run_with(
+        &sandbox,
+        &[("PYTHONPATH", modules.path())],
+        &[
+            "-n",
+            "1",
+            "-r",
+            "CPU=0.5",
+            "--warm-python",
+            "ends_its_importer",
+        ],
+        &["python3", "-c", "print('ran')"],
+    );
+    let took = started.elapsed();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    if !forked_here(&stderr) {
+        return;
+    }
+    assert!(stdout.contains(") ran"), "{stdout}");
+    assert!(
+        stderr.contains(
+            "--warm-python: the warm Python ended before it had imported its modules; this rank starts cold"
+        ),
+        "{stderr}"
+    );
+    // Not after the patience for a slow import.
+    assert!(took < Duration::from_secs(20), "took {took:?}\n{stderr}");
     assert_nothing_left(&sandbox);
 }
 
