@@ -276,26 +276,26 @@ fn a_warm_rank_ends_as_a_cold_one_unbuffered_with_u_and_by_sigint_after_its_exit
     assert_nothing_left(&sandbox);
 }
 
+/// One rank running `program`, whose warm Python imports `module`, a module of this test's
+/// own with `source`.
+fn run_warm_with_module(sandbox: &Sandbox, module: &str, source: &str, program: &[&str]) -> Output {
+    let modules = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(modules.path().join(format!("{module}.py")), source).expect("write the module");
+    run_with(
+        sandbox,
+        &[("PYTHONPATH", modules.path())],
+        &["-n", "1", "-r", "CPU=0.5", "--warm-python", module],
+        program,
+    )
+}
+
 #[test]
 fn a_rank_starts_cold_when_the_warm_python_is_still_importing_after_the_patience() {
     let sandbox = Sandbox::new("warm-slow-import");
-    let modules = tempfile::tempdir().expect("a temporary directory");
-    std::fs::write(
-        modules.path().join("slow_to_import.py"),
-        "import time\ntime.sleep(120)\n",
-    )
-    .expect("write the module");
-    let out = run_with(
+    let out = run_warm_with_module(
         &sandbox,
-        &[("PYTHONPATH", modules.path())],
-        &[
-            "-n",
-            "1",
-            "-r",
-            "CPU=0.5",
-            "--warm-python",
-            "slow_to_import",
-        ],
+        "slow_to_import",
+        "import time\ntime.sleep(120)\n",
         &[
             "python3",
             "-c",
@@ -320,24 +320,11 @@ fn a_rank_starts_cold_when_the_warm_python_is_still_importing_after_the_patience
 #[test]
 fn a_rank_starts_cold_at_once_when_the_warm_python_dies_while_importing() {
     let sandbox = Sandbox::new("warm-dies-importing");
-    let modules = tempfile::tempdir().expect("a temporary directory");
-    std::fs::write(
-        modules.path().join("ends_its_importer.py"),
-        "import os\nos._exit(3)\n",
-    )
-    .expect("write the module");
     let started = std::time::Instant::now();
-    let out = run_with(
+    let out = run_warm_with_module(
         &sandbox,
-        &[("PYTHONPATH", modules.path())],
-        &[
-            "-n",
-            "1",
-            "-r",
-            "CPU=0.5",
-            "--warm-python",
-            "ends_its_importer",
-        ],
+        "ends_its_importer",
+        "import os\nos._exit(3)\n",
         &["python3", "-c", "print('ran')"],
     );
     let took = started.elapsed();
