@@ -4,7 +4,9 @@ pay for starting Python and importing them again.
 
 Started by the local runtime as ``python WARM_PY SOCKET MODULE...`` (this file, copied beside
 SOCKET) with its secret as the first line of its stdin; it listens on the Unix socket SOCKET
-(in a directory only its user can enter) once it has imported MODULES, so that an agent that
+(made under a umask of 077, in a folder of mode 0700 that the runtime made: only its user can enter it, whatever
+the umask; an agent also checks that the process listening is this one, by its credentials,
+before it sends anything) once it has imported MODULES, so that an agent that
 finds no socket knows the imports are not done (and starts its task cold once it has waited
 long enough), and ends when its stdin closes (the driver is gone), killing the tasks it
 started. Should a module fail to import, every task is refused with the reason.
@@ -511,7 +513,13 @@ def main():
     gc.freeze()
     # The socket appears listening: an agent that finds it and is refused knows this ended.
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path + ".binding")
+    # The socket file is this user's alone whatever the umask (its folder is too): no one
+    # else may connect to it. The umask is restored before any task is forked.
+    umask = os.umask(0o077)
+    try:
+        listener.bind(path + ".binding")
+    finally:
+        os.umask(umask)
     listener.listen(128)
     os.rename(path + ".binding", path)
     started = serve(token, listener, base_path, refusal)

@@ -178,7 +178,9 @@ impl std::fmt::Display for NotStarted {
 /// `memory`.
 ///
 /// # Errors
-/// Why the task was not started: [`NotStarted::Unreachable`] before anything was sent.
+/// Why the task was not started: [`NotStarted::Unreachable`] before anything was sent, or
+/// [`NotStarted::Refused`] (a socket that is not the warm Python's is refused before anything
+/// is sent to it).
 pub(crate) async fn start(
     warm: &WarmPython,
     argv: Vec<String>,
@@ -190,6 +192,7 @@ pub(crate) async fn start(
         .await
         .map_err(|e| NotStarted::Unreachable(e.to_string()))?
         .map_err(NotStarted::Unreachable)?;
+    let stream = trusted(warm, stream).map_err(NotStarted::Refused)?;
     ask(warm, stream, argv, env, memory)
         .await
         .map_err(NotStarted::Refused)
@@ -326,6 +329,42 @@ fn connect(warm: &WarmPython) -> Result<UnixStream, String> {
     }
 }
 
+/// `stream` when the process listening on it is `warm`'s own, proven by the credentials the
+/// kernel took when it listened (`SO_PEERCRED`): this user's, with the warm Python's pid (and
+/// that pid still the process started then). Its folder must be this user's alone, too.
+/// Anything else is someone else's socket in its place: nothing is sent to it, and the rank
+/// fails saying so rather than start cold as if nothing had happened.
+fn trusted(warm: &WarmPython, stream: UnixStream) -> Result<UnixStream, String> {
+    let refused = |why: String| {
+        format!(
+            "--warm-python: the socket {} is refused: {why}; nothing was sent to it",
+            warm.socket.display()
+        )
+    };
+    if let Some(folder) = warm.socket.parent() {
+        trainyard_sys::private::check_dir(folder).map_err(|e| refused(e.to_string()))?;
+    }
+    let peer = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| refused(format!("its peer's credentials cannot be read: {e}")))?;
+    let own = trainyard_sys::private::euid();
+    if peer.uid() != own {
+        return Err(refused(format!(
+            "it is served by uid {}, not this user (uid {own})",
+            peer.uid()
+        )));
+    }
+    let pid = u32::try_from(peer.pid()).unwrap_or_default();
+    if warm.pid != 0
+        && (pid != warm.pid || !trainyard_sys::procfs::is_alive(warm.pid, warm.start_time))
+    {
+        return Err(refused(format!(
+            "it is served by pid {pid}, not the warm Python (pid {})",
+            warm.pid
+        )));
+    }
+    Ok(stream)
+}
+
 /// How long an agent waits for the warm Python to have imported the run's modules (it
 /// listens once it has): past it the rank starts cold (importing for itself) instead of
 /// failing on a slow file system.
@@ -338,4 +377,55 @@ fn pipe_pair() -> Result<(OwnedFd, OwnedFd), String> {
     nix::fcntl::fcntl(&read, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
         .map_err(|e| format!("cannot make the task's output pipe: {e}"))?;
     Ok((read, write))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::net::UnixListener;
+
+    use super::*;
+
+    fn warm_at(socket: std::path::PathBuf, pid: u32) -> WarmPython {
+        WarmPython {
+            python: "python3".into(),
+            socket,
+            token: "secret".to_owned(),
+            pid,
+            start_time: None,
+        }
+    }
+
+    #[test]
+    fn a_socket_served_by_another_process_than_the_warm_python_is_refused() {
+        let dir = trainyard_sys::private::temp_dir("trainyard-warm-test-").expect("made");
+        let socket = dir.path().join("warm.sock");
+        let _listener = UnixListener::bind(&socket).expect("bound");
+        // Served by this process: the warm Python named is pid 1.
+        let stream = UnixStream::connect(&socket).expect("connected");
+        let error = trusted(&warm_at(socket.clone(), 1), stream).expect_err("refused");
+        assert!(
+            error.contains(&format!(
+                "served by pid {}, not the warm Python (pid 1)",
+                std::process::id()
+            )),
+            "{error}"
+        );
+        // This process as the warm Python: accepted.
+        let stream = UnixStream::connect(&socket).expect("connected");
+        trusted(&warm_at(socket, std::process::id()), stream).expect("its own");
+    }
+
+    #[test]
+    fn a_socket_in_a_folder_others_may_enter_is_refused() {
+        let dir = trainyard_sys::private::temp_dir("trainyard-warm-test-").expect("made");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+            .expect("chmod");
+        let socket = dir.path().join("warm.sock");
+        let _listener = UnixListener::bind(&socket).expect("bound");
+        let stream = UnixStream::connect(&socket).expect("connected");
+        let error = trusted(&warm_at(socket, std::process::id()), stream).expect_err("refused");
+        assert!(error.contains("mode 0777"), "{error}");
+        assert!(error.contains("nothing was sent to it"), "{error}");
+    }
 }

@@ -37,8 +37,8 @@ pub(crate) struct WarmZygote {
     pub(crate) agent: WarmPython,
     /// The process and the pipe it reads its secret from; its end is its stop.
     process: Mutex<Option<(Child, ChildStdin)>>,
-    /// The directory of its socket, only this user's.
-    _dir: tempfile::TempDir,
+    /// The folder of its socket: this user's alone (mode 0700).
+    _dir: trainyard_sys::private::TempDir,
 }
 
 impl WarmZygote {
@@ -48,13 +48,14 @@ impl WarmZygote {
             python: spec.python.clone(),
             error,
         };
-        let dir = tempfile::Builder::new()
-            .prefix("trainyard-warm-")
-            .tempdir()
-            .map_err(failed)?;
+        // Private (0700 whatever the umask): whoever could enter it could put a socket of
+        // their own in the warm Python's place and be handed its secret.
+        let dir = trainyard_sys::private::temp_dir("trainyard-warm-").map_err(failed)?;
         let socket = dir.path().join("warm.sock");
         let program = dir.path().join("warm.py");
-        std::fs::write(&program, SOURCE).map_err(failed)?;
+        trainyard_sys::private::create_new(&program)
+            .and_then(|mut file| file.write_all(SOURCE.as_bytes()))
+            .map_err(failed)?;
         let token = Token::random()
             .map_err(|e| failed(std::io::Error::other(e)))?
             .to_hex();

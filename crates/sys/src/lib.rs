@@ -13,8 +13,12 @@
 //! - [`spawn`]: a task's process set up between `fork` and `exec` (cgroup, address-space
 //!   limit, session, parent-death signal), and a helper forked from a single-threaded
 //!   process. The workspace's only `unsafe` code, in that one module.
+//! - [`private`]: the one place that makes temporary, socket, staging and download folders
+//!   and the files trainyard writes for the user: 0700 and 0600 whatever the umask, never
+//!   through a link, another user's refused.
 
 pub mod cgroup;
+pub mod private;
 pub mod process_group;
 pub mod procfs;
 pub mod spawn;

@@ -5,8 +5,9 @@
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
-use trainyard_test_support::processes::MARKER;
+use trainyard_test_support::processes::{MARKER, Sandbox, left_behind, wait_bounded};
 use trainyard_test_support::users::{User, two_users};
 
 /// `trainyard run` of `sh -c script` in run `name` of `storage`.
@@ -157,4 +158,152 @@ fn a_run_folder_others_could_write_to_or_a_link_in_it_is_refused() {
             .is_none(),
         "nothing was written through the link"
     );
+}
+
+/// Another user's side of the warm Python's socket: watches `SHARED` (the victim's temporary
+/// directory) for the warm Python's folder and, while it may enter it, keeps a socket of its
+/// own in the place of `warm.sock` (a hard link renamed over it, again and again); what a
+/// connection to it sends is written to `SHARED/stolen`. Ends after 60 s, or once it was sent
+/// something.
+const WARM_THIEF: &str = r#"
+import glob, os, socket, sys, time
+shared = sys.argv[1]
+server, bound_in = None, None
+deadline = time.time() + 60
+while time.time() < deadline:
+    for folder in glob.glob(os.path.join(shared, "trainyard-warm-*")):
+        try:
+            if server is None:
+                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                server.bind(os.path.join(folder, "thief.sock"))
+                server.listen(8)
+                server.settimeout(0.002)
+                bound_in = folder
+            if folder == bound_in:
+                os.link(os.path.join(folder, "thief.sock"), os.path.join(folder, "thief.link"))
+                os.rename(os.path.join(folder, "thief.link"), os.path.join(folder, "warm.sock"))
+        except OSError:
+            if bound_in is None and server is not None:
+                server.close()
+                server = None
+    if server is not None and bound_in is not None:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            pass
+        else:
+            conn.settimeout(5)
+            head, fds, _, _ = socket.recv_fds(conn, 4, 8)
+            length, body = int.from_bytes(head, "big"), b""
+            while len(body) < length:
+                chunk = conn.recv(length - len(body))
+                if not chunk:
+                    break
+                body += chunk
+            with open(os.path.join(shared, "stolen"), "wb") as out:
+                out.write(body)
+            token = b'"token"' in body
+            print(f"thief: got {len(body)} bytes (the token: {token}) and {len(fds)} descriptors", flush=True)
+            sys.exit(0)
+    time.sleep(0.002)
+print("thief: nothing", flush=True)
+"#;
+
+#[test]
+fn another_user_cannot_take_the_warm_pythons_place_whatever_the_victims_umask() {
+    let Some(users) = two_users() else {
+        return;
+    };
+    let sandbox = Sandbox::new("warm-thief");
+    // The victim's temporary directory is shared, as /tmp is; its umask lets anyone in.
+    let shared = shared_root();
+    // A module the warm Python takes 3 s to import: its socket is not there meanwhile, and
+    // an agent that finds one connects at once.
+    let modules = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        modules.path().join("slow_import.py"),
+        "import time\ntime.sleep(3)\n",
+    )
+    .expect("written");
+    let thief_script = shared.path().join("thief.py");
+    std::fs::write(&thief_script, WARM_THIEF).expect("written");
+    std::fs::set_permissions(&thief_script, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let thief = users
+        .second
+        .command(
+            "python3",
+            &[
+                thief_script.to_str().expect("UTF-8"),
+                shared.path().to_str().expect("UTF-8"),
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the thief starts");
+    let thief = KillOnDrop(thief);
+
+    let victim = Command::new("sh")
+        .args(["-c", "umask 000; exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_trainyard"))
+        .args(["run", "--backend", "none", "--warm-python", "slow_import"])
+        .args(["--", "python3", "-c", "print('the victim ran')"])
+        .envs(sandbox.env())
+        .env(MARKER, sandbox.mark())
+        .env("TMPDIR", shared.path())
+        .env("PYTHONPATH", modules.path())
+        .env("CI", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trainyard starts");
+    let out = wait_bounded(victim, Duration::from_secs(120));
+    let all = text(&out);
+    let thief = thief.finish();
+    if all.contains("has no cgroup to find what a forked rank leaves behind through") {
+        assert!(
+            std::env::var("CI").ok().as_deref() != Some("true"),
+            "under CI=true workers get cgroups, and ranks start warm: {all}"
+        );
+        eprintln!("SKIP: workers get no cgroup on this machine, so their ranks start cold");
+        return;
+    }
+    assert!(
+        !shared.path().join("stolen").exists(),
+        "another user was sent the warm Python's request: {thief}\n{all}"
+    );
+    assert!(out.status.success(), "{all}\n{thief}");
+    assert!(all.contains("the victim ran"), "{all}");
+    assert!(
+        !all.contains("starts cold"),
+        "the rank started from the warm Python: {all}"
+    );
+    let left = left_behind(sandbox.mark(), Duration::from_secs(5));
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
+
+/// A child process killed and reaped when dropped (a test that fails first leaves none).
+struct KillOnDrop(std::process::Child);
+
+impl KillOnDrop {
+    /// Kills it, and what it printed.
+    fn finish(mut self) -> String {
+        let _ = self.0.kill();
+        let mut said = String::new();
+        if let Some(mut out) = self.0.stdout.take() {
+            let _ = std::io::Read::read_to_string(&mut out, &mut said);
+        }
+        if let Some(mut err) = self.0.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut err, &mut said);
+        }
+        said
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
