@@ -24,12 +24,18 @@ venv_python() {
   [ "$status" -eq 0 ] && [ -x "$PY" ] || die "scripts/python-env.sh failed (exit $status)"
 }
 
-# venv_add CHECK PRINT PACKAGE SPEC: once the command CHECK succeeds, prints PRINT as the last
-# line on stdout and exits 0. Until then, installs the pip requirement SPEC into the venv of
-# $PY (set by venv_python), one install at a time (the lock .lock-PACKAGE in the cache, the
-# log pip-PACKAGE.log); a package registry that does not answer for PACKAGE is a SKIP (exit 3).
+# venv_add CHECK PRINT PACKAGE SPEC...: once the command CHECK succeeds, prints PRINT as the
+# last line on stdout and exits 0. Until then, installs the pip requirements SPEC... into the
+# venv of $PY (set by venv_python), one install at a time (the lock .lock-PACKAGE in the cache,
+# the log pip-PACKAGE.log); a package registry that does not answer for PACKAGE is a SKIP (exit
+# 3). The requirements in the array NO_DEPS, when the caller sets it, are installed first
+# without their dependencies: packages that require torch, whose resolution would otherwise
+# pull in the CUDA stack that python-env.sh leaves out on purpose (SPEC... then names what
+# they need besides torch).
 venv_add() {
-  local check="$1" print="$2" package="$3" spec="$4"
+  local check="$1" print="$2" package="$3"
+  shift 3
+  local specs=("$@")
   local flags=(--disable-pip-version-check -q)
   if "$check"; then
     printf '%s\n' "$print"
@@ -45,15 +51,22 @@ venv_add() {
     printf '%s\n' "$print"
     exit 0
   fi
-  log "installing ${spec} into $(dirname "$(dirname "$PY")")"
+  local no_deps=("${NO_DEPS[@]+"${NO_DEPS[@]}"}")
+  local all="${no_deps[*]+"${no_deps[*]} "}${specs[*]}"
+  log "installing ${all} into $(dirname "$(dirname "$PY")")"
   "$PY" -m pip index versions "$package" "${flags[@]}" --timeout 20 --retries 1 >/dev/null 2>&1 \
-    || skip "package registry unreachable: cannot install ${spec}"
+    || skip "package registry unreachable: cannot install ${all}"
   local log_file="${cache_dir}/pip-${package}.log"
-  if ! "$PY" -m pip install "${flags[@]}" "$spec" >"$log_file" 2>&1; then
+  : >"$log_file"
+  if { [ "${#no_deps[@]}" -eq 0 ] \
+       || "$PY" -m pip install "${flags[@]}" --no-deps "${no_deps[@]}" >>"$log_file" 2>&1; } \
+     && "$PY" -m pip install "${flags[@]}" "${specs[@]}" >>"$log_file" 2>&1; then
+    :
+  else
     cat "$log_file" >&2
-    die "pip install ${spec} failed"
+    die "pip install ${all} failed"
   fi
-  "$check" || die "${spec} installed but ${check} still fails (it does not import)"
-  log "${spec} ready: ${print}"
+  "$check" || die "${all} installed but ${check} still fails (it does not import)"
+  log "${all} ready: ${print}"
   printf '%s\n' "$print"
 }

@@ -16,6 +16,7 @@ end, so no process outlives it, and raises ``KeyboardInterrupt`` then.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -50,6 +51,31 @@ _EXIT_INTERRUPTED = 130
 _END_LIMIT = 30.0
 
 
+def _dumps(value: Any) -> bytes:
+    """``value`` cloudpickled, its functions' code keeping the file it was defined in.
+
+    cloudpickle (3.1 on) names every function it pickles by value ``<dynamic-code>``, so a
+    rank's traceback would not say ``train.py:42``; Ray's own copy of cloudpickle keeps
+    the file name, and so does this.
+    """
+    import io
+    import types
+    from collections import ChainMap
+
+    import cloudpickle
+
+    def reduce_code(code: types.CodeType) -> Any:
+        rebuild, args = cloudpickle.cloudpickle._code_reduce(code)
+        return rebuild, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+
+    class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+        dispatch_table = ChainMap({types.CodeType: reduce_code}, cloudpickle.Pickler.dispatch_table)
+
+    buffer = io.BytesIO()
+    Pickler(buffer).dump(value)
+    return buffer.getvalue()
+
+
 def _prepare(
     fit_dir: str,
     fn: Callable[..., Any],
@@ -59,10 +85,8 @@ def _prepare(
     use_gpu: bool,
     resume_from: Optional[Checkpoint],
 ) -> None:
-    import cloudpickle
-
     try:
-        loop = cloudpickle.dumps((fn, config))
+        loop = _dumps((fn, config))
     except Exception as error:
         raise TypeError(
             f"the loop function or its config cannot be pickled for the workers: {error}"
@@ -132,13 +156,42 @@ def _die_with_parent() -> None:
         pass
 
 
+_log = logging.getLogger("trainyard.train")
+
+
+def _flat_keys(metrics: Dict[str, Any], prefix: str = "") -> List[str]:
+    """The keys of ``metrics`` with nested ones as ``"a/b"``, as Ray flattens them."""
+    keys: List[str] = []
+    for key, value in metrics.items():
+        if isinstance(value, dict) and value:
+            keys += _flat_keys(value, f"{prefix}{key}/")
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+def _check_score(metrics: Dict[str, Any], attribute: Optional[str]) -> None:
+    """Logs Ray's error when a committed checkpoint's metrics lack the score attribute (the
+    checkpoint then ranks worst, so that among such checkpoints the newest are kept)."""
+    from trainyard.train._result import _lookup
+
+    if attribute and _lookup(metrics, attribute) is None:
+        _log.error(
+            "Result dict has no key: %s. checkpoint_score_attr must be set to a key in the "
+            "result dict. Valid keys are: %s",
+            attribute,
+            _flat_keys(metrics),
+        )
+
+
 class _Events:
     """What the run's events told, as they came."""
 
-    def __init__(self) -> None:
+    def __init__(self, score_attribute: Optional[str] = None) -> None:
         self.restart_count = 0
         self.committed: List[Dict[str, Any]] = []
         self.end: Optional[Dict[str, Any]] = None
+        self.score_attribute = score_attribute
 
     def take(self, event: Dict[str, Any]) -> None:
         kind = event.get("event")
@@ -159,7 +212,9 @@ class _Events:
         elif kind == "attempt_started":
             self.restart_count = int(event.get("restart_count", 0))
         elif kind == "checkpoint_committed":
-            self.committed.append(event.get("checkpoint") or {})
+            checkpoint = event.get("checkpoint") or {}
+            self.committed.append(checkpoint)
+            _check_score(dict(checkpoint.get("metrics") or {}), self.score_attribute)
         elif kind == "restarting":
             failure = event.get("failure") or {}
             print(
@@ -173,8 +228,9 @@ class _Events:
             self.end = event
 
 
-def _print_log_line(line: str) -> None:
-    """One line of the binary's stderr: its JSON log events as text, anything else as is."""
+def _print_log_line(line: str, least: int = logging.INFO) -> None:
+    """One line of the binary's stderr: its JSON log events as text (those of a level below
+    ``least`` left out), anything else as is."""
     try:
         record = json.loads(line)
     except ValueError:
@@ -184,6 +240,8 @@ def _print_log_line(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
         return
     level = str(record.get("level", "")).lower()
+    if logging.getLevelName(level.upper()) in range(logging.NOTSET + 1, least):
+        return
     message = record.get("message", "")
     skip = {"timestamp", "level", "message", "target", "span", "spans", "threadName", "threadId"}
     fields = " ".join(f"{k}={v}" for k, v in record.items() if k not in skip)
@@ -245,11 +303,14 @@ def _raise_failed(end: Dict[str, Any], fit_dir: str, restart_count: int) -> None
     raise WorkerGroupError("\n".join(blocks), failures)
 
 
-def _result(end: Dict[str, Any], fit_dir: str, events: _Events, keep: Optional[int]) -> Result:
+def _result(end: Dict[str, Any], fit_dir: str, keep: Optional[int]) -> Result:
     latest = end.get("checkpoint")
+    # The driver names the kept checkpoints best first; Ray's Result holds the best
+    # ``num_to_keep`` of them worst first.
     best = end.get("best_checkpoints") or []
     if keep is not None:
         best = best[:keep]
+    best = best[::-1]
     return_value = None
     try:
         with open(os.path.join(fit_dir, _worker.RETURN), "rb") as f:
@@ -263,7 +324,6 @@ def _result(end: Dict[str, Any], fit_dir: str, events: _Events, keep: Optional[i
         path=end.get("run_dir"),
         best_checkpoints=[(Checkpoint(c["path"]), dict(c.get("metrics") or {})) for c in best],
         return_value=return_value,
-        _metrics_history=[dict(c.get("metrics") or {}) for c in events.committed],
     )
 
 
@@ -322,6 +382,10 @@ def _run(command: List[str], fit_dir: str, run_config: RunConfig, env: Dict[str,
         start_new_session=True,
         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
     )
+    checkpoint_config = run_config.checkpoint_config
+    assert checkpoint_config is not None and run_config.logging_config is not None
+    events = _Events(checkpoint_config.checkpoint_score_attribute)
+    least = run_config.logging_config.level
     stderr_lines: List[str] = []
 
     def pump_stderr() -> None:
@@ -329,11 +393,10 @@ def _run(command: List[str], fit_dir: str, run_config: RunConfig, env: Dict[str,
         for raw in proc.stderr:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             stderr_lines.append(line)
-            _print_log_line(line)
+            _print_log_line(line, least)
 
     pump = threading.Thread(target=pump_stderr, name="trainyard-stderr", daemon=True)
     pump.start()
-    events = _Events()
     interrupts = 0
     try:
         assert proc.stdout is not None
@@ -362,7 +425,7 @@ def _run(command: List[str], fit_dir: str, run_config: RunConfig, env: Dict[str,
     if interrupts or code == _EXIT_INTERRUPTED:
         raise KeyboardInterrupt("the run was interrupted and stopped")
     if end is not None and end.get("event") == "run_succeeded":
-        return _result(end, fit_dir, events, run_config.checkpoint_config.num_to_keep)
+        return _result(end, fit_dir, checkpoint_config.num_to_keep)
     if end is not None and end.get("event") == "run_failed":
         _raise_failed(end, fit_dir, events.restart_count)
     text = "\n".join(line for line in stderr_lines if line.strip()) or f"exit code {code}"

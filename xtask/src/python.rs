@@ -136,11 +136,15 @@ fn pytest(python: &Path, root: &Path, cwd: &Path) -> Result<(), String> {
     for (name, _) in std::env::vars_os() {
         let name = name.to_string_lossy();
         let toolchain = name.starts_with("CARGO") || name.starts_with("RUST");
-        // What CI says about a cluster it could not set up goes through (see test_runtimes.py).
+        // What CI says about a cluster or a library it could not set up goes through (see
+        // test_runtimes.py, test_integrations.py).
         let ours = name.starts_with("TRAINYARD_")
             && !matches!(
                 name.as_ref(),
-                "TRAINYARD_TEST_FROM_WHEEL" | "TRAINYARD_SLURM_SKIP" | "TRAINYARD_RAY_SKIP"
+                "TRAINYARD_TEST_FROM_WHEEL"
+                    | "TRAINYARD_SLURM_SKIP"
+                    | "TRAINYARD_RAY_SKIP"
+                    | "TRAINYARD_INTEGRATIONS_SKIP"
             );
         if toolchain || ours || name == "PYTHONPATH" || name == "VIRTUAL_ENV" {
             command.env_remove(name.as_ref());

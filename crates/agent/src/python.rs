@@ -58,12 +58,38 @@ pub(crate) const FILES: &[(&str, &str)] = &[
         include_str!("../../../python/trainyard/train/_config.py"),
     ),
     (
+        "trainyard/train/_local.py",
+        include_str!("../../../python/trainyard/train/_local.py"),
+    ),
+    (
         "trainyard/train/_result.py",
         include_str!("../../../python/trainyard/train/_result.py"),
     ),
     (
         "trainyard/train/collective.py",
         include_str!("../../../python/trainyard/train/collective.py"),
+    ),
+    (
+        "trainyard/train/huggingface/__init__.py",
+        include_str!("../../../python/trainyard/train/huggingface/__init__.py"),
+    ),
+    (
+        "trainyard/train/huggingface/transformers/__init__.py",
+        include_str!("../../../python/trainyard/train/huggingface/transformers/__init__.py"),
+    ),
+    (
+        "trainyard/train/huggingface/transformers/_transformers_utils.py",
+        include_str!(
+            "../../../python/trainyard/train/huggingface/transformers/_transformers_utils.py"
+        ),
+    ),
+    (
+        "trainyard/train/lightning/__init__.py",
+        include_str!("../../../python/trainyard/train/lightning/__init__.py"),
+    ),
+    (
+        "trainyard/train/lightning/_lightning_utils.py",
+        include_str!("../../../python/trainyard/train/lightning/_lightning_utils.py"),
     ),
     (
         "trainyard/train/torch/__init__.py",

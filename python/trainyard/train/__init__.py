@@ -48,9 +48,16 @@ import os
 import sys
 import threading
 import warnings
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Union
 
-from trainyard.train._config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from trainyard.train._config import (
+    V2_MIGRATION_GUIDE_MESSAGE,
+    CheckpointConfig,
+    FailureConfig,
+    LoggingConfig,
+    RunConfig,
+    ScalingConfig,
+)
 from trainyard.train._result import (
     ControllerError,
     Result,
@@ -64,6 +71,7 @@ __all__ = [
     "CheckpointUploadMode",
     "ControllerError",
     "FailureConfig",
+    "LoggingConfig",
     "ReportError",
     "Result",
     "RunConfig",
@@ -178,6 +186,10 @@ class CheckpointUploadMode(enum.Enum):
     ASYNC = "ASYNC"
     NO_UPLOAD = "NO_UPLOAD"
 
+    def default_delete_local_checkpoint_after_upload(self) -> bool:
+        """Whether ``report`` takes the directory away by default: with ``ASYNC`` only."""
+        return self == CheckpointUploadMode.ASYNC
+
 
 def report(
     metrics: Mapping[str, Any],
@@ -224,9 +236,14 @@ def report(
     import json
 
     from trainyard import _client
+    from trainyard.train import _local
 
     mode = CheckpointUploadMode(checkpoint_upload_mode)
     metrics = dict(metrics)
+    local = _local.session()
+    if local is not None:
+        local.report(metrics, checkpoint)
+        return
     if _client.address() is None:
         line = json.dumps(metrics, separators=(",", ":"))
         if checkpoint is not None:
@@ -279,6 +296,11 @@ def get_checkpoint() -> Optional[Checkpoint]:
     downloaded already when the run's storage is remote; before the run has a
     checkpoint of its own, a ``TorchTrainer``'s ``resume_from_checkpoint``.
     """
+    from trainyard.train import _local
+
+    local = _local.session()
+    if local is not None:
+        return local.checkpoint  # type: ignore[no-any-return]
     path = os.environ.get(CHECKPOINT_ENV) or os.environ.get(RESUME_FROM_ENV)
     return Checkpoint(path) if path else None
 
@@ -346,9 +368,53 @@ class StorageContext:
         return f"StorageContext(experiment_fs_path={os.environ.get(RUN_DIR_ENV)!r})"
 
 
+# Ray 2.60's messages for the context's deprecated methods (``ray.train.context``).
+_GET_METADATA_DEPRECATION_MESSAGE = (
+    "`get_metadata` was an experimental API that accessed the metadata passed "
+    "to `<Framework>Trainer(metadata=...)`. This API can be replaced by passing "
+    "the metadata directly to the training function (e.g., via `train_loop_config`). "
+    f"{V2_MIGRATION_GUIDE_MESSAGE}"
+)
+_TUNE_SPECIFIC_CONTEXT_DEPRECATION_MESSAGE = (
+    "`{}` is deprecated because the concept of a `Trial` will "
+    "soon be removed in Ray Train."
+    "Ray Train will no longer assume that it's running within a Ray Tune `Trial` "
+    "in the future. "
+    f"{V2_MIGRATION_GUIDE_MESSAGE}"
+)
+
+
 class TrainContext:
     """Where this worker stands in the run, read from its environment: the
-    variables trainyard sets, else torchrun's."""
+    variables trainyard sets, else torchrun's.
+
+    ``get_metadata``, ``get_trial_name``, ``get_trial_id``, ``get_trial_resources`` and
+    ``get_trial_dir`` raise ``DeprecationWarning`` with Ray 2.60's messages, as Ray's do.
+    """
+
+    def get_metadata(self) -> Dict[str, Any]:
+        """[Deprecated] Raises ``DeprecationWarning``: pass metadata in ``train_loop_config``."""
+        raise DeprecationWarning(_GET_METADATA_DEPRECATION_MESSAGE)
+
+    def get_trial_name(self) -> str:
+        """[Deprecated] Raises ``DeprecationWarning``."""
+        raise DeprecationWarning(
+            _TUNE_SPECIFIC_CONTEXT_DEPRECATION_MESSAGE.format("get_trial_name")
+        )
+
+    def get_trial_id(self) -> str:
+        """[Deprecated] Raises ``DeprecationWarning``."""
+        raise DeprecationWarning(_TUNE_SPECIFIC_CONTEXT_DEPRECATION_MESSAGE.format("get_trial_id"))
+
+    def get_trial_resources(self) -> Any:
+        """[Deprecated] Raises ``DeprecationWarning``."""
+        raise DeprecationWarning(
+            _TUNE_SPECIFIC_CONTEXT_DEPRECATION_MESSAGE.format("get_trial_resources")
+        )
+
+    def get_trial_dir(self) -> str:
+        """[Deprecated] Raises ``DeprecationWarning``: pass the folder in ``train_loop_config``."""
+        raise DeprecationWarning(_TUNE_SPECIFIC_CONTEXT_DEPRECATION_MESSAGE.format("get_trial_dir"))
 
     def get_storage(self) -> StorageContext:
         """Where the run keeps what it persists (its run folder)."""
@@ -387,9 +453,38 @@ class TrainContext:
         )
 
 
+class LocalTrainContext(TrainContext):
+    """The context of a training function in local mode (``ScalingConfig(num_workers=0)``):
+    rank 0 of 1, or the ranks of the torchrun environment the process was started in."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def get_world_rank(self) -> int:
+        return int(self._session.world_rank)
+
+    def get_local_rank(self) -> int:
+        return int(self._session.local_rank)
+
+    def get_world_size(self) -> int:
+        return int(self._session.world_size)
+
+    def get_local_world_size(self) -> int:
+        return int(self._session.local_world_size)
+
+    def get_node_rank(self) -> int:
+        return int(self._session.node_rank)
+
+    def get_experiment_name(self) -> Optional[str]:
+        return str(self._session.experiment_name)
+
+
 def get_context() -> TrainContext:
-    """This worker's ``TrainContext``."""
-    return TrainContext()
+    """This worker's ``TrainContext`` (in local mode, a ``LocalTrainContext``)."""
+    from trainyard.train import _local
+
+    local = _local.session()
+    return LocalTrainContext(local) if local is not None else TrainContext()
 
 
 def __getattr__(name: str) -> Any:

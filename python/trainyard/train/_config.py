@@ -1,13 +1,71 @@
-"""The driver's configuration, named and shaped as Ray Train v2's (``ray.train``)."""
+"""The driver's configuration, named and shaped as Ray Train v2's (``ray.train``).
+
+Ray 2.60's deprecated arguments raise ``DeprecationWarning`` with Ray's own message, as Ray
+does; what Ray offers and trainyard does not raises ``ValueError`` naming what to use instead.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-__all__ = ["CheckpointConfig", "FailureConfig", "RunConfig", "ScalingConfig"]
+__all__ = ["CheckpointConfig", "FailureConfig", "LoggingConfig", "RunConfig", "ScalingConfig"]
 
 _STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+# Ray's marker of an argument left out that is deprecated when given.
+_DEPRECATED = "DEPRECATED"
+
+# Ray 2.60's migration text (``ray.train.constants``), ending its deprecation messages.
+V2_MIGRATION_GUIDE_LINK_MESSAGE = (
+    "See this issue for more context and migration options: "
+    "https://github.com/ray-project/ray/issues/49454."
+)
+V2_MIGRATION_GUIDE_MESSAGE = (
+    f"{V2_MIGRATION_GUIDE_LINK_MESSAGE} "
+    "Disable these warnings by setting the environment variable: "
+    "RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS=0"
+)
+_TRAINER_RESOURCES_DEPRECATION_MESSAGE = (
+    "`ray.train.ScalingConfig(trainer_resources)` is deprecated. "
+    "This parameter was an advanced configuration that specified "
+    "resources for the Ray Train driver actor, which doesn't "
+    "need to reserve logical resources because it doesn't perform "
+    "any heavy computation. "
+    "Only the `resources_per_worker` parameter should be used "
+    "to specify resources for the training workers. "
+    f"{V2_MIGRATION_GUIDE_MESSAGE}"
+)
+_FAIL_FAST_DEPRECATION_MESSAGE = (
+    "`ray.train.FailureConfig(fail_fast)` is deprecated since it is "
+    "only relevant in the context of multiple trials running in Ray Tune. "
+    "This parameter is still available in `ray.tune.FailureConfig` "
+    "for passing into a `ray.tune.Tuner`. "
+    f"{V2_MIGRATION_GUIDE_MESSAGE}"
+)
+_RUN_CONFIG_DEPRECATION_MESSAGE = (
+    "`RunConfig({})` is deprecated. This configuration was a "
+    "Ray Tune API that did not support Ray Train usage well, "
+    "so we are dropping support going forward. "
+    "If you heavily rely on these configurations, "
+    "you can run Ray Train as a single Ray Tune trial. "
+    "See this issue for more context: "
+    "https://github.com/ray-project/ray/issues/49454"
+)
+_CHECKPOINT_CONFIG_DEPRECATION_MESSAGE = (
+    "`{}` is deprecated since it does not "
+    "apply to user-defined training functions. "
+    "Please remove this argument from your CheckpointConfig."
+)
+
+
+def _only_default(owner: str, name: str, value: Any, default: Any, instead: str) -> None:
+    """Refuses ``value`` for an argument of Ray's that trainyard accepts at its default only."""
+    if value != default:
+        raise ValueError(
+            f"{owner}({name}={value!r}) is not supported by trainyard (only {default!r} is): "
+            f"{instead}"
+        )
 
 
 def _resources_json(resources: Dict[str, Any]) -> str:
@@ -31,7 +89,9 @@ class ScalingConfig:
 
     Args:
         num_workers: The number of workers, or ``(min, max)`` for an elastic run that starts
-            once ``min`` fit and grows up to ``max``.
+            once ``min`` fit and grows up to ``max``. ``0`` is Ray's local mode: the training
+            function runs in this process, with world size 1 and rank 0 (or the ranks of a
+            torchrun-style environment this process was started in).
         use_gpu: Give each worker a GPU.
         resources_per_worker: Each worker's resources, e.g.
             ``{"CPU": 1, "memory": 10 * 2**30}``. ``"memory"`` (bytes, or text such as
@@ -39,7 +99,12 @@ class ScalingConfig:
             limit.
         placement_strategy: ``"PACK"``, ``"SPREAD"``, ``"STRICT_PACK"`` or ``"STRICT_SPREAD"``.
         accelerator_type: The accelerator type every worker's node must have, e.g. ``"A100"``.
-        trainer_resources: Resources reserved next to rank 0.
+        trainer_resources: Deprecated in Ray Train v2: raises ``DeprecationWarning``, as Ray's.
+        label_selector: Not supported (``ValueError``): select nodes with
+            ``accelerator_type`` or a custom resource in ``resources_per_worker``.
+        use_tpu: Not supported (``ValueError`` when ``True``).
+        topology: Not supported (``ValueError`` when given).
+        elastic_resize_monitor_interval_s: How often an elastic run looks for room to grow.
     """
 
     num_workers: Union[int, Tuple[int, int]] = 1
@@ -48,8 +113,14 @@ class ScalingConfig:
     placement_strategy: str = "PACK"
     accelerator_type: Optional[str] = None
     trainer_resources: Optional[Dict[str, Any]] = None
+    label_selector: Optional[Union[Dict[str, str], List[Dict[str, str]]]] = None
+    use_tpu: bool = False
+    topology: Optional[str] = None
+    elastic_resize_monitor_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
+        if self.trainer_resources is not None:
+            raise DeprecationWarning(_TRAINER_RESOURCES_DEPRECATION_MESSAGE)
         workers = self.num_workers
         if isinstance(workers, (tuple, list)):
             if len(workers) != 2 or not all(
@@ -59,13 +130,48 @@ class ScalingConfig:
             if not 1 <= workers[0] <= workers[1]:
                 raise ValueError(f"num_workers (min, max) needs 1 <= min <= max, got {workers!r}")
             self.num_workers = (workers[0], workers[1])
-        elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"num_workers must be a positive int, got {workers!r}")
+        elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(
+                f"num_workers must be an int >= 0 (0: local mode) or (min, max), got {workers!r}"
+            )
         if self.placement_strategy not in _STRATEGIES:
             raise ValueError(
                 f"placement_strategy must be one of {', '.join(_STRATEGIES)}, "
                 f"got {self.placement_strategy!r}"
             )
+        _only_default(
+            "ScalingConfig",
+            "label_selector",
+            self.label_selector,
+            None,
+            "workers are placed by resources; ask for a node's accelerator with "
+            "accelerator_type, or for a custom resource in resources_per_worker",
+        )
+        _only_default(
+            "ScalingConfig", "use_tpu", self.use_tpu, False, "workers get GPUs with use_gpu=True"
+        )
+        _only_default(
+            "ScalingConfig",
+            "topology",
+            self.topology,
+            None,
+            "it describes TPU slices, and TPUs are not supported; use use_gpu=True",
+        )
+        interval = self.elastic_resize_monitor_interval_s
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, (int, float))
+            or not interval >= 0
+        ):
+            raise ValueError(
+                "ScalingConfig(elastic_resize_monitor_interval_s) must be a number of seconds "
+                f">= 0, got {interval!r}"
+            )
+
+    @property
+    def local_mode(self) -> bool:
+        """Whether the training function runs in this process (``num_workers=0``)."""
+        return self.num_workers == 0
 
     @property
     def total_workers(self) -> int:
@@ -84,8 +190,10 @@ class ScalingConfig:
             # Slurm itself, and Ray schedules by memory without holding anyone to it.
             if "memory" in self.resources_per_worker and runtime == "local":
                 args.append("--enforce-memory")
-        if self.trainer_resources:
-            args += ["--trainer-resources", _resources_json(self.trainer_resources)]
+        if isinstance(n, tuple) and self.elastic_resize_monitor_interval_s != 60.0:
+            # The CLI takes a positive interval: 0 ("look all the time") becomes 1 ms.
+            interval = max(float(self.elastic_resize_monitor_interval_s), 0.001)
+            args += ["--resize-interval", f"{interval}"]
         args += ["--placement-strategy", self.placement_strategy]
         if self.accelerator_type:
             args += ["--accelerator-type", self.accelerator_type]
@@ -101,13 +209,24 @@ class CheckpointConfig:
             newest; the latest is always kept too). ``None`` keeps all.
         checkpoint_score_attribute: The reported metric that ranks checkpoints.
         checkpoint_score_order: ``"max"`` or ``"min"``: which way is better.
+        checkpoint_frequency: Deprecated in Ray Train v2: raises ``DeprecationWarning``.
+        checkpoint_at_end: Deprecated in Ray Train v2: raises ``DeprecationWarning``.
+
+    A ``checkpoint_score_attribute`` that a checkpoint's metrics lack ranks that checkpoint
+    worst, and ``fit()`` logs an error naming the attribute and the keys there are (Ray's
+    "Result dict has no key" error).
     """
 
     num_to_keep: Optional[int] = None
     checkpoint_score_attribute: Optional[str] = None
     checkpoint_score_order: str = "max"
+    checkpoint_frequency: Any = _DEPRECATED
+    checkpoint_at_end: Any = _DEPRECATED
 
     def __post_init__(self) -> None:
+        for name in ("checkpoint_frequency", "checkpoint_at_end"):
+            if getattr(self, name) != _DEPRECATED:
+                raise DeprecationWarning(_CHECKPOINT_CONFIG_DEPRECATION_MESSAGE.format(name))
         if self.num_to_keep is not None and (
             isinstance(self.num_to_keep, bool)
             or not isinstance(self.num_to_keep, int)
@@ -140,17 +259,121 @@ class FailureConfig:
 
     Args:
         max_failures: Restarts allowed; ``-1`` is unlimited.
+        fail_fast: Deprecated in Ray Train v2: raises ``DeprecationWarning``, as Ray's.
+        controller_failure_limit: Ray's controller restarts; only its default (``-1``) is
+            accepted: trainyard's driver does not restart itself (``max_failures`` counts
+            every failure of a run).
+        max_preemption_failures, relax_collectives_on_preemption, preemption_grace_s: Ray's
+            pre-emption handling; only their defaults are accepted.
     """
 
     max_failures: int = 0
+    fail_fast: Any = _DEPRECATED
+    controller_failure_limit: int = -1
+    max_preemption_failures: int = -1
+    relax_collectives_on_preemption: bool = False
+    preemption_grace_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.fail_fast != _DEPRECATED:
+            raise DeprecationWarning(_FAIL_FAST_DEPRECATION_MESSAGE)
         if (
             isinstance(self.max_failures, bool)
             or not isinstance(self.max_failures, int)
             or self.max_failures < -1
         ):
             raise ValueError(f"max_failures must be an int >= -1, got {self.max_failures!r}")
+        instead = "a pre-empted or failed run restarts within max_failures"
+        _only_default(
+            "FailureConfig",
+            "controller_failure_limit",
+            self.controller_failure_limit,
+            -1,
+            "trainyard's driver does not restart itself; use max_failures for the run's restarts",
+        )
+        _only_default(
+            "FailureConfig", "max_preemption_failures", self.max_preemption_failures, -1, instead
+        )
+        _only_default(
+            "FailureConfig",
+            "relax_collectives_on_preemption",
+            self.relax_collectives_on_preemption,
+            False,
+            instead,
+        )
+        _only_default("FailureConfig", "preemption_grace_s", self.preemption_grace_s, 0.0, instead)
+
+
+# The level names Ray accepts (``logging``'s and Ray's own ``TRACE``), as numbers.
+_LEVELS = {
+    "CRITICAL": 50,
+    "FATAL": 50,
+    "ERROR": 40,
+    "WARN": 30,
+    "WARNING": 30,
+    "INFO": 20,
+    "DEBUG": 10,
+    "TRACE": 5,
+    "NOTSET": 0,
+}
+
+
+@dataclass
+class LoggingConfig:
+    """How much of trainyard's own logging ``fit()`` shows.
+
+    Args:
+        log_level: The least level shown of the driver's logs (the ``trainyard`` binary's
+            and the ``trainyard`` Python logger's), a standard logging level name; default
+            ``"INFO"``. Worker output is shown whatever the level.
+    """
+
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.log_level, str) or self.log_level.upper() not in _LEVELS:
+            raise ValueError(
+                f"Invalid log_level: {self.log_level!r}. "
+                f"Must be one of: {', '.join(repr(x) for x in sorted(_LEVELS))}."
+            )
+        self.log_level = self.log_level.upper()
+
+    @property
+    def level(self) -> int:
+        """The level as a number of the ``logging`` module."""
+        return _LEVELS[self.log_level]
+
+
+def _worker_env_vars(runtime_env: Any) -> Dict[str, str]:
+    """The ``env_vars`` of a ``worker_runtime_env``: the one key it may have."""
+    if runtime_env is None:
+        return {}
+    if not isinstance(runtime_env, dict):
+        raise TypeError(
+            "RunConfig(worker_runtime_env=...) must be a dict such as "
+            f"{{'env_vars': {{'NAME': 'value'}}}}, got {type(runtime_env).__name__}"
+        )
+    others = sorted(str(key) for key in runtime_env if key != "env_vars")
+    if others:
+        raise ValueError(
+            f"RunConfig(worker_runtime_env) key {others[0]!r} is not supported: the workers "
+            "run in the driver's Python environment and working directory; only 'env_vars' "
+            "is accepted (install packages into the driver's environment instead)"
+        )
+    env_vars = runtime_env.get("env_vars") or {}
+    if not isinstance(env_vars, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()
+    ):
+        raise TypeError(
+            "RunConfig(worker_runtime_env={'env_vars': ...}) must map names to strings, "
+            f"got {env_vars!r}"
+        )
+    for name in env_vars:
+        if not name or "=" in name:
+            raise ValueError(
+                f"RunConfig(worker_runtime_env) env_vars name {name!r} is not a variable name"
+            )
+    return dict(env_vars)
 
 
 @dataclass
@@ -163,20 +386,72 @@ class RunConfig:
             generated when ``None``.
         storage_path: Where run folders live: a path, ``file:///...`` or ``s3://...``
             (default ``$TRAINYARD_STORAGE``, else ``~/trainyard_results``).
-        checkpoint_config: Which checkpoints are kept.
+        storage_filesystem: pyarrow's ``LocalFileSystem`` (or ``None``); another file
+            system raises ``ValueError``: give ``storage_path`` as an ``s3://`` URI instead.
         failure_config: How many restarts are allowed.
+        checkpoint_config: Which checkpoints are kept.
+        callbacks: Not supported yet: a non-empty list raises ``ValueError``.
+        worker_runtime_env: ``{"env_vars": {"NAME": "value"}}``: variables set in every
+            worker; any other key raises ``ValueError`` naming it.
+        logging_config: How much of the driver's logging ``fit()`` shows.
+        sync_config, verbose, stop, progress_reporter, log_to_file: Deprecated in Ray
+            Train v2: raise ``DeprecationWarning`` with Ray's message.
     """
 
     name: Optional[str] = None
     storage_path: Optional[str] = None
-    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
-    failure_config: FailureConfig = field(default_factory=FailureConfig)
+    storage_filesystem: Any = None
+    failure_config: Optional[FailureConfig] = None
+    checkpoint_config: Optional[CheckpointConfig] = None
+    callbacks: Optional[List[Any]] = None
+    worker_runtime_env: Optional[Dict[str, Any]] = None
+    logging_config: Optional[LoggingConfig] = None
+    sync_config: Any = _DEPRECATED
+    verbose: Any = _DEPRECATED
+    stop: Any = _DEPRECATED
+    progress_reporter: Any = _DEPRECATED
+    log_to_file: Any = _DEPRECATED
 
     def __post_init__(self) -> None:
+        for param in ("sync_config", "verbose", "stop", "progress_reporter", "log_to_file"):
+            if getattr(self, param) != _DEPRECATED:
+                raise DeprecationWarning(_RUN_CONFIG_DEPRECATION_MESSAGE.format(param))
         if self.checkpoint_config is None:
             self.checkpoint_config = CheckpointConfig()
         if self.failure_config is None:
             self.failure_config = FailureConfig()
+        if self.logging_config is None:
+            self.logging_config = LoggingConfig()
+        if self.storage_path is not None and not isinstance(self.storage_path, str):
+            import os
+
+            self.storage_path = os.fspath(self.storage_path)
+        for name, value, kind in (
+            ("checkpoint_config", self.checkpoint_config, CheckpointConfig),
+            ("failure_config", self.failure_config, FailureConfig),
+            ("logging_config", self.logging_config, LoggingConfig),
+        ):
+            if not isinstance(value, kind):
+                raise ValueError(
+                    f"Invalid `{kind.__name__}` type: {value.__class__}. "
+                    f"Use `trainyard.train.{kind.__name__}` instead."
+                )
+        fs = self.storage_filesystem
+        if fs is not None and type(fs).__name__ != "LocalFileSystem":
+            raise ValueError(
+                f"RunConfig(storage_filesystem={type(fs).__name__}) is not supported: give "
+                "storage_path as a local path or an s3://bucket/prefix URI (the endpoint and "
+                "credentials come from the AWS_* environment variables)"
+            )
+        self.callbacks = list(self.callbacks or [])
+        if self.callbacks:
+            raise ValueError(
+                "RunConfig(callbacks=...) is not supported yet: trainyard calls no "
+                "callbacks in the driver; report from the training function and read "
+                "Result.metrics_history after fit()"
+            )
+        _worker_env_vars(self.worker_runtime_env)
+        self.worker_runtime_env = dict(self.worker_runtime_env or {})
 
     def _cli_args(self) -> List[str]:
         args: List[str] = []
@@ -184,5 +459,8 @@ class RunConfig:
             args += ["--name", self.name]
         if self.storage_path:
             args += ["--storage", str(self.storage_path)]
+        assert self.failure_config is not None and self.checkpoint_config is not None
         args += ["--max-failures", str(self.failure_config.max_failures)]
+        for name, value in _worker_env_vars(self.worker_runtime_env).items():
+            args += ["--env", f"{name}={value}"]
         return args + self.checkpoint_config._cli_args()

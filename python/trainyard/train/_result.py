@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -50,18 +51,35 @@ class ControllerError(TrainingFailedError):
         return (self.__class__, (self.controller_failure,))
 
 
+def _lookup(metrics: Dict[str, Any], key: str) -> Any:
+    """``metrics[key]``, where ``key`` may name a nested value as ``"a/b"`` (Ray's
+    ``unflattened_lookup``); ``None`` when it is not there."""
+    if key in metrics:
+        return metrics[key]
+    value: Any = metrics
+    for part in key.split("/"):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
 @dataclass
 class Result:
-    """The outcome of a run.
+    """The outcome of a run, as Ray Train v2's ``Result``.
 
     Attributes:
         metrics: Rank 0's metrics of the latest report that carried a checkpoint (``None``
-            when no report did).
+            when no report did). In local mode (``ScalingConfig(num_workers=0)``): the
+            latest report's, with or without a checkpoint.
         checkpoint: The latest committed checkpoint, or ``None``.
         error: The error the run failed with, or ``None``.
-        path: The run's folder.
-        best_checkpoints: The kept checkpoints and rank 0's metrics of each, as
-            ``(Checkpoint, metrics)``, oldest first.
+        path: The run's folder (``None`` in local mode).
+        best_checkpoints: The checkpoints ``CheckpointConfig`` keeps, as
+            ``(Checkpoint, metrics)``, ordered worst to best as Ray's: by
+            ``checkpoint_score_attribute`` when there is one, else oldest first; at most
+            ``num_to_keep`` of them (the latest checkpoint is kept on disk besides, and may
+            be left out here, as in Ray). ``None`` in local mode.
         return_value: What the loop function of rank 0 returned.
     """
 
@@ -69,17 +87,21 @@ class Result:
     checkpoint: Optional["Checkpoint"]
     error: Optional[BaseException]
     path: Optional[str]
-    best_checkpoints: List[Tuple["Checkpoint", Dict[str, Any]]] = field(default_factory=list)
+    best_checkpoints: Optional[List[Tuple["Checkpoint", Dict[str, Any]]]] = field(
+        default_factory=list
+    )
     return_value: Any = None
-    _metrics_history: List[Dict[str, Any]] = field(default_factory=list, repr=False)
 
     @property
-    def metrics_dataframe(self) -> "pandas.DataFrame":
-        """Rank 0's metrics of every committed checkpoint, in order, as a pandas
-        ``DataFrame`` (pandas must be installed)."""
+    def metrics_dataframe(self) -> Optional["pandas.DataFrame"]:
+        """The metrics of ``best_checkpoints``, one row per checkpoint in the same order, as
+        a pandas ``DataFrame`` (Ray v2's: ``None`` when there is no checkpoint; pandas must
+        be installed). ``metrics_history`` has every report."""
+        if not self.best_checkpoints:
+            return None
         import pandas
 
-        return pandas.DataFrame(self._metrics_history)
+        return pandas.DataFrame([metrics for _, metrics in self.best_checkpoints])
 
     @property
     def metrics_history(self) -> "pandas.DataFrame":
@@ -87,29 +109,110 @@ class Result:
         runs included), in order, as a pandas ``DataFrame``: the metrics, with ``time``
         (seconds since the epoch), ``attempt`` and ``world_size`` beside them (pandas must be
         installed). Read from the run folder's ``metrics.jsonl``, local or remote, through
-        ``trainyard show``; ``metrics_dataframe`` keeps Ray's meaning (the metrics of
-        checkpoints only)."""
+        ``trainyard show``; ``metrics_dataframe`` keeps Ray's meaning (the metrics of the
+        kept checkpoints only). Empty in local mode, which has no run folder."""
         import pandas
 
         rows = []
-        for entry in _metrics_history(self.path):
+        for entry in _shown(self.path).get("metrics") or []:
             if entry.get("rank") == 0:
                 row = {k: entry[k] for k in ("time", "attempt", "world_size")}
                 row.update(entry.get("metrics") or {})
                 rows.append(row)
         return pandas.DataFrame(rows)
 
+    @property
+    def filesystem(self) -> Any:
+        """pyarrow's file system for ``path``: ``S3FileSystem`` for an ``s3://`` run folder,
+        else ``LocalFileSystem`` (pyarrow must be installed)."""
+        import pyarrow.fs
 
-def _metrics_history(path: Optional[str]) -> List[Dict[str, Any]]:
-    """Every report in the run folder ``path``'s metrics history, as ``trainyard show``
-    reads it (any storage it reads)."""
+        if self.path and self.path.startswith("s3://"):
+            return pyarrow.fs.S3FileSystem()
+        return pyarrow.fs.LocalFileSystem()
+
+    def get_best_checkpoint(self, metric: str, mode: str) -> Optional["Checkpoint"]:
+        """The checkpoint of ``best_checkpoints`` whose ``metric`` is highest (``mode="max"``)
+        or lowest (``"min"``); checkpoints without it are left out.
+
+        Raises ``RuntimeError`` when there is no checkpoint or none has ``metric`` (naming
+        the metrics there are), ``ValueError`` for another ``mode``.
+        """
+        if not self.best_checkpoints:
+            raise RuntimeError("No checkpoint exists in the trial directory!")
+        if mode not in ("max", "min"):
+            raise ValueError(f'Unsupported mode: {mode}. Please choose from ["min", "max"]!')
+        valid = [c for c in self.best_checkpoints if _lookup(c[1], metric) is not None]
+        if not valid:
+            keys = list((self.metrics or {}).keys())
+            raise RuntimeError(
+                f"Invalid metric name {metric}! You may choose from the following metrics: {keys}."
+            )
+        choose = max if mode == "max" else min
+        return choose(valid, key=lambda c: _lookup(c[1], metric))[0]
+
+    @classmethod
+    def from_path(
+        cls, path: Union[str, "os.PathLike[str]"], storage_filesystem: Any = None
+    ) -> "Result":
+        """The ``Result`` of the run whose folder is ``path`` (a local path or an ``s3://``
+        URI), read from its ``run.json``: ``checkpoint`` and ``metrics`` of its latest
+        committed checkpoint, ``best_checkpoints`` every checkpoint it keeps, oldest first (as
+        Ray reads them with a default ``CheckpointConfig``); ``error`` is not read back.
+
+        Raises ``RuntimeError`` when the folder does not exist or holds no ``run.json``.
+        """
+        from trainyard.train import Checkpoint
+
+        if storage_filesystem is not None and type(storage_filesystem).__name__ != (
+            "LocalFileSystem"
+        ):
+            raise ValueError(
+                f"Result.from_path(storage_filesystem={type(storage_filesystem).__name__}) is "
+                "not supported: give the path as a local path or an s3://bucket/key URI"
+            )
+        text = os.fspath(path).rstrip("/")
+        if "://" not in text:
+            text = os.path.abspath(text)
+            if not os.path.isdir(text):
+                raise RuntimeError(f"Experiment folder {text} doesn't exist.")
+            if not os.path.isfile(os.path.join(text, "run.json")):
+                raise RuntimeError(
+                    "Failed to restore the Result object: run.json doesn't exist in the "
+                    "experiment folder. Make sure that this is an output directory created "
+                    "by a trainyard run."
+                )
+        record = _shown(text).get("record") or {}
+        kept = sorted(record.get("checkpoints") or [], key=lambda c: c.get("index", 0))
+        best = [(Checkpoint(f"{text}/{c['dir']}"), dict(c.get("metrics") or {})) for c in kept]
+        latest = next(
+            (
+                pair
+                for pair, c in zip(best, kept)
+                if c.get("index") == record.get("latest_checkpoint")
+            ),
+            None,
+        )
+        return cls(
+            metrics=dict(latest[1]) if latest else None,
+            checkpoint=latest[0] if latest else None,
+            error=None,
+            path=text,
+            best_checkpoints=best,
+        )
+
+
+def _shown(path: Optional[str]) -> Dict[str, Any]:
+    """What ``trainyard show --format json`` says of the run folder ``path`` (any storage it
+    reads): its ``record`` and its metrics history (``metrics``, every report of every
+    rank); empty without a path."""
     import json
     import subprocess
 
     from trainyard._find_trainyard import find_trainyard_bin
 
     if not path or "/" not in path.rstrip("/"):
-        return []
+        return {}
     storage, name = path.rstrip("/").rsplit("/", 1)
     shown = subprocess.run(
         [find_trainyard_bin(), "show", name, "--storage", storage or "/", "--format", "json"],
@@ -118,5 +221,5 @@ def _metrics_history(path: Optional[str]) -> List[Dict[str, Any]]:
         timeout=60,
     )
     if shown.returncode != 0:
-        raise RuntimeError(f"cannot read the metrics history of {path}: {shown.stderr.strip()}")
-    return list(json.loads(shown.stdout).get("metrics") or [])
+        raise RuntimeError(f"cannot read the run at {path}: {shown.stderr.strip()}")
+    return dict(json.loads(shown.stdout))

@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
 from trainyard.train import (
+    _GET_METADATA_DEPRECATION_MESSAGE,
     Checkpoint,
     Result,
     RunConfig,
     ScalingConfig,
     get_context,
 )
+from trainyard.train._config import V2_MIGRATION_GUIDE_LINK_MESSAGE
 
 if TYPE_CHECKING:
     import torch
@@ -73,6 +76,18 @@ class TorchConfig:
             raise ValueError(f"timeout_s must be a positive int, got {self.timeout_s!r}")
 
 
+_TRAINER_RESTORE_DEPRECATION_WARNING = (
+    "The `restore` and `can_restore` APIs are deprecated and "
+    f"will be removed in a future release. {V2_MIGRATION_GUIDE_LINK_MESSAGE}"
+)
+_RESUME_FROM_CHECKPOINT_NOTE = (
+    "TorchTrainer(resume_from_checkpoint=...) is deprecated in Ray Train v2 (Ray 2.60 raises "
+    "DeprecationWarning); trainyard still honours it: get_checkpoint() returns it until the "
+    "run has a checkpoint of its own. Portable code loads the checkpoint in the training "
+    "function, from a path passed in train_loop_config"
+)
+
+
 class TorchTrainer:
     """Runs ``train_loop_per_worker`` on every worker of a ``torch.distributed`` group.
 
@@ -82,10 +97,17 @@ class TorchTrainer:
             ``__main__``, a notebook, a closure or a module (it travels by cloudpickle).
         train_loop_config: What the loop function gets as ``config``.
         torch_config: The process group's backend and timeout.
-        scaling_config: How many workers and what each gets.
+        scaling_config: How many workers and what each gets; ``num_workers=0`` runs the
+            loop function in this process (Ray's local mode).
         run_config: The run's name, storage, checkpoint and failure policies.
+        datasets, dataset_config: Ray Data's; not available here (``ValueError`` naming
+            ``prepare_data_loader``).
+        validation_config: Not supported yet (``ValueError``).
+        metadata: Deprecated in Ray Train v2: raises ``DeprecationWarning`` with Ray's
+            message, as Ray does.
         resume_from_checkpoint: The checkpoint ``get_checkpoint()`` returns until the run
-            has one of its own.
+            has one of its own (Ray 2.60 raises ``DeprecationWarning`` here; trainyard warns
+            and honours it).
         runtime: Where the workers run: ``"local"`` (this machine), ``"ray"`` or
             ``"slurm"``, as ``trainyard run --runtime``; default ``$TRAINYARD_RUNTIME``,
             else local.
@@ -100,6 +122,9 @@ class TorchTrainer:
         scaling_config: Optional[ScalingConfig] = None,
         run_config: Optional[RunConfig] = None,
         datasets: Optional[Dict[str, Any]] = None,
+        dataset_config: Any = None,
+        validation_config: Any = None,
+        metadata: Optional[Dict[str, Any]] = None,
         resume_from_checkpoint: Optional[Checkpoint] = None,
         runtime: Optional[str] = None,
     ) -> None:
@@ -108,19 +133,26 @@ class TorchTrainer:
                 "train_loop_per_worker must be a function, got "
                 f"{type(train_loop_per_worker).__name__}"
             )
-        if datasets:
+        if metadata is not None:
+            raise DeprecationWarning(_GET_METADATA_DEPRECATION_MESSAGE)
+        if datasets or dataset_config is not None:
             raise ValueError(
-                "datasets need Ray Data, which trainyard does not have: build a "
-                "torch.utils.data.DataLoader in the loop function and pass it through "
-                "trainyard.train.torch.prepare_data_loader"
+                "datasets and dataset_config need Ray Data, which trainyard does not have: "
+                "build a torch.utils.data.DataLoader in the loop function and pass it "
+                "through trainyard.train.torch.prepare_data_loader"
             )
-        if resume_from_checkpoint is not None and not isinstance(
-            resume_from_checkpoint, Checkpoint
-        ):
-            raise TypeError(
-                "resume_from_checkpoint must be a trainyard.train.Checkpoint, got "
-                f"{type(resume_from_checkpoint).__name__}"
+        if validation_config is not None:
+            raise ValueError(
+                "TorchTrainer(validation_config=...) is not supported yet: validate in the "
+                "loop function and report the metrics with the checkpoint"
             )
+        if resume_from_checkpoint is not None:
+            if not isinstance(resume_from_checkpoint, Checkpoint):
+                raise TypeError(
+                    "resume_from_checkpoint must be a trainyard.train.Checkpoint, got "
+                    f"{type(resume_from_checkpoint).__name__}"
+                )
+            warnings.warn(_RESUME_FROM_CHECKPOINT_NOTE, UserWarning, stacklevel=2)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.torch_config = torch_config or TorchConfig()
@@ -129,14 +161,31 @@ class TorchTrainer:
         self.resume_from_checkpoint = resume_from_checkpoint
         self.runtime = runtime
 
+    @classmethod
+    def restore(cls, *args: Any, **kwargs: Any) -> "TorchTrainer":
+        """[Deprecated] Raises ``DeprecationWarning``, as Ray 2.60's: run ``fit()`` again
+        with the same ``RunConfig(name, storage_path)`` to resume a run."""
+        raise DeprecationWarning(_TRAINER_RESTORE_DEPRECATION_WARNING)
+
+    @classmethod
+    def can_restore(cls, *args: Any, **kwargs: Any) -> bool:
+        """[Deprecated] Raises ``DeprecationWarning``, as Ray 2.60's."""
+        raise DeprecationWarning(_TRAINER_RESTORE_DEPRECATION_WARNING)
+
     def fit(self) -> Result:
         """Runs the loop function on every worker until it returns on all of them.
 
         Returns the ``Result``; raises ``TrainingFailedError`` (``WorkerGroupError`` with
         each failed rank's exception, or ``ControllerError``) when the run fails beyond
         ``FailureConfig.max_failures``, ``KeyboardInterrupt`` after a Ctrl-C has stopped
-        it. Worker output is printed with its rank prefix as it comes.
+        it. Worker output is printed with its rank prefix as it comes. In local mode
+        (``num_workers=0``) the loop function runs here and its exception is raised as
+        it is, as in Ray.
         """
+        if self.scaling_config.local_mode:
+            from trainyard.train import _local
+
+            return _local.fit(self.train_loop_per_worker, self.train_loop_config, self.run_config)
         from trainyard import _driver
 
         return _driver.fit(

@@ -1,0 +1,2 @@
+"""Ray Train's Hugging Face integrations (``ray.train.huggingface``) on trainyard:
+``trainyard.train.huggingface.transformers``."""
