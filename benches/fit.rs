@@ -1,5 +1,9 @@
 //! A full simulated `fit()`: reserve, start, rank, set up torch, train, shut down. Run
 //! folders go to a temporary directory, not `~/trainyard_results`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "benches make scratch files of their own"
+)]
 
 use std::sync::Arc;
 use std::time::Duration;

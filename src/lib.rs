@@ -217,6 +217,13 @@
 //!
 //! `examples/tensorflow_backend.rs` does the same for TensorFlow's `TF_CONFIG`, with
 //! [`BackendContext::worker_addresses`](backend::BackendContext::worker_addresses).
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 mod error;
 mod trainer;

@@ -2,6 +2,10 @@
 //! functions registered in this very test binary. The binary re-executes itself as each
 //! worker's agent by running only the test `agent_entry`, which hands over to
 //! `trainyard::run_if_agent` when the runtime started it as an agent.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -1,5 +1,9 @@
 //! Project automation: `cargo xtask ci` runs what CI runs; `cargo xtask tidy` checks the
 //! workspace's layering; `cargo xtask soak` runs the local runtime back to back.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a tool of the repository's own: it makes scratch files for benches and checks"
+)]
 
 mod bench_checkpoint;
 mod bench_e2e;

@@ -194,6 +194,49 @@ mod tests {
         assert!(found[0].contains("normal dependency on `trainyard-agent`"));
     }
 
+    /// A crate of its own under `target/`, linted with the workspace's `clippy.toml`: a
+    /// private folder or file made without `trainyard_sys::private` fails the lint, naming
+    /// what to use instead.
+    #[test]
+    fn a_folder_or_file_made_outside_the_private_module_fails_the_lint() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the repository")
+            .to_path_buf();
+        let probe = root.join("target/lint-probe");
+        std::fs::create_dir_all(probe.join("src")).expect("made");
+        std::fs::write(
+            probe.join("Cargo.toml"),
+            "[package]\nname = \"lint-probe\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n[workspace]\n\n[dependencies]\ntempfile = \"3\"\n",
+        )
+        .expect("written");
+        // The workspace's lock: the same tempfile, found offline.
+        std::fs::copy(root.join("Cargo.lock"), probe.join("Cargo.lock")).expect("copied");
+        std::fs::write(
+            probe.join("src/lib.rs"),
+            "//! A new feature's scratch folder and output file.\n\n/// Scratch.\npub fn scratch() -> std::io::Result<tempfile::TempDir> {\n    tempfile::tempdir()\n}\n\n/// Output.\npub fn output(path: &std::path::Path) -> std::io::Result<()> {\n    std::fs::write(path, b\"x\")\n}\n",
+        )
+        .expect("written");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let out = Command::new(cargo)
+            .args(["clippy", "--offline", "--quiet", "--manifest-path"])
+            .arg(probe.join("Cargo.toml"))
+            .args(["--", "-D", "clippy::disallowed_methods"])
+            .env("CLIPPY_CONF_DIR", &root)
+            .env("CARGO_TARGET_DIR", probe.join("target"))
+            .output()
+            .expect("cargo clippy runs");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "the lint let it through: {said}");
+        for wanted in [
+            "use of a disallowed method `tempfile::tempdir`",
+            "make private folders with trainyard_sys::private::temp_dir",
+            "use of a disallowed method `std::fs::write`",
+        ] {
+            assert!(said.contains(wanted), "`{wanted}` not in: {said}");
+        }
+    }
+
     #[test]
     fn the_leaf_stays_types_only_and_new_crates_must_be_placed() {
         let heavy = [package(

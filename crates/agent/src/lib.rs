@@ -73,6 +73,13 @@
 //!   `trainyard-wire` crate's; what it asks of Linux (`/proc`, process groups, cgroups) the
 //!   `trainyard-sys` crate's. This crate is the agent process alone: link it only into the
 //!   binary that hosts agents.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 mod agent;
 mod descendants;

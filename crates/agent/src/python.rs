@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::hash::{Hash as _, Hasher as _};
-use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 /// The variable Python searches for modules in.
@@ -109,9 +109,9 @@ pub(crate) fn write(dir: &Path) -> std::io::Result<()> {
     for (name, text) in FILES {
         let path = dir.join(name);
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
+            trainyard_sys::private::dir_all(parent)?;
         }
-        std::fs::write(&path, text)?;
+        trainyard_sys::private::write(&path, text.as_bytes())?;
     }
     Ok(())
 }
@@ -138,10 +138,7 @@ fn shared_under(base: &Path) -> std::io::Result<PathBuf> {
     let uid = nix::unistd::geteuid().as_raw();
     let dir = base.join(format!("{SHARED_PREFIX}{uid}-{:016x}", digest()));
     if !dir.exists() {
-        let staging = tempfile::Builder::new()
-            .prefix(&format!(".{SHARED_PREFIX}"))
-            .permissions(std::fs::Permissions::from_mode(0o700))
-            .tempdir_in(base)?;
+        let staging = trainyard_sys::private::temp_dir_in(base, &format!(".{SHARED_PREFIX}"))?;
         write(staging.path())?;
         // Another agent may have put its copy in place first: then that one is used.
         if std::fs::rename(staging.path(), &dir).is_ok() {
@@ -210,6 +207,8 @@ pub(crate) fn running_from_wheel() -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use super::*;
 
     /// Every `.py` file under `dir`, relative to `root`, sorted.

@@ -6,7 +6,6 @@
 //! `errors/`, where tasks that ask for one get their error file
 //! ([`ERROR_FILE_VAR`](trainyard_runtime::root_cause::ERROR_FILE_VAR)).
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 
 use crate::watchdog::Watchdog;
@@ -17,7 +16,7 @@ const PREFIX: &str = "trainyard-agent-";
 /// The agent's private directory; deleted when dropped.
 #[derive(Debug)]
 pub(crate) struct WorkDir {
-    root: tempfile::TempDir,
+    root: trainyard_sys::private::TempDir,
     /// Where the carried Python files are.
     python: PathBuf,
 }
@@ -30,9 +29,8 @@ impl WorkDir {
     /// # Errors
     /// When the directory or a file cannot be written.
     pub(crate) fn create(watchdog: &Watchdog) -> std::io::Result<Self> {
-        let root = tempfile::Builder::new().prefix(PREFIX).tempdir()?;
-        // `tempfile` makes it 0700 already; the tasks' files depend on it, so say so here.
-        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700))?;
+        // The tasks' files depend on it being this user's alone (0700).
+        let root = trainyard_sys::private::temp_dir(PREFIX)?;
         watchdog.remove_at_end(root.path());
         let python = match crate::python::shared() {
             Ok(shared) => shared,
@@ -90,6 +88,8 @@ impl WorkDir {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use super::*;
 
     #[test]

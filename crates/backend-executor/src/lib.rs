@@ -81,6 +81,13 @@
 //! - [`Backend`] and [`BackendConfig`]: framework hooks ([`NoBackend`] sets up nothing).
 //! - [`TrainContext`]: a worker's ranks, reports and output, inside its task.
 //! - [`assign_ranks`] ([`RankInfo`], [`WorldRank`]) and [`shared_ids`] ([`SharingRule`]).
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 mod attempt;
 mod backend;

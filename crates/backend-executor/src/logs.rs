@@ -2,13 +2,13 @@
 //! stamped with the time the driver took it in. A thread of its own writes them, so that a
 //! slow disk holds up neither the run nor its console.
 //!
-//! The folder is made with mode 0700 and every file in it with mode 0600, created anew
-//! (`O_CREAT | O_EXCL`) and never through a link (`O_NOFOLLOW`): a file that is already
-//! there (a `--log-dir` used before) is truncated only when it is no link.
+//! The folder is made with mode 0700 and every file in it with mode 0600, through
+//! `trainyard_sys::private`: never through a link, and a folder or file already there (a
+//! `--log-dir` used before) is used only when it is this user's (a folder writable by no one
+//! else), so that in a shared folder another user's `attempt_0` or `rank_0.log` is refused.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Write as _};
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::time::{Duration, SystemTime};
@@ -68,10 +68,7 @@ impl RankLogs {
         let made = if dir.as_os_str().is_empty() {
             Err(std::io::Error::from(std::io::ErrorKind::NotFound))
         } else {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)
+            trainyard_sys::private::dir_all(&dir)
         };
         let writer = match made {
             Ok(()) => {
@@ -152,36 +149,9 @@ impl RankLogs {
 }
 
 /// Creates the file at `path` for writing, mode 0600, never through a link: anew, or, when
-/// a file is there already, truncated if it is a regular file and no link.
+/// this user's regular file is there already, emptied.
 fn create(path: &Path) -> std::io::Result<File> {
-    let options = |new: bool| {
-        let mut options = OpenOptions::new();
-        options
-            .write(true)
-            .mode(0o600)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits());
-        if new {
-            options.create_new(true);
-        } else {
-            options.truncate(true);
-        }
-        options
-    };
-    match options(true).open(path) {
-        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
-            let file = options(false)
-                .custom_flags(
-                    (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits(),
-                )
-                .open(path)?;
-            if file.metadata()?.is_file() {
-                Ok(file)
-            } else {
-                Err(std::io::Error::other("not a regular file"))
-            }
-        }
-        opened => opened,
-    }
+    trainyard_sys::private::create(path)
 }
 
 /// The writer thread: appends each line to its rank's file until the sender is gone; how

@@ -697,12 +697,8 @@ pub(crate) enum AttemptEnd<'a> {
 /// logs or put a file or a link in it. It stays after the upload (the driver's messages
 /// name the files in it).
 fn staging_dir(run: &str, attempt: &str) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
-    tempfile::Builder::new()
-        .prefix(&format!("trainyard-logs-{run}-{attempt}-"))
-        .permissions(std::fs::Permissions::from_mode(0o700))
-        .tempdir()
-        .map(tempfile::TempDir::keep)
+    trainyard_sys::private::temp_dir(&format!("trainyard-logs-{run}-{attempt}-"))
+        .map(trainyard_sys::private::TempDir::keep)
 }
 
 /// `~/x` with the home folder for `~`.

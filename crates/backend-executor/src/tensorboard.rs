@@ -7,9 +7,8 @@
 //! `file_version: "brain.Event:2"`, then one per report with `wall_time`, `step` and a
 //! `Summary` of `simple_value`s. Those three messages are written here field by field.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Write as _};
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 /// CRC-32C, as TFRecords frame with it.
@@ -23,9 +22,10 @@ pub(crate) struct EventFile {
 }
 
 impl EventFile {
-    /// Makes `dir` and a new event file in it, which starts with its version event.
+    /// Makes `dir` (mode 0700 where missing) and a new event file in it (mode 0600, made anew,
+    /// never through a link), which starts with its version event.
     pub(crate) fn create(dir: &Path, wall_time: f64) -> std::io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
+        trainyard_sys::private::missing_dirs(dir)?;
         let host = nix::unistd::gethostname()
             .ok()
             .and_then(|name| name.into_string().ok())
@@ -35,12 +35,7 @@ impl EventFile {
             wall_time as u64,
             std::process::id()
         ));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(&path)?;
+        let file = trainyard_sys::private::create_new(&path)?;
         let mut events = Self {
             file: BufWriter::new(file),
             path,

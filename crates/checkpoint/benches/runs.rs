@@ -1,5 +1,9 @@
 //! What `trainyard ps` reads: the names of the run folders of a local storage and every
 //! run's `run.json`, for 1 000 runs (the day-two commands answer in at most 200 ms there).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "benches make scratch files of their own"
+)]
 
 use std::collections::BTreeMap;
 use std::hint::black_box;

@@ -43,6 +43,13 @@
 //! # tokio::runtime::Builder::new_current_thread().build()?.block_on(example())?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 mod book;
 mod env;

@@ -5,6 +5,10 @@
 //! the project's Python environment and prints its path). It keeps everything in memory,
 //! accepts any credentials, and speaks enough of S3 for [`object_store`]: single and
 //! multipart uploads, listing, ranged reads, bulk deletes.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "helpers for tests: they make scratch files of their own"
+)]
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

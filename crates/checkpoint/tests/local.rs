@@ -1,4 +1,8 @@
 //! Run folders on a local file system: persisting, atomicity, clean-up, restores.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

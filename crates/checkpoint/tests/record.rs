@@ -1,4 +1,8 @@
 //! `run.json`'s format: older records still load, newer ones are refused by their version.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 use std::collections::BTreeMap;
 

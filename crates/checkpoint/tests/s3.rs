@@ -1,5 +1,9 @@
 //! Run folders in S3, against a real S3 API server (moto, through `testing::S3Server`).
 //! Without moto installed these tests print a `SKIP:` line and pass, unless `CI=true`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 use std::collections::BTreeMap;
 use std::path::Path;

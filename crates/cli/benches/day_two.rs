@@ -2,6 +2,10 @@
 //! runs it: `ps --all` (the whole process), the dashboard's runs list (`GET /api/runs` of a
 //! running `trainyard dashboard`), and how long a line a rank prints takes to reach
 //! `trainyard logs -f` (lag; targets: 200 ms, 300 ms, 200 ms).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "benches make scratch files of their own"
+)]
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};

@@ -8,11 +8,12 @@
 //!
 //! The output file is made beside the run folders of a local storage and renamed into the run
 //! folder (`driver-TIME.log`) once the run is found; with remote storage it is
-//! `trainyard-NAME.out` in this directory; `--output FILE` puts it anywhere.
+//! `trainyard-NAME.out` in this directory; `--output FILE` puts it anywhere. Every file is
+//! made or opened through `trainyard_sys::private`: beside the run folders under a name no one
+//! can guess; elsewhere a file of this user's is appended to, another user's or a link refused.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Read as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -43,7 +44,7 @@ pub(crate) fn is_background_driver() -> bool {
 /// started (the file it waits for); nothing for a driver in the foreground.
 pub(crate) fn say_started() {
     if let Some(ready) = std::env::var_os(BACKGROUND_VAR).filter(|path| !path.is_empty()) {
-        let _ = std::fs::write(ready, b"");
+        let _ = trainyard_sys::private::create_new(Path::new(&ready));
     }
 }
 
@@ -58,10 +59,7 @@ pub(crate) fn detach(args: &RunArgs, name: &str, resume: ResumePolicy) -> Result
     let storage = open_storage_at(crate::args::storage_given(args.storage.as_deref()))?;
     let mut output = Output::open(args.output.as_deref(), &storage, name)?;
     // The driver says its workers have started by making this file.
-    let signal = tempfile::Builder::new()
-        .prefix("trainyard-detach-")
-        .tempdir()
-        .map_err(Failure::other)?;
+    let signal = trainyard_sys::private::temp_dir("trainyard-detach-").map_err(Failure::other)?;
     let ready = signal.path().join("started");
     let mut child = spawn(args.name.is_none().then_some(name), &output, &ready)?;
     let pid = child.id();
@@ -162,10 +160,7 @@ impl Output {
                 std::fs::create_dir_all(&root).map_err(|error| {
                     Failure::other(format!("cannot make {}: {error}", root.display()))
                 })?;
-                (
-                    root.join(format!(".driver-{name}-{}.log", std::process::id())),
-                    true,
-                )
+                return Self::beside_runs(&root, name);
             }
             (None, None) => (
                 std::path::absolute(format!("trainyard-{name}.out"))
@@ -173,26 +168,8 @@ impl Output {
                 false,
             ),
         };
-        let options = |new: bool| {
-            let mut options = OpenOptions::new();
-            options
-                .append(true)
-                .read(true)
-                .mode(0o600)
-                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits());
-            if new {
-                options.create_new(true);
-            }
-            options
-        };
-        let opened = match options(true).open(&path) {
-            Ok(file) => Ok((file, true)),
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
-                options(false).open(&path).map(|file| (file, false))
-            }
-            Err(error) => Err(error),
-        };
-        let (file, created) = opened.map_err(|error| {
+        // A file of this user's is appended to; another user's, or a link, is refused.
+        let (file, created) = trainyard_sys::private::append(&path).map_err(|error| {
             Failure::other(format!(
                 "cannot open {} for the driver's output: {error}",
                 path.display()
@@ -205,6 +182,28 @@ impl Output {
             moves,
             created,
             start,
+            kept: false,
+        })
+    }
+
+    /// A new file beside the run folders in `root`, under a name no one could have guessed
+    /// and made first (the storage root may be shared): moved into the run folder once the
+    /// run is found.
+    fn beside_runs(root: &Path, name: &str) -> Result<Self, Failure> {
+        let prefix = format!(".driver-{name}-{}-", std::process::id());
+        let (file, path) =
+            trainyard_sys::private::create_unique(root, &prefix, ".log").map_err(|error| {
+                Failure::other(format!(
+                    "cannot make a file in {} for the driver's output: {error}",
+                    root.display()
+                ))
+            })?;
+        Ok(Self {
+            file,
+            path,
+            moves: true,
+            created: true,
+            start: 0,
             kept: false,
         })
     }

@@ -178,7 +178,7 @@ pub(crate) fn run(args: &LogsArgs) -> Result<(), Failure> {
 pub(crate) struct Source {
     pub(crate) dir: PathBuf,
     /// A download of remote storage's copy, removed at the end.
-    _download: Option<tempfile::TempDir>,
+    _download: Option<trainyard_sys::private::TempDir>,
 }
 
 /// Attempt `attempt`'s log folder: where its driver writes (or wrote) it when that is on this
@@ -209,10 +209,8 @@ pub(crate) async fn locate_async(
             _download: None,
         }));
     }
-    let download = tempfile::Builder::new()
-        .prefix("trainyard-logs-")
-        .tempdir()
-        .map_err(Failure::other)?;
+    // This user's alone (0700, its files 0600): the logs are the run's.
+    let download = trainyard_sys::private::temp_dir("trainyard-logs-").map_err(Failure::other)?;
     let found = folder
         .attempt_logs(attempt, download.path())
         .await

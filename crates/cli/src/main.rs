@@ -1,5 +1,12 @@
 //! The `trainyard` command line: `plan` a scaling config, `run` its workers, show the `cluster`,
 //! list the runs (`ps`), `show`, `stop`, follow (`logs`) or look inside (`stacks`) one.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 /// `eprintln!` that never panics: a closed stderr (`trainyard run ... 2>&1 | head -1`) loses
 /// the line instead of ending the driver before it has stopped its workers.

@@ -62,7 +62,8 @@ pub(crate) fn run(args: &ShowArgs) -> Result<(), Failure> {
     let shown = runtime.block_on(Shown::read(&folder, record))?;
     if let Some(file) = &args.html {
         let page = html(&shown).map_err(Failure::other)?;
-        std::fs::write(file, page)
+        // Never through a link, and never into another user's file (a shared folder's).
+        trainyard_sys::private::write(file, page.as_bytes())
             .map_err(|error| Failure::other(format!("cannot write {}: {error}", file.display())))?;
         say!(
             "trainyard: run `{}` written to {} (one page, charts included)",

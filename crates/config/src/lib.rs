@@ -59,6 +59,13 @@
 //! - [`RunConfig`] and [`FailureConfig`]: the run's name, environment and restarts.
 //! - [`ConfigError`]: what is wrong, naming the field; [`resources`] re-exports
 //!   [`trainyard_resources`].
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 mod error;
 mod load;

@@ -2,6 +2,10 @@
 //!
 //! Where trainyard deliberately differs from Ray (an explicit `{"GPU": 0}` with `use_gpu`, and
 //! a worker bundle that normalises to `{}`), the test says so and expects the specific error.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -43,6 +43,13 @@
 //!   implements only a [`Placer`] (the cluster, placement groups, what an actor holds) and a
 //!   [`Launcher`] (how an agent process starts on the node it was placed on); spawning
 //!   (expect → launch → attach), calls, kills and event streams are the hub's.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 mod calls;
 mod config;

@@ -53,6 +53,13 @@
 //!   `resources`, built with `ActorOptions::try_from(&resources)`.
 //! - [`ResourceError`], [`AmountError`] and [`ByteSizeError`] say what is wrong;
 //!   [`ErrorChain`] shows an error with its causes.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 mod amount;
 mod bytes;

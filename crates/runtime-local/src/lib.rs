@@ -75,6 +75,13 @@
 //! - [`WarmPythonSpec`] ([`LocalConfig::warm_python`]): the run's warm Python, which imports
 //!   the heavy modules once and outlives attempts; agents start the Python tasks of its
 //!   interpreter as forks of it, so that a restarted rank does not import them again.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 mod config;
 pub mod detect;

@@ -5,6 +5,10 @@
 //!
 //! The agents are `examples/agent.rs`. The report test runs `python3 -c`; without `python3`
 //! on `PATH` it says `SKIP:` and passes.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 mod common;
 

@@ -6,6 +6,10 @@
 //!
 //! Each detached process is a `sleep` with an argument of its own (`sleep 1000.<n>`), found
 //! by its argv in `/proc`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 mod common;
 

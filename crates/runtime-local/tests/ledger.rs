@@ -1,6 +1,10 @@
 //! The machine-wide ledger under load: many processes reserve and release through it at
 //! once, each with the reservation book a local run uses; none may see the machine
 //! over-committed or a device given twice, and the file must stay readable throughout.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 mod common;
 

@@ -5,6 +5,10 @@
 //! The second user is this test binary run again as another uid (and the shared gid), doing
 //! one action named in its environment. Changing uid needs root: elsewhere these tests say
 //! `SKIP` and pass.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;

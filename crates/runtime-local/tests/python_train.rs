@@ -5,6 +5,10 @@
 //!
 //! Each test starts a local runtime whose agent is `examples/agent.rs` and runs `python3 -c`
 //! as a command task. Without `python3` on `PATH` a test says `SKIP:` and passes.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 mod common;
 

@@ -60,6 +60,13 @@
 //! # Ok(())
 //! # }
 //! ```
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 pub mod auth;
 pub mod bridge;

@@ -15,6 +15,10 @@
 //! One that runs was asked for (`--run-ignored`, `--ignored`; `cargo xtask ci` does when the
 //! variable is set), and [`python`] returns an error for it to fail with when the interpreter
 //! is missing or has no `ray`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "helpers for tests: they make scratch files of their own"
+)]
 
 use std::collections::BTreeSet;
 use std::fs::File;

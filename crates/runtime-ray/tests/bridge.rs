@@ -3,6 +3,10 @@
 //! Cluster start-ups are expensive, so one test runs the scenarios that share a cluster, one
 //! covers token auth, and one a throwaway local head. They need `TRAINYARD_RAY_PYTHON`, so
 //! they are ignored unless asked for, and fail when it is missing.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 mod common;
 

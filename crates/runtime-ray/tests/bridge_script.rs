@@ -4,6 +4,10 @@
 //! threads of their own, and an actor kills only its agent and the agent's task groups.
 //!
 //! It needs a Python 3 (`TRAINYARD_RAY_PYTHON` when set, else `python3`), not Ray.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

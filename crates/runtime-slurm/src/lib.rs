@@ -43,6 +43,13 @@
 //! `scripts/slurm-env.sh` installs Debian's Slurm packages and starts a controller with four
 //! fake nodes on this machine; with the `testing` feature, `testing` finds that cluster (as
 //! root it runs the script itself) or says why the tests skip.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 pub mod allocation;
 mod config;

@@ -64,7 +64,13 @@
 //! - [`FunctionRegistry`] and [`TaskContext`]: Rust functions that actors run by name.
 //! - Doubles, behind features: `sim` (an in-memory cluster that really schedules), `mocks`
 //!   (mockall's `MockActorRuntime`) and `conformance` (checks every runtime passes).
-
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod cluster;

@@ -16,8 +16,18 @@
 //! - [`private`]: the one place that makes temporary, socket, staging and download folders
 //!   and the files trainyard writes for the user: 0700 and 0600 whatever the umask, never
 //!   through a link, another user's refused.
+//! - [`lock`]: a lock a process holds for as long as it lives ([`lock::HeldLock`]), and which
+//!   process holds one ([`lock::holder`]): how a run's driver is proven to be that run's.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 pub mod cgroup;
+pub mod lock;
 pub mod private;
 pub mod process_group;
 pub mod procfs;

@@ -91,21 +91,33 @@ pub fn dir(path: &Path) -> io::Result<()> {
 /// # Errors
 /// As [`dir`].
 pub fn dir_all(path: &Path) -> io::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        missing_dirs(parent)?;
+    }
+    dir(path)
+}
+
+/// Makes the folders of `path` that are missing, itself included, each with mode 0700; those
+/// there are not checked. For a folder the user named to write new files into (made with
+/// [`create_new`] or [`create_unique`]: nothing there is reused).
+///
+/// # Errors
+/// Why a folder cannot be made.
+pub fn missing_dirs(path: &Path) -> io::Result<()> {
     let missing: Vec<&Path> = path
         .ancestors()
-        .skip(1)
         .filter(|p| !p.as_os_str().is_empty())
         .take_while(|p| std::fs::symlink_metadata(p).is_err())
         .collect();
-    for parent in missing.into_iter().rev() {
-        match std::fs::DirBuilder::new().mode(DIR_MODE).create(parent) {
-            Ok(()) => open_dir(parent)?.set_permissions(Permissions::from_mode(DIR_MODE))?,
-            // Made meanwhile by someone else: it is a parent, not checked.
+    for dir in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(DIR_MODE).create(dir) {
+            Ok(()) => open_dir(dir)?.set_permissions(Permissions::from_mode(DIR_MODE))?,
+            // Made meanwhile by someone else: not one of ours, not checked.
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
             Err(error) => return Err(error),
         }
     }
-    dir(path)
+    Ok(())
 }
 
 /// Whether the folder at `path` may hold this user's private files: it is a folder and no

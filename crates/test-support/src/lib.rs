@@ -3,6 +3,10 @@
 //! behind ([`processes`]), a process a test reads while it runs ([`running`]), the soak's
 //! driver ([`soak`]); and what a test logs, read back
 //! ([`logs`]). Not part of trainyard's API.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a library for tests: they make scratch files of their own"
+)]
 
 pub mod dashboard;
 pub mod logs;

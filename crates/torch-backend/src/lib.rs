@@ -106,6 +106,13 @@
 //! - [`torchrun_env`]: the variables of every rank; [`BACKEND_VAR`], [`INIT_METHOD_VAR`]
 //!   and [`TIMEOUT_VAR`]: the process-group settings every worker gets.
 //! - [`UnknownChoice`]: a backend or init method that does not exist.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 mod config;
 

@@ -1,4 +1,8 @@
 //! The environment every rank's task gets from the torch backend, on a two-node simulated run.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

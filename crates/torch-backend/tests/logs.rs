@@ -1,5 +1,9 @@
 //! What the torch backend logs, read back through this test binary's one global subscriber
 //! ([`trainyard_test_support::logs`]: every test here calls [`capture`] before anything else).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

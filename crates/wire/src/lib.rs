@@ -74,6 +74,13 @@
 //! - [`admission`]: connections that have not authenticated yet, evicted oldest first.
 //! - With the `testing` feature, `testing::start_agent` starts a test binary again as an
 //!   agent, for tests that play the driver.
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 pub mod admission;
 pub mod auth;

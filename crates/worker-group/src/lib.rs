@@ -77,6 +77,13 @@
 //! # Ok(())
 //! # }
 //! ```
+#![cfg_attr(
+    test,
+    allow(
+        clippy::disallowed_methods,
+        reason = "tests make scratch files of their own"
+    )
+)]
 
 mod error;
 mod group;

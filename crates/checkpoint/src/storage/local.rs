@@ -51,7 +51,9 @@ pub(crate) fn check_writable(root: &Path) -> Result<(), StorageError> {
     std::fs::create_dir_all(root).map_err(|e| io("create", root, e))?;
     let probe = root.join(format!(".trainyard-write-check-{}", random_suffix()));
     let content: &[u8] = b"trainyard write check";
-    std::fs::write(&probe, content).map_err(|e| io("write", &probe, e))?;
+    trainyard_sys::private::create_new(&probe)
+        .and_then(|mut file| file.write_all(content))
+        .map_err(|e| io("write", &probe, e))?;
     let back = std::fs::read(&probe);
     let deleted = std::fs::remove_file(&probe);
     let back = back.map_err(|e| io("read", &probe, e))?;

@@ -526,7 +526,8 @@ impl Bucket<'_> {
                 .into(),
             });
         }
-        tokio::fs::create_dir_all(dest)
+        let made = dest.to_path_buf();
+        unblocked(move || trainyard_sys::private::dir_all(&made))
             .await
             .map_err(|e| io("create", dest, e))?;
         let count = objects.len();
@@ -549,13 +550,16 @@ impl Bucket<'_> {
         else {
             return Err(copy_failed("not a file path".into()));
         };
-        tokio::fs::create_dir_all(dir)
+        let made = dir.to_path_buf();
+        unblocked(move || trainyard_sys::private::dir_all(&made))
             .await
             .map_err(|e| io("create", dir, e))?;
         let temp: PathBuf = dir.join(temp_name(file_name));
         let written: Result<(), Box<dyn std::error::Error + Send + Sync>> = async {
             let mut stream = self.store.get(key).await?.into_stream();
-            let mut file = tokio::fs::File::create(&temp).await?;
+            let made = temp.clone();
+            let file = unblocked(move || trainyard_sys::private::create_new(&made)).await?;
+            let mut file = tokio::fs::File::from_std(file);
             while let Some(chunk) = stream.next().await {
                 file.write_all(&chunk?).await?;
             }
@@ -570,6 +574,16 @@ impl Bucket<'_> {
             return Err(copy_failed(error));
         }
         Ok(())
+    }
+}
+
+/// `work` (file system calls) on tokio's blocking pool.
+async fn unblocked<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        Err(error) => Err(std::io::Error::other(error)),
     }
 }
 

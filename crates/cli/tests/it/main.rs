@@ -1,4 +1,8 @@
 //! The command line's integration tests: each module runs the `trainyard` binary as a user would.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests make scratch files of their own"
+)]
 
 mod bad_input;
 mod checkpoints;

@@ -2,7 +2,6 @@
 //! of the cluster's port before it starts, and its reaping.
 
 use std::io::Write as _;
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -104,26 +103,19 @@ pub(super) async fn probe(address: &str) -> Result<(), BridgeError> {
 }
 
 /// Writes the script, 0600 inside a fresh 0700 directory.
-fn write_script() -> Result<(tempfile::TempDir, PathBuf), BridgeError> {
-    let dir = tempfile::Builder::new()
-        .prefix("trainyard-ray-")
-        .permissions(std::fs::Permissions::from_mode(0o700))
-        .tempdir()
-        .map_err(|source| BridgeError::Script {
+fn write_script() -> Result<(trainyard_sys::private::TempDir, PathBuf), BridgeError> {
+    let dir = trainyard_sys::private::temp_dir("trainyard-ray-").map_err(|source| {
+        BridgeError::Script {
             path: std::env::temp_dir(),
             source,
-        })?;
+        }
+    })?;
     let path = dir.path().join("trainyard_bridge.py");
     let script_error = |source| BridgeError::Script {
         path: path.clone(),
         source,
     };
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(script_error)?;
+    let mut file = trainyard_sys::private::create_new(&path).map_err(script_error)?;
     file.write_all(BRIDGE_SCRIPT.as_bytes())
         .map_err(script_error)?;
     Ok((dir, path))
