@@ -12,19 +12,23 @@ mod bench_ray;
 mod bench_slurm;
 mod cycles;
 mod python;
+mod ray_tests;
 mod soak;
 mod tidy;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <ci|python|tidy|cycles|bench-e2e|bench-python|bench-ray|bench-slurm|bench-checkpoint|soak>
+const USAGE: &str = "usage: cargo xtask <ci|python|ray-tests|tidy|cycles|bench-e2e|bench-python|bench-ray|bench-slurm|bench-checkpoint|soak>
   ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests,
              the API docs with rustdoc's warnings as errors;
              the Ray tests too when TRAINYARD_RAY_PYTHON is set (under CI=true it must be,
              unless TRAINYARD_RAY_SKIP says why not); then the python step
   python     build the wheel, install it into a fresh venv, run python/tests/driver (pytest,
              torch) there with no Rust toolchain on PATH
+  ray-tests  --ray-source DIR [--against both|trainyard|ray] [--out FILE] Ray Train v2's own tests
+             (Ray's files in DIR, outside the repository) against trainyard through an import
+             shim, and against Ray 2.60 for the yardstick; by hand, not in CI
   tidy       fail on a workspace dependency that points up a layer
   cycles     list the circles of files that import each other inside a crate (at most one allowed)
   bench-e2e  [--against BIN] [--readme] time whole runs: trainyard run vs torchrun vs processes by
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
     let result = match task.as_deref() {
         Some("ci") => ci(),
         Some("python") => python::run_suite(),
+        Some("ray-tests") => ray_tests::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
         Some("cycles") => print_circles(),
         Some("bench-e2e") => bench_e2e::run(&std::env::args().skip(2).collect::<Vec<_>>()),

@@ -20,7 +20,7 @@ const MAX_WHEEL_BYTES: u64 = 15 * 1000 * 1000;
 const PYTEST_NO_TESTS: i32 = 5;
 
 /// Runs `command`, saying what it runs; an error naming it when it fails.
-fn run(command: &mut Command) -> Result<(), String> {
+pub(crate) fn run(command: &mut Command) -> Result<(), String> {
     eprintln!("$ {command:?}");
     let status = command
         .status()

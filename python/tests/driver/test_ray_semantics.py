@@ -149,6 +149,25 @@ def test_without_a_score_the_newest_are_kept_oldest_first(storage) -> None:
     assert list(result.metrics_dataframe["step"]) == [4, 5]
 
 
+def latest_loop():  # type: ignore[no-untyped-def]
+    before = train.get_checkpoint()
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "state"), "w") as f:
+            f.write("one")
+        train.report({"step": 0}, checkpoint=Checkpoint.from_directory(d))
+    latest = train.get_checkpoint()
+    with latest.as_directory() as folder, open(os.path.join(folder, "state")) as f:
+        return before, f.read(), os.path.dirname(latest.path)
+
+
+def test_get_checkpoint_during_the_run_is_the_latest_reported_once_persisted(storage) -> None:
+    # Ray 2.60: after a SYNC report, get_checkpoint() is that checkpoint, in storage.
+    result = TorchTrainer(
+        latest_loop, scaling_config=TWO, run_config=RunConfig(name="latest", storage_path=storage)
+    ).fit()
+    assert result.return_value == (None, "one", result.path)
+
+
 # --- local mode -------------------------------------------------------------------------------
 
 
@@ -408,10 +427,14 @@ def test_what_ray_offers_and_trainyard_does_not_is_refused_naming_what_to_use() 
         ScalingConfig(use_tpu=True)
     with pytest.raises(ValueError, match="max_failures"):
         FailureConfig(controller_failure_limit=3)
-    with pytest.raises(ValueError, match="s3://"):
-        import pyarrow.fs
+    import pyarrow.fs
 
-        RunConfig(storage_filesystem=pyarrow.fs.S3FileSystem(anonymous=True))
+    s3 = RunConfig(storage_path="bucket/runs", storage_filesystem=pyarrow.fs.S3FileSystem())
+    assert s3.storage_path == "s3://bucket/runs"
+    with pytest.raises(ValueError, match="is not supported: give storage_path"):
+        RunConfig(
+            storage_filesystem=pyarrow.fs.SubTreeFileSystem("/", pyarrow.fs.LocalFileSystem())
+        )
     with pytest.raises(ValueError, match="not supported yet"):
         RunConfig(callbacks=[object()])
     with pytest.raises(ValueError, match="prepare_data_loader"):

@@ -97,6 +97,10 @@ STDERR_PREFIX = "trainyard_report: "
 
 _print_lock = threading.Lock()
 
+# The checkpoint this process reported last and had persisted (SYNC) or registered (NO_UPLOAD):
+# what ``get_checkpoint`` returns during the run, as Ray's does (one entry at most).
+_reported: "list[Checkpoint]" = []
+
 
 class Checkpoint:
     """A directory of files: handed in with ``report``, or resumed from with
@@ -157,7 +161,8 @@ class Checkpoint:
         return hash(self.path)
 
     def __repr__(self) -> str:
-        return f"Checkpoint(path={self.path!r})"
+        where = "s3" if self.path.startswith("s3://") else "local"
+        return f"Checkpoint(filesystem={where}, path={self.path})"
 
 
 class CheckpointUploadMode(enum.Enum):
@@ -266,8 +271,13 @@ def report(
     if mode is CheckpointUploadMode.NO_UPLOAD:
         # Already in storage: never deleted here.
         _client.send(metrics, path, "NO_UPLOAD")
+        if checkpoint is not None:
+            _reported[:] = [checkpoint]
         return
-    _client.send(metrics, path)
+    index = _client.send(metrics, path)
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if path is not None and run_dir and "://" not in run_dir:
+        _reported[:] = [Checkpoint(os.path.join(run_dir, f"checkpoint_{index:06d}"))]
     if path is not None and delete_local_checkpoint_after_upload:
         import shutil
 
@@ -289,18 +299,23 @@ def get_dataset_shard(dataset_name: Optional[str] = None) -> Any:
 
 
 def get_checkpoint() -> Optional[Checkpoint]:
-    """The checkpoint this run resumes from (its latest committed one), or
-    ``None`` on a fresh start.
+    """The latest checkpoint: the one this worker reported last, once persisted (a ``SYNC``
+    report returned; ``NO_UPLOAD``: the folder it registered), as Ray's; before that, the
+    one the run resumes from (its latest committed one), or ``None`` on a fresh start.
 
-    Read from ``TRAINYARD_CHECKPOINT``, a local directory that the agent has
-    downloaded already when the run's storage is remote; before the run has a
-    checkpoint of its own, a ``TorchTrainer``'s ``resume_from_checkpoint``.
+    The checkpoint resumed from is read from ``TRAINYARD_CHECKPOINT``, a local directory
+    that the agent has downloaded already when the run's storage is remote; before the run
+    has a checkpoint of its own, a ``TorchTrainer``'s ``resume_from_checkpoint``. A
+    checkpoint reported to remote storage (``s3://``) is not returned until the run
+    resumes from it.
     """
     from trainyard.train import _local
 
     local = _local.session()
     if local is not None:
         return local.checkpoint  # type: ignore[no-any-return]
+    if _reported:
+        return _reported[-1]
     path = os.environ.get(CHECKPOINT_ENV) or os.environ.get(RESUME_FROM_ENV)
     return Checkpoint(path) if path else None
 

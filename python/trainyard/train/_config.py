@@ -139,6 +139,23 @@ class ScalingConfig:
                 f"placement_strategy must be one of {', '.join(_STRATEGIES)}, "
                 f"got {self.placement_strategy!r}"
             )
+        # Ray 2.60's checks, in its words.
+        gpus = (self.resources_per_worker or {}).get("GPU")
+        if not self.use_gpu and gpus:
+            raise ValueError(
+                "`use_gpu` is False but `GPU` was found in "
+                "`resources_per_worker`. Either set `use_gpu` to True or "
+                "remove `GPU` from `resources_per_worker."
+            )
+        if self.use_gpu and gpus == 0:
+            raise ValueError(
+                "`use_gpu` is True but `GPU` is set to 0 in "
+                "`resources_per_worker`. Either set `use_gpu` to False or "
+                "request a positive number of `GPU` in "
+                "`resources_per_worker."
+            )
+        if self.use_gpu and self.use_tpu:
+            raise ValueError("Cannot specify both `use_gpu=True` and `use_tpu=True`.")
         _only_default(
             "ScalingConfig",
             "label_selector",
@@ -167,6 +184,68 @@ class ScalingConfig:
                 "ScalingConfig(elastic_resize_monitor_interval_s) must be a number of seconds "
                 f">= 0, got {interval!r}"
             )
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers the run starts with."""
+        n = self.num_workers
+        return n[0] if isinstance(n, tuple) else n
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers the run may have."""
+        return self.total_workers
+
+    @property
+    def elasticity_enabled(self) -> bool:
+        """Whether ``num_workers`` is a ``(min, max)`` range."""
+        return isinstance(self.num_workers, tuple)
+
+    @property
+    def _resources_per_worker_not_none(self) -> Dict[str, Any]:
+        """Each worker's resources as Ray counts them: ``{"CPU": 1}`` (``{"GPU": 1}`` with
+        ``use_gpu``) when none are given, zero amounts left out, and
+        ``accelerator_type:<type>`` at 0.001 for an ``accelerator_type``."""
+        if self.resources_per_worker is None:
+            resources: Dict[str, Any] = {"GPU": 1} if self.use_gpu else {"CPU": 1}
+        else:
+            resources = {k: v for k, v in self.resources_per_worker.items() if v != 0}
+        if self.use_gpu:
+            resources.setdefault("GPU", 1)
+        if self.accelerator_type:
+            resources.setdefault(f"accelerator_type:{self.accelerator_type}", 0.001)
+        return resources
+
+    @property
+    def total_resources(self) -> Dict[str, float]:
+        """The resources of all workers together (of ``max_workers`` for an elastic run),
+        as Ray's; byte sizes given as text (``"10GB"``) have no total here."""
+        total: Dict[str, float] = {}
+        for name, amount in self._resources_per_worker_not_none.items():
+            if isinstance(amount, str):
+                raise ValueError(
+                    f"total_resources needs numbers: resource {name!r} is {amount!r}; give "
+                    "it in bytes"
+                )
+            total[name] = total.get(name, 0.0) + amount * self.max_workers
+        return total
+
+    @property
+    def additional_resources_per_worker(self) -> Dict[str, Any]:
+        """Each worker's resources besides CPUs and GPUs."""
+        return {
+            k: v for k, v in self._resources_per_worker_not_none.items() if k not in ("CPU", "GPU")
+        }
+
+    @property
+    def num_cpus_per_worker(self) -> Any:
+        """The CPUs of each worker."""
+        return self._resources_per_worker_not_none.get("CPU", 0)
+
+    @property
+    def num_gpus_per_worker(self) -> Any:
+        """The GPUs of each worker."""
+        return self._resources_per_worker_not_none.get("GPU", 0)
 
     @property
     def local_mode(self) -> bool:
@@ -386,8 +465,10 @@ class RunConfig:
             generated when ``None``.
         storage_path: Where run folders live: a path, ``file:///...`` or ``s3://...``
             (default ``$TRAINYARD_STORAGE``, else ``~/trainyard_results``).
-        storage_filesystem: pyarrow's ``LocalFileSystem`` (or ``None``); another file
-            system raises ``ValueError``: give ``storage_path`` as an ``s3://`` URI instead.
+        storage_filesystem: pyarrow's ``LocalFileSystem`` or ``S3FileSystem`` (then
+            ``storage_path`` is ``bucket/prefix``, as Ray's; the endpoint and credentials come
+            from the ``AWS_*`` environment variables, not from the object); another file
+            system raises ``ValueError``: give ``storage_path`` as a path or URI instead.
         failure_config: How many restarts are allowed.
         checkpoint_config: Which checkpoints are kept.
         callbacks: Not supported yet: a non-empty list raises ``ValueError``.
@@ -436,12 +517,16 @@ class RunConfig:
                     f"Invalid `{kind.__name__}` type: {value.__class__}. "
                     f"Use `trainyard.train.{kind.__name__}` instead."
                 )
-        fs = self.storage_filesystem
-        if fs is not None and type(fs).__name__ != "LocalFileSystem":
+        kind = None if self.storage_filesystem is None else type(self.storage_filesystem).__name__
+        if kind == "S3FileSystem":
+            # Ray's storage_path is then bucket/prefix: trainyard's is the URI.
+            if self.storage_path is not None and "://" not in self.storage_path:
+                self.storage_path = "s3://" + self.storage_path.lstrip("/")
+        elif kind not in (None, "LocalFileSystem"):
             raise ValueError(
-                f"RunConfig(storage_filesystem={type(fs).__name__}) is not supported: give "
-                "storage_path as a local path or an s3://bucket/prefix URI (the endpoint and "
-                "credentials come from the AWS_* environment variables)"
+                f"RunConfig(storage_filesystem={kind}) is not supported: give storage_path as "
+                "a local path or an s3://bucket/prefix URI (the endpoint and credentials come "
+                "from the AWS_* environment variables)"
             )
         self.callbacks = list(self.callbacks or [])
         if self.callbacks:

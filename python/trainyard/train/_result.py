@@ -64,7 +64,7 @@ def _lookup(metrics: Dict[str, Any], key: str) -> Any:
     return value
 
 
-@dataclass
+@dataclass(repr=False)
 class Result:
     """The outcome of a run, as Ray Train v2's ``Result``.
 
@@ -91,6 +91,17 @@ class Result:
         default_factory=list
     )
     return_value: Any = None
+
+    def __repr__(self) -> str:
+        shown: Dict[str, Any] = {}
+        if self.error:
+            shown["error"] = type(self.error).__name__
+        shown["metrics"] = self.metrics
+        shown["path"] = self.path
+        shown["filesystem"] = "s3" if (self.path or "").startswith("s3://") else "local"
+        shown["checkpoint"] = self.checkpoint
+        fields = ",\n".join(f"  {key}={value!r}" for key, value in shown.items())
+        return f"Result(\n{fields}\n)"
 
     @property
     def metrics_dataframe(self) -> Optional["pandas.DataFrame"]:

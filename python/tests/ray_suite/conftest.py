@@ -1,0 +1,165 @@
+"""What Ray's own ``conftest.py`` and ``ray/train/tests/util.py`` give Ray Train v2's tests
+(neither is in Ray's wheel), for ``cargo xtask ray-tests``: the fixtures the chosen tests use,
+``ray.train.tests.util`` (``create_dict_checkpoint``, ``load_dict_checkpoint``), and a record of
+each test's outcome, with the tests that used a part of Ray trainyard lacks marked not
+applicable.
+
+``RAY_SUITE_AGAINST`` says what runs: ``trainyard`` (``ray`` is the shim of ``shim/ray``) or
+``ray`` (Ray itself); ``RAY_SUITE_RESULTS`` names the JSON file the outcomes are written to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import types
+from typing import Any, Dict, Iterator
+
+import pytest
+
+AGAINST = os.environ.get("RAY_SUITE_AGAINST", "trainyard")
+_outcomes: Dict[str, Dict[str, str]] = {}
+
+
+def _install_test_util() -> None:
+    """``ray.train.tests.util``: a dict in a checkpoint folder, and back."""
+    import cloudpickle
+
+    module = types.ModuleType("ray.train.tests.util")
+
+    @contextlib.contextmanager
+    def create_dict_checkpoint(data: Dict[str, Any]) -> Iterator[Any]:
+        from ray.train import Checkpoint
+
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "data.pkl"), "wb") as f:
+                cloudpickle.dump(data, f)
+            yield Checkpoint.from_directory(folder)
+
+    def load_dict_checkpoint(checkpoint: Any) -> Dict[str, Any]:
+        with checkpoint.as_directory() as folder:
+            with open(os.path.join(folder, "data.pkl"), "rb") as f:
+                return dict(cloudpickle.load(f))
+
+    module.create_dict_checkpoint = create_dict_checkpoint  # type: ignore[attr-defined]
+    module.load_dict_checkpoint = load_dict_checkpoint  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+
+
+class _RayTestsFinder:
+    """With Ray itself: ``ray.train.tests.*`` and ``ray.tests.*`` (not in Ray's wheel) from
+    the Ray source."""
+
+    @staticmethod
+    def find_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
+        import importlib.machinery
+        import importlib.util
+
+        if not fullname.startswith(("ray.train.tests", "ray.tests")) or fullname == (
+            "ray.train.tests.util"
+        ):
+            return None
+        root = os.environ.get("RAY_SUITE_SOURCE", "")
+        base = os.path.join(root, *fullname.split("."))
+        if os.path.isfile(base + ".py"):
+            return importlib.util.spec_from_file_location(fullname, base + ".py")
+        return importlib.machinery.ModuleSpec(fullname, None, is_package=True)
+
+
+if AGAINST == "ray":
+    sys.meta_path.insert(0, _RayTestsFinder())  # type: ignore[arg-type]
+_install_test_util()
+
+
+@pytest.fixture()
+def ray_start_4_cpus() -> Iterator[None]:
+    import ray
+
+    ray.init(num_cpus=4)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture()
+def ray_start_4_cpus_2_gpus() -> Iterator[None]:
+    import ray
+
+    ray.init(num_cpus=4, num_gpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def shutdown_only() -> Iterator[None]:
+    import ray
+
+    yield None
+    ray.shutdown()
+
+
+class _NoS3:
+    """The S3 bucket of Ray's ``mock_s3_bucket_uri``: not provided, so a test that uses it
+    skips (requesting it costs nothing; the local cases of the same test run)."""
+
+    def __str__(self) -> str:
+        pytest.skip("not run here: the suite provides no S3 mock")
+
+    __fspath__ = __str__
+
+
+@pytest.fixture
+def mock_s3_bucket_uri() -> _NoS3:
+    return _NoS3()
+
+
+@pytest.fixture(autouse=True)
+def setup_logging() -> Iterator[None]:
+    logger = logging.getLogger("ray.train")
+    level = logger.getEffectiveLevel()
+    logger.setLevel(logging.INFO)
+    yield
+    logger.setLevel(level)
+
+
+def _not_applicable(text: str) -> bool:
+    return "RayInternal" in text or "RayOnly" in text
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    entry = _outcomes.setdefault(report.nodeid, {"outcome": "passed", "reason": ""})
+    if report.outcome == "passed" or entry["outcome"] != "passed":
+        return
+    text = str(report.longrepr or "")
+    if report.outcome == "skipped":
+        reason = text
+        if isinstance(report.longrepr, tuple):
+            reason = str(report.longrepr[2])
+        entry.update(outcome="skipped", reason=reason)
+    elif _not_applicable(text):
+        line = next((ln for ln in text.splitlines() if "RayInternal" in ln), "")
+        entry.update(outcome="not applicable", reason=line.strip()[-200:])
+    else:
+        last = [ln for ln in text.splitlines() if ln.startswith("E ")][-3:]
+        entry.update(outcome="failed", reason=" | ".join(ln[2:].strip() for ln in last)[-400:])
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.failed:
+        text = str(report.longrepr or "")
+        outcome = "not applicable" if _not_applicable(text) else "failed"
+        last = [ln for ln in text.splitlines() if ln.strip()][-1:]
+        _outcomes[report.nodeid + "::(collection)"] = {
+            "outcome": outcome,
+            "reason": " ".join(last)[-400:],
+        }
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = os.environ.get("RAY_SUITE_RESULTS")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(_outcomes, f, indent=1, sort_keys=True)
