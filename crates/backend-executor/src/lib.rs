@@ -130,8 +130,8 @@ pub use options::{DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, RESTARTS_TARGET, u
 pub use ranks::{RankInfo, WorldRank, assign_ranks};
 pub use report::{FitReport, RunEvent, StartedWorker};
 pub use run_folder::{
-    CheckpointResult, DriverLiveness, SLURM_DETACHED_VAR, driver_liveness, host_name,
-    set_driver_command,
+    CheckpointResult, DriverLiveness, SLURM_DETACHED_VAR, driver_liveness, driver_lock_holder,
+    host_name, set_driver_command,
 };
 pub use sharing::{
     AcceleratorView, MissingAcceleratorIds, SharingRule, accelerator_env, default_rules, shared_ids,

@@ -48,6 +48,9 @@ pub(crate) struct RunStore {
     history: MetricsHistory,
     /// Rank 0's numeric metrics for TensorBoard, when asked for.
     tensorboard: Option<EventFile>,
+    /// The lock that proves this process to be the run's driver (see [`driver_lock_holder`]);
+    /// released when the run's folder is let go.
+    _driver_lock: Option<trainyard_sys::lock::HeldLock>,
 }
 
 /// An attempt booked in the run's folder: what its ranks are told, and where its logs go.
@@ -132,6 +135,21 @@ impl RunStore {
             }
             None => RunRecord::new(&name),
         };
+        let driver_lock = match take_driver_lock(&folder.uri()) {
+            Ok(lock) => Some(lock),
+            Err(DriverLockError::Held(pid)) => {
+                return Err(ExecutorError::RunInUse {
+                    name,
+                    path: folder.uri(),
+                    pid,
+                    since: "just now".to_owned(),
+                });
+            }
+            Err(DriverLockError::Io(error)) => {
+                warn!(%error, "cannot take this run's driver lock; `trainyard stop` and the dashboard will refuse to signal this driver");
+                None
+            }
+        };
         let created = record.attempts.is_empty() && record.latest_checkpoint.is_none();
         let mut record = record;
         record.driver = Some(this_driver());
@@ -162,6 +180,7 @@ impl RunStore {
             created,
             history,
             tensorboard,
+            _driver_lock: driver_lock,
         };
         store.save().await.map_err(ExecutorError::Storage)?;
         // Once the folder is there.
@@ -584,6 +603,54 @@ impl Drop for LeaseRenewal {
     }
 }
 
+/// Where the lock of the driver of the run whose folder is `uri` lives: a file named after the
+/// folder in this user's private state folder on this host (`drivers` of
+/// `trainyard_sys::private::state_dir`, beside the machine-wide ledger), so that only this
+/// user's processes can hold it, whatever storage the run is on.
+fn driver_lock_path(uri: &str) -> std::io::Result<PathBuf> {
+    // FNV-1a: a stable name for the folder; the file holds the whole URI, which is compared.
+    let digest = uri.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let dir = trainyard_sys::private::state_dir("drivers")?;
+    Ok(dir.join(format!("{digest:016x}.lock")))
+}
+
+/// Why this process could not take its run's driver lock.
+#[derive(Debug)]
+enum DriverLockError {
+    /// Another process of this host drives the run (its pid).
+    Held(u32),
+    /// The lock's file could not be made or locked.
+    Io(std::io::Error),
+}
+
+/// Takes the driver lock of the run whose folder is `uri`, for as long as this process
+/// drives it.
+fn take_driver_lock(uri: &str) -> Result<trainyard_sys::lock::HeldLock, DriverLockError> {
+    let path = driver_lock_path(uri).map_err(DriverLockError::Io)?;
+    trainyard_sys::lock::HeldLock::take(&path, uri).map_err(|error| {
+        match (error.kind(), trainyard_sys::lock::holder(&path)) {
+            (std::io::ErrorKind::WouldBlock, Ok(Some((pid, _)))) => DriverLockError::Held(pid),
+            _ => DriverLockError::Io(error),
+        }
+    })
+}
+
+/// The process of this host that drives the run whose folder is `uri`, proven: it holds the
+/// run's driver lock, which only this user's processes can take. `None` when no process of
+/// this user's on this host drives it. A record's pid alone proves nothing (anyone can
+/// write a record on shared storage naming any process): signal only this one.
+///
+/// # Errors
+/// When the lock's file cannot be read (another user's, a link, ...).
+pub fn driver_lock_holder(uri: &str) -> std::io::Result<Option<u32>> {
+    let path = driver_lock_path(uri)?;
+    Ok(trainyard_sys::lock::holder(&path)?
+        .filter(|(_, locked)| locked == uri)
+        .map(|(pid, _)| pid))
+}
+
 /// The driver of `record`'s run when it is another process on this host that still runs
 /// (its pid and process start time both match): the run is in its hands.
 fn driving_here(record: &RunRecord) -> Option<&DriverRecord> {
@@ -765,6 +832,7 @@ mod tests {
             history: MetricsHistory::new(Some(Vec::new())),
             tensorboard: None,
             lease: LeaseRenewal(None),
+            _driver_lock: None,
         };
         let (dir, remote) = store.attempt_log_dir(None);
         assert_eq!(remote.as_deref(), Some("logs/attempt_0"));

@@ -18,7 +18,7 @@ use crate::values::{
     hang_timeout, module_list, num_workers, parsed, positive_size, rank_list, resize_interval,
     seconds, slurm_name, slurm_signal, slurm_time,
 };
-use crate::{Failure, escape_newlines};
+use crate::{Failure, inert};
 
 /// Schedule and run the workers of distributed training jobs.
 #[derive(Debug, Parser)]
@@ -587,7 +587,7 @@ pub(crate) fn warn_case_mistakes<'a>(specs: impl IntoIterator<Item = &'a Resourc
     for (name, meant) in mistaken {
         say!(
             "warning: resource `{}` is not `{meant}`; resource names are case-sensitive",
-            escape_newlines(name)
+            inert(name)
         );
     }
 }

@@ -328,7 +328,7 @@ async fn stop(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> 
 async fn stop_run(folder: &RunFolder, record: RunRecord, name: &str) {
     {
         match crate::stop::stop(folder, record, false).await {
-            Ok(stopped) => say!("{}", stopped.message),
+            Ok(stopped) => say!("{}", crate::inert(&stopped.message)),
             Err(failure) => say!(
                 "trainyard: the dashboard's stop of run `{name}` failed: {}",
                 failure.message()

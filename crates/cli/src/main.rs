@@ -118,7 +118,7 @@ fn failed(failure: &Failure) -> ExitCode {
         return ExitCode::from(failure.code);
     }
     let message = ErrorChain(failure.error.as_ref()).to_string();
-    say!("error: {}", escape_newlines(&message));
+    say!("error: {}", inert(&message));
     ExitCode::from(failure.code)
 }
 
@@ -137,9 +137,31 @@ fn missing_subcommand() -> String {
     )
 }
 
-/// `text` with line breaks written as `\n`, so that an error is always one line.
-pub(crate) fn escape_newlines(text: &str) -> String {
-    text.replace('\r', "\\r").replace('\n', "\\n")
+/// `text` made inert for a terminal, on one line: line breaks written as `\n` and `\r`, a
+/// tab as `\t`, and every other control character (an escape sequence's ESC, C1 controls such
+/// as CSI, DEL) and every bidirectional-text control written as `\u{..}`, so that nothing read
+/// from a run's files (another user's, or remote storage's) can move the cursor, retitle the
+/// window, hide or reorder what is shown, or fake a line of its own.
+pub(crate) fn inert(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() || is_bidi_control(c) => {
+                let _ =
+                    std::fmt::Write::write_fmt(&mut out, format_args!("\\u{{{:x}}}", u32::from(c)));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Whether `c` changes the direction of the text after it (the "Trojan Source" characters).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// The error of a failure that has been told already.
@@ -178,7 +200,7 @@ impl Failure {
 
     /// What went wrong, on one line.
     pub(crate) fn message(&self) -> String {
-        escape_newlines(&ErrorChain(self.error.as_ref()).to_string())
+        inert(&ErrorChain(self.error.as_ref()).to_string())
     }
 
     /// A failure that has been told already (another process printed it): only its code.
@@ -238,5 +260,19 @@ fn one_line(rendered: &str) -> String {
         }
         line.push_str(part);
     }
-    escape_newlines(&line)
+    inert(&line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inert_text_keeps_no_control_character_and_stays_on_one_line() {
+        assert_eq!(
+            inert("a\u{1b}]0;t\u{7}b\u{9b}1mc\u{202e}d\r\ne\tf\u{7f}"),
+            "a\\u{1b}]0;t\\u{7}b\\u{9b}1mc\\u{202e}d\\r\\ne\\tf\\u{7f}"
+        );
+        assert_eq!(inert("loss=0.5 é ✓"), "loss=0.5 é ✓");
+    }
 }

@@ -201,28 +201,42 @@ pub(crate) async fn driven_by(
     None
 }
 
-/// The pid of `record`'s driver, to be signalled: only a driver of this user's (a record
-/// on shared storage names any process).
+/// The pid of the driver of `record`'s run in `folder`, to be signalled: only a process
+/// proven to drive it, by the driver lock it holds in this user's private runtime folder
+/// (`trainyard::backend::driver_lock_holder`). A record names any process (anyone can write
+/// one on shared storage, and copy a process's uid, start time and host from `/proc`): a
+/// signal never goes by the record alone.
 pub(crate) fn own_driver_pid(
+    folder: &RunFolder,
     record: &RunRecord,
     driver: &trainyard::checkpoint::DriverRecord,
 ) -> Result<nix::unistd::Pid, Failure> {
     let uid = nix::unistd::getuid().as_raw();
-    let owner = {
-        use std::os::unix::fs::MetadataExt as _;
-        std::fs::metadata(format!("/proc/{}", driver.pid))
-            .ok()
-            .map(|meta| meta.uid())
-    };
-    if driver.uid != uid || owner.is_some_and(|owner| owner != uid) {
+    if driver.uid != uid {
         return Err(Failure::other(format!(
             "run `{}` is driven by another user (uid {}, pid {}): only they can signal its driver",
             record.name, driver.uid, driver.pid
         )));
     }
-    i32::try_from(driver.pid)
-        .map(nix::unistd::Pid::from_raw)
-        .map_err(Failure::other)
+    let holder = trainyard::backend::driver_lock_holder(&folder.uri()).map_err(|error| {
+        Failure::other(format!(
+            "the driver of run `{}` cannot be proven (its lock cannot be read: {error}): it is not signalled",
+            record.name
+        ))
+    })?;
+    match holder {
+        Some(pid) if pid == driver.pid => i32::try_from(pid)
+            .map(nix::unistd::Pid::from_raw)
+            .map_err(Failure::other),
+        Some(pid) => Err(Failure::other(format!(
+            "run `{}` names pid {} as its driver, but pid {pid} holds its driver lock: nothing is signalled",
+            record.name, driver.pid
+        ))),
+        None => Err(Failure::other(format!(
+            "run `{}` names pid {} as its driver, but no process of this user's holds its driver lock on this host: nothing is signalled (its record may have been written by someone else)",
+            record.name, driver.pid
+        ))),
+    }
 }
 
 /// Whether process `pid` catches `signal` (its `SigCgt` mask in `/proc/<pid>/status`);
@@ -428,7 +442,7 @@ fn text(rows: &[Row], total: usize, all: bool, storage: &Storage) -> String {
     let mut table: Vec<[String; 8]> = vec![header.map(str::to_owned)];
     for row in rows {
         table.push([
-            row.name.clone(),
+            crate::inert(&row.name),
             row.status.to_owned(),
             row.started_at.map_or_else(|| "-".to_owned(), started),
             row.duration_s.map_or_else(|| "-".to_owned(), duration),
@@ -485,13 +499,13 @@ pub(crate) fn duration(seconds: f64) -> String {
     }
 }
 
-/// `loss=0.1235 epoch=4` (the first few metrics).
+/// `loss=0.1235 epoch=4` (the first few metrics), [`inert`](crate::inert).
 pub(crate) fn metrics(metrics: &serde_json::Map<String, serde_json::Value>) -> String {
     const SHOWN: usize = 3;
     let mut parts: Vec<String> = metrics
         .iter()
         .take(SHOWN)
-        .map(|(name, value)| format!("{name}={}", number(value)))
+        .map(|(name, value)| crate::inert(&format!("{name}={}", number(value))))
         .collect();
     if metrics.len() > SHOWN {
         parts.push("…".to_owned());

@@ -83,24 +83,27 @@ pub(crate) fn run(args: &ShowArgs) -> Result<(), Failure> {
     written.map_err(Failure::output)
 }
 
+/// The record as text; every string it holds is made [`inert`](crate::inert) (it may be
+/// another user's, or remote storage's).
 fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -> String {
+    use crate::inert;
     let mut out = String::new();
-    let _ = writeln!(out, "run {}: {status}", record.name);
-    let _ = writeln!(out, "  folder      {uri}");
+    let _ = writeln!(out, "run {}: {status}", inert(&record.name));
+    let _ = writeln!(out, "  folder      {}", inert(uri));
     if let Some(driver) = &record.driver {
-        let user = driver.user.as_deref().unwrap_or("?");
+        let user = inert(driver.user.as_deref().unwrap_or("?"));
         let _ = writeln!(
             out,
             "  driver      pid {} on {} (user {user}), started {}",
             driver.pid,
-            driver.host,
+            inert(&driver.host),
             crate::ps::started(driver.started_at)
         );
         if !driver.command.is_empty() {
             let _ = writeln!(
                 out,
                 "  command     {}",
-                crate::escape_newlines(&command_line(&driver.command))
+                crate::inert(&command_line(&driver.command))
             );
         }
     }
@@ -116,7 +119,7 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
         let ending = attempt
             .failure
             .as_deref()
-            .map(|failure| format!(": {failure}"))
+            .map(|failure| format!(": {}", inert(failure)))
             .unwrap_or_default();
         let _ = writeln!(
             out,
@@ -159,8 +162,8 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
     let mut table: Vec<Vec<String>> = vec![
         ["time", "attempt"]
             .into_iter()
-            .chain(names.iter().copied())
             .map(str::to_owned)
+            .chain(names.iter().map(|name| inert(name)))
             .collect(),
     ];
     for entry in rank0.iter().skip(rank0.len().saturating_sub(ROWS)) {
@@ -206,9 +209,14 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
             (*name, values)
         })
         .collect();
-    let label = names.iter().map(|n| n.chars().count()).max().unwrap_or(0);
+    let label = names
+        .iter()
+        .map(|n| inert(n).chars().count())
+        .max()
+        .unwrap_or(0);
     for name in &names {
         let values = &series[name];
+        let shown = inert(name);
         if values.len() < 2 {
             continue;
         }
@@ -219,7 +227,7 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
             });
         let _ = writeln!(
             out,
-            "  {name:<label$}  {}  {} .. {}",
+            "  {shown:<label$}  {}  {} .. {}",
             sparkline(values, CHART_WIDTH),
             number(&serde_json::json!(low)),
             number(&serde_json::json!(high))

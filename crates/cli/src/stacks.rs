@@ -88,7 +88,6 @@ pub(crate) async fn capture(
             name
         )));
     };
-    let pid = own_driver_pid(record, &driver)?;
     // Only `trainyard run` takes SIGQUIT for stacks: to another program it is a core dump.
     if catches(driver.pid, Signal::SIGQUIT) == Some(false) {
         return Err(Failure::other(format!(
@@ -96,6 +95,7 @@ pub(crate) async fn capture(
             driver.pid
         )));
     }
+    let pid = own_driver_pid(folder, record, &driver)?;
     let before = dumps(&dir);
     kill(pid, Signal::SIGQUIT).map_err(|error| {
         Failure::other(format!(

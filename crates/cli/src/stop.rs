@@ -42,7 +42,7 @@ pub(crate) fn run(args: &StopArgs) -> Result<(), Failure> {
     let (folder, record) = find_run(&storage, &runtime, &args.name)?;
     let stopped = runtime.block_on(stop(&folder, record, args.now))?;
     match args.format {
-        OutputFormat::Text => say!("{}", stopped.message),
+        OutputFormat::Text => say!("{}", crate::inert(&stopped.message)),
         OutputFormat::Json => {
             let mut out = std::io::stdout().lock();
             let written = serde_json::to_writer(
@@ -112,7 +112,7 @@ pub(crate) async fn stop(
             )));
         }
     }
-    let pid = own_driver_pid(&record, &driver)?;
+    let pid = own_driver_pid(folder, &record, &driver)?;
     let started = Instant::now();
     kill(pid, Signal::SIGINT).map_err(|error| {
         Failure::other(format!(

@@ -13,12 +13,12 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use trainyard_config::resources::{ByteSize, ErrorChain};
 use trainyard_config::{NumWorkers, ScoreOrder, parse_hang_timeout, parse_resize_interval};
 
-use crate::{Failure, escape_newlines};
+use crate::{Failure, inert};
 
 /// A flag whose value is not acceptable; the value is shown with its newlines escaped so
 /// that the error stays on one line.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid value `{}` for `{flag}`", escape_newlines(value))]
+#[error("invalid value `{}` for `{flag}`", inert(value))]
 pub(crate) struct FlagError {
     flag: String,
     value: String,

@@ -276,23 +276,59 @@ pub fn euid() -> u32 {
     rustix::process::geteuid().as_raw()
 }
 
-/// A folder of this user's for what outlives one command but not the machine's uptime (the
-/// locks drivers hold): `$XDG_RUNTIME_DIR/trainyard` when that folder is set and this user's,
-/// else `trainyard-UID` in the temporary directory; made (0700) when missing, checked when
-/// there (another user's folder of that name is refused, never used).
+/// The folder of this user's for what outlives one command on this host but is no run's (the
+/// machine-wide ledger, the locks drivers hold): `$XDG_RUNTIME_DIR/trainyard`; else
+/// `~/.cache/trainyard/<host>` (a home shared between machines keeps one folder per
+/// machine); else, without a home, `/run/user/<uid>/trainyard`. Never a shared temporary
+/// folder, where another user could make it first. With why it is not the first, when it is
+/// not.
+#[must_use]
+pub fn user_state_dir() -> (PathBuf, Option<&'static str>) {
+    let absolute = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|dir| dir.is_absolute() && dir != Path::new("/"))
+    };
+    if let Some(dir) = absolute("XDG_RUNTIME_DIR") {
+        return (dir.join("trainyard"), None);
+    }
+    if let Some(home) = absolute("HOME") {
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|name| name.into_string().ok())
+            .filter(|name| !name.is_empty() && !name.contains('/'))
+            .unwrap_or_else(|| "localhost".to_owned());
+        return (
+            home.join(".cache").join("trainyard").join(host),
+            Some("XDG_RUNTIME_DIR is not set"),
+        );
+    }
+    (
+        PathBuf::from("/run/user")
+            .join(euid().to_string())
+            .join("trainyard"),
+        Some("neither XDG_RUNTIME_DIR nor HOME is set"),
+    )
+}
+
+/// [`user_state_dir`]'s folder `name`, made (with what is missing above it, mode 0700) when
+/// missing, and used only when both it and the state folder are this user's and closed to
+/// everyone else (mode 0700): another user's folder of that name is refused, never used.
 ///
 /// # Errors
-/// As [`dir`].
-pub fn runtime_dir() -> io::Result<PathBuf> {
-    let xdg = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|dir| dir.is_absolute() && check_dir(dir).is_ok());
-    let path = match xdg {
-        Some(xdg) => xdg.join("trainyard"),
-        None => std::env::temp_dir().join(format!("trainyard-{}", euid())),
-    };
-    dir(&path)?;
-    Ok(path)
+/// [`io::ErrorKind::PermissionDenied`] naming what fails, or why it cannot be made.
+pub fn state_dir(name: &str) -> io::Result<PathBuf> {
+    let (base, _) = user_state_dir();
+    let dir = base.join(name);
+    missing_dirs(&dir)?;
+    for path in [&base, &dir] {
+        check_dir(path)?;
+        let mode = open_dir(path)?.metadata()?.mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(refused(path, &format!("other users may enter it (mode {mode:04o}, not 0700)")));
+        }
+    }
+    Ok(dir)
 }
 
 /// Opens `path` as [`create`] or [`append`] do; whether the file was made.
@@ -513,9 +549,13 @@ mod tests {
     }
 
     #[test]
-    fn the_runtime_folder_is_private() {
-        let dir = runtime_dir().expect("made");
-        assert!(check_dir(&dir).is_ok());
-        assert_eq!(mode(&dir) & 0o077, 0);
+    fn a_state_folder_is_private_and_another_users_is_refused() {
+        let dir = state_dir("private-test").expect("made");
+        assert!(dir.starts_with(user_state_dir().0));
+        assert_eq!(mode(&dir), DIR_MODE);
+        std::fs::set_permissions(&dir, Permissions::from_mode(0o755)).expect("chmod");
+        let error = state_dir("private-test").expect_err("open to others");
+        assert!(error.to_string().contains("mode 0755"), "{error}");
+        std::fs::remove_dir(&dir).expect("removed");
     }
 }

@@ -93,13 +93,22 @@ fn check_trusted(path: &Path, meta: &std::fs::Metadata, uid: u32) -> Result<(), 
 /// user's or root's and writable by no one else, and that none of those is a link. The run
 /// folder itself may be a link that this user made, to a folder that passes the same checks.
 pub(crate) fn prepare_run_dir(dir: &Path) -> Result<(), StorageError> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => check_run_dir(dir),
+        Err(error) => Err(io("create", dir, error)),
+    }
+}
+
+/// Checks the run folder `dir` as [`prepare_run_dir`] does when it is there: every reader of a
+/// run (`ps`, `show`, `stop`, `stacks`, `logs`, the dashboard) trusts it only as far as a run
+/// would before writing to it. A folder that is not there passes (there is nothing to read).
+pub(crate) fn check_run_dir(dir: &Path) -> Result<(), StorageError> {
     let Some(uid) = own_uid() else {
         return Ok(());
     };
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => return Ok(()),
-        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(error) => return Err(io("create", dir, error)),
+    if std::fs::symlink_metadata(dir).is_err_and(|error| missing(&error)) {
+        return Ok(());
     }
     let own = std::fs::symlink_metadata(dir).map_err(|e| io("read", dir, e))?;
     check_trusted(dir, &own, uid)?;

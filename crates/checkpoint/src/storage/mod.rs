@@ -356,17 +356,26 @@ impl RunFolder {
         }
     }
 
-    /// Reads `run.json`; `None` when there is none.
+    /// Reads `run.json`; `None` when there is none. A local run folder is checked first as
+    /// [`Self::prepare`] checks it before a run writes to it: a folder, or a record, that
+    /// another user could have put there or changed is refused, not read. This is the one way
+    /// a run is read, by the driver and by every command that looks at or acts on a run.
     ///
     /// # Errors
-    /// [`StorageError::Io`], [`StorageError::BadRecord`].
+    /// [`StorageError::Untrusted`], [`StorageError::NotARegularFile`], [`StorageError::Io`],
+    /// [`StorageError::BadRecord`].
     pub async fn load(&self) -> Result<Option<RunRecord>, StorageError> {
         let (bytes, path) = match &self.storage.backend {
             Backend::Local(root) => {
-                let path = Self::local_dir(root, &self.name).join(RUN_FILE);
+                let dir = Self::local_dir(root, &self.name);
+                let path = dir.join(RUN_FILE);
                 let read = path.clone();
                 (
-                    blocking("read", &path.clone(), move || local::read(&read)).await?,
+                    blocking("read", &path.clone(), move || {
+                        local::check_run_dir(&dir)?;
+                        local::read(&read)
+                    })
+                    .await?,
                     path.display().to_string(),
                 )
             }

@@ -28,7 +28,7 @@ fn run(storage: &Path, name: &str, script: &str) -> Output {
         .expect("trainyard runs")
 }
 
-fn text(output: &Output) -> String {
+pub(crate) fn text(output: &Output) -> String {
     format!(
         "{}\n{}",
         String::from_utf8_lossy(&output.stdout),
@@ -37,13 +37,13 @@ fn text(output: &Output) -> String {
 }
 
 /// A storage root every user may write to, as a shared 1777 directory is.
-fn shared_root() -> tempfile::TempDir {
+pub(crate) fn shared_root() -> tempfile::TempDir {
     let root = tempfile::tempdir().expect("temp dir");
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o1777)).expect("chmod");
     root
 }
 
-fn as_user(user: &User, script: &str) {
+pub(crate) fn as_user(user: &User, script: &str) {
     let (ok, said) = user.sh(script);
     assert!(ok, "{} could not `{script}`: {said}", user.name);
 }
@@ -284,11 +284,11 @@ fn another_user_cannot_take_the_warm_pythons_place_whatever_the_victims_umask() 
 }
 
 /// A child process killed and reaped when dropped (a test that fails first leaves none).
-struct KillOnDrop(std::process::Child);
+pub(crate) struct KillOnDrop(pub(crate) std::process::Child);
 
 impl KillOnDrop {
     /// Kills it, and what it printed.
-    fn finish(mut self) -> String {
+    pub(crate) fn finish(mut self) -> String {
         let _ = self.0.kill();
         let mut said = String::new();
         if let Some(mut out) = self.0.stdout.take() {
@@ -306,4 +306,131 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A record of a running run `name` that names process `pid` of this host as its driver, its
+/// uid, host and start time copied from `/proc` as anyone may read them.
+pub(crate) fn forged_record(name: &str, pid: u32) -> serde_json::Value {
+    let start_ticks = trainyard_sys::procfs::read_stat(pid)
+        .expect("readable")
+        .and_then(|stat| stat.start_time)
+        .expect("a start time");
+    let host = nix::unistd::gethostname()
+        .expect("a host name")
+        .into_string()
+        .expect("UTF-8");
+    serde_json::json!({
+        "version": 3,
+        "name": name,
+        "status": "running",
+        "driver": {
+            "user": "root",
+            "uid": nix::unistd::getuid().as_raw(),
+            "host": host,
+            "pid": pid,
+            "command": ["trainyard", "run", "--", "true"],
+            "started_at": 1.0,
+            "start_ticks": start_ticks,
+        },
+        "attempts": [],
+        "checkpoints": [],
+        "latest_checkpoint": null,
+        "last_index": 0,
+    })
+}
+
+/// `trainyard stop NAME --storage STORAGE`, with `env`.
+fn stop(storage: &str, name: &str, env: &std::collections::BTreeMap<String, String>) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_trainyard"))
+        .args(["stop", name, "--storage", storage])
+        .envs(env)
+        .env("CI", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("trainyard runs")
+}
+
+/// A process of the victim's that a stop must never reach (its shell, say).
+pub(crate) fn victims_process() -> KillOnDrop {
+    KillOnDrop(
+        Command::new("sleep")
+            .arg("120")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("sleep starts"),
+    )
+}
+
+#[test]
+fn a_record_another_user_forged_in_a_shared_storage_cannot_make_stop_signal_the_victim() {
+    let Some(users) = two_users() else {
+        return;
+    };
+    let shared = shared_root();
+    let mut shell = victims_process();
+    let staged = shared.path().join("forged.json");
+    std::fs::write(&staged, forged_record("forged", shell.0.id()).to_string()).expect("written");
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    as_user(
+        &users.second,
+        &format!(
+            "mkdir -m 700 {dir} && cp {staged} {dir}/run.json",
+            dir = shared.path().join("forged").display(),
+            staged = staged.display()
+        ),
+    );
+    let out = stop(
+        shared.path().to_str().expect("UTF-8"),
+        "forged",
+        &std::collections::BTreeMap::new(),
+    );
+    let all = text(&out);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        shell.0.try_wait().expect("waitable").is_none(),
+        "the victim's process was signalled: {all}"
+    );
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains(&format!("is owned by uid {}", users.second.uid)),
+        "the folder is refused as another user's: {all}"
+    );
+}
+
+#[test]
+fn a_record_forged_in_s3_storage_cannot_make_stop_signal_a_process_that_holds_no_driver_lock() {
+    let Some(server) = trainyard_checkpoint::testing::S3Server::start().expect("moto starts")
+    else {
+        return;
+    };
+    server.create_bucket("shared").expect("a bucket");
+    let mut shell = victims_process();
+    let env = server.env();
+    // Anyone who may write to the bucket may write this.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let storage = trainyard_checkpoint::Storage::open(
+            "s3://shared/runs".parse().expect("an S3 location"),
+            &env,
+        )
+        .expect("opened");
+        let record =
+            serde_json::from_value(forged_record("forged", shell.0.id())).expect("a record");
+        storage.run("forged").save(&record).await.expect("saved");
+    });
+    let out = stop("s3://shared/runs", "forged", &env);
+    let all = text(&out);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        shell.0.try_wait().expect("waitable").is_none(),
+        "the process the record names was signalled: {all}"
+    );
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains("holds its driver lock on this host: nothing is signalled"),
+        "{all}"
+    );
 }

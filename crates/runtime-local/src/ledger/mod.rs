@@ -178,36 +178,8 @@ fn say_why_not_in_runtime_dir(path: &Path) {
 /// [`LedgerLocation::user_default`], and why it is not under `$XDG_RUNTIME_DIR` when it is
 /// not.
 fn user_default_and_why() -> (PathBuf, Option<&'static str>) {
-    let absolute = |name: &str| {
-        std::env::var_os(name)
-            .map(PathBuf::from)
-            .filter(|dir| dir.is_absolute() && dir != Path::new("/"))
-    };
-    if let Some(dir) = absolute("XDG_RUNTIME_DIR") {
-        return (dir.join("trainyard").join("ledger"), None);
-    }
-    if let Some(home) = absolute("HOME") {
-        let host = nix::unistd::gethostname()
-            .ok()
-            .and_then(|name| name.into_string().ok())
-            .filter(|name| !name.is_empty() && !name.contains('/'))
-            .unwrap_or_else(|| "localhost".to_owned());
-        return (
-            home.join(".cache")
-                .join("trainyard")
-                .join(host)
-                .join("ledger"),
-            Some("XDG_RUNTIME_DIR is not set"),
-        );
-    }
-    let uid = directory::own_uid().map_or_else(|| "user".to_owned(), |uid| uid.to_string());
-    (
-        PathBuf::from("/run/user")
-            .join(uid)
-            .join("trainyard")
-            .join("ledger"),
-        Some("neither XDG_RUNTIME_DIR nor HOME is set"),
-    )
+    let (dir, why) = trainyard_sys::private::user_state_dir();
+    (dir.join("ledger"), why)
 }
 
 /// What one run holds.
