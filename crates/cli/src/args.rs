@@ -149,6 +149,13 @@ impl StorageArgs {
 
 /// The storage `flag` or `$TRAINYARD_STORAGE` names, as `trainyard run` and the day-two
 /// commands take it; `None` (the default, `~/trainyard_results`) when neither says.
+/// The `--notify` URL: the flag's, else `$TRAINYARD_NOTIFY` (empty is none).
+pub(crate) fn notify_given(flag: Option<&str>) -> Option<String> {
+    flag.map(str::to_owned)
+        .or_else(|| std::env::var(crate::secrets::NOTIFY_VAR).ok())
+        .filter(|url| !url.is_empty())
+}
+
 pub(crate) fn storage_given(flag: Option<&str>) -> Option<String> {
     flag.map(str::to_owned)
         .or_else(|| std::env::var("TRAINYARD_STORAGE").ok())
@@ -210,9 +217,12 @@ pub(crate) struct RunArgs {
         visible_aliases = ["max-restarts", "max_restarts"]
     )]
     pub(crate) max_failures: Option<i64>,
-    /// An environment variable for every worker (repeatable); not one that trainyard sets itself (RANK, MASTER_PORT, ...)
-    #[arg(long = "env", value_name = "K=V", value_parser = env_pair)]
+    /// An environment variable for every worker (repeatable): K=V, or K alone for the value K has in this environment (a secret stays off the command line, which every user can read); not one that trainyard sets itself (RANK, MASTER_PORT, ...)
+    #[arg(long = "env", value_name = "K=V|K", value_parser = env_pair)]
     pub(crate) env: Vec<(String, String)>,
+    /// Environment variables for every worker from FILE (repeatable): one K=V a line, or K alone for its value in this environment; blank lines and # comments are passed over; --env wins
+    #[arg(long, value_name = "FILE")]
+    pub(crate) env_file: Vec<PathBuf>,
     /// The process-group timeout, in seconds, that the workers are given in TRAINYARD_TORCH_TIMEOUT_S (Ray's TorchConfig.timeout_s; --backend torch) [default: 1800]
     #[arg(long, value_name = "SECS", value_parser = parse_torch_timeout)]
     pub(crate) torch_timeout: Option<u64>,
@@ -264,7 +274,7 @@ pub(crate) struct RunArgs {
     /// Where each rank's output is written, one file a rank and attempt (DIR/attempt_K/rank_R.log) [default: the run folder's logs/]
     #[arg(long, value_name = "DIR")]
     pub(crate) log_dir: Option<PathBuf>,
-    /// POST the run's changes of state (attempt started, restarting, resized, checkpoint committed, and how it ended) as JSON to this http:// or https:// URL
+    /// POST the run's changes of state (attempt started, restarting, resized, checkpoint committed, and how it ended) as JSON to this http:// or https:// URL [default: $TRAINYARD_NOTIFY, where a URL with a token in it stays off the command line]
     #[arg(long, value_name = "URL")]
     pub(crate) notify: Option<String>,
     /// Write TensorBoard event files of rank 0's numeric metrics to DIR (tensorboard --logdir DIR reads them as the run goes)

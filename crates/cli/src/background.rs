@@ -61,7 +61,7 @@ pub(crate) fn detach(args: &RunArgs, name: &str, resume: ResumePolicy) -> Result
     // The driver says its workers have started by making this file.
     let signal = trainyard_sys::private::temp_dir("trainyard-detach-").map_err(Failure::other)?;
     let ready = signal.path().join("started");
-    let mut child = spawn(args.name.is_none().then_some(name), &output, &ready)?;
+    let mut child = spawn(args, args.name.is_none().then_some(name), &output, &ready)?;
     let pid = child.id();
     let runtime = runtime()?;
     let started = Instant::now();
@@ -110,10 +110,18 @@ pub(crate) fn detach(args: &RunArgs, name: &str, resume: ResumePolicy) -> Result
 }
 
 /// The same command line, as the driver of the run in the background; `generated` is the
-/// name it is given when the command gave none.
-fn spawn(generated: Option<&str>, output: &Output, ready: &Path) -> Result<Child, Failure> {
+/// name it is given when the command gave none. What may be secret on it goes in the
+/// driver's environment instead (`crate::secrets::passed_on`).
+fn spawn(
+    args: &RunArgs,
+    generated: Option<&str>,
+    output: &Output,
+    ready: &Path,
+) -> Result<Child, Failure> {
     let exe = std::env::current_exe().map_err(Failure::other)?;
-    let mut words: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let all: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let (all, secrets) = crate::secrets::passed_on(&all, args.program.len());
+    let mut words: Vec<std::ffi::OsString> = all.into_iter().skip(1).collect();
     // `run` is the first word (no flag comes before the subcommand): the name goes after it,
     // before the program's own words.
     if let Some(name) = generated {
@@ -124,6 +132,7 @@ fn spawn(generated: Option<&str>, output: &Output, ready: &Path) -> Result<Child
     let err = output.file.try_clone().map_err(Failure::other)?;
     Command::new(exe)
         .args(words)
+        .envs(secrets)
         .env(BACKGROUND_VAR, ready)
         .stdin(Stdio::null())
         .stdout(file)

@@ -32,6 +32,7 @@ mod plan;
 mod print;
 mod ps;
 mod run;
+mod secrets;
 mod show;
 mod slurm;
 mod stacks;

@@ -107,6 +107,7 @@ pub(crate) fn detach(
     scaling: &ScalingConfig,
     name: Option<&str>,
     output: Option<&Path>,
+    program: usize,
 ) -> Result<(), Failure> {
     let options = args.options();
     let factory = scaling
@@ -135,11 +136,16 @@ pub(crate) fn detach(
         )
     })?;
     let exe = std::env::current_exe().map_err(Failure::other)?;
+    // The secrets go to the job in its environment (sbatch passes its own on), not in its
+    // script.
+    let words: Vec<std::ffi::OsString> = std::iter::once(exe.into_os_string())
+        .chain(std::env::args_os().skip(1))
+        .collect();
+    let (words, secrets) = crate::secrets::passed_on(&words, program);
     let mut script = format!("export {DETACHED_VAR}=1; exec");
-    for word in std::iter::once(exe.to_string_lossy().into_owned()).chain(std::env::args().skip(1))
-    {
+    for word in words {
         script.push(' ');
-        script.push_str(&shell_quoted(&word));
+        script.push_str(&shell_quoted(&word.to_string_lossy()));
     }
     let output = output.map_or_else(|| PathBuf::from("trainyard-%j.out"), Path::to_path_buf);
     let output = std::path::absolute(&output).unwrap_or(output);
@@ -155,7 +161,9 @@ pub(crate) fn detach(
     sbatch.extend(options.flags());
     sbatch.push(format!("--wrap={script}"));
     let sbatch: Vec<&str> = sbatch.iter().map(String::as_str).collect();
-    let submitted = tokio.block_on(trainyard::slurm::slurm::output("sbatch", &sbatch));
+    let submitted = tokio.block_on(trainyard::slurm::slurm::output_with_env(
+        "sbatch", &sbatch, &secrets,
+    ));
     let job = match submitted {
         Ok(out) => out.trim().split(';').next().unwrap_or_default().to_owned(),
         Err(SlurmError::Command { message, .. }) => return Err(refused(args, &message)),

@@ -273,12 +273,45 @@ impl RankList {
     }
 }
 
-/// `--env`: `KEY=VALUE` with a non-empty key.
+/// `--env`: `KEY=VALUE` with a non-empty key, or `KEY` alone for the value `KEY` has in this
+/// process's environment (a secret kept off the command line).
 pub(crate) fn env_pair(text: &str) -> Result<(String, String), Refusal> {
-    text.split_once('=')
-        .filter(|(key, _)| !key.is_empty())
-        .map(|(key, value)| (key.to_owned(), value.to_owned()))
-        .ok_or_else(|| Refusal::value("expected KEY=VALUE with a non-empty KEY"))
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        None if !text.is_empty() => std::env::var(text)
+            .map(|value| (text.to_owned(), value))
+            .map_err(|_| {
+                Refusal::value(
+                    "expected KEY=VALUE, or a KEY set in this environment (its value is taken from there); this KEY is not set",
+                )
+            }),
+        _ => Err(Refusal::value(
+            "expected KEY=VALUE with a non-empty KEY, or a KEY set in this environment",
+        )),
+    }
+}
+
+/// The variables of `--env-file FILE`: one `KEY=VALUE` a line (the value as it is, quotes
+/// included), or `KEY` alone for its value in this environment, as `--env` takes them; blank
+/// lines and lines starting with `#` are passed over.
+pub(crate) fn env_file(path: &std::path::Path) -> Result<Vec<(String, String)>, FlagError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        FlagError::new("--env-file", &shown)(format!("cannot be read: {error}").into())
+    })?;
+    let mut pairs = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        // The line itself is not shown: its value may be secret.
+        let pair = env_pair(line.trim_end_matches('\r')).map_err(|refusal| {
+            FlagError::new("--env-file", &shown)(format!("line {}: {refusal}", number + 1).into())
+        })?;
+        pairs.push(pair);
+    }
+    Ok(pairs)
 }
 
 /// One Slurm name, without spaces or commas (`--partition`, `--account`, `--qos`).
@@ -389,7 +422,7 @@ mod tests {
             ),
             (
                 &["run", "--env", "=value", "true"],
-                "error: invalid value `=value` for `--env`: expected KEY=VALUE with a non-empty KEY",
+                "error: invalid value `=value` for `--env`: expected KEY=VALUE with a non-empty KEY, or a KEY set in this environment",
             ),
             (
                 &["run", "--max-checkpoint-size", "0", "true"],

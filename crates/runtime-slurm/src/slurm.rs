@@ -24,9 +24,23 @@ pub(crate) const MIB: u64 = 1 << 20;
 /// [`SlurmError::Missing`] when it is not on `PATH`, [`SlurmError::Command`] when it fails or
 /// does not answer within `COMMAND_TIMEOUT`.
 pub async fn output(program: &str, args: &[&str]) -> Result<String, SlurmError> {
+    output_with_env(program, args, &[]).await
+}
+
+/// [`output`], with `env` added to the command's environment (what must not be on its
+/// command line).
+///
+/// # Errors
+/// As [`output`].
+pub async fn output_with_env(
+    program: &str,
+    args: &[&str],
+    env: &[(std::ffi::OsString, std::ffi::OsString)],
+) -> Result<String, SlurmError> {
     let command_line = || format!("{program} {}", args.join(" "));
     let child = Command::new(program)
         .args(args)
+        .envs(env.iter().map(|(key, value)| (key, value)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

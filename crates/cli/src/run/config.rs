@@ -184,7 +184,12 @@ fn run_config(
     if let Some(n) = args.max_failures {
         run.failure_config = FailureConfig::from_max_failures(n).map_err(Failure::bad_input)?;
     }
-    for (key, value) in &args.env {
+    let mut from_files = Vec::new();
+    for file in &args.env_file {
+        from_files.extend(crate::values::env_file(file).map_err(Failure::bad_input)?);
+    }
+    // The files first: `--env` wins.
+    for (key, value) in from_files.iter().chain(&args.env) {
         if let Some(error) = reserved_env_error(&format!("{key}={value}"), key, reserved) {
             return Err(Failure::bad_input(error));
         }

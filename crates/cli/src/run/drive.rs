@@ -65,7 +65,7 @@ pub(super) async fn drive(
         ranks,
         worker: _,
     } = launch;
-    let (notify, delivery) = match &args.notify {
+    let (notify, delivery) = match &crate::args::notify_given(args.notify.as_deref()) {
         Some(url) => {
             let (notify, delivery) = Notifier::start(url, run.name.as_deref().unwrap_or_default())?;
             (Some(notify), Some(delivery))

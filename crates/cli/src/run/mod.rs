@@ -23,7 +23,8 @@ const NOTIFY_LIMIT: Duration = Duration::from_secs(10);
 const SHUTDOWN_LIMIT: Duration = Duration::from_secs(10);
 
 pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
-    trainyard::backend::set_driver_command(recorded_command(std::env::args()));
+    let words: Vec<String> = std::env::args().collect();
+    trainyard::backend::set_driver_command(crate::secrets::recorded(&words, args.program.len()));
     let background = crate::background::is_background_driver();
     if background {
         crate::background::leave_the_terminal();
@@ -38,6 +39,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
                 &scaling,
                 args.name.as_deref(),
                 args.output.as_deref(),
+                args.program.len(),
             );
         }
     };
@@ -65,96 +67,4 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
     // reads): bounded.
     runtime.shutdown_timeout(SHUTDOWN_LIMIT);
     result
-}
-
-/// The command line as the run's record keeps it: the values of `--env K=V` and the path of a
-/// `--notify` URL (tokens of webhooks live there) left out. Words after `--` are the
-/// program's and kept as they are; before it, a program's own `--env` is shortened too.
-fn recorded_command(words: impl Iterator<Item = String>) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut hide_next: Option<&str> = None;
-    let mut done = false;
-    for word in words {
-        if done {
-            out.push(word);
-            continue;
-        }
-        if let Some(flag) = hide_next.take() {
-            out.push(hidden(flag, &word));
-            continue;
-        }
-        if word == "--" {
-            done = true;
-            out.push(word);
-            continue;
-        }
-        match word.split_once('=') {
-            Some((flag @ ("--env" | "--notify"), value)) => {
-                out.push(format!("{flag}={}", hidden(flag, value)));
-            }
-            _ if word == "--env" || word == "--notify" => {
-                hide_next = Some(if word == "--env" { "--env" } else { "--notify" });
-                out.push(word);
-            }
-            _ => out.push(word),
-        }
-    }
-    out
-}
-
-/// `value` of `flag` with what may be secret left out: `K=…` for `--env`, the scheme and host
-/// of a `--notify` URL.
-fn hidden(flag: &str, value: &str) -> String {
-    match flag {
-        "--env" => match value.split_once('=') {
-            Some((key, _)) => format!("{key}=…"),
-            None => "…".to_owned(),
-        },
-        _ => match reqwest::Url::parse(value) {
-            Ok(url) => format!(
-                "{}://{}/…",
-                url.scheme(),
-                url.host_str().unwrap_or_default()
-            ),
-            Err(_) => "…".to_owned(),
-        },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_recorded_command_leaves_out_env_values_and_webhook_paths_but_not_the_program() {
-        let words = [
-            "trainyard",
-            "run",
-            "--env",
-            "TOKEN=s3cret",
-            "--env=KEY=v",
-            "--notify",
-            "https://hooks.example.com/T000/B000/xyz?key=1",
-            "--",
-            "python",
-            "--env",
-            "A=b",
-        ];
-        assert_eq!(
-            recorded_command(words.iter().map(|w| (*w).to_owned())),
-            [
-                "trainyard",
-                "run",
-                "--env",
-                "TOKEN=…",
-                "--env=KEY=…",
-                "--notify",
-                "https://hooks.example.com/…",
-                "--",
-                "python",
-                "--env",
-                "A=b",
-            ]
-        );
-    }
 }

@@ -20,6 +20,7 @@ mod run;
 mod slurm;
 mod soak;
 mod storage;
+mod surfaces;
 mod torch;
 mod torchrun;
 mod users;
