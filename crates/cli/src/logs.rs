@@ -198,11 +198,13 @@ pub(crate) async fn locate_async(
     record: &RunRecord,
     attempt: usize,
 ) -> Result<Option<Source>, Failure> {
+    // Where the record says its driver writes them, when that folder is this user's (a
+    // record on remote storage may name any folder).
     let written = record.attempts[attempt]
         .log_dir
         .as_deref()
         .map(PathBuf::from)
-        .filter(|dir| dir.is_dir());
+        .filter(|dir| trainyard_sys::private::check_dir(dir).is_ok());
     if let Some(dir) = written {
         return Ok(Some(Source {
             dir,

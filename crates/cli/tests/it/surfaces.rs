@@ -14,7 +14,7 @@ use trainyard_checkpoint::testing::S3Server;
 use trainyard_test_support::processes::MARKER;
 use trainyard_test_support::users::two_users;
 
-use crate::users::{as_user, forged_record, shared_root, text};
+use crate::users::{as_user, forged_record, save_record, shared_root, text};
 
 /// `trainyard ARGS`, confined to a ledger of `mark`'s own.
 fn trainyard(mark: &str) -> Command {
@@ -362,19 +362,7 @@ fn show_and_ps_print_what_a_record_holds_inert() {
     record["latest_checkpoint"] = 1.into();
     record["last_index"] = 1.into();
     let env = server.env();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
-        let storage = trainyard_checkpoint::Storage::open(
-            "s3://escapes/runs".parse().expect("an S3 location"),
-            &env,
-        )
-        .expect("opened");
-        let record = serde_json::from_value(record).expect("a record");
-        storage.run("esc").save(&record).await.expect("saved");
-    });
+    save_record(&env, "s3://escapes/runs", record);
     for args in [&["show", "esc"][..], &["ps", "--all"][..]] {
         let out = trainyard("escapes")
             .args(args)

@@ -339,6 +339,27 @@ pub(crate) fn forged_record(name: &str, pid: u32) -> serde_json::Value {
     })
 }
 
+/// Writes `record` (JSON) as the `run.json` of run `record["name"]` in `storage` (opened with
+/// `env`): as anyone who may write to that storage could.
+pub(crate) fn save_record(
+    env: &std::collections::BTreeMap<String, String>,
+    storage: &str,
+    record: serde_json::Value,
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let storage =
+            trainyard_checkpoint::Storage::open(storage.parse().expect("a location"), env)
+                .expect("opened");
+        let name = record["name"].as_str().expect("a name").to_owned();
+        let record = serde_json::from_value(record).expect("a record");
+        storage.run(&name).save(&record).await.expect("saved");
+    });
+}
+
 /// `trainyard stop NAME --storage STORAGE`, with `env`.
 fn stop(storage: &str, name: &str, env: &std::collections::BTreeMap<String, String>) -> Output {
     Command::new(env!("CARGO_BIN_EXE_trainyard"))
@@ -407,20 +428,11 @@ fn a_record_forged_in_s3_storage_cannot_make_stop_signal_a_process_that_holds_no
     let mut shell = victims_process();
     let env = server.env();
     // Anyone who may write to the bucket may write this.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
-        let storage = trainyard_checkpoint::Storage::open(
-            "s3://shared/runs".parse().expect("an S3 location"),
-            &env,
-        )
-        .expect("opened");
-        let record =
-            serde_json::from_value(forged_record("forged", shell.0.id())).expect("a record");
-        storage.run("forged").save(&record).await.expect("saved");
-    });
+    save_record(
+        &env,
+        "s3://shared/runs",
+        forged_record("forged", shell.0.id()),
+    );
     let out = stop("s3://shared/runs", "forged", &env);
     let all = text(&out);
     std::thread::sleep(Duration::from_millis(200));
