@@ -126,15 +126,18 @@ pub use error::ExecutorError;
 pub use executor::BackendExecutor;
 pub use failure::{AttemptFailure, Backoff, Disposition, classify};
 pub use hang::{RankStacks, STACKS_LIMIT, StacksReason, full_dump};
-pub use options::{DEFAULT_PLACEMENT_TIMEOUT, ExecutorOptions, RESTARTS_TARGET, unique_run_name};
+pub use options::{
+    DEFAULT_PLACEMENT_TIMEOUT, DriverNote, ExecutorOptions, RESTARTS_TARGET, unique_run_name,
+};
 pub use ranks::{RankInfo, WorldRank, assign_ranks};
 pub use report::{FitReport, RunEvent, StartedWorker};
-pub use run_folder::{
-    CheckpointResult, DriverLiveness, SLURM_DETACHED_VAR, driver_liveness, driver_lock_holder,
-    host_name, set_driver_command,
-};
+#[allow(deprecated, reason = "kept for one release; it says what replaces it")]
+pub use run_folder::set_driver_command;
+pub use run_folder::{CheckpointResult, SLURM_DETACHED_VAR};
+// Where they were before they moved to the checkpoint crate, beside the records they read.
 pub use sharing::{
     AcceleratorView, MissingAcceleratorIds, SharingRule, accelerator_env, default_rules, shared_ids,
 };
 pub use tally::LAST_LINES;
+pub use trainyard_checkpoint::{DriverLiveness, driver_liveness, driver_lock_holder, host_name};
 pub use triggers::{StacksTrigger, StopTrigger};

@@ -36,6 +36,21 @@ pub struct ExecutorOptions {
     /// Accelerator sharing rules; `None` uses [`default_rules`](crate::default_rules) with
     /// the backend's GPU choice.
     pub sharing_rules: Option<Vec<SharingRule>>,
+    /// What the run's record says of this driver beyond what it finds out itself.
+    pub driver: DriverNote,
+}
+
+/// What a run's record says of its driver that the driver cannot find out itself
+/// ([`ExecutorOptions::driver`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriverNote {
+    /// The command line the record shows, with what may be secret left out; `None`: this
+    /// process's own arguments.
+    pub command: Option<Vec<String>>,
+    /// The Slurm job the driver is the batch process of (a `--detach` run's), through which
+    /// a driver on another host is stopped; `None` for a driver that merely runs inside an
+    /// allocation (cancelling that job would end more than the run).
+    pub slurm_job: Option<String>,
 }
 
 impl Default for ExecutorOptions {
@@ -48,6 +63,7 @@ impl Default for ExecutorOptions {
             start_timeout: Duration::from_secs(60),
             restart_backoff: Backoff::default(),
             sharing_rules: None,
+            driver: DriverNote::default(),
         }
     }
 }

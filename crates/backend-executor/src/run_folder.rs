@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 use trainyard_checkpoint::{
-    AttemptRecord, CheckpointBook, CheckpointRecord, DriverRecord, HandIn, LEASE_RENEW, Lease,
-    RUN_RECORD_VERSION, RunFolder, RunRecord, RunStatus, Storage, StorageError, StorageLocation,
-    checkpoint_dir_name, retention,
+    AttemptRecord, CheckpointBook, CheckpointRecord, DriverLiveness, DriverLock, DriverLockError,
+    DriverRecord, HandIn, LEASE_RENEW, Lease, RUN_RECORD_VERSION, RunFolder, RunRecord, RunStatus,
+    Storage, StorageError, StorageLocation, checkpoint_dir_name, driver_liveness, host_name,
+    retention, take_driver_lock,
 };
 use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig, ScoreOrder};
 
@@ -48,9 +49,10 @@ pub(crate) struct RunStore {
     history: MetricsHistory,
     /// Rank 0's numeric metrics for TensorBoard, when asked for.
     tensorboard: Option<EventFile>,
-    /// The lock that proves this process to be the run's driver (see [`driver_lock_holder`]);
+    /// The lock that proves this process to be the run's driver
+    /// (`trainyard_checkpoint::driver_lock_holder`);
     /// released when the run's folder is let go.
-    _driver_lock: Option<trainyard_sys::lock::HeldLock>,
+    _driver_lock: Option<DriverLock>,
 }
 
 /// An attempt booked in the run's folder: what its ranks are told, and where its logs go.
@@ -70,7 +72,11 @@ impl RunStore {
     /// Opens the run's folder before any worker starts: checks that the storage is
     /// writable, and resumes the run of the same name when there is an unfinished one (or,
     /// with [`ResumePolicy::Never`], picks a fresh folder beside it).
-    pub(crate) async fn open(run: &RunConfig, name: &str) -> Result<Self, ExecutorError> {
+    pub(crate) async fn open(
+        run: &RunConfig,
+        name: &str,
+        driver: &crate::DriverNote,
+    ) -> Result<Self, ExecutorError> {
         let location = match &run.storage_path {
             Some(path) => path.parse().map_err(ExecutorError::Storage)?,
             None => StorageLocation::default_local(),
@@ -152,7 +158,7 @@ impl RunStore {
         };
         let created = record.attempts.is_empty() && record.latest_checkpoint.is_none();
         let mut record = record;
-        record.driver = Some(this_driver());
+        record.driver = Some(this_driver(driver));
         let storage_env = if storage.location().is_local() {
             BTreeMap::new()
         } else {
@@ -603,54 +609,6 @@ impl Drop for LeaseRenewal {
     }
 }
 
-/// Where the lock of the driver of the run whose folder is `uri` lives: a file named after the
-/// folder in this user's private state folder on this host (`drivers` of
-/// `trainyard_sys::private::state_dir`, beside the machine-wide ledger), so that only this
-/// user's processes can hold it, whatever storage the run is on.
-fn driver_lock_path(uri: &str) -> std::io::Result<PathBuf> {
-    // FNV-1a: a stable name for the folder; the file holds the whole URI, which is compared.
-    let digest = uri.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    });
-    let dir = trainyard_sys::private::state_dir("drivers")?;
-    Ok(dir.join(format!("{digest:016x}.lock")))
-}
-
-/// Why this process could not take its run's driver lock.
-#[derive(Debug)]
-enum DriverLockError {
-    /// Another process of this host drives the run (its pid).
-    Held(u32),
-    /// The lock's file could not be made or locked.
-    Io(std::io::Error),
-}
-
-/// Takes the driver lock of the run whose folder is `uri`, for as long as this process
-/// drives it.
-fn take_driver_lock(uri: &str) -> Result<trainyard_sys::lock::HeldLock, DriverLockError> {
-    let path = driver_lock_path(uri).map_err(DriverLockError::Io)?;
-    trainyard_sys::lock::HeldLock::take(&path, uri).map_err(|error| {
-        match (error.kind(), trainyard_sys::lock::holder(&path)) {
-            (std::io::ErrorKind::WouldBlock, Ok(Some((pid, _)))) => DriverLockError::Held(pid),
-            _ => DriverLockError::Io(error),
-        }
-    })
-}
-
-/// The process of this host that drives the run whose folder is `uri`, proven: it holds the
-/// run's driver lock, which only this user's processes can take. `None` when no process of
-/// this user's on this host drives it. A record's pid alone proves nothing (anyone can
-/// write a record on shared storage naming any process): signal only this one.
-///
-/// # Errors
-/// When the lock's file cannot be read (another user's, a link, ...).
-pub fn driver_lock_holder(uri: &str) -> std::io::Result<Option<u32>> {
-    let path = driver_lock_path(uri)?;
-    Ok(trainyard_sys::lock::holder(&path)?
-        .filter(|(_, locked)| locked == uri)
-        .map(|(pid, _)| pid))
-}
-
 /// The driver of `record`'s run when it is another process on this host that still runs
 /// (its pid and process start time both match): the run is in its hands.
 fn driving_here(record: &RunRecord) -> Option<&DriverRecord> {
@@ -659,71 +617,32 @@ fn driving_here(record: &RunRecord) -> Option<&DriverRecord> {
     (alive && driver.pid != std::process::id()).then_some(driver)
 }
 
-/// What this host can tell of the driver of a run whose record says `running`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DriverLiveness {
-    /// The run is not `running`: no driver is expected.
-    Ended,
-    /// Its driver runs on this host (its pid and process start time both match).
-    Alive,
-    /// Its driver was on this host and is gone without a word (SIGKILL, a crash, a reboot):
-    /// the run is not running any more, and can be resumed.
-    Gone,
-    /// Its driver is on another host, or recorded no start time: this host cannot tell.
-    Unknown,
-}
-
-/// What this host can tell of `record`'s driver: whether a `running` run still runs.
-#[must_use]
-pub fn driver_liveness(record: &RunRecord) -> DriverLiveness {
-    if record.status != RunStatus::Running {
-        return DriverLiveness::Ended;
-    }
-    let Some(driver) = &record.driver else {
-        return DriverLiveness::Unknown;
-    };
-    let (Some(start), Some(host)) = (driver.start_ticks, host_name()) else {
-        return DriverLiveness::Unknown;
-    };
-    if driver.host != host {
-        DriverLiveness::Unknown
-    } else if trainyard_sys::procfs::is_alive(driver.pid, Some(start)) {
-        DriverLiveness::Alive
-    } else {
-        DriverLiveness::Gone
-    }
-}
-
-/// This host's name, as a run's record names its driver's host.
-#[must_use]
-pub fn host_name() -> Option<String> {
-    nix::unistd::gethostname().ok()?.into_string().ok()
-}
-
 /// `seconds` since the Unix epoch as RFC 3339 (UTC, whole seconds).
 fn since(seconds: f64) -> String {
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(seconds.max(0.0));
     humantime::format_rfc3339_seconds(at).to_string()
 }
 
-/// The driver's command line as its record shows it, when the program says (with its secrets
-/// left out); its own arguments otherwise.
+/// The driver's command line as its record shows it, set by [`set_driver_command`].
 static DRIVER_COMMAND: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
 /// Sets the command line run records show for this process's runs (once; later calls are
-/// ignored): a program that takes secrets on its command line leaves them out here.
+/// ignored) when [`ExecutorOptions::driver`](crate::ExecutorOptions::driver) names none.
+#[deprecated(
+    since = "0.2.0",
+    note = "give the command in `ExecutorOptions::driver` (a `DriverNote`) instead"
+)]
 pub fn set_driver_command(command: Vec<String>) {
     let _ = DRIVER_COMMAND.set(command);
 }
 
 /// Set in the environment of a driver that is a Slurm batch job's own process (`trainyard run
-/// --runtime slurm --detach` submits such jobs): its record names the job, through which a
-/// driver on another host is stopped. A driver that merely runs inside an allocation (`salloc`,
-/// a user's batch script) names none: cancelling the job would end more than the run.
+/// --runtime slurm --detach` submits such jobs); the program that sees it says so in
+/// [`DriverNote::slurm_job`](crate::DriverNote::slurm_job).
 pub const SLURM_DETACHED_VAR: &str = "TRAINYARD_SLURM_DETACHED";
 
-/// This process, as the driver of a run.
-fn this_driver() -> DriverRecord {
+/// This process, as the driver of a run, with what `note` says of it.
+fn this_driver(note: &crate::DriverNote) -> DriverRecord {
     DriverRecord {
         user: std::env::var("USER")
             .ok()
@@ -735,14 +654,16 @@ fn this_driver() -> DriverRecord {
         uid: nix::unistd::getuid().as_raw(),
         host: host_name().unwrap_or_default(),
         pid: std::process::id(),
-        slurm_job: std::env::var_os(SLURM_DETACHED_VAR)
-            .and_then(|_| std::env::var("SLURM_JOB_ID").ok())
-            .filter(|job| !job.is_empty()),
-        command: DRIVER_COMMAND.get().cloned().unwrap_or_else(|| {
-            std::env::args_os()
-                .map(|arg| arg.to_string_lossy().into_owned())
-                .collect()
-        }),
+        slurm_job: note.slurm_job.clone(),
+        command: note
+            .command
+            .clone()
+            .or_else(|| DRIVER_COMMAND.get().cloned())
+            .unwrap_or_else(|| {
+                std::env::args_os()
+                    .map(|arg| arg.to_string_lossy().into_owned())
+                    .collect()
+            }),
         started_at: now(),
         start_ticks: trainyard_sys::procfs::own_start_time(),
     }
@@ -935,7 +856,9 @@ mod tests {
                 .max_checkpoint(Some(100), Some("1GiB".parse().expect("a size"))),
             ..RunConfig::default()
         };
-        let mut store = RunStore::open(&run, "bounded").await.expect("opened");
+        let mut store = RunStore::open(&run, "bounded", &crate::DriverNote::default())
+            .await
+            .expect("opened");
         let begun = store.begin_attempt(2, 0, None).await.expect("begun");
         let env = &begun.env;
         assert_eq!(

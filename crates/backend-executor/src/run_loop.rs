@@ -125,7 +125,7 @@ impl RunLoop {
     /// Opens the run's folder before any worker starts (resuming the run of the same name
     /// when there is an unfinished one).
     pub(crate) async fn open(mut setup: Setup, controls: Controls) -> Result<Self, ExecutorError> {
-        let store = RunStore::open(&setup.run, &setup.run_name)
+        let store = RunStore::open(&setup.run, &setup.run_name, &setup.options.driver)
             .instrument(info_span!(target: TIMINGS, phase::RUN_FOLDER, attempt = 0))
             .await?;
         setup.run_name = store.name().to_owned();

@@ -12,6 +12,8 @@
 //! - [`CheckpointBook`] is the driver side, sans IO: the N-th report of every rank belongs to
 //!   index N; an index is committed when every rank has reported it and every rank's files
 //!   are persisted. [`retention`] says which committed checkpoints to delete.
+//! - [`driver_liveness`] and [`driver_lock_holder`] say whether a run's driver still runs, and
+//!   which process of this host is proven to be it.
 //! - With the `testing` feature, `testing::S3Server` runs a real S3 API server (moto) on a
 //!   loopback port for tests of S3 storage.
 //!
@@ -52,6 +54,7 @@
 )]
 
 mod book;
+mod driver;
 mod env;
 mod error;
 mod record;
@@ -63,6 +66,10 @@ pub mod testing;
 mod writer;
 
 pub use book::{CheckpointBook, Commit};
+pub use driver::{
+    DriverLiveness, DriverLock, DriverLockError, driver_liveness, driver_lock_holder, host_name,
+    take_driver_lock,
+};
 pub use env::{
     CHECKPOINT, CHECKPOINT_BASE, CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, CHECKPOINT_URI,
     RUN_DIR, STORAGE_VARS, prepare_task_env,

@@ -23,7 +23,7 @@ use trainyard_config::ResumePolicy;
 
 use crate::Failure;
 use crate::args::RunArgs;
-use crate::ps::{driven_by, open_storage_at, runtime};
+use crate::runs::{driven_by, open_storage_at, runtime};
 
 /// Set in the environment of a driver started in the background: the file it makes once its
 /// workers have started.

@@ -30,8 +30,8 @@ use trainyard::checkpoint::{RunFolder, RunRecord, Storage};
 use crate::Failure;
 use crate::args::DashboardArgs;
 use crate::assets::{CHARTS_JS, DASHBOARD_PAGE, UPLOT_CSS, UPLOT_JS};
-use crate::ps::open_storage;
-use crate::show::Shown;
+use crate::runs::Shown;
+use crate::runs::open_storage;
 use crate::values::FlagError;
 
 /// The lines of each rank a run's page shows.
@@ -223,12 +223,12 @@ async fn logs(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> 
     let Some(attempt) = record.attempts.len().checked_sub(1) else {
         return axum::Json(serde_json::json!({ "attempt": null, "ranks": {} })).into_response();
     };
-    let ranks = match crate::logs::locate_async(&folder, &record, attempt).await {
+    let ranks = match crate::runs::logs::locate_async(&folder, &record, attempt).await {
         Ok(Some(source)) => {
             let dir = source.dir.clone();
             tokio::task::spawn_blocking(move || {
                 let _kept = source;
-                crate::logs::tails(&dir, LOG_LINES, LOG_BYTES)
+                crate::runs::logs::tails(&dir, LOG_LINES, LOG_BYTES)
             })
             .await
             .unwrap_or_default()
@@ -251,16 +251,12 @@ async fn latest_stacks(State(state): State<Arc<Dashboard>>, Path(name): Path<Str
         .filter_map(|attempt| attempt.log_dir.as_deref())
         .find_map(|dir| {
             let dir = std::path::Path::new(dir);
-            let newest = crate::stacks::dumps(dir).into_keys().max()?;
+            let newest = crate::runs::logs::stack_dumps(dir).into_keys().max()?;
             Some(dir.join(newest))
         });
     let (file, text) = match latest {
         Some(file) => {
-            let text = crate::logs::open_regular(&file).and_then(|mut opened| {
-                let mut text = String::new();
-                std::io::Read::read_to_string(&mut opened, &mut text).ok()?;
-                Some(text)
-            });
+            let text = crate::runs::logs::read_dump(&file);
             (Some(file.display().to_string()), text)
         }
         None => (None, None),

@@ -6,20 +6,15 @@
 //! the run folder: a local one's `logs/attempt_<k>`, or the copy remote storage gets when the
 //! attempt ends.
 
-use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{self, Read as _, Write as _};
-use std::os::unix::fs::OpenOptionsExt as _;
-use std::path::{Path, PathBuf};
+use std::io::{self, Write as _};
 use std::time::{Duration, Instant};
 
-use itertools::Itertools as _;
 use trainyard::backend::{DriverLiveness, driver_liveness};
-use trainyard::checkpoint::{RunFolder, RunRecord};
 
 use crate::Failure;
 use crate::args::{LogsArgs, OutputFormat};
-use crate::ps::{find_run, open_storage, runtime};
+use crate::runs::logs::{LogLine, Tail, locate};
+use crate::runs::{find, open_storage, runtime};
 use crate::values::FlagError;
 
 /// How often a followed run's files are read for new lines.
@@ -28,13 +23,11 @@ const POLL: Duration = Duration::from_millis(100);
 const RECORD_EVERY: Duration = Duration::from_millis(500);
 /// How many reads of a followed run's record in a row may fail before following stops.
 const UNREADABLE_LIMIT: u32 = 60;
-/// The longest line kept whole; a longer one is cut.
-const MAX_LINE: usize = 1024 * 1024;
 
 pub(crate) fn run(args: &LogsArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
     let runtime = runtime()?;
-    let (folder, record) = find_run(&storage, &runtime, &args.name)?;
+    let (folder, record) = find(&storage, &runtime, &args.name)?;
     let liveness = driver_liveness(&record);
     if args.follow {
         if let (DriverLiveness::Unknown, Some(driver)) = (liveness, &record.driver) {
@@ -174,225 +167,6 @@ pub(crate) fn run(args: &LogsArgs) -> Result<(), Failure> {
     }
 }
 
-/// Where an attempt's rank logs are read from.
-pub(crate) struct Source {
-    pub(crate) dir: PathBuf,
-    /// A download of remote storage's copy, removed at the end.
-    _download: Option<trainyard_sys::private::TempDir>,
-}
-
-/// Attempt `attempt`'s log folder: where its driver writes (or wrote) it when that is on this
-/// host, else the run folder's (a remote one's downloaded); `None` when there is none yet.
-fn locate(
-    runtime: &tokio::runtime::Runtime,
-    folder: &RunFolder,
-    record: &RunRecord,
-    attempt: usize,
-) -> Result<Option<Source>, Failure> {
-    runtime.block_on(locate_async(folder, record, attempt))
-}
-
-/// [`locate`], on the caller's runtime.
-pub(crate) async fn locate_async(
-    folder: &RunFolder,
-    record: &RunRecord,
-    attempt: usize,
-) -> Result<Option<Source>, Failure> {
-    // Where the record says its driver writes them, when that folder is this user's (a
-    // record on remote storage may name any folder).
-    let written = record.attempts[attempt]
-        .log_dir
-        .as_deref()
-        .map(PathBuf::from)
-        .filter(|dir| trainyard_sys::private::check_dir(dir).is_ok());
-    if let Some(dir) = written {
-        return Ok(Some(Source {
-            dir,
-            _download: None,
-        }));
-    }
-    // This user's alone (0700, its files 0600): the logs are the run's.
-    let download = trainyard_sys::private::temp_dir("trainyard-logs-").map_err(Failure::other)?;
-    let found = folder
-        .attempt_logs(attempt, download.path())
-        .await
-        .map_err(Failure::other)?;
-    Ok(found.map(|dir| Source {
-        _download: (dir == download.path()).then_some(download),
-        dir,
-    }))
-}
-
-/// One line of a rank's log file.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub(crate) struct LogLine {
-    /// When the driver took it in (RFC 3339, UTC, milliseconds: they sort as text).
-    pub(crate) time: String,
-    pub(crate) rank: u32,
-    pub(crate) stream: String,
-    pub(crate) text: String,
-}
-
-/// What has been read of each rank's file in one log folder.
-#[derive(Default)]
-struct Tail {
-    files: BTreeMap<u32, RankFile>,
-}
-
-/// One rank's file: open, and the end of a line not yet written whole.
-struct RankFile {
-    file: File,
-    partial: Vec<u8>,
-    /// The time of its last line: a line without one (cut, or over-long) takes it.
-    last_time: String,
-}
-
-impl Tail {
-    /// Every whole line written to the rank files of `dir` since the last read (`ranks`'
-    /// only, when given), merged by time.
-    fn read(
-        &mut self,
-        dir: &Path,
-        ranks: Option<&std::collections::BTreeSet<u32>>,
-    ) -> Vec<LogLine> {
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            for entry in entries.flatten() {
-                let name = entry.file_name();
-                let Some(rank) = name.to_str().and_then(rank_of) else {
-                    continue;
-                };
-                if self.files.contains_key(&rank) || ranks.is_some_and(|r| !r.contains(&rank)) {
-                    continue;
-                }
-                if let Some(file) = open_regular(&entry.path()) {
-                    self.files.insert(
-                        rank,
-                        RankFile {
-                            file,
-                            partial: Vec::new(),
-                            last_time: String::new(),
-                        },
-                    );
-                }
-            }
-        }
-        let per_rank: Vec<Vec<LogLine>> = self
-            .files
-            .iter_mut()
-            .map(|(rank, file)| file.new_lines(*rank))
-            .collect();
-        per_rank
-            .into_iter()
-            .kmerge_by(|a, b| a.time < b.time)
-            .collect()
-    }
-}
-
-impl RankFile {
-    /// The whole lines written since the last read.
-    fn new_lines(&mut self, rank: u32) -> Vec<LogLine> {
-        let mut bytes = Vec::new();
-        if self.file.read_to_end(&mut bytes).is_err() && bytes.is_empty() {
-            return Vec::new();
-        }
-        self.partial.extend_from_slice(&bytes);
-        let Some(end) = self.partial.iter().rposition(|b| *b == b'\n') else {
-            if self.partial.len() > MAX_LINE {
-                self.partial.push(b'\n');
-                return self.new_lines(rank);
-            }
-            return Vec::new();
-        };
-        let whole: Vec<u8> = self.partial.drain(..=end).collect();
-        whole
-            .split(|b| *b == b'\n')
-            .filter(|line| !line.is_empty())
-            .map(|line| {
-                let text = String::from_utf8_lossy(line);
-                let parsed = parse(&text);
-                let line = match parsed {
-                    Some((time, stream, text)) => LogLine {
-                        time: time.to_owned(),
-                        rank,
-                        stream: stream.to_owned(),
-                        text: text.to_owned(),
-                    },
-                    None => LogLine {
-                        time: self.last_time.clone(),
-                        rank,
-                        stream: "stdout".to_owned(),
-                        text: text.into_owned(),
-                    },
-                };
-                self.last_time.clone_from(&line.time);
-                line
-            })
-            .collect()
-    }
-}
-
-/// The last `lines` lines of each rank's file in `dir` (read from its last `bytes` at most).
-pub(crate) fn tails(dir: &Path, lines: usize, bytes: u64) -> BTreeMap<u32, Vec<LogLine>> {
-    use std::io::{Seek as _, SeekFrom};
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return BTreeMap::new();
-    };
-    let mut tails = BTreeMap::new();
-    for entry in entries.flatten() {
-        let Some(rank) = entry.file_name().to_str().and_then(rank_of) else {
-            continue;
-        };
-        let Some(mut file) = open_regular(&entry.path()) else {
-            continue;
-        };
-        let size = file.metadata().map_or(0, |meta| meta.len());
-        let from = size.saturating_sub(bytes);
-        if file.seek(SeekFrom::Start(from)).is_err() {
-            continue;
-        }
-        let mut rank_file = RankFile {
-            file,
-            partial: Vec::new(),
-            last_time: String::new(),
-        };
-        let mut read = rank_file.new_lines(rank);
-        // A read from the middle of the file: its first line is likely cut.
-        if from > 0 && !read.is_empty() {
-            read.remove(0);
-        }
-        let keep = read.len().saturating_sub(lines);
-        tails.insert(rank, read.split_off(keep));
-    }
-    tails
-}
-
-/// The regular file at `path`, opened to read, never through a link (and a FIFO planted
-/// there does not block the open).
-pub(crate) fn open_regular(path: &Path) -> Option<File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
-        .open(path)
-        .ok()
-        .filter(|file| file.metadata().is_ok_and(|meta| meta.is_file()))
-}
-
-/// `rank_3.log` → 3.
-fn rank_of(name: &str) -> Option<u32> {
-    name.strip_prefix("rank_")?
-        .strip_suffix(".log")?
-        .parse()
-        .ok()
-}
-
-/// A log file's line, `TIME STREAM TEXT`, as its parts.
-fn parse(line: &str) -> Option<(&str, &str, &str)> {
-    let (time, rest) = line.split_once(' ')?;
-    humantime::parse_rfc3339(time).ok()?;
-    let (stream, text) = rest.split_once(' ').unwrap_or((rest, ""));
-    matches!(stream, "stdout" | "stderr").then_some((time, stream, text))
-}
-
 /// Writes lines as text or JSON.
 struct Printer<'a> {
     format: OutputFormat,
@@ -437,67 +211,5 @@ impl Printer<'_> {
             Err(error) if error.kind() == io::ErrorKind::BrokenPipe => Ok(false),
             Err(error) => Err(Failure::output(error)),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_line_is_its_time_stream_and_text() {
-        assert_eq!(
-            parse("2026-12-03T12:00:00.123Z stdout hello world"),
-            Some(("2026-12-03T12:00:00.123Z", "stdout", "hello world"))
-        );
-        assert_eq!(
-            parse("2026-12-03T12:00:00.123Z stderr "),
-            Some(("2026-12-03T12:00:00.123Z", "stderr", ""))
-        );
-        assert_eq!(parse("no time here"), None);
-        assert_eq!(parse("2026-12-03T12:00:00.123Z other text"), None);
-        assert_eq!(rank_of("rank_12.log"), Some(12));
-        assert_eq!(rank_of("stacks-2026.txt"), None);
-        assert_eq!(rank_of("rank_x.log"), None);
-    }
-
-    #[test]
-    fn ranks_are_merged_by_time_each_in_its_own_order_and_half_lines_wait() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(
-            dir.path().join("rank_0.log"),
-            "2026-12-03T12:00:00.100Z stdout a\n2026-12-03T12:00:00.300Z stdout c\n",
-        )
-        .expect("written");
-        std::fs::write(
-            dir.path().join("rank_1.log"),
-            "2026-12-03T12:00:00.200Z stderr b\n2026-12-03T12:00:00.400Z stdout d-half",
-        )
-        .expect("written");
-        std::fs::write(dir.path().join("stacks-x.txt"), "not a rank\n").expect("written");
-        let mut tail = Tail::default();
-        let texts = |lines: Vec<LogLine>| -> Vec<(u32, String)> {
-            lines.into_iter().map(|l| (l.rank, l.text)).collect()
-        };
-        assert_eq!(
-            texts(tail.read(dir.path(), None)),
-            [(0, "a".into()), (1, "b".into()), (0, "c".into())]
-        );
-        let mut rank1 = std::fs::OpenOptions::new()
-            .append(true)
-            .open(dir.path().join("rank_1.log"))
-            .expect("opened");
-        writeln!(rank1, "-done").expect("appended");
-        assert_eq!(
-            texts(tail.read(dir.path(), None)),
-            [(1, "d-half-done".into())]
-        );
-        assert!(tail.read(dir.path(), None).is_empty(), "nothing new");
-
-        let only = std::collections::BTreeSet::from([1]);
-        assert_eq!(
-            texts(Tail::default().read(dir.path(), Some(&only))),
-            [(1, "b".into()), (1, "d-half-done".into())]
-        );
     }
 }

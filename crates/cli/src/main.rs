@@ -32,6 +32,7 @@ mod plan;
 mod print;
 mod ps;
 mod run;
+mod runs;
 mod secrets;
 mod show;
 mod slurm;

@@ -2,26 +2,20 @@
 //! run with `--all` — read from their `run.json`. A run whose record says `running` but whose
 //! driver on this host is gone (SIGKILL, a crash) is shown as `lost`.
 
-use std::collections::BTreeMap;
 use std::io::{self, Write as _};
 
 use futures::StreamExt as _;
 use serde::Serialize;
-use trainyard::backend::{DriverLiveness, driver_liveness, host_name};
-use trainyard::checkpoint::{
-    MetricsEntry, RunFolder, RunRecord, RunStatus, STORAGE_VARS, Storage, StorageLocation,
-};
-
-use trainyard_config::ResumePolicy;
+use trainyard::backend::{DriverLiveness, driver_liveness};
+use trainyard::checkpoint::{MetricsEntry, RunFolder, RunRecord, Storage};
 
 use crate::Failure;
-use crate::args::{OutputFormat, PsArgs, StorageArgs};
-use crate::values::FlagError;
+use crate::args::{OutputFormat, PsArgs};
+use crate::runs::text::{duration, metrics, started, status_name};
+use crate::runs::{latest_report, lease_is_fresh, open_storage, records, runtime};
 
 /// Run records read at once.
 const PARALLEL_READS: usize = 32;
-/// How much of the end of a run's metrics history is read for its latest report.
-const METRICS_TAIL: u64 = 16 * 1024;
 
 /// One run as `ps` shows it.
 #[derive(Debug, Serialize)]
@@ -109,155 +103,6 @@ impl Row {
     }
 }
 
-/// The status as `run.json` spells it.
-pub(crate) const fn status_name(status: RunStatus) -> &'static str {
-    match status {
-        RunStatus::Running => "running",
-        RunStatus::Finished => "finished",
-        RunStatus::Failed => "failed",
-        RunStatus::Interrupted => "interrupted",
-        RunStatus::Stopped => "stopped",
-    }
-}
-
-/// The storage a day-two command reads: `--storage`, else `$TRAINYARD_STORAGE`, else
-/// `~/trainyard_results`, as `trainyard run` takes it; remote storage configured from this
-/// process's environment.
-pub(crate) fn open_storage(args: &StorageArgs) -> Result<Storage, Failure> {
-    open_storage_at(args.given())
-}
-
-/// The storage `given` names (`--storage` or `$TRAINYARD_STORAGE`), else
-/// `~/trainyard_results`.
-pub(crate) fn open_storage_at(given: Option<String>) -> Result<Storage, Failure> {
-    let location = match given {
-        Some(storage) => storage
-            .parse::<StorageLocation>()
-            .map_err(|e| Failure::bad_input(FlagError::new("--storage", &storage)(e.into())))?,
-        None => StorageLocation::default_local(),
-    };
-    let env: BTreeMap<String, String> = std::env::vars()
-        .filter(|(name, _)| STORAGE_VARS.contains(&name.as_str()))
-        .collect();
-    Storage::open(location, &env).map_err(Failure::other)
-}
-
-/// Run `name` of `storage` and its record; bad input naming `NAME` when there is none.
-pub(crate) fn find_run(
-    storage: &Storage,
-    runtime: &tokio::runtime::Runtime,
-    name: &str,
-) -> Result<(RunFolder, RunRecord), Failure> {
-    trainyard_config::check_run_name(name).map_err(|error| {
-        Failure::bad_input(FlagError::new("NAME", name)(error.to_string().into()))
-    })?;
-    let folder = storage.run(name);
-    let record = runtime.block_on(folder.load()).map_err(Failure::other)?;
-    let record = record.ok_or_else(|| {
-        Failure::bad_input(FlagError::new("NAME", name)(
-            format!(
-                "no run of this name in {} (trainyard ps --all lists them)",
-                storage.location()
-            )
-            .into(),
-        ))
-    })?;
-    Ok((folder, record))
-}
-
-/// The record of the run that driver `pid` of this host opened as `name` (or, with
-/// `--resume never`, under the name it took in its stead: `name-2`, ...).
-pub(crate) async fn driven_by(
-    storage: &Storage,
-    name: &str,
-    resume: ResumePolicy,
-    pid: u32,
-) -> Option<RunRecord> {
-    let host = host_name();
-    let ours = |record: &RunRecord| {
-        record
-            .driver
-            .as_ref()
-            .is_some_and(|driver| driver.pid == pid && Some(&driver.host) == host.as_ref())
-    };
-    if let Ok(Some(record)) = storage.run(name).load().await {
-        if ours(&record) {
-            return Some(record);
-        }
-    }
-    if resume != ResumePolicy::Never {
-        return None;
-    }
-    let prefix = format!("{name}-");
-    for other in storage.run_names().await.ok()? {
-        if other.starts_with(&prefix) {
-            if let Ok(Some(record)) = storage.run(&other).load().await {
-                if ours(&record) {
-                    return Some(record);
-                }
-            }
-        }
-    }
-    None
-}
-
-/// The pid of the driver of `record`'s run in `folder`, to be signalled: only a process
-/// proven to drive it, by the driver lock it holds in this user's private runtime folder
-/// (`trainyard::backend::driver_lock_holder`). A record names any process (anyone can write
-/// one on shared storage, and copy a process's uid, start time and host from `/proc`): a
-/// signal never goes by the record alone.
-pub(crate) fn own_driver_pid(
-    folder: &RunFolder,
-    record: &RunRecord,
-    driver: &trainyard::checkpoint::DriverRecord,
-) -> Result<nix::unistd::Pid, Failure> {
-    let uid = nix::unistd::getuid().as_raw();
-    if driver.uid != uid {
-        return Err(Failure::other(format!(
-            "run `{}` is driven by another user (uid {}, pid {}): only they can signal its driver",
-            record.name, driver.uid, driver.pid
-        )));
-    }
-    let holder = trainyard::backend::driver_lock_holder(&folder.uri()).map_err(|error| {
-        Failure::other(format!(
-            "the driver of run `{}` cannot be proven (its lock cannot be read: {error}): it is not signalled",
-            record.name
-        ))
-    })?;
-    match holder {
-        Some(pid) if pid == driver.pid => i32::try_from(pid)
-            .map(nix::unistd::Pid::from_raw)
-            .map_err(Failure::other),
-        Some(pid) => Err(Failure::other(format!(
-            "run `{}` names pid {} as its driver, but pid {pid} holds its driver lock: nothing is signalled",
-            record.name, driver.pid
-        ))),
-        None => Err(Failure::other(format!(
-            "run `{}` names pid {} as its driver, but no process of this user's holds its driver lock on this host: nothing is signalled (its record may have been written by someone else)",
-            record.name, driver.pid
-        ))),
-    }
-}
-
-/// Whether process `pid` catches `signal` (its `SigCgt` mask in `/proc/<pid>/status`);
-/// `None` when that cannot be read.
-pub(crate) fn catches(pid: u32, signal: nix::sys::signal::Signal) -> Option<bool> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let mask = status
-        .lines()
-        .find_map(|line| line.strip_prefix("SigCgt:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())?;
-    Some(mask & (1 << (signal as u32 - 1)) != 0)
-}
-
-/// A runtime for a day-two command's reads and waits.
-pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(Failure::other)
-}
-
 pub(crate) fn run(args: &PsArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
     let runtime = runtime()?;
@@ -291,7 +136,7 @@ pub(crate) struct Listed {
 
 /// The runs of `storage`, newest first: every run with `all`, else the live ones.
 pub(crate) async fn list(storage: &Storage, all: bool) -> Result<Listed, Failure> {
-    let (records, unreadable) = read_records(storage).await?;
+    let (records, unreadable) = records(storage).await?;
     let now = trainyard::checkpoint::now();
     let mut rows: Vec<Row> = records.into_iter().map(|r| Row::of(r, now)).collect();
     rows.sort_by(|a, b| {
@@ -365,59 +210,6 @@ pub(crate) async fn list(storage: &Storage, all: bool) -> Result<Listed, Failure
     })
 }
 
-/// Whether the lease of the run in `folder` (its driver's on another host) was renewed
-/// lately; `None` when its driver holds none (a driver of an earlier version).
-pub(crate) async fn lease_is_fresh(folder: &RunFolder) -> Option<bool> {
-    let lease = folder.read_lease().await?;
-    Some(lease.is_fresh(trainyard::checkpoint::now()))
-}
-
-/// The records of every run at `storage`, and how many could not be read with the first
-/// reason.
-async fn read_records(
-    storage: &Storage,
-) -> Result<(Vec<RunRecord>, Option<(usize, String)>), Failure> {
-    let names = storage.run_names().await.map_err(Failure::other)?;
-    let loaded: Vec<_> = futures::stream::iter(names)
-        .map(|name| async move { (storage.run(&name).load().await, name) })
-        .buffer_unordered(PARALLEL_READS)
-        .collect()
-        .await;
-    let mut records = Vec::new();
-    let mut unreadable: Option<(usize, String)> = None;
-    for (loaded, name) in loaded {
-        match loaded {
-            Ok(Some(record)) => records.push(record),
-            Ok(None) => {}
-            Err(error) => {
-                let why = format!(
-                    "{name}: {}",
-                    trainyard_config::resources::ErrorChain(&error)
-                );
-                let entry = unreadable.get_or_insert((0, why));
-                entry.0 += 1;
-            }
-        }
-    }
-    Ok((records, unreadable))
-}
-
-/// The run's latest report of rank 0 (of any rank when the end of its history has none of
-/// rank 0), from the end of its metrics history.
-async fn latest_report(folder: &RunFolder) -> Option<MetricsEntry> {
-    let tail = folder.metrics_tail(METRICS_TAIL).await.ok()?;
-    let entries: Vec<MetricsEntry> = tail
-        .split(|byte| *byte == b'\n')
-        .filter_map(|line| serde_json::from_slice(line).ok())
-        .collect();
-    entries
-        .iter()
-        .rev()
-        .find(|entry| entry.rank == 0)
-        .or_else(|| entries.last())
-        .cloned()
-}
-
 /// The table, or a line saying there is nothing to show.
 fn text(rows: &[Row], total: usize, all: bool, storage: &Storage) -> String {
     if rows.is_empty() {
@@ -477,51 +269,6 @@ fn text(rows: &[Row], total: usize, all: bool, storage: &Storage) -> String {
         out.push('\n');
     }
     out
-}
-
-/// `2026-12-03 09:15:02` (UTC).
-pub(crate) fn started(seconds: f64) -> String {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(seconds.max(0.0));
-    humantime::format_rfc3339_seconds(at)
-        .to_string()
-        .replace('T', " ")
-        .trim_end_matches('Z')
-        .to_owned()
-}
-
-/// `0.8s`, `12m05s`, `3h02m`.
-pub(crate) fn duration(seconds: f64) -> String {
-    let whole = seconds as u64;
-    match whole {
-        0..60 => format!("{seconds:.1}s"),
-        60..3600 => format!("{}m{:02}s", whole / 60, whole % 60),
-        _ => format!("{}h{:02}m", whole / 3600, whole / 60 % 60),
-    }
-}
-
-/// `loss=0.1235 epoch=4` (the first few metrics), [`inert`](crate::inert).
-pub(crate) fn metrics(metrics: &serde_json::Map<String, serde_json::Value>) -> String {
-    const SHOWN: usize = 3;
-    let mut parts: Vec<String> = metrics
-        .iter()
-        .take(SHOWN)
-        .map(|(name, value)| crate::inert(&format!("{name}={}", number(value))))
-        .collect();
-    if metrics.len() > SHOWN {
-        parts.push("…".to_owned());
-    }
-    parts.join(" ")
-}
-
-/// A metric's value as the tables show it: whole numbers as they are, others to 4 places.
-pub(crate) fn number(value: &serde_json::Value) -> String {
-    match value {
-        serde_json::Value::Number(n) => n
-            .as_f64()
-            .filter(|v| v.fract() != 0.0)
-            .map_or_else(|| n.to_string(), |v| format!("{v:.4}")),
-        other => other.to_string(),
-    }
 }
 
 #[cfg(test)]

@@ -7,12 +7,11 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{self, Write as _};
 
-use serde::Serialize;
-use trainyard::backend::{DriverLiveness, driver_liveness};
-use trainyard::checkpoint::{MetricsEntry, RunFolder, RunRecord};
+use trainyard::checkpoint::{MetricsEntry, RunRecord};
 
 use crate::args::{OutputFormat, ShowArgs};
-use crate::ps::{find_run, number, open_storage, runtime, status_name};
+use crate::runs::text::number;
+use crate::runs::{Shown, find, open_storage, runtime};
 use crate::{Failure, assets};
 
 /// Rank 0's reports shown as rows in text.
@@ -22,43 +21,10 @@ const COLUMNS: usize = 4;
 /// The width of a chart, in reports.
 const CHART_WIDTH: usize = 60;
 
-/// What `--format json` prints (and the dashboard's `/api/runs/NAME`): the record as seen
-/// from here, with the run's metrics history.
-#[derive(Debug, Serialize)]
-pub(crate) struct Shown {
-    /// The status as seen from here: `lost` for a running run whose driver is gone.
-    pub(crate) status: &'static str,
-    pub(crate) record: RunRecord,
-    pub(crate) metrics: Vec<MetricsEntry>,
-}
-
-impl Shown {
-    /// `record`'s run with its metrics history read from `folder`.
-    pub(crate) async fn read(folder: &RunFolder, record: RunRecord) -> Result<Self, Failure> {
-        let history = folder.read_metrics().await.map_err(Failure::other)?;
-        let metrics = history
-            .split(|byte| *byte == b'\n')
-            .filter_map(|line| serde_json::from_slice(line).ok())
-            .collect();
-        let status = match driver_liveness(&record) {
-            DriverLiveness::Gone => "lost",
-            DriverLiveness::Unknown if crate::ps::lease_is_fresh(folder).await == Some(false) => {
-                "lost"
-            }
-            _ => status_name(record.status),
-        };
-        Ok(Self {
-            status,
-            record,
-            metrics,
-        })
-    }
-}
-
 pub(crate) fn run(args: &ShowArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
     let runtime = runtime()?;
-    let (folder, record) = find_run(&storage, &runtime, &args.name)?;
+    let (folder, record) = find(&storage, &runtime, &args.name)?;
     let shown = runtime.block_on(Shown::read(&folder, record))?;
     if let Some(file) = &args.html {
         let page = html(&shown).map_err(Failure::other)?;
@@ -97,7 +63,7 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
             "  driver      pid {} on {} (user {user}), started {}",
             driver.pid,
             inert(&driver.host),
-            crate::ps::started(driver.started_at)
+            crate::runs::text::started(driver.started_at)
         );
         if !driver.command.is_empty() {
             let _ = writeln!(
@@ -110,7 +76,7 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
     for attempt in &record.attempts {
         let took = attempt
             .ended_at
-            .map(|end| crate::ps::duration((end - attempt.started_at).max(0.0)))
+            .map(|end| crate::runs::text::duration((end - attempt.started_at).max(0.0)))
             .unwrap_or_else(|| "running".to_owned());
         let workers = attempt
             .world_size
@@ -137,7 +103,7 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
             out,
             "  checkpoint  #{} {}{latest}",
             checkpoint.index,
-            crate::ps::metrics(&checkpoint.metrics)
+            crate::runs::text::metrics(&checkpoint.metrics)
         );
     }
     let rank0: Vec<&MetricsEntry> = entries.iter().filter(|e| e.rank == 0).collect();
@@ -168,7 +134,7 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
     ];
     for entry in rank0.iter().skip(rank0.len().saturating_sub(ROWS)) {
         let mut row = vec![
-            crate::ps::started(entry.time)
+            crate::runs::text::started(entry.time)
                 .split(' ')
                 .nth(1)
                 .unwrap_or_default()

@@ -138,9 +138,15 @@ pub(crate) fn detach(
     let exe = std::env::current_exe().map_err(Failure::other)?;
     // The secrets go to the job in its environment (sbatch passes its own on), not in its
     // script.
-    let words: Vec<std::ffi::OsString> = std::iter::once(exe.into_os_string())
+    let run_name = name.map_or_else(trainyard::backend::unique_run_name, str::to_owned);
+    let mut words: Vec<std::ffi::OsString> = std::iter::once(exe.into_os_string())
         .chain(std::env::args_os().skip(1))
         .collect();
+    // The run inside has the job's name (`run` is the first word after the binary), so that
+    // `trainyard stop` can tell the job is the run's.
+    if name.is_none() {
+        words.splice(2..2, ["--name".into(), run_name.clone().into()]);
+    }
     let (words, secrets) = crate::secrets::passed_on(&words, program);
     let mut script = format!("export {DETACHED_VAR}=1; exec");
     for word in words {
@@ -151,10 +157,7 @@ pub(crate) fn detach(
     let output = std::path::absolute(&output).unwrap_or(output);
     let mut sbatch = vec![
         "--parsable".to_owned(),
-        format!(
-            "--job-name={}",
-            name.map_or_else(trainyard::backend::unique_run_name, str::to_owned)
-        ),
+        format!("--job-name={run_name}"),
         format!("--output={}", output.display()),
     ];
     sbatch.extend(shape.flags());

@@ -2,10 +2,8 @@
 //! (Ctrl-\) in its terminal gives them: the driver is sent SIGQUIT, captures them (the run
 //! goes on) and writes the dump beside the rank logs, and this command prints that file.
 
-use std::collections::BTreeMap;
 use std::io::{self, Write as _};
-use std::os::unix::fs::MetadataExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -14,7 +12,9 @@ use trainyard::checkpoint::{RunFolder, RunRecord};
 
 use crate::Failure;
 use crate::args::{OutputFormat, StacksArgs};
-use crate::ps::{catches, find_run, open_storage, own_driver_pid, runtime, status_name};
+use crate::runs::logs::stack_dumps;
+use crate::runs::text::status_name;
+use crate::runs::{catches, find, open_storage, proven_driver, runtime};
 
 /// How long the driver gets to capture every rank's stacks and write them.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -26,7 +26,7 @@ const RECORD_EVERY: Duration = Duration::from_millis(500);
 pub(crate) fn run(args: &StacksArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
     let runtime = runtime()?;
-    let (folder, record) = find_run(&storage, &runtime, &args.name)?;
+    let (folder, record) = find(&storage, &runtime, &args.name)?;
     let (file, text) = runtime.block_on(capture(&folder, &record))?;
     let mut out = io::stdout().lock();
     if args.format == OutputFormat::Json {
@@ -95,8 +95,8 @@ pub(crate) async fn capture(
             driver.pid
         )));
     }
-    let pid = own_driver_pid(folder, record, &driver)?;
-    let before = dumps(&dir);
+    let pid = proven_driver(folder, record, &driver)?;
+    let before = stack_dumps(&dir);
     kill(pid, Signal::SIGQUIT).map_err(|error| {
         Failure::other(format!(
             "cannot signal the driver of run `{}` (pid {}): {error}",
@@ -106,7 +106,7 @@ pub(crate) async fn capture(
     let started = Instant::now();
     let mut record_read = Instant::now();
     let file = loop {
-        if let Some(file) = dumps(&dir)
+        if let Some(file) = stack_dumps(&dir)
             .into_iter()
             .find(|(name, inode)| before.get(name) != Some(inode))
             .map(|(name, _)| dir.join(name))
@@ -140,21 +140,4 @@ pub(crate) async fn capture(
         ))
     })?;
     Ok((file, text))
-}
-
-/// The stack dumps in `dir`, by name, with their inodes (a dump written again under the
-/// same name is a new file).
-pub(crate) fn dumps(dir: &Path) -> BTreeMap<String, u64> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return BTreeMap::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name().into_string().ok()?;
-            let dump = name.starts_with("stacks-") && name.ends_with(".txt");
-            let meta = entry.metadata().ok().filter(|meta| meta.is_file())?;
-            dump.then_some((name, meta.ino()))
-        })
-        .collect()
 }

@@ -12,7 +12,8 @@ use trainyard::checkpoint::{RunFolder, RunRecord, RunStatus};
 
 use crate::Failure;
 use crate::args::{OutputFormat, StopArgs};
-use crate::ps::{find_run, lease_is_fresh, open_storage, own_driver_pid, runtime, status_name};
+use crate::runs::text::status_name;
+use crate::runs::{find, liveness_here, open_storage, proven_driver, runtime};
 
 /// How long a driver gets to stop its workers after the first interrupt: a little over its
 /// own limit for the stop.
@@ -39,7 +40,7 @@ pub(crate) struct Stopped {
 pub(crate) fn run(args: &StopArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
     let runtime = runtime()?;
-    let (folder, record) = find_run(&storage, &runtime, &args.name)?;
+    let (folder, record) = find(&storage, &runtime, &args.name)?;
     let stopped = runtime.block_on(stop(&folder, record, args.now))?;
     match args.format {
         OutputFormat::Text => say!("{}", crate::inert(&stopped.message)),
@@ -76,11 +77,7 @@ pub(crate) async fn stop(
             name
         )));
     };
-    let mut liveness = driver_liveness(&record);
-    if liveness == DriverLiveness::Unknown && lease_is_fresh(folder).await == Some(false) {
-        liveness = DriverLiveness::Gone;
-    }
-    match liveness {
+    match liveness_here(folder, &record).await {
         DriverLiveness::Alive => {}
         DriverLiveness::Ended => {
             return Ok(Stopped {
@@ -112,7 +109,7 @@ pub(crate) async fn stop(
             )));
         }
     }
-    let pid = own_driver_pid(folder, &record, &driver)?;
+    let pid = proven_driver(folder, &record, &driver)?;
     let started = Instant::now();
     kill(pid, Signal::SIGINT).map_err(|error| {
         Failure::other(format!(
@@ -181,6 +178,13 @@ async fn stop_through_slurm(
 ) -> Result<Stopped, Failure> {
     let job = driver.slurm_job.clone().unwrap_or_default();
     let started = Instant::now();
+    // A record names any job (on S3 anyone with the bucket writes one): only a job of this
+    // user's named after the run (as `--detach` submits it) is signalled.
+    if let Some(owner) = job_of_another_run(name, &job).await {
+        return Err(Failure::other(format!(
+            "run `{name}` names Slurm job {job} as its driver's, but that job is {owner}: nothing is cancelled"
+        )));
+    }
     let asked = if now {
         scancel(name, &[&job]).await
     } else {
@@ -227,6 +231,32 @@ async fn stop_through_slurm(
         &format!(", in Slurm job {job}"),
     )
     .await
+}
+
+/// What Slurm job `job` is when it is not run `name`'s (`--detach` names its job after the run,
+/// and the run may have taken `NAME-2`... under `--resume never`): `None` when it is a job of
+/// this user's with that name, or when Slurm no longer knows it.
+async fn job_of_another_run(name: &str, job: &str) -> Option<String> {
+    let said = trainyard::slurm::slurm::output("squeue", &["-h", "-j", job, "-o", "%u|%j"])
+        .await
+        .ok()?;
+    let (user, job_name) = said.lines().next()?.trim().split_once('|')?;
+    let me = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|user| user.name);
+    let named = name == job_name
+        || name
+            .strip_prefix(job_name)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if me.as_deref() != Some(user) {
+        Some(format!("user {user}'s"))
+    } else if !named {
+        Some(format!("named `{job_name}`"))
+    } else {
+        None
+    }
 }
 
 /// `scancel ARGS` for run `name` (the job id last).

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use trainyard::backend::{ExecutorOptions, unique_run_name};
+use trainyard::backend::{DriverNote, ExecutorOptions, unique_run_name};
 use trainyard::local::WarmPythonSpec;
 use trainyard::resources::Resources;
 use trainyard::runtime::timings as phase;
@@ -55,10 +55,18 @@ pub(super) fn request(args: &RunArgs) -> Result<Request, Failure> {
         .map(|ranks| ranks.within(scaling.num_workers.max()))
         .transpose()
         .map_err(Failure::bad_input)?;
+    let words: Vec<String> = std::env::args().collect();
     let options = ExecutorOptions {
         placement_timeout: args
             .placement_timeout
             .unwrap_or(trainyard::backend::DEFAULT_PLACEMENT_TIMEOUT),
+        driver: DriverNote {
+            command: Some(crate::secrets::recorded(&words, args.program.len())),
+            // A `--detach` run's batch script says so: this process is its job's own.
+            slurm_job: std::env::var_os(crate::slurm::DETACHED_VAR)
+                .and_then(|_| std::env::var(trainyard::slurm::JOB_ID_VAR).ok())
+                .filter(|job| !job.is_empty()),
+        },
         ..ExecutorOptions::default()
     };
     let name = unique_run_name();

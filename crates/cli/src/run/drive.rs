@@ -206,10 +206,10 @@ pub(super) async fn drive(
 /// Records run `name`, which this driver runs and stopped waiting for after an interrupt, as
 /// interrupted (its current attempt ended), so that no reader takes it for a running one.
 async fn record_interrupted(storage: Option<String>, name: &str, resume: ResumePolicy) {
-    let Ok(storage) = crate::ps::open_storage_at(storage) else {
+    let Ok(storage) = crate::runs::open_storage_at(storage) else {
         return;
     };
-    let Some(mut record) = crate::ps::driven_by(&storage, name, resume, std::process::id()).await
+    let Some(mut record) = crate::runs::driven_by(&storage, name, resume, std::process::id()).await
     else {
         return;
     };

@@ -23,8 +23,6 @@ const NOTIFY_LIMIT: Duration = Duration::from_secs(10);
 const SHUTDOWN_LIMIT: Duration = Duration::from_secs(10);
 
 pub(crate) fn run(args: &RunArgs) -> Result<(), Failure> {
-    let words: Vec<String> = std::env::args().collect();
-    trainyard::backend::set_driver_command(crate::secrets::recorded(&words, args.program.len()));
     let background = crate::background::is_background_driver();
     if background {
         crate::background::leave_the_terminal();
