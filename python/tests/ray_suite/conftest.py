@@ -129,8 +129,33 @@ def _not_applicable(text: str) -> bool:
     return "RayInternal" in text or "RayOnly" in text
 
 
+def _write() -> None:
+    """The outcomes so far into ``RAY_SUITE_RESULTS`` (after each test: a run killed for
+    its time keeps what it had)."""
+    path = os.environ.get("RAY_SUITE_RESULTS")
+    if path:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(_outcomes, f, indent=1, sort_keys=True)
+        os.replace(path + ".tmp", path)
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    # Until its reports come: what a test killed for its time is left as.
+    _outcomes[nodeid] = {"outcome": "timed out", "reason": "still running at the time limit"}
+    _write()
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    entry = _outcomes.setdefault(report.nodeid, {"outcome": "passed", "reason": ""})
+    entry = _outcomes[report.nodeid]
+    if entry["outcome"] == "timed out":
+        entry.update(outcome="passed", reason="")
+    try:
+        _record(entry, report)
+    finally:
+        _write()
+
+
+def _record(entry: Dict[str, str], report: pytest.TestReport) -> None:
     if report.outcome == "passed" or entry["outcome"] != "passed":
         return
     text = str(report.longrepr or "")
@@ -156,10 +181,8 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
             "outcome": outcome,
             "reason": " ".join(last)[-400:],
         }
+        _write()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    path = os.environ.get("RAY_SUITE_RESULTS")
-    if path:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(_outcomes, f, indent=1, sort_keys=True)
+    _write()

@@ -1,7 +1,8 @@
 """Runs Ray Train v2's own tests against trainyard (through ``shim/ray``) and, for the
 yardstick, against Ray itself; prints each test's two outcomes and the counts.
 
-    python run.py --ray-source DIR [--against both|trainyard|ray] [--out FILE] [PYTEST_ARGS...]
+    python run.py --ray-source DIR [--against both|trainyard|ray] [--only NAME] [--out FILE]
+                  [PYTEST_ARGS...]
 
 DIR is a folder outside this repository laid out as Ray's (``DIR/python/ray/train/v2/tests/
 test_*.py``, ``DIR/python/ray/train/tests/*.py``, ``DIR/python/ray/train/examples/...``):
@@ -18,6 +19,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,9 +28,13 @@ from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_PYTHON = os.path.dirname(os.path.dirname(HERE))
+# The most one file's tests may take (a test that waits forever is stopped, and reported so).
+FILE_LIMIT_S = 900
 
 
-def _run(against: str, source: str, extra: List[str], scratch: str) -> Dict[str, Dict[str, str]]:
+def _run(
+    against: str, source: str, extra: List[str], scratch: str, only: List[str]
+) -> Dict[str, Dict[str, str]]:
     tests = os.path.join(source, "python", "ray", "train", "v2", "tests")
     files = sorted(glob.glob(os.path.join(tests, "test_*.py")))
     if not files:
@@ -55,12 +61,20 @@ def _run(against: str, source: str, extra: List[str], scratch: str) -> Dict[str,
     # running would fail the next file's ray.init).
     for path in files:
         name = os.path.basename(path)
-        subprocess.run(
+        if only and not any(part in name for part in only):
+            continue
+        pytest = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN", *extra, name],
             cwd=folder,
             env=env,
-            check=False,
+            start_new_session=True,
         )
+        try:
+            pytest.wait(timeout=FILE_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            print(f"--- {name}: still running after {FILE_LIMIT_S} s: stopped", flush=True)
+            os.killpg(pytest.pid, signal.SIGKILL)
+            pytest.wait()
         if os.path.exists(results):
             with open(results, encoding="utf-8") as f:
                 outcomes.update(json.load(f))
@@ -102,13 +116,16 @@ def main() -> int:
     parser.add_argument("--ray-source", required=True, help="a folder laid out as Ray's repo")
     parser.add_argument("--against", choices=("both", "trainyard", "ray"), default="both")
     parser.add_argument("--out", help="write the report as JSON here too")
+    parser.add_argument(
+        "--only", action="append", default=[], help="run only the files whose name holds this"
+    )
     args, extra = parser.parse_known_args()
     source = os.path.abspath(args.ray_source)
     if os.path.abspath(source).startswith(os.path.dirname(REPO_PYTHON) + os.sep):
         raise SystemExit("--ray-source must be outside this repository (Ray's files stay out)")
     modes = ["ray", "trainyard"] if args.against == "both" else [args.against]
     with tempfile.TemporaryDirectory(prefix="ray-suite-") as scratch:
-        results = {mode: _run(mode, source, extra, scratch) for mode in modes}
+        results = {mode: _run(mode, source, extra, scratch, args.only) for mode in modes}
     report = _report(results)
     for row in report["rows"]:  # type: ignore[union-attr]
         cells = "  ".join(f"{mode}={row[mode]}" for mode in modes)

@@ -15,6 +15,9 @@ folder first on ``PYTHONPATH``. What maps where:
 - ``ray.cloudpickle``: cloudpickle, the library Ray vendors.
 - ``ray.init``/``ray.shutdown``/``ray.is_initialized``: nothing to start (trainyard's local
   runtime needs no cluster).
+- A name ``ray.train`` or ``ray.train.torch`` exports in Ray 2.60 and trainyard lacks
+  (``UserCallback``, ``get_all_reported_checkpoints``, ...): a :class:`PublicName` that raises
+  :class:`MissingFromTrainyard` when used: a test that needs it fails.
 - Any other ``ray.*`` name (Ray's internals, Ray Data, Ray Core's tasks and actors): a
   :class:`RayInternal` stand-in that raises :class:`RayOnly` when used. It is never given a
   value: a test that needs it is counted as not applicable, not as passed.
@@ -43,6 +46,21 @@ _ALIASES = {
     "ray.train.collective": "trainyard.train.collective",
 }
 
+# The names ``ray.train`` and ``ray.train.torch`` export in Ray 2.60 (read from its wheel): one
+# of these that trainyard lacks is a failure; another missing name is Ray's own business.
+_PUBLIC = {
+    "BackendConfig", "Checkpoint", "CheckpointConfig", "CheckpointConsistencyMode",
+    "CheckpointUploadMode", "ControllerError", "DataConfig", "FailureConfig", "LoggingConfig",
+    "NCCLHangError", "PreemptionError", "PreemptionInfo", "ReportedCheckpoint",
+    "ReportedCheckpointStatus", "Result", "RunConfig", "ScalingConfig", "SyncConfig",
+    "TrainContext", "TrainingFailedError", "UserCallback", "ValidationConfig", "ValidationFn",
+    "ValidationTaskConfig", "WorkerGroupError", "get_all_reported_checkpoints",
+    "get_checkpoint", "get_context", "get_dataset_shard", "get_preemption_info", "report",
+    "TorchCheckpoint", "TorchConfig", "TorchTrainer", "accelerate", "backward",
+    "enable_reproducibility", "get_device", "get_devices", "prepare_data_loader",
+    "prepare_model", "prepare_optimizer",
+}  # fmt: skip
+
 # Ray's public classes under other names here.
 _RENAMED = {"DataParallelTrainer": ("trainyard.train.torch", "TorchTrainer")}
 
@@ -62,30 +80,49 @@ class RayOnly(RuntimeError):
     """A test used a part of Ray that trainyard does not have (not applicable)."""
 
 
+class MissingFromTrainyard(RuntimeError):
+    """A test used a public name of ``ray.train`` that trainyard lacks (a failure)."""
+
+
 class RayInternal:
-    """What a name of Ray that trainyard lacks stands for: using it raises ``RayOnly``."""
+    """What a name of Ray's internals stands for: using it raises ``RayOnly``."""
+
+    _error: type = RayOnly
+    _says = "RayInternal: {} is Ray's, not trainyard's"
 
     def __init__(self, name: str) -> None:
         object.__setattr__(self, "_name", name)
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise RayOnly(f"RayInternal: {self._name} is Ray's, not trainyard's")
+        raise self._error(self._says.format(self._name))
 
     __call__ = _refuse
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)
-        return RayInternal(f"{self._name}.{attr}")
+        return type(self)(f"{self._name}.{attr}")
 
     def __setattr__(self, attr: str, value: Any) -> None:
         self._refuse()
 
+    def __mro_entries__(self, bases: Any) -> Any:
+        # `class Mine(ray.train.backend.Backend)`: refused as any other use.
+        self._refuse()
+
     def __reduce__(self) -> Any:
-        return (RayInternal, (self._name,))
+        return (type(self), (self._name,))
 
     def __repr__(self) -> str:
-        return f"RayInternal({self._name})"
+        return f"{type(self).__name__}({self._name})"
+
+
+class PublicName(RayInternal):
+    """A public name of ``ray.train`` that trainyard lacks: using it raises
+    ``MissingFromTrainyard``, which counts as a failure, not as not applicable."""
+
+    _error = MissingFromTrainyard
+    _says = "{} is public in Ray Train 2.60 and missing from trainyard"
 
 
 class _ByName(types.ModuleType):
@@ -125,7 +162,8 @@ class _Proxy(_ByName):
             value = getattr(importlib.import_module(module), attr, None)
             if value is not None:
                 return value
-        return RayInternal(f"{self.__name__}.{attr}")
+        stand_in = PublicName if attr in _PUBLIC else RayInternal
+        return stand_in(f"{self.__name__}.{attr}")
 
 
 def _proxy(targets: Sequence[str]) -> Any:
@@ -235,4 +273,7 @@ def is_initialized() -> bool:
 def __getattr__(attr: str) -> Any:
     if attr.startswith("__"):
         raise AttributeError(attr)
+    if attr in ("train", "cloudpickle"):
+        # `from ray import train` before `ray.train` was imported: the submodule.
+        return importlib.import_module(f"ray.{attr}")
     return RayInternal(f"ray.{attr}")
