@@ -91,7 +91,7 @@ async fn train(workers: u32) -> Result<(), Box<dyn std::error::Error>> {
                 RunEvent::Log {
                     rank, pid, line, ..
                 } => println!("(rank={rank}, pid={pid}) {line}"),
-                RunEvent::Report { rank, metrics } => {
+                RunEvent::Report { rank, metrics, .. } => {
                     println!("(rank={rank}) report {}", Value::Object(metrics))
                 }
                 _ => {}

@@ -61,17 +61,8 @@ impl Error {
             Self::Config(_) => "invalid configuration",
             Self::Runtime(_) => "the runtime failed",
             Self::WorkerGroup(_) => "the worker group failed",
-            Self::Executor(
-                ExecutorError::Config(_)
-                | ExecutorError::Unschedulable(_)
-                | ExecutorError::PlacementTimeout { .. }
-                | ExecutorError::Storage(_)
-                | ExecutorError::RunFinished { .. }
-                | ExecutorError::RunInUse { .. }
-                | ExecutorError::RunInUseElsewhere { .. },
-            ) => "the run cannot start",
-            Self::Executor(ExecutorError::Interrupted { .. }) => "the run was interrupted",
-            Self::Executor(_) => "the training run failed",
+            Self::Executor(ExecutorError::Config(_)) => "the run cannot start",
+            Self::Executor(error) => error.what(),
             #[cfg(feature = "local")]
             Self::Local(_) => "the local runtime cannot start",
         }

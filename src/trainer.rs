@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc::Sender;
 use trainyard_backend_executor::{
-    BackendConfig, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, RunEvent,
+    BackendConfig, BackendExecutor, ExecutorError, ExecutorOptions, FitReport, Reporter, RunEvent,
     StacksTrigger, StopTrigger,
 };
 use trainyard_config::{RunConfig, ScalingConfig};
@@ -89,6 +89,14 @@ impl Trainer {
     #[must_use]
     pub fn events(mut self, events: Sender<RunEvent>) -> Self {
         self.executor.events = Some(events);
+        self
+    }
+
+    /// Adds `reporter`: it takes the run's events as they happen, in order, and finishes
+    /// before [`fit`](Trainer::fit) returns (see [`Reporter`]).
+    #[must_use]
+    pub fn reporter(mut self, reporter: Box<dyn Reporter>) -> Self {
+        self.executor.reporters.push(reporter);
         self
     }
 

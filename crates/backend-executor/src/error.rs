@@ -111,6 +111,36 @@ pub enum ExecutorError {
     },
 }
 
+impl ExecutorError {
+    /// What failed, without its cause: a run refused before anything was started says so,
+    /// rather than that training failed.
+    #[must_use]
+    pub const fn what(&self) -> &'static str {
+        match self {
+            Self::Config(_) => "invalid configuration",
+            Self::Unschedulable(_)
+            | Self::PlacementTimeout { .. }
+            | Self::Storage(_)
+            | Self::RunFinished { .. }
+            | Self::RunInUse { .. }
+            | Self::RunInUseElsewhere { .. } => "the run cannot start",
+            Self::Interrupted { .. } => "the run was interrupted",
+            _ => "the training run failed",
+        }
+    }
+
+    /// What failed and every cause, on one line (`the run cannot start: ...: ...`), as a
+    /// program built on trainyard shows it.
+    #[must_use]
+    pub fn summary(&self) -> String {
+        let cause: &(dyn std::error::Error + 'static) = match self {
+            Self::Config(error) => error,
+            other => other,
+        };
+        trainyard_resources::chain_text(self.what().to_owned(), Some(cause))
+    }
+}
+
 /// An error and its sources on one line.
 pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     trainyard_resources::ErrorChain(error).to_string()

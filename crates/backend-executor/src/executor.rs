@@ -10,6 +10,7 @@ use trainyard_runtime::{ActorRuntime, TaskSpec};
 use crate::attempt::Setup;
 use crate::options::{ExecutorOptions, unique_run_name};
 use crate::report::{FitReport, RunEvent};
+use crate::reporter::{Reporter, Reporters};
 use crate::run_loop::{Controls, RunLoop};
 use crate::sink::Sink;
 use crate::triggers::{StacksTrigger, StopTrigger};
@@ -48,6 +49,11 @@ pub struct BackendExecutor {
     /// output lines are dropped and counted ([`RunEvent::LogsDropped`]); every other event
     /// waits for room, so a listener that stops reading holds the run back.
     pub events: Option<Sender<RunEvent>>,
+    /// What takes the run's events besides the listener, in order: the console, a webhook,
+    /// a tracker of your own. Those its run config asks for (TensorBoard's
+    /// [`tensorboard_dir`](RunConfig::tensorboard_dir), MLflow's
+    /// [`mlflow`](RunConfig::mlflow)) are added after these.
+    pub reporters: Vec<Box<dyn Reporter>>,
     /// Captures and streams every rank's stacks ([`RunEvent::Stacks`]) whenever pulled
     /// while an attempt runs, stopping nothing.
     pub stacks_trigger: StacksTrigger,
@@ -67,6 +73,7 @@ impl BackendExecutor {
             run: RunConfig::default(),
             options: ExecutorOptions::default(),
             events: None,
+            reporters: Vec::new(),
             stacks_trigger: StacksTrigger::new(),
             stop_trigger: StopTrigger::new(),
         }
@@ -87,22 +94,31 @@ impl BackendExecutor {
     /// fatal error (cannot be scheduled, backend misconfigured, storage unusable) at once;
     /// [`ExecutorError::Interrupted`] when the [stop trigger](Self::stop_trigger) was pulled.
     pub async fn fit(self, task: &TaskSpec) -> Result<FitReport, ExecutorError> {
-        self.scaling.validate()?;
-        self.run.validate()?;
-        let run_name = self.run.name.clone().unwrap_or_else(unique_run_name);
-        let setup = Setup {
-            runtime: self.runtime,
-            backend: self.backend,
-            scaling: self.scaling,
-            run: self.run,
-            run_name,
-            options: self.options,
-        };
+        let mut reporters = self.reporters;
+        reporters.extend(crate::reporters::configured(&self.run));
+        let sink = Sink::new(self.events, Reporters::new(reporters));
         let controls = Controls {
-            sink: Sink::new(self.events),
+            sink: sink.clone(),
             stacks: self.stacks_trigger,
             stop: self.stop_trigger,
         };
-        RunLoop::open(setup, controls).await?.run(task).await
+        let run = async {
+            self.scaling.validate()?;
+            self.run.validate()?;
+            let run_name = self.run.name.clone().unwrap_or_else(unique_run_name);
+            let setup = Setup {
+                runtime: self.runtime,
+                backend: self.backend,
+                scaling: self.scaling,
+                run: self.run,
+                run_name,
+                options: self.options,
+            };
+            RunLoop::open(setup, controls).await?.run(task).await
+        };
+        let result = run.await;
+        sink.emit(RunEvent::end_of(&result)).await;
+        sink.finish().await;
+        result
     }
 }

@@ -100,15 +100,17 @@ mod hang;
 mod history;
 mod logs;
 mod options;
+mod params;
 mod policy;
 mod ranks;
 mod report;
+mod reporter;
+mod reporters;
 mod run_folder;
 mod run_loop;
 mod sharing;
 mod sink;
 mod tally;
-mod tensorboard;
 pub mod timings;
 mod triggers;
 
@@ -130,7 +132,8 @@ pub use options::{
     DEFAULT_PLACEMENT_TIMEOUT, DriverNote, ExecutorOptions, RESTARTS_TARGET, unique_run_name,
 };
 pub use ranks::{RankInfo, WorldRank, assign_ranks};
-pub use report::{FitReport, RunEvent, StartedWorker};
+pub use report::{FitReport, RUN_EVENTS_VERSION, RunEvent, StartedWorker};
+pub use reporter::{Finishing, Reporter};
 #[allow(deprecated, reason = "kept for one release; it says what replaces it")]
 pub use run_folder::set_driver_command;
 pub use run_folder::{CheckpointResult, SLURM_DETACHED_VAR};

@@ -23,10 +23,31 @@ pub struct StartedWorker {
     pub pid: u32,
 }
 
-/// Something that happened during a run, streamed as it happens.
+/// The version of the event stream's contract: what [`RunEvent`]s are and what they carry, as
+/// the JSON stream (`trainyard run --log-format json`, the Python driver's input) writes them.
+/// It grows by one when an event changes in a way an earlier reader would misread; new events
+/// and new fields (which readers pass over) leave it as it is.
+pub const RUN_EVENTS_VERSION: u32 = 1;
+
+/// Something that happened during a run, streamed as it happens, to the run's
+/// [`Reporter`](crate::Reporter)s and its listener. Every run's events begin with
+/// [`RunStarted`](Self::RunStarted) (but for one refused before its folder opened) and end
+/// with one of [`RunSucceeded`](Self::RunSucceeded), [`RunFailed`](Self::RunFailed) and
+/// [`RunInterrupted`](Self::RunInterrupted).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RunEvent {
+    /// The run's folder is open: the run starts, or resumes an unfinished run of its name.
+    RunStarted {
+        /// Its name (its folder's).
+        name: String,
+        /// Its folder: a path, or a URI for remote storage.
+        run_dir: String,
+        /// What it was configured with, one value each (the scaling, failure and checkpoint
+        /// configs), for trackers that keep a run's parameters.
+        params: serde_json::Map<String, serde_json::Value>,
+    },
     /// The placement group is asked for; the run waits until it is reserved.
     Placing {
         /// Restarts before this attempt.
@@ -63,6 +84,16 @@ pub enum RunEvent {
         rank: WorldRank,
         /// The metrics.
         metrics: serde_json::Map<String, serde_json::Value>,
+        /// The report's index, as a checkpoint handed in with it would be numbered: it goes
+        /// on over restarts and resumes (the N-th report of every rank is index N).
+        #[serde(default)]
+        step: u64,
+        /// Restarts before the attempt it came in (in this driver).
+        #[serde(default)]
+        attempt: u32,
+        /// When the driver took it in, in seconds since the Unix epoch.
+        #[serde(default)]
+        time: f64,
     },
     /// A worker printed a line.
     Log {
@@ -136,6 +167,106 @@ pub enum RunEvent {
         /// The wait before the next attempt, in milliseconds.
         backoff_ms: u64,
     },
+    /// The run is over: it succeeded. Its last event.
+    RunSucceeded {
+        /// What it did.
+        #[serde(flatten)]
+        report: Box<FitReport>,
+    },
+    /// The run is over: it failed, or could not start. Its last event.
+    RunFailed {
+        /// What failed and why, on one line ([`ExecutorError::summary`](crate::ExecutorError::summary)).
+        error: String,
+        /// What it did, when it trained before it failed.
+        report: Option<Box<FitReport>>,
+    },
+    /// The run is over: it was stopped (its stop trigger, Ctrl-C). Its last event.
+    RunInterrupted {
+        /// Whether its tasks were stopped and it said what it did (`false`: the program
+        /// stopped waiting for it).
+        stopped: bool,
+        /// What it did.
+        report: Option<Box<FitReport>>,
+    },
+}
+
+impl RunEvent {
+    /// The name this event has in the JSON stream (its `event` field).
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::RunStarted { .. } => "run_started",
+            Self::Placing { .. } => "placing",
+            Self::Placed { .. } => "placed",
+            Self::AttemptStarted { .. } => "attempt_started",
+            Self::TaskStarted { .. } => "task_started",
+            Self::Report { .. } => "report",
+            Self::Log { .. } => "log",
+            Self::LogsDropped { .. } => "logs_dropped",
+            Self::Resuming { .. } => "resuming",
+            Self::CheckpointCommitted { .. } => "checkpoint_committed",
+            Self::LogFiles { .. } => "log_files",
+            Self::Stacks { .. } => "stacks",
+            Self::Resized { .. } => "resized",
+            Self::Restarting { .. } => "restarting",
+            Self::RunSucceeded { .. } => "run_succeeded",
+            Self::RunFailed { .. } => "run_failed",
+            Self::RunInterrupted { .. } => "run_interrupted",
+        }
+    }
+
+    /// Every event's name in the JSON stream, in the order of the contract
+    /// ([`RUN_EVENTS_VERSION`]).
+    pub const KINDS: &'static [&'static str] = &[
+        "run_started",
+        "placing",
+        "placed",
+        "attempt_started",
+        "task_started",
+        "report",
+        "log",
+        "logs_dropped",
+        "resuming",
+        "checkpoint_committed",
+        "log_files",
+        "stacks",
+        "resized",
+        "restarting",
+        "run_succeeded",
+        "run_failed",
+        "run_interrupted",
+    ];
+
+    /// The event that ends a run whose fit returned `result`.
+    #[must_use]
+    pub fn end_of(result: &Result<FitReport, crate::ExecutorError>) -> Self {
+        use crate::ExecutorError;
+        match result {
+            Ok(report) => Self::RunSucceeded {
+                report: Box::new(report.clone()),
+            },
+            Err(ExecutorError::Interrupted { report }) => Self::RunInterrupted {
+                stopped: true,
+                report: Some(report.clone()),
+            },
+            Err(error) => Self::RunFailed {
+                error: error.summary(),
+                report: match error {
+                    ExecutorError::TrainingFailed { report } => Some(report.clone()),
+                    _ => None,
+                },
+            },
+        }
+    }
+
+    /// Whether this is a run's last event.
+    #[must_use]
+    pub const fn is_end(&self) -> bool {
+        matches!(
+            self,
+            Self::RunSucceeded { .. } | Self::RunFailed { .. } | Self::RunInterrupted { .. }
+        )
+    }
 }
 
 /// The outcome of [`BackendExecutor::fit`](crate::BackendExecutor::fit).

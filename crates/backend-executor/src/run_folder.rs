@@ -17,7 +17,6 @@ use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig, ScoreOrder};
 
 use crate::error::chain;
 use crate::history::MetricsHistory;
-use crate::tensorboard::EventFile;
 use crate::{AttemptFailure, ExecutorError};
 
 /// A committed checkpoint, as a [`crate::FitReport`] and [`crate::RunEvent`]s name it.
@@ -47,8 +46,6 @@ pub(crate) struct RunStore {
     created: bool,
     /// Every report, as it comes.
     history: MetricsHistory,
-    /// Rank 0's numeric metrics for TensorBoard, when asked for.
-    tensorboard: Option<EventFile>,
     /// The lock that proves this process to be the run's driver
     /// (`trainyard_checkpoint::driver_lock_holder`);
     /// released when the run's folder is let go.
@@ -168,14 +165,6 @@ impl RunStore {
                 .collect()
         };
         let history = MetricsHistory::open(&folder).await;
-        let tensorboard = run.tensorboard_dir.as_deref().and_then(|dir| {
-            let dir = expand_home(dir);
-            EventFile::create(&dir, now())
-                .map_err(|error| {
-                    warn!(dir = %dir.display(), %error, "cannot write TensorBoard event files there; the run goes on without them");
-                })
-                .ok()
-        });
         let mut store = Self {
             folder,
             record,
@@ -185,7 +174,6 @@ impl RunStore {
             storage_env,
             created,
             history,
-            tensorboard,
             _driver_lock: driver_lock,
         };
         store.save().await.map_err(ExecutorError::Storage)?;
@@ -352,8 +340,16 @@ impl RunStore {
         self.save().await
     }
 
-    /// Books one report of world rank `rank`; the checkpoint it commits, if any, once
-    /// `run.json` records it.
+    /// The index rank `rank`'s next report gets, as a checkpoint handed in with it would be
+    /// numbered: it goes on over restarts and resumes.
+    pub(crate) fn next_step(&self, rank: u32) -> u64 {
+        self.book
+            .as_ref()
+            .map_or(self.record.last_index + 1, |book| book.next_index(rank))
+    }
+
+    /// Books one report of world rank `rank` (and adds it to the metrics history); the
+    /// checkpoint it commits, if any, once `run.json` records it.
     pub(crate) async fn report(
         &mut self,
         rank: u32,
@@ -365,20 +361,6 @@ impl RunStore {
             self.history
                 .take(attempt.restart_count, world_size, rank, metrics);
             self.history.write(&self.folder, false).await;
-        }
-        if rank == 0 {
-            if let Some(events) = &mut self.tensorboard {
-                // The report's index, as its checkpoint would be numbered: it goes on over
-                // restarts and resumes.
-                let step = self
-                    .book
-                    .as_ref()
-                    .map_or(self.record.last_index + 1, |book| book.next_index(0));
-                if let Err(error) = events.scalars(now(), step, metrics) {
-                    warn!(file = %events.path().display(), %error, "cannot write to the TensorBoard event file; it is left as it is");
-                    self.tensorboard = None;
-                }
-            }
         }
         let Some(book) = self.book.as_mut() else {
             return Ok(None);
@@ -690,7 +672,7 @@ fn staging_dir(run: &str, attempt: &str) -> std::io::Result<PathBuf> {
 }
 
 /// `~/x` with the home folder for `~`.
-fn expand_home(dir: &str) -> PathBuf {
+pub(crate) fn expand_home(dir: &str) -> PathBuf {
     match (dir.strip_prefix("~/"), std::env::var_os("HOME")) {
         (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
         _ => PathBuf::from(dir),
@@ -751,7 +733,6 @@ mod tests {
             storage_env: BTreeMap::new(),
             created: true,
             history: MetricsHistory::new(Some(Vec::new())),
-            tensorboard: None,
             lease: LeaseRenewal(None),
             _driver_lock: None,
         };

@@ -114,6 +114,8 @@ enum Woken {
 
 /// What the loop keeps of a running attempt besides the attempt itself.
 struct Following<'a> {
+    /// Restarts before this attempt.
+    restart_count: u32,
     report: &'a mut FitReport,
     logs: &'a mut RankLogs,
     tally: Tally,
@@ -153,6 +155,14 @@ impl RunLoop {
     /// down, releases the placement group, waits out the backoff and starts again from
     /// scratch, with the restart count one higher.
     pub(crate) async fn run(mut self, task: &TaskSpec) -> Result<FitReport, ExecutorError> {
+        self.controls
+            .sink
+            .emit(RunEvent::RunStarted {
+                name: self.setup.run_name.clone(),
+                run_dir: self.store.uri(),
+                params: crate::params::of(&self.setup.scaling, &self.setup.run),
+            })
+            .await;
         let mut history = History::default();
         let (mut report, ending) = loop {
             let restart_count = history.restarts();
@@ -338,6 +348,7 @@ impl RunLoop {
         }
         info!("{}", attempt.describe(&pids));
         let following = Following {
+            restart_count,
             tally: Tally::new(pids.len()),
             dropped: vec![0; pids.len()],
             report,
@@ -842,8 +853,16 @@ impl RunLoop {
                 let rank = rank_of(i);
                 report.metrics[i] = Some(metrics.clone());
                 report.last_report = Some((rank, metrics.clone()));
+                let step = self.store.next_step(rank.0);
                 let committed = self.store.report(rank.0, &metrics, checkpoint).await?;
-                sink.emit(RunEvent::Report { rank, metrics }).await;
+                sink.emit(RunEvent::Report {
+                    rank,
+                    metrics,
+                    step,
+                    attempt: following.restart_count,
+                    time: trainyard_checkpoint::now(),
+                })
+                .await;
                 if let Some(checkpoint) = committed {
                     report.checkpoint = Some(checkpoint.clone());
                     sink.emit(RunEvent::CheckpointCommitted { checkpoint })

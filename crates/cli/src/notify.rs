@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use trainyard::backend::RunEvent;
+use trainyard::backend::{Reporter, RunEvent};
 
 use crate::Failure;
 use crate::values::FlagError;
@@ -18,14 +18,16 @@ use crate::values::FlagError;
 /// How long one request may take.
 const REQUEST_LIMIT: Duration = Duration::from_secs(5);
 
-/// Sends the events of one run to its webhook (cloned for each thread that has some).
-#[derive(Clone)]
+/// Sends the events of one run to its webhook: a [`Reporter`] of the run (and cloned for the
+/// one event the driver may have to send itself: an end the run could not say).
+#[derive(Clone, Debug)]
 pub(crate) struct Notifier {
     tx: mpsc::UnboundedSender<serde_json::Value>,
     run: String,
 }
 
 /// The task that delivers what the [`Notifier`]s send.
+#[derive(Debug)]
 pub(crate) struct Delivery(tokio::task::JoinHandle<()>);
 
 impl Notifier {
@@ -81,16 +83,18 @@ impl Notifier {
         }
         let _ = self.tx.send(event);
     }
+}
 
+impl Reporter for Notifier {
     /// Sends `event` when it is a change of the run's state.
-    pub(crate) fn run_event(&self, event: &RunEvent) {
+    fn report(&mut self, event: &RunEvent) {
         let state = matches!(
             event,
             RunEvent::AttemptStarted { .. }
                 | RunEvent::Restarting { .. }
                 | RunEvent::Resized { .. }
                 | RunEvent::CheckpointCommitted { .. }
-        );
+        ) || event.is_end();
         if state {
             if let Ok(value) = serde_json::to_value(event) {
                 self.send(&value);

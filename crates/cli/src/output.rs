@@ -18,12 +18,17 @@ use trainyard::backend::timings::{TimingsHandle, TimingsLayer};
 use crate::args::LogFormat;
 
 /// `value` with `"time"`: when it was printed, in seconds since the Unix epoch (an object
-/// that has a `time` of its own keeps it).
+/// that has a `time` of its own keeps it), and `"v"`: the version of the event stream's
+/// contract (`trainyard::backend::RUN_EVENTS_VERSION`).
 pub(crate) fn stamped(mut value: serde_json::Value) -> serde_json::Value {
     if let serde_json::Value::Object(object) = &mut value {
         object
             .entry("time")
             .or_insert_with(|| serde_json::json!(trainyard::checkpoint::now()));
+        object.insert(
+            "v".to_owned(),
+            serde_json::json!(trainyard::backend::RUN_EVENTS_VERSION),
+        );
     }
     value
 }

@@ -1,7 +1,7 @@
 //! What `trainyard run` shows while a run goes on: worker output with its rank prefix, the
 //! run's events as text or JSON lines, stacks, and what the run waits for.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::io::{self, Write as _};
 use std::path::Path;
 use std::time::Instant;
@@ -27,8 +27,6 @@ pub(crate) struct Shown {
     /// The ranks whose output the console shows (`--ranks`); all when `None`. The log files
     /// keep every rank's.
     pub(crate) ranks: Option<BTreeSet<u32>>,
-    /// The `--notify` webhook, sent the run's changes of state.
-    pub(crate) notify: Option<crate::notify::Notifier>,
 }
 
 /// The next thing to show.
@@ -133,9 +131,6 @@ pub(crate) fn print_events(
         if matches!(event, RunEvent::AttemptStarted { .. }) {
             crate::background::say_started();
         }
-        if let Some(notify) = &shown.notify {
-            notify.run_event(&event);
-        }
         match format {
             LogFormat::Json if !shown.shows(output_rank(&event)) => {}
             LogFormat::Json => warn_unwritten(
@@ -223,30 +218,14 @@ struct Seen {
     log_dir: Option<String>,
     /// The rank whose reports get a line (rank 0, or the lowest that `--ranks` shows).
     report_rank: u32,
-    /// The index of the current attempt's first report, less one: the checkpoint it resumes
-    /// from (0 when it starts afresh).
-    base: u64,
-    /// How many reports each rank sent in the current attempt, by world rank.
-    reports: BTreeMap<u32, u64>,
 }
 
 impl Seen {
     /// Takes in what `event` tells about the attempt.
     fn note(&mut self, event: &RunEvent) {
-        match event {
-            RunEvent::LogFiles { dir, .. } => self.log_dir = Some(dir.clone()),
-            RunEvent::Restarting { .. } => self.base = 0,
-            RunEvent::Resuming { checkpoint, .. } => self.base = checkpoint.index,
-            RunEvent::AttemptStarted { .. } => self.reports.clear(),
-            RunEvent::Report { rank, .. } => *self.reports.entry(rank.0).or_default() += 1,
-            _ => {}
+        if let RunEvent::LogFiles { dir, .. } = event {
+            self.log_dir = Some(dir.clone());
         }
-    }
-
-    /// The index of rank `rank`'s latest report (the N-th report of every rank belongs to
-    /// checkpoint N).
-    fn report_index(&self, rank: u32) -> u64 {
-        self.base + self.reports.get(&rank).copied().unwrap_or(0)
     }
 }
 
@@ -365,17 +344,28 @@ fn print_text(
             }
             progress.suspend(|| writeln!(io::stderr(), "{}", block.join("\n")))
         }
-        RunEvent::Report { rank, metrics } if rank.0 == seen.report_rank => {
+        RunEvent::Report {
+            rank,
+            metrics,
+            step,
+            ..
+        } if rank.0 == seen.report_rank => {
             progress.message(&format!(
-                "report {} (rank {rank}): {}",
-                seen.report_index(rank.0),
+                "report {step} (rank {rank}): {}",
                 metrics_text(metrics)
             ));
             Ok(())
         }
-        RunEvent::TaskStarted { .. } | RunEvent::Report { .. } | RunEvent::LogFiles { .. } => {
-            Ok(())
-        }
+        // The start is the run folder's line, the end is the outcome's (`run::outcome`).
+        RunEvent::TaskStarted { .. }
+        | RunEvent::Report { .. }
+        | RunEvent::LogFiles { .. }
+        | RunEvent::RunStarted { .. }
+        | RunEvent::RunSucceeded { .. }
+        | RunEvent::RunFailed { .. }
+        | RunEvent::RunInterrupted { .. } => Ok(()),
+        // An event this printer does not know shows in JSON only.
+        _ => Ok(()),
     }
 }
 

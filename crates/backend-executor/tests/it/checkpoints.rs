@@ -433,5 +433,12 @@ async fn unwritable_storage_fails_before_any_worker_starts() {
     assert!(matches!(error, ExecutorError::Storage(_)), "{error:?}");
     let text = trainyard_config::resources::ErrorChain(&error).to_string();
     assert!(text.contains(&storage.display().to_string()), "{text}");
-    assert!(events.is_empty(), "nothing started: {events:?}");
+    // Nothing started: the run's end is its one event.
+    assert!(
+        matches!(
+            events.as_slice(),
+            [RunEvent::RunFailed { report: None, .. }]
+        ),
+        "{events:?}"
+    );
 }

@@ -8,7 +8,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tracing::Instrument as _;
 use trainyard::Trainer;
-use trainyard::backend::{NoBackend, StacksTrigger, StopTrigger};
+use trainyard::backend::{NoBackend, Reporter as _, RunEvent, StacksTrigger, StopTrigger};
 use trainyard::checkpoint::RunStatus;
 use trainyard::local::LocalRuntime;
 use trainyard::runtime::TaskSpec;
@@ -44,8 +44,6 @@ pub(super) struct Ended {
     pub(super) interrupted: bool,
     /// When the fit began.
     pub(super) started: Instant,
-    /// The `--notify` webhook's sender, for the run's last event.
-    pub(super) notify: Option<Notifier>,
     /// What delivers to the webhook.
     pub(super) delivery: Option<Delivery>,
 }
@@ -106,6 +104,8 @@ pub(super) async fn drive(
         run.resume,
     );
     let (events, received) = mpsc::channel(EVENT_BUFFER);
+    // The end of a run this driver stops waiting for goes to the printer from here.
+    let last_word = events.clone();
     let trainer = match args.backend {
         BackendKind::Torch => Trainer::builder(runtime.runtime()).backend(&args.torch_config()),
         BackendKind::None => Trainer::builder(runtime.runtime()).backend(&NoBackend),
@@ -113,20 +113,22 @@ pub(super) async fn drive(
     // A first interrupt pulls it: the executor stops the tasks gracefully and streams what
     // they print as they stop.
     let stop = StopTrigger::new();
-    let trainer = trainer
+    let mut trainer = trainer
         .scaling_config(scaling)
         .run_config(run)
         .executor_options(options)
         .events(events)
         .stacks_trigger(stacks)
         .stop_trigger(stop.clone());
+    if let Some(notify) = &notify {
+        trainer = trainer.reporter(Box::new(notify.clone()));
+    }
     // Writing to a terminal or a pipe blocks: the printer has a thread of its own. It shows
     // what other runs keep the placement group waiting for too, in order with the events.
     let shown = Shown {
         events: received,
         waits: runtime.waits(),
         ranks,
-        notify: notify.clone(),
     };
     let format = args.log_format;
     let printing = progress.clone();
@@ -160,6 +162,15 @@ pub(super) async fn drive(
     };
     drop(fit);
     if interrupted && outcome.is_none() {
+        // The run could not say how it ended: the driver says it.
+        let end = RunEvent::RunInterrupted {
+            stopped: false,
+            report: None,
+        };
+        if let Some(notify) = &notify {
+            notify.clone().report(&end);
+        }
+        let _ = last_word.try_send(end);
         // The executor that would have recorded the end is gone.
         let (storage, name, resume) = record_at;
         if tokio::time::timeout(RECORD_LIMIT, record_interrupted(storage, &name, resume))
@@ -184,6 +195,7 @@ pub(super) async fn drive(
             stopping.await;
         }
     }
+    drop(last_word);
     // The printer ends once the run's events are printed; a stdout nobody reads would hold
     // it forever.
     if tokio::time::timeout(PRINTER_DRAIN, printer).await.is_err() {
@@ -198,7 +210,6 @@ pub(super) async fn drive(
         outcome,
         interrupted,
         started,
-        notify,
         delivery,
     })
 }

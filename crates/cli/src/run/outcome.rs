@@ -9,7 +9,6 @@ use trainyard::runtime::{RuntimeError, TaskRejection};
 
 use super::drive::Ended;
 use crate::args::{LogFormat, RunArgs, RuntimeKind};
-use crate::notify::Notifier;
 use crate::print::{log_file_note, print_json};
 use crate::{EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_UNSCHEDULABLE, Failure};
 
@@ -27,33 +26,17 @@ pub(super) fn render(
         outcome,
         interrupted,
         started,
-        notify,
         ..
     } = ended;
-    let notify = notify.as_ref();
     if let Some(timings) = timings {
         print_timings(&timings.report(), args.log_format);
     }
     if interrupted {
-        return Err(interrupted_run(outcome, args, notify));
+        return Err(interrupted_run(outcome, args));
     }
     match outcome {
         None => Err(Failure::interrupted()),
         Some(Ok(result)) => {
-            end_event(
-                &serde_json::json!({
-                    "event": "run_succeeded",
-                    "attempts": result.attempts,
-                    "failures": result.failures,
-                    "world_sizes": result.world_sizes,
-                    "run_dir": result.run_dir,
-                    "checkpoint": result.checkpoint,
-                    "best_checkpoints": result.best_checkpoints,
-                    "metrics": result.metrics,
-                }),
-                args,
-                notify,
-            );
             if args.log_format == LogFormat::Text {
                 say!(
                     "trainyard: the run succeeded in {:.2}s ({} attempt{})",
@@ -67,7 +50,7 @@ pub(super) fn render(
         }
         Some(Err(error)) => {
             let hint = refusal_hint(&error, args, worker, workers);
-            let failure = failure_of(error, args, notify);
+            let failure = failure_of(error, args);
             Err(match hint {
                 Some(hint) => failure.with_hint(hint),
                 None => failure,
@@ -160,22 +143,11 @@ fn last_metrics(report: &trainyard::FitReport) -> Option<String> {
     ))
 }
 
-/// The run's last event: printed in JSON, and sent to the `--notify` webhook.
-fn end_event(event: &serde_json::Value, args: &RunArgs, notify: Option<&Notifier>) {
-    if let Some(notify) = notify {
-        notify.send(event);
-    }
-    if args.log_format == LogFormat::Json {
-        print_json(event);
-    }
-}
-
-/// How an interrupted run ends: in JSON a `run_interrupted` event (with what the run did until
-/// then, when the executor got to say), in text its last metrics and checkpoint; exit 130.
+/// How an interrupted run ends (its `run_interrupted` event went to the reporters): in text its
+/// last metrics and checkpoint; exit 130.
 fn interrupted_run(
     outcome: Option<Result<trainyard::FitReport, trainyard::Error>>,
     args: &RunArgs,
-    notify: Option<&Notifier>,
 ) -> Failure {
     let report = match outcome {
         Some(Err(trainyard::Error::Executor(
@@ -184,15 +156,6 @@ fn interrupted_run(
         Some(Ok(report)) => Some(report),
         _ => None,
     };
-    end_event(
-        &serde_json::json!({
-            "event": "run_interrupted",
-            "stopped": report.is_some(),
-            "report": report,
-        }),
-        args,
-        notify,
-    );
     if let (LogFormat::Text, Some(report)) = (args.log_format, &report) {
         print_checkpoints(report);
         print_resume_hint(report, args);
@@ -290,23 +253,8 @@ fn without_rank_prefix(line: &str) -> &str {
 
 /// The exit code and message of a failed run; the failed rank's last lines go to stderr
 /// first.
-fn failure_of(error: trainyard::Error, args: &RunArgs, notify: Option<&Notifier>) -> Failure {
+fn failure_of(error: trainyard::Error, args: &RunArgs) -> Failure {
     let format = args.log_format;
-    let report = match &error {
-        trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) => {
-            serde_json::to_value(report).unwrap_or_default()
-        }
-        _ => serde_json::Value::Null,
-    };
-    end_event(
-        &serde_json::json!({
-            "event": "run_failed",
-            "error": trainyard::resources::ErrorChain(&error).to_string(),
-            "report": report,
-        }),
-        args,
-        notify,
-    );
     if format == LogFormat::Text {
         if let trainyard::Error::Executor(ExecutorError::TrainingFailed { report }) = &error {
             print_root_cause(report, args);

@@ -1,6 +1,8 @@
-//! TensorBoard event files of rank 0's numeric metrics (`RunConfig::tensorboard_dir`), which
-//! `tensorboard --logdir DIR` reads as they grow: one file a driver,
-//! `events.out.tfevents.<seconds>.<host>.<pid>.trainyard`.
+//! The TensorBoard reporter: event files of rank 0's numeric metrics
+//! (`RunConfig::tensorboard_dir`), which `tensorboard --logdir DIR` reads as they grow: one
+//! file a driver, `events.out.tfevents.<seconds>.<host>.<pid>.trainyard`, each report at its
+//! step (its index, as its checkpoint would be numbered: it goes on over restarts and
+//! resumes).
 //!
 //! The format is TensorFlow's: TFRecords (`u64` length, its masked CRC-32C, the bytes, their
 //! masked CRC-32C; little-endian) of `tensorflow.Event` protocol buffers — a first one with
@@ -10,6 +12,52 @@
 use std::fs::File;
 use std::io::{BufWriter, Write as _};
 use std::path::{Path, PathBuf};
+
+/// The reporter: writes rank 0's reports to its event file until a write fails (said once;
+/// the run goes on without it).
+#[derive(Debug)]
+pub(crate) struct TensorBoard {
+    events: Option<EventFile>,
+}
+
+impl TensorBoard {
+    /// A new event file in `dir` (`~/` for the home folder), or, when it cannot be made, a
+    /// warning and no reporter.
+    pub(crate) fn new(dir: &str) -> Option<Self> {
+        let dir = crate::run_folder::expand_home(dir);
+        match EventFile::create(&dir, trainyard_checkpoint::now()) {
+            Ok(events) => Some(Self {
+                events: Some(events),
+            }),
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "cannot write TensorBoard event files there; the run goes on without them");
+                None
+            }
+        }
+    }
+}
+
+impl crate::Reporter for TensorBoard {
+    fn report(&mut self, event: &crate::RunEvent) {
+        let crate::RunEvent::Report {
+            rank,
+            metrics,
+            step,
+            time,
+            ..
+        } = event
+        else {
+            return;
+        };
+        let Some(events) = self.events.as_mut().filter(|_| rank.0 == 0) else {
+            return;
+        };
+        if let Err(error) = events.scalars(*time, *step, metrics) {
+            tracing::warn!(file = %events.path().display(), %error, "cannot write to the TensorBoard event file; it is left as it is");
+            self.events = None;
+        }
+    }
+}
 
 /// CRC-32C, as TFRecords frame with it.
 const CASTAGNOLI: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
