@@ -138,7 +138,7 @@ impl RunStore {
             }
             None => RunRecord::new(&name),
         };
-        let driver_lock = match take_driver_lock(&folder.uri()) {
+        let driver_lock = match take_driver_lock(&folder) {
             Ok(lock) => Some(lock),
             Err(DriverLockError::Held(pid)) => {
                 return Err(ExecutorError::RunInUse {

@@ -8,9 +8,7 @@
 //! signal therefore goes only to the process that holds the run's driver lock, which only
 //! this user's processes can take.
 
-use std::path::PathBuf;
-
-use crate::{RunRecord, RunStatus};
+use crate::{RunFolder, RunRecord, RunStatus};
 
 /// What this host can tell of the driver of a run whose record says `running`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,17 +51,25 @@ pub fn host_name() -> Option<String> {
     nix::unistd::gethostname().ok()?.into_string().ok()
 }
 
-/// Where the lock of the driver of the run whose folder is `uri` lives: a file named after the
-/// folder in this user's private state folder on this host (`drivers` of
-/// `trainyard_sys::private::state_dir`, beside the machine-wide ledger), so that only this
-/// user's processes can hold it, whatever storage the run is on.
-fn lock_path(uri: &str) -> std::io::Result<PathBuf> {
-    // FNV-1a: a stable name for the folder; the file holds the whole URI, which is compared.
-    let digest = uri.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+/// What names the run folder `folder` for its driver lock: a local folder's real path
+/// (however its storage was spelled: `~`, `a//b`, through a link), else its URI.
+fn lock_key(folder: &RunFolder) -> String {
+    folder
+        .local_path()
+        .and_then(|path| std::fs::canonicalize(path).ok())
+        .map_or_else(|| folder.uri(), |path| path.display().to_string())
+}
+
+/// The name of the lock file of the run folder whose [`lock_key`] is `key`, in a `drivers`
+/// folder of this user's private state folder (`trainyard_sys::private::state_dir`, beside
+/// the machine-wide ledger), so that only this user's processes can hold it, whatever storage
+/// the run is on.
+fn lock_name(key: &str) -> String {
+    // FNV-1a: a stable name for the folder; the file holds the whole key, which is compared.
+    let digest = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     });
-    let dir = trainyard_sys::private::state_dir("drivers")?;
-    Ok(dir.join(format!("{digest:016x}.lock")))
+    format!("{digest:016x}.lock")
 }
 
 /// The lock that proves this process to drive a run (see [`driver_lock_holder`]).
@@ -82,14 +88,20 @@ pub enum DriverLockError {
     Io(std::io::Error),
 }
 
-/// Takes the driver lock of the run whose folder is `uri`, for as long as this process
+/// The folder of the state folder that holds the drivers' locks.
+const DRIVERS: &str = "drivers";
+
+/// Takes the driver lock of the run in `folder`, for as long as this process
 /// drives it (until the [`DriverLock`] is dropped, or the process exits).
 ///
 /// # Errors
 /// [`DriverLockError::Held`] when another process of this host holds it.
-pub fn take_driver_lock(uri: &str) -> Result<DriverLock, DriverLockError> {
-    let path = lock_path(uri).map_err(DriverLockError::Io)?;
-    trainyard_sys::lock::HeldLock::take(&path, uri)
+pub fn take_driver_lock(folder: &RunFolder) -> Result<DriverLock, DriverLockError> {
+    let key = lock_key(folder);
+    let path = trainyard_sys::private::state_dir(DRIVERS)
+        .map_err(DriverLockError::Io)?
+        .join(lock_name(&key));
+    trainyard_sys::lock::HeldLock::take(&path, &key)
         .map(|held| DriverLock { _held: held })
         .map_err(
             |error| match (error.kind(), trainyard_sys::lock::holder(&path)) {
@@ -99,16 +111,25 @@ pub fn take_driver_lock(uri: &str) -> Result<DriverLock, DriverLockError> {
         )
 }
 
-/// The process of this host that drives the run whose folder is `uri`, proven: it holds the
-/// run's driver lock, which only this user's processes can take. `None` when no process of
-/// this user's on this host drives it. A record's pid alone proves nothing (anyone can
-/// write a record on shared storage naming any process): signal only this one.
+/// The process of this host that drives the run in `folder`, proven: it holds the run's
+/// driver lock, which only this user's processes can take (looked for in each of this user's
+/// state folders: a driver started without `$XDG_RUNTIME_DIR` keeps it in the next). `None`
+/// when no process of this user's on this host drives it. A record's pid alone proves
+/// nothing (anyone can write a record on shared storage naming any process): signal only
+/// this one.
 ///
 /// # Errors
-/// When the lock's file cannot be read (another user's, a link, ...).
-pub fn driver_lock_holder(uri: &str) -> std::io::Result<Option<u32>> {
-    let path = lock_path(uri)?;
-    Ok(trainyard_sys::lock::holder(&path)?
-        .filter(|(_, locked)| locked == uri)
-        .map(|(pid, _)| pid))
+/// When a lock's file cannot be read (another user's, a link, ...).
+pub fn driver_lock_holder(folder: &RunFolder) -> std::io::Result<Option<u32>> {
+    let key = lock_key(folder);
+    let name = lock_name(&key);
+    for dir in trainyard_sys::private::existing_state_dirs(DRIVERS) {
+        let held = trainyard_sys::lock::holder(&dir.join(&name))?
+            .filter(|(_, locked)| *locked == key)
+            .map(|(pid, _)| pid);
+        if held.is_some() {
+            return Ok(held);
+        }
+    }
+    Ok(None)
 }

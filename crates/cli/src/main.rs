@@ -140,10 +140,12 @@ fn missing_subcommand() -> String {
 }
 
 /// `text` made inert for a terminal, on one line: line breaks written as `\n` and `\r`, a
-/// tab as `\t`, and every other control character (an escape sequence's ESC, C1 controls such
-/// as CSI, DEL) and every bidirectional-text control written as `\u{..}`, so that nothing read
-/// from a run's files (another user's, or remote storage's) can move the cursor, retitle the
-/// window, hide or reorder what is shown, or fake a line of its own.
+/// tab as `\t`, a backslash as `\\` (so that what is written as an escape was one), and every
+/// other control character (an escape sequence's ESC, C1 controls such as CSI, DEL), every
+/// bidirectional-text control, line or paragraph separator and zero-width character written
+/// as `\u{..}`, so that nothing read from a run's files (another user's, or remote
+/// storage's) can move the cursor, retitle the window, hide or reorder what is shown, or fake
+/// a line of its own.
 pub(crate) fn inert(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -151,7 +153,8 @@ pub(crate) fn inert(text: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if c.is_control() || is_bidi_control(c) => {
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() || is_format_control(c) => {
                 let _ =
                     std::fmt::Write::write_fmt(&mut out, format_args!("\\u{{{:x}}}", u32::from(c)));
             }
@@ -161,9 +164,19 @@ pub(crate) fn inert(text: &str) -> String {
     out
 }
 
-/// Whether `c` changes the direction of the text after it (the "Trojan Source" characters).
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+/// `text`, each of its lines made [`inert`]: for text whose lines are its own (a stack dump).
+pub(crate) fn inert_lines(text: &str) -> String {
+    text.split('\n').map(inert).collect::<Vec<_>>().join("\n")
+}
+
+/// Whether `c` changes how the text around it is shown without showing itself: the
+/// bidirectional-text controls (the "Trojan Source" characters), the line and paragraph
+/// separators, and the zero-width characters.
+fn is_format_control(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}'
+    )
 }
 
 /// The error of a failure that has been told already.
@@ -275,6 +288,11 @@ mod tests {
             inert("a\u{1b}]0;t\u{7}b\u{9b}1mc\u{202e}d\r\ne\tf\u{7f}"),
             "a\\u{1b}]0;t\\u{7}b\\u{9b}1mc\\u{202e}d\\r\\ne\\tf\\u{7f}"
         );
+        assert_eq!(
+            inert("x\\u{1b}\u{200b}\u{2028}\u{feff}"),
+            "x\\\\u{1b}\\u{200b}\\u{2028}\\u{feff}"
+        );
+        assert_eq!(inert_lines("a\u{1b}\nb"), "a\\u{1b}\nb");
         assert_eq!(inert("loss=0.5 é ✓"), "loss=0.5 é ✓");
     }
 }

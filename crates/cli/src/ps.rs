@@ -112,7 +112,10 @@ pub(crate) fn run(args: &PsArgs) -> Result<(), Failure> {
         unreadable,
     } = runtime.block_on(list(&storage, args.all))?;
     if let Some((count, first)) = unreadable {
-        say!("trainyard: {count} run folder(s) could not be read; the first: {first}");
+        say!(
+            "trainyard: {count} run folder(s) could not be read; the first: {}",
+            crate::inert(&first)
+        );
     }
     let mut out = io::stdout().lock();
     let written = match args.format {

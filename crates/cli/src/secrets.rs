@@ -3,8 +3,9 @@
 //! places that must keep them off a command line, which every user of the machine may read in
 //! `/proc/PID/cmdline`: the run's record shows the command without them, and a driver started
 //! again (in the background by `--detach`, or as a Slurm batch job) gets them in its
-//! environment instead (`--env K` takes K's value from there, `--notify` from
-//! [`NOTIFY_VAR`]).
+//! environment instead: the `--env` values in one variable of trainyard's own,
+//! [`DETACHED_ENV_VAR`] (so that a `--env HOME=...` meant for the workers never changes the
+//! driver's own `HOME`), which `--env K` reads first; the webhook in [`NOTIFY_VAR`].
 //!
 //! Only trainyard's own words are looked at: the program's (`args.program`, the command
 //! line's tail) are its own and kept as they are.
@@ -13,6 +14,17 @@ use std::ffi::OsString;
 
 /// Where `trainyard run` takes the `--notify` URL from when the flag is not given.
 pub(crate) const NOTIFY_VAR: &str = "TRAINYARD_NOTIFY";
+
+/// Where a driver started again finds the `--env` values its command line names by key
+/// alone: one JSON object of them.
+pub(crate) const DETACHED_ENV_VAR: &str = "TRAINYARD_DETACHED_ENV";
+
+/// The value of `key` that a driver started again was handed in [`DETACHED_ENV_VAR`], if any.
+pub(crate) fn detached_value(key: &str) -> Option<String> {
+    let handed = std::env::var(DETACHED_ENV_VAR).ok()?;
+    let values: std::collections::BTreeMap<String, String> = serde_json::from_str(&handed).ok()?;
+    values.get(key).cloned()
+}
 
 /// A secret value among the command line's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,8 +105,9 @@ fn hidden(flag: &str, value: &str) -> String {
 }
 
 /// The command line `words` (the binary first) for a driver started again, and the
-/// environment that carries what it leaves out: `--env K=V` becomes `--env K` with `K=V` in
-/// the environment, and `--notify URL` goes, with [`NOTIFY_VAR`]`=URL` in the environment.
+/// environment that carries what it leaves out: `--env K=V` becomes `--env K` with `K: V` in
+/// [`DETACHED_ENV_VAR`], and `--notify URL` goes, with [`NOTIFY_VAR`]`=URL` in the
+/// environment.
 pub(crate) fn passed_on(
     words: &[OsString],
     program: usize,
@@ -106,6 +119,7 @@ pub(crate) fn passed_on(
     let plain: Vec<&str> = plain.iter().map(String::as_str).collect();
     let mut out: Vec<Option<OsString>> = words.iter().cloned().map(Some).collect();
     let mut env = Vec::new();
+    let mut values = std::collections::BTreeMap::new();
     for secret in secrets(&plain, program) {
         // A word that is not UTF-8 is left as it is: it cannot be split safely.
         let Some(word) = words[secret.index].to_str() else {
@@ -121,7 +135,7 @@ pub(crate) fn passed_on(
                 let Some((key, val)) = value.split_once('=') else {
                     continue;
                 };
-                env.push((OsString::from(key), OsString::from(val)));
+                values.insert(key.to_owned(), val.to_owned());
                 out[secret.index] = Some(if secret.joined {
                     OsString::from(format!("--env={key}"))
                 } else {
@@ -136,6 +150,10 @@ pub(crate) fn passed_on(
                 }
             }
         }
+    }
+    if !values.is_empty() {
+        let values = serde_json::to_string(&values).unwrap_or_default();
+        env.push((OsString::from(DETACHED_ENV_VAR), OsString::from(values)));
     }
     (out.into_iter().flatten().collect(), env)
 }
@@ -215,11 +233,13 @@ mod tests {
         assert_eq!(
             env,
             [
-                ("TOKEN".into(), "s3cret".into()),
-                ("KEY".into(), "s3cret2".into()),
                 (
                     NOTIFY_VAR.into(),
                     "https://hooks.example.com/T000/B000/xyz?key=1".into()
+                ),
+                (
+                    DETACHED_ENV_VAR.into(),
+                    r#"{"KEY":"s3cret2","TOKEN":"s3cret"}"#.into()
                 ),
             ]
         );

@@ -33,7 +33,7 @@ pub(crate) fn run(args: &ShowArgs) -> Result<(), Failure> {
             .map_err(|error| Failure::other(format!("cannot write {}: {error}", file.display())))?;
         say!(
             "trainyard: run `{}` written to {} (one page, charts included)",
-            shown.record.name,
+            crate::inert(&shown.record.name),
             file.display()
         );
         return Ok(());

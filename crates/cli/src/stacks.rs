@@ -6,7 +6,7 @@ use std::io::{self, Write as _};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::Signal;
 use trainyard::backend::{DriverLiveness, driver_liveness};
 use trainyard::checkpoint::{RunFolder, RunRecord};
 
@@ -33,7 +33,10 @@ pub(crate) fn run(args: &StacksArgs) -> Result<(), Failure> {
         let value = serde_json::json!({ "file": file.display().to_string(), "text": text });
         return writeln!(out, "{value}").map_err(Failure::output);
     }
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+    match out
+        .write_all(crate::inert_lines(&text).as_bytes())
+        .and_then(|()| out.flush())
+    {
         Ok(()) => {}
         Err(error) if error.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
         Err(error) => return Err(Failure::output(error)),
@@ -88,6 +91,12 @@ pub(crate) async fn capture(
             name
         )));
     };
+    // The dump is read from the folder the record names: only one of this user's.
+    if let Err(error) = trainyard_sys::private::check_dir(&dir) {
+        return Err(Failure::other(format!(
+            "run `{name}`'s log folder cannot hold its stacks: {error}"
+        )));
+    }
     // Only `trainyard run` takes SIGQUIT for stacks: to another program it is a core dump.
     if catches(driver.pid, Signal::SIGQUIT) == Some(false) {
         return Err(Failure::other(format!(
@@ -95,14 +104,14 @@ pub(crate) async fn capture(
             driver.pid
         )));
     }
-    let pid = proven_driver(folder, record, &driver)?;
+    let held = proven_driver(folder, record, &driver)?;
     let before = stack_dumps(&dir);
-    kill(pid, Signal::SIGQUIT).map_err(|error| {
-        Failure::other(format!(
-            "cannot signal the driver of run `{}` (pid {}): {error}",
+    if !held.signal(Signal::SIGQUIT) {
+        return Err(Failure::other(format!(
+            "cannot signal the driver of run `{}` (pid {}): it is gone",
             name, driver.pid
-        ))
-    })?;
+        )));
+    }
     let started = Instant::now();
     let mut record_read = Instant::now();
     let file = loop {

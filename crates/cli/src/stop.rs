@@ -5,8 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use trainyard::backend::{DriverLiveness, driver_liveness};
 use trainyard::checkpoint::{RunFolder, RunRecord, RunStatus};
 
@@ -109,16 +108,16 @@ pub(crate) async fn stop(
             )));
         }
     }
-    let pid = proven_driver(folder, &record, &driver)?;
+    let held = proven_driver(folder, &record, &driver)?;
     let started = Instant::now();
-    kill(pid, Signal::SIGINT).map_err(|error| {
-        Failure::other(format!(
-            "cannot interrupt the driver of run `{}` (pid {}): {error}",
+    if !held.signal(Signal::SIGINT) {
+        return Err(Failure::other(format!(
+            "cannot interrupt the driver of run `{}` (pid {}): it is gone",
             name, driver.pid
-        ))
-    })?;
+        )));
+    }
     let again_every = now.then_some(AGAIN_EVERY);
-    let ended = wait_for_end(folder, pid, PATIENCE, again_every).await;
+    let ended = wait_for_end(folder, &held, PATIENCE, again_every).await;
     let ended = match ended {
         Some(record) => Some(record),
         None => {
@@ -126,7 +125,7 @@ pub(crate) async fn stop(
                 "trainyard: the driver of run `{}` did not stop its workers within {PATIENCE:?}: killing them",
                 name
             );
-            wait_for_end(folder, pid, KILL_WAIT, Some(AGAIN_EVERY)).await
+            wait_for_end(folder, &held, KILL_WAIT, Some(AGAIN_EVERY)).await
         }
     };
     let Some(record) = ended else {
@@ -178,11 +177,19 @@ async fn stop_through_slurm(
 ) -> Result<Stopped, Failure> {
     let job = driver.slurm_job.clone().unwrap_or_default();
     let started = Instant::now();
-    // A record names any job (on S3 anyone with the bucket writes one): only a job of this
-    // user's named after the run (as `--detach` submits it) is signalled.
+    // A record names any job (on S3 anyone with the bucket writes one): only a job id, of a
+    // job of this user's named after the run (as `--detach` submits it), is signalled.
+    if !is_job_id(&job) || driver.uid != nix::unistd::getuid().as_raw() {
+        return Err(Failure::other(format!(
+            "run `{name}` names `{}` (uid {}) as its driver's Slurm job: not a job of this user's, nothing is cancelled",
+            crate::inert(&job),
+            driver.uid
+        )));
+    }
     if let Some(owner) = job_of_another_run(name, &job).await {
         return Err(Failure::other(format!(
-            "run `{name}` names Slurm job {job} as its driver's, but that job is {owner}: nothing is cancelled"
+            "run `{name}` names Slurm job {job} as its driver's, but that job is {}: nothing is cancelled",
+            crate::inert(&owner)
         )));
     }
     let asked = if now {
@@ -233,6 +240,15 @@ async fn stop_through_slurm(
     .await
 }
 
+/// Whether `job` is a Slurm job id (`123`, or an array task's `123_4`), nothing else.
+fn is_job_id(job: &str) -> bool {
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    match job.split_once('_') {
+        Some((job, task)) => digits(job) && digits(task),
+        None => digits(job),
+    }
+}
+
 /// What Slurm job `job` is when it is not run `name`'s (`--detach` names its job after the run,
 /// and the run may have taken `NAME-2`... under `--resume never`): `None` when it is a job of
 /// this user's with that name, or when Slurm no longer knows it.
@@ -276,7 +292,7 @@ async fn scancel(name: &str, args: &[&str]) -> Result<(), Failure> {
 /// `again_every`, interrupts the driver again at that pace meanwhile.
 async fn wait_for_end(
     folder: &RunFolder,
-    pid: Pid,
+    driver: &trainyard_sys::procfs::ProcessHandle,
     limit: Duration,
     again_every: Option<Duration>,
 ) -> Option<RunRecord> {
@@ -293,7 +309,7 @@ async fn wait_for_end(
         }
         if let (Some(at), Some(every)) = (next_again, again_every) {
             if Instant::now() >= at {
-                let _ = kill(pid, Signal::SIGINT);
+                let _ = driver.signal(Signal::SIGINT);
                 next_again = Some(at + every);
             }
         }

@@ -48,29 +48,22 @@ impl HeldLock {
     /// [`io::ErrorKind::WouldBlock`] when another process holds it (the message names its
     /// pid), or why the file cannot be made or locked.
     pub fn take(path: &Path, content: &str) -> io::Result<Self> {
-        let (mut file, _) = crate::private::append(path)?;
-        let whole = whole_file(libc::F_WRLCK);
-        if let Err(error) = fcntl(&file, FcntlArg::F_SETLK(&whole)) {
-            if matches!(error, nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) {
-                let by = holder(path)
-                    .ok()
-                    .flatten()
-                    .map(|(pid, _)| format!(" (pid {pid})"))
-                    .unwrap_or_default();
-                return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    format!("{} is locked by another process{by}", path.display()),
-                ));
+        // A holder that is letting go removes the file before it closes it: a lock taken on
+        // the file it removed would be no lock at all. Taken again on the file now there.
+        for _ in 0..RETAKES {
+            let file = lock_file(path, content)?;
+            if is_at(&file, path) {
+                return Ok(Self {
+                    file,
+                    path: path.to_path_buf(),
+                });
             }
-            return Err(error.into());
+            // Not the file at the path any more: closed (its lock with it), nothing removed.
         }
-        file.set_len(0)?;
-        file.write_all(content.as_bytes())?;
-        file.flush()?;
-        Ok(Self {
-            file,
-            path: path.to_path_buf(),
-        })
+        Err(io::Error::other(format!(
+            "{} kept being replaced while it was being locked",
+            path.display()
+        )))
     }
 
     /// The locked file.
@@ -78,6 +71,39 @@ impl HeldLock {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Whether `file` is the file at `path` still.
+fn is_at(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(locked), Ok(there)) => (locked.dev(), locked.ino()) == (there.dev(), there.ino()),
+        _ => false,
+    }
+}
+
+/// The file at `path`, locked by this process, holding `content`.
+fn lock_file(path: &Path, content: &str) -> io::Result<File> {
+    let (mut file, _) = crate::private::append(path)?;
+    let whole = whole_file(libc::F_WRLCK);
+    if let Err(error) = fcntl(&file, FcntlArg::F_SETLK(&whole)) {
+        if matches!(error, nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) {
+            let by = holder(path)
+                .ok()
+                .flatten()
+                .map(|(pid, _)| format!(" (pid {pid})"))
+                .unwrap_or_default();
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{} is locked by another process{by}", path.display()),
+            ));
+        }
+        return Err(error.into());
+    }
+    file.set_len(0)?;
+    file.write_all(content.as_bytes())?;
+    file.flush()?;
+    Ok(file)
 }
 
 /// The process that holds the lock on the file at `path`, and what it wrote into the file;
@@ -101,7 +127,8 @@ pub fn holder(path: &Path) -> io::Result<Option<(u32, String)>> {
     if i32::from(probe.l_type) == libc::F_UNLCK {
         return Ok(None);
     }
-    let Ok(pid) = u32::try_from(probe.l_pid) else {
+    // A lock held from another host (NFS) names no process of this one (0, or negative).
+    let Some(pid) = u32::try_from(probe.l_pid).ok().filter(|pid| *pid > 0) else {
         return Ok(None);
     };
     let mut content = String::new();
@@ -109,6 +136,9 @@ pub fn holder(path: &Path) -> io::Result<Option<(u32, String)>> {
     file.read_to_string(&mut content)?;
     Ok(Some((pid, content)))
 }
+
+/// How often [`HeldLock::take`] takes the lock again when the file was replaced meanwhile.
+const RETAKES: usize = 3;
 
 /// A lock of the whole file, of `kind` (`F_WRLCK`, ...).
 fn whole_file(kind: libc::c_int) -> libc::flock {

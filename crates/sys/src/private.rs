@@ -120,6 +120,27 @@ pub fn missing_dirs(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// A folder the user named for trainyard to write new files into (TensorBoard's): made, with
+/// its missing parents, mode 0700 when missing; when there, used only when it is no link and
+/// this user's, and not writable by every user (a group may write to it: on systems where
+/// each user has a group of their own, that is how folders are made).
+///
+/// # Errors
+/// [`io::ErrorKind::PermissionDenied`] naming what fails, or why it cannot be made.
+pub fn named_dir(path: &Path) -> io::Result<()> {
+    missing_dirs(path)?;
+    let meta = open_dir(path)?.metadata()?;
+    owned(path, &meta)?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o002 != 0 {
+        return Err(refused(
+            path,
+            &format!("every user may write to it (mode {mode:04o})"),
+        ));
+    }
+    Ok(())
+}
+
 /// Whether the folder at `path` may hold this user's private files: it is a folder and no
 /// link, this user's, and writable by no one else.
 ///
@@ -260,6 +281,14 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
 /// [`io::ErrorKind::InvalidInput`] for anything but a regular file.
 pub fn check_file(path: &Path, file: &File) -> io::Result<()> {
     let meta = file.metadata()?;
+    // A second name could be a hard link another user made to it (where the kernel lets
+    // one link to files one does not own).
+    if meta.nlink() > 1 {
+        return Err(refused(
+            path,
+            &format!("it has {} names (hard links)", meta.nlink()),
+        ));
+    }
     if !meta.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -284,31 +313,54 @@ pub fn euid() -> u32 {
 /// not.
 #[must_use]
 pub fn user_state_dir() -> (PathBuf, Option<&'static str>) {
-    let absolute = |name: &str| {
-        std::env::var_os(name)
-            .map(PathBuf::from)
-            .filter(|dir| dir.is_absolute() && dir != Path::new("/"))
+    let candidates = state_dir_candidates();
+    let why = match (
+        candidates.first(),
+        env_dir("XDG_RUNTIME_DIR"),
+        env_dir("HOME"),
+    ) {
+        (_, Some(_), _) => None,
+        (_, None, Some(_)) => Some("XDG_RUNTIME_DIR is not set"),
+        _ => Some("neither XDG_RUNTIME_DIR nor HOME is set"),
     };
-    if let Some(dir) = absolute("XDG_RUNTIME_DIR") {
-        return (dir.join("trainyard"), None);
+    let first = candidates.into_iter().next().unwrap_or_else(run_user_dir);
+    (first, why)
+}
+
+/// Every folder [`user_state_dir`] may be for this user, the one it is first: a program
+/// started without `$XDG_RUNTIME_DIR` (by cron, over ssh) keeps its state in the next one,
+/// where a reader that has the variable also looks.
+#[must_use]
+pub fn state_dir_candidates() -> Vec<PathBuf> {
+    let mut candidates = Vec::new();
+    if let Some(dir) = env_dir("XDG_RUNTIME_DIR") {
+        candidates.push(dir.join("trainyard"));
     }
-    if let Some(home) = absolute("HOME") {
+    if let Some(home) = env_dir("HOME") {
         let host = nix::unistd::gethostname()
             .ok()
             .and_then(|name| name.into_string().ok())
             .filter(|name| !name.is_empty() && !name.contains('/'))
             .unwrap_or_else(|| "localhost".to_owned());
-        return (
-            home.join(".cache").join("trainyard").join(host),
-            Some("XDG_RUNTIME_DIR is not set"),
-        );
+        candidates.push(home.join(".cache").join("trainyard").join(host));
     }
-    (
-        PathBuf::from("/run/user")
-            .join(euid().to_string())
-            .join("trainyard"),
-        Some("neither XDG_RUNTIME_DIR nor HOME is set"),
-    )
+    candidates.push(run_user_dir());
+    candidates.dedup();
+    candidates
+}
+
+/// `/run/user/<uid>/trainyard`.
+fn run_user_dir() -> PathBuf {
+    PathBuf::from("/run/user")
+        .join(euid().to_string())
+        .join("trainyard")
+}
+
+/// The absolute folder the environment variable `name` names, if any (`/` is none).
+fn env_dir(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_absolute() && dir != Path::new("/"))
 }
 
 /// [`user_state_dir`]'s folder `name`, made (with what is missing above it, mode 0700) when
@@ -321,7 +373,26 @@ pub fn state_dir(name: &str) -> io::Result<PathBuf> {
     let (base, _) = user_state_dir();
     let dir = base.join(name);
     missing_dirs(&dir)?;
-    for path in [&base, &dir] {
+    check_state_dir(&base, &dir)?;
+    Ok(dir)
+}
+
+/// The folders `name` of every [`state_dir_candidates`] that is there and this user's alone,
+/// to read what other programs of this user's keep there.
+#[must_use]
+pub fn existing_state_dirs(name: &str) -> Vec<PathBuf> {
+    state_dir_candidates()
+        .into_iter()
+        .map(|base| (base.join(name), base))
+        .filter(|(dir, base)| check_state_dir(base, dir).is_ok())
+        .map(|(dir, _)| dir)
+        .collect()
+}
+
+/// Whether the state folder `base` and its folder `dir` are this user's and closed to
+/// everyone else.
+fn check_state_dir(base: &Path, dir: &Path) -> io::Result<()> {
+    for path in [base, dir] {
         check_dir(path)?;
         let mode = open_dir(path)?.metadata()?.mode() & 0o7777;
         if mode & 0o077 != 0 {
@@ -331,7 +402,7 @@ pub fn state_dir(name: &str) -> io::Result<PathBuf> {
             ));
         }
     }
-    Ok(dir)
+    Ok(())
 }
 
 /// Opens `path` as [`create`] or [`append`] do; whether the file was made.

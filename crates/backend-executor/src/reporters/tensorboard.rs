@@ -70,10 +70,11 @@ pub(crate) struct EventFile {
 }
 
 impl EventFile {
-    /// Makes `dir` (mode 0700 where missing) and a new event file in it (mode 0600, made anew,
-    /// never through a link), which starts with its version event.
+    /// Makes `dir` (mode 0700 where missing; one there must be this user's and not writable by
+    /// every user) and a new event file in it (mode 0600, made anew, never through a link),
+    /// which starts with its version event.
     pub(crate) fn create(dir: &Path, wall_time: f64) -> std::io::Result<Self> {
-        trainyard_sys::private::missing_dirs(dir)?;
+        trainyard_sys::private::named_dir(dir)?;
         let host = nix::unistd::gethostname()
             .ok()
             .and_then(|name| name.into_string().ok())

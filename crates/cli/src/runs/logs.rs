@@ -230,6 +230,10 @@ fn parse(line: &str) -> Option<(&str, &str, &str)> {
 /// The stack dumps in `dir`, by name, with their inodes (a dump written again under the
 /// same name is a new file).
 pub(crate) fn stack_dumps(dir: &Path) -> BTreeMap<String, u64> {
+    // Only in a folder of this user's (a record on remote storage may name any).
+    if trainyard_sys::private::check_dir(dir).is_err() {
+        return BTreeMap::new();
+    }
     let Ok(entries) = std::fs::read_dir(dir) else {
         return BTreeMap::new();
     };

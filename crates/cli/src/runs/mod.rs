@@ -114,7 +114,7 @@ pub(crate) async fn driven_by(
     None
 }
 
-/// The pid of the driver of `record`'s run in `folder`, to be signalled: only a process
+/// The driver of `record`'s run in `folder`, held to be signalled: only a process
 /// proven to drive it, by the driver lock it holds in this user's private state folder
 /// (`trainyard::backend::driver_lock_holder`). A record names any process (anyone can write
 /// one on shared storage, and copy a process's uid, start time and host from `/proc`): a
@@ -123,7 +123,7 @@ pub(crate) fn proven_driver(
     folder: &RunFolder,
     record: &RunRecord,
     driver: &trainyard::checkpoint::DriverRecord,
-) -> Result<nix::unistd::Pid, Failure> {
+) -> Result<trainyard_sys::procfs::ProcessHandle, Failure> {
     let uid = nix::unistd::getuid().as_raw();
     if driver.uid != uid {
         return Err(Failure::other(format!(
@@ -131,16 +131,25 @@ pub(crate) fn proven_driver(
             record.name, driver.uid, driver.pid
         )));
     }
-    let holder = trainyard::backend::driver_lock_holder(&folder.uri()).map_err(|error| {
+    let holder = trainyard::backend::driver_lock_holder(folder).map_err(|error| {
         Failure::other(format!(
             "the driver of run `{}` cannot be proven (its lock cannot be read: {error}): it is not signalled",
             record.name
         ))
     })?;
     match holder {
-        Some(pid) if pid == driver.pid => i32::try_from(pid)
-            .map(nix::unistd::Pid::from_raw)
-            .map_err(Failure::other),
+        // Held from now on: however long a stop takes, its signals reach this process or
+        // nobody.
+        Some(pid) if pid == driver.pid => match driver.start_ticks {
+            Some(start) => trainyard_sys::procfs::ProcessHandle::open_started(pid, start),
+            None => trainyard_sys::procfs::ProcessHandle::open(pid),
+        }
+        .ok_or_else(|| {
+            Failure::other(format!(
+                "the driver of run `{}` (pid {pid}) is gone",
+                record.name
+            ))
+        }),
         Some(pid) => Err(Failure::other(format!(
             "run `{}` names pid {} as its driver, but pid {pid} holds its driver lock: nothing is signalled",
             record.name, driver.pid

@@ -54,6 +54,6 @@ pub(crate) fn number(value: &serde_json::Value) -> String {
             .as_f64()
             .filter(|v| v.fract() != 0.0)
             .map_or_else(|| n.to_string(), |v| format!("{v:.4}")),
-        other => other.to_string(),
+        other => crate::inert(&other.to_string()),
     }
 }
