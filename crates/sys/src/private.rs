@@ -325,7 +325,10 @@ pub fn state_dir(name: &str) -> io::Result<PathBuf> {
         check_dir(path)?;
         let mode = open_dir(path)?.metadata()?.mode() & 0o7777;
         if mode & 0o077 != 0 {
-            return Err(refused(path, &format!("other users may enter it (mode {mode:04o}, not 0700)")));
+            return Err(refused(
+                path,
+                &format!("other users may enter it (mode {mode:04o}, not 0700)"),
+            ));
         }
     }
     Ok(dir)
