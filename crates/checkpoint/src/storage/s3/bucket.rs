@@ -37,6 +37,14 @@ fn failed(action: &'static str, uri: String, error: object_store::Error) -> Stor
     }
 }
 
+/// Whether the value of a yes-or-no variable says yes.
+fn is_yes(value: &str) -> bool {
+    matches!(
+        value.to_ascii_lowercase().as_str(),
+        "true" | "1" | "yes" | "on"
+    )
+}
+
 /// The key `prefix/name` (`name` may hold `/`).
 pub(super) fn key(prefix: &str, name: &str) -> Key {
     Key::from(join_key(prefix, name))
@@ -55,10 +63,8 @@ impl Bucket {
     ) -> Result<Self, object_store::Error> {
         let var = |name: &str| env.get(name).map(String::as_str).filter(|v| !v.is_empty());
         let endpoint = var("AWS_ENDPOINT_URL").or_else(|| var("AWS_ENDPOINT"));
-        let allow_http = var("AWS_ALLOW_HTTP").is_some_and(|v| {
-            matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes" | "on")
-        }) || endpoint
-            .is_some_and(|e| e.to_ascii_lowercase().starts_with("http://"));
+        let allow_http = var("AWS_ALLOW_HTTP").is_some_and(is_yes)
+            || endpoint.is_some_and(|e| e.to_ascii_lowercase().starts_with("http://"));
         let client = ClientOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_read_timeout(Duration::from_secs(30))
