@@ -167,20 +167,13 @@ pub(crate) fn replace(
         .create(dir)
         .map_err(|e| io("create", dir, e))?;
     let temp = dir.join(temp_name(name));
-    // Never writable by the group or others, whatever the umask: the next run refuses a
-    // `run.json` that others could have changed.
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(&temp)
-        .and_then(|mut file| {
-            file.write_all(bytes)?;
-            match durability {
-                Durability::Synced => file.sync_all(),
-                Durability::Unsynced => Ok(()),
-            }
-        });
+    let written = create_temp(&temp).and_then(|mut file| {
+        file.write_all(bytes)?;
+        match durability {
+            Durability::Synced => file.sync_all(),
+            Durability::Unsynced => Ok(()),
+        }
+    });
     let renamed = written.and_then(|()| std::fs::rename(&temp, path));
     if let Err(error) = renamed {
         // Best effort: the temporary file may not exist.
@@ -190,6 +183,17 @@ pub(crate) fn replace(
     Ok(())
 }
 
+/// Makes the file `temp` (a temporary name), which must be new, with mode 0644: never
+/// writable by the group or others, whatever the umask (the next run refuses a `run.json`
+/// that others could have changed).
+fn create_temp(temp: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(temp)
+}
+
 /// Copies `from` (a regular file: see [`open_regular`]) to `to` through a temporary name
 /// beside it; the bytes copied.
 pub(crate) fn copy_file(from: &Path, to: &Path) -> Result<u64, StorageError> {
@@ -197,11 +201,7 @@ pub(crate) fn copy_file(from: &Path, to: &Path) -> Result<u64, StorageError> {
     let mut source = open_regular(from)?;
     let temp = dir.join(temp_name(name));
     // `io::copy` between two files is `copy_file_range` on Linux, as `fs::copy` is.
-    let copied = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(&temp)
+    let copied = create_temp(&temp)
         .and_then(|mut target| std::io::copy(&mut source, &mut target))
         .and_then(|bytes| {
             std::fs::rename(&temp, to)?;
