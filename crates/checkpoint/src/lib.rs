@@ -15,7 +15,8 @@
 //! - [`driver_liveness`] and [`driver_lock_holder`] say whether a run's driver still runs, and
 //!   which process of this host is proven to be it.
 //! - With the `testing` feature, `testing::S3Server` runs a real S3 API server (moto) on a
-//!   loopback port for tests of S3 storage.
+//!   loopback port for tests of S3 storage, and `testing::conformance` holds the behaviour
+//!   checks that every kind of storage (local, S3) passes.
 //!
 //! A rank's files are copied on the worker's node, each under a temporary name made visible
 //! only once complete; the driver commits a checkpoint by writing `run.json`:

@@ -1,5 +1,6 @@
 //! Test support (the `testing` feature): [`S3Server`], a real S3 API server on a loopback
-//! port, for tests of S3 storage in this crate and the crates above it.
+//! port, for tests of S3 storage in this crate and the crates above it, and [`conformance`],
+//! the behaviour checks every kind of storage passes.
 //!
 //! The server is moto's (`pip install "moto[server]"`; `scripts/s3-env.sh` installs it into
 //! the project's Python environment and prints its path). It keeps everything in memory,
@@ -9,6 +10,8 @@
     clippy::disallowed_methods,
     reason = "helpers for tests: they make scratch files of their own"
 )]
+
+pub mod conformance;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

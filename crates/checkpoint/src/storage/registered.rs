@@ -3,9 +3,9 @@
 
 use std::path::{Component, Path};
 
-use super::files::{self, HandInLimits, checkpoint_index, is_temp};
-use super::local::blocking;
-use super::{Backend, RunFolder, StorageLocation, bucket_of, location};
+use super::files::{checkpoint_index, is_temp};
+use super::store::Placed;
+use super::{RunFolder, StorageLocation};
 use crate::{HandIn, LEASE_FILE, METRICS_FILE, RUN_FILE, StorageError};
 
 /// The names at the top of a run folder that are trainyard's own: no checkpoint is
@@ -38,58 +38,17 @@ impl RunFolder {
         location: &str,
     ) -> Result<HandIn, StorageError> {
         let dir = self.folder_within(location).await?;
-        let (files, bytes) = match self.list_folder(&dir).await {
-            Err(StorageError::NotADirectory { .. }) => (Vec::new(), 0),
-            listed => listed?,
-        };
+        let (files, bytes) = self.store().list_files(&self.key(&dir), MAX_LISTED).await?;
         if files.is_empty() {
             return Err(self.not_registered(location, "it holds no files".to_owned()));
         }
-        tracing::debug!(run = %self.name, index, %dir, files = files.len(), bytes, "checkpoint registered in storage");
+        tracing::debug!(run = %self.name(), index, %dir, files = files.len(), bytes, "checkpoint registered in storage");
         Ok(HandIn::InStorage {
             index,
             dir,
             files,
             bytes,
         })
-    }
-
-    /// Every file under the folder `dir` of the run folder, sorted, and their total size;
-    /// none when it does not exist on S3 (a local folder that does not exist is
-    /// [`StorageError::NotADirectory`]).
-    ///
-    /// # Errors
-    /// [`StorageError::TooManyFiles`] beyond [`MAX_LISTED`], and the errors of the listing.
-    async fn list_folder(&self, dir: &str) -> Result<(Vec<String>, u64), StorageError> {
-        match &self.storage.backend {
-            Backend::Local(root) => {
-                let path = Self::local_dir(root, &self.name).join(dir);
-                let listed = HandInLimits {
-                    files: Some(MAX_LISTED),
-                    bytes: None,
-                };
-                blocking("list", &path.clone(), move || {
-                    let (walked, bytes) = files::walk_sized(&path, listed)?;
-                    Ok((walked.into_iter().map(|f| f.name).collect(), bytes))
-                })
-                .await
-            }
-            Backend::S3 { store, bucket, .. } => {
-                let bucket = bucket_of(store, bucket);
-                let prefix = self.key(dir);
-                let mut objects = bucket.objects(&prefix).await?;
-                objects.retain(|(name, _)| !name.rsplit('/').next().is_some_and(is_temp));
-                if objects.len() as u64 > MAX_LISTED {
-                    return Err(StorageError::TooManyFiles {
-                        path: bucket.uri(&prefix),
-                        limit: MAX_LISTED,
-                    });
-                }
-                objects.sort_by(|a, b| a.0.cmp(&b.0));
-                let bytes = objects.iter().map(|(_, meta)| meta.size).sum::<u64>();
-                Ok((objects.into_iter().map(|(name, _)| name).collect(), bytes))
-            }
-        }
     }
 
     fn not_registered(&self, location: &str, reason: String) -> StorageError {
@@ -111,38 +70,10 @@ impl RunFolder {
         let parsed: StorageLocation = location
             .parse()
             .map_err(|_| refused("it is not a path or a supported URI"))?;
-        let relative = match (&self.storage.backend, parsed) {
-            (Backend::Local(root), StorageLocation::Local(path)) => {
-                // Resolved, so that no link leads out of the run folder (what num_to_keep
-                // deletes must be in it), and the run folder may be reached through one.
-                let run = Self::local_dir(root, &self.name);
-                let resolved = blocking("read", &path.clone(), move || {
-                    Ok(std::fs::canonicalize(&path)
-                        .ok()
-                        .zip(std::fs::canonicalize(&run).ok()))
-                })
-                .await?;
-                let Some((path, run)) = resolved else {
-                    return Err(refused("it does not exist"));
-                };
-                relative_below(&path, &run)
-            }
-            (
-                Backend::S3 { bucket, prefix, .. },
-                StorageLocation::S3 {
-                    bucket: b,
-                    prefix: p,
-                },
-            ) if *bucket == b => {
-                let run = location::join_key(prefix, &self.name);
-                p.strip_prefix(&run)
-                    .and_then(|rest| rest.strip_prefix('/'))
-                    .and_then(|rest| relative_below(Path::new(rest), Path::new("")))
-            }
-            _ => None,
-        };
-        let Some(relative) = relative else {
-            return Err(refused("it is not below it, links resolved"));
+        let relative = match self.store().place(&self.key(""), parsed).await? {
+            Placed::Below(relative) => relative,
+            Placed::Outside => return Err(refused("it is not below it, links resolved")),
+            Placed::Missing => return Err(refused("it does not exist")),
         };
         let top = relative.split('/').next().unwrap_or_default();
         if OWN_NAMES.contains(&top) || is_temp(top) || checkpoint_index(top).is_some() {

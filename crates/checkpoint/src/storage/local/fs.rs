@@ -1,4 +1,4 @@
-//! Local and shared (NFS) file systems, driven directly with `std::fs`.
+//! The file operations of a local or shared (NFS) file system, driven directly with `std::fs`.
 //!
 //! A file is copied with `std::fs::copy` (`copy_file_range` on Linux, as `cp` does; on NFS
 //! 4.2 a server-side copy) into `.<name>.part-<random>` beside its final name, then renamed:
@@ -8,18 +8,19 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 
-use super::files::{
-    SourceFile, checkpoint_index, io, join_error, not_a_regular_file, open_regular, random_suffix,
-    tally, temp_name, temp_of,
-};
 use crate::StorageError;
+use crate::storage::files::{
+    SourceFile, checkpoint_index, io, join_error, open_regular, random_suffix, tally, temp_name,
+    temp_of,
+};
+use crate::storage::store::Durability;
 
 /// Files copied at once.
 const PARALLEL_FILES: usize = 4;
@@ -39,7 +40,8 @@ where
         .map_err(|e| join_error(action, &path.display().to_string(), e))?
 }
 
-fn missing(error: &std::io::Error) -> bool {
+/// Whether `error` says that nothing is at a path.
+pub(super) fn missing(error: &std::io::Error) -> bool {
     matches!(
         error.kind(),
         std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
@@ -67,90 +69,6 @@ pub(crate) fn check_writable(root: &Path) -> Result<(), StorageError> {
     deleted.map_err(|e| io("delete", &probe, e))
 }
 
-/// This process's effective user id (the owner of its `/proc` entry).
-fn own_uid() -> Option<u32> {
-    std::fs::metadata("/proc/self").ok().map(|meta| meta.uid())
-}
-
-/// Refuses `meta` (of `path`) when it could have been put there or changed by another user:
-/// owned by neither `uid` nor root, or writable by its group or by others.
-fn check_trusted(path: &Path, meta: &std::fs::Metadata, uid: u32) -> Result<(), StorageError> {
-    let mode = meta.mode() & 0o7777;
-    if (meta.uid() != uid && meta.uid() != 0) || mode & 0o022 != 0 {
-        return Err(StorageError::Untrusted {
-            path: path.display().to_string(),
-            owner: meta.uid(),
-            mode,
-            uid,
-        });
-    }
-    Ok(())
-}
-
-/// Makes the run folder `dir` with mode 0700 when it is missing (its parent, the storage
-/// root, exists); else checks, as ssh's `StrictModes` does, that it and what trainyard keeps
-/// in it (`run.json`, `checkpoint_*`, `logs` and the attempts' folders in it) are this
-/// user's or root's and writable by no one else, and that none of those is a link. The run
-/// folder itself may be a link that this user made, to a folder that passes the same checks.
-pub(crate) fn prepare_run_dir(dir: &Path) -> Result<(), StorageError> {
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => Ok(()),
-        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => check_run_dir(dir),
-        Err(error) => Err(io("create", dir, error)),
-    }
-}
-
-/// Checks the run folder `dir` as [`prepare_run_dir`] does when it is there: every reader of a
-/// run (`ps`, `show`, `stop`, `stacks`, `logs`, the dashboard) trusts it only as far as a run
-/// would before writing to it. A folder that is not there passes (there is nothing to read).
-pub(crate) fn check_run_dir(dir: &Path) -> Result<(), StorageError> {
-    let Some(uid) = own_uid() else {
-        return Ok(());
-    };
-    if std::fs::symlink_metadata(dir).is_err_and(|error| missing(&error)) {
-        return Ok(());
-    }
-    let own = std::fs::symlink_metadata(dir).map_err(|e| io("read", dir, e))?;
-    check_trusted(dir, &own, uid)?;
-    let meta = std::fs::metadata(dir).map_err(|e| io("read", dir, e))?;
-    check_trusted(dir, &meta, uid)?;
-    if !meta.is_dir() {
-        return Err(not_a_regular_file(dir, meta.file_type()));
-    }
-    let entries = std::fs::read_dir(dir).map_err(|e| io("list", dir, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| io("list", dir, e))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let path = entry.path();
-        let wanted_dir = if name == crate::RUN_FILE {
-            false
-        } else if name == "logs" || checkpoint_index(&name).is_some() {
-            true
-        } else {
-            continue;
-        };
-        let meta = std::fs::symlink_metadata(&path).map_err(|e| io("read", &path, e))?;
-        let kind = meta.file_type();
-        if (wanted_dir && !kind.is_dir()) || (!wanted_dir && !kind.is_file()) {
-            return Err(not_a_regular_file(&path, kind));
-        }
-        check_trusted(&path, &meta, uid)?;
-        if name == "logs" {
-            for attempt in std::fs::read_dir(&path).map_err(|e| io("list", &path, e))? {
-                let attempt = attempt.map_err(|e| io("list", &path, e))?.path();
-                let meta =
-                    std::fs::symlink_metadata(&attempt).map_err(|e| io("read", &attempt, e))?;
-                if !meta.is_dir() {
-                    return Err(not_a_regular_file(&attempt, meta.file_type()));
-                }
-                check_trusted(&attempt, &meta, uid)?;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The file at `path`; `None` when there is none.
 pub(crate) fn read(path: &Path) -> Result<Option<Vec<u8>>, StorageError> {
     match std::fs::read(path) {
@@ -160,7 +78,6 @@ pub(crate) fn read(path: &Path) -> Result<Option<Vec<u8>>, StorageError> {
     }
 }
 
-/// Whether a file is at `path`.
 /// The names of the folders directly under `root` that hold a `run.json` (a regular file),
 /// links not followed; none when `root` does not exist.
 pub(crate) fn run_names(root: &Path) -> Result<Vec<String>, StorageError> {
@@ -186,6 +103,7 @@ pub(crate) fn run_names(root: &Path) -> Result<Vec<String>, StorageError> {
     Ok(names)
 }
 
+/// Whether a file is at `path` (a link is followed).
 pub(crate) fn is_file(path: &Path) -> Result<bool, StorageError> {
     match std::fs::metadata(path) {
         Ok(meta) => Ok(meta.is_file()),
@@ -234,19 +152,14 @@ fn split(path: &Path) -> Result<(&Path, &str), StorageError> {
     }
 }
 
-/// Replaces the file at `path` with `bytes` (its folder is created): written and synced
-/// under a temporary name, then renamed, so a reader sees the old content or the new.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
-    replace(path, bytes, true)
-}
-
-/// Replaces the file at `path` with `bytes` as [`write_atomically`] does, but without waiting
-/// for the disk: for what a crash may lose (a lease, renewed again in seconds).
-pub(crate) fn replace_unsynced(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
-    replace(path, bytes, false)
-}
-
-fn replace(path: &Path, bytes: &[u8], sync: bool) -> Result<(), StorageError> {
+/// Replaces the file at `path` with `bytes` (its folder is created): written under a
+/// temporary name (and synced, when `durability` asks), then renamed, so a reader sees the
+/// old content or the new.
+pub(crate) fn replace(
+    path: &Path,
+    bytes: &[u8],
+    durability: Durability,
+) -> Result<(), StorageError> {
     let (dir, name) = split(path)?;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -254,17 +167,13 @@ fn replace(path: &Path, bytes: &[u8], sync: bool) -> Result<(), StorageError> {
         .create(dir)
         .map_err(|e| io("create", dir, e))?;
     let temp = dir.join(temp_name(name));
-    // Never writable by the group or others, whatever the umask: the next run refuses a
-    // `run.json` that others could have changed.
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(&temp)
-        .and_then(|mut file| {
-            file.write_all(bytes)?;
-            if sync { file.sync_all() } else { Ok(()) }
-        });
+    let written = create_temp(&temp).and_then(|mut file| {
+        file.write_all(bytes)?;
+        match durability {
+            Durability::Synced => file.sync_all(),
+            Durability::Unsynced => Ok(()),
+        }
+    });
     let renamed = written.and_then(|()| std::fs::rename(&temp, path));
     if let Err(error) = renamed {
         // Best effort: the temporary file may not exist.
@@ -274,6 +183,17 @@ fn replace(path: &Path, bytes: &[u8], sync: bool) -> Result<(), StorageError> {
     Ok(())
 }
 
+/// Makes the file `temp` (a temporary name), which must be new, with mode 0644: never
+/// writable by the group or others, whatever the umask (the next run refuses a `run.json`
+/// that others could have changed).
+fn create_temp(temp: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(temp)
+}
+
 /// Copies `from` (a regular file: see [`open_regular`]) to `to` through a temporary name
 /// beside it; the bytes copied.
 pub(crate) fn copy_file(from: &Path, to: &Path) -> Result<u64, StorageError> {
@@ -281,11 +201,7 @@ pub(crate) fn copy_file(from: &Path, to: &Path) -> Result<u64, StorageError> {
     let mut source = open_regular(from)?;
     let temp = dir.join(temp_name(name));
     // `io::copy` between two files is `copy_file_range` on Linux, as `fs::copy` is.
-    let copied = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(&temp)
+    let copied = create_temp(&temp)
         .and_then(|mut target| std::io::copy(&mut source, &mut target))
         .and_then(|bytes| {
             std::fs::rename(&temp, to)?;
@@ -361,7 +277,8 @@ pub(crate) async fn persist(dest: &Path, files: Vec<SourceFile>) -> Result<u64, 
     Err(error)
 }
 
-/// Checks that `dir` holds every file of `files`; `uri` names it.
+/// Checks that `dir` holds every file of `files`: [`StorageError::CheckpointMissing`] names
+/// the first missing one (the first of `files`, or `*`, when `dir` itself is gone).
 pub(crate) fn verify(dir: &Path, files: &[String]) -> Result<(), StorageError> {
     let gone = |file: &str| StorageError::CheckpointMissing {
         path: dir.display().to_string(),
@@ -381,6 +298,16 @@ pub(crate) fn verify(dir: &Path, files: &[String]) -> Result<(), StorageError> {
         }
     }
     Ok(())
+}
+
+/// `dir` when it is a directory (a link is followed); `None` when it is gone or not one.
+pub(crate) fn existing_dir(dir: &Path) -> Result<Option<PathBuf>, StorageError> {
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(Some(dir.to_path_buf())),
+        Ok(_) => Ok(None),
+        Err(error) if missing(&error) => Ok(None),
+        Err(error) => Err(io("read", dir, error)),
+    }
 }
 
 /// Deletes `dir` and everything in it; one already gone is not an error.
