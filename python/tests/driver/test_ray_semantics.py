@@ -427,14 +427,6 @@ def test_what_ray_offers_and_trainyard_does_not_is_refused_naming_what_to_use() 
         ScalingConfig(use_tpu=True)
     with pytest.raises(ValueError, match="max_failures"):
         FailureConfig(controller_failure_limit=3)
-    import pyarrow.fs
-
-    s3 = RunConfig(storage_path="bucket/runs", storage_filesystem=pyarrow.fs.S3FileSystem())
-    assert s3.storage_path == "s3://bucket/runs"
-    with pytest.raises(ValueError, match="is not supported: give storage_path"):
-        RunConfig(
-            storage_filesystem=pyarrow.fs.SubTreeFileSystem("/", pyarrow.fs.LocalFileSystem())
-        )
     with pytest.raises(ValueError, match="not supported yet"):
         RunConfig(callbacks=[object()])
     with pytest.raises(ValueError, match="prepare_data_loader"):
@@ -447,3 +439,11 @@ def test_what_ray_offers_and_trainyard_does_not_is_refused_naming_what_to_use() 
     assert ScalingConfig(num_workers=0).local_mode
     interval = ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=5)
     assert "--resize-interval" in interval._cli_args()
+
+
+def test_pyarrow_file_systems_are_taken_as_rays_or_refused_naming_what_to_use() -> None:
+    fs = pytest.importorskip("pyarrow.fs")
+    s3 = RunConfig(storage_path="bucket/runs", storage_filesystem=fs.S3FileSystem())
+    assert s3.storage_path == "s3://bucket/runs"
+    with pytest.raises(ValueError, match="is not supported: give storage_path"):
+        RunConfig(storage_filesystem=fs.SubTreeFileSystem("/", fs.LocalFileSystem()))
