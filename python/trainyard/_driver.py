@@ -363,6 +363,7 @@ def fit(
         )
         command = _command(binary, fit_dir, scaling_config, run_config, timeout_s, runtime)
         env = dict(os.environ)
+        env.update(run_config._cli_env())
         if runtime == "ray" and not env.get(_RAY_PYTHON_ENV) and sys.executable:
             env[_RAY_PYTHON_ENV] = sys.executable
         return _run(command, fit_dir, run_config, env)

@@ -166,7 +166,7 @@ impl Output {
             ),
             (None, Some(run_dir)) => {
                 let root = run_dir.parent().map(Path::to_path_buf).unwrap_or_default();
-                std::fs::create_dir_all(&root).map_err(|error| {
+                trainyard_sys::private::missing_dirs(&root).map_err(|error| {
                     Failure::other(format!("cannot make {}: {error}", root.display()))
                 })?;
                 return Self::beside_runs(&root, name);

@@ -4,7 +4,7 @@
 //! `/proc/PID/cmdline`: the run's record shows the command without them, and a driver started
 //! again (in the background by `--detach`, or as a Slurm batch job) gets them in its
 //! environment instead: the `--env` values in one variable of trainyard's own,
-//! [`DETACHED_ENV_VAR`] (so that a `--env HOME=...` meant for the workers never changes the
+//! [`ENV_VALUES_VAR`] (so that a `--env HOME=...` meant for the workers never changes the
 //! driver's own `HOME`), which `--env K` reads first; the webhook in [`NOTIFY_VAR`].
 //!
 //! Only trainyard's own words are looked at: the program's (`args.program`, the command
@@ -15,13 +15,14 @@ use std::ffi::OsString;
 /// Where `trainyard run` takes the `--notify` URL from when the flag is not given.
 pub(crate) const NOTIFY_VAR: &str = "TRAINYARD_NOTIFY";
 
-/// Where a driver started again finds the `--env` values its command line names by key
-/// alone: one JSON object of them.
-pub(crate) const DETACHED_ENV_VAR: &str = "TRAINYARD_DETACHED_ENV";
+/// Where a driver started by another program finds the `--env` values its command line names
+/// by key alone: one JSON object of them. The background driver of `--detach` and a Slurm
+/// `--detach` job are given it; so is the driver Python's `TorchTrainer.fit()` starts.
+pub(crate) const ENV_VALUES_VAR: &str = "TRAINYARD_ENV_VALUES";
 
-/// The value of `key` that a driver started again was handed in [`DETACHED_ENV_VAR`], if any.
-pub(crate) fn detached_value(key: &str) -> Option<String> {
-    let handed = std::env::var(DETACHED_ENV_VAR).ok()?;
+/// The value of `key` that this driver was handed in [`ENV_VALUES_VAR`], if any.
+pub(crate) fn env_value(key: &str) -> Option<String> {
+    let handed = std::env::var(ENV_VALUES_VAR).ok()?;
     let values: std::collections::BTreeMap<String, String> = serde_json::from_str(&handed).ok()?;
     values.get(key).cloned()
 }
@@ -106,7 +107,7 @@ fn hidden(flag: &str, value: &str) -> String {
 
 /// The command line `words` (the binary first) for a driver started again, and the
 /// environment that carries what it leaves out: `--env K=V` becomes `--env K` with `K: V` in
-/// [`DETACHED_ENV_VAR`], and `--notify URL` goes, with [`NOTIFY_VAR`]`=URL` in the
+/// [`ENV_VALUES_VAR`], and `--notify URL` goes, with [`NOTIFY_VAR`]`=URL` in the
 /// environment.
 pub(crate) fn passed_on(
     words: &[OsString],
@@ -153,7 +154,7 @@ pub(crate) fn passed_on(
     }
     if !values.is_empty() {
         let values = serde_json::to_string(&values).unwrap_or_default();
-        env.push((OsString::from(DETACHED_ENV_VAR), OsString::from(values)));
+        env.push((OsString::from(ENV_VALUES_VAR), OsString::from(values)));
     }
     (out.into_iter().flatten().collect(), env)
 }
@@ -238,7 +239,7 @@ mod tests {
                     "https://hooks.example.com/T000/B000/xyz?key=1".into()
                 ),
                 (
-                    DETACHED_ENV_VAR.into(),
+                    ENV_VALUES_VAR.into(),
                     r#"{"KEY":"s3cret2","TOKEN":"s3cret"}"#.into()
                 ),
             ]

@@ -278,7 +278,7 @@ impl RankList {
 pub(crate) fn env_pair(text: &str) -> Result<(String, String), Refusal> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
-        None if !text.is_empty() => crate::secrets::detached_value(text)
+        None if !text.is_empty() => crate::secrets::env_value(text)
             .map_or_else(|| std::env::var(text), Ok)
             .map(|value| (text.to_owned(), value))
             .map_err(|_| {

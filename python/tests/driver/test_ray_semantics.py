@@ -307,16 +307,19 @@ def env_loop():  # type: ignore[no-untyped-def]
 def test_worker_runtime_env_vars_reach_every_worker_and_log_level_quiets_the_driver(
     storage, capfd
 ) -> None:
-    result = TorchTrainer(
-        env_loop,
-        scaling_config=TWO,
-        run_config=RunConfig(
-            storage_path=storage,
-            worker_runtime_env={"env_vars": {"FROM_RUNTIME_ENV": "yes"}},
-            logging_config=LoggingConfig(log_level="ERROR"),
-        ),
-    ).fit()
-    assert result.return_value == "yes"
+    # A value with what a command line or an env file could not carry: it travels in the
+    # driver's environment, never on its command line.
+    value = "s3cret=yes\nsecond line"
+    run_config = RunConfig(
+        storage_path=storage,
+        worker_runtime_env={"env_vars": {"FROM_RUNTIME_ENV": value}},
+        logging_config=LoggingConfig(log_level="ERROR"),
+    )
+    args = run_config._cli_args()
+    assert args[args.index("--env") + 1] == "FROM_RUNTIME_ENV"
+    assert not any("s3cret" in arg for arg in args)
+    result = TorchTrainer(env_loop, scaling_config=TWO, run_config=run_config).fit()
+    assert result.return_value == value
     assert "Setting up process group" not in capfd.readouterr().err
 
 

@@ -6,8 +6,13 @@ does; what Ray offers and trainyard does not raises ``ValueError`` naming what t
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
+
+# Where the driver finds the values of the workers' variables its command line names (the
+# binary's `crates/cli/src/secrets.rs`).
+ENV_VALUES_VAR = "TRAINYARD_ENV_VALUES"
 
 __all__ = ["CheckpointConfig", "FailureConfig", "LoggingConfig", "RunConfig", "ScalingConfig"]
 
@@ -546,6 +551,15 @@ class RunConfig:
             args += ["--storage", str(self.storage_path)]
         assert self.failure_config is not None and self.checkpoint_config is not None
         args += ["--max-failures", str(self.failure_config.max_failures)]
-        for name, value in _worker_env_vars(self.worker_runtime_env).items():
-            args += ["--env", f"{name}={value}"]
+        # By name only: the values travel in the driver's environment (``_cli_env``), never on
+        # a command line every user of the machine can read.
+        for name in _worker_env_vars(self.worker_runtime_env):
+            args += ["--env", name]
         return args + self.checkpoint_config._cli_args()
+
+    def _cli_env(self) -> Dict[str, str]:
+        """What the driver's environment carries for ``_cli_args``: the workers' variables'
+        values, in the one variable ``--env NAME`` reads first (and no variable of the
+        driver's own changes)."""
+        values = _worker_env_vars(self.worker_runtime_env)
+        return {ENV_VALUES_VAR: json.dumps(values)} if values else {}

@@ -50,7 +50,8 @@ pub(super) fn missing(error: &std::io::Error) -> bool {
 
 /// Creates `root` when it does not exist, then writes, reads back and deletes a probe in it.
 pub(crate) fn check_writable(root: &Path) -> Result<(), StorageError> {
-    std::fs::create_dir_all(root).map_err(|e| io("create", root, e))?;
+    // A storage root made here is this user's alone (0700): one to share is made by hand.
+    trainyard_sys::private::missing_dirs(root).map_err(|e| io("create", root, e))?;
     let probe = root.join(format!(".trainyard-write-check-{}", random_suffix()));
     let content: &[u8] = b"trainyard write check";
     trainyard_sys::private::create_new(&probe)

@@ -70,11 +70,8 @@ impl RunStore for LocalStore {
     async fn read_trusted(&self, run: &str, file: &str) -> Result<Option<Vec<u8>>, StorageError> {
         let file = file.to_owned();
         // One trip to the blocking pool: `ps` reads every run this way.
-        self.on("read", run, move |dir| {
-            trust::check_run_dir(dir)?;
-            fs::read(&dir.join(file))
-        })
-        .await
+        self.on("read", run, move |dir| trust::read_trusted(dir, &file))
+            .await
     }
 
     async fn is_file(&self, key: &str) -> Result<bool, StorageError> {

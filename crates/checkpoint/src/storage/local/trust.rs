@@ -93,3 +93,103 @@ pub(crate) fn check_run_dir(dir: &Path) -> Result<(), StorageError> {
     }
     Ok(())
 }
+
+/// The file `file` (`run.json`, the lease) of the run folder `dir`, read from the very folder
+/// that was checked: the folder (or this user's link to it) is checked as [`check_run_dir`]
+/// checks it, then opened, checked again on its descriptor, and the file is opened relative
+/// to that descriptor, never through a link, and must be a regular file others cannot have
+/// changed. A folder that is not there holds nothing, and nothing is read: a folder another
+/// user puts in its place after the check is never the one read.
+pub(crate) fn read_trusted(dir: &Path, file: &str) -> Result<Option<Vec<u8>>, StorageError> {
+    use std::io::Read as _;
+    use std::os::fd::AsFd as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if std::fs::symlink_metadata(dir).is_err_and(|error| missing(&error)) {
+        return Ok(None);
+    }
+    check_run_dir(dir)?;
+    let folder = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+    {
+        Ok(folder) => folder,
+        Err(error) if missing(&error) => return Ok(None),
+        Err(error) => return Err(io("read", dir, error)),
+    };
+    let uid = own_uid();
+    let meta = folder.metadata().map_err(|e| io("read", dir, e))?;
+    if let Some(uid) = uid {
+        check_trusted(dir, &meta, uid)?;
+    }
+    let path = dir.join(file);
+    let opened = nix::fcntl::openat(
+        folder.as_fd(),
+        file,
+        nix::fcntl::OFlag::O_RDONLY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_NONBLOCK
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    );
+    let mut opened = match opened {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(nix::errno::Errno::ENOENT) => return Ok(None),
+        Err(errno) => return Err(io("read", &path, errno.into())),
+    };
+    let meta = opened.metadata().map_err(|e| io("read", &path, e))?;
+    if !meta.is_file() {
+        return Err(not_a_regular_file(&path, meta.file_type()));
+    }
+    if let Some(uid) = uid {
+        check_trusted(&path, &meta, uid)?;
+    }
+    let mut bytes = Vec::new();
+    opened
+        .read_to_end(&mut bytes)
+        .map_err(|e| io("read", &path, e))?;
+    Ok(Some(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_read_from_the_folder_checked_and_never_through_a_link() {
+        let storage = trainyard_sys::private::temp_dir("trainyard-trust-test-").expect("made");
+        let dir = storage.path().join("run");
+        assert_eq!(read_trusted(&dir, "run.json").expect("nothing"), None);
+        prepare_run_dir(&dir).expect("made");
+        assert_eq!(read_trusted(&dir, "run.json").expect("nothing"), None);
+        trainyard_sys::private::write(&dir.join("run.json"), b"{}").expect("written");
+        assert_eq!(
+            read_trusted(&dir, "run.json").expect("read"),
+            Some(b"{}".to_vec())
+        );
+        // A record that is a link is refused, whatever it points to.
+        let elsewhere = storage.path().join("elsewhere.json");
+        trainyard_sys::private::write(&elsewhere, b"{}").expect("written");
+        std::fs::remove_file(dir.join("run.json")).expect("removed");
+        std::os::unix::fs::symlink(&elsewhere, dir.join("run.json")).expect("linked");
+        assert!(read_trusted(&dir, "run.json").is_err());
+    }
+
+    #[test]
+    fn another_users_folder_is_refused_before_its_record_is_read() {
+        if trainyard_sys::private::euid() != 0 {
+            eprintln!("SKIP: giving a folder to another user needs root");
+            return;
+        }
+        let storage = trainyard_sys::private::temp_dir("trainyard-trust-test-").expect("made");
+        let theirs = storage.path().join("theirs");
+        prepare_run_dir(&theirs).expect("made");
+        trainyard_sys::private::write(&theirs.join("run.json"), b"{}").expect("written");
+        std::os::unix::fs::chown(&theirs, Some(65534), None).expect("chown");
+        let error = read_trusted(&theirs, "run.json").expect_err("another user's folder");
+        assert!(
+            matches!(error, StorageError::Untrusted { owner: 65534, .. }),
+            "{error}"
+        );
+    }
+}
