@@ -13,12 +13,12 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use trainyard_config::resources::{ByteSize, ErrorChain};
 use trainyard_config::{NumWorkers, ScoreOrder, parse_hang_timeout, parse_resize_interval};
 
-use crate::{Failure, inert};
+use crate::Failure;
 
-/// A flag whose value is not acceptable; the value is shown with its newlines escaped so
-/// that the error stays on one line.
+/// A flag whose value is not acceptable. The value is shown as given: every failure is made
+/// inert (one line, no control character) once, where it is printed (`crate::failed`).
 #[derive(Debug, thiserror::Error)]
-#[error("invalid value `{}` for `{flag}`", inert(value))]
+#[error("invalid value `{value}` for `{flag}`")]
 pub(crate) struct FlagError {
     flag: String,
     value: String,
@@ -396,10 +396,8 @@ mod tests {
             .expect_err("a refused value");
         let failure =
             refused_value(&error).unwrap_or_else(|| panic!("not a value's refusal: {error}"));
-        (
-            format!("error: {}", ErrorChain(failure.error.as_ref())),
-            failure.code,
-        )
+        // As `crate::failed` prints it.
+        (format!("error: {}", failure.message()), failure.code)
     }
 
     #[test]

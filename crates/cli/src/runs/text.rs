@@ -39,7 +39,7 @@ pub(crate) fn metrics(metrics: &serde_json::Map<String, serde_json::Value>) -> S
     let mut parts: Vec<String> = metrics
         .iter()
         .take(SHOWN)
-        .map(|(name, value)| crate::inert(&format!("{name}={}", number(value))))
+        .map(|(name, value)| format!("{}={}", crate::inert(name), number(value)))
         .collect();
     if metrics.len() > SHOWN {
         parts.push("…".to_owned());
