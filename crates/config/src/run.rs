@@ -366,6 +366,10 @@ pub struct RunConfig {
     /// A folder to write TensorBoard event files of rank 0's numeric metrics to
     /// (`tensorboard --logdir` reads them), one file a driver; none when `None`.
     pub tensorboard_dir: Option<String>,
+    /// An MLflow tracking server (`http://host:5000`) to keep the run in: one MLflow run for
+    /// the run, over restarts and resumes, with its configuration as parameters, rank 0's
+    /// metrics at their steps and its checkpoints as tags; none when `None`.
+    pub mlflow: Option<String>,
 }
 
 impl RunConfig {
@@ -422,6 +426,13 @@ impl RunConfig {
     #[must_use]
     pub fn tensorboard_dir(mut self, dir: impl Into<String>) -> Self {
         self.tensorboard_dir = Some(dir.into());
+        self
+    }
+
+    /// Sets `mlflow`.
+    #[must_use]
+    pub fn mlflow(mut self, tracking_uri: impl Into<String>) -> Self {
+        self.mlflow = Some(tracking_uri.into());
         self
     }
 
