@@ -15,8 +15,8 @@ use trainyard_config::{
 
 use crate::values::{
     CheckpointScore, FlagError, ModuleList, RankList, at_least_one, checkpoint_score, env_pair,
-    hang_timeout, module_list, num_workers, parsed, positive_size, rank_list, resize_interval,
-    seconds, slurm_name, slurm_signal, slurm_time,
+    hang_timeout, mlflow_uri, module_list, num_workers, parsed, positive_size, rank_list,
+    resize_interval, seconds, slurm_name, slurm_signal, slurm_time,
 };
 use crate::{Failure, inert};
 
@@ -277,6 +277,9 @@ pub(crate) struct RunArgs {
     /// POST the run's changes of state (attempt started, restarting, resized, checkpoint committed, and how it ended) as JSON to this http:// or https:// URL [default: $TRAINYARD_NOTIFY, where a URL with a token in it stays off the command line]
     #[arg(long, value_name = "URL")]
     pub(crate) notify: Option<String>,
+    /// Keep the run in this MLflow tracking server (http://HOST:PORT): one MLflow run over restarts and resumes, with the configuration as parameters, rank 0's metrics at their steps and the checkpoints as tags; $MLFLOW_EXPERIMENT_NAME names its experiment
+    #[arg(long, value_name = "URI", value_parser = mlflow_uri)]
+    pub(crate) mlflow: Option<String>,
     /// Write TensorBoard event files of rank 0's numeric metrics to DIR (tensorboard --logdir DIR reads them as the run goes)
     #[arg(long, value_name = "DIR")]
     pub(crate) tensorboard: Option<PathBuf>,

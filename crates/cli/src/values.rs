@@ -273,6 +273,17 @@ impl RankList {
     }
 }
 
+/// `--mlflow`: an `http://` or `https://` URL of a tracking server.
+pub(crate) fn mlflow_uri(text: &str) -> Result<String, Refusal> {
+    reqwest::Url::parse(text)
+        .ok()
+        .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
+        .map(|_| text.to_owned())
+        .ok_or_else(|| {
+            Refusal::value("expected an MLflow tracking server's http:// or https:// URL")
+        })
+}
+
 /// `--env`: `KEY=VALUE` with a non-empty key, or `KEY` alone for the value `KEY` has in this
 /// process's environment (a secret kept off the command line).
 pub(crate) fn env_pair(text: &str) -> Result<(String, String), Refusal> {

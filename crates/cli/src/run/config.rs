@@ -216,6 +216,7 @@ fn run_config(
     run.progress = args.progress;
     run.log_dir = args.log_dir.as_ref().map(|d| d.display().to_string());
     run.tensorboard_dir = args.tensorboard.as_ref().map(|d| d.display().to_string());
+    run.mlflow.clone_from(&args.mlflow);
     if let Some(name) = &args.name {
         run.validate()
             .map_err(|e| Failure::bad_input(FlagError::new("--name", name)(e.into())))?;

@@ -13,6 +13,7 @@ mod hangs;
 mod interrupt;
 mod ledger;
 mod leftovers;
+mod mlflow;
 mod output;
 mod plan;
 mod ray;
