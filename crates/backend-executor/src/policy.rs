@@ -48,8 +48,6 @@ pub(crate) struct History {
     requeued: usize,
     /// Attempts stopped to resize the run, which are not failures either.
     pub(crate) resizes: u32,
-    /// The size the last attempt was stopped to grow to, if it was.
-    pub(crate) grow_to: Option<u32>,
     /// Each attempt's world size.
     pub(crate) world_sizes: Vec<u32>,
 }
@@ -77,10 +75,7 @@ impl History {
                     self.requeued += 1;
                 }
             }
-            Outcome::RoomFor(to) => {
-                self.resizes += 1;
-                self.grow_to = Some(*to);
-            }
+            Outcome::RoomFor(_) => self.resizes += 1,
         }
     }
 }
@@ -258,7 +253,7 @@ mod tests {
     }
 
     #[test]
-    fn the_history_counts_restarts_and_the_size_to_grow_to() {
+    fn the_history_counts_restarts_and_resizes() {
         let mut history = History::default();
         for outcome in [
             Outcome::Failed(user_error()),
@@ -269,6 +264,6 @@ mod tests {
         }
         assert_eq!(history.restarts(), 3);
         assert_eq!(history.counted_failures(), 1);
-        assert_eq!(history.grow_to, Some(3));
+        assert_eq!(history.resizes, 1);
     }
 }

@@ -112,6 +112,31 @@ enum Woken {
     GrowAnyway,
 }
 
+/// What one attempt holds from its start to its release: its slot (placement group and
+/// workers), what it reported, its log files and where they are uploaded.
+#[derive(Debug)]
+struct AttemptState {
+    /// Restarts before this attempt.
+    restart_count: u32,
+    slot: Slot,
+    report: FitReport,
+    logs: Option<RankLogs>,
+    /// Where in the run folder its logs go when it ends (remote storage).
+    upload: Option<String>,
+}
+
+impl AttemptState {
+    fn new(restart_count: u32) -> Self {
+        Self {
+            restart_count,
+            slot: Slot::Idle,
+            report: FitReport::default(),
+            logs: None,
+            upload: None,
+        }
+    }
+}
+
 /// What the loop keeps of a running attempt besides the attempt itself.
 struct Following<'a> {
     /// Restarts before this attempt.
@@ -164,40 +189,18 @@ impl RunLoop {
             })
             .await;
         let mut history = History::default();
+        // The size the next attempt grows to, when the last one stopped to grow.
+        let mut grow_to: Option<u32> = None;
         let (mut report, ending) = loop {
             let restart_count = history.restarts();
             history.attempts += 1;
             let span = info_span!("attempt", run = %self.setup.run_name, restart_count);
-            let mut report = FitReport::default();
-            let mut logs: Option<RankLogs> = None;
-            let mut upload: Option<String> = None;
-            let mut slot = Slot::Idle;
+            let mut state = AttemptState::new(restart_count);
             let end = self
-                .attempt(
-                    task,
-                    restart_count,
-                    &mut history,
-                    &mut slot,
-                    &mut report,
-                    (&mut logs, &mut upload),
-                )
+                .attempt(task, &mut history, grow_to.take(), &mut state)
                 .instrument(span)
                 .await;
-            let patience = match end {
-                End::Interrupted | End::Resize { .. } => Duration::ZERO,
-                _ => self.setup.options.shutdown_patience,
-            };
-            let held = slot.release(&self.setup, patience).await;
-            self.sizer.released(held);
-            report.run_dir = Some(self.store.uri());
-            if let Some(logs) = logs {
-                let dir = logs.dir().to_path_buf();
-                report.log_dir = Some(dir.display().to_string());
-                logs.close().await;
-                if let Some(relative) = upload {
-                    self.store.upload_logs(&dir, &relative).await;
-                }
-            }
+            let report = self.release(state, &end).await;
             let outcome = match end {
                 End::Done => Outcome::Succeeded,
                 End::Fatal(error) => {
@@ -237,7 +240,7 @@ impl RunLoop {
                     // What the final attempt reported before it failed stays in the report.
                     break (report, Ending::Failed);
                 }
-                Action::Resize { .. } => {}
+                Action::Resize { to } => grow_to = Some(to),
                 Action::Restart { after } => {
                     if let Outcome::Failed(failure) = outcome {
                         warn!(target: RESTARTS_TARGET, %failure, restart_count, backoff_s = after.as_secs_f64(), "attempt failed; restarting all workers");
@@ -277,22 +280,51 @@ impl RunLoop {
         }
     }
 
-    /// One attempt: sized, booked in the run's folder, started, and followed to its end.
-    /// What it starts is left in `slot` for the caller to release.
+    /// Lets go of what an attempt that ended with `end` held (its workers, within a patience
+    /// that a stop or a resize does not give them; its placement group; its log files, uploaded
+    /// to remote storage): what it reported.
+    async fn release(&mut self, state: AttemptState, end: &End) -> FitReport {
+        let AttemptState {
+            mut report,
+            logs,
+            upload,
+            slot,
+            ..
+        } = state;
+        let patience = match end {
+            End::Interrupted | End::Resize { .. } => Duration::ZERO,
+            _ => self.setup.options.shutdown_patience,
+        };
+        let held = slot.release(&self.setup, patience).await;
+        self.sizer.released(held);
+        report.run_dir = Some(self.store.uri());
+        if let Some(logs) = logs {
+            let dir = logs.dir().to_path_buf();
+            report.log_dir = Some(dir.display().to_string());
+            logs.close().await;
+            if let Some(relative) = upload {
+                self.store.upload_logs(&dir, &relative).await;
+            }
+        }
+        report
+    }
+
+    /// One attempt: sized (growing to `grow_to` when the last one stopped to grow), booked in
+    /// the run's folder, started, and followed to its end. What it starts and opens is left
+    /// in `state` for [`Self::release`].
     async fn attempt(
         &mut self,
         task: &TaskSpec,
-        restart_count: u32,
         history: &mut History,
-        slot: &mut Slot,
-        report: &mut FitReport,
-        (logs, upload): (&mut Option<RankLogs>, &mut Option<String>),
+        grow_to: Option<u32>,
+        state: &mut AttemptState,
     ) -> End {
+        let restart_count = state.restart_count;
         let stop = self.controls.stop.clone();
         if stop.is_requested() {
             return End::Interrupted;
         }
-        let sizing = self.sizer.next_world_size(history.grow_to.take());
+        let sizing = self.sizer.next_world_size(grow_to);
         // An elastic run reads what is free to size itself.
         let mut world_size = if self.sizer.is_elastic() {
             sizing
@@ -311,7 +343,10 @@ impl RunLoop {
             Ok(opened) => opened,
             Err(error) => return End::Fatal(error),
         };
-        *upload = remote;
+        state.upload = remote;
+        let AttemptState {
+            slot, report, logs, ..
+        } = state;
         let logs = logs.insert(opened_logs);
         // Until the tasks run, a stop drops the start; from then on the attempt stops its
         // tasks itself, streaming what they print as they stop.
@@ -606,78 +641,11 @@ impl RunLoop {
                 to = &mut room, if grow.is_none() => Woken::Grow(to),
                 () = sleep_until(grow.map(|(_, until)| until)) => Woken::GrowAnyway,
             };
-            let event = match woken {
-                Woken::Event(Some(event)) => event,
-                // Every stream ends with its marker, and the marker of a rank that has not
-                // finished ends the attempt, so the merged stream never runs dry first.
-                Woken::Event(None) => {
-                    break End::Failed(AttemptFailure::WorkerDied {
-                        rank: None,
-                        cause: DeathCause::ConnectionLost,
-                    });
-                }
-                Woken::StacksWanted => {
-                    self.show_stacks(attempt, StacksReason::Requested, following.logs)
-                        .await;
-                    continue;
-                }
-                Woken::StopWanted => break End::Interrupted,
-                Woken::Grow(to) => {
-                    if self.store.checkpoint_in_flight() {
-                        info!(
-                            to,
-                            "room for more workers; the resize waits for the checkpoint in flight to commit"
-                        );
-                        grow = Some((to, Instant::now() + CHECKPOINT_WAIT));
-                        continue;
-                    }
-                    break End::Resize { to };
-                }
-                Woken::GrowAnyway => {
-                    let to = grow.map_or(0, |(to, _)| to);
-                    warn!(
-                        to,
-                        wait_s = CHECKPOINT_WAIT.as_secs(),
-                        "the checkpoint in flight did not commit in time; resizing from the one before"
-                    );
-                    break End::Resize { to };
-                }
-            };
-            match event {
-                AttemptEvent::Hung { ranks, idle } => {
-                    let file = self
-                        .show_stacks(attempt, StacksReason::Hung, following.logs)
-                        .await;
-                    break End::Failed(AttemptFailure::Hung {
-                        ranks: ranks.into_iter().map(rank_of).collect(),
-                        idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
-                        stacks_file: file,
-                    });
-                }
-                AttemptEvent::Exited {
-                    rank,
-                    exit: TaskExit::Succeeded { value },
-                } => {
-                    if following.tally.returned(rank, value) {
-                        following.report.returns = following.tally.returns();
-                        break End::Done;
-                    }
-                }
-                AttemptEvent::Exited {
-                    rank,
-                    exit: TaskExit::Failed { failure },
-                } => break End::Failed(following.tally.failed(rank, failure)),
-                AttemptEvent::Died { rank, cause } => break End::Failed(died(rank, cause)),
-                event => {
-                    if let Err(failure) = self.take(event, &mut following).await {
-                        break End::Failed(failure);
-                    }
-                    if let Some((to, _)) = grow
-                        && !self.store.checkpoint_in_flight()
-                    {
-                        break End::Resize { to };
-                    }
-                }
+            if let Some(end) = self
+                .take_woken(woken, attempt, &mut following, &mut grow)
+                .await
+            {
+                break end;
             }
         };
         match end {
@@ -715,6 +683,86 @@ impl RunLoop {
             }
         }
         end
+    }
+
+    /// Takes in what woke the loop following `attempt`: how the attempt ends, if it does.
+    /// `grow` is room found while a checkpoint was in flight (the size, and until when the
+    /// resize waits for the checkpoint).
+    async fn take_woken(
+        &mut self,
+        woken: Woken,
+        attempt: &mut Attempt,
+        following: &mut Following<'_>,
+        grow: &mut Option<(u32, Instant)>,
+    ) -> Option<End> {
+        let event = match woken {
+            Woken::Event(Some(event)) => event,
+            // Every stream ends with its marker, and the marker of a rank that has not
+            // finished ends the attempt, so the merged stream never runs dry first.
+            Woken::Event(None) => {
+                return Some(End::Failed(AttemptFailure::WorkerDied {
+                    rank: None,
+                    cause: DeathCause::ConnectionLost,
+                }));
+            }
+            Woken::StacksWanted => {
+                self.show_stacks(attempt, StacksReason::Requested, following.logs)
+                    .await;
+                return None;
+            }
+            Woken::StopWanted => return Some(End::Interrupted),
+            Woken::Grow(to) => {
+                if self.store.checkpoint_in_flight() {
+                    info!(
+                        to,
+                        "room for more workers; the resize waits for the checkpoint in flight to commit"
+                    );
+                    *grow = Some((to, Instant::now() + CHECKPOINT_WAIT));
+                    return None;
+                }
+                return Some(End::Resize { to });
+            }
+            Woken::GrowAnyway => {
+                let to = grow.map_or(0, |(to, _)| to);
+                warn!(
+                    to,
+                    wait_s = CHECKPOINT_WAIT.as_secs(),
+                    "the checkpoint in flight did not commit in time; resizing from the one before"
+                );
+                return Some(End::Resize { to });
+            }
+        };
+        match event {
+            AttemptEvent::Hung { ranks, idle } => {
+                let file = self
+                    .show_stacks(attempt, StacksReason::Hung, following.logs)
+                    .await;
+                Some(End::Failed(AttemptFailure::Hung {
+                    ranks: ranks.into_iter().map(rank_of).collect(),
+                    idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
+                    stacks_file: file,
+                }))
+            }
+            AttemptEvent::Exited {
+                rank,
+                exit: TaskExit::Succeeded { value },
+            } => following.tally.returned(rank, value).then(|| {
+                following.report.returns = following.tally.returns();
+                End::Done
+            }),
+            AttemptEvent::Exited {
+                rank,
+                exit: TaskExit::Failed { failure },
+            } => Some(End::Failed(following.tally.failed(rank, failure))),
+            AttemptEvent::Died { rank, cause } => Some(End::Failed(died(rank, cause))),
+            event => {
+                if let Err(failure) = self.take(event, following).await {
+                    return Some(End::Failed(failure));
+                }
+                grow.filter(|_| !self.store.checkpoint_in_flight())
+                    .map(|(to, _)| End::Resize { to })
+            }
+        }
     }
 
     /// After a failure: takes in what the other ranks print, report and fail with until
