@@ -38,8 +38,20 @@ pub(crate) const FILES: &[(&str, &str)] = &[
         include_str!("../../../python/trainyard/_driver.py"),
     ),
     (
+        "trainyard/_events.py",
+        include_str!("../../../python/trainyard/_events.py"),
+    ),
+    (
         "trainyard/_find_trainyard.py",
         include_str!("../../../python/trainyard/_find_trainyard.py"),
+    ),
+    (
+        "trainyard/_fit.py",
+        include_str!("../../../python/trainyard/_fit.py"),
+    ),
+    (
+        "trainyard/_validate.py",
+        include_str!("../../../python/trainyard/_validate.py"),
     ),
     (
         "trainyard/_warm.py",
@@ -54,16 +66,44 @@ pub(crate) const FILES: &[(&str, &str)] = &[
         include_str!("../../../python/trainyard/train/__init__.py"),
     ),
     (
+        "trainyard/train/_callback.py",
+        include_str!("../../../python/trainyard/train/_callback.py"),
+    ),
+    (
+        "trainyard/train/_checkpoint.py",
+        include_str!("../../../python/trainyard/train/_checkpoint.py"),
+    ),
+    (
         "trainyard/train/_config.py",
         include_str!("../../../python/trainyard/train/_config.py"),
+    ),
+    (
+        "trainyard/train/_context.py",
+        include_str!("../../../python/trainyard/train/_context.py"),
     ),
     (
         "trainyard/train/_local.py",
         include_str!("../../../python/trainyard/train/_local.py"),
     ),
     (
+        "trainyard/train/_preemption.py",
+        include_str!("../../../python/trainyard/train/_preemption.py"),
+    ),
+    (
+        "trainyard/train/_report_config.py",
+        include_str!("../../../python/trainyard/train/_report_config.py"),
+    ),
+    (
+        "trainyard/train/_reported.py",
+        include_str!("../../../python/trainyard/train/_reported.py"),
+    ),
+    (
         "trainyard/train/_result.py",
         include_str!("../../../python/trainyard/train/_result.py"),
+    ),
+    (
+        "trainyard/train/_validation.py",
+        include_str!("../../../python/trainyard/train/_validation.py"),
     ),
     (
         "trainyard/train/collective.py",

@@ -377,7 +377,8 @@ fn dump_note(process: &Python, command: &str, error: &DumpError) -> String {
         DumpError::NotFound => format!(
             "py-spy was not found for Python process {pid} ({command}), so its threads show \
              their kernel state only: install it where the task's Python is \
-             (`pip install py-spy`), or set {PY_SPY} to its path"
+             (`pip install py-spy`, or `pip install trainyard[stacks]`), or set {PY_SPY} to \
+             its path"
         ),
         other => format!(
             "no Python frames for process {pid} ({command}): {}",

@@ -10,8 +10,12 @@ use std::path::PathBuf;
 
 use crate::watchdog::Watchdog;
 
-/// What the directory's name starts with.
+/// What the directory's name starts with; the agent's pid and a random part follow.
 const PREFIX: &str = "trainyard-agent-";
+
+/// How old a directory of the name without a pid (made by an earlier version) must be before
+/// it is swept when empty.
+const UNNAMED_AGE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The agent's private directory; deleted when dropped.
 #[derive(Debug)]
@@ -29,8 +33,9 @@ impl WorkDir {
     /// # Errors
     /// When the directory or a file cannot be written.
     pub(crate) fn create(watchdog: &Watchdog) -> std::io::Result<Self> {
+        sweep_left_behind(&std::env::temp_dir());
         // The tasks' files depend on it being this user's alone (0700).
-        let root = trainyard_sys::private::temp_dir(PREFIX)?;
+        let root = trainyard_sys::private::temp_dir(&format!("{PREFIX}{}-", std::process::id()))?;
         watchdog.remove_at_end(root.path());
         let python = match crate::python::shared() {
             Ok(shared) => shared,
@@ -86,6 +91,51 @@ impl WorkDir {
     }
 }
 
+/// Removes the directories in `tmp` that agents of this user's left when they were killed
+/// with their watchdog: those named after an agent that no longer runs, and empty ones of an
+/// earlier version's (no pid in the name) not changed for [`UNNAMED_AGE`]. A directory of a
+/// live agent, or of another user's, is never touched.
+fn sweep_left_behind(tmp: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    let own = trainyard_sys::private::euid();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|name| name.strip_prefix(PREFIX)) else {
+            continue;
+        };
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if !meta.is_dir() || meta.uid() != own {
+            continue;
+        }
+        match rest
+            .split_once('-')
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        {
+            Some(pid) if !trainyard_sys::procfs::is_alive(pid, None) => {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+            Some(_) => {}
+            None => {
+                let old = meta
+                    .modified()
+                    .ok()
+                    .and_then(|at| at.elapsed().ok())
+                    .is_some_and(|age| age > UNNAMED_AGE);
+                if old {
+                    // Only when empty: removing a folder with anything in it fails.
+                    let _ = std::fs::remove_dir(&path);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt as _;
@@ -115,5 +165,30 @@ mod tests {
         let again = dir.fresh_scratch().expect("made again");
         assert_eq!(again, scratch);
         assert_eq!(std::fs::read_dir(&again).expect("readable").count(), 0);
+    }
+
+    #[test]
+    fn folders_of_agents_that_are_gone_are_swept_and_those_of_live_ones_kept() {
+        let tmp = trainyard_sys::private::temp_dir("trainyard-sweep-test-").expect("made");
+        // A pid that is no process: past the kernel's largest.
+        let gone = tmp.path().join(format!("{PREFIX}4194305-abc"));
+        let live = tmp
+            .path()
+            .join(format!("{PREFIX}{}-def", std::process::id()));
+        let unnamed_fresh = tmp.path().join(format!("{PREFIX}ghi"));
+        for dir in [&gone, &live, &unnamed_fresh] {
+            std::fs::create_dir(dir).expect("made");
+        }
+        std::fs::write(gone.join("left"), b"a download").expect("written");
+        sweep_left_behind(tmp.path());
+        assert!(
+            !gone.exists(),
+            "a gone agent's folder is swept, with what it holds"
+        );
+        assert!(live.exists(), "a live agent's folder is kept");
+        assert!(
+            unnamed_fresh.exists(),
+            "an unnamed folder is kept until it is old"
+        );
     }
 }

@@ -316,6 +316,7 @@ impl RunStore {
             world_size: Some(world_size),
             resized_to: None,
             log_dir: None,
+            workers: Vec::new(),
         });
         let (logs, upload_logs_to) = self.attempt_log_dir(log_dir);
         if let Some(attempt) = self.record.attempts.last_mut() {
@@ -328,6 +329,28 @@ impl RunStore {
             logs,
             upload_logs_to,
         })
+    }
+
+    /// Records where the current attempt's ranks run (`workers`, in world-rank order, their
+    /// tasks' `pids`): written at once, without waiting for the disk, so that `trainyard show`
+    /// lists them while the run goes on (the attempt's end writes them again, synced).
+    pub(crate) async fn record_workers(&mut self, workers: &[crate::StartedWorker], pids: &[u32]) {
+        let Some(attempt) = self.record.attempts.last_mut() else {
+            return;
+        };
+        attempt.workers = workers
+            .iter()
+            .zip(pids)
+            .map(|(worker, pid)| trainyard_checkpoint::WorkerRecord {
+                rank: worker.rank.world_rank.0,
+                node: worker.node_id.clone(),
+                ip: worker.node_ip.clone(),
+                pid: *pid,
+            })
+            .collect();
+        if let Err(error) = self.folder.save_unsynced(&self.record).await {
+            warn!(error = %chain(&error), "where the ranks run could not be written to the run's record");
+        }
     }
 
     /// Gives the current attempt, before any rank has reported, `world_size` ranks.
@@ -724,6 +747,7 @@ mod tests {
             world_size: Some(1),
             resized_to: None,
             log_dir: None,
+            workers: Vec::new(),
         });
         let store = RunStore {
             folder: storage.run("staged"),

@@ -382,6 +382,7 @@ impl RunLoop {
             return error.into();
         }
         info!("{}", attempt.describe(&pids));
+        self.store.record_workers(&attempt.workers(), &pids).await;
         let following = Following {
             restart_count,
             tally: Tally::new(pids.len()),

@@ -78,7 +78,8 @@ pub use env::{
 pub use error::{BookError, StorageError};
 pub use record::{
     AttemptRecord, CheckpointRecord, DriverRecord, LEASE_FILE, LEASE_RENEW, LEASE_STALE, Lease,
-    METRICS_FILE, MetricsEntry, RUN_FILE, RUN_RECORD_VERSION, RunRecord, RunStatus, now,
+    METRICS_FILE, MetricsEntry, RUN_FILE, RUN_RECORD_VERSION, RunRecord, RunStatus, WorkerRecord,
+    now,
 };
 pub use reports::{ASYNC_IN_FLIGHT, RankReports, ReportSink, Reported, UploadMode};
 pub use retention::retention;

@@ -109,6 +109,23 @@ pub struct AttemptRecord {
     /// (`rank_<r>.log`); remote storage gets a copy under `logs/attempt_<k>` when it ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_dir: Option<String>,
+    /// Where each rank ran, in world-rank order, once its task started (none in records
+    /// written before they were kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<WorkerRecord>,
+}
+
+/// Where one rank of an attempt ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerRecord {
+    /// Its world rank.
+    pub rank: u32,
+    /// Its node's id.
+    pub node: String,
+    /// Its node's address.
+    pub ip: String,
+    /// Its task's process id there.
+    pub pid: u32,
 }
 
 /// One committed checkpoint.

@@ -15,8 +15,9 @@ use trainyard_config::{
 
 use crate::values::{
     CheckpointScore, FlagError, ModuleList, RankList, at_least_one, checkpoint_score, env_pair,
-    hang_timeout, mlflow_uri, module_list, num_workers, parsed, positive_size, rank_list,
-    resize_interval, seconds, slurm_name, slurm_signal, slurm_time,
+    env_pattern, hang_timeout, mlflow_uri, module_list, notify_url, num_workers, parsed,
+    positive_size, rank_list, resize_interval, seconds, slurm_name, slurm_signal, slurm_time,
+    storage_location,
 };
 use crate::{Failure, inert};
 
@@ -136,7 +137,7 @@ pub(crate) struct StopArgs {
 #[derive(Debug, Args)]
 pub(crate) struct StorageArgs {
     /// Where run folders live: a path, file:///PATH or s3://BUCKET[/PREFIX] [default: $TRAINYARD_STORAGE, else ~/trainyard_results]
-    #[arg(long, value_name = "URI")]
+    #[arg(long, value_name = "URI", value_parser = storage_location)]
     pub(crate) storage: Option<String>,
 }
 
@@ -227,7 +228,7 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "SECS", value_parser = parse_torch_timeout)]
     pub(crate) torch_timeout: Option<u64>,
     /// Driver variables a remote runtime copies to the workers (repeatable; the local runtime passes the whole environment)
-    #[arg(long, value_name = "PATTERN")]
+    #[arg(long, value_name = "PATTERN", value_parser = env_pattern)]
     pub(crate) env_from_driver: Vec<String>,
     /// Seconds to wait for the placement group [default: 100]
     #[arg(long, value_name = "SECS", value_parser = seconds)]
@@ -248,7 +249,7 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "NAME")]
     pub(crate) name: Option<String>,
     /// Where run folders live: a path, file:///PATH or s3://BUCKET[/PREFIX] [default: $TRAINYARD_STORAGE, else ~/trainyard_results]
-    #[arg(long, value_name = "PATH|URI")]
+    #[arg(long, value_name = "PATH|URI", value_parser = storage_location)]
     pub(crate) storage: Option<String>,
     /// auto: resume an unfinished run of the same name and storage, refuse a finished one; never: start afresh in a new folder
     #[arg(long, value_name = "auto|never", default_value = "auto", value_parser = parsed::<ResumePolicy>)]
@@ -275,7 +276,7 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub(crate) log_dir: Option<PathBuf>,
     /// POST the run's changes of state (attempt started, restarting, resized, checkpoint committed, and how it ended) as JSON to this http:// or https:// URL [default: $TRAINYARD_NOTIFY, where a URL with a token in it stays off the command line]
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = notify_url)]
     pub(crate) notify: Option<String>,
     /// Keep the run in this MLflow tracking server (http://HOST:PORT): one MLflow run over restarts and resumes, with the configuration as parameters, rank 0's metrics at their steps and the checkpoints as tags; $MLFLOW_EXPERIMENT_NAME names its experiment
     #[arg(long, value_name = "URI", value_parser = mlflow_uri)]

@@ -44,7 +44,25 @@ struct Dashboard {
     token: String,
     /// The runs a stop was asked for and is under way: a second press is no second Ctrl-C.
     stopping: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// The log folders of ended attempts of remote runs, downloaded once: a page that polls
+    /// does not download them again. The newest [`KEPT_DOWNLOADS`], by run and attempt.
+    downloads: std::sync::Mutex<Vec<KeptDownload>>,
 }
+
+impl Dashboard {
+    /// The log folders downloaded and kept.
+    fn kept_downloads(&self) -> std::sync::MutexGuard<'_, Vec<KeptDownload>> {
+        self.downloads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A downloaded log folder, by run and attempt.
+type KeptDownload = ((String, usize), Arc<crate::runs::logs::Source>);
+
+/// How many downloaded log folders the dashboard keeps.
+const KEPT_DOWNLOADS: usize = 8;
 
 pub(crate) fn run(args: &DashboardArgs) -> Result<(), Failure> {
     let storage = open_storage(&args.storage)?;
@@ -68,6 +86,7 @@ pub(crate) fn run(args: &DashboardArgs) -> Result<(), Failure> {
             storage,
             token,
             stopping: std::sync::Mutex::default(),
+            downloads: std::sync::Mutex::default(),
         });
         let app = routes(Arc::clone(&state));
         println!("http://{address}/?token={}", state.token);
@@ -223,20 +242,46 @@ async fn logs(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> 
     let Some(attempt) = record.attempts.len().checked_sub(1) else {
         return axum::Json(serde_json::json!({ "attempt": null, "ranks": {} })).into_response();
     };
-    let ranks = match crate::runs::logs::locate_async(&folder, &record, attempt).await {
-        Ok(Some(source)) => {
-            let dir = source.dir.clone();
-            tokio::task::spawn_blocking(move || {
-                let _kept = source;
-                crate::runs::logs::tails(&dir, LOG_LINES, LOG_BYTES)
-            })
-            .await
-            .unwrap_or_default()
-        }
+    let ended = record.attempts[attempt].ended_at.is_some();
+    let ranks = match logs_of(&state, &folder, &record, attempt, ended).await {
+        Ok(Some(source)) => tokio::task::spawn_blocking(move || {
+            crate::runs::logs::tails(&source.dir, LOG_LINES, LOG_BYTES)
+        })
+        .await
+        .unwrap_or_default(),
         Ok(None) => BTreeMap::new(),
         Err(failure) => return failed(&failure),
     };
     axum::Json(serde_json::json!({ "attempt": attempt, "ranks": ranks })).into_response()
+}
+
+/// Attempt `attempt`'s log folder: one downloaded earlier when the attempt had `ended` (its
+/// copy in remote storage is final), else found (downloaded) now.
+async fn logs_of(
+    state: &Dashboard,
+    folder: &RunFolder,
+    record: &RunRecord,
+    attempt: usize,
+    ended: bool,
+) -> Result<Option<Arc<crate::runs::logs::Source>>, Failure> {
+    let key = (record.name.clone(), attempt);
+    if ended {
+        if let Some((_, source)) = state.kept_downloads().iter().find(|(k, _)| *k == key) {
+            return Ok(Some(Arc::clone(source)));
+        }
+    }
+    let Some(source) = crate::runs::logs::locate_async(folder, record, attempt).await? else {
+        return Ok(None);
+    };
+    let source = Arc::new(source);
+    if ended && source.is_download() {
+        let mut downloads = state.kept_downloads();
+        downloads.retain(|(k, _)| *k != key);
+        downloads.push((key, Arc::clone(&source)));
+        let over = downloads.len().saturating_sub(KEPT_DOWNLOADS);
+        downloads.drain(..over);
+    }
+    Ok(Some(source))
 }
 
 async fn latest_stacks(State(state): State<Arc<Dashboard>>, Path(name): Path<String>) -> Response {

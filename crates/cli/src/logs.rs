@@ -95,15 +95,15 @@ pub(crate) fn run(args: &LogsArgs) -> Result<(), Failure> {
     let mut tail = Tail::default();
     let mut record_read = Instant::now();
     let mut unreadable = 0u32;
-    let mut first = args.tail;
+    // `--tail N`: of what was there when this began, the last N lines.
+    if let (Some(n), Some(source)) = (args.tail, &source) {
+        if !out.lines(attempt, tail.last(&source.dir, ranks.as_ref(), n))? {
+            return Ok(());
+        }
+    }
     loop {
         if let Some(source) = &source {
-            let mut lines = tail.read(&source.dir, ranks.as_ref());
-            // `--tail N`: of what was there when this began, the last N lines.
-            if let Some(keep) = first.take() {
-                lines.drain(..lines.len().saturating_sub(keep));
-            }
-            if !out.lines(attempt, lines)? {
+            if !out.all_lines(attempt, &mut tail, &source.dir, ranks.as_ref())? {
                 return Ok(());
             }
         }
@@ -139,7 +139,7 @@ pub(crate) fn run(args: &LogsArgs) -> Result<(), Failure> {
         if ended || moved_on || source.is_none() {
             // What the attempt wrote last, before leaving it.
             if let Some(source) = &source {
-                if !out.lines(attempt, tail.read(&source.dir, ranks.as_ref()))? {
+                if !out.all_lines(attempt, &mut tail, &source.dir, ranks.as_ref())? {
                     return Ok(());
                 }
             }
@@ -160,7 +160,7 @@ pub(crate) fn run(args: &LogsArgs) -> Result<(), Failure> {
         }
         if ended && !moved_on {
             if let Some(source) = &source {
-                out.lines(attempt, tail.read(&source.dir, ranks.as_ref()))?;
+                out.all_lines(attempt, &mut tail, &source.dir, ranks.as_ref())?;
             }
             return Ok(());
         }
@@ -175,6 +175,25 @@ struct Printer<'a> {
 }
 
 impl Printer<'_> {
+    /// Prints what `tail` has not read yet of the rank files of `dir`, a chunk at a time;
+    /// `false` once stdout is closed.
+    fn all_lines(
+        &mut self,
+        attempt: usize,
+        tail: &mut Tail,
+        dir: &std::path::Path,
+        ranks: Option<&std::collections::BTreeSet<u32>>,
+    ) -> Result<bool, Failure> {
+        loop {
+            if !self.lines(attempt, tail.read(dir, ranks))? {
+                return Ok(false);
+            }
+            if !tail.has_more() {
+                return Ok(true);
+            }
+        }
+    }
+
     /// Prints `lines`; `false` once stdout is closed (`| head`), when there is no more to do.
     fn lines(&mut self, attempt: usize, lines: Vec<LogLine>) -> Result<bool, Failure> {
         if lines.is_empty() {

@@ -73,7 +73,8 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
             );
         }
     }
-    for attempt in &record.attempts {
+    // Numbered as `trainyard logs --attempt K` numbers them: over every driver of the run.
+    for (k, attempt) in record.attempts.iter().enumerate() {
         let took = attempt
             .ended_at
             .map(|end| crate::runs::text::duration((end - attempt.started_at).max(0.0)))
@@ -87,11 +88,17 @@ fn text(record: &RunRecord, status: &str, uri: &str, entries: &[MetricsEntry]) -
             .as_deref()
             .map(|failure| format!(": {}", inert(failure)))
             .unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "  attempt {}   {workers}, {took}{ending}",
-            attempt.restart_count
-        );
+        let _ = writeln!(out, "  attempt {k}   {workers}, {took}{ending}");
+        for worker in &attempt.workers {
+            let _ = writeln!(
+                out,
+                "    rank {}  pid {} on {} ({})",
+                worker.rank,
+                worker.pid,
+                inert(&worker.node),
+                inert(&worker.ip)
+            );
+        }
     }
     for checkpoint in &record.checkpoints {
         let latest = if Some(checkpoint.index) == record.latest_checkpoint {

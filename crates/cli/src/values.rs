@@ -273,15 +273,44 @@ impl RankList {
     }
 }
 
-/// `--mlflow`: an `http://` or `https://` URL of a tracking server.
-pub(crate) fn mlflow_uri(text: &str) -> Result<String, Refusal> {
+/// `--storage`: a path, `file:///PATH` or `s3://BUCKET[/PREFIX]`, as given.
+pub(crate) fn storage_location(text: &str) -> Result<String, Refusal> {
+    text.parse::<trainyard::checkpoint::StorageLocation>()
+        .map(|_| text.to_owned())
+        .map_err(Refusal::value)
+}
+
+/// `--notify`: an `http://` or `https://` URL, as given.
+pub(crate) fn notify_url(text: &str) -> Result<String, Refusal> {
+    http_url(text, "expected an http:// or https:// URL")
+}
+
+/// `--env-from-driver`: a variable's name, or a prefix ending in `*` (`WANDB_*`).
+pub(crate) fn env_pattern(text: &str) -> Result<String, Refusal> {
+    let name = text.strip_suffix('*').unwrap_or(text);
+    if name.is_empty() || name.contains(['*', '=']) {
+        return Err(Refusal::value(
+            "expected a variable name, or a prefix ending in `*` such as `WANDB_*`",
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// `text` when it is an `http://` or `https://` URL with a host; `why` otherwise.
+fn http_url(text: &str, why: &'static str) -> Result<String, Refusal> {
     reqwest::Url::parse(text)
         .ok()
         .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
         .map(|_| text.to_owned())
-        .ok_or_else(|| {
-            Refusal::value("expected an MLflow tracking server's http:// or https:// URL")
-        })
+        .ok_or_else(|| Refusal::value(why))
+}
+
+/// `--mlflow`: an `http://` or `https://` URL of a tracking server.
+pub(crate) fn mlflow_uri(text: &str) -> Result<String, Refusal> {
+    http_url(
+        text,
+        "expected an MLflow tracking server's http:// or https:// URL",
+    )
 }
 
 /// `--env`: `KEY=VALUE` with a non-empty key, or `KEY` alone for the value `KEY` has in this

@@ -13,3 +13,4 @@ mod hangs;
 mod interactions;
 mod logs;
 mod properties;
+mod python_events;

@@ -206,11 +206,28 @@ impl RunFolder {
     /// # Errors
     /// [`StorageError::Io`].
     pub async fn save(&self, record: &RunRecord) -> Result<(), StorageError> {
+        self.write_record(record, Durability::Synced).await
+    }
+
+    /// Replaces `run.json` as [`Self::save`] does, without waiting for the disk: for what a
+    /// crash may lose (where an attempt's ranks run, written again when it ends).
+    ///
+    /// # Errors
+    /// [`StorageError::Io`].
+    pub async fn save_unsynced(&self, record: &RunRecord) -> Result<(), StorageError> {
+        self.write_record(record, Durability::Unsynced).await
+    }
+
+    async fn write_record(
+        &self,
+        record: &RunRecord,
+        durability: Durability,
+    ) -> Result<(), StorageError> {
         let mut bytes = serde_json::to_vec_pretty(record)
             .map_err(|source| self.unwritable(RUN_FILE, source))?;
         bytes.push(b'\n');
         self.store()
-            .replace(&self.key(RUN_FILE), bytes, Durability::Synced)
+            .replace(&self.key(RUN_FILE), bytes, durability)
             .await
     }
 

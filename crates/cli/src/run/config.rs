@@ -366,16 +366,8 @@ fn env_from_driver(
     patterns: &[String],
     reserved: &BTreeMap<&'static str, &'static str>,
 ) -> Result<Vec<(String, String)>, Failure> {
+    // Each is a name or a prefix (its parser, `values::env_pattern`, said so).
     for pattern in patterns {
-        let name = pattern.strip_suffix('*').unwrap_or(pattern);
-        if name.is_empty() || name.contains(['*', '=']) {
-            return Err(Failure::bad_input(FlagError::new(
-                "--env-from-driver",
-                pattern,
-            )(
-                "expected a variable name, or a prefix ending in `*` such as `WANDB_*`".into(),
-            )));
-        }
         if let Some(meaning) = reserved.get(pattern.as_str()) {
             return Err(Failure::bad_input(FlagError::new(
                 "--env-from-driver",

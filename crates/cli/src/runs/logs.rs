@@ -20,10 +20,18 @@ use crate::Failure;
 const MAX_LINE: usize = 1024 * 1024;
 
 /// Where an attempt's rank logs are read from.
+#[derive(Debug)]
 pub(crate) struct Source {
     pub(crate) dir: PathBuf,
     /// A download of remote storage's copy, removed at the end.
-    _download: Option<trainyard_sys::private::TempDir>,
+    download: Option<trainyard_sys::private::TempDir>,
+}
+
+impl Source {
+    /// Whether it is a download of remote storage's copy.
+    pub(crate) fn is_download(&self) -> bool {
+        self.download.is_some()
+    }
 }
 
 /// Attempt `attempt`'s log folder: where its driver writes (or wrote) it when that is on this
@@ -53,7 +61,7 @@ pub(crate) async fn locate_async(
     if let Some(dir) = written {
         return Ok(Some(Source {
             dir,
-            _download: None,
+            download: None,
         }));
     }
     // This user's alone (0700, its files 0600): the logs are the run's.
@@ -63,7 +71,7 @@ pub(crate) async fn locate_async(
         .await
         .map_err(Failure::other)?;
     Ok(found.map(|dir| Source {
-        _download: (dir == download.path()).then_some(download),
+        download: (dir == download.path()).then_some(download),
         dir,
     }))
 }
@@ -78,11 +86,17 @@ pub(crate) struct LogLine {
     pub(crate) text: String,
 }
 
-/// What has been read of each rank's file in one log folder.
+/// What has been read of each rank's file in one log folder. Files are read a bounded chunk
+/// at a time ([`CHUNK`]), so that a large log is streamed, never held whole.
 #[derive(Default)]
 pub(crate) struct Tail {
     files: BTreeMap<u32, RankFile>,
+    /// Whether the last read left more to read at once (a rank's chunk was full).
+    more: bool,
 }
+
+/// The most of one rank's file one read takes in.
+const CHUNK: u64 = 1024 * 1024;
 
 /// One rank's file: open, and the end of a line not yet written whole.
 struct RankFile {
@@ -90,16 +104,72 @@ struct RankFile {
     partial: Vec<u8>,
     /// The time of its last line: a line without one (cut, or over-long) takes it.
     last_time: String,
+    /// Whether its last read filled a whole [`CHUNK`] (more may be there).
+    full: bool,
 }
 
 impl Tail {
-    /// Every whole line written to the rank files of `dir` since the last read (`ranks`'
-    /// only, when given), merged by time.
+    /// The whole lines written to the rank files of `dir` since the last read (`ranks'` only,
+    /// when given), merged by time: at most a [`CHUNK`] of each file; [`Self::has_more`] says
+    /// whether there is more to read at once.
     pub(crate) fn read(
         &mut self,
         dir: &Path,
         ranks: Option<&std::collections::BTreeSet<u32>>,
     ) -> Vec<LogLine> {
+        self.open_new(dir, ranks);
+        let per_rank: Vec<Vec<LogLine>> = self
+            .files
+            .iter_mut()
+            .map(|(rank, file)| file.new_lines(*rank))
+            .collect();
+        self.more = self.files.values().any(|file| file.full);
+        per_rank
+            .into_iter()
+            .kmerge_by(|a, b| a.time < b.time)
+            .collect()
+    }
+
+    /// Whether the last [`Self::read`] left more of a file to read at once.
+    pub(crate) fn has_more(&self) -> bool {
+        self.more
+    }
+
+    /// The last `n` lines of what the rank files of `dir` hold now (`ranks'` only, when
+    /// given), merged by time, each read from its last [`CHUNK`] at most; the next
+    /// [`Self::read`] takes what is written after them.
+    pub(crate) fn last(
+        &mut self,
+        dir: &Path,
+        ranks: Option<&std::collections::BTreeSet<u32>>,
+        n: usize,
+    ) -> Vec<LogLine> {
+        use std::io::{Seek as _, SeekFrom};
+        self.open_new(dir, ranks);
+        let mut per_rank = Vec::new();
+        for (rank, file) in &mut self.files {
+            let size = file.file.metadata().map_or(0, |meta| meta.len());
+            let from = size.saturating_sub(CHUNK);
+            if file.file.seek(SeekFrom::Start(from)).is_err() {
+                continue;
+            }
+            let mut read = file.new_lines(*rank);
+            // A read from the middle of the file: its first line is likely cut.
+            if from > 0 && !read.is_empty() {
+                read.remove(0);
+            }
+            per_rank.push(read.split_off(read.len().saturating_sub(n)));
+        }
+        let mut merged: Vec<LogLine> = per_rank
+            .into_iter()
+            .kmerge_by(|a, b| a.time < b.time)
+            .collect();
+        merged.drain(..merged.len().saturating_sub(n));
+        merged
+    }
+
+    /// Opens the rank files of `dir` not open yet (`ranks'` only, when given).
+    fn open_new(&mut self, dir: &Path, ranks: Option<&std::collections::BTreeSet<u32>>) {
         if let Ok(entries) = std::fs::read_dir(dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name();
@@ -110,34 +180,29 @@ impl Tail {
                     continue;
                 }
                 if let Ok(file) = trainyard_sys::private::open_regular(&entry.path()) {
-                    self.files.insert(
-                        rank,
-                        RankFile {
-                            file,
-                            partial: Vec::new(),
-                            last_time: String::new(),
-                        },
-                    );
+                    self.files.insert(rank, RankFile::new(file));
                 }
             }
         }
-        let per_rank: Vec<Vec<LogLine>> = self
-            .files
-            .iter_mut()
-            .map(|(rank, file)| file.new_lines(*rank))
-            .collect();
-        per_rank
-            .into_iter()
-            .kmerge_by(|a, b| a.time < b.time)
-            .collect()
     }
 }
 
 impl RankFile {
-    /// The whole lines written since the last read.
+    fn new(file: File) -> Self {
+        Self {
+            file,
+            partial: Vec::new(),
+            last_time: String::new(),
+            full: false,
+        }
+    }
+
+    /// The whole lines written since the last read, of at most a [`CHUNK`] more of the file.
     fn new_lines(&mut self, rank: u32) -> Vec<LogLine> {
         let mut bytes = Vec::new();
-        if self.file.read_to_end(&mut bytes).is_err() && bytes.is_empty() {
+        let read = (&mut self.file).take(CHUNK).read_to_end(&mut bytes);
+        self.full = matches!(read, Ok(n) if n as u64 == CHUNK);
+        if read.is_err() && bytes.is_empty() {
             return Vec::new();
         }
         self.partial.extend_from_slice(&bytes);
@@ -195,11 +260,7 @@ pub(crate) fn tails(dir: &Path, lines: usize, bytes: u64) -> BTreeMap<u32, Vec<L
         if file.seek(SeekFrom::Start(from)).is_err() {
             continue;
         }
-        let mut rank_file = RankFile {
-            file,
-            partial: Vec::new(),
-            last_time: String::new(),
-        };
+        let mut rank_file = RankFile::new(file);
         let mut read = rank_file.new_lines(rank);
         // A read from the middle of the file: its first line is likely cut.
         if from > 0 && !read.is_empty() {
@@ -319,5 +380,40 @@ mod tests {
             texts(Tail::default().read(dir.path(), Some(&only))),
             [(1, "b".into()), (1, "d-half-done".into())]
         );
+    }
+
+    #[test]
+    fn a_large_log_is_read_a_chunk_at_a_time_every_line_once_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut text = String::new();
+        let mut n = 0;
+        while text.len() < 3 * CHUNK as usize {
+            text.push_str(&format!(
+                "2026-12-03T12:00:00.100Z stdout line {n} {}\n",
+                "x".repeat(100)
+            ));
+            n += 1;
+        }
+        std::fs::write(dir.path().join("rank_0.log"), &text).expect("written");
+        let mut tail = Tail::default();
+        let mut seen = Vec::new();
+        let mut reads = 0;
+        loop {
+            let lines = tail.read(dir.path(), None);
+            reads += 1;
+            assert!(lines.len() < n, "one read never takes the whole file");
+            seen.extend(lines.into_iter().map(|line| line.text));
+            if !tail.has_more() {
+                break;
+            }
+        }
+        assert!(reads >= 3, "{reads} reads");
+        assert_eq!(seen.len(), n);
+        for (i, text) in seen.iter().enumerate() {
+            assert!(text.starts_with(&format!("line {i} ")), "{i}: {text}");
+        }
+        let last = Tail::default().last(dir.path(), None, 2);
+        assert_eq!(last.len(), 2);
+        assert!(last[1].text.starts_with(&format!("line {} ", n - 1)));
     }
 }
