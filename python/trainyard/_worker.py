@@ -1,46 +1,27 @@
 """The worker side of ``TorchTrainer.fit()``: ``python -m trainyard._worker FIT_DIR``.
 
-The driver writes into ``FIT_DIR`` the loop function and its config (cloudpickled, in
-``loop.pkl``) and ``spec.json`` (its Python version, working directory, ``sys.path``,
-the process-group settings, the checkpoint to start from). Each rank checks the Python
-version, takes the driver's working directory and ``sys.path``, joins the run's
-``torch.distributed`` process group, calls the loop function, and leaves behind in
-``FIT_DIR``: rank 0 its return value (``return.pkl``); a rank that raises, its
-exception (``errors/attempt_<restart count>_rank_<rank>.pkl``), which the driver raises
-again within ``WorkerGroupError.worker_failures``.
+The driver writes into ``FIT_DIR`` the loop function and its config and ``spec.json`` (see
+``trainyard._fit``). Each rank checks the Python version, takes the driver's working
+directory and ``sys.path``, notes a scheduler's pre-emption warning from then on
+(``SIGUSR1``, see ``trainyard.train._preemption``), joins the run's ``torch.distributed``
+process group, calls the loop function, and leaves behind in ``FIT_DIR``: rank 0 its return
+value; a rank that raises, its exception, which the driver raises again within
+``WorkerGroupError.worker_failures``.
 """
 
 from __future__ import annotations
 
-import inspect
-import json
 import os
 import pickle
 import sys
 import traceback
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
-SPEC = "spec.json"
-LOOP = "loop.pkl"
-RETURN = "return.pkl"
-ERRORS = "errors"
-
-
-def error_file(fit_dir: str, restart_count: int, rank: int) -> str:
-    """Where rank ``rank`` of the attempt after ``restart_count`` restarts leaves its error."""
-    return os.path.join(fit_dir, ERRORS, f"attempt_{restart_count}_rank_{rank}.pkl")
+from trainyard import _fit
 
 
 def _rank() -> int:
     return int(os.environ.get("TRAINYARD_WORLD_RANK") or os.environ.get("RANK") or 0)
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _leave_error(fit_dir: str, error: BaseException) -> None:
@@ -63,10 +44,10 @@ def _leave_error(fit_dir: str, error: BaseException) -> None:
         "traceback": text,
         "pickled": pickled,
     }
-    restart_count = int(os.environ.get("TRAINYARD_RESTART_COUNT") or 0)
+    restart_count = int(os.environ.get(_fit.RESTART_COUNT_ENV) or 0)
     try:
-        _write_atomically(
-            error_file(fit_dir, restart_count, _rank()), pickle.dumps(record, protocol=4)
+        _fit.write_atomically(
+            _fit.error_file(fit_dir, restart_count, _rank()), pickle.dumps(record, protocol=4)
         )
     except OSError:
         pass
@@ -82,16 +63,6 @@ def _check_python(spec: Dict[str, Any]) -> None:
             "pickled (cloudpickle), which needs one Python version on both sides; run the "
             "workers with the driver's Python version"
         )
-
-
-def _take_driver_paths(spec: Dict[str, Any]) -> None:
-    """The driver's working directory, and its ``sys.path`` before this one's."""
-    try:
-        os.chdir(spec["cwd"])
-    except OSError:
-        pass
-    ours = list(sys.path)
-    sys.path[:] = [p for p in spec["sys_path"] if p not in ours] + ours
 
 
 def _init_process_group(spec: Dict[str, Any]) -> bool:
@@ -123,33 +94,25 @@ def _init_process_group(spec: Dict[str, Any]) -> bool:
     return True
 
 
-def _call(fn: Callable[..., Any], config: Optional[Dict[str, Any]]) -> Any:
-    """``fn(config)`` or ``fn()``, as Ray calls a loop function by its parameters."""
-    try:
-        parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return fn(config if config is not None else {})
-    if len(parameters) == 0:
-        return fn()
-    return fn(config if config is not None else {})
-
-
 def main(fit_dir: str) -> int:
-    with open(os.path.join(fit_dir, SPEC), encoding="utf-8") as f:
-        spec = json.load(f)
+    spec = _fit.read_spec(fit_dir)
     try:
         _check_python(spec)
-        _take_driver_paths(spec)
+        _fit.take_driver_paths(spec)
+        os.environ[_fit.FIT_DIR_ENV] = fit_dir
+        from trainyard.train import _preemption
+
+        _preemption.listen()
         if spec.get("use_gpu"):
             os.environ["TRAINYARD_USE_GPU"] = "1"
         if spec.get("resume_from"):
             os.environ.setdefault("TRAINYARD_RESUME_FROM_CHECKPOINT", spec["resume_from"])
         import cloudpickle
 
-        with open(os.path.join(fit_dir, LOOP), "rb") as f:
+        with open(os.path.join(fit_dir, _fit.LOOP), "rb") as f:
             fn, config = cloudpickle.load(f)
         grouped = _init_process_group(spec)
-        value = _call(fn, config)
+        value = _fit.call_loop(fn, config)
         if _rank() == 0:
             try:
                 data = cloudpickle.dumps(value)
@@ -160,7 +123,7 @@ def main(fit_dir: str) -> int:
                     file=sys.stderr,
                 )
                 data = cloudpickle.dumps(None)
-            _write_atomically(os.path.join(fit_dir, RETURN), data)
+            _fit.write_atomically(os.path.join(fit_dir, _fit.RETURN), data)
         if grouped:
             import torch.distributed as dist
 

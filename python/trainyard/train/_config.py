@@ -1,22 +1,31 @@
 """The driver's configuration, named and shaped as Ray Train v2's (``ray.train``).
 
-Ray 2.60's deprecated arguments raise ``DeprecationWarning`` with Ray's own message, as Ray
-does; what Ray offers and trainyard does not raises ``ValueError`` naming what to use instead.
+Where the rules live: the checks Ray 2.60 itself makes when a config is constructed are made
+here, with Ray's exception types and words (they are Ray's API); Ray 2.60's deprecated
+arguments raise ``DeprecationWarning`` with Ray's own message, as Ray does; what Ray offers
+and trainyard does not raises ``ValueError`` naming what to use instead. Every rule of
+trainyard's own about the values the binary takes (worker counts, resource names and amounts,
+byte sizes, placement strategies, accelerator types, the elastic interval) lives in the
+binary only: a ``ScalingConfig`` is checked by it when constructed (``trainyard plan -c FILE``,
+a few milliseconds), so its errors still come at construction, naming the field; the values of
+``RunConfig`` that become ``trainyard run`` flags (``max_failures``, ``num_to_keep``, ...) that
+Ray does not check are checked by the binary when ``fit()`` starts it.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainyard.train._callback import UserCallback
 
 # Where the driver finds the values of the workers' variables its command line names (the
 # binary's `crates/cli/src/secrets.rs`).
 ENV_VALUES_VAR = "TRAINYARD_ENV_VALUES"
 
 __all__ = ["CheckpointConfig", "FailureConfig", "LoggingConfig", "RunConfig", "ScalingConfig"]
-
-_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 # Ray's marker of an argument left out that is deprecated when given.
 _DEPRECATED = "DEPRECATED"
@@ -74,18 +83,78 @@ def _only_default(owner: str, name: str, value: Any, default: Any, instead: str)
 
 
 def _resources_json(resources: Dict[str, Any]) -> str:
-    """A resource dictionary as the CLI's ``--resources-per-worker`` JSON (byte sizes may be
-    numbers of bytes or text such as ``"10GB"``)."""
+    """A resource dictionary as JSON, for the binary (which checks the names and amounts:
+    numbers, or byte sizes as text such as ``"10GB"``)."""
     import json
 
     if not isinstance(resources, dict):
         raise TypeError(f"resources must be a dict, got {type(resources).__name__}")
-    for name, amount in resources.items():
+    for name in resources:
         if not isinstance(name, str):
             raise TypeError(f"resource names must be strings, got {name!r}")
-        if isinstance(amount, bool) or not isinstance(amount, (int, float, str)):
-            raise TypeError(f"resource {name!r} must be a number or a size, got {amount!r}")
-    return json.dumps(resources, separators=(",", ":"))
+    try:
+        return json.dumps(resources, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"resources must map names to numbers or sizes such as '10GB', got {resources!r}"
+        ) from error
+
+
+def _binary_refusal(text: str, path: str) -> str:
+    """The binary's refusal of a config file, as one sentence about the config itself."""
+    import re
+
+    message = text.strip().splitlines()[-1] if text.strip() else text
+    message = message.removeprefix("error: ")
+    message = message.replace(f"invalid JSON config `{path}`: ", "")
+    return re.sub(r" at line \d+ column \d+$", "", message)
+
+
+def _checked_by_the_binary(config: "ScalingConfig") -> None:
+    """Has the ``trainyard`` binary check ``config`` (``trainyard plan -c FILE``, the one
+    place trainyard's rules on scaling values live); raises ``ValueError`` with its reason.
+
+    Skipped where no run starts from the config: in local mode, inside a run's workers (a
+    module a loop function comes from, imported there), and without a binary (``fit()``
+    then says it is missing)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from trainyard._find_trainyard import find_trainyard_bin
+
+    if config.local_mode or os.environ.get("TRAINYARD_REPORT_ADDR"):
+        return
+    try:
+        binary = find_trainyard_bin()
+    except FileNotFoundError:
+        return
+    n = config.num_workers
+    document: Dict[str, Any] = {
+        "num_workers": list(n) if isinstance(n, tuple) else n,
+        "use_gpu": bool(config.use_gpu),
+        "placement_strategy": config.placement_strategy,
+    }
+    if config.resources_per_worker is not None:
+        document["resources_per_worker"] = json.loads(
+            _resources_json(config.resources_per_worker)
+        )
+    if config.accelerator_type is not None:
+        document["accelerator_type"] = config.accelerator_type
+    if isinstance(n, tuple) and config.elastic_resize_monitor_interval_s != 60.0:
+        document["resize_interval"] = f"{max(float(config.elastic_resize_monitor_interval_s), 0.001)}s"
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="trainyard-scaling-") as f:
+        json.dump(document, f)
+        f.flush()
+        checked = subprocess.run(
+            [binary, "plan", "-c", f.name, "--format", "json"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    if checked.returncode == 2:
+        raise ValueError(f"ScalingConfig: {_binary_refusal(checked.stderr, f.name)}")
 
 
 @dataclass
@@ -124,27 +193,34 @@ class ScalingConfig:
     elastic_resize_monitor_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
+        # Ray 2.60's checks, in its words.
         if self.trainer_resources is not None:
             raise DeprecationWarning(_TRAINER_RESOURCES_DEPRECATION_MESSAGE)
         workers = self.num_workers
-        if isinstance(workers, (tuple, list)):
-            if len(workers) != 2 or not all(
-                isinstance(n, int) and not isinstance(n, bool) for n in workers
-            ):
-                raise ValueError(f"num_workers must be an int or (min, max), got {workers!r}")
-            if not 1 <= workers[0] <= workers[1]:
-                raise ValueError(f"num_workers (min, max) needs 1 <= min <= max, got {workers!r}")
-            self.num_workers = (workers[0], workers[1])
-        elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        is_fixed = isinstance(workers, int) and not isinstance(workers, bool)
+        is_elastic = (
+            isinstance(workers, tuple)
+            and len(workers) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in workers)
+        )
+        if not (is_fixed or is_elastic):
+            raise ValueError("ScalingConfig(num_workers) must be an int or a tuple of two ints.")
+        if self.elastic_resize_monitor_interval_s < 0:
             raise ValueError(
-                f"num_workers must be an int >= 0 (0: local mode) or (min, max), got {workers!r}"
+                "ScalingConfig(elastic_resize_monitor_interval_s) must be non-negative."
             )
-        if self.placement_strategy not in _STRATEGIES:
+        if self.min_workers < 0:
             raise ValueError(
-                f"placement_strategy must be one of {', '.join(_STRATEGIES)}, "
-                f"got {self.placement_strategy!r}"
+                f"Invalid ScalingConfig(num_workers={self.num_workers}): "
+                "Number of workers cannot be negative."
             )
-        # Ray 2.60's checks, in its words.
+        if self.min_workers > self.max_workers:
+            raise ValueError(
+                f"Invalid ScalingConfig(num_workers={self.num_workers}): "
+                f"min_workers={self.min_workers} must be <= max_workers={self.max_workers}."
+            )
+        if self.use_gpu and self.use_tpu:
+            raise ValueError("Cannot specify both `use_gpu=True` and `use_tpu=True`.")
         gpus = (self.resources_per_worker or {}).get("GPU")
         if not self.use_gpu and gpus:
             raise ValueError(
@@ -159,8 +235,7 @@ class ScalingConfig:
                 "request a positive number of `GPU` in "
                 "`resources_per_worker."
             )
-        if self.use_gpu and self.use_tpu:
-            raise ValueError("Cannot specify both `use_gpu=True` and `use_tpu=True`.")
+        # What Ray offers and trainyard does not.
         _only_default(
             "ScalingConfig",
             "label_selector",
@@ -179,16 +254,8 @@ class ScalingConfig:
             None,
             "it describes TPU slices, and TPUs are not supported; use use_gpu=True",
         )
-        interval = self.elastic_resize_monitor_interval_s
-        if (
-            isinstance(interval, bool)
-            or not isinstance(interval, (int, float))
-            or not interval >= 0
-        ):
-            raise ValueError(
-                "ScalingConfig(elastic_resize_monitor_interval_s) must be a number of seconds "
-                f">= 0, got {interval!r}"
-            )
+        # trainyard's own rules: the binary's.
+        _checked_by_the_binary(self)
 
     @property
     def min_workers(self) -> int:
@@ -311,18 +378,16 @@ class CheckpointConfig:
         for name in ("checkpoint_frequency", "checkpoint_at_end"):
             if getattr(self, name) != _DEPRECATED:
                 raise DeprecationWarning(_CHECKPOINT_CONFIG_DEPRECATION_MESSAGE.format(name))
-        if self.num_to_keep is not None and (
-            isinstance(self.num_to_keep, bool)
-            or not isinstance(self.num_to_keep, int)
-            or self.num_to_keep < 1
-        ):
+        # Ray 2.60's checks, in its words.
+        if self.num_to_keep is not None and self.num_to_keep <= 0:
             raise ValueError(
-                f"num_to_keep must be None or a positive int, got {self.num_to_keep!r}"
+                f"Received invalid num_to_keep: {self.num_to_keep}. "
+                "Must be None or an integer >= 1."
             )
         if self.checkpoint_score_order not in ("max", "min"):
             raise ValueError(
-                "checkpoint_score_order must be 'max' or 'min', "
-                f"got {self.checkpoint_score_order!r}"
+                "Received invalid checkpoint_score_order: "
+                f"{self.checkpoint_score_order}. Must be 'max' or 'min'."
             )
 
     def _cli_args(self) -> List[str]:
@@ -361,12 +426,6 @@ class FailureConfig:
     def __post_init__(self) -> None:
         if self.fail_fast != _DEPRECATED:
             raise DeprecationWarning(_FAIL_FAST_DEPRECATION_MESSAGE)
-        if (
-            isinstance(self.max_failures, bool)
-            or not isinstance(self.max_failures, int)
-            or self.max_failures < -1
-        ):
-            raise ValueError(f"max_failures must be an int >= -1, got {self.max_failures!r}")
         instead = "a pre-empted or failed run restarts within max_failures"
         _only_default(
             "FailureConfig",
@@ -476,7 +535,9 @@ class RunConfig:
             system raises ``ValueError``: give ``storage_path`` as a path or URI instead.
         failure_config: How many restarts are allowed.
         checkpoint_config: Which checkpoints are kept.
-        callbacks: Not supported yet: a non-empty list raises ``ValueError``.
+        callbacks: ``UserCallback``s, called in this process as the run's events come
+            (``after_report``, ``after_exception``); anything else raises ``ValueError``, as
+            Ray's.
         worker_runtime_env: ``{"env_vars": {"NAME": "value"}}``: variables set in every
             worker; any other key raises ``ValueError`` naming it.
         logging_config: How much of the driver's logging ``fit()`` shows.
@@ -489,7 +550,7 @@ class RunConfig:
     storage_filesystem: Any = None
     failure_config: Optional[FailureConfig] = None
     checkpoint_config: Optional[CheckpointConfig] = None
-    callbacks: Optional[List[Any]] = None
+    callbacks: Optional[List["UserCallback"]] = None
     worker_runtime_env: Optional[Dict[str, Any]] = None
     logging_config: Optional[LoggingConfig] = None
     sync_config: Any = _DEPRECATED
@@ -533,12 +594,16 @@ class RunConfig:
                 "a local path or an s3://bucket/prefix URI (the endpoint and credentials come "
                 "from the AWS_* environment variables)"
             )
+        from trainyard.train._callback import UserCallback
+
         self.callbacks = list(self.callbacks or [])
-        if self.callbacks:
+        if not all(isinstance(cb, UserCallback) for cb in self.callbacks):
+            # Ray 2.60's words; Ray Tune's callbacks are not offered either.
             raise ValueError(
-                "RunConfig(callbacks=...) is not supported yet: trainyard calls no "
-                "callbacks in the driver; report from the training function and read "
-                "Result.metrics_history after fit()"
+                "All callbacks must be instances of `trainyard.train.UserCallback`. "
+                "Passing in a Ray Tune callback is no longer supported. "
+                "See this issue for more context: "
+                "https://github.com/ray-project/ray/issues/49454"
             )
         _worker_env_vars(self.worker_runtime_env)
         self.worker_runtime_env = dict(self.worker_runtime_env or {})

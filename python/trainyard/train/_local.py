@@ -99,14 +99,14 @@ def _start(name: str) -> LocalSession:
 def fit(fn: Callable[..., Any], config: Optional[Dict[str, Any]], run_config: RunConfig) -> Result:
     """Runs ``fn`` in this process (see the module); its exception, if it raises, as it is."""
     global _session
-    from trainyard._worker import _call
+    from trainyard._fit import call_loop
 
     if _session is not None:
         raise RuntimeError("a local-mode training function is running in this process already")
     name = run_config.name or f"trainyard_run-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     _session = _start(name)
     try:
-        value = _call(fn, config)
+        value = call_loop(fn, config)
         return Result(
             metrics=_session.metrics,
             checkpoint=_session.checkpoint,

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
 
-    from trainyard.train import Checkpoint
+    from trainyard.train._checkpoint import Checkpoint
+    from trainyard.train._preemption import PreemptionInfo
 
-__all__ = ["ControllerError", "Result", "TrainingFailedError", "WorkerGroupError"]
+__all__ = [
+    "ControllerError",
+    "PreemptionError",
+    "Result",
+    "TrainingFailedError",
+    "WorkerGroupError",
+]
 
 
 class TrainingFailedError(RuntimeError):
@@ -51,6 +58,31 @@ class ControllerError(TrainingFailedError):
         return (self.__class__, (self.controller_failure,))
 
 
+class PreemptionError(TrainingFailedError):
+    """Training was interrupted by a pre-emption of its nodes, as Ray Train v2's.
+
+    trainyard restarts a pre-empted run without limit (``FailureConfig(
+    max_preemption_failures=-1)``, the only value it takes) and without counting it against
+    ``max_failures``, so ``fit()`` never raises this; it is here for code that catches it.
+
+    Attributes:
+        preemption_info: Which nodes and ranks were pre-empted.
+        drain_timed_out: Whether the workers were stopped at the deadline.
+    """
+
+    def __init__(self, preemption_info: "PreemptionInfo", drain_timed_out: bool = False) -> None:
+        self.preemption_info = preemption_info
+        self.drain_timed_out = drain_timed_out
+        super().__init__(
+            "Training was interrupted by node preemption "
+            f"(preempted_ranks={preemption_info.preempted_ranks}, "
+            f"drain_timed_out={drain_timed_out})."
+        )
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (self.__class__, (self.preemption_info, self.drain_timed_out))
+
+
 def _lookup(metrics: Dict[str, Any], key: str) -> Any:
     """``metrics[key]``, where ``key`` may name a nested value as ``"a/b"`` (Ray's
     ``unflattened_lookup``); ``None`` when it is not there."""
@@ -62,6 +94,32 @@ def _lookup(metrics: Dict[str, Any], key: str) -> Any:
             return None
         value = value[part]
     return value
+
+
+def sorted_by_score(
+    entries: List[Any],
+    metrics_of: Callable[[Any], Dict[str, Any]],
+    attribute: Optional[str],
+    order: str,
+) -> List[Any]:
+    """``entries`` (oldest first) in the order Ray keeps its checkpoints: by ``attribute``'s
+    score, worst first, ties oldest first; as they are without an attribute. A missing or
+    non-numeric value scores ``-inf`` before the order's sign, as Ray's; NaN below all."""
+    if not attribute:
+        return list(entries)
+    import math
+
+    sign = 1.0 if order == "max" else -1.0
+
+    def score(entry: Any) -> Tuple[bool, float]:
+        value = _lookup(metrics_of(entry), attribute)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            value = float("-inf")
+        signed = sign * float(value)
+        return (not math.isnan(signed), signed)
+
+    ranked = sorted(enumerate(entries), key=lambda pair: (score(pair[1]), pair[0]))
+    return [entry for _, entry in ranked]
 
 
 @dataclass(repr=False)
@@ -173,7 +231,7 @@ class Result:
 
         Raises ``RuntimeError`` when the folder does not exist or holds no ``run.json``.
         """
-        from trainyard.train import Checkpoint
+        from trainyard.train._checkpoint import Checkpoint
 
         if storage_filesystem is not None and type(storage_filesystem).__name__ != (
             "LocalFileSystem"

@@ -35,7 +35,7 @@ def _group() -> Any:
 
 
 def _world_size() -> int:
-    from trainyard.train import get_context
+    from trainyard.train._context import get_context
 
     return get_context().get_world_size()
 

@@ -22,15 +22,11 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
-from trainyard.train import (
-    _GET_METADATA_DEPRECATION_MESSAGE,
-    Checkpoint,
-    Result,
-    RunConfig,
-    ScalingConfig,
-    get_context,
-)
-from trainyard.train._config import V2_MIGRATION_GUIDE_LINK_MESSAGE
+from trainyard.train._checkpoint import Checkpoint
+from trainyard.train._config import V2_MIGRATION_GUIDE_LINK_MESSAGE, RunConfig, ScalingConfig
+from trainyard.train._context import _GET_METADATA_DEPRECATION_MESSAGE, get_context
+from trainyard.train._result import Result
+from trainyard.train._validation import ValidationConfig
 
 if TYPE_CHECKING:
     import torch
@@ -102,7 +98,9 @@ class TorchTrainer:
         run_config: The run's name, storage, checkpoint and failure policies.
         datasets, dataset_config: Ray Data's; not available here (``ValueError`` naming
             ``prepare_data_loader``).
-        validation_config: Not supported yet (``ValueError``).
+        validation_config: How reported checkpoints are validated (``report(...,
+            validation=...)``): off the training path, in a process of its own on this
+            machine; ``fit()`` returns once every validation has ended.
         metadata: Deprecated in Ray Train v2: raises ``DeprecationWarning`` with Ray's
             message, as Ray does.
         resume_from_checkpoint: The checkpoint ``get_checkpoint()`` returns until the run
@@ -123,7 +121,7 @@ class TorchTrainer:
         run_config: Optional[RunConfig] = None,
         datasets: Optional[Dict[str, Any]] = None,
         dataset_config: Any = None,
-        validation_config: Any = None,
+        validation_config: Optional[ValidationConfig] = None,
         metadata: Optional[Dict[str, Any]] = None,
         resume_from_checkpoint: Optional[Checkpoint] = None,
         runtime: Optional[str] = None,
@@ -141,10 +139,10 @@ class TorchTrainer:
                 "build a torch.utils.data.DataLoader in the loop function and pass it "
                 "through trainyard.train.torch.prepare_data_loader"
             )
-        if validation_config is not None:
-            raise ValueError(
-                "TorchTrainer(validation_config=...) is not supported yet: validate in the "
-                "loop function and report the metrics with the checkpoint"
+        if validation_config is not None and not isinstance(validation_config, ValidationConfig):
+            raise TypeError(
+                "validation_config must be a trainyard.train.ValidationConfig, got "
+                f"{type(validation_config).__name__}"
             )
         if resume_from_checkpoint is not None:
             if not isinstance(resume_from_checkpoint, Checkpoint):
@@ -159,6 +157,7 @@ class TorchTrainer:
         self.scaling_config = scaling_config or ScalingConfig()
         self.run_config = run_config or RunConfig()
         self.resume_from_checkpoint = resume_from_checkpoint
+        self.validation_config = validation_config
         self.runtime = runtime
 
     @classmethod
@@ -197,6 +196,8 @@ class TorchTrainer:
             timeout_s=self.torch_config.timeout_s,
             resume_from_checkpoint=self.resume_from_checkpoint,
             runtime=self.runtime,
+            validation_config=self.validation_config,
+            backend_config=self.torch_config,
         )
 
 
