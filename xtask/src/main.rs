@@ -13,6 +13,7 @@ mod bench_slurm;
 mod cycles;
 mod python;
 mod ray_tests;
+mod semver;
 mod soak;
 mod tidy;
 
@@ -29,6 +30,7 @@ const USAGE: &str = "usage: cargo xtask <ci|python|ray-tests|tidy|cycles|bench-e
   ray-tests  --ray-source DIR [--against both|trainyard|ray] [--out FILE] Ray Train v2's own tests
              (Ray's files in DIR, outside the repository) against trainyard through an import
              shim, and against Ray 2.60 for the yardstick; by hand, not in CI
+  semver     cargo semver-checks of the facade against the last release in RELEASES (in ci too)
   tidy       fail on a workspace dependency that points up a layer
   cycles     list the circles of files that import each other inside a crate (at most one allowed)
   bench-e2e  [--against BIN] [--readme] time whole runs: trainyard run vs torchrun vs processes by
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("python") => python::run_suite(),
         Some("ray-tests") => ray_tests::run(&std::env::args().skip(2).collect::<Vec<_>>()),
+        Some("semver") => semver::run(&repository_root()),
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
         Some("cycles") => print_circles(),
         Some("bench-e2e") => bench_e2e::run(&std::env::args().skip(2).collect::<Vec<_>>()),
@@ -89,6 +92,11 @@ pub(crate) fn cargo(args: &[&str]) -> Result<(), String> {
     } else {
         Err(format!("`cargo {}` failed ({status})", args.join(" ")))
     }
+}
+
+/// The repository's root (the workspace's).
+pub(crate) fn repository_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// Where cargo builds: `$CARGO_TARGET_DIR` (relative to the workspace root), else `target/`.
@@ -198,6 +206,8 @@ fn ci() -> Result<(), String> {
     cargo(&["test", "--workspace", "--all-features", "--doc"])?;
     // The API docs build without a warning (a broken or private link fails CI).
     docs()?;
+    // The API against the last release: a breaking change the version does not say.
+    semver::run(&repository_root())?;
     python::run_suite()
 }
 
