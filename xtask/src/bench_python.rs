@@ -1,8 +1,10 @@
 //! `cargo xtask bench-python [--readme]`: one 2-worker `TorchTrainer` program
 //! (`benches/python/linear.py`) run whole, interpreter start to exit, on trainyard (the
 //! installed wheel's `fit()`) and on Ray Train 2.60 (the same file, `ray.train` imported
-//! instead, which starts its own Ray), and the same work as a script through the wheel's
-//! `trainyard run -n 2` (`benches/python/linear_script.py`), interleaved round by round.
+//! instead, which starts its own Ray), the same work as a script through the wheel's
+//! `trainyard run -n 2` (`benches/python/linear_script.py`), and one 2-worker PyTorch
+//! Lightning program (`benches/python/lightning_classifier.py`) on both, interleaved round by
+//! round.
 //!
 //! The wheel is built and installed into a fresh venv as `cargo xtask python` does; Ray and
 //! torch come from the project's venv (`scripts/ray-env.sh`). `--readme` writes the README's
@@ -55,20 +57,23 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let trainyard = python.with_file_name("trainyard");
     let program = root.join("benches/python/linear.py");
     let script = root.join("benches/python/linear_script.py");
+    let lightning = root.join("benches/python/lightning_classifier.py");
 
     let (mut ours, mut ray, mut cli) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut lightning_ours, mut lightning_ray) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         let storage = tempfile::tempdir().map_err(|e| e.to_string())?;
         // As a user's shell would start them: no variable of ours, no Ray address.
         let plain = |program: &Path| plain(program, storage.path());
-        let fit = |which: &str| {
+        let fit_of = |program: &Path, which: &str| {
             let mut command = plain(&python);
             command
-                .arg(&program)
+                .arg(program)
                 .arg(which)
                 .arg(storage.path().join(which));
             command
         };
+        let fit = |which: &str| fit_of(&program, which);
         let mut through_cli = plain(&trainyard);
         through_cli
             .args(["run", "-n", "2", "--storage"])
@@ -77,27 +82,33 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             .arg(&python)
             .arg(&script);
         // Each contender goes first in turn, so that none has the caches warmed by the others.
-        let mut contenders: [(&mut Vec<Duration>, Command); 3] = [
+        let mut contenders: [(&mut Vec<Duration>, Command); 5] = [
             (&mut ours, fit("trainyard")),
             (&mut ray, fit("ray")),
             (&mut cli, through_cli),
+            (&mut lightning_ours, fit_of(&lightning, "trainyard")),
+            (&mut lightning_ray, fit_of(&lightning, "ray")),
         ];
-        contenders.rotate_left(round % 3);
+        contenders.rotate_left(round % 5);
         for (times, command) in &mut contenders {
             times.push(timed(command)?);
         }
         eprintln!(
-            "round {}: fit() {:.2}s, Ray Train {:.2}s, trainyard run {:.2}s",
+            "round {}: fit() {:.2}s, Ray Train {:.2}s, trainyard run {:.2}s; Lightning: fit() {:.2}s, Ray Train {:.2}s",
             round + 1,
             ours[round].as_secs_f64(),
             ray[round].as_secs_f64(),
-            cli[round].as_secs_f64()
+            cli[round].as_secs_f64(),
+            lightning_ours[round].as_secs_f64(),
+            lightning_ray[round].as_secs_f64()
         );
     }
     let figures = Figures {
         fit: median(ours),
         ray: median(ray),
         cli: median(cli),
+        lightning_fit: median(lightning_ours),
+        lightning_ray: median(lightning_ray),
         stamp: stamp(&root),
     };
     println!(
@@ -111,6 +122,12 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         "the same work through trainyard run -n 2: {:.2} s; fit() / run = {:.2} (target <= 1.1)",
         figures.cli.as_secs_f64(),
         figures.fit.as_secs_f64() / figures.cli.as_secs_f64()
+    );
+    println!(
+        "Lightning, 2 workers, whole process: trainyard fit() {:.2} s, Ray Train 2.60 {:.2} s: {:.2} × (target <= 0.3)",
+        figures.lightning_fit.as_secs_f64(),
+        figures.lightning_ray.as_secs_f64(),
+        figures.lightning_fit.as_secs_f64() / figures.lightning_ray.as_secs_f64()
     );
     if readme {
         replace_block(
@@ -314,6 +331,8 @@ struct Figures {
     fit: Duration,
     ray: Duration,
     cli: Duration,
+    lightning_fit: Duration,
+    lightning_ray: Duration,
     stamp: String,
 }
 
@@ -328,6 +347,8 @@ impl Figures {
              | trainyard (`from trainyard import train`) | {:.2} s | {:.2} × Ray Train |\n\
              | Ray Train 2.60 (`from ray import train`, starting its own Ray) | {:.2} s | |\n\
              | the same work as a script, `trainyard run -n 2` | {:.2} s | `fit()` is {:.2} × this |\n\
+             | the same 2-worker Lightning program (`benches/python/lightning_classifier.py`), trainyard (`trainyard.train.lightning`) | {:.2} s | {:.2} × Ray Train |\n\
+             | the same Lightning program, Ray Train 2.60 (`ray.train.lightning`, starting its own Ray) | {:.2} s | |\n\
              {README_END}",
             self.stamp,
             s(self.fit),
@@ -335,6 +356,9 @@ impl Figures {
             s(self.ray),
             s(self.cli),
             s(self.fit) / s(self.cli),
+            s(self.lightning_fit),
+            s(self.lightning_fit) / s(self.lightning_ray),
+            s(self.lightning_ray),
         )
     }
 }
