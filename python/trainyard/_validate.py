@@ -105,8 +105,12 @@ class Validations:
             try:
                 state = self._validate(index, path, request)
             except Exception as error:  # noqa: BLE001 - the run goes on; said here
-                _log.error("Validation failed for checkpoint %s: %s", path, error)
-                state = (FAILED, {})
+                if self._closing:
+                    # Stopped with the run (Ray cancels it too): it stays pending.
+                    state = (PENDING, {})
+                else:
+                    _log.error("Validation failed for checkpoint %s: %s", path, error)
+                    state = (FAILED, {})
             with self._lock:
                 if self._states.get(index, (PENDING,))[0] == PENDING:
                     self._states[index] = state
@@ -127,6 +131,8 @@ class Validations:
         except OSError:
             pass
         if not self._wait_result(index, timeout):
+            if self._closing:
+                return PENDING, {}
             if proc.poll() is None:
                 _log.warning(
                     "Validation for checkpoint %s exceeded timeout_s=%ss. Cancelling.",
