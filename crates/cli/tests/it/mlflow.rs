@@ -83,40 +83,43 @@ impl Server {
     /// POSTs `body` to MLflow's REST endpoint `path`; its JSON answer.
     fn post(&self, path: &str, body: &Value) -> Value {
         let url = format!("{}/api/2.0/mlflow/{path}", self.url);
-        let out = Command::new("curl")
-            .args([
-                "-sS",
-                "-f",
+        let body = body.to_string();
+        curl(
+            path,
+            &[
                 "-X",
                 "POST",
                 "-H",
                 "Content-Type: application/json",
-            ])
-            .args(["-d", &body.to_string(), &url])
-            .output()
-            .expect("curl runs");
-        assert!(
-            out.status.success(),
-            "{path}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("JSON")
+                "-d",
+                &body,
+                &url,
+            ],
+        )
     }
 
     /// GETs MLflow's REST endpoint `path` with `query`; its JSON answer.
     fn get(&self, path: &str, query: &str) -> Value {
-        let url = format!("{}/api/2.0/mlflow/{path}?{query}", self.url);
-        let out = Command::new("curl")
-            .args(["-sS", "-f", &url])
-            .output()
-            .expect("curl runs");
-        assert!(
-            out.status.success(),
-            "{path}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("JSON")
+        curl(
+            path,
+            &[&format!("{}/api/2.0/mlflow/{path}?{query}", self.url)],
+        )
     }
+}
+
+/// `curl -sS -f ARGS` for MLflow's endpoint `path`: the JSON it answers.
+fn curl(path: &str, args: &[&str]) -> Value {
+    let out = Command::new("curl")
+        .args(["-sS", "-f"])
+        .args(args)
+        .output()
+        .expect("curl runs");
+    assert!(
+        out.status.success(),
+        "{path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
 impl Drop for Server {
@@ -225,11 +228,22 @@ fn one_mlflow_run_keeps_a_run_over_restarts_and_resumes_with_its_metrics_params_
         tag("trainyard.run_folder"),
         Some(json!(folder.display().to_string()))
     );
-    // Two attempts that each committed two checkpoints (rank 1 died after its second
-    // report), then three more: the latest checkpoint is 7 (every rank's seventh report).
-    let latest = folder.join("checkpoint_000007").display().to_string();
+    // The run's own record names its latest checkpoint (two attempts that each commit one
+    // or two, then three more: which, depends on whether rank 0's report raced rank 1's
+    // death): the MLflow run's tags name the same.
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(folder.join("run.json")).expect("the run's record"))
+            .expect("JSON");
+    let latest_index = record["latest_checkpoint"].as_u64().expect("a checkpoint");
+    let latest = folder
+        .join(format!("checkpoint_{latest_index:06}"))
+        .display()
+        .to_string();
     assert_eq!(tag("trainyard.latest_checkpoint"), Some(json!(latest)));
-    assert_eq!(tag("trainyard.checkpoint.7"), Some(json!(latest)));
+    assert_eq!(
+        tag(&format!("trainyard.checkpoint.{latest_index}")),
+        Some(json!(latest))
+    );
     let param = |key: &str| {
         data["params"]
             .as_array()
@@ -259,7 +273,7 @@ fn one_mlflow_run_keeps_a_run_over_restarts_and_resumes_with_its_metrics_params_
     // Rank 0's reports, each at its step (its index, which goes on over the restart and the
     // resume: the script's own step is the same number), from every attempt and driver.
     let steps: Vec<u64> = points.iter().map(|(step, _)| *step).collect();
-    assert_eq!(steps, (1..=7).collect::<Vec<_>>(), "{points:?}");
+    assert_eq!(steps, (1..=latest_index).collect::<Vec<_>>(), "{points:?}");
     for (step, value) in points {
         assert!(
             (value - 1.0 / step as f64).abs() < 1e-9,
