@@ -15,4 +15,4 @@ the wheel leaves them the installed package, the same version.
 from trainyard import train
 
 __all__ = ["train"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
