@@ -117,7 +117,9 @@ mod tests {
                 ("0.2.0".to_owned(), "def".to_owned())
             ]
         );
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the repository");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the repository");
         let (version, rev) = last_release(root).expect("RELEASES names one");
         assert!(version.starts_with("0."), "{version}");
         assert_eq!(rev.len(), 40, "a whole commit id: {rev}");
