@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 use trainyard_checkpoint::{
-    AttemptRecord, CheckpointBook, CheckpointRecord, DriverLiveness, DriverLock, DriverLockError,
-    DriverRecord, HandIn, LEASE_RENEW, Lease, RUN_RECORD_VERSION, RunFolder, RunRecord, RunStatus,
-    Storage, StorageError, StorageLocation, checkpoint_dir_name, driver_liveness, host_name,
-    retention, take_driver_lock,
+    AttemptRecord, CheckpointBook, CheckpointRecord, CheckpointScore, DriverLiveness, DriverLock,
+    DriverLockError, DriverRecord, HandIn, LEASE_RENEW, Lease, RUN_RECORD_VERSION, RunFolder,
+    RunRecord, RunStatus, Storage, StorageError, StorageLocation, checkpoint_dir_name,
+    driver_liveness, host_name, retention, take_driver_lock,
 };
-use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig, ScoreOrder};
+use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig};
 
 use crate::error::chain;
 use crate::history::MetricsHistory;
@@ -156,6 +156,7 @@ impl RunStore {
         let created = record.attempts.is_empty() && record.latest_checkpoint.is_none();
         let mut record = record;
         record.driver = Some(this_driver(driver));
+        record.score = CheckpointScore::of(&run.checkpoint_config);
         let storage_env = if storage.location().is_local() {
             BTreeMap::new()
         } else {
@@ -198,24 +199,13 @@ impl RunStore {
     }
 
     /// The kept checkpoints, best first: by the score attribute when there is one (those
-    /// without the score last), else newest first.
+    /// without the score last), else newest first (see [`trainyard_checkpoint::ranked`]).
     pub(crate) fn best(&self) -> Vec<CheckpointResult> {
-        let mut kept: Vec<&CheckpointRecord> = self.record.checkpoints.iter().collect();
-        kept.sort_by_key(|c| std::cmp::Reverse(c.index));
-        if let Some(attribute) = &self.config.checkpoint_score_attribute {
-            let score =
-                |c: &CheckpointRecord| c.metrics.get(attribute).and_then(serde_json::Value::as_f64);
-            kept.sort_by(|a, b| match (score(a), score(b)) {
-                (Some(x), Some(y)) => match self.config.checkpoint_score_order {
-                    ScoreOrder::Max => y.total_cmp(&x),
-                    ScoreOrder::Min => x.total_cmp(&y),
-                },
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (None, None) => std::cmp::Ordering::Equal,
-            });
-        }
-        kept.into_iter().map(|c| self.result(c)).collect()
+        self.record
+            .best()
+            .into_iter()
+            .map(|c| self.result(c))
+            .collect()
     }
 
     /// Fills the run's ending into `report`: how many attempts, their failures and world

@@ -77,11 +77,12 @@ pub use env::{
 };
 pub use error::{BookError, StorageError};
 pub use record::{
-    AttemptRecord, CheckpointRecord, DriverRecord, LEASE_FILE, LEASE_RENEW, LEASE_STALE, Lease,
-    METRICS_FILE, MetricsEntry, RUN_FILE, RUN_RECORD_VERSION, RunRecord, RunStatus, now,
+    AttemptRecord, CheckpointRecord, CheckpointScore, DriverRecord, LEASE_FILE, LEASE_RENEW,
+    LEASE_STALE, Lease, METRICS_FILE, MetricsEntry, RUN_FILE, RUN_RECORD_VERSION, RunRecord,
+    RunStatus, now,
 };
 pub use reports::{ASYNC_IN_FLIGHT, RankReports, ReportSink, Reported, UploadMode};
-pub use retention::retention;
+pub use retention::{metric, ranked, retention};
 pub use storage::{
     HandInLimits, RunFolder, Storage, StorageLocation, Taken, attempt_logs_dir_name,
     checkpoint_dir_name,

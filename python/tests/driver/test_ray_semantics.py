@@ -98,14 +98,14 @@ def test_best_checkpoints_go_worst_to_best_and_the_dataframe_has_their_rows(stor
     # The driver's own logging is shown at the default level (LoggingConfig "INFO").
     assert "Setting up process group" in capfd.readouterr().err
 
-    # Read back from its folder: every checkpoint kept, oldest first (Ray 2.60 lists the
-    # same four, in the order of the run's score: see the README's differences).
+    # Read back from its folder: every checkpoint kept, worst to best by the run's score, the
+    # latest among them (Ray 2.60 reads its snapshot with a default CheckpointConfig).
     again = Result.from_path(result.path)
     assert again.path == result.path and again.error is None
     assert again.metrics == {"step": 5, "acc": 0.4}
     assert again.checkpoint == result.checkpoint
-    assert _steps(again.best_checkpoints) == [0, 2, 4, 5]
-    assert list(again.metrics_dataframe["step"]) == [0, 2, 4, 5]
+    assert _steps(again.best_checkpoints) == [5, 2, 4, 0]
+    assert list(again.metrics_dataframe["step"]) == [5, 2, 4, 0]
     assert again.get_best_checkpoint("acc", "max") == result.checkpoint
 
 
@@ -147,6 +147,38 @@ def test_without_a_score_the_newest_are_kept_oldest_first(storage) -> None:
     # Ray 2.60: steps 4, 5.
     assert _steps(result.best_checkpoints) == [4, 5]
     assert list(result.metrics_dataframe["step"]) == [4, 5]
+    assert _steps(Result.from_path(result.path).best_checkpoints) == [4, 5]
+
+
+def nested_loop(config):  # type: ignore[no-untyped-def]
+    for step, acc in enumerate(config["accs"]):
+        with tempfile.TemporaryDirectory() as d:
+            train.report(
+                {"step": step, "val": {"acc": acc}}, checkpoint=Checkpoint.from_directory(d)
+            )
+
+
+def test_a_nested_score_attribute_names_its_metric_by_path(storage, caplog) -> None:
+    with caplog.at_level(logging.ERROR, logger="trainyard.train"):
+        result = TorchTrainer(
+            nested_loop,
+            train_loop_config={"accs": ACCS},
+            scaling_config=TWO,
+            run_config=RunConfig(
+                name="nested",
+                storage_path=storage,
+                checkpoint_config=CheckpointConfig(
+                    num_to_keep=3,
+                    checkpoint_score_attribute="val/acc",
+                    checkpoint_score_order="min",
+                ),
+            ),
+        ).fit()
+    # As the flat "acc" above (Ray 2.60 flattens the metrics to find "val/acc").
+    assert _steps(result.best_checkpoints) == [2, 4, 0]
+    assert len(_on_disk(result)) == 4
+    assert _steps(Result.from_path(result.path).best_checkpoints) == [5, 2, 4, 0]
+    assert not [r for r in caplog.records if r.name == "trainyard.train"]
 
 
 def latest_loop():  # type: ignore[no-untyped-def]

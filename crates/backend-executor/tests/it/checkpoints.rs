@@ -63,7 +63,11 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
         std::fs::write(dir.join(file), epoch.to_string()).map_err(|e| e.to_string())?;
         // Lower is better, and epoch 2 and 4 are the best.
         let loss = [0.0, 0.5, 0.1, 0.9, 0.2, 0.7][epoch as usize % 6];
-        let reported = metrics(json!({"epoch": epoch, "loss": loss}));
+        let reported = if arg["nested"].as_bool() == Some(true) {
+            metrics(json!({"epoch": epoch, "val": {"loss": loss}}))
+        } else {
+            metrics(json!({"epoch": epoch, "loss": loss}))
+        };
         if arg["async"].as_bool() == Some(true) {
             // Taken: the directory is gone when this returns.
             ctx.report_checkpoint_async(reported, &dir, true).await
@@ -370,6 +374,40 @@ async fn retention_keeps_the_two_best_by_score_and_the_latest() {
         .filter_map(|c| c["index"].as_u64())
         .collect();
     assert_eq!(kept, vec![2, 4, 5]);
+}
+
+#[tokio::test]
+async fn a_nested_score_attribute_ranks_and_keeps_checkpoints_and_the_record_keeps_it() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let run = run_config(storage.path(), "nested").checkpoint_config(
+        CheckpointConfig::default()
+            .num_to_keep(2)
+            .score("val/loss", ScoreOrder::Min),
+    );
+    let mut arg = plan(5, None, false);
+    arg["nested"] = json!(true);
+    let (result, _) = fit(&sim(), run, arg).await;
+    let report = result.expect("the run succeeds");
+    // Losses by epoch: 0.5, 0.1, 0.9, 0.2, 0.7 under `val`: the best are 2 and 4.
+    let best: Vec<u64> = report.best_checkpoints.iter().map(|c| c.index).collect();
+    assert_eq!(best, vec![2, 4, 5]);
+    assert_eq!(
+        checkpoint_dirs(storage.path(), "nested"),
+        [
+            "checkpoint_000002",
+            "checkpoint_000004",
+            "checkpoint_000005"
+        ]
+    );
+    // A later reader ranks them as the run did.
+    let record = run_json(storage.path(), "nested");
+    assert_eq!(
+        record["score"],
+        json!({"attribute": "val/loss", "order": "min"})
+    );
+    let record: trainyard_checkpoint::RunRecord = serde_json::from_value(record).expect("a record");
+    let ranked: Vec<u64> = record.best().iter().map(|c| c.index).collect();
+    assert_eq!(ranked, vec![2, 4, 5]);
 }
 
 #[tokio::test]
