@@ -181,6 +181,42 @@ def test_a_nested_score_attribute_names_its_metric_by_path(storage, caplog) -> N
     assert not [r for r in caplog.records if r.name == "trainyard.train"]
 
 
+def epochs_loop(config):  # type: ignore[no-untyped-def]
+    start = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d, open(os.path.join(d, "epoch")) as f:
+            start = int(f.read()) + 1
+    for epoch in range(start, config["epochs"]):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "epoch"), "w") as f:
+                f.write(str(epoch))
+            train.report({"epoch": epoch}, checkpoint=Checkpoint.from_directory(d))
+    return list(range(start, config["epochs"]))
+
+
+def test_running_a_finished_run_again_trains_on_from_its_latest_checkpoint(storage) -> None:
+    def fit(epochs: int) -> Result:
+        return TorchTrainer(
+            epochs_loop,
+            train_loop_config={"epochs": epochs},
+            scaling_config=TWO,
+            run_config=RunConfig(name="more", storage_path=storage),
+        ).fit()
+
+    first = fit(2)
+    assert first.return_value == [0, 1]
+    # Ray 2.60: the same name and storage_path resume the finished run ("2 more epochs").
+    again = fit(4)
+    assert again.return_value == [2, 3]
+    assert again.path == first.path
+    assert again.metrics == {"epoch": 3}
+    assert [m["epoch"] for _, m in again.best_checkpoints] == [0, 1, 2, 3]
+    assert again.checkpoint is not None
+    assert again.checkpoint.path.endswith("checkpoint_000004")
+    assert list(again.metrics_history["epoch"]) == [0, 1, 2, 3]
+
+
 def latest_loop():  # type: ignore[no-untyped-def]
     before = train.get_checkpoint()
     with tempfile.TemporaryDirectory() as d:

@@ -326,7 +326,9 @@ async fn a_later_run_of_the_same_name_resumes_and_a_finished_one_is_refused() {
         Err(error @ ExecutorError::RunFinished { .. }) => {
             let text = error.to_string();
             assert!(
-                text.contains("`later`") && text.contains("--resume never"),
+                text.contains("`later`")
+                    && text.contains("--resume never")
+                    && text.contains("--resume always"),
                 "{text}"
             );
         }
@@ -408,6 +410,42 @@ async fn a_nested_score_attribute_ranks_and_keeps_checkpoints_and_the_record_kee
     let record: trainyard_checkpoint::RunRecord = serde_json::from_value(record).expect("a record");
     let ranked: Vec<u64> = record.best().iter().map(|c| c.index).collect();
     assert_eq!(ranked, vec![2, 4, 5]);
+}
+
+#[tokio::test]
+async fn a_finished_run_run_again_with_resume_always_trains_on_from_its_latest_checkpoint() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let again = || run_config(storage.path(), "more").resume(ResumePolicy::Always);
+    let (first, _) = fit(&sim, again(), plan(3, None, false)).await;
+    assert_eq!(
+        ran(&first.expect("the first run succeeds")),
+        vec![vec![1, 2, 3]; 2]
+    );
+    assert_eq!(run_json(storage.path(), "more")["status"], "finished");
+
+    // "Train 2 more epochs": the same run, asked for 5.
+    let (second, events) = fit(&sim, again(), plan(5, None, false)).await;
+    let report = second.expect("the finished run resumes and succeeds");
+    assert_eq!(ran(&report), vec![vec![4, 5]; 2]);
+    assert_eq!(committed(&events), vec![4, 5]);
+    assert_eq!(report.checkpoint.as_ref().map(|c| c.index), Some(5));
+    let best: Vec<u64> = report.best_checkpoints.iter().map(|c| c.index).collect();
+    assert_eq!(best, vec![5, 4, 3, 2, 1], "the indices go on");
+    assert!(
+        report
+            .run_dir
+            .as_deref()
+            .is_some_and(|d| d.ends_with("/more")),
+        "{:?}",
+        report.run_dir
+    );
+    let record = run_json(storage.path(), "more");
+    assert_eq!(record["status"], "finished");
+    let attempts = record["attempts"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 2, "{record}");
+    assert_eq!(attempts[1]["resumed_from"], 3);
+    assert_eq!(record["latest_checkpoint"], 5);
 }
 
 #[tokio::test]
