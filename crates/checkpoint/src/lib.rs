@@ -35,7 +35,7 @@
 //! let shard = tempfile::tempdir()?;
 //! std::fs::write(shard.path().join("model.pt"), b"weights")?;
 //! let hand_in = CheckpointWriter::new(folder.clone()).persist(1, shard.path()).await?;
-//! assert_eq!(hand_in, HandIn::Persisted { index: 1, files: vec!["model.pt".into()], bytes: 7 });
+//! assert_eq!(hand_in, HandIn::Persisted { index: 1, dir: None, files: vec!["model.pt".into()], bytes: 7 });
 //!
 //! // The driver records the run; a later driver reads it back.
 //! folder.save(&RunRecord::new("mnist")).await?;

@@ -217,6 +217,65 @@ def test_running_a_finished_run_again_trains_on_from_its_latest_checkpoint(stora
     assert list(again.metrics_history["epoch"]) == [0, 1, 2, 3]
 
 
+def named_loop(config):  # type: ignore[no-untyped-def]
+    """Rank by rank, iteration by iteration, one of: copied (SYNC, ASYNC), written into the run
+    folder (NO_UPLOAD), or no checkpoint; every checkpoint named ``iteration_<i>``."""
+    rank = train.get_context().get_world_rank()
+    scratch = tempfile.mkdtemp()
+    seen = []
+    for i, modes in enumerate(config["modes"]):
+        mode = modes[rank]
+        name = f"iteration_{i}"
+        if mode is None:
+            train.report({"i": i})
+            continue
+        if mode == "NO_UPLOAD":
+            folder = train.get_context().get_storage().build_checkpoint_path_from_name(name)
+        else:
+            folder = os.path.join(scratch, name, str(rank))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"shard_{rank}"), "w") as f:
+            f.write(str(i))
+        train.report(
+            {"i": i},
+            checkpoint=Checkpoint.from_directory(folder),
+            checkpoint_upload_mode=train.CheckpointUploadMode[mode],
+            checkpoint_dir_name=name,
+        )
+        if mode == "SYNC":
+            seen.append(os.path.basename(train.get_checkpoint().path))
+    return seen
+
+
+def test_checkpoint_dir_name_names_the_folder_whatever_each_ranks_upload_mode(storage) -> None:
+    # Ray's test_report_mixed_checkpoint_upload_modes in small: every pair of modes.
+    modes = [
+        ("SYNC", "SYNC"),
+        ("ASYNC", "SYNC"),
+        ("SYNC", "NO_UPLOAD"),
+        ("ASYNC", "NO_UPLOAD"),
+        ("NO_UPLOAD", "NO_UPLOAD"),
+        ("ASYNC", None),
+        ("NO_UPLOAD", None),
+        (None, None),
+    ]
+    result = TorchTrainer(
+        named_loop,
+        train_loop_config={"modes": modes},
+        scaling_config=TWO,
+        run_config=RunConfig(name="named", storage_path=storage),
+    ).fit()
+    # Ray 2.60: a checkpoint per iteration where any rank handed one in, in its named folder.
+    # After a SYNC report (rank 0's: iterations 0 and 2), get_checkpoint() is in that folder.
+    assert result.return_value == ["iteration_0", "iteration_2"]
+    assert [m["i"] for _, m in result.best_checkpoints] == list(range(7))
+    for i, (checkpoint, _) in enumerate(result.best_checkpoints):
+        assert checkpoint.path.endswith(f"/iteration_{i}")
+        shards = sorted(os.listdir(checkpoint.path))
+        assert shards == [f"shard_{r}" for r in range(2) if modes[i][r] is not None]
+    assert not _on_disk(result), "no folder named by index"
+
+
 def latest_loop():  # type: ignore[no-untyped-def]
     before = train.get_checkpoint()
     with tempfile.TemporaryDirectory() as d:
