@@ -182,8 +182,7 @@ async fn stop_through_slurm(
     if !is_job_id(&job) || driver.uid != nix::unistd::getuid().as_raw() {
         return Err(Failure::other(format!(
             "run `{name}` names `{}` (uid {}) as its driver's Slurm job: not a job of this user's, nothing is cancelled",
-            job,
-            driver.uid
+            job, driver.uid
         )));
     }
     if let Some(owner) = job_of_another_run(name, &job).await {
