@@ -131,15 +131,18 @@ def test_a_score_attribute_no_report_has_logs_rays_error_and_keeps_the_newest(
                 checkpoint_score_order="min",
             ),
         )
-    # Ray 2.60: the two newest kept, and this error on the controller's log (there the
-    # keys come in the order reported, ['step', 'acc']; the driver keeps them sorted).
+    # Ray 2.60: the two newest kept, and this error on the controller's log, the keys in the
+    # order reported.
     assert _steps(result.best_checkpoints) == [4, 5]
     assert len(_on_disk(result)) == 2
     said = [r.getMessage() for r in caplog.records if r.name == "trainyard.train"]
     assert len(said) == len(ACCS) and set(said) == {
         "Result dict has no key: val_loss. checkpoint_score_attr must be set to a key in "
-        "the result dict. Valid keys are: ['acc', 'step']"
+        "the result dict. Valid keys are: ['step', 'acc']"
     }
+    # Metrics keep the order reported, as Ray's.
+    assert list(result.metrics) == ["step", "acc"]
+    assert list(result.metrics_dataframe.columns) == ["step", "acc"]
 
 
 def test_without_a_score_the_newest_are_kept_oldest_first(storage) -> None:
