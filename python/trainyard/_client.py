@@ -111,6 +111,7 @@ def send(
     checkpoint: Optional[str],
     upload: str = "SYNC",
     delete: Optional[bool] = None,
+    dir_name: Optional[str] = None,
 ) -> int:
     """Send one report and wait for the agent's answer; its checkpoint index.
 
@@ -118,7 +119,9 @@ def send(
     directory (renamed away when ``delete`` is true, the default then; its files
     hard-linked otherwise), and persists it in the background. With
     ``upload="NO_UPLOAD"`` the checkpoint is a folder in the run folder (a path
-    or URI) that is registered where it is.
+    or URI) that is registered where it is. ``dir_name`` names the folder of the
+    run folder a ``SYNC`` or ``ASYNC`` checkpoint is copied to (else the index's
+    own, ``checkpoint_000003``).
 
     Raises ``ReportError`` when the agent says the report failed (its
     checkpoint was not persisted), ``OSError`` when the agent cannot be
@@ -132,6 +135,8 @@ def send(
         report["upload"] = upload
     if delete is not None:
         report["delete"] = bool(delete)
+    if dir_name is not None:
+        report["dir_name"] = dir_name
     line = json.dumps(
         report,
         separators=(",", ":"),

@@ -26,7 +26,11 @@
 //!   directory itself once answered. With `"upload": "NO_UPLOAD"`, `"checkpoint"` names a
 //!   folder inside the run folder (a path, or a URI on remote storage) that the task wrote
 //!   the files to itself: it is registered where it is, nothing is copied or deleted, and
-//!   the report is answered once it has gone on to the driver.
+//!   the report is answered once it has gone on to the driver. With `"dir_name": "NAME"` a
+//!   `SYNC` or `ASYNC` checkpoint's files are copied into the folder `NAME` of the run folder
+//!   (Ray Train's `checkpoint_dir_name`: one folder name, not one of trainyard's own) instead
+//!   of the index's own (`checkpoint_000003`); a name that cannot be used is answered
+//!   `"ok": false` with the reason.
 //!
 //! Lines are at most [`MAX_REPORT`] bytes; a longer one ends the connection. Every report of
 //! either protocol counts: the N-th report of the task, over all its connections, belongs
@@ -224,6 +228,10 @@ struct Report {
     /// `delete_local_checkpoint_after_upload`, for `ASYNC` when not given.
     #[serde(default)]
     delete: Option<bool>,
+    /// The folder of the run folder a `SYNC` or `ASYNC` checkpoint is copied to, as Ray
+    /// Train's `checkpoint_dir_name`; the index's own (`checkpoint_000003`) when not given.
+    #[serde(default)]
+    dir_name: Option<String>,
 }
 
 /// The answer to one line of protocol 2.
@@ -383,9 +391,10 @@ async fn report_v2(task: &Task, line: &str) -> Answer {
             let delete = report.delete.unwrap_or(report.upload == UploadMode::Async);
             let reported = task
                 .reports
-                .report(
+                .report_named(
                     report.metrics,
                     report.checkpoint.as_deref(),
+                    report.dir_name,
                     report.upload,
                     delete,
                 )
@@ -613,6 +622,45 @@ mod tests {
                 Some(HandIn::Failed { index: 3, .. }) if index == 3 => {}
                 other => panic!("report {index}: {other:?}"),
             }
+        }
+        drop(client);
+        serving.finish(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_dir_name_names_the_folder_its_files_are_copied_to() {
+        let root = tempfile::tempdir().expect("a temporary directory");
+        let run = root.path().join("run");
+        let (addr, token, serving, mut events) = serving_in(0, Some(&run)).await;
+        let mut client = Client::connect(&addr, &format!("{token} 2")).await;
+        let dir = root.path().join("shard");
+        std::fs::create_dir(&dir).expect("made");
+        std::fs::write(dir.join("model.pt"), b"weights").expect("written");
+        for (upload, name) in [("SYNC", "iteration_1"), ("ASYNC", "iteration_2")] {
+            client
+                .send(&format!(
+                    r#"{{"metrics": {{}}, "checkpoint": "{}", "upload": "{upload}", "delete": false, "dir_name": "{name}"}}"#,
+                    dir.display()
+                ))
+                .await;
+            assert_eq!(client.answer().await.expect("answered")["ok"], true);
+        }
+        client
+            .send(&format!(
+                r#"{{"metrics": {{}}, "checkpoint": "{}", "dir_name": "logs"}}"#,
+                dir.display()
+            ))
+            .await;
+        let refused = client.answer().await.expect("answered");
+        assert_eq!(refused["ok"], false, "{refused}");
+        let got = reports(&mut events, 3).await;
+        for (i, name) in ["iteration_1", "iteration_2"].iter().enumerate() {
+            assert!(
+                matches!(&got[i].1, Some(HandIn::Persisted { dir: Some(dir), .. }) if dir == name),
+                "{:?}",
+                got[i].1
+            );
+            assert!(run.join(name).join("model.pt").is_file());
         }
         drop(client);
         serving.finish(Duration::from_secs(1)).await;

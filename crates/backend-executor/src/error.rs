@@ -67,9 +67,10 @@ pub enum ExecutorError {
         /// What happened until then: attempts, failures, the last metrics, checkpoints.
         report: Box<FitReport>,
     },
-    /// A run of this name in this storage has finished; it is not run again.
+    /// A run of this name in this storage has finished, and the resume policy
+    /// ([`trainyard_config::ResumePolicy::Auto`]) does not run it again.
     #[error(
-        "run `{name}` in `{path}` has already finished; choose another name, or start it afresh in a new folder with resume `never` (CLI: --resume never)"
+        "run `{name}` in `{path}` has already finished; train it further from its latest checkpoint with resume `always` (CLI: --resume always), start it afresh in a new folder with resume `never` (CLI: --resume never), or choose another name"
     )]
     RunFinished {
         /// The run's name.

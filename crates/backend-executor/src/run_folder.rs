@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 use trainyard_checkpoint::{
-    AttemptRecord, CheckpointBook, CheckpointRecord, DriverLiveness, DriverLock, DriverLockError,
-    DriverRecord, HandIn, LEASE_RENEW, Lease, RUN_RECORD_VERSION, RunFolder, RunRecord, RunStatus,
-    Storage, StorageError, StorageLocation, checkpoint_dir_name, driver_liveness, host_name,
-    retention, take_driver_lock,
+    AttemptRecord, CheckpointBook, CheckpointRecord, CheckpointScore, DriverLiveness, DriverLock,
+    DriverLockError, DriverRecord, HandIn, LEASE_RENEW, Lease, RUN_RECORD_VERSION, RunFolder,
+    RunRecord, RunStatus, Storage, StorageError, StorageLocation, checkpoint_dir_name,
+    driver_liveness, host_name, retention, take_driver_lock,
 };
-use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig, ScoreOrder};
+use trainyard_config::{CheckpointConfig, ResumePolicy, RunConfig};
 
 use crate::error::chain;
 use crate::history::MetricsHistory;
@@ -44,6 +44,8 @@ pub(crate) struct RunStore {
     storage_env: BTreeMap<String, String>,
     /// Whether this driver made the folder (no run of the name was there).
     created: bool,
+    /// The status the run had when this driver opened it (`None`: a new run).
+    reopened: Option<RunStatus>,
     /// Every report, as it comes.
     history: MetricsHistory,
     /// The lock that proves this process to be the run's driver
@@ -67,8 +69,9 @@ pub(crate) struct BegunAttempt {
 
 impl RunStore {
     /// Opens the run's folder before any worker starts: checks that the storage is
-    /// writable, and resumes the run of the same name when there is an unfinished one (or,
-    /// with [`ResumePolicy::Never`], picks a fresh folder beside it).
+    /// writable, and resumes the run of the same name when there is an unfinished one, or a
+    /// finished one under [`ResumePolicy::Always`] (with [`ResumePolicy::Never`], it picks a
+    /// fresh folder beside it).
     pub(crate) async fn open(
         run: &RunConfig,
         name: &str,
@@ -108,8 +111,9 @@ impl RunStore {
                 renewed_s: (now() - lease.renewed_at).max(0.0).round() as u64,
             });
         }
+        let reopened = loaded.as_ref().map(|record| record.status);
         let record = match loaded {
-            Some(record) if !record.status.is_resumable() => {
+            Some(record) if !record.status.is_resumable() && !run.resume.resumes_finished() => {
                 return Err(ExecutorError::RunFinished {
                     name,
                     path: folder.uri(),
@@ -156,6 +160,7 @@ impl RunStore {
         let created = record.attempts.is_empty() && record.latest_checkpoint.is_none();
         let mut record = record;
         record.driver = Some(this_driver(driver));
+        record.score = CheckpointScore::of(&run.checkpoint_config);
         let storage_env = if storage.location().is_local() {
             BTreeMap::new()
         } else {
@@ -173,6 +178,7 @@ impl RunStore {
             book: None,
             storage_env,
             created,
+            reopened,
             history,
             _driver_lock: driver_lock,
         };
@@ -198,24 +204,13 @@ impl RunStore {
     }
 
     /// The kept checkpoints, best first: by the score attribute when there is one (those
-    /// without the score last), else newest first.
+    /// without the score last), else newest first (see [`trainyard_checkpoint::ranked`]).
     pub(crate) fn best(&self) -> Vec<CheckpointResult> {
-        let mut kept: Vec<&CheckpointRecord> = self.record.checkpoints.iter().collect();
-        kept.sort_by_key(|c| std::cmp::Reverse(c.index));
-        if let Some(attribute) = &self.config.checkpoint_score_attribute {
-            let score =
-                |c: &CheckpointRecord| c.metrics.get(attribute).and_then(serde_json::Value::as_f64);
-            kept.sort_by(|a, b| match (score(a), score(b)) {
-                (Some(x), Some(y)) => match self.config.checkpoint_score_order {
-                    ScoreOrder::Max => y.total_cmp(&x),
-                    ScoreOrder::Min => x.total_cmp(&y),
-                },
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (None, None) => std::cmp::Ordering::Equal,
-            });
-        }
-        kept.into_iter().map(|c| self.result(c)).collect()
+        self.record
+            .best()
+            .into_iter()
+            .map(|c| self.result(c))
+            .collect()
     }
 
     /// Fills the run's ending into `report`: how many attempts, their failures and world
@@ -512,11 +507,24 @@ impl RunStore {
 
     /// Removes the run's folder when this driver made it and nothing ran in it: a run
     /// refused before its first task started leaves nothing behind. A resumed run's folder is
-    /// kept, marked failed.
+    /// kept, its attempt ended, and the run marked failed; a finished one stays finished
+    /// (nothing trained it further).
     pub(crate) async fn discard_if_new(&mut self) {
         self.lease.stop().await;
         if !self.created {
-            self.finish(RunStatus::Failed).await;
+            if self
+                .record
+                .attempts
+                .last()
+                .is_some_and(|a| a.ended_at.is_none())
+            {
+                self.end_attempt(AttemptEnd::Ended).await;
+            }
+            self.finish(match self.reopened {
+                Some(RunStatus::Finished) => RunStatus::Finished,
+                _ => RunStatus::Failed,
+            })
+            .await;
             return;
         }
         if let Err(error) = self.folder.delete().await {
@@ -756,6 +764,7 @@ mod tests {
             book: None,
             storage_env: BTreeMap::new(),
             created: true,
+            reopened: None,
             history: MetricsHistory::new(Some(Vec::new())),
             lease: LeaseRenewal(None),
             _driver_lock: None,

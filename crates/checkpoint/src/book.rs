@@ -15,8 +15,9 @@ pub struct Commit {
     pub files: Vec<String>,
     /// Their total size in bytes.
     pub bytes: u64,
-    /// The folder the ranks registered it in (a `NO_UPLOAD` report; relative to the run
-    /// folder), or `None` for the index's own folder (`checkpoint_000003`).
+    /// The folder the ranks registered it in (a `NO_UPLOAD` report) or had it copied to (a
+    /// report's `checkpoint_dir_name`), relative to the run folder, or `None` for the index's
+    /// own folder (`checkpoint_000003`).
     pub dir: Option<String>,
 }
 
@@ -38,14 +39,14 @@ struct Pending {
 /// The driver's book of one attempt's reports: the N-th report of every rank belongs to
 /// index `base + N`; an index is committed when every rank has reported it, at least one
 /// rank handed in files with it, no rank's files failed to persist, and every rank that
-/// handed in files put them in the same folder (the index's own, or one folder registered in
-/// storage with `NO_UPLOAD`).
+/// handed in files put them in the same folder (the index's own, one a report named, or one
+/// registered in storage with `NO_UPLOAD`: ranks may mix the two).
 ///
 /// ```
 /// use trainyard_checkpoint::{CheckpointBook, HandIn};
 ///
 /// let mut book = CheckpointBook::new(2, 3); // two ranks, resumed from checkpoint 3
-/// let files = |name: &str| Some(HandIn::Persisted { index: 4, files: vec![name.into()], bytes: 10 });
+/// let files = |name: &str| Some(HandIn::Persisted { index: 4, dir: None, files: vec![name.into()], bytes: 10 });
 /// assert_eq!(book.record(1, Default::default(), files("shard_1"))?, None);
 /// let commit = book.record(0, Default::default(), files("shard_0"))?.expect("both ranks reported");
 /// assert_eq!((commit.index, commit.files), (4, vec!["shard_0".to_owned(), "shard_1".to_owned()]));
@@ -150,9 +151,11 @@ impl CheckpointBook {
                     pending.bytes = pending.bytes.max(bytes);
                 }
             }
-            Some(HandIn::Persisted { files, bytes, .. }) => {
+            Some(HandIn::Persisted {
+                dir, files, bytes, ..
+            }) => {
                 pending.handed_in = true;
-                pending.same_folder(rank, index, None);
+                pending.same_folder(rank, index, dir);
                 // Ranks that hand in a file of the same name (each saving `model.pt`, as
                 // Ray Train accepts) share one copy in the folder: the last one persisted.
                 // A rank whose every file another rank also handed in adds no bytes.
@@ -204,7 +207,7 @@ impl Pending {
                     index,
                     folder = %name(&dir),
                     other = %name(first),
-                    "ranks handed in checkpoint {index} in different folders; it is not committed: report the same checkpoint path from every rank (NO_UPLOAD), or let trainyard copy every rank's files (SYNC, ASYNC)"
+                    "ranks handed in checkpoint {index} in different folders; it is not committed: report the same checkpoint path from every rank (NO_UPLOAD), or let trainyard copy every rank's files (SYNC, ASYNC) with the same checkpoint_dir_name or none"
                 );
                 self.failed = true;
                 false
@@ -220,9 +223,18 @@ mod tests {
     fn persisted(index: u64, files: &[&str]) -> Option<HandIn> {
         Some(HandIn::Persisted {
             index,
+            dir: None,
             files: files.iter().map(|f| (*f).to_owned()).collect(),
             bytes: 1,
         })
+    }
+
+    fn persisted_in(dir: &str, index: u64, files: &[&str]) -> Option<HandIn> {
+        let mut hand_in = persisted(index, files);
+        if let Some(HandIn::Persisted { dir: named, .. }) = &mut hand_in {
+            *named = Some(dir.to_owned());
+        }
+        hand_in
     }
 
     fn metrics(epoch: i64) -> serde_json::Map<String, serde_json::Value> {
@@ -387,6 +399,35 @@ mod tests {
         assert_eq!(
             (commit.index, commit.files),
             (3, vec!["a".to_owned(), "b".to_owned()])
+        );
+    }
+
+    #[test]
+    fn a_named_folder_commits_with_files_copied_in_and_registered_there_mixed() {
+        let mut book = CheckpointBook::new(2, 0);
+        // Rank 0 has its files copied into `iteration_1`; rank 1 wrote its own there.
+        book.record(0, metrics(1), persisted_in("iteration_1", 1, &["shard_0"]))
+            .unwrap();
+        let commit = book
+            .record(1, metrics(1), in_storage(1, "iteration_1", &["shard_1"], 1))
+            .unwrap()
+            .expect("both in one folder");
+        assert_eq!(commit.dir.as_deref(), Some("iteration_1"));
+        assert_eq!(commit.files, ["shard_0", "shard_1"]);
+        // Copied by both ranks into one named folder.
+        book.record(1, metrics(2), persisted_in("iteration_2", 2, &["shard_1"]))
+            .unwrap();
+        let commit = book
+            .record(0, metrics(2), persisted_in("iteration_2", 2, &["shard_0"]))
+            .unwrap()
+            .expect("both in one folder");
+        assert_eq!(commit.dir.as_deref(), Some("iteration_2"));
+        // A named folder and the index's own are two folders.
+        book.record(0, metrics(3), persisted_in("iteration_3", 3, &["shard_0"]))
+            .unwrap();
+        assert_eq!(
+            book.record(1, metrics(3), persisted(3, &["shard_1"])),
+            Ok(None)
         );
     }
 

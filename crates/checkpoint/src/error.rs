@@ -102,6 +102,19 @@ pub enum StorageError {
         /// Why it is refused.
         reason: String,
     },
+    /// A report's `checkpoint_dir_name` that cannot name its checkpoint's folder: not one
+    /// folder name, one of trainyard's own, or a link that leads out of the run folder.
+    #[error(
+        "checkpoint_dir_name `{name}` cannot name a checkpoint folder in the run folder `{run}` ({reason}): give one folder name of your own, such as `checkpoint_epoch_3`"
+    )]
+    CheckpointDirName {
+        /// The name the report gave.
+        name: String,
+        /// The run folder's location.
+        run: String,
+        /// Why it is refused.
+        reason: String,
+    },
     /// A run record names a checkpoint folder that is not a folder inside the run folder
     /// (an edited `run.json`, say); nothing is read or deleted there.
     #[error("`{dir}` in `{run}` is not a checkpoint folder inside the run folder")]

@@ -35,7 +35,7 @@
 //! let shard = tempfile::tempdir()?;
 //! std::fs::write(shard.path().join("model.pt"), b"weights")?;
 //! let hand_in = CheckpointWriter::new(folder.clone()).persist(1, shard.path()).await?;
-//! assert_eq!(hand_in, HandIn::Persisted { index: 1, files: vec!["model.pt".into()], bytes: 7 });
+//! assert_eq!(hand_in, HandIn::Persisted { index: 1, dir: None, files: vec!["model.pt".into()], bytes: 7 });
 //!
 //! // The driver records the run; a later driver reads it back.
 //! folder.save(&RunRecord::new("mnist")).await?;
@@ -77,12 +77,12 @@ pub use env::{
 };
 pub use error::{BookError, StorageError};
 pub use record::{
-    AttemptRecord, CheckpointRecord, DriverRecord, LEASE_FILE, LEASE_RENEW, LEASE_STALE, Lease,
-    METRICS_FILE, MetricsEntry, RUN_FILE, RUN_RECORD_VERSION, RunRecord, RunStatus, WorkerRecord,
-    now,
+    AttemptRecord, CheckpointRecord, CheckpointScore, DriverRecord, LEASE_FILE, LEASE_RENEW,
+    LEASE_STALE, Lease, METRICS_FILE, MetricsEntry, RUN_FILE, RUN_RECORD_VERSION, RunRecord,
+    RunStatus, WorkerRecord, now,
 };
 pub use reports::{ASYNC_IN_FLIGHT, RankReports, ReportSink, Reported, UploadMode};
-pub use retention::retention;
+pub use retention::{metric, ranked, retention};
 pub use storage::{
     HandInLimits, RunFolder, Storage, StorageLocation, Taken, attempt_logs_dir_name,
     checkpoint_dir_name,

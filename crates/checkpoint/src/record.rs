@@ -1,6 +1,7 @@
 //! `run.json`: what a run folder says about its run.
 
 use serde::{Deserialize, Serialize};
+use trainyard_config::{CheckpointConfig, ScoreOrder};
 
 /// The name of a run folder's record.
 pub const RUN_FILE: &str = "run.json";
@@ -173,9 +174,34 @@ pub struct DriverRecord {
     pub start_ticks: Option<u64>,
 }
 
+/// What ranks a run's checkpoints: its `CheckpointConfig`'s score attribute and order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CheckpointScore {
+    /// The reported metric (`val/loss` names one nested in `val`; see [`crate::metric`]).
+    pub attribute: String,
+    /// Which way is better.
+    pub order: ScoreOrder,
+}
+
+impl CheckpointScore {
+    /// `config`'s score; `None` when it ranks checkpoints by age.
+    #[must_use]
+    pub fn of(config: &CheckpointConfig) -> Option<Self> {
+        config
+            .checkpoint_score_attribute
+            .as_ref()
+            .map(|attribute| Self {
+                attribute: attribute.clone(),
+                order: config.checkpoint_score_order,
+            })
+    }
+}
+
 /// The version of `run.json` this build writes, and the newest it reads: 2 added the
 /// `interrupted` and `stopped` statuses and the driver; 3 checkpoints in folders the ranks
 /// named (`NO_UPLOAD`), which a reader of 2 would look for under `checkpoint_<index>`.
+/// A field that a reader of the same version may pass over without misreading the run (the
+/// checkpoints' [`RunRecord::score`]) comes with a default, and no new version.
 pub const RUN_RECORD_VERSION: u32 = 3;
 
 /// `run.json`.
@@ -203,6 +229,10 @@ pub struct RunRecord {
     /// from here.
     #[serde(default)]
     pub last_index: u64,
+    /// What its latest driver ranked its checkpoints by (`None`: by age, and in records
+    /// written before it was kept), so that a later reader ranks them as the run did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<CheckpointScore>,
 }
 
 impl RunRecord {
@@ -218,7 +248,15 @@ impl RunRecord {
             checkpoints: Vec::new(),
             latest_checkpoint: None,
             last_index: 0,
+            score: None,
         }
+    }
+
+    /// The kept checkpoints, best first as the run ranks them ([`crate::ranked`] by
+    /// [`RunRecord::score`]).
+    #[must_use]
+    pub fn best(&self) -> Vec<&CheckpointRecord> {
+        crate::ranked(&self.checkpoints, self.score.as_ref())
     }
 
     /// The latest committed checkpoint.

@@ -163,6 +163,22 @@ impl RankReports {
         mode: UploadMode,
         delete_local: bool,
     ) -> Reported {
+        self.report_named(metrics, checkpoint, None, mode, delete_local)
+            .await
+    }
+
+    /// [`RankReports::report`], with the files of a `SYNC` or `ASYNC` checkpoint copied into
+    /// the folder `name` of the run folder when given (Ray Train's `checkpoint_dir_name`; see
+    /// [`CheckpointWriter::persist_named`]) instead of the index's own. A `NO_UPLOAD`
+    /// checkpoint stays where it is, whatever `name` says.
+    pub async fn report_named(
+        &self,
+        metrics: serde_json::Map<String, serde_json::Value>,
+        checkpoint: Option<&Path>,
+        name: Option<String>,
+        mode: UploadMode,
+        delete_local: bool,
+    ) -> Reported {
         let permit = match (mode, checkpoint) {
             (UploadMode::Async, Some(_)) => Arc::clone(&self.shared.in_flight)
                 .acquire_owned()
@@ -189,7 +205,7 @@ impl RankReports {
             Box::pin(async move {
                 let index = base + seq;
                 let hand_in = shared
-                    .hand_in(index, &dir, mode, delete_local, taken_tx)
+                    .hand_in(index, &dir, name.as_deref(), mode, delete_local, taken_tx)
                     .await;
                 let error = match &hand_in {
                     HandIn::Failed { error, .. } => Some(error.clone()),
@@ -338,6 +354,7 @@ impl Shared {
         &self,
         index: u64,
         dir: &Path,
+        name: Option<&str>,
         mode: UploadMode,
         delete_local: bool,
         taken: oneshot::Sender<Option<String>>,
@@ -361,7 +378,7 @@ impl Shared {
         match mode {
             UploadMode::Sync => {
                 let _ = taken.send(None);
-                writer.hand_in(index, dir).await
+                writer.hand_in(index, name, dir).await
             }
             UploadMode::NoUpload => {
                 let _ = taken.send(None);
@@ -376,7 +393,7 @@ impl Shared {
             UploadMode::Async => match writer.take(dir, delete_local).await {
                 Ok(staged) => {
                     let _ = taken.send(None);
-                    let hand_in = writer.hand_in(index, staged.path()).await;
+                    let hand_in = writer.hand_in(index, name, staged.path()).await;
                     staged.remove().await;
                     hand_in
                 }
@@ -542,6 +559,68 @@ mod tests {
             seen[1],
             (2, Some(HandIn::Persisted { index: 2, .. }))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_named_checkpoint_is_copied_into_that_folder_and_a_name_of_trainyards_refused() {
+        let (root, env) = run_env();
+        let gate = Arc::new(Gate::new(10));
+        let (sink, seen) = recording(&gate);
+        let reports = RankReports::new(&env, sink);
+        let name = |n: &str| Some(n.to_owned());
+        for (n, mode) in [(1, UploadMode::Sync), (2, UploadMode::Async)] {
+            let dir = shard(root.path(), &format!("c{n}"));
+            let reported = reports
+                .report_named(
+                    step(n),
+                    Some(&dir),
+                    name(&format!("iteration_{n}")),
+                    mode,
+                    false,
+                )
+                .await;
+            assert_eq!(reported.error, None);
+        }
+        for bad in [
+            "logs",
+            "checkpoint_000009",
+            "../elsewhere",
+            "a/b",
+            "/abs",
+            "",
+        ] {
+            let dir = shard(root.path(), "bad");
+            let reported = reports
+                .report_named(step(9), Some(&dir), name(bad), UploadMode::Sync, false)
+                .await;
+            let error = reported.error.expect("refused");
+            assert!(error.contains("checkpoint_dir_name"), "{bad}: {error}");
+        }
+        // The index's own name is no name.
+        let dir = shard(root.path(), "c9");
+        let own = crate::checkpoint_dir_name(9);
+        reports
+            .report_named(step(9), Some(&dir), Some(own), UploadMode::Sync, false)
+            .await;
+        assert!(reports.flush(Duration::from_secs(10)).await);
+        let seen = seen.lock().unwrap();
+        for n in [1, 2] {
+            let folder = format!("iteration_{n}");
+            match &seen[n as usize - 1] {
+                (_, Some(HandIn::Persisted { dir, files, .. })) => {
+                    assert_eq!(dir.as_deref(), Some(folder.as_str()));
+                    assert_eq!(files, &[format!("c{n}.pt")]);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+            let file = root.path().join(format!("run/{folder}/c{n}.pt"));
+            assert!(file.is_file(), "{}", file.display());
+        }
+        assert!(matches!(
+            seen.last(),
+            Some((_, Some(HandIn::Persisted { dir: None, .. })))
+        ));
+        assert!(!root.path().join("run/logs/bad.pt").exists());
     }
 
     #[tokio::test]

@@ -16,6 +16,11 @@ pub enum HandIn {
     Persisted {
         /// The index the worker persisted under.
         index: u64,
+        /// The folder they are in, relative to the run folder, when the report named it
+        /// (Ray Train's `checkpoint_dir_name`); `None`: the index's own
+        /// (`checkpoint_000003`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dir: Option<String>,
         /// The files, relative to the checkpoint folder, sorted.
         files: Vec<String>,
         /// Their total size in bytes.
@@ -100,8 +105,23 @@ impl CheckpointWriter {
     /// say); files already written are left for the driver to clean up, and the index is
     /// never committed.
     pub async fn persist(&self, index: u64, source: &Path) -> Result<HandIn, StorageError> {
+        self.persist_named(index, None, source).await
+    }
+
+    /// [`CheckpointWriter::persist`] into the folder `name` of the run folder when given
+    /// (Ray Train's `checkpoint_dir_name`), else into the index's own.
+    ///
+    /// # Errors
+    /// As [`CheckpointWriter::persist`]; [`StorageError::CheckpointDirName`] for a name that
+    /// is not one folder name, or is one of trainyard's own.
+    pub async fn persist_named(
+        &self,
+        index: u64,
+        name: Option<&str>,
+        source: &Path,
+    ) -> Result<HandIn, StorageError> {
         self.folder
-            .persist_directory_within(index, source, self.limits)
+            .persist_directory_within(index, name, source, self.limits)
             .await
     }
 
@@ -126,9 +146,9 @@ impl CheckpointWriter {
         self.folder.register_directory(index, location).await
     }
 
-    /// [`CheckpointWriter::persist`], with a failure turned into [`HandIn::Failed`].
-    pub async fn hand_in(&self, index: u64, source: &Path) -> HandIn {
-        match self.persist(index, source).await {
+    /// [`CheckpointWriter::persist_named`], with a failure turned into [`HandIn::Failed`].
+    pub async fn hand_in(&self, index: u64, name: Option<&str>, source: &Path) -> HandIn {
+        match self.persist_named(index, name, source).await {
             Ok(hand_in) => hand_in,
             Err(error) => HandIn::Failed {
                 index,

@@ -78,6 +78,7 @@ async fn a_rank_s_directory_is_persisted_with_nested_names_sorted_and_its_size()
         hand_in,
         HandIn::Persisted {
             index: 3,
+            dir: None,
             files: vec![
                 "b/c/d.txt".into(),
                 "model.pt".into(),
@@ -266,7 +267,7 @@ async fn a_disk_that_fills_mid_copy_fails_the_report_and_leaves_nothing_under_a_
 
     // Through the writer, the same failure is a hand-in that fails the index.
     let writer = CheckpointWriter::new(folder);
-    match writer.hand_in(2, source.path()).await {
+    match writer.hand_in(2, None, source.path()).await {
         HandIn::Failed { index: 2, error } => assert!(error.contains("No space left"), "{error}"),
         other => panic!("expected a failed hand-in, got {other:?}"),
     }
@@ -294,7 +295,7 @@ async fn a_source_that_is_not_a_directory_is_refused_and_handed_in_as_failed() {
     let writer = CheckpointWriter::from_env(&env).unwrap().unwrap();
     assert_eq!(writer.folder().name(), "run");
     assert!(matches!(
-        writer.hand_in(1, &file).await,
+        writer.hand_in(1, None, &file).await,
         HandIn::Failed { index: 1, error } if error.contains("must be a directory")
     ));
 }
@@ -309,7 +310,10 @@ async fn a_fifo_in_a_checkpoint_fails_the_hand_in_naming_it_instead_of_hanging()
     let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
     assert!(made.success());
     let writer = CheckpointWriter::new(storage(root.path()).run("run"));
-    let handed = tokio::time::timeout(Duration::from_secs(20), writer.hand_in(1, source.path()));
+    let handed = tokio::time::timeout(
+        Duration::from_secs(20),
+        writer.hand_in(1, None, source.path()),
+    );
     let Ok(hand_in) = handed.await else {
         // Unblock the copy that waits for a writer, so that the test ends.
         drop(
@@ -381,13 +385,13 @@ async fn a_hand_in_beyond_the_tasks_bounds_on_files_or_bytes_fails_naming_the_bo
         ]);
         CheckpointWriter::from_env(&env).unwrap().unwrap()
     };
-    match writer("2", "").hand_in(1, source.path()).await {
+    match writer("2", "").hand_in(1, None, source.path()).await {
         HandIn::Failed { error, .. } => {
             assert!(error.contains("more than 2 files"), "{error}");
         }
         other => panic!("expected a failed hand-in, got {other:?}"),
     }
-    match writer("", "25").hand_in(1, source.path()).await {
+    match writer("", "25").hand_in(1, None, source.path()).await {
         HandIn::Failed { error, .. } => {
             assert!(
                 error.contains("at least 30 bytes, more than the 25"),
@@ -401,7 +405,7 @@ async fn a_hand_in_beyond_the_tasks_bounds_on_files_or_bytes_fails_naming_the_bo
         "nothing copied"
     );
     assert!(matches!(
-        writer("3", "30").hand_in(1, source.path()).await,
+        writer("3", "30").hand_in(1, None, source.path()).await,
         HandIn::Persisted { bytes: 30, .. }
     ));
 }

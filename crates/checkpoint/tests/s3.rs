@@ -73,6 +73,7 @@ async fn an_s3_run_folder_keeps_two_ranks_checkpoints_its_record_and_restores_th
         a.unwrap(),
         HandIn::Persisted {
             index: 1,
+            dir: None,
             files: vec!["meta/config.json".into(), "model.pt".into()],
             bytes: (20 << 20) + 100
         }
@@ -81,6 +82,7 @@ async fn an_s3_run_folder_keeps_two_ranks_checkpoints_its_record_and_restores_th
         b.unwrap(),
         HandIn::Persisted {
             index: 1,
+            dir: None,
             files: vec!["shard_1.pt".into()],
             bytes: (1 << 20) + 3
         }
@@ -246,7 +248,7 @@ async fn a_bucket_that_does_not_exist_fails_the_check_and_the_persist_naming_it(
     let source = tempfile::tempdir().unwrap();
     write_file(&source.path().join("model.pt"), 10, 0);
     let writer = CheckpointWriter::new(storage.run("run"));
-    match writer.hand_in(4, source.path()).await {
+    match writer.hand_in(4, None, source.path()).await {
         HandIn::Failed { index: 4, error } => {
             assert!(
                 error.contains("s3://no-such-bucket/x/run/checkpoint_000004/model.pt"),

@@ -251,8 +251,8 @@ pub(crate) struct RunArgs {
     /// Where run folders live: a path, file:///PATH or s3://BUCKET[/PREFIX] [default: $TRAINYARD_STORAGE, else ~/trainyard_results]
     #[arg(long, value_name = "PATH|URI", value_parser = storage_location)]
     pub(crate) storage: Option<String>,
-    /// auto: resume an unfinished run of the same name and storage, refuse a finished one; never: start afresh in a new folder
-    #[arg(long, value_name = "auto|never", default_value = "auto", value_parser = parsed::<ResumePolicy>)]
+    /// auto: resume an unfinished run of the same name and storage, refuse a finished one; always: resume it even when finished, training on from its latest checkpoint (Ray Train v2's behaviour); never: start afresh in a new folder
+    #[arg(long, value_name = "auto|always|never", default_value = "auto", value_parser = parsed::<ResumePolicy>)]
     pub(crate) resume: ResumePolicy,
     /// How many committed checkpoints to keep (the best by --checkpoint-score, else the newest; the latest is always kept) [default: all]
     #[arg(long, value_name = "N", value_parser = at_least_one)]

@@ -84,8 +84,8 @@ pub enum ConfigError {
     /// A score order other than `min` or `max`.
     #[error("checkpoint score order must be `min` or `max`, got `{0}`")]
     ScoreOrder(String),
-    /// A resume policy other than `auto` or `never`.
-    #[error("resume must be `auto` or `never`, got `{0}`")]
+    /// A resume policy other than `auto`, `always` or `never`.
+    #[error("resume must be `auto`, `always` or `never`, got `{0}`")]
     Resume(String),
     /// A hang timeout that is not a positive duration.
     #[error("hang timeout must be a positive duration such as `90s`, `10m` or `1h30m`, got `{0}`")]

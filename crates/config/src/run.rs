@@ -196,14 +196,31 @@ pub fn check_run_name(name: &str) -> Result<(), ConfigError> {
 }
 
 /// What a run does when its folder already holds a run of the same name.
+///
+/// A resumed run goes on from its latest committed checkpoint: its attempts are added to
+/// the record's, and its checkpoints go on from the highest index the run reached.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ResumePolicy {
-    /// Resume an unfinished run from its latest checkpoint; refuse a finished one.
+    /// Resume an unfinished run; refuse a finished one (the CLI's default: running a
+    /// command again does not train a finished model further unasked).
     #[default]
     Auto,
+    /// Resume the run whatever its status, a finished one included, which runs again and
+    /// trains on from its latest checkpoint (Ray Train v2's behaviour: "train 10 more
+    /// epochs" by running the same program again).
+    Always,
     /// Never resume: start afresh in a new folder (the name with `-2`, `-3`, ... appended).
     Never,
+}
+
+impl ResumePolicy {
+    /// Whether a run that has finished is resumed (else refused, or, with
+    /// [`ResumePolicy::Never`], left alone for a fresh folder).
+    #[must_use]
+    pub const fn resumes_finished(self) -> bool {
+        matches!(self, Self::Always)
+    }
 }
 
 impl std::str::FromStr for ResumePolicy {
@@ -211,9 +228,20 @@ impl std::str::FromStr for ResumePolicy {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "auto" => Ok(Self::Auto),
+            "always" => Ok(Self::Always),
             "never" => Ok(Self::Never),
             other => Err(ConfigError::Resume(other.to_owned())),
         }
+    }
+}
+
+impl std::fmt::Display for ResumePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Always => "always",
+            Self::Never => "never",
+        })
     }
 }
 
@@ -535,6 +563,26 @@ mod tests {
         let run: RunConfig = toml::from_str("hang_timeout = 30").unwrap();
         assert_eq!(run.hang_timeout, Some(Duration::from_secs(30)));
         assert!(serde_json::from_str::<RunConfig>(r#"{"hang_timeout": "-1"}"#).is_err());
+    }
+
+    #[test]
+    fn resume_policies_read_and_write_their_names() {
+        for policy in [
+            ResumePolicy::Auto,
+            ResumePolicy::Always,
+            ResumePolicy::Never,
+        ] {
+            assert_eq!(policy.to_string().parse::<ResumePolicy>().unwrap(), policy);
+            let json = serde_json::to_string(&policy).unwrap();
+            assert_eq!(json, format!("\"{policy}\""));
+        }
+        assert!(ResumePolicy::Always.resumes_finished());
+        assert!(!ResumePolicy::Auto.resumes_finished());
+        let err = "sometimes".parse::<ResumePolicy>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "resume must be `auto`, `always` or `never`, got `sometimes`"
+        );
     }
 
     #[test]

@@ -204,6 +204,10 @@ impl EventSender {
     ///
     /// # Errors
     /// The event back, when there is no room for it.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the unsent event itself comes back, as tokio's try_send gives back its value"
+    )]
     pub fn try_send(&self, event: ActorEvent) -> Result<(), ActorEvent> {
         if !self.flush_dropped() {
             return Err(event);
@@ -248,6 +252,10 @@ impl EventSender {
     }
 
     /// Puts `event` in the buffer if there is room for it now; the event back if not.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the unsent event itself comes back, as tokio's try_send gives back its value"
+    )]
     fn try_put(&self, event: ActorEvent) -> Result<(), ActorEvent> {
         let weight = self.weight(&event);
         let Ok(room) = Arc::clone(&self.room).try_acquire_many_owned(weight) else {

@@ -98,14 +98,14 @@ def test_best_checkpoints_go_worst_to_best_and_the_dataframe_has_their_rows(stor
     # The driver's own logging is shown at the default level (LoggingConfig "INFO").
     assert "Setting up process group" in capfd.readouterr().err
 
-    # Read back from its folder: every checkpoint kept, oldest first (Ray 2.60 lists the
-    # same four, in the order of the run's score: see the README's differences).
+    # Read back from its folder: every checkpoint kept, worst to best by the run's score, the
+    # latest among them (Ray 2.60 reads its snapshot with a default CheckpointConfig).
     again = Result.from_path(result.path)
     assert again.path == result.path and again.error is None
     assert again.metrics == {"step": 5, "acc": 0.4}
     assert again.checkpoint == result.checkpoint
-    assert _steps(again.best_checkpoints) == [0, 2, 4, 5]
-    assert list(again.metrics_dataframe["step"]) == [0, 2, 4, 5]
+    assert _steps(again.best_checkpoints) == [5, 2, 4, 0]
+    assert list(again.metrics_dataframe["step"]) == [5, 2, 4, 0]
     assert again.get_best_checkpoint("acc", "max") == result.checkpoint
 
 
@@ -131,15 +131,18 @@ def test_a_score_attribute_no_report_has_logs_rays_error_and_keeps_the_newest(
                 checkpoint_score_order="min",
             ),
         )
-    # Ray 2.60: the two newest kept, and this error on the controller's log (there the
-    # keys come in the order reported, ['step', 'acc']; the driver keeps them sorted).
+    # Ray 2.60: the two newest kept, and this error on the controller's log, the keys in the
+    # order reported.
     assert _steps(result.best_checkpoints) == [4, 5]
     assert len(_on_disk(result)) == 2
     said = [r.getMessage() for r in caplog.records if r.name == "trainyard.train"]
     assert len(said) == len(ACCS) and set(said) == {
         "Result dict has no key: val_loss. checkpoint_score_attr must be set to a key in "
-        "the result dict. Valid keys are: ['acc', 'step']"
+        "the result dict. Valid keys are: ['step', 'acc']"
     }
+    # Metrics keep the order reported, as Ray's.
+    assert list(result.metrics) == ["step", "acc"]
+    assert list(result.metrics_dataframe.columns) == ["step", "acc"]
 
 
 def test_without_a_score_the_newest_are_kept_oldest_first(storage) -> None:
@@ -147,6 +150,133 @@ def test_without_a_score_the_newest_are_kept_oldest_first(storage) -> None:
     # Ray 2.60: steps 4, 5.
     assert _steps(result.best_checkpoints) == [4, 5]
     assert list(result.metrics_dataframe["step"]) == [4, 5]
+    assert _steps(Result.from_path(result.path).best_checkpoints) == [4, 5]
+
+
+def nested_loop(config):  # type: ignore[no-untyped-def]
+    for step, acc in enumerate(config["accs"]):
+        with tempfile.TemporaryDirectory() as d:
+            train.report(
+                {"step": step, "val": {"acc": acc}}, checkpoint=Checkpoint.from_directory(d)
+            )
+
+
+def test_a_nested_score_attribute_names_its_metric_by_path(storage, caplog) -> None:
+    with caplog.at_level(logging.ERROR, logger="trainyard.train"):
+        result = TorchTrainer(
+            nested_loop,
+            train_loop_config={"accs": ACCS},
+            scaling_config=TWO,
+            run_config=RunConfig(
+                name="nested",
+                storage_path=storage,
+                checkpoint_config=CheckpointConfig(
+                    num_to_keep=3,
+                    checkpoint_score_attribute="val/acc",
+                    checkpoint_score_order="min",
+                ),
+            ),
+        ).fit()
+    # As the flat "acc" above (Ray 2.60 flattens the metrics to find "val/acc").
+    assert _steps(result.best_checkpoints) == [2, 4, 0]
+    assert len(_on_disk(result)) == 4
+    assert _steps(Result.from_path(result.path).best_checkpoints) == [5, 2, 4, 0]
+    assert not [r for r in caplog.records if r.name == "trainyard.train"]
+
+
+def epochs_loop(config):  # type: ignore[no-untyped-def]
+    start = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d, open(os.path.join(d, "epoch")) as f:
+            start = int(f.read()) + 1
+    for epoch in range(start, config["epochs"]):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "epoch"), "w") as f:
+                f.write(str(epoch))
+            train.report({"epoch": epoch}, checkpoint=Checkpoint.from_directory(d))
+    return list(range(start, config["epochs"]))
+
+
+def test_running_a_finished_run_again_trains_on_from_its_latest_checkpoint(storage) -> None:
+    def fit(epochs: int) -> Result:
+        return TorchTrainer(
+            epochs_loop,
+            train_loop_config={"epochs": epochs},
+            scaling_config=TWO,
+            run_config=RunConfig(name="more", storage_path=storage),
+        ).fit()
+
+    first = fit(2)
+    assert first.return_value == [0, 1]
+    # Ray 2.60: the same name and storage_path resume the finished run ("2 more epochs").
+    again = fit(4)
+    assert again.return_value == [2, 3]
+    assert again.path == first.path
+    assert again.metrics == {"epoch": 3}
+    assert [m["epoch"] for _, m in again.best_checkpoints] == [0, 1, 2, 3]
+    assert again.checkpoint is not None
+    assert again.checkpoint.path.endswith("checkpoint_000004")
+    assert list(again.metrics_history["epoch"]) == [0, 1, 2, 3]
+
+
+def named_loop(config):  # type: ignore[no-untyped-def]
+    """Rank by rank, iteration by iteration, one of: copied (SYNC, ASYNC), written into the run
+    folder (NO_UPLOAD), or no checkpoint; every checkpoint named ``iteration_<i>``."""
+    rank = train.get_context().get_world_rank()
+    scratch = tempfile.mkdtemp()
+    seen = []
+    for i, modes in enumerate(config["modes"]):
+        mode = modes[rank]
+        name = f"iteration_{i}"
+        if mode is None:
+            train.report({"i": i})
+            continue
+        if mode == "NO_UPLOAD":
+            folder = train.get_context().get_storage().build_checkpoint_path_from_name(name)
+        else:
+            folder = os.path.join(scratch, name, str(rank))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"shard_{rank}"), "w") as f:
+            f.write(str(i))
+        train.report(
+            {"i": i},
+            checkpoint=Checkpoint.from_directory(folder),
+            checkpoint_upload_mode=train.CheckpointUploadMode[mode],
+            checkpoint_dir_name=name,
+        )
+        if mode == "SYNC":
+            seen.append(os.path.basename(train.get_checkpoint().path))
+    return seen
+
+
+def test_checkpoint_dir_name_names_the_folder_whatever_each_ranks_upload_mode(storage) -> None:
+    # Ray's test_report_mixed_checkpoint_upload_modes in small: every pair of modes.
+    modes = [
+        ("SYNC", "SYNC"),
+        ("ASYNC", "SYNC"),
+        ("SYNC", "NO_UPLOAD"),
+        ("ASYNC", "NO_UPLOAD"),
+        ("NO_UPLOAD", "NO_UPLOAD"),
+        ("ASYNC", None),
+        ("NO_UPLOAD", None),
+        (None, None),
+    ]
+    result = TorchTrainer(
+        named_loop,
+        train_loop_config={"modes": modes},
+        scaling_config=TWO,
+        run_config=RunConfig(name="named", storage_path=storage),
+    ).fit()
+    # Ray 2.60: a checkpoint per iteration where any rank handed one in, in its named folder.
+    # After a SYNC report (rank 0's: iterations 0 and 2), get_checkpoint() is in that folder.
+    assert result.return_value == ["iteration_0", "iteration_2"]
+    assert [m["i"] for _, m in result.best_checkpoints] == list(range(7))
+    for i, (checkpoint, _) in enumerate(result.best_checkpoints):
+        assert checkpoint.path.endswith(f"/iteration_{i}")
+        shards = sorted(os.listdir(checkpoint.path))
+        assert shards == [f"shard_{r}" for r in range(2) if modes[i][r] is not None]
+    assert not _on_disk(result), "no folder named by index"
 
 
 def latest_loop():  # type: ignore[no-untyped-def]

@@ -145,9 +145,12 @@ def report(
     agent has taken the directory; with ``NO_UPLOAD`` once the folder the rank
     wrote into the run folder is registered (see ``CheckpointUploadMode``). Safe
     to call from several threads (reports are sent one at a time).
-    ``checkpoint_dir_name`` is accepted for Ray's sake: the run folder names the
-    checkpoints it copies by index (``checkpoint_000003``); a ``NO_UPLOAD``
-    checkpoint keeps the folder it was written to.
+    ``checkpoint_dir_name`` names the folder of the run folder a ``SYNC`` or
+    ``ASYNC`` checkpoint is copied to, as Ray's (one folder name, not one of
+    trainyard's own such as ``logs`` or ``checkpoint_000007``); without it the
+    folder is named by index (``checkpoint_000003``). Every rank that hands in
+    files for the same report must name the same folder (or, ``NO_UPLOAD``,
+    write to it). A ``NO_UPLOAD`` checkpoint keeps the folder it was written to.
 
     ``checkpoint_upload_fn(checkpoint, checkpoint_dir_name)``, as Ray's, persists the
     checkpoint itself, into the run folder (``get_context().get_storage()
@@ -233,7 +236,11 @@ def report(
         )
     path = None if checkpoint is None else checkpoint.path
     if mode is CheckpointUploadMode.ASYNC:
-        reports.took(_client.send(metrics, path, "ASYNC", delete_local_checkpoint_after_upload))
+        reports.took(
+            _client.send(
+                metrics, path, "ASYNC", delete_local_checkpoint_after_upload, checkpoint_dir_name
+            )
+        )
         return
     if mode is CheckpointUploadMode.NO_UPLOAD:
         # Already in storage: never deleted here.
@@ -241,11 +248,12 @@ def report(
         if checkpoint is not None:
             _last_reported[:] = [checkpoint]
         return
-    index = _client.send(metrics, path)
+    index = _client.send(metrics, path, dir_name=checkpoint_dir_name)
     reports.took(index)
     run_dir = os.environ.get(RUN_DIR_ENV)
     if path is not None and run_dir and "://" not in run_dir:
-        _last_reported[:] = [Checkpoint(os.path.join(run_dir, f"checkpoint_{index:06d}"))]
+        folder = checkpoint_dir_name or f"checkpoint_{index:06d}"
+        _last_reported[:] = [Checkpoint(os.path.join(run_dir, folder))]
     if path is not None and delete_local_checkpoint_after_upload:
         import shutil
 

@@ -525,8 +525,9 @@ class RunConfig:
 
     Args:
         name: The run's name: its folder is ``storage_path/name``. A run of the same name and
-            storage that did not finish resumes from its latest checkpoint. A name is
-            generated when ``None``.
+            storage resumes from its latest checkpoint, a finished one included (as Ray
+            Train v2's: it trains on, its checkpoints numbered on). A name is generated when
+            ``None``.
         storage_path: Where run folders live: a path, ``file:///...`` or ``s3://...``
             (default ``$TRAINYARD_STORAGE``, else ``~/trainyard_results``).
         storage_filesystem: pyarrow's ``LocalFileSystem`` or ``S3FileSystem`` (then
@@ -616,6 +617,9 @@ class RunConfig:
             args += ["--storage", str(self.storage_path)]
         assert self.failure_config is not None and self.checkpoint_config is not None
         args += ["--max-failures", str(self.failure_config.max_failures)]
+        # As Ray Train v2: a finished run of the same name and storage trains on from its
+        # latest checkpoint.
+        args += ["--resume", "always"]
         # By name only: the values travel in the driver's environment (``_cli_env``), never on
         # a command line every user of the machine can read.
         for name in _worker_env_vars(self.worker_runtime_env):

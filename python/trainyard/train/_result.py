@@ -226,8 +226,9 @@ class Result:
     ) -> "Result":
         """The ``Result`` of the run whose folder is ``path`` (a local path or an ``s3://``
         URI), read from its ``run.json``: ``checkpoint`` and ``metrics`` of its latest
-        committed checkpoint, ``best_checkpoints`` every checkpoint it keeps, oldest first (as
-        Ray reads them with a default ``CheckpointConfig``); ``error`` is not read back.
+        committed checkpoint, ``best_checkpoints`` every checkpoint it keeps, worst to best as
+        the run ranked them (by its ``checkpoint_score_attribute``, else oldest first), as
+        Ray reads them with a default ``CheckpointConfig``; ``error`` is not read back.
 
         Raises ``RuntimeError`` when the folder does not exist or holds no ``run.json``.
         """
@@ -251,8 +252,14 @@ class Result:
                     "experiment folder. Make sure that this is an output directory created "
                     "by a trainyard run."
                 )
-        record = _shown(text).get("record") or {}
-        kept = sorted(record.get("checkpoints") or [], key=lambda c: c.get("index", 0))
+        shown = _shown(text)
+        record = shown.get("record") or {}
+        # The driver ranks them best first.
+        rank = {index: at for at, index in enumerate(shown.get("best") or [])}
+        kept = sorted(
+            record.get("checkpoints") or [],
+            key=lambda c: (-rank.get(c.get("index"), -1), c.get("index", 0)),
+        )
         best = [(Checkpoint(f"{text}/{c['dir']}"), dict(c.get("metrics") or {})) for c in kept]
         latest = next(
             (

@@ -63,7 +63,11 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
         std::fs::write(dir.join(file), epoch.to_string()).map_err(|e| e.to_string())?;
         // Lower is better, and epoch 2 and 4 are the best.
         let loss = [0.0, 0.5, 0.1, 0.9, 0.2, 0.7][epoch as usize % 6];
-        let reported = metrics(json!({"epoch": epoch, "loss": loss}));
+        let reported = if arg["nested"].as_bool() == Some(true) {
+            metrics(json!({"epoch": epoch, "val": {"loss": loss}}))
+        } else {
+            metrics(json!({"epoch": epoch, "loss": loss}))
+        };
         if arg["async"].as_bool() == Some(true) {
             // Taken: the directory is gone when this returns.
             ctx.report_checkpoint_async(reported, &dir, true).await
@@ -322,7 +326,9 @@ async fn a_later_run_of_the_same_name_resumes_and_a_finished_one_is_refused() {
         Err(error @ ExecutorError::RunFinished { .. }) => {
             let text = error.to_string();
             assert!(
-                text.contains("`later`") && text.contains("--resume never"),
+                text.contains("`later`")
+                    && text.contains("--resume never")
+                    && text.contains("--resume always"),
                 "{text}"
             );
         }
@@ -370,6 +376,76 @@ async fn retention_keeps_the_two_best_by_score_and_the_latest() {
         .filter_map(|c| c["index"].as_u64())
         .collect();
     assert_eq!(kept, vec![2, 4, 5]);
+}
+
+#[tokio::test]
+async fn a_nested_score_attribute_ranks_and_keeps_checkpoints_and_the_record_keeps_it() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let run = run_config(storage.path(), "nested").checkpoint_config(
+        CheckpointConfig::default()
+            .num_to_keep(2)
+            .score("val/loss", ScoreOrder::Min),
+    );
+    let mut arg = plan(5, None, false);
+    arg["nested"] = json!(true);
+    let (result, _) = fit(&sim(), run, arg).await;
+    let report = result.expect("the run succeeds");
+    // Losses by epoch: 0.5, 0.1, 0.9, 0.2, 0.7 under `val`: the best are 2 and 4.
+    let best: Vec<u64> = report.best_checkpoints.iter().map(|c| c.index).collect();
+    assert_eq!(best, vec![2, 4, 5]);
+    assert_eq!(
+        checkpoint_dirs(storage.path(), "nested"),
+        [
+            "checkpoint_000002",
+            "checkpoint_000004",
+            "checkpoint_000005"
+        ]
+    );
+    // A later reader ranks them as the run did.
+    let record = run_json(storage.path(), "nested");
+    assert_eq!(
+        record["score"],
+        json!({"attribute": "val/loss", "order": "min"})
+    );
+    let record: trainyard_checkpoint::RunRecord = serde_json::from_value(record).expect("a record");
+    let ranked: Vec<u64> = record.best().iter().map(|c| c.index).collect();
+    assert_eq!(ranked, vec![2, 4, 5]);
+}
+
+#[tokio::test]
+async fn a_finished_run_run_again_with_resume_always_trains_on_from_its_latest_checkpoint() {
+    let storage = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let again = || run_config(storage.path(), "more").resume(ResumePolicy::Always);
+    let (first, _) = fit(&sim, again(), plan(3, None, false)).await;
+    assert_eq!(
+        ran(&first.expect("the first run succeeds")),
+        vec![vec![1, 2, 3]; 2]
+    );
+    assert_eq!(run_json(storage.path(), "more")["status"], "finished");
+
+    // "Train 2 more epochs": the same run, asked for 5.
+    let (second, events) = fit(&sim, again(), plan(5, None, false)).await;
+    let report = second.expect("the finished run resumes and succeeds");
+    assert_eq!(ran(&report), vec![vec![4, 5]; 2]);
+    assert_eq!(committed(&events), vec![4, 5]);
+    assert_eq!(report.checkpoint.as_ref().map(|c| c.index), Some(5));
+    let best: Vec<u64> = report.best_checkpoints.iter().map(|c| c.index).collect();
+    assert_eq!(best, vec![5, 4, 3, 2, 1], "the indices go on");
+    assert!(
+        report
+            .run_dir
+            .as_deref()
+            .is_some_and(|d| d.ends_with("/more")),
+        "{:?}",
+        report.run_dir
+    );
+    let record = run_json(storage.path(), "more");
+    assert_eq!(record["status"], "finished");
+    let attempts = record["attempts"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 2, "{record}");
+    assert_eq!(attempts[1]["resumed_from"], 3);
+    assert_eq!(record["latest_checkpoint"], 5);
 }
 
 #[tokio::test]

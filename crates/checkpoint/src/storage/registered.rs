@@ -76,14 +76,58 @@ impl RunFolder {
             Placed::Missing => return Err(refused("it does not exist")),
         };
         let top = relative.split('/').next().unwrap_or_default();
-        if OWN_NAMES.contains(&top) || is_temp(top) || checkpoint_index(top).is_some() {
-            return Err(self.not_registered(
-                location,
-                format!("`{top}` is trainyard's own: name the folder otherwise"),
-            ));
+        if is_own(top) {
+            return Err(self.not_registered(location, own_name(top)));
         }
         Ok(relative)
     }
+
+    /// The folder that checkpoint `index`'s files are copied to when its report names it
+    /// `name` (Ray Train's `checkpoint_dir_name`), relative to the run folder: `None` for the
+    /// index's own folder (`checkpoint_000003`, and when `name` is that).
+    ///
+    /// # Errors
+    /// [`StorageError::CheckpointDirName`] when `name` is not one folder name, is one of
+    /// trainyard's own, or is a link that leads out of the run folder.
+    pub(super) async fn named_folder(
+        &self,
+        index: u64,
+        name: Option<&str>,
+    ) -> Result<Option<String>, StorageError> {
+        let Some(name) = name else {
+            return Ok(None);
+        };
+        let refused = |reason: String| StorageError::CheckpointDirName {
+            name: name.to_owned(),
+            run: self.uri(),
+            reason,
+        };
+        let folder = relative_below(Path::new(name), Path::new(""))
+            .filter(|folder| !folder.contains('/'))
+            .ok_or_else(|| refused("it is not one folder name".to_owned()))?;
+        if folder == super::checkpoint_dir_name(index) {
+            return Ok(None);
+        }
+        if is_own(&folder) {
+            return Err(refused(own_name(&folder)));
+        }
+        let location = self.storage().location().join(self.name()).join(&folder);
+        match self.store().place(&self.key(""), location).await? {
+            Placed::Below(_) | Placed::Missing => Ok(Some(folder)),
+            Placed::Outside => Err(refused("it leads out of the run folder".to_owned())),
+        }
+    }
+}
+
+/// Whether `top`, a name at the top of a run folder, is trainyard's own: its files, a
+/// temporary file, or an index's folder (`checkpoint_<digits>`).
+fn is_own(top: &str) -> bool {
+    OWN_NAMES.contains(&top) || is_temp(top) || checkpoint_index(top).is_some()
+}
+
+/// Why the name `top` is refused.
+fn own_name(top: &str) -> String {
+    format!("`{top}` is trainyard's own: name the folder otherwise")
 }
 
 /// `path` relative to `base`, with `/` separators, when it is a folder below it: lexically,

@@ -250,34 +250,42 @@ impl RunFolder {
         index: u64,
         source: &Path,
     ) -> Result<HandIn, StorageError> {
-        self.persist_directory_within(index, source, HandInLimits::default())
+        self.persist_directory_within(index, None, source, HandInLimits::default())
             .await
     }
 
-    /// [`RunFolder::persist_directory`], refusing a directory beyond `limits`
-    /// ([`StorageError::TooManyFiles`], [`StorageError::TooLarge`]) before anything is copied.
+    /// [`RunFolder::persist_directory`] into the folder `name` of the run folder when given
+    /// (Ray Train's `checkpoint_dir_name`: one folder name, not one of trainyard's own),
+    /// refusing a directory beyond `limits` ([`StorageError::TooManyFiles`],
+    /// [`StorageError::TooLarge`]) before anything is copied.
     ///
     /// # Errors
-    /// As [`crate::CheckpointWriter::persist`].
+    /// As [`crate::CheckpointWriter::persist`]; [`StorageError::CheckpointDirName`] for a
+    /// name that cannot be used.
     pub async fn persist_directory_within(
         &self,
         index: u64,
+        name: Option<&str>,
         source: &Path,
         limits: HandInLimits,
     ) -> Result<HandIn, StorageError> {
+        let dir = self.named_folder(index, name).await?;
         let walked = source.to_path_buf();
         let files = blocking("list", source, move || files::walk_within(&walked, limits)).await?;
         let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
-        let bytes = self.copy_in(&checkpoint_dir_name(index), files).await?;
+        let folder = dir.clone().unwrap_or_else(|| checkpoint_dir_name(index));
+        let bytes = self.copy_in(&folder, files).await?;
         tracing::debug!(
             run = %self.name,
             index,
+            %folder,
             files = names.len(),
             bytes,
             "checkpoint files persisted"
         );
         Ok(HandIn::Persisted {
             index,
+            dir,
             files: names,
             bytes,
         })

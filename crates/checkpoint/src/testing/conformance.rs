@@ -208,6 +208,7 @@ pub async fn a_checkpoint_is_persisted_and_verified(storage: &Storage) {
         .expect("a checkpoint is persisted");
     let expected = HandIn::Persisted {
         index: 1,
+        dir: None,
         files: shard_names(),
         bytes: size(&SHARD),
     };

@@ -208,6 +208,9 @@ pub(crate) struct Shown {
     pub(crate) status: &'static str,
     pub(crate) record: RunRecord,
     pub(crate) metrics: Vec<MetricsEntry>,
+    /// The kept checkpoints' indices, best first as the run ranks them (by the record's
+    /// score; newest first without one).
+    pub(crate) best: Vec<u64>,
 }
 
 impl Shown {
@@ -215,10 +218,12 @@ impl Shown {
     pub(crate) async fn read(folder: &RunFolder, record: RunRecord) -> Result<Self, Failure> {
         let metrics = metrics_history(folder).await?;
         let status = status_here(folder, &record).await;
+        let best = record.best().iter().map(|c| c.index).collect();
         Ok(Self {
             status,
             record,
             metrics,
+            best,
         })
     }
 }

@@ -365,11 +365,39 @@ fn a_finished_run_of_the_same_name_exits_2_with_a_hint() {
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert_eq!(again.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("`done`") && stderr.contains("--resume never"),
+        stderr.contains("`done`")
+            && stderr.contains("--resume never")
+            && stderr.contains("--resume always"),
         "{stderr}"
     );
     assert!(run(&["--resume", "never"]).status.success());
     assert!(storage.path().join("done-2/run.json").is_file());
+
+    // Run again as Ray Train v2 does: the same run goes on, with one more attempt.
+    let resumed = run(&["--resume", "always"]);
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let record = run_json(storage.path(), "done");
+    assert_eq!(record["status"], "finished", "{record}");
+    assert_eq!(record["attempts"].as_array().map(Vec::len), Some(2));
+    // Refused before anything trained: it stays finished.
+    let refused = run(&["--resume", "always", "-r", "CPU=100000"]);
+    assert_eq!(
+        refused.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let record = run_json(storage.path(), "done");
+    assert_eq!(record["status"], "finished", "{record}");
+    let attempts = record["attempts"].as_array().expect("attempts");
+    assert!(
+        attempts.iter().all(|a| a["ended_at"].is_number()),
+        "{record}"
+    );
 }
 
 #[test]

@@ -337,8 +337,8 @@ fn every_report_is_kept_and_ps_and_show_read_it() {
         table
             .lines()
             .nth(1)
-            .is_some_and(|row| row.ends_with("loss=0.3333 step=2")),
-        "rank 0's latest report: {table}"
+            .is_some_and(|row| row.ends_with("step=2 loss=0.3333")),
+        "rank 0's latest report, its keys in the order reported: {table}"
     );
 
     let shown = day_two(&storage, mark, &["show", "reports", "--format", "json"]);
