@@ -1,10 +1,10 @@
 """How long `train.report` holds up training when it hands in a checkpoint, for
 `cargo xtask bench-python --stall`: `python stall.py ray|trainyard SYNC|ASYNC STORAGE`.
 
-Two workers; each rank hands in a checkpoint of `MIB` MiB (one file of its own) with every
-report, `REPORTS` reports in all, the same code on Ray Train and on trainyard (only the
+Two workers; each rank hands in a checkpoint of `MIB` MiB (one file of its own, written
+just before) with every report, `REPORTS` reports in all, the same code on Ray Train and on trainyard (only the
 import differs). Prints one JSON line: every report's stall on every rank (seconds from the
-call to its return), and the time from the last report's call to `fit()` returning, by
+call to its return; each rank's `REPORTS` in a row, rank 0's first), and the time from the last report's call to `fit()` returning, by
 which the last checkpoint is committed."""
 
 import json
@@ -21,7 +21,7 @@ else:
     from trainyard.train.torch import TorchTrainer
 
 MIB = 256
-REPORTS = 5
+REPORTS = 20
 
 
 def loop(config):

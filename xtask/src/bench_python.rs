@@ -159,6 +159,9 @@ fn plain(program: &Path, dir: &Path) -> Command {
 /// Rounds of the stall figure; each runs three whole programs.
 const STALL_ROUNDS: usize = 2;
 
+/// Reports per rank in one run of `benches/python/stall.py` (its `REPORTS`).
+const STALL_REPORTS: usize = 20;
+
 const STALL_START: &str =
     "<!-- bench-stall: written by `cargo xtask bench-python --stall --readme` -->";
 const STALL_END: &str = "<!-- /bench-stall -->";
@@ -171,8 +174,8 @@ struct Stalled {
 }
 
 /// The stall figure: `benches/python/stall.py` as `SYNC` and `ASYNC` on trainyard and as
-/// `ASYNC` on Ray Train, interleaved; the medians of every report's stall and of the time
-/// to commit.
+/// `ASYNC` on Ray Train, interleaved; the median and the 95th percentile of every report's
+/// stall, the longest first report, and the median time to commit.
 fn stalls(root: &Path, python: &Path, readme: bool) -> Result<(), String> {
     let program = root.join("benches/python/stall.py");
     let contenders = [
@@ -221,13 +224,9 @@ fn stalls(root: &Path, python: &Path, readme: bool) -> Result<(), String> {
             seen[i].1.push(stalled.commit);
         }
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-    };
-    let figures: Vec<(f64, f64)> = seen
+    let figures: Vec<StallFigures> = seen
         .into_iter()
-        .map(|(stalls, commits)| (median(stalls), median(commits)))
+        .map(|(stalls, commits)| StallFigures::of(&stalls, commits))
         .collect();
     let rows = [
         "trainyard, `SYNC`",
@@ -235,19 +234,25 @@ fn stalls(root: &Path, python: &Path, readme: bool) -> Result<(), String> {
         "Ray Train 2.60, `ASYNC`",
     ];
     let mut table = format!(
-        "{STALL_START}\nMeasured with `cargo xtask bench-python --stall` ({}; {STALL_ROUNDS} interleaved rounds of 5 reports per rank, medians, 2 cores, local disk):\n\n\
-         | 2 ranks, 256 MiB per rank per report | stall per `report()` | last report → `fit()` returned |\n\
-         |---|---|---|\n",
+        "{STALL_START}\nMeasured with `cargo xtask bench-python --stall` ({}; {STALL_ROUNDS} interleaved rounds of {STALL_REPORTS} reports per rank, 2 cores, local disk):\n\n\
+         | 2 ranks, 256 MiB per rank per report | stall per `report()`, median | 95th percentile | first report (the longer rank's) | last report → `fit()` returned |\n\
+         |---|---|---|---|---|\n",
         stamp(root)
     );
-    for (row, (stall, commit)) in rows.iter().zip(&figures) {
+    for (row, f) in rows.iter().zip(&figures) {
         println!(
-            "{row}: stall per report {:.1} ms, last report to fit() returned {commit:.2} s",
-            stall * 1000.0
+            "{row}: stall per report {:.1} ms (p95 {:.1} ms, first report {:.1} ms), last report to fit() returned {:.2} s",
+            f.median * 1000.0,
+            f.p95 * 1000.0,
+            f.first * 1000.0,
+            f.commit
         );
         table.push_str(&format!(
-            "| {row} | {:.1} ms | {commit:.2} s |\n",
-            stall * 1000.0
+            "| {row} | {:.1} ms | {:.1} ms | {:.1} ms | {:.2} s |\n",
+            f.median * 1000.0,
+            f.p95 * 1000.0,
+            f.first * 1000.0,
+            f.commit
         ));
     }
     table.push_str(STALL_END);
@@ -256,6 +261,45 @@ fn stalls(root: &Path, python: &Path, readme: bool) -> Result<(), String> {
         eprintln!("README.md: the bench-stall table is rewritten");
     }
     Ok(())
+}
+
+/// One contender's stall figures, in seconds.
+struct StallFigures {
+    median: f64,
+    /// The 95th percentile (nearest rank) of every report's stall, first reports included.
+    p95: f64,
+    /// The longest stall of a rank's first report, over every rank and round.
+    first: f64,
+    /// The median time from the last report's call to `fit()` returning.
+    commit: f64,
+}
+
+impl StallFigures {
+    /// `stalls`: each run's stalls as `stall.py` prints them (each rank's
+    /// [`STALL_REPORTS`] in a row), run after run.
+    fn of(stalls: &[f64], commits: Vec<f64>) -> Self {
+        let first = stalls
+            .iter()
+            .step_by(STALL_REPORTS)
+            .copied()
+            .fold(f64::NAN, f64::max);
+        Self {
+            median: percentile(stalls.to_vec(), 0.5),
+            p95: percentile(stalls.to_vec(), 0.95),
+            first,
+            commit: percentile(commits, 0.5),
+        }
+    }
+}
+
+/// The `q` quantile of `samples` by nearest rank; NaN when there are none.
+fn percentile(mut samples: Vec<f64>, q: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples.sort_by(f64::total_cmp);
+    let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+    samples[rank - 1]
 }
 
 /// Rounds of the restart figure; each runs two whole programs.
@@ -360,5 +404,28 @@ impl Figures {
             s(self.lightning_fit) / s(self.lightning_ray),
             s(self.lightning_ray),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_95th_percentile_is_by_nearest_rank_and_the_first_reports_are_each_rank_s() {
+        let one_to_twenty: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(percentile(one_to_twenty.clone(), 0.95), 19.0);
+        assert_eq!(percentile(one_to_twenty, 0.5), 10.0);
+        assert!(percentile(Vec::new(), 0.5).is_nan());
+        // Two ranks of one run: rank 0's first report took 7, rank 1's 30.
+        let mut stalls = vec![1.0; 2 * STALL_REPORTS];
+        stalls[0] = 7.0;
+        stalls[STALL_REPORTS] = 30.0;
+        stalls[3] = 50.0;
+        let figures = StallFigures::of(&stalls, vec![2.0, 1.0, 3.0]);
+        assert_eq!(figures.first, 30.0);
+        assert_eq!(figures.p95, 7.0, "the 38th of 40");
+        assert_eq!(figures.median, 1.0);
+        assert_eq!(figures.commit, 2.0);
     }
 }

@@ -393,7 +393,7 @@ impl Shared {
             UploadMode::Async => match writer.take(dir, delete_local).await {
                 Ok(staged) => {
                     let _ = taken.send(None);
-                    let hand_in = writer.hand_in(index, name, staged.path()).await;
+                    let hand_in = writer.hand_in_taken(index, name, &staged).await;
                     staged.remove().await;
                     hand_in
                 }

@@ -148,12 +148,27 @@ impl CheckpointWriter {
 
     /// [`CheckpointWriter::persist_named`], with a failure turned into [`HandIn::Failed`].
     pub async fn hand_in(&self, index: u64, name: Option<&str>, source: &Path) -> HandIn {
-        match self.persist_named(index, name, source).await {
-            Ok(hand_in) => hand_in,
-            Err(error) => HandIn::Failed {
-                index,
-                error: trainyard_config::resources::ErrorChain(&error).to_string(),
-            },
-        }
+        failed_as_hand_in(index, self.persist_named(index, name, source).await)
+    }
+
+    /// [`CheckpointWriter::hand_in`] of what [`CheckpointWriter::take`] took: a directory
+    /// taken whole is moved into a run folder on the same file system (a rename per file)
+    /// rather than copied.
+    pub async fn hand_in_taken(&self, index: u64, name: Option<&str>, taken: &Taken) -> HandIn {
+        let persisted = self
+            .folder
+            .persist_taken(index, name, taken, self.limits)
+            .await;
+        failed_as_hand_in(index, persisted)
+    }
+}
+
+fn failed_as_hand_in(index: u64, persisted: Result<HandIn, StorageError>) -> HandIn {
+    match persisted {
+        Ok(hand_in) => hand_in,
+        Err(error) => HandIn::Failed {
+            index,
+            error: trainyard_config::resources::ErrorChain(&error).to_string(),
+        },
     }
 }

@@ -829,3 +829,69 @@ async fn delete_uncommitted_spares_the_lease_the_driver_is_writing() {
         [".lease.json.part-0123456789abcdef", "run.json"]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_checkpoint_taken_whole_is_moved_into_the_run_folder_and_a_kept_one_copied() {
+    use std::os::unix::fs::MetadataExt as _;
+    let root = tempfile::tempdir().unwrap();
+    let ranks = tempfile::tempdir().unwrap();
+    let writer = CheckpointWriter::new(storage(root.path()).run("run"));
+    let inode = |path: &Path| std::fs::metadata(path).unwrap().ino();
+
+    // Deleted after the hand-in (the default): the agent's alone, so renamed into place.
+    let given = ranks.path().join("given");
+    write_file(&given.join("model.pt"), 4096, 1);
+    write_file(&given.join("optim/state.pt"), 100, 2);
+    let before = inode(&given.join("model.pt"));
+    let taken = writer.take(&given, true).await.unwrap();
+    let hand_in = writer.hand_in_taken(1, None, &taken).await;
+    taken.remove().await;
+    assert!(
+        matches!(&hand_in, HandIn::Persisted { bytes: 4196, files, .. } if files == &["model.pt", "optim/state.pt"]),
+        "{hand_in:?}"
+    );
+    let persisted = root.path().join("run").join(checkpoint_dir_name(1));
+    assert_eq!(
+        inode(&persisted.join("model.pt")),
+        before,
+        "moved, not copied"
+    );
+    let mode = std::fs::metadata(persisted.join("model.pt"))
+        .unwrap()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o644, "as a copied file's");
+
+    // Kept (linked into staging): still the rank's file too, so copied, and the rank writing
+    // it in place afterwards does not change the checkpoint.
+    let kept = ranks.path().join("kept");
+    write_file(&kept.join("model.pt"), 4096, 3);
+    let taken = writer.take(&kept, false).await.unwrap();
+    let hand_in = writer.hand_in_taken(2, None, &taken).await;
+    taken.remove().await;
+    assert!(matches!(hand_in, HandIn::Persisted { .. }), "{hand_in:?}");
+    let persisted = root.path().join("run").join(checkpoint_dir_name(2));
+    assert_ne!(
+        inode(&persisted.join("model.pt")),
+        inode(&kept.join("model.pt"))
+    );
+    std::fs::write(kept.join("model.pt"), b"changed in place").unwrap();
+    assert_eq!(
+        std::fs::read(persisted.join("model.pt")).unwrap().len(),
+        4096
+    );
+
+    // A file with a second link elsewhere could change after the commit: copied.
+    let linked = ranks.path().join("linked");
+    write_file(&linked.join("model.pt"), 64, 4);
+    std::fs::hard_link(linked.join("model.pt"), ranks.path().join("elsewhere.pt")).unwrap();
+    let taken = writer.take(&linked, true).await.unwrap();
+    let hand_in = writer.hand_in_taken(3, None, &taken).await;
+    taken.remove().await;
+    assert!(matches!(hand_in, HandIn::Persisted { .. }), "{hand_in:?}");
+    let persisted = root.path().join("run").join(checkpoint_dir_name(3));
+    assert_ne!(
+        inode(&persisted.join("model.pt")),
+        inode(&ranks.path().join("elsewhere.pt"))
+    );
+}

@@ -50,6 +50,9 @@ pub(crate) struct SourceFile {
     pub(crate) name: String,
     /// Where it is.
     pub(crate) path: PathBuf,
+    /// The agent's alone (in a directory taken whole into staging, see `take`): a store on
+    /// the same file system may move it into place instead of copying it.
+    pub(crate) owned: bool,
 }
 
 /// Every file under `source`, recursively, sorted by name. `source` itself may be a link to
@@ -138,7 +141,11 @@ impl Walked<'_> {
             if kind.is_dir() {
                 self.walk_into(&path, &name, depth + 1)?;
             } else if kind.is_file() {
-                self.files.push(SourceFile { name, path });
+                self.files.push(SourceFile {
+                    name,
+                    path,
+                    owned: false,
+                });
                 self.bytes = self.bytes.saturating_add(meta.len());
                 self.check()?;
             } else {

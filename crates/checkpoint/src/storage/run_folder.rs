@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use super::files::{self, HandInLimits, SourceFile};
 use super::local::blocking;
 use super::store::{Durability, RunStore};
+use super::take::Taken;
 use super::{
     Storage, StorageLocation, attempt_logs_dir_name, checkpoint_dir_name, checkpoint_gone,
     location, registered,
@@ -269,9 +270,38 @@ impl RunFolder {
         source: &Path,
         limits: HandInLimits,
     ) -> Result<HandIn, StorageError> {
+        self.persist_files(index, name, source, limits, false).await
+    }
+
+    /// [`RunFolder::persist_directory_within`] of a directory taken into staging: when it was
+    /// taken whole, its files are the agent's alone and a store on the same file system moves
+    /// them into place (a rename each) instead of copying them.
+    pub(crate) async fn persist_taken(
+        &self,
+        index: u64,
+        name: Option<&str>,
+        taken: &Taken,
+        limits: HandInLimits,
+    ) -> Result<HandIn, StorageError> {
+        self.persist_files(index, name, taken.path(), limits, taken.owned())
+            .await
+    }
+
+    async fn persist_files(
+        &self,
+        index: u64,
+        name: Option<&str>,
+        source: &Path,
+        limits: HandInLimits,
+        owned: bool,
+    ) -> Result<HandIn, StorageError> {
         let dir = self.named_folder(index, name).await?;
         let walked = source.to_path_buf();
-        let files = blocking("list", source, move || files::walk_within(&walked, limits)).await?;
+        let mut files =
+            blocking("list", source, move || files::walk_within(&walked, limits)).await?;
+        for file in &mut files {
+            file.owned = owned;
+        }
         let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
         let folder = dir.clone().unwrap_or_else(|| checkpoint_dir_name(index));
         let bytes = self.copy_in(&folder, files).await?;

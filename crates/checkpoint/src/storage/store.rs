@@ -100,7 +100,8 @@ pub(crate) trait RunStore: fmt::Debug + Send + Sync + 'static {
     async fn append(&self, key: &str, new: &[u8], all: &[u8]) -> Result<(), StorageError>;
 
     /// Copies `files` into the folder `dir` (their names relative to it), several at once;
-    /// their total size. A file appears under its name only once complete; on a failure the
+    /// their total size. A file system may move a file the agent owns
+    /// ([`SourceFile::owned`]) instead. A file appears under its name only once complete; on a failure the
     /// files already complete are deleted and the first error is returned. `run` is the run
     /// folder they go into: S3 records there the multipart uploads it has open
     /// ([`RunStore::delete_uncommitted`] aborts those an agent killed mid-upload left).

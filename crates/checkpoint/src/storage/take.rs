@@ -29,6 +29,9 @@ pub struct Taken {
     staging: Option<PathBuf>,
     /// The rank's files, in it.
     files: PathBuf,
+    /// Whether the directory was renamed in whole (the files are the agent's alone), not
+    /// linked or copied file by file (a linked file is still the rank's too).
+    owned: bool,
 }
 
 impl Taken {
@@ -36,6 +39,12 @@ impl Taken {
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.files
+    }
+
+    /// Whether the files are the agent's alone (the directory was renamed in whole).
+    #[must_use]
+    pub(crate) fn owned(&self) -> bool {
+        self.owned
     }
 
     /// Deletes the staging directory.
@@ -92,11 +101,13 @@ fn take_blocking(
     // A link to a directory (the caller named it) is taken for the directory it names.
     let source = &std::fs::canonicalize(source).map_err(|error| io("read", source, error))?;
     let staging = make_staging(source)?;
-    let taken = Taken {
+    let mut taken = Taken {
         files: staging.join("files"),
         staging: Some(staging),
+        owned: false,
     };
     if delete_local && std::fs::rename(source, &taken.files).is_ok() {
+        taken.owned = true;
         return Ok(taken);
     }
     // Not renamed (a mount point, the working directory, a parent not writable): linked or

@@ -3,8 +3,9 @@
 //! A file is copied with `std::fs::copy` (`copy_file_range` on Linux, as `cp` does; on NFS
 //! 4.2 a server-side copy) into `.<name>.part-<random>` beside its final name, then renamed:
 //! a rename within a folder is atomic, so a crash mid-copy leaves a temporary file and never
-//! a partial one under the final name. Data files are not synced (`cp` does not either);
-//! `run.json` is.
+//! a partial one under the final name. A file the agent owns (an `ASYNC` checkpoint taken
+//! whole into staging) is moved instead, one rename, when it is on the same file system.
+//! Data files are not synced (`cp` does not either); `run.json` is.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -219,8 +220,29 @@ pub(crate) fn copy_file(from: &Path, to: &Path) -> Result<u64, StorageError> {
     })
 }
 
-/// Copies every file of `files` into `dest` (created), several at once; their total size.
-/// On a failure, no new copy starts, those complete are deleted, and the first error is
+/// Moves `from`, a regular file of the agent's alone, to `to`: renamed (mode 0644, as a copy
+/// is made) when it has no other link and both are on one file system, else copied; the
+/// bytes it holds.
+fn move_file(from: &Path, to: &Path) -> Result<u64, StorageError> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let file = open_regular(from)?;
+    if let Ok(meta) = file.metadata() {
+        // A file with another link could be changed through it after the commit.
+        let moved = meta.nlink() == 1
+            && file
+                .set_permissions(std::fs::Permissions::from_mode(0o644))
+                .is_ok()
+            && std::fs::rename(from, to).is_ok();
+        if moved {
+            return Ok(meta.len());
+        }
+    }
+    drop(file);
+    copy_file(from, to)
+}
+
+/// Copies every file of `files` into `dest` (created), several at once (moves those the
+/// agent owns, see [`SourceFile::owned`]); their total size. On a failure, no new copy starts, those complete are deleted, and the first error is
 /// returned: nothing is left under a final name.
 pub(crate) async fn persist(dest: &Path, files: Vec<SourceFile>) -> Result<u64, StorageError> {
     let folders: BTreeSet<PathBuf> = std::iter::once(dest.to_path_buf())
@@ -251,7 +273,12 @@ pub(crate) async fn persist(dest: &Path, files: Vec<SourceFile>) -> Result<u64, 
                     if stop.load(Ordering::Relaxed) {
                         return Ok(None);
                     }
-                    copy_file(&file.path, &to).map(Some).inspect_err(|_| {
+                    let placed = if file.owned {
+                        move_file(&file.path, &to)
+                    } else {
+                        copy_file(&file.path, &to)
+                    };
+                    placed.map(Some).inspect_err(|_| {
                         stop.store(true, Ordering::Relaxed);
                     })
                 })
