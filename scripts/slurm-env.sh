@@ -17,8 +17,16 @@
 #   3  SKIP: Slurm cannot be set up here (not root, or the package registry cannot be reached)
 #   1  any other failure
 #
+# Each node runs in a network namespace of its own (scripts/netns-env.sh: node nK at
+# 10.213.0.(10+K) on `ty0`, this machine and the controller at 10.213.0.1), so the driver, each
+# node and each rank have addresses of their own. TRAINYARD_NETNS_SKIP=REASON keeps every node on
+# this machine's own addresses (a single-stack cluster: NodeAddr=127.0.0.1), saying why; so does a
+# machine where namespaces cannot be made, except under CI=true, where that fails unless
+# TRAINYARD_NETNS_SKIP says why.
+#
 # Knobs: TRAINYARD_SLURM_NODES (default 4), TRAINYARD_SLURM_NODE_MEM_MB (default 4096, at most
-# this machine's memory over the nodes), TRAINYARD_SLURM_CGROUP=auto|yes|no (default auto).
+# this machine's memory over the nodes), TRAINYARD_SLURM_CGROUP=auto|yes|no (default auto),
+# TRAINYARD_NETNS_SKIP.
 
 set -euo pipefail
 
@@ -45,6 +53,37 @@ MARK="# written by trainyard's scripts/slurm-env.sh"
 case "$NODES" in '' | *[!0-9]* | 0) die "TRAINYARD_SLURM_NODES must be a positive number, got '$NODES'" ;; esac
 
 nodes() { seq -f 'n%g' 1 "$NODES"; }
+
+# Sets NETNS: 1 when the nodes get namespaces of their own (made here when missing), 0 for a
+# single-stack cluster.
+choose_hosts() {
+  NETNS=0
+  if [ -n "${TRAINYARD_NETNS_SKIP:-}" ]; then
+    log "single-stack nodes: $TRAINYARD_NETNS_SKIP (TRAINYARD_NETNS_SKIP)"
+    return 0
+  fi
+  local status=0
+  # shellcheck disable=SC2046
+  bash "$HERE/netns-env.sh" up $(nodes) >/dev/null || status=$?
+  case "$status" in
+    0) NETNS=1 ;;
+    3)
+      [ "${CI:-}" = true ] \
+        && die "the nodes cannot have network namespaces of their own (see above) and TRAINYARD_NETNS_SKIP does not say why"
+      log "SKIP: single-stack nodes: namespaces cannot be made here (see above)"
+      ;;
+    *) die "scripts/netns-env.sh up failed (exit $status)" ;;
+  esac
+}
+
+# A node's address: its namespace's (netns-env.sh's layout), or loopback on a single stack.
+node_addr() {
+  if [ "$NETNS" = 1 ]; then
+    awk -v node="$1" '$1 == node {print $3}' /run/trainyard-netns/hosts
+  else
+    printf '127.0.0.1\n'
+  fi
+}
 
 # Whether the pid file names a live process running `comm`.
 alive() {
@@ -126,13 +165,20 @@ configure() {
     die "$CONF_DIR/slurm.conf was not written by this script: not replacing it"
   fi
   mkdir -p "$CONF_DIR"
-  local conf cgconf
+  local conf cgconf controller=localhost node_lines="" node port=17000
+  # In namespaces, the nodes reach the controller at this machine's address on their bridge.
+  [ "$NETNS" = 1 ] && controller="$(hostname -s)($(awk '$1 == "host" {print $3}' /run/trainyard-netns/hosts))"
+  for node in $(nodes); do
+    port=$((port + 1))
+    node_lines+="NodeName=$node NodeHostname=$(hostname -s) NodeAddr=$(node_addr "$node") Port=$port CPUs=$CPUS RealMemory=$NODE_MB State=UNKNOWN"$'\n'
+  done
+  node_lines="${node_lines%$'\n'}"
   conf="$(mktemp)"
   cgconf="$(mktemp)"
   cat >"$conf" <<EOF
 $MARK
 ClusterName=trainyard
-SlurmctldHost=localhost
+SlurmctldHost=$controller
 SlurmUser=slurm
 AuthType=auth/munge
 StateSaveLocation=$STATE_DIR/ctld
@@ -168,7 +214,7 @@ KillWait=5
 UnkillableStepTimeout=180
 # Ended jobs stay visible (there is no accounting database) long enough to read their end.
 MinJobAge=300
-NodeName=n[1-$NODES] NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=[17001-$((17000 + NODES))] CPUs=$CPUS RealMemory=$NODE_MB State=UNKNOWN
+$node_lines
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
   if [ "$use_cgroup" = 1 ]; then
@@ -183,7 +229,7 @@ EOF
   install -m 0644 "$conf" "$CONF_DIR/slurm.conf"
   install -m 0644 "$cgconf" "$CONF_DIR/cgroup.conf"
   rm -f "$conf" "$cgconf"
-  log "$NODES nodes of $CPUS CPUs and $NODE_MB MB (cgroup enforcement: $use_cgroup)"
+  log "$NODES nodes of $CPUS CPUs and $NODE_MB MB (cgroup enforcement: $use_cgroup; $([ "$NETNS" = 1 ] && echo "each in its namespace, ty-n1 at $(node_addr n1) …" || echo "single-stack"))"
 }
 
 prepare() {
@@ -213,7 +259,13 @@ start() {
   scontrol ping 2>/dev/null | grep -q 'is UP' || die "slurmctld does not answer (log: $LOG_DIR/slurmctld.log)"
   for node in $(nodes); do
     alive "$RUN_DIR/slurmd.$node.pid" slurmd && continue
-    /usr/sbin/slurmd -N "$node" 9>&- || die "slurmd $node did not start (log: $LOG_DIR/slurmd.$node.log)"
+    # Only the network namespace is entered (`ip netns exec` would remount /sys, hiding the
+    # cgroup hierarchies Slurm's cgroup plugin uses).
+    if [ "$NETNS" = 1 ]; then
+      nsenter --net="/run/netns/ty-$node" /usr/sbin/slurmd -N "$node" 9>&- || die "slurmd $node did not start in namespace ty-$node (log: $LOG_DIR/slurmd.$node.log)"
+    else
+      /usr/sbin/slurmd -N "$node" 9>&- || die "slurmd $node did not start (log: $LOG_DIR/slurmd.$node.log)"
+    fi
   done
 }
 
@@ -257,6 +309,7 @@ flock 9
 case "$ACTION" in
   up)
     install_packages
+    choose_hosts
     configure
     prepare
     if [ "$CHANGED" = 1 ]; then

@@ -51,6 +51,9 @@ RUNTIME_ENV = "TRAINYARD_RUNTIME"
 _RUNTIMES = ("local", "ray", "slurm")
 # The interpreter the Ray runtime drives Ray with; fit() gives it its own unless it is set.
 _RAY_PYTHON_ENV = "TRAINYARD_RAY_PYTHON"
+# The CPUs the local runtime offers (`trainyard run --num-cpus`), as `ray.init(num_cpus=N)`
+# declares the logical CPUs of Ray's local cluster; detected unless it is set.
+NUM_CPUS_ENV = "TRAINYARD_NUM_CPUS"
 
 # The binary's exit codes (the CLI's contract).
 _EXIT_BAD_INPUT = 2
@@ -139,6 +142,9 @@ def _command(
     runtime: str,
 ) -> List[str]:
     args = [binary, "run", "--log-format", "json", "--runtime", runtime]
+    num_cpus = os.environ.get(NUM_CPUS_ENV, "").strip()
+    if runtime == "local" and num_cpus:
+        args += ["--num-cpus", num_cpus]
     args += scaling._cli_args(runtime)
     args += run._cli_args()
     if timeout_s is not None:

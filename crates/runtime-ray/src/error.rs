@@ -196,6 +196,10 @@ pub enum RayError {
         source: std::io::Error,
     },
     /// The address Ray reports for the driver's node is not an IP address.
+    #[deprecated(
+        since = "0.2.0",
+        note = "never returned: the driver's address is the one this host sends from toward the cluster's head (`trainyard_sys::net::advertise_toward`)"
+    )]
     #[error("Ray reports the driver's node at `{ip}`, which is not an IP address")]
     NodeIp {
         /// What Ray reported.

@@ -50,8 +50,9 @@ pub struct RayConfig {
     /// nodes), instead of failing at once.
     pub wait_for_resources: bool,
     /// Where the driver listens for its agents. `None` (the default): on the address they
-    /// are told, which is the IP Ray reports for the driver's node, or loopback when the
-    /// bridge started a throwaway local head (its agents run on this machine). An
+    /// are told, which is the one this host sends from toward the cluster's head (its GCS
+    /// address; see [`trainyard_sys::net::advertise_toward`]), or loopback when the bridge
+    /// started a throwaway local head (its agents run on this machine). An
     /// unspecified address (`0.0.0.0`) listens on every interface and still tells agents
     /// that address; any other is both where the driver listens and what agents are told.
     /// Wherever it listens, an agent and the driver prove to each other that they hold the
@@ -158,7 +159,12 @@ impl Setup for RayConfig {
         let config = self;
         let (bridge, ready) = Bridge::start(config.bridge.clone()).await?;
         let bridge = Arc::new(bridge);
-        let (bind, advertise) = hub_addresses(config.bind, &ready)?;
+        let toward = if ready.started_head {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else {
+            toward_cluster(&ready).await
+        };
+        let (bind, advertise) = hub_addresses(config.bind, &ready, toward);
         let hub = HubConfig {
             name: config.run_name.clone(),
             bind,
@@ -271,21 +277,37 @@ impl RayPlacer {
 }
 
 /// Where the hub listens and what its agents are told, for [`RayConfig::bind`] `bind` on
-/// the cluster the bridge reported as `ready`: see [`RayConfig::bind`].
-fn hub_addresses(bind: Option<IpAddr>, ready: &ReadyInfo) -> Result<(IpAddr, IpAddr), RayError> {
-    let node = || -> Result<IpAddr, RayError> {
-        if ready.started_head {
-            return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
-        }
-        ready.node_ip.parse().map_err(|_| RayError::NodeIp {
-            ip: ready.node_ip.clone(),
-        })
+/// the cluster the bridge reported as `ready`, where `toward` is the address this host sends
+/// from toward the cluster's head: see [`RayConfig::bind`].
+fn hub_addresses(bind: Option<IpAddr>, ready: &ReadyInfo, toward: IpAddr) -> (IpAddr, IpAddr) {
+    let node = if ready.started_head {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        toward
     };
     match bind {
-        None => node().map(|ip| (ip, ip)),
-        Some(any) if any.is_unspecified() => node().map(|ip| (any, ip)),
-        Some(ip) => Ok((ip, ip)),
+        None => (node, node),
+        Some(any) if any.is_unspecified() => (any, node),
+        Some(ip) => (ip, ip),
     }
+}
+
+/// The address this host sends from toward the cluster the bridge reported as `ready`: its
+/// head (the GCS address), else the bridge's node.
+async fn toward_cluster(ready: &ReadyInfo) -> IpAddr {
+    let head = ready
+        .address
+        .rsplit_once(':')
+        .map_or(ready.address.as_str(), |(host, _)| host)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let node = ready.node_ip.clone();
+    tokio::task::spawn_blocking(move || {
+        trainyard_sys::net::advertise_toward([head.as_str(), node.as_str()])
+    })
+    .await
+    .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
 impl fmt::Debug for RayPlacer {
@@ -719,41 +741,35 @@ mod tests {
 
     #[test]
     fn the_hub_listens_on_the_address_its_agents_are_told_by_default() {
-        let node: IpAddr = "10.0.0.1".parse().expect("an ip");
+        // This host's address toward the head, whatever Ray calls the driver's node.
+        let toward: IpAddr = "10.0.0.9".parse().expect("an ip");
         let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
         let cluster = ready("10.0.0.1", false);
-        assert_eq!(hub_addresses(None, &cluster).expect("ok"), (node, node));
+        assert_eq!(hub_addresses(None, &cluster, toward), (toward, toward));
         // A throwaway local head's agents run on this machine: loopback, whatever Ray says.
         let local = ready("10.0.0.1", true);
-        assert_eq!(
-            hub_addresses(None, &local).expect("ok"),
-            (loopback, loopback)
-        );
+        assert_eq!(hub_addresses(None, &local, toward), (loopback, loopback));
         // Every interface only when asked, agents still told an address that reaches it.
-        assert_eq!(hub_addresses(Some(any), &cluster).expect("ok"), (any, node));
-        assert_eq!(
-            hub_addresses(Some(any), &local).expect("ok"),
-            (any, loopback)
-        );
+        assert_eq!(hub_addresses(Some(any), &cluster, toward), (any, toward));
+        assert_eq!(hub_addresses(Some(any), &local, toward), (any, loopback));
         let chosen: IpAddr = "192.168.1.5".parse().expect("an ip");
         assert_eq!(
-            hub_addresses(Some(chosen), &cluster).expect("ok"),
+            hub_addresses(Some(chosen), &cluster, toward),
             (chosen, chosen)
         );
         assert!(RayConfig::new("r").expect("config").bind.is_none());
     }
 
-    #[test]
-    fn a_node_ip_that_is_no_ip_is_refused_naming_it_unless_unused() {
-        let bad = ready("node-a.local", false);
-        assert!(matches!(
-            hub_addresses(None, &bad),
-            Err(RayError::NodeIp { ip }) if ip == "node-a.local"
-        ));
-        let chosen: IpAddr = "192.168.1.5".parse().expect("an ip");
-        assert!(hub_addresses(Some(chosen), &bad).is_ok());
-        assert!(hub_addresses(None, &ready("node-a.local", true)).is_ok());
+    #[tokio::test]
+    async fn the_driver_is_reached_at_its_address_toward_the_head() {
+        // A head on this machine's loopback: the route toward it starts at loopback.
+        let mut cluster = ready("node-a.local", false);
+        cluster.address = "127.0.0.1:6379".into();
+        assert_eq!(
+            toward_cluster(&cluster).await,
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
     }
 
     #[test]

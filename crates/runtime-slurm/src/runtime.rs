@@ -411,51 +411,16 @@ impl Launcher for SlurmLauncher {
     }
 }
 
-/// The address of this host that Slurm's nodes reach it at: the one the kernel would send
-/// from to the first node's address (found with an unconnected UDP socket, which sends
-/// nothing), else what this host's name resolves to (not loopback where it can), else
-/// loopback. Fake nodes on this machine (`NodeAddr=127.0.0.1`) give loopback.
+/// The address of this host that Slurm's nodes reach it at: the one it sends from toward
+/// the first node's address (`NodeAddr`), by [`trainyard_sys::net::advertise_toward`]. Fake
+/// nodes on this machine's own stack (`NodeAddr=127.0.0.1`) give loopback; nodes in network
+/// namespaces of their own, this host's address on their bridge.
 async fn driver_address(node_addresses: Vec<String>) -> IpAddr {
-    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    for address in node_addresses.into_iter().take(1) {
-        let Ok(mut resolved) = tokio::net::lookup_host((address.as_str(), 6818)).await else {
-            continue;
-        };
-        let Some(target) = resolved.next() else {
-            continue;
-        };
-        let any = if target.is_ipv4() {
-            "0.0.0.0:0"
-        } else {
-            "[::]:0"
-        };
-        let Ok(socket) = tokio::net::UdpSocket::bind(any).await else {
-            continue;
-        };
-        if socket.connect(target).await.is_ok() {
-            if let Ok(local) = socket.local_addr() {
-                return local.ip();
-            }
-        }
-    }
-    let Some(name) = nix::unistd::gethostname()
-        .ok()
-        .and_then(|name| name.to_str().map(str::to_owned))
-    else {
-        return loopback;
-    };
-    match tokio::net::lookup_host((name.as_str(), 0)).await {
-        Ok(addresses) => {
-            let addresses: Vec<IpAddr> = addresses.map(|a| a.ip()).collect();
-            addresses
-                .iter()
-                .find(|ip| ip.is_ipv4() && !ip.is_loopback())
-                .or_else(|| addresses.iter().find(|ip| ip.is_ipv4()))
-                .copied()
-                .unwrap_or(loopback)
-        }
-        Err(_) => loopback,
-    }
+    tokio::task::spawn_blocking(move || {
+        trainyard_sys::net::advertise_toward(node_addresses.iter().take(1).map(String::as_str))
+    })
+    .await
+    .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
 /// A failed Slurm call as the runtime's error, saying what was being done.

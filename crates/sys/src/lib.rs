@@ -16,6 +16,9 @@
 //! - [`private`]: the one place that makes temporary, socket, staging and download folders
 //!   and the files trainyard writes for the user: 0700 and 0600 whatever the umask, never
 //!   through a link, another user's refused.
+//! - [`net`]: the one place that chooses addresses and interfaces: the driver's
+//!   ([`net::advertise_toward`]), each rank's ([`net::interface_for`]), and whether a host
+//!   reaches an address and port ([`net::probe`]).
 //! - [`lock`]: a lock a process holds for as long as it lives ([`lock::HeldLock`]), and which
 //!   process holds one ([`lock::holder`]): how a run's driver is proven to be that run's.
 #![cfg_attr(
@@ -28,6 +31,7 @@
 
 pub mod cgroup;
 pub mod lock;
+pub mod net;
 pub mod private;
 pub mod process_group;
 pub mod procfs;

@@ -70,8 +70,31 @@ class _RayTestsFinder:
         return importlib.machinery.ModuleSpec(fullname, None, is_package=True)
 
 
+def _install_ray_start_cluster() -> None:
+    """With Ray itself: ``ray.tests.conftest._ray_start_cluster`` (Ray's own ``conftest.py``,
+    not in its wheel): a cluster of Ray's ``ray.cluster_utils.Cluster`` that the test adds
+    nodes to, shut down after."""
+    module = types.ModuleType("ray.tests.conftest")
+
+    @contextlib.contextmanager
+    def _ray_start_cluster() -> Iterator[Any]:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        cluster = Cluster()
+        try:
+            yield cluster
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+
+    module._ray_start_cluster = _ray_start_cluster  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+
+
 if AGAINST == "ray":
     sys.meta_path.insert(0, _RayTestsFinder())  # type: ignore[arg-type]
+    _install_ray_start_cluster()
 _install_test_util()
 
 

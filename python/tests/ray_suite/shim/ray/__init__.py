@@ -14,7 +14,8 @@ folder first on ``PYTHONPATH``. What maps where:
   ``ray.train.tests.util``: the suite's own test helpers (``conftest.py``).
 - ``ray.cloudpickle``: cloudpickle, the library Ray vendors.
 - ``ray.init``/``ray.shutdown``/``ray.is_initialized``: nothing to start (trainyard's local
-  runtime needs no cluster).
+  runtime needs no cluster); ``ray.init(num_cpus=N)``'s logical CPUs are the local runtime's
+  (``TRAINYARD_NUM_CPUS``, ``trainyard run --num-cpus``) until ``ray.shutdown()``.
 - A name ``ray.train`` or ``ray.train.torch`` exports in Ray 2.60 and trainyard lacks
   (``UserCallback``, ``get_all_reported_checkpoints``, ...): a :class:`PublicName` that raises
   :class:`MissingFromTrainyard` when used: a test that needs it fails.
@@ -254,15 +255,31 @@ sys.meta_path.insert(0, _Finder())
 _started = False
 
 
-def init(*args: Any, **kwargs: Any) -> Any:
-    """Nothing to start: trainyard's local runtime needs no cluster."""
-    global _started
+# `ray.init(num_cpus=N)` declares the logical CPUs of Ray's local cluster; trainyard's local
+# runtime takes the same from this variable (`trainyard run --num-cpus`).
+_NUM_CPUS_ENV = "TRAINYARD_NUM_CPUS"
+_num_cpus_before: Optional[str] = None
+
+
+def init(*args: Any, num_cpus: Optional[float] = None, **kwargs: Any) -> Any:
+    """Nothing to start: trainyard's local runtime needs no cluster. ``num_cpus`` becomes
+    the CPUs the local runtime offers, as it is Ray's local cluster's."""
+    global _started, _num_cpus_before
+    if num_cpus is not None and not _started:
+        _num_cpus_before = os.environ.get(_NUM_CPUS_ENV)
+        os.environ[_NUM_CPUS_ENV] = str(num_cpus)
     _started = True
     return None
 
 
 def shutdown(*args: Any, **kwargs: Any) -> None:
-    global _started
+    global _started, _num_cpus_before
+    if _started:
+        if _num_cpus_before is None:
+            os.environ.pop(_NUM_CPUS_ENV, None)
+        else:
+            os.environ[_NUM_CPUS_ENV] = _num_cpus_before
+        _num_cpus_before = None
     _started = False
 
 
