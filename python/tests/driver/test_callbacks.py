@@ -18,8 +18,6 @@ from trainyard import _driver, _events
 def _round(step: int, checkpoint: Any = None) -> Dict[str, Any]:
     return {
         "hook": "after_report",
-        # Ray 2.60 keeps each rank's metric keys in the order reported; trainyard's driver
-        # passes them on sorted (the README's differences): equal as dicts either way.
         "metrics": [{"step": step, "rank": 0}, {"step": step, "rank": 1}],
         "checkpoint": checkpoint,
         "context": ["TrainRunContext", "callbacks", ["scratch"], 2],
