@@ -555,6 +555,20 @@ def world_size_loop():  # type: ignore[no-untyped-def]
     return train.get_context().get_world_size()
 
 
+def test_trainyard_num_cpus_declares_the_local_runtimes_cpus_as_ray_init_num_cpus_does(
+    storage, monkeypatch
+) -> None:
+    # Two workers that together ask for more CPUs than this machine has. Ray 2.60, measured
+    # here (2 CPUs): after `ray.init(num_cpus=2 * per_worker)` the same trainer runs and
+    # `return_value` is 2; without it Ray would wait for the CPUs, and trainyard fails at once.
+    per_worker = (os.cpu_count() or 1) + 1
+    scaling = ScalingConfig(num_workers=2, resources_per_worker={"CPU": per_worker})
+    with pytest.raises(ControllerError, match="CPU"):
+        _run(world_size_loop, storage, "refused", scaling_config=scaling)
+    monkeypatch.setenv("TRAINYARD_NUM_CPUS", str(2 * per_worker))
+    assert _run(world_size_loop, storage, "declared", scaling_config=scaling).return_value == 2
+
+
 def test_the_placement_strategy_is_taken(storage) -> None:
     scaling = ScalingConfig(
         num_workers=2, resources_per_worker={"CPU": 0.5}, placement_strategy="SPREAD"

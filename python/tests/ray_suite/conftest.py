@@ -191,7 +191,8 @@ def _record(entry: Dict[str, str], report: pytest.TestReport) -> None:
         line = next((ln for ln in text.splitlines() if "RayInternal" in ln), "")
         entry.update(outcome="not applicable", reason=line.strip()[-200:])
     else:
-        last = [ln for ln in text.splitlines() if ln.startswith("E ")][-3:]
+        # The last few lines of the error, not the repr of a test's data.
+        last = [ln for ln in text.splitlines() if ln.startswith("E ") and len(ln) < 300][-3:]
         entry.update(outcome="failed", reason=" | ".join(ln[2:].strip() for ln in last)[-400:])
 
 
