@@ -265,7 +265,7 @@ fn output_within(command: &mut Command, limit: Duration) -> Result<std::process:
 }
 
 /// The processes descended from `pid`, found through each process's parent in `/proc`.
-fn descendants(pid: u32) -> Vec<u32> {
+pub(crate) fn descendants(pid: u32) -> Vec<u32> {
     let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()

@@ -36,18 +36,11 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             }
         }
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let root = root
-        .canonicalize()
-        .map_err(|e| format!("cannot find the workspace at {}: {e}", root.display()))?;
-    let ray_python = crate::bench_e2e::script_python(&root, "scripts/ray-env.sh")?;
-    let scratch = crate::target_dir().join("bench-python");
-    if scratch.exists() {
-        std::fs::remove_dir_all(&scratch)
-            .map_err(|e| format!("cannot clear {}: {e}", scratch.display()))?;
-    }
-    let wheel = crate::python::build_wheel(&ray_python, &root, &scratch.join("dist"))?;
-    let python = crate::python::fresh_venv(&ray_python, &scratch.join("venv"), &wheel)?;
+    let Installed {
+        root,
+        ray_python: _,
+        python,
+    } = Installed::fresh("bench-python")?;
     if stall {
         return stalls(&root, &python, readme);
     }
@@ -141,8 +134,41 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// The wheel built from this checkout, installed into a fresh venv under the target folder's
+/// `scratch` (cleared first), beside Ray and torch of the project's venv.
+pub(crate) struct Installed {
+    /// The repository.
+    pub(crate) root: PathBuf,
+    /// The project venv's Python (Ray 2.60, torch, torchrun).
+    pub(crate) ray_python: PathBuf,
+    /// The fresh venv's Python, with the wheel installed.
+    pub(crate) python: PathBuf,
+}
+
+impl Installed {
+    pub(crate) fn fresh(scratch: &str) -> Result<Self, String> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let root = root
+            .canonicalize()
+            .map_err(|e| format!("cannot find the workspace at {}: {e}", root.display()))?;
+        let ray_python = crate::bench_e2e::script_python(&root, "scripts/ray-env.sh")?;
+        let scratch = crate::target_dir().join(scratch);
+        if scratch.exists() {
+            std::fs::remove_dir_all(&scratch)
+                .map_err(|e| format!("cannot clear {}: {e}", scratch.display()))?;
+        }
+        let wheel = crate::python::build_wheel(&ray_python, &root, &scratch.join("dist"))?;
+        let python = crate::python::fresh_venv(&ray_python, &scratch.join("venv"), &wheel)?;
+        Ok(Self {
+            root,
+            ray_python,
+            python,
+        })
+    }
+}
+
 /// `program` as a user's shell would start it in `dir`: no variable of ours, no Ray address.
-fn plain(program: &Path, dir: &Path) -> Command {
+pub(crate) fn plain(program: &Path, dir: &Path) -> Command {
     let mut command = Command::new(program);
     command
         .current_dir(dir)

@@ -5,6 +5,7 @@
     reason = "a tool of the repository's own: it makes scratch files for benches and checks"
 )]
 
+mod bench_chaos;
 mod bench_checkpoint;
 mod bench_e2e;
 mod bench_python;
@@ -20,7 +21,7 @@ mod tidy;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <ci|python|ray-tests|tidy|cycles|bench-e2e|bench-python|bench-ray|bench-slurm|bench-checkpoint|soak>
+const USAGE: &str = "usage: cargo xtask <ci|python|ray-tests|tidy|cycles|bench-e2e|bench-python|bench-chaos|bench-ray|bench-slurm|bench-checkpoint|soak>
   ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests,
              the API docs with rustdoc's warnings as errors;
              the Ray tests too when TRAINYARD_RAY_PYTHON is set (under CI=true it must be,
@@ -41,6 +42,9 @@ const USAGE: &str = "usage: cargo xtask <ci|python|ray-tests|tidy|cycles|bench-e
              fit() vs Ray Train 2.60 (the same file importing ray.train), and vs the same work
              through trainyard run; --stall: report()'s stall with a 256 MiB checkpoint per rank,
              SYNC and ASYNC vs Ray Train's ASYNC; --readme writes the README's table
+  bench-chaos  [--readme] [--only NAMES] [--seconds S] [--every S] goodput of one 2-rank gloo
+             program with a checkpoint every step while a rank is SIGKILLed every 10 s for 2
+             minutes: trainyard (local, Ray, Slurm runtimes), Ray Train 2.60, torchrun
   bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
   bench-slurm  time 4 workers of a trivial task on 4 Slurm test nodes: trainyard run --runtime slurm
              vs srun -N 4 -n 4
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
         Some("tidy") => tidy::check_workspace().map_err(|problems| problems.join("\n")),
         Some("cycles") => print_circles(),
         Some("bench-e2e") => bench_e2e::run(&std::env::args().skip(2).collect::<Vec<_>>()),
+        Some("bench-chaos") => bench_chaos::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("bench-python") => bench_python::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("bench-ray") => bench_ray::run(),
         Some("bench-slurm") => bench_slurm::run(),
