@@ -1,7 +1,7 @@
 //! [`StorageLocation`]: where runs are stored, as a user writes it.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::str::FromStr;
 
 use crate::StorageError;
@@ -98,6 +98,21 @@ pub(crate) fn join_key(prefix: &str, name: &str) -> String {
         .filter(|segment| !segment.is_empty())
         .collect::<Vec<_>>()
         .join("/")
+}
+
+/// `path` relative to `base`, with `/` separators, when it is a folder below it: lexically,
+/// and with no `..` in what is left.
+pub(crate) fn relative_below(path: &Path, base: &Path) -> Option<String> {
+    let rest = path.strip_prefix(base).ok()?;
+    let mut segments = Vec::new();
+    for component in rest.components() {
+        match component {
+            Component::Normal(segment) => segments.push(segment.to_str()?),
+            Component::CurDir => {}
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    (!segments.is_empty()).then(|| segments.join("/"))
 }
 
 fn invalid(value: &str, reason: impl Into<String>) -> StorageError {
@@ -291,6 +306,25 @@ mod tests {
         assert_eq!(
             StorageLocation::default_local(),
             StorageLocation::Local(home.join("trainyard_results"))
+        );
+    }
+
+    #[test]
+    fn a_folder_is_below_its_base_only_without_going_up() {
+        let base = Path::new("/runs/mnist");
+        let below = |p: &str| relative_below(Path::new(p), base);
+        assert_eq!(
+            below("/runs/mnist/dcp/step_3"),
+            Some("dcp/step_3".to_owned())
+        );
+        assert_eq!(below("/runs/mnist/./step_3/"), Some("step_3".to_owned()));
+        assert_eq!(below("/runs/mnist"), None);
+        assert_eq!(below("/runs/mnist2/step_3"), None);
+        assert_eq!(below("/runs/mnist/../other/step_3"), None);
+        assert_eq!(below("/runs/mnist/a/../../x"), None);
+        assert_eq!(
+            relative_below(Path::new("a/b"), Path::new("")),
+            Some("a/b".to_owned())
         );
     }
 }

@@ -3,7 +3,7 @@
 //! Both are thin code over one trait, [`store::RunStore`], implemented once per kind of
 //! storage: a local or shared file system driven directly with `std::fs` ([`local`]), and
 //! S3 through [`object_store`] ([`s3`]). A store is picked once, when a location is opened
-//! ([`store::open`]); nothing else tells the kinds apart.
+//! (`open_store`); nothing else tells the kinds apart.
 
 mod files;
 mod local;
@@ -60,7 +60,7 @@ impl Storage {
         location: StorageLocation,
         env: &BTreeMap<String, String>,
     ) -> Result<Self, StorageError> {
-        let store = store::open(&location, env)?;
+        let store = open_store(&location, env)?;
         Ok(Self { location, store })
     }
 
@@ -148,4 +148,23 @@ pub(crate) async fn download(
     // Best effort: what was downloaded is of no use.
     let _ = blocking("delete", &dest, move || local::remove_dir(&removed)).await;
     Err(error)
+}
+
+/// The store of `location`, remote storage configured from `env`: the one place that tells
+/// the kinds of storage apart.
+fn open_store(
+    location: &StorageLocation,
+    env: &BTreeMap<String, String>,
+) -> Result<Arc<dyn RunStore>, StorageError> {
+    Ok(match location {
+        StorageLocation::Local(root) => Arc::new(local::LocalStore::new(root.clone())),
+        StorageLocation::S3 { bucket, prefix } => {
+            Arc::new(s3::S3Store::open(bucket, prefix, env).map_err(|error| {
+                StorageError::Open {
+                    location: location.to_string(),
+                    source: Box::new(error),
+                }
+            })?)
+        }
+    })
 }

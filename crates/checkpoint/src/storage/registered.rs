@@ -1,11 +1,12 @@
 //! `NO_UPLOAD` hand-ins: checkpoints a rank wrote into the run folder itself (with torch's
 //! distributed checkpoint, say), registered where they are instead of copied.
 
-use std::path::{Component, Path};
+use std::path::Path;
 
 use super::files::{checkpoint_index, is_temp};
+use super::location::{StorageLocation, relative_below};
+use super::run_folder::RunFolder;
 use super::store::Placed;
-use super::{RunFolder, StorageLocation};
 use crate::{HandIn, LEASE_FILE, METRICS_FILE, RUN_FILE, StorageError};
 
 /// The names at the top of a run folder that are trainyard's own: no checkpoint is
@@ -128,43 +129,4 @@ fn is_own(top: &str) -> bool {
 /// Why the name `top` is refused.
 fn own_name(top: &str) -> String {
     format!("`{top}` is trainyard's own: name the folder otherwise")
-}
-
-/// `path` relative to `base`, with `/` separators, when it is a folder below it: lexically,
-/// and with no `..` in what is left.
-pub(super) fn relative_below(path: &Path, base: &Path) -> Option<String> {
-    let rest = path.strip_prefix(base).ok()?;
-    let mut segments = Vec::new();
-    for component in rest.components() {
-        match component {
-            Component::Normal(segment) => segments.push(segment.to_str()?),
-            Component::CurDir => {}
-            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
-        }
-    }
-    (!segments.is_empty()).then(|| segments.join("/"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_folder_is_below_its_base_only_without_going_up() {
-        let base = Path::new("/runs/mnist");
-        let below = |p: &str| relative_below(Path::new(p), base);
-        assert_eq!(
-            below("/runs/mnist/dcp/step_3"),
-            Some("dcp/step_3".to_owned())
-        );
-        assert_eq!(below("/runs/mnist/./step_3/"), Some("step_3".to_owned()));
-        assert_eq!(below("/runs/mnist"), None);
-        assert_eq!(below("/runs/mnist2/step_3"), None);
-        assert_eq!(below("/runs/mnist/../other/step_3"), None);
-        assert_eq!(below("/runs/mnist/a/../../x"), None);
-        assert_eq!(
-            relative_below(Path::new("a/b"), Path::new("")),
-            Some("a/b".to_owned())
-        );
-    }
 }

@@ -8,8 +8,7 @@ use super::local::blocking;
 use super::store::{Durability, RunStore};
 use super::take::Taken;
 use super::{
-    Storage, StorageLocation, attempt_logs_dir_name, checkpoint_dir_name, checkpoint_gone,
-    location, registered,
+    Storage, StorageLocation, attempt_logs_dir_name, checkpoint_dir_name, checkpoint_gone, location,
 };
 use crate::{HandIn, LEASE_FILE, Lease, METRICS_FILE, RUN_FILE, RunRecord, StorageError};
 
@@ -324,7 +323,7 @@ impl RunFolder {
     /// `dir`, when it names a folder inside the run folder: not the run folder itself, and
     /// nothing above or beside it.
     fn inside<'d>(&self, dir: &'d str) -> Result<&'d str, StorageError> {
-        match registered::relative_below(Path::new(dir), Path::new("")) {
+        match location::relative_below(Path::new(dir), Path::new("")) {
             Some(_) => Ok(dir),
             None => Err(StorageError::NotACheckpointFolder {
                 dir: dir.to_owned(),

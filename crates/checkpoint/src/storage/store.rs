@@ -2,8 +2,9 @@
 //! a kind of storage, so that they are written once over every kind.
 //!
 //! As object_store has one `ObjectStore` trait and an implementation per store, each kind of
-//! storage implements this trait once: [`LocalStore`] for a local or shared file system,
-//! [`S3Store`] for S3 through object_store; [`open`] picks one for a [`StorageLocation`].
+//! storage implements this trait once: `LocalStore` for a local or shared file system,
+//! `S3Store` for S3 through object_store; `storage::open_store` picks one for a
+//! [`StorageLocation`].
 //! `testing::conformance` (the `testing` feature) is the suite of behaviour checks that
 //! every implementation passes, through the public [`Storage`](super::Storage) and
 //! [`RunFolder`](super::RunFolder).
@@ -16,15 +17,11 @@
 //! A store names what it holds by key: a path relative to its root, with `/` between
 //! segments (`mnist/run.json`, `mnist/checkpoint_000001`); the empty key is the root.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use super::StorageLocation;
 use super::files::SourceFile;
-use super::local::LocalStore;
-use super::s3::S3Store;
+use super::location::StorageLocation;
 use crate::StorageError;
 
 /// Whether a replaced file must be on disk before the replacement returns.
@@ -140,21 +137,4 @@ pub(crate) trait RunStore: fmt::Debug + Send + Sync + 'static {
     /// Where `location` is, seen from the run folder `run`: on a file system with every link
     /// resolved (the run folder may be reached through one, and no link may lead out of it).
     async fn place(&self, run: &str, location: StorageLocation) -> Result<Placed, StorageError>;
-}
-
-/// The store of `location`, remote storage configured from `env`: the one place that tells
-/// the kinds of storage apart.
-pub(crate) fn open(
-    location: &StorageLocation,
-    env: &BTreeMap<String, String>,
-) -> Result<Arc<dyn RunStore>, StorageError> {
-    Ok(match location {
-        StorageLocation::Local(root) => Arc::new(LocalStore::new(root.clone())),
-        StorageLocation::S3 { bucket, prefix } => Arc::new(
-            S3Store::open(bucket, prefix, env).map_err(|error| StorageError::Open {
-                location: location.to_string(),
-                source: Box::new(error),
-            })?,
-        ),
-    })
 }

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 
 pub(crate) use fs::{blocking, copy_file, remove_dir};
 
-use super::StorageLocation;
 use super::files::{HandInLimits, SourceFile, walk_sized};
-use super::registered::relative_below;
+use super::location::StorageLocation;
+use super::location::relative_below;
 use super::store::{Durability, Placed, RunStore};
 use crate::StorageError;
 

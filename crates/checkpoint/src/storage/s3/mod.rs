@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use object_store::path::Path as Key;
 pub(crate) use upload::OPEN_UPLOADS;
 
-use super::StorageLocation;
 use super::files::{SourceFile, checkpoint_index, is_temp};
+use super::location::StorageLocation;
 use super::location::join_key;
-use super::registered::relative_below;
+use super::location::relative_below;
 use super::store::{Durability, Placed, RunStore};
 use crate::StorageError;
 use bucket::Bucket;
