@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from trainyard import _fit
 from trainyard._events import VERSION
@@ -254,6 +254,8 @@ class _Events:
         self.callback_error: Optional[BaseException] = None
         # This attempt's rounds not yet complete: step -> rank -> metrics.
         self._rounds: Dict[int, Dict[int, Dict[str, Any]]] = {}
+        # Rounds of this attempt a rank handed in a checkpoint with: their commit follows.
+        self._with_checkpoint: Set[int] = set()
         self._done = 0
         self._waiting: Optional[Tuple[int, List[Dict[str, Any]]]] = None
         self._warned_version = False
@@ -347,6 +349,7 @@ class _Events:
         self.restart_count = int(event.get("restart_count", 0))
         self.world_size = int(event.get("world_size", 0))
         self._rounds = {}
+        self._with_checkpoint = set()
         self._done = 0
         self._write_progress()
 
@@ -357,11 +360,14 @@ class _Events:
         rank = int(event.get("rank", 0))
         round_ = self._rounds.setdefault(step, {})
         round_[rank] = dict(event.get("metrics") or {})
+        if event.get("checkpoint"):
+            self._with_checkpoint.add(step)
         if len(round_) < self.world_size:
             return
         del self._rounds[step]
         metrics = [round_[r] for r in sorted(round_)]
-        if self._noted(step):
+        if step in self._with_checkpoint:
+            self._with_checkpoint.discard(step)
             self._waiting = (step, metrics)
         else:
             self._round(step, metrics, None)
@@ -396,16 +402,6 @@ class _Events:
         self.end = event
 
     # --- rounds, callbacks, progress -------------------------------------------------------
-
-    def _noted(self, step: int) -> bool:
-        """Whether a rank noted a checkpoint for round ``step`` (``True`` when there are no
-        notes to look at: the round then waits for the next event)."""
-        if self.fit_dir is None:
-            return True
-        return any(
-            os.path.exists(_fit.note_file(self.fit_dir, step, rank))
-            for rank in range(self.world_size)
-        )
 
     def _validation_asked(self, index: int) -> Any:
         """What the report of checkpoint ``index`` asked to validate: the lowest rank's note

@@ -14,9 +14,9 @@ The driver (``trainyard._driver``) writes into ``FIT_DIR``:
 
 The workers (``trainyard._worker``) leave in it: rank 0 its return value (``return.pkl``);
 a rank that raises, its exception (``errors/attempt_<restart count>_rank_<rank>.pkl``);
-and, before each report that hands in a checkpoint, a note of it
-(``notes/<index>_<rank>.json``: the validation it asks for), so that the driver knows a
-round has a checkpoint before the commit shows it.
+and, before each report that hands in a checkpoint and asks for its validation, a note of
+it (``notes/<index>_<rank>.json``: the validation it asks for), read when the checkpoint
+commits. (That a round has a checkpoint, the driver learns from the report events.)
 
 A worker finds the folder in ``TRAINYARD_FIT_DIR``; a program that ``trainyard run`` starts
 has none.

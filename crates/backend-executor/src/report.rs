@@ -94,6 +94,10 @@ pub enum RunEvent {
         /// When the driver took it in, in seconds since the Unix epoch.
         #[serde(default)]
         time: f64,
+        /// Whether the report handed in a checkpoint (persisted, or registered where the rank
+        /// wrote it): a round of reports with one is followed by the checkpoint's commit.
+        #[serde(default)]
+        checkpoint: bool,
     },
     /// A worker printed a line.
     Log {

@@ -903,6 +903,7 @@ impl RunLoop {
                 report.metrics[i] = Some(metrics.clone());
                 report.last_report = Some((rank, metrics.clone()));
                 let step = self.store.next_step(rank.0);
+                let handed_in = checkpoint.is_some();
                 let committed = self.store.report(rank.0, &metrics, checkpoint).await?;
                 sink.emit(RunEvent::Report {
                     rank,
@@ -910,6 +911,7 @@ impl RunLoop {
                     step,
                     attempt: following.restart_count,
                     time: trainyard_checkpoint::now(),
+                    checkpoint: handed_in,
                 })
                 .await;
                 if let Some(checkpoint) = committed {

@@ -229,7 +229,8 @@ def report(
             delete_local_checkpoint_after_upload,
         )
         mode = CheckpointUploadMode.NO_UPLOAD
-    if checkpoint is not None and fit_dir is not None:
+    if request and checkpoint is not None and fit_dir is not None:
+        # What to validate, for the driver (the report event says a checkpoint came).
         rank = get_context().get_world_rank()
         _fit.write_atomically(
             _fit.note_file(fit_dir, index, rank), json.dumps({"validation": request}).encode()

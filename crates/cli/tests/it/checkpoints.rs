@@ -173,6 +173,13 @@ fn rank_killed_after_epoch_3(
     }
     assert_each_epoch_at_most_twice(&[&events]);
     assert_eq!(committed(&events), vec![1, 2, 3, 4, 5, 6], "{output}");
+    // Each report says whether it handed in a checkpoint: rank 0's always, rank 1's only
+    // when the ranks hand in shards.
+    let shards = env.iter().any(|(key, _)| *key == "SHARDS");
+    for report in events.iter().filter(|e| e["event"] == "report") {
+        let expected = shards || report["rank"] == 0;
+        assert_eq!(report["checkpoint"], expected, "{report}");
+    }
     let succeeded = events
         .iter()
         .find(|e| e["event"] == "run_succeeded")
