@@ -26,6 +26,7 @@ use trainyard_worker_group::WorkerGroup;
 use crate::error::{chain, is_death, runtime_error_in};
 use crate::hang::{Progress, RankStacks, capture_stacks};
 use crate::options::ExecutorOptions;
+use crate::preflight;
 use crate::ranks::rank_of;
 use crate::report::StartedWorker;
 use crate::{
@@ -278,6 +279,53 @@ impl Attempt {
         }
         self.env = env;
         Ok(())
+    }
+
+    /// The preflight ([`crate::preflight`]): every rank's host tries to reach the rendezvous
+    /// its task will be told, before any task starts; the first rank whose host cannot, or
+    /// does not answer in time, fails the attempt naming it.
+    pub(crate) async fn preflight(&self) -> Result<(), AttemptError> {
+        let setup = &self.setup;
+        let targets = preflight::targets(&*setup.backend, &setup.run.env, &self.env);
+        if targets.iter().all(Vec::is_empty) {
+            return Ok(());
+        }
+        let bound = preflight::answer_bound(1);
+        let mut calls = Vec::with_capacity(targets.len());
+        for (i, targets) in targets.into_iter().enumerate() {
+            let call = if targets.is_empty() {
+                None
+            } else {
+                let request = Request::Preflight { targets };
+                let call = self.group.execute_single_async(i, request);
+                Some(call.map_err(|e| start_failed(&e))?)
+            };
+            calls.push(preflight::answer(call, bound));
+        }
+        let answers = join_all(calls).await;
+        let workers: Vec<_> = self.group.workers().iter().map(|w| &w.metadata).collect();
+        let driver = answers
+            .iter()
+            .any(Option::is_none)
+            .then(|| setup.runtime.driver_address())
+            .flatten();
+        match preflight::first_unreached(&workers, answers, driver, bound) {
+            Ok(None) => Ok(()),
+            Ok(Some(failure)) => Err(AttemptError::Failed(failure)),
+            Err(preflight::Unanswered {
+                worker,
+                error: Some(error),
+            }) => Err(call_failed(worker, &error)),
+            Err(preflight::Unanswered {
+                worker,
+                error: None,
+            }) => Err(AttemptError::Failed(died(
+                worker,
+                DeathCause::Unreachable {
+                    error: "it answered preflight with an unexpected response".to_owned(),
+                },
+            ))),
+        }
     }
 
     fn backend_context(&self) -> BackendContext<'_> {

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use futures::future::try_join_all;
 use serde::{Deserialize, Serialize};
 use trainyard_config::RunConfig;
-use trainyard_runtime::ActorRuntimeExt;
+use trainyard_runtime::{ActorRuntimeExt, Endpoint};
 use trainyard_worker_group::{WorkerGroup, WorkerGroupError};
 
 use crate::RankInfo;
@@ -245,6 +245,16 @@ pub trait Backend: Send + Sync + Debug + 'static {
     /// adds the executor's own variables.
     fn owned_env(&self) -> BTreeMap<&'static str, &'static str> {
         BTreeMap::new()
+    }
+
+    /// Where the ranks meet once their tasks start (PyTorch's `MASTER_ADDR:MASTER_PORT`), as
+    /// the task of a rank whose variables are `env` (the run's own included) will be told:
+    /// before any task starts, the executor has every rank's host try to reach it (the
+    /// preflight), so that a host that cannot fails the attempt in seconds, named, rather than
+    /// the rendezvous timing out. None by default.
+    fn rendezvous(&self, env: &BTreeMap<String, String>) -> Vec<Endpoint> {
+        let _ = env;
+        Vec::new()
     }
 
     /// After the workers are started and sorted, before training: set up the framework's

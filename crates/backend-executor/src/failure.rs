@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use trainyard_runtime::root_cause::TaskError;
-use trainyard_runtime::{DeathCause, TaskFailure, TaskRejection};
+use trainyard_runtime::{DeathCause, Reach, TaskFailure, TaskRejection};
 
 use crate::WorldRank;
 
@@ -59,6 +59,21 @@ pub enum AttemptFailure {
         /// Why.
         cause: DeathCause,
     },
+    /// Before the task started, a rank's host could not reach what its task would need (the
+    /// preflight): the rendezvous, or the driver (no answer to the preflight in time).
+    Unreachable {
+        /// The rank.
+        rank: WorldRank,
+        /// Its host's name, as its worker reported it.
+        host: String,
+        /// Its node, as the runtime names it, and the node's address.
+        node: String,
+        /// What it could not reach.
+        target: PreflightTarget,
+        /// The endpoint, the address it resolved to, the interface of the host's route
+        /// there, and why it was not reached.
+        reach: Box<Reach>,
+    },
     /// The workers could not be started or set up.
     StartFailed {
         /// What went wrong.
@@ -79,6 +94,7 @@ impl AttemptFailure {
             Self::TaskFailed { rank, .. } | Self::TaskRejected { rank, .. } => Some(*rank),
             Self::Hung { ranks, .. } => ranks.first().copied(),
             Self::WorkerDied { rank, .. } => *rank,
+            Self::Unreachable { rank, .. } => Some(*rank),
             Self::StartFailed { .. } | Self::StorageFailed { .. } => None,
         }
     }
@@ -160,12 +176,61 @@ impl fmt::Display for AttemptFailure {
                 cause,
             } => write!(f, "rank {rank} died: {cause}"),
             Self::WorkerDied { rank: None, cause } => write!(f, "a worker died: {cause}"),
+            Self::Unreachable {
+                rank,
+                host,
+                node,
+                target,
+                reach,
+            } => {
+                let why = reach
+                    .unreachable
+                    .as_ref()
+                    .map_or_else(|| "no answer".to_owned(), ToString::to_string);
+                let through = match &reach.interface {
+                    Some(interface) => format!("interface {interface}"),
+                    None => "no interface".to_owned(),
+                };
+                match target {
+                    PreflightTarget::Rendezvous => {
+                        write!(
+                            f,
+                            "rank {rank}'s host {host} ({node}) cannot reach the rendezvous {}",
+                            reach.endpoint
+                        )?;
+                        match &reach.address {
+                            Some(address) if *address != reach.endpoint.host => {
+                                write!(f, " (address {address}, through {through})")?;
+                            }
+                            _ => write!(f, " (through {through})")?,
+                        }
+                        write!(f, ": {why}")
+                    }
+                    PreflightTarget::Driver => write!(
+                        f,
+                        "rank {rank}'s host {host} ({node}, {through}) and the driver at {} do not reach each other: {why} to the preflight",
+                        reach.endpoint
+                    ),
+                }
+            }
             Self::StartFailed { reason } => write!(f, "workers failed to start: {reason}"),
             Self::StorageFailed { reason } => {
                 write!(f, "the run's storage failed: {reason}")
             }
         }
     }
+}
+
+/// What a rank's host could not reach before its task started
+/// ([`AttemptFailure::Unreachable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PreflightTarget {
+    /// Where the ranks meet once their tasks start (`MASTER_ADDR:MASTER_PORT`).
+    Rendezvous,
+    /// The driver: the host did not answer the preflight in time.
+    Driver,
 }
 
 /// What to do about a failed attempt.
@@ -222,6 +287,7 @@ pub fn classify(failure: &AttemptFailure) -> Disposition {
         AttemptFailure::TaskFailed { .. }
         | AttemptFailure::Hung { .. }
         | AttemptFailure::WorkerDied { .. }
+        | AttemptFailure::Unreachable { .. }
         | AttemptFailure::StartFailed { .. }
         | AttemptFailure::StorageFailed { .. } => Disposition::Restart,
         AttemptFailure::TaskRejected { rejection, .. } => match rejection {

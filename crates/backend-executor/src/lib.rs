@@ -102,6 +102,7 @@ mod logs;
 mod options;
 mod params;
 mod policy;
+mod preflight;
 mod ranks;
 mod report;
 mod reporter;
@@ -126,7 +127,7 @@ pub use context::{
 pub use elastic::{ResizeReason, workers_that_fit};
 pub use error::ExecutorError;
 pub use executor::BackendExecutor;
-pub use failure::{AttemptFailure, Backoff, Disposition, classify};
+pub use failure::{AttemptFailure, Backoff, Disposition, PreflightTarget, classify};
 pub use hang::{RankStacks, STACKS_LIMIT, StacksReason, full_dump};
 pub use options::{
     DEFAULT_PLACEMENT_TIMEOUT, DriverNote, ExecutorOptions, RESTARTS_TARGET, unique_run_name,

@@ -432,7 +432,7 @@ impl RunLoop {
     }
 
     /// Starts one attempt: reserves the placement group, starts and sorts the workers,
-    /// assigns ranks, shares accelerator ids and runs the backend's `on_start`.
+    /// assigns ranks, shares accelerator ids, runs the backend's `on_start` and the preflight.
     async fn start(
         &self,
         slot: &mut Slot,
@@ -474,7 +474,7 @@ impl RunLoop {
                     workers,
                 })
                 .await;
-            Ok(())
+            attempt.preflight().await
         }
         .instrument(info_span!(target: TIMINGS, phase::SETUP, attempt = restart_count))
         .await

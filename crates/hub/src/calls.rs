@@ -43,6 +43,7 @@ pub(crate) fn request_name(request: &Request) -> &'static str {
         Request::Poll => "poll",
         Request::Stop => "stop",
         Request::Stacks => "stacks",
+        Request::Preflight { .. } => "preflight",
     }
 }
 

@@ -14,8 +14,8 @@ use trainyard_config::PlacementGroupFactory;
 use trainyard_runtime::events::TaskEvents;
 use trainyard_runtime::timings;
 use trainyard_runtime::{
-    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, PlacementGroupId, PlacementInfo,
-    Request, Response, RuntimeError,
+    ActorId, ActorRuntime, ActorSpec, ClusterSnapshot, DeathCause, Endpoint, PlacementGroupId,
+    PlacementInfo, Request, Response, RuntimeError,
 };
 
 use crate::{AgentHub, AgentProcess, HubConfig, HubError};
@@ -242,6 +242,11 @@ where
 
     async fn free_changed(&self, timeout: Duration) {
         self.inner.placer.free_changed(timeout).await;
+    }
+
+    fn driver_address(&self) -> Option<Endpoint> {
+        let address = self.inner.hub.driver_address();
+        Some(Endpoint::new(address.ip().to_string(), address.port()))
     }
 
     async fn create_placement_group(

@@ -83,6 +83,7 @@ mod ids;
 mod outcome;
 pub mod placement;
 mod protocol;
+mod reach;
 pub mod reservations;
 pub mod root_cause;
 mod runtime;
@@ -98,9 +99,10 @@ pub use error::RuntimeError;
 pub use ids::{ActorId, NodeId, PlacementGroupId};
 pub use outcome::{DeathCause, TaskExit, TaskFailure, TaskRejection, signal_name};
 pub use protocol::{
-    PollResult, RESTORE_PATIENCE, Request, Response, STOP_PERSIST_PATIENCE, Stream, TaskEvent,
-    TaskSpec, TaskStatus, WorkerInfo,
+    PREFLIGHT_PROBE, PollResult, RESTORE_PATIENCE, Request, Response, STOP_PERSIST_PATIENCE,
+    Stream, TaskEvent, TaskSpec, TaskStatus, WorkerInfo,
 };
+pub use reach::{Endpoint, Reach, Unreachable};
 #[cfg(any(test, feature = "mocks"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "mocks")))]
 pub use runtime::MockActorRuntime;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::reach::{Endpoint, Reach};
 use crate::root_cause::TaskError;
 use crate::stacks::TaskStacks;
 use crate::{NodeId, TaskExit};
@@ -36,7 +37,18 @@ pub enum Request {
     /// [`Response::Stacks`]. Bounded: a worker answers within a few seconds, with what it
     /// could read by then.
     Stacks,
+    /// Tries to reach each of `targets` from the actor's host, each for at most
+    /// [`PREFLIGHT_PROBE`] → [`Response::Preflight`]: before a task starts, whether the
+    /// rendezvous it will be told can be reached from there. The answer itself proves that
+    /// the host and the driver reach each other.
+    Preflight {
+        /// What to reach.
+        targets: Vec<Endpoint>,
+    },
 }
+
+/// How long an actor tries to reach each target of a [`Request::Preflight`].
+pub const PREFLIGHT_PROBE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// What an actor answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +73,11 @@ pub enum Response {
     Poll(PollResult),
     /// Answer to [`Request::Stacks`].
     Stacks(TaskStacks),
+    /// Answer to [`Request::Preflight`]: one [`Reach`] per target, in order.
+    Preflight {
+        /// What the host found.
+        reaches: Vec<Reach>,
+    },
 }
 
 /// Where an actor runs, fetched once after it starts.
@@ -70,6 +87,10 @@ pub struct WorkerInfo {
     pub node_id: NodeId,
     /// The node's IP address.
     pub node_ip: String,
+    /// The interface that holds that address on the actor's host (where its collectives go:
+    /// `trainyard_sys::net::interface_for`), when the actor can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
     /// The node's host name.
     pub hostname: String,
     /// The actor's process id (the worker agent's, for real runtimes).

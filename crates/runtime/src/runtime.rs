@@ -12,7 +12,7 @@ use trainyard_resources::ActorOptions;
 
 use crate::events::TaskEvents;
 use crate::{
-    ActorId, ClusterSnapshot, NodeId, PlacementGroupId, PollResult, Request, Response,
+    ActorId, ClusterSnapshot, Endpoint, NodeId, PlacementGroupId, PollResult, Request, Response,
     RuntimeError, TaskSpec, WorkerInfo,
 };
 
@@ -92,6 +92,12 @@ pub trait ActorRuntime: Send + Sync + Debug + 'static {
     /// look for room to grow when it returns. The default waits out the timeout.
     async fn free_changed(&self, timeout: Duration) {
         tokio::time::sleep(timeout).await;
+    }
+
+    /// Where this runtime's workers reach the driver (an agent runtime's hub), for messages
+    /// that name it; `None` (the default) where there is no such address.
+    fn driver_address(&self) -> Option<Endpoint> {
+        None
     }
 }
 

@@ -236,6 +236,7 @@ async fn each_typed_helper_sends_its_request_and_returns_the_answer() {
     let info = WorkerInfo {
         node_id: "n".into(),
         node_ip: "10.0.0.1".into(),
+        interface: None,
         hostname: "h".into(),
         pid: 1,
         task_pid: None,

@@ -10,7 +10,7 @@ use trainyard_backend_executor::{
     Backend, BackendConfig, BackendContext, BackendError, RankInfo, WorkerAddress, WorkerEnv,
 };
 use trainyard_resources::{CPU, GPU};
-use trainyard_runtime::root_cause;
+use trainyard_runtime::{Endpoint, root_cause};
 
 /// The process-group backend: `nccl` for GPUs, `gloo` for CPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -184,8 +184,14 @@ impl Backend for TorchBackend {
             chosen => chosen,
         };
         let master = WorkerAddress {
-            ip: first.metadata.node_ip.clone(),
-            port: ctx.free_port(0).await?,
+            ip: match ctx.run.env.get(MASTER_ADDR) {
+                Some(given) => given.clone(),
+                None => first.metadata.node_ip.clone(),
+            },
+            port: match ctx.run.env.get(MASTER_PORT) {
+                Some(given) => given_port(given)?,
+                None => ctx.free_port(0).await?,
+            },
         };
         let init_method = match self.config.init_method {
             InitMethod::Env => "env://".to_owned(),
@@ -196,9 +202,17 @@ impl Backend for TorchBackend {
         for (worker, rank) in workers.iter().zip(ctx.ranks) {
             let mut vars = BTreeMap::new();
             if self.config.init_method == InitMethod::Env {
-                vars.insert("MASTER_ADDR".to_owned(), master.ip.clone());
-                vars.insert("MASTER_PORT".to_owned(), master.port.to_string());
+                if !user_set(&ctx, MASTER_ADDR) {
+                    vars.insert(MASTER_ADDR.to_owned(), master.ip.clone());
+                }
+                if !user_set(&ctx, MASTER_PORT) {
+                    vars.insert(MASTER_PORT.to_owned(), master.port.to_string());
+                }
             }
+            vars.extend(interface_env(
+                &ctx.run.env,
+                worker.metadata.interface.as_deref(),
+            ));
             vars.insert(INIT_METHOD_VAR.to_owned(), init_method.clone());
             vars.insert(BACKEND_VAR.to_owned(), backend.to_string());
             vars.insert(TIMEOUT_VAR.to_owned(), self.config.timeout_s.to_string());
@@ -237,15 +251,32 @@ impl Backend for TorchBackend {
     }
 
     fn owned_env(&self) -> BTreeMap<&'static str, &'static str> {
-        let mut owned: BTreeMap<_, _> = TORCHRUN_ENV
+        TORCHRUN_ENV
             .iter()
             .chain(PROCESS_GROUP_ENV)
             .copied()
-            .collect();
-        if self.config.init_method == InitMethod::Env {
-            owned.extend(MASTER_ENV.iter().copied());
-        }
-        owned
+            .collect()
+    }
+
+    /// `MASTER_ADDR:MASTER_PORT` with `env://`, the `tcp://` URL's address with `tcp`.
+    fn rendezvous(&self, env: &BTreeMap<String, String>) -> Vec<Endpoint> {
+        let given = match self.config.init_method {
+            InitMethod::Env => env
+                .get(MASTER_ADDR)
+                .map(String::as_str)
+                .zip(env.get(MASTER_PORT).and_then(|port| port.parse().ok())),
+            InitMethod::Tcp => env
+                .get(INIT_METHOD_VAR)
+                .and_then(|url| url.strip_prefix("tcp://"))
+                .and_then(|address| address.rsplit_once(':'))
+                .and_then(|(host, port)| Some((host, port.parse().ok()?))),
+        };
+        given
+            .map(|(host, port)| {
+                Endpoint::new(host.trim_start_matches('[').trim_end_matches(']'), port)
+            })
+            .into_iter()
+            .collect()
     }
 }
 
@@ -298,11 +329,49 @@ const PROCESS_GROUP_ENV: &[(&str, &str)] = &[
     (TIMEOUT_VAR, "the process-group timeout in seconds"),
 ];
 
-/// The rendezvous of `env://`, each with what its value is.
-const MASTER_ENV: &[(&str, &str)] = &[
-    ("MASTER_ADDR", "the address of rank 0's node"),
-    ("MASTER_PORT", "a port found free on rank 0's node"),
-];
+/// The rendezvous of `env://`: rank 0's node's address, unless the run's environment gives
+/// one.
+const MASTER_ADDR: &str = "MASTER_ADDR";
+/// The rendezvous of `env://`: a port found free on rank 0's node, unless the run's
+/// environment gives one.
+const MASTER_PORT: &str = "MASTER_PORT";
+/// The interface gloo's sockets use: the one that holds the rank's node address on its host.
+const GLOO_SOCKET_IFNAME: &str = "GLOO_SOCKET_IFNAME";
+/// The interface NCCL's sockets use, the same one (`=name`: that name exactly, not a prefix).
+const NCCL_SOCKET_IFNAME: &str = "NCCL_SOCKET_IFNAME";
+
+/// The interface variables of a rank whose node's address its host holds on `interface`
+/// (see `trainyard_sys::net::interface_for`), but for those the run's environment sets.
+fn interface_env(
+    run_env: &BTreeMap<String, String>,
+    interface: Option<&str>,
+) -> BTreeMap<String, String> {
+    let Some(interface) = interface else {
+        return BTreeMap::new();
+    };
+    [
+        (GLOO_SOCKET_IFNAME, interface.to_owned()),
+        (NCCL_SOCKET_IFNAME, format!("={interface}")),
+    ]
+    .into_iter()
+    .filter(|(name, _)| !run_env.contains_key(*name))
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect()
+}
+
+/// The run's own `MASTER_PORT`, when it is a port.
+fn given_port(value: &str) -> Result<u16, BackendError> {
+    value
+        .parse::<u16>()
+        .ok()
+        .filter(|port| *port > 0)
+        .ok_or_else(|| BackendError::Config {
+            backend: "torch".to_owned(),
+            reason: format!(
+                "the run's environment sets {MASTER_PORT} to `{value}`; expected a port number from 1 to 65535"
+            ),
+        })
+}
 
 /// The variables `torchrun` gives its workers, for every rank of an attempt in world-rank
 /// order: `ranks` as [`assign_ranks`](trainyard_backend_executor::assign_ranks) gives them,
@@ -377,6 +446,65 @@ mod tests {
         assert_eq!(master("::1").to_string(), "[::1]:29500");
         assert_eq!(master("10.0.0.1").to_string(), "10.0.0.1:29500");
         assert_eq!(master("node-a").to_string(), "node-a:29500");
+    }
+
+    #[test]
+    fn gloo_and_nccl_go_through_the_interface_of_the_ranks_address_unless_the_run_says() {
+        let none = BTreeMap::new();
+        let env = interface_env(&none, Some("ty0"));
+        assert_eq!(env[GLOO_SOCKET_IFNAME], "ty0");
+        assert_eq!(
+            env[NCCL_SOCKET_IFNAME], "=ty0",
+            "exactly that name, not a prefix"
+        );
+        assert!(
+            interface_env(&none, None).is_empty(),
+            "unknown: left to torch"
+        );
+        let own = BTreeMap::from([(NCCL_SOCKET_IFNAME.to_owned(), "ib".to_owned())]);
+        let env = interface_env(&own, Some("ty0"));
+        assert_eq!(env.get(GLOO_SOCKET_IFNAME).map(String::as_str), Some("ty0"));
+        assert!(
+            !env.contains_key(NCCL_SOCKET_IFNAME),
+            "the run's own value wins"
+        );
+    }
+
+    #[test]
+    fn the_rendezvous_is_what_the_task_will_be_told() {
+        let env = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let torch = TorchBackend::default();
+        let given = env(&[(MASTER_ADDR, "10.0.0.1"), (MASTER_PORT, "29500")]);
+        assert_eq!(torch.rendezvous(&given), [Endpoint::new("10.0.0.1", 29500)]);
+        assert!(
+            torch
+                .rendezvous(&env(&[(MASTER_ADDR, "10.0.0.1")]))
+                .is_empty()
+        );
+        let tcp = TorchBackend::new(TorchConfig {
+            init_method: InitMethod::Tcp,
+            ..TorchConfig::default()
+        });
+        let url = env(&[(INIT_METHOD_VAR, "tcp://[fd00::7]:29400")]);
+        assert_eq!(tcp.rendezvous(&url), [Endpoint::new("fd00::7", 29400)]);
+    }
+
+    #[test]
+    fn a_master_port_that_is_no_port_is_refused_naming_it() {
+        assert_eq!(given_port("29500").expect("a port"), 29500);
+        for bad in ["0", "65536", "http"] {
+            let error = given_port(bad).expect_err(bad).to_string();
+            assert!(
+                error.contains(&format!("MASTER_PORT to `{bad}`"))
+                    && error.contains("from 1 to 65535"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

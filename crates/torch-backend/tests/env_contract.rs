@@ -159,11 +159,17 @@ async fn variables_the_user_set_are_left_alone() {
     let scaling = ScalingConfig::default().num_workers(2).use_gpu(true);
     let run = RunConfig::default()
         .env("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
-        .env("OMP_NUM_THREADS", "7");
+        .env("OMP_NUM_THREADS", "7")
+        .env("MASTER_ADDR", "10.0.0.9")
+        .env("MASTER_PORT", "29400")
+        .env("GLOO_SOCKET_IFNAME", "eth1");
     let report = envs(&sim, TorchConfig::default(), scaling, run, "trainyard.env").await;
     for env in &report.returns {
         assert_eq!(var(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "0");
         assert_eq!(var(env, "OMP_NUM_THREADS"), "7");
+        assert_eq!(var(env, "MASTER_ADDR"), "10.0.0.9");
+        assert_eq!(var(env, "MASTER_PORT"), "29400");
+        assert_eq!(var(env, "GLOO_SOCKET_IFNAME"), "eth1");
     }
 }
 
@@ -248,6 +254,10 @@ async fn every_variable_the_run_cannot_set_is_listed_as_reserved() {
         "TORCH_NCCL_ASYNC_ERROR_HANDLING",
         "CUDA_VISIBLE_DEVICES",
         "ROCR_VISIBLE_DEVICES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GLOO_SOCKET_IFNAME",
+        "NCCL_SOCKET_IFNAME",
     ];
     for env in &report.returns {
         let names = env.as_object().expect("an object of variables").keys();
@@ -258,12 +268,7 @@ async fn every_variable_the_run_cannot_set_is_listed_as_reserved() {
             );
         }
     }
-    for name in [
-        "RANK",
-        "MASTER_PORT",
-        "TRAINYARD_TORCH_TIMEOUT_S",
-        "TRAINYARD_WORLD_RANK",
-    ] {
+    for name in ["RANK", "TRAINYARD_TORCH_TIMEOUT_S", "TRAINYARD_WORLD_RANK"] {
         assert!(reserved.contains_key(name), "{name}");
     }
     let tcp = TorchConfig {

@@ -27,6 +27,7 @@ const GPU: &str = "GPU";
 /// let on = |node: &str| WorkerMetadata {
 ///     node_id: NodeId::from(node),
 ///     node_ip: "10.0.0.1".into(),
+///     interface: None,
 ///     hostname: "host".into(),
 ///     pid: 1,
 ///     task_pid: None,

@@ -29,6 +29,7 @@ fn info(actor: ActorId) -> WorkerInfo {
     WorkerInfo {
         node_id: NodeId::from("node-0"),
         node_ip: "10.0.0.1".into(),
+        interface: None,
         hostname: "host-0".into(),
         pid: u32::try_from(1000 + actor.0).expect("small pid"),
         task_pid: None,

@@ -10,6 +10,7 @@ fn worker(node: &str, gpu_ids: &[&str]) -> WorkerMetadata {
     WorkerMetadata {
         node_id: NodeId::from(node),
         node_ip: format!("10.0.0.{node}"),
+        interface: None,
         hostname: format!("host-{node}"),
         pid: 1,
         task_pid: None,

@@ -10,9 +10,10 @@ use trainyard_checkpoint::{CHECKPOINT_URI, StorageError, prepare_task_env};
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::EventSender;
 use trainyard_runtime::{
-    FunctionRegistry, PollResult, Request, Response, TaskContext, TaskExit, TaskRejection,
-    TaskSpec, TaskStatus, WorkerInfo,
+    Endpoint, FunctionRegistry, PREFLIGHT_PROBE, PollResult, Reach, Request, Response, TaskContext,
+    TaskExit, TaskRejection, TaskSpec, TaskStatus, Unreachable, WorkerInfo,
 };
+use trainyard_sys::net::{self, ProbeError};
 use trainyard_wire::config::{AgentConfig, MemoryLimit, PRIVATE};
 use trainyard_wire::wire::WireError;
 
@@ -77,6 +78,8 @@ pub(super) struct Agent {
     diagnostics: Diagnostics,
     /// The agent's watchdog, told of every task's process group and of its private directory.
     watchdog: Watchdog,
+    /// The interface that holds the node's address here, once looked for.
+    interface: Option<Option<String>>,
 }
 
 impl Agent {
@@ -107,6 +110,7 @@ impl Agent {
             output,
             diagnostics,
             watchdog,
+            interface: None,
         }
     }
 
@@ -130,7 +134,10 @@ impl Agent {
 
     pub(super) async fn handle(&mut self, request: Request) -> Result<Response, WireError> {
         match request {
-            Request::NodeInfo => Ok(Response::NodeInfo(self.info())),
+            Request::NodeInfo => {
+                self.find_interface().await;
+                Ok(Response::NodeInfo(self.info()))
+            }
             Request::FindFreePort => {
                 let listener = tokio::net::TcpListener::bind((self.config.node_ip.as_str(), 0))
                     .await
@@ -160,6 +167,9 @@ impl Agent {
             Request::Stacks => Ok(Response::Stacks(
                 stacks::capture(self.subject(), self.py_spy.clone()).await,
             )),
+            Request::Preflight { targets } => Ok(Response::Preflight {
+                reaches: preflight(targets).await,
+            }),
         }
     }
 
@@ -178,6 +188,7 @@ impl Agent {
         WorkerInfo {
             node_id: self.config.node_id.clone(),
             node_ip: self.config.node_ip.clone(),
+            interface: self.interface.clone().flatten(),
             hostname: nix::unistd::gethostname()
                 .ok()
                 .and_then(|h| h.into_string().ok())
@@ -186,6 +197,22 @@ impl Agent {
             task_pid: self.task_pid(),
             accelerator_ids: self.config.accelerator_ids.clone(),
         }
+    }
+
+    /// Finds, once, the interface that holds the node's address on this host (a name is
+    /// resolved: off the async threads).
+    async fn find_interface(&mut self) {
+        if self.interface.is_some() {
+            return;
+        }
+        let node = self.config.node_ip.clone();
+        let driver = self.config.driver.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            trainyard_sys::net::interface_for(&node, Some(&driver))
+        })
+        .await
+        .unwrap_or_default();
+        self.interface = Some(found);
     }
 
     /// The running command's process id.
@@ -365,6 +392,40 @@ impl Agent {
                 }
             }
         }
+    }
+}
+
+/// Tries to reach every target at once, each for at most [`PREFLIGHT_PROBE`].
+async fn preflight(targets: Vec<Endpoint>) -> Vec<Reach> {
+    let probes = targets.into_iter().map(|endpoint| {
+        tokio::task::spawn_blocking(move || {
+            let probe = net::probe(&endpoint.host, endpoint.port, PREFLIGHT_PROBE);
+            Reach {
+                address: probe.address.map(|ip| ip.to_string()),
+                interface: probe.interface,
+                unreachable: probe.outcome.err().map(|error| unreachable(&error)),
+                endpoint,
+            }
+        })
+    });
+    futures::future::join_all(probes)
+        .await
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect()
+}
+
+/// The wire's form of why a probe found no answer.
+fn unreachable(error: &ProbeError) -> Unreachable {
+    let cause =
+        || std::error::Error::source(error).map_or_else(|| error.to_string(), ToString::to_string);
+    match error {
+        ProbeError::NoAddress(_) => Unreachable::NoAddress { error: cause() },
+        ProbeError::NoRoute(_) => Unreachable::NoRoute { error: cause() },
+        ProbeError::NoAnswer { within } => Unreachable::NoAnswer {
+            within_ms: u64::try_from(within.as_millis()).unwrap_or(u64::MAX),
+        },
+        _ => Unreachable::Failed { error: cause() },
     }
 }
 

@@ -16,6 +16,7 @@ fn info(actor: ActorId) -> WorkerInfo {
     WorkerInfo {
         node_id: NodeId::from("node-0"),
         node_ip: "10.0.0.1".to_owned(),
+        interface: None,
         hostname: "node-0".to_owned(),
         pid: u32::try_from(actor.0).unwrap_or(0) + 100,
         task_pid: None,

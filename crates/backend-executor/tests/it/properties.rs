@@ -33,6 +33,7 @@ proptest! {
             .map(|(i, (node, gpu))| WorkerInfo {
                 node_id: NodeId(format!("node-{node}")),
                 node_ip: "10.0.0.1".to_owned(),
+                interface: None,
                 hostname: format!("host-{node}"),
                 pid: u32::try_from(i).unwrap(),
                 task_pid: None,

@@ -13,7 +13,7 @@ use super::{lock, queue};
 use crate::events::{ActorEvent, EventSender, TaskEvents};
 use crate::stacks::{Frame, ProcessStacks, TaskStacks, ThreadStack};
 use crate::{
-    ActorId, DeathCause, FunctionRegistry, PollResult, Request, Response, RuntimeError,
+    ActorId, DeathCause, FunctionRegistry, PollResult, Reach, Request, Response, RuntimeError,
     TaskContext, TaskEvent, TaskRejection, TaskSpec, TaskStatus, WorkerInfo,
 };
 
@@ -154,6 +154,18 @@ impl Serving {
             // The runtime ends the actor itself on `Stop`; answering is all that is left.
             Request::Stop => Ok(Response::Done),
             Request::Stacks => Ok(Response::Stacks(self.stacks())),
+            // A simulated cluster has no network: every target answers.
+            Request::Preflight { targets } => Ok(Response::Preflight {
+                reaches: targets
+                    .into_iter()
+                    .map(|endpoint| Reach {
+                        address: Some(endpoint.host.clone()),
+                        endpoint,
+                        interface: None,
+                        unreachable: None,
+                    })
+                    .collect(),
+            }),
         }
     }
 
@@ -257,6 +269,7 @@ mod tests {
         let info = WorkerInfo {
             node_id: NodeId::from("a"),
             node_ip: "127.0.0.1".to_owned(),
+            interface: None,
             hostname: "a".to_owned(),
             pid: 10_000,
             task_pid: None,

@@ -198,6 +198,10 @@ impl<F: Fault> ActorRuntime for Faulty<F> {
         self.fault.remove_placement_group(&*self.inner, pg).await
     }
 
+    fn driver_address(&self) -> Option<crate::Endpoint> {
+        self.inner.driver_address()
+    }
+
     async fn spawn(&self, spec: ActorSpec) -> Result<ActorId, RuntimeError> {
         self.fault.spawn(&*self.inner, spec).await
     }

@@ -183,6 +183,7 @@ impl State {
         let info = WorkerInfo {
             node_id: held.node.id.clone(),
             node_ip: held.node.ip.clone(),
+            interface: None,
             hostname: held.node.hostname.clone(),
             pid: u32::try_from(10_000 + id.0).unwrap_or(u32::MAX),
             task_pid: None,

@@ -136,6 +136,7 @@ mod tests {
             metadata: WorkerInfo {
                 node_id: NodeId::from("node-0"),
                 node_ip: "10.0.0.1".into(),
+                interface: None,
                 hostname: "host-0".into(),
                 pid: 1,
                 task_pid: None,
