@@ -218,7 +218,7 @@ pub(crate) struct RunArgs {
         visible_aliases = ["max-restarts", "max_restarts"]
     )]
     pub(crate) max_failures: Option<i64>,
-    /// An environment variable for every worker (repeatable): K=V, or K alone for the value K has in this environment (a secret stays off the command line, which every user can read); not one that trainyard sets itself (RANK, MASTER_PORT, ...)
+    /// An environment variable for every worker (repeatable): K=V, or K alone for the value K has in this environment (a secret stays off the command line, which every user can read); not one that trainyard sets itself (RANK, WORLD_SIZE, ...); MASTER_ADDR and MASTER_PORT given here are the rendezvous (every rank's host must reach them before its task starts), and GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME the interface, instead of the ones trainyard chooses
     #[arg(long = "env", value_name = "K=V|K", value_parser = env_pair)]
     pub(crate) env: Vec<(String, String)>,
     /// Environment variables for every worker from FILE (repeatable): one K=V a line, or K alone for its value in this environment; blank lines and # comments are passed over; --env wins

@@ -152,6 +152,51 @@ fn a_rank_that_exits_non_zero_fails_the_run_naming_it_its_code_and_its_last_line
     assert_nothing_left(&sandbox, Duration::from_secs(5));
 }
 
+/// A rendezvous the ranks' host cannot reach (`MASTER_ADDR` given, in the documentation
+/// prefix no network routes) fails the attempt within seconds, before any task starts, naming
+/// the rank, its host, the address, the port and the interface, instead of every rank waiting
+/// out the process group's timeout (30 minutes by default) in `init_process_group`.
+#[test]
+fn a_rendezvous_no_host_can_reach_fails_before_any_task_starts_naming_it() {
+    let sandbox = Sandbox::new("preflight");
+    let started = Instant::now();
+    let out = run(
+        &sandbox,
+        &[
+            "-n",
+            "2",
+            "-r",
+            "CPU=0.5",
+            "--env",
+            "MASTER_ADDR=2001:db8::1",
+            "--env",
+            "MASTER_PORT=29500",
+        ],
+        &["sh", "-c", "echo task started; exec sleep 60"],
+        Duration::from_secs(60),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        !text(&out.stdout).contains("task started"),
+        "no task starts: {}",
+        text(&out.stdout)
+    );
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("rank 0's host")
+            && last.contains("cannot reach the rendezvous [2001:db8::1]:29500")
+            && last.contains("interface"),
+        "names the rank, the address, the port and the interface: {stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "fails in seconds: {:?}",
+        started.elapsed()
+    );
+    assert_nothing_left(&sandbox, Duration::from_secs(5));
+}
+
 #[test]
 fn a_rank_killed_by_a_signal_is_reported_with_the_signal() {
     let sandbox = Sandbox::new("signal");
