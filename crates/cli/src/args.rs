@@ -362,6 +362,18 @@ pub(crate) fn reserved_env_error(
     ))
 }
 
+/// A `--env MASTER_PORT=VALUE` (the rendezvous' port, given instead of the one trainyard
+/// finds free) that is not a port number.
+pub(crate) fn master_port_error(env: &BTreeMap<String, String>) -> Option<FlagError> {
+    let value = env.get("MASTER_PORT")?;
+    if value.parse::<u16>().is_ok_and(|port| port > 0) {
+        return None;
+    }
+    Some(FlagError::new("--env", &format!("MASTER_PORT={value}"))(
+        "expected a port number from 1 to 65535 (the rendezvous' port; without it trainyard finds a free one on rank 0's node)".into(),
+    ))
+}
+
 /// The flag that sets a variable trainyard sets on every worker, where one does.
 fn flag_setting(name: &str) -> Option<&'static str> {
     use trainyard::backend::{RUN_NAME, WORLD_SIZE as TRAINYARD_WORLD_SIZE};

@@ -13,7 +13,8 @@ use trainyard_config::{CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
 use crate::Failure;
 use crate::args::{
-    BackendKind, RunArgs, RuntimeKind, reserved_env_error, shared_accelerator_error,
+    BackendKind, RunArgs, RuntimeKind, master_port_error, reserved_env_error,
+    shared_accelerator_error,
 };
 use crate::values::FlagError;
 
@@ -46,6 +47,11 @@ pub(super) fn request(args: &RunArgs) -> Result<Request, Failure> {
     let worker = scaling.worker_resources().map_err(Failure::bad_input)?;
     if let Some(error) =
         shared_accelerator_error(&run.env, &worker, backend.share_accelerator_ids())
+    {
+        return Err(Failure::bad_input(error));
+    }
+    if args.backend == BackendKind::Torch
+        && let Some(error) = master_port_error(&run.env)
     {
         return Err(Failure::bad_input(error));
     }

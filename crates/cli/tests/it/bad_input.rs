@@ -219,7 +219,11 @@ fn cases(dir: &Path) -> Vec<Case> {
         run(&["--max-restarts", "-2"], "got -2"),
         // Variables trainyard sets on every worker, refused with what sets them.
         run(&["--env", "RANK=7"], "`RANK=7` for `--env`"),
-        run(&["--env", "MASTER_PORT=1"], "`MASTER_PORT=1` for `--env`"),
+        run(
+            &["--env", "MASTER_PORT=notaport"],
+            "`MASTER_PORT=notaport` for `--env`: expected a port number from 1 to 65535",
+        ),
+        run(&["--env", "MASTER_PORT=0"], "`MASTER_PORT=0` for `--env`"),
         run(
             &["--env", "TRAINYARD_TORCH_TIMEOUT_S=10"],
             "set it with --torch-timeout",
@@ -249,8 +253,8 @@ fn cases(dir: &Path) -> Vec<Case> {
             "`CUDA_VISIBLE_DEVICES=1` for `--env`",
         ),
         run(
-            &["--runtime", "ray", "--env-from-driver", "MASTER_ADDR"],
-            "`MASTER_ADDR` for `--env-from-driver`",
+            &["--runtime", "ray", "--env-from-driver", "WORLD_SIZE"],
+            "`WORLD_SIZE` for `--env-from-driver`",
         ),
         // The process-group timeout.
         run(&["--torch-timeout", "0"], "'0' for '--torch-timeout"),

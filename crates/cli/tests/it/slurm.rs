@@ -70,6 +70,20 @@ fn wait_for_steps(name: &str, count: usize) -> String {
 }
 
 /// Nothing of the run is left: no job in Slurm's queue, no worker process.
+/// The address Slurm knows `node` by (its `NodeAddr`).
+fn node_addr(node: &str) -> String {
+    let out = Command::new("scontrol")
+        .args(["show", "node", node, "-o"])
+        .output()
+        .expect("scontrol runs");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    shown
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("NodeAddr="))
+        .unwrap_or_else(|| panic!("no NodeAddr for {node} in: {shown}"))
+        .to_owned()
+}
+
 fn nothing_left(sandbox: &Sandbox, name: &str) {
     let jobs = wait_for_no_jobs(name, Duration::from_secs(10));
     assert!(jobs.is_empty(), "jobs left in squeue: {jobs:?}");
@@ -99,8 +113,11 @@ fn torch_ddp_spreads_over_two_nodes_and_every_rank_sums_right() {
     );
     assert!(out.status.success(), "{stdout}\n{stderr}");
     for (rank, node) in [(0, "n1"), (1, "n2")] {
+        // Each node at its own address where the test cluster's nodes have network
+        // namespaces of their own (scripts/netns-env.sh), loopback on a single stack.
+        let ip = node_addr(node);
         let placed = stderr.lines().any(|line| {
-            line.starts_with(&format!("- (node_id={node}, ip=127.0.0.1, pid="))
+            line.starts_with(&format!("- (node_id={node}, ip={ip}, pid="))
                 && line.ends_with(&format!(
                     "world_rank={rank}, local_rank=0, node_rank={rank}"
                 ))
