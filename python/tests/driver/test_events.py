@@ -20,7 +20,14 @@ SAMPLES: Dict[str, Dict[str, Any]] = {
     "placed": {"bundle_nodes": ["local-0", "local-0"]},
     "attempt_started": {"restart_count": 0, "world_size": 2, "workers": []},
     "task_started": {"rank": 0, "pid": 10},
-    "report": {"rank": 0, "metrics": {"loss": 1.0}, "step": 1, "attempt": 0, "time": 1.0},
+    "report": {
+        "rank": 0,
+        "metrics": {"loss": 1.0},
+        "step": 1,
+        "attempt": 0,
+        "time": 1.0,
+        "checkpoint": True,
+    },
     "log": {"rank": 1, "pid": 11, "stream": "stdout", "line": "hello"},
     "logs_dropped": {"rank": 1, "count": 3},
     "resuming": {"restart_count": 1, "checkpoint": {"index": 1, "path": "/c", "metrics": {}}},
@@ -67,19 +74,23 @@ def test_the_driver_handles_every_kind_of_the_contract() -> None:
     assert reader.end is not None and reader.end["event"] == "run_interrupted"
 
 
-def test_a_round_waits_for_its_checkpoint_only_until_the_next_event() -> None:
+def test_a_round_with_a_checkpoint_waits_for_its_commit_and_one_without_does_not() -> None:
     callback = Rounds()
     reader = _driver._Events(callbacks=[callback])
     reader.take(_event("attempt_started"))
+    # Rank 0 hands in a checkpoint, rank 1 does not (Ray's usual rank-0 checkpoint).
     for rank in (0, 1):
-        reader.take({**_event("report"), "rank": rank, "metrics": {"r": rank}})
+        reader.take(
+            {**_event("report"), "rank": rank, "metrics": {"r": rank}, "checkpoint": rank == 0}
+        )
     assert callback.seen == []
     # Its commit comes next: the round gets it.
     reader.take(_event("checkpoint_committed"))
+    assert callback.seen == [([{"r": 0}, {"r": 1}], "/c1")]
+    # No rank hands in a checkpoint: the round is told as soon as it is complete.
     for rank in (1, 0):
-        reader.take({**_event("report"), "rank": rank, "step": 2, "metrics": {"r": rank}})
-    # No commit of index 2 follows: the round has none.
-    reader.take(_event("log"))
+        report = {"rank": rank, "step": 2, "metrics": {"r": rank}, "checkpoint": False}
+        reader.take({**_event("report"), **report})
     assert callback.seen == [([{"r": 0}, {"r": 1}], "/c1"), ([{"r": 0}, {"r": 1}], None)]
     # A failed attempt names its rank (no fit folder here: the driver's account of it).
     reader.take(_event("restarting"))
