@@ -2,6 +2,8 @@
 //! its own, so that a function that keeps its threads busy never holds up the agent's
 //! replies and heartbeats.
 
+use std::time::Duration;
+
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot, watch};
 use trainyard_runtime::events::EventSender;
@@ -13,8 +15,8 @@ use crate::stacks::TASK_THREAD;
 
 /// A function task, running on threads of its own.
 pub(super) struct RunningFunction {
-    /// Drops the function at its next await; a function that never awaits runs on until
-    /// the agent exits.
+    /// Drops the function at its next await, and sends its end as a stopped task's; a
+    /// function that never awaits runs on until the agent exits.
     cancel: Option<oneshot::Sender<()>>,
     /// The task's exit, once it has ended and its end was sent.
     done: watch::Receiver<Option<TaskExit>>,
@@ -26,11 +28,13 @@ impl RunningFunction {
         self.done.borrow().clone()
     }
 
-    /// Drops the function at its next await.
-    pub(super) fn cancel(&mut self) {
+    /// Drops the function at its next await, and waits up to `grace` for it to get there
+    /// (its end, a stopped task's, is sent then).
+    pub(super) async fn cancel(&mut self, grace: Duration) {
         if let Some(cancel) = self.cancel.take() {
             let _ = cancel.send(());
         }
+        let _ = tokio::time::timeout(grace, self.done.wait_for(Option::is_some)).await;
     }
 }
 
@@ -129,7 +133,17 @@ fn run_on_own_threads(
                 root_cause::send_exit(events, exit.clone(), ended_ms, None).await;
                 done.send_replace(Some(exit));
             }
-            Ok(()) = cancelled => output.abandon(),
+            Ok(()) = cancelled => {
+                let ended_ms = root_cause::now_ms();
+                output.abandon();
+                let exit = TaskExit::Failed {
+                    failure: TaskFailure::Error {
+                        message: "the task was stopped".to_owned(),
+                    },
+                };
+                root_cause::send_exit(events, exit.clone(), ended_ms, None).await;
+                done.send_replace(Some(exit));
+            }
         }
     });
     // What the function left running is not waited for.
