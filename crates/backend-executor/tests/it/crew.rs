@@ -1,22 +1,26 @@
 //! Workers that outlive attempts, on the simulated cluster: after a rank's failure the run
 //! restarts on the same workers (each rank in its own, again), only a worker whose actor died
-//! is replaced (in its bundle, at its rank), and an event of an attempt that ended is refused.
+//! is replaced (in its bundle, at its rank), an event of an attempt that ended is refused,
+//! and every attempt, on a kept crew too, runs the backend's `on_start` and then the preflight.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt as _;
 use serde_json::json;
-use trainyard_backend_executor::{RunEvent, StartedWorker, TrainContext};
+use trainyard_backend_executor::{
+    Backend, BackendContext, BackendError, RunEvent, StartedWorker, TrainContext, WorkerEnv,
+};
 use trainyard_config::{FailureConfig, RunConfig};
 use trainyard_runtime::events::{ActorEvent, TaskEvents};
 use trainyard_runtime::sim::SimRuntime;
 use trainyard_runtime::sim::faults::{Fault, Faulty};
 use trainyard_runtime::{
-    ActorId, ActorRuntime, AttemptNumber, DeathCause, FunctionRegistry, RuntimeError, TaskEvent,
-    TaskSpec,
+    ActorId, ActorRuntime, AttemptNumber, DeathCause, Endpoint, FunctionRegistry, Request,
+    Response, RuntimeError, TaskEvent, TaskSpec,
 };
 
 use crate::common;
@@ -216,5 +220,119 @@ async fn an_event_of_an_attempt_that_ended_is_refused() {
         "both ranks' reports of the second attempt are taken: {reports:?}"
     );
     assert_eq!(report.returns, [json!(1), json!(1)]);
+    assert_nothing_left(&sim);
+}
+
+/// What happened before the tasks of each attempt, in order: `on_start` of attempt N, and
+/// each worker's preflight of the rendezvous `on_start` gave it.
+type Steps = Arc<Mutex<Vec<String>>>;
+
+fn step(steps: &Steps, what: String) {
+    steps
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(what);
+}
+
+/// A backend whose `on_start` hands every worker the rendezvous `rdv-N` of its attempt, to
+/// be tried by the preflight.
+#[derive(Debug)]
+struct Rendezvous(Steps);
+
+#[async_trait]
+impl Backend for Rendezvous {
+    fn name(&self) -> &str {
+        "rendezvous"
+    }
+
+    fn rendezvous(&self, env: &BTreeMap<String, String>) -> Vec<Endpoint> {
+        env.get("RDV_HOST")
+            .map(|host| vec![Endpoint::new(host.clone(), 29_500)])
+            .unwrap_or_default()
+    }
+
+    async fn on_start(&self, ctx: BackendContext<'_>) -> Result<WorkerEnv, BackendError> {
+        step(&self.0, format!("on_start {}", ctx.restart_count));
+        let host = format!("rdv-{}", ctx.restart_count);
+        Ok(vec![
+            BTreeMap::from([("RDV_HOST".to_owned(), host)]);
+            ctx.group.len()
+        ])
+    }
+}
+
+/// Books each preflight a worker is asked for, with the rendezvous it tries.
+#[derive(Debug)]
+struct Preflights(Steps);
+
+#[async_trait]
+impl Fault for Preflights {
+    async fn call(
+        &self,
+        inner: &dyn ActorRuntime,
+        actor: ActorId,
+        request: Request,
+    ) -> Result<Response, RuntimeError> {
+        if let Request::Preflight { targets } = &request {
+            let hosts: Vec<_> = targets.iter().map(|t| t.host.clone()).collect();
+            step(&self.0, format!("preflight {}", hosts.join(",")));
+        }
+        inner.call(actor, request).await
+    }
+}
+
+#[tokio::test]
+async fn every_attempt_on_a_kept_crew_runs_on_start_then_the_preflight() {
+    let sim = common::one_node(2, functions());
+    let steps = Steps::default();
+    let runtime: Arc<dyn ActorRuntime> = Arc::new(Faulty::wrap(
+        Arc::new(sim.clone()),
+        Preflights(Arc::clone(&steps)),
+    ));
+    let (tx, mut rx) = tokio::sync::mpsc::channel(10_000);
+    let executor = trainyard_backend_executor::BackendExecutor {
+        backend: Arc::new(Rendezvous(Arc::clone(&steps))),
+        scaling: trainyard_config::ScalingConfig::default().num_workers(2),
+        options: trainyard_backend_executor::ExecutorOptions {
+            restart_backoff: trainyard_backend_executor::Backoff::NONE,
+            ..trainyard_backend_executor::ExecutorOptions::default()
+        },
+        run: restart_once(),
+        events: Some(tx),
+        ..trainyard_backend_executor::BackendExecutor::new(runtime)
+    };
+    let task = TaskSpec::function("rank1_fails_first", json!(null));
+    let report = tokio::time::timeout(Duration::from_secs(60), executor.fit(&task))
+        .await
+        .expect("the run ends within a minute")
+        .expect("the restart succeeds");
+    assert_eq!(report.attempts, 2);
+    let mut events = Vec::new();
+    while let Ok(event) = rx.try_recv() {
+        events.push(event);
+    }
+    let attempts = started(&events);
+    assert_eq!(attempts.len(), 2, "{events:?}");
+    assert_eq!(
+        pids(&attempts[0]),
+        pids(&attempts[1]),
+        "the second attempt runs on the kept workers"
+    );
+    let steps = steps
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    assert_eq!(
+        steps,
+        [
+            "on_start 0",
+            "preflight rdv-0",
+            "preflight rdv-0",
+            "on_start 1",
+            "preflight rdv-1",
+            "preflight rdv-1",
+        ],
+        "each attempt's preflight tries the rendezvous its own on_start gave"
+    );
     assert_nothing_left(&sim);
 }
