@@ -17,7 +17,7 @@ use trainyard_sys::net::{self, ProbeError};
 use trainyard_wire::config::{AgentConfig, MemoryLimit, PRIVATE};
 use trainyard_wire::wire::WireError;
 
-use crate::agent::function::{self, RunningFunction};
+use crate::agent::function::{self, Cancel, RunningFunction};
 use crate::diagnostics::Diagnostics;
 use crate::output::TaskOutput;
 use crate::process::{self, RunningCommand};
@@ -45,14 +45,24 @@ impl Running {
         }
     }
 
-    /// Stops the task: a command gracefully (SIGTERM, SIGKILL after `grace`; with
-    /// `persist`, waiting for the checkpoints it handed in to be persisted and reported), a
-    /// function at its next await (waiting up to `grace` for it to get there). Its end is
-    /// sent by the time this returns, unless it could not be stopped in time.
+    /// Stops the task as the agent ends: a command gracefully (SIGTERM, SIGKILL after
+    /// `grace`; with `persist`, waiting for the checkpoints it handed in to be persisted and
+    /// reported), a function at its next await, its end not told (the actor's end says why).
     pub(super) async fn terminate(&mut self, grace: Duration, persist: bool) {
         match self {
             Self::Command(command) => command.terminate(grace, persist).await,
-            Self::Function(function) => function.cancel(grace).await,
+            Self::Function(function) => function.cancel(Cancel::WithAgent, grace).await,
+        }
+    }
+
+    /// Stops the task for the agent's next one: a command as [`Running::terminate`] does,
+    /// its checkpoints persisted; a function at its next await (waiting up to `grace` for it
+    /// to get there). Its end is sent by the time this returns, unless it could not be
+    /// stopped in time.
+    pub(super) async fn stop(&mut self, grace: Duration) {
+        match self {
+            Self::Command(command) => command.terminate(grace, true).await,
+            Self::Function(function) => function.cancel(Cancel::Task, grace).await,
         }
     }
 }
@@ -237,7 +247,7 @@ impl Agent {
     pub(super) async fn stop_task(&mut self) {
         let grace = Duration::from_millis(self.config.grace_ms);
         if let Some(task) = self.task.as_mut() {
-            task.terminate(grace, true).await;
+            task.stop(grace).await;
         }
     }
 

@@ -13,11 +13,22 @@ use crate::output::TaskOutput;
 use crate::root_cause;
 use crate::stacks::TASK_THREAD;
 
+/// Why a function task is cancelled, which says whether its end is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cancel {
+    /// `StopTask`: the agent lives on for the next task, and the end is told, a stopped
+    /// task's.
+    Task,
+    /// The agent ends: nothing more is told of the task; the actor's end says why (a
+    /// stopped task's end told first would read as the task's own failure).
+    WithAgent,
+}
+
 /// A function task, running on threads of its own.
 pub(super) struct RunningFunction {
-    /// Drops the function at its next await, and sends its end as a stopped task's; a
-    /// function that never awaits runs on until the agent exits.
-    cancel: Option<oneshot::Sender<()>>,
+    /// Drops the function at its next await (sending its end as a stopped task's when the
+    /// agent lives on); a function that never awaits runs on until the agent exits.
+    cancel: Option<oneshot::Sender<Cancel>>,
     /// The task's exit, once it has ended and its end was sent.
     done: watch::Receiver<Option<TaskExit>>,
 }
@@ -28,13 +39,16 @@ impl RunningFunction {
         self.done.borrow().clone()
     }
 
-    /// Drops the function at its next await, and waits up to `grace` for it to get there
-    /// (its end, a stopped task's, is sent then).
-    pub(super) async fn cancel(&mut self, grace: Duration) {
+    /// Drops the function at its next await. For [`Cancel::Task`], waits up to `grace` for
+    /// it to get there (its end, a stopped task's, is sent then); for [`Cancel::WithAgent`],
+    /// returns at once and its end is never told.
+    pub(super) async fn cancel(&mut self, how: Cancel, grace: Duration) {
         if let Some(cancel) = self.cancel.take() {
-            let _ = cancel.send(());
+            let _ = cancel.send(how);
         }
-        let _ = tokio::time::timeout(grace, self.done.wait_for(Option::is_some)).await;
+        if how == Cancel::Task {
+            let _ = tokio::time::timeout(grace, self.done.wait_for(Option::is_some)).await;
+        }
     }
 }
 
@@ -92,7 +106,7 @@ fn run_on_own_threads(
     future: BoxFuture<'static, TaskResult>,
     produced: mpsc::UnboundedReceiver<TaskEvent>,
     ending: &FunctionEnd,
-    cancelled: oneshot::Receiver<()>,
+    cancelled: oneshot::Receiver<Cancel>,
 ) {
     let FunctionEnd {
         events,
@@ -133,9 +147,12 @@ fn run_on_own_threads(
                 root_cause::send_exit(events, exit.clone(), ended_ms, None).await;
                 done.send_replace(Some(exit));
             }
-            Ok(()) = cancelled => {
-                let ended_ms = root_cause::now_ms();
+            Ok(how) = cancelled => {
                 output.abandon();
+                if how == Cancel::WithAgent {
+                    return;
+                }
+                let ended_ms = root_cause::now_ms();
                 let exit = TaskExit::Failed {
                     failure: TaskFailure::Error {
                         message: "the task was stopped".to_owned(),
