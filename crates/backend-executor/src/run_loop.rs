@@ -904,7 +904,14 @@ impl RunLoop {
         let bound = self.setup.options.stop_bound();
         let started = Instant::now();
         let interrupt = self.controls.stop.clone();
-        let stops = attempt.stop_tasks(bound);
+        // A task stopped while its part of a checkpoint persists answers once it is: its
+        // worker is killed only past the longest the drain may wait for the checkpoint.
+        let patience = if for_checkpoint {
+            bound.max(CHECKPOINT_WAIT)
+        } else {
+            bound
+        };
+        let stops = attempt.stop_tasks(patience);
         tokio::pin!(stops);
         let mut stopped = false;
         while attempt.tasks_running() {
