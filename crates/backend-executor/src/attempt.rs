@@ -223,9 +223,10 @@ impl Attempt {
                 Err(_) => return Err(start_timed_out("the workers", start_timeout)),
             }
             group.sort_workers_by_node_and_gpu(None);
+            // Part of starting the agents (its span is the caller's): a setup span of its
+            // own inside it would count the time twice in the launch's phases.
             self.crew
                 .subscribe(&setup)
-                .instrument(info_span!(target: TIMINGS, phase::SETUP, attempt = self.restart_count))
                 .await
                 .map_err(|(i, why)| subscribe_failed(i, why))?;
         }
@@ -390,7 +391,18 @@ impl Attempt {
             pids: vec![0; n],
             progress: Progress::new(n, self.setup.run.hang_timeout, Instant::now()),
             source: self.setup.run.progress,
-            first_lines: (0..n)
+            // Opened once every task started, as the phase is counted from then.
+            first_lines: (0..n).map(|_| None).collect(),
+            finished: vec![false; n],
+            succeeded: vec![false; n],
+            silent: None,
+        });
+        let started = match self.start_tasks(task, extra).await {
+            Ok(started) => started,
+            Err(error) => return (Vec::new(), Err(error)),
+        };
+        if let Some(running) = self.running.as_mut() {
+            running.first_lines = (0..n)
                 .map(|worker| {
                     Some(info_span!(
                         target: TIMINGS,
@@ -400,15 +412,8 @@ impl Attempt {
                         output = tracing::field::Empty
                     ))
                 })
-                .collect(),
-            finished: vec![false; n],
-            succeeded: vec![false; n],
-            silent: None,
-        });
-        let started = match self.start_tasks(task, extra).await {
-            Ok(started) => started,
-            Err(error) => return (Vec::new(), Err(error)),
-        };
+                .collect();
+        }
         let mut pids = Vec::with_capacity(started.len());
         for (i, (started, worker)) in started.into_iter().zip(self.group().workers()).enumerate() {
             let pid = match started {
