@@ -708,8 +708,11 @@ pub async fn a_stopped_command_leaves_its_actor_for_the_next(runtime: &dyn Actor
         CHECK,
     )
     .await;
+    // Stopped once it has printed (a stop before then would leave no line to check).
+    let mut seen = until_line(&mut events, first, "one", CHECK).await;
     stop_task(runtime, actor, CHECK).await;
-    let (seen, exit) = until_exit(&mut events, first, CHECK).await;
+    let (rest, exit) = until_exit(&mut events, first, CHECK).await;
+    seen.extend(rest);
     assert_eq!(
         lines(&seen, crate::Stream::Stdout),
         ["one"],
@@ -844,6 +847,45 @@ async fn stop_task(runtime: &dyn ActorRuntime, actor: ActorId, check: &str) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => panic!("{check}: stop_task failed: {e}"),
         Err(_) => panic!("{check}: stop_task did not answer within {ANSWER_TIMEOUT:?}"),
+    }
+}
+
+/// The events of the task of `attempt` up to the line `line` on its stdout, which must come
+/// within [`ANSWER_TIMEOUT`]; its end or an event of another attempt fails the check.
+async fn until_line(
+    events: &mut BoxStream<'_, ActorEvent>,
+    attempt: AttemptNumber,
+    line: &str,
+    check: &str,
+) -> Vec<TaskEvent> {
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
+    let mut seen = Vec::new();
+    loop {
+        let Ok(next) = tokio::time::timeout_at(deadline, events.next()).await else {
+            panic!(
+                "{check}: the task of {attempt} did not print `{line}` within {ANSWER_TIMEOUT:?}"
+            );
+        };
+        match next {
+            Some(ActorEvent::Task { attempt: of, event }) => {
+                assert_eq!(of, attempt, "{check}: {event:?} carries the wrong attempt");
+                let printed = matches!(
+                    &event,
+                    TaskEvent::Log { stream: crate::Stream::Stdout, line: l } if l == line
+                );
+                seen.push(event);
+                if printed {
+                    return seen;
+                }
+            }
+            Some(ActorEvent::TaskExited { exit, .. }) => {
+                panic!("{check}: the task of {attempt} ended {exit:?} before printing `{line}`")
+            }
+            Some(ActorEvent::Died(cause)) => {
+                panic!("{check}: the actor died while running the task of {attempt}: {cause}")
+            }
+            None => panic!("{check}: the event stream ended before the task of {attempt} printed"),
+        }
     }
 }
 
