@@ -70,18 +70,24 @@ mod tests {
         let first = stream.next().await;
         assert_eq!(
             first,
-            Some(ActorEvent::Task(TaskEvent::Report {
-                metrics: metrics(1),
-                checkpoint: None
-            }))
+            Some(ActorEvent::Task {
+                event: TaskEvent::Report {
+                    metrics: metrics(1),
+                    checkpoint: None
+                },
+                attempt: trainyard_runtime::AttemptNumber::default()
+            })
         );
         let second = stream.next().await;
         assert_eq!(
             second,
-            Some(ActorEvent::Task(TaskEvent::Report {
-                metrics: metrics(2),
-                checkpoint: Some(HandIn::Failed { index: 9, error })
-            }))
+            Some(ActorEvent::Task {
+                event: TaskEvent::Report {
+                    metrics: metrics(2),
+                    checkpoint: Some(HandIn::Failed { index: 9, error })
+                },
+                attempt: trainyard_runtime::AttemptNumber::default()
+            })
         );
     }
 

@@ -280,7 +280,10 @@ mod tests {
         let lines: Vec<(Stream, String)> = stream
             .filter_map(|event| async move {
                 match event {
-                    ActorEvent::Task(TaskEvent::Log { stream, line }) => Some((stream, line)),
+                    ActorEvent::Task {
+                        event: TaskEvent::Log { stream, line },
+                        ..
+                    } => Some((stream, line)),
                     _ => None,
                 }
             })

@@ -594,7 +594,10 @@ mod tests {
         let lines: Vec<String> = events
             .filter_map(|e| async move {
                 match e {
-                    ActorEvent::Task(TaskEvent::Log { line, .. }) => Some(line),
+                    ActorEvent::Task {
+                        event: TaskEvent::Log { line, .. },
+                        ..
+                    } => Some(line),
                     _ => None,
                 }
             })

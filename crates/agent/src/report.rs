@@ -513,10 +513,14 @@ mod tests {
                 .expect("an event within 10 s")
                 .expect("the stream is open");
             match event {
-                ActorEvent::Task(TaskEvent::Report {
-                    metrics,
-                    checkpoint,
-                }) => found.push((serde_json::Value::Object(metrics), checkpoint)),
+                ActorEvent::Task {
+                    event:
+                        TaskEvent::Report {
+                            metrics,
+                            checkpoint,
+                        },
+                    ..
+                } => found.push((serde_json::Value::Object(metrics), checkpoint)),
                 other => panic!("expected a report, got {other:?}"),
             }
         }

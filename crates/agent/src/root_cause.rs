@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use trainyard_runtime::events::{ActorEvent, EventSender};
+use trainyard_runtime::events::EventSender;
 use trainyard_runtime::root_cause::ERROR_FILE_VAR;
 use trainyard_runtime::root_cause::{TaskError, Tracebacks};
 use trainyard_runtime::{Stream, TaskEvent, TaskExit};
@@ -142,16 +142,17 @@ pub(crate) async fn send_exit(
 ) {
     if matches!(exit, TaskExit::Failed { .. }) {
         let cause = TaskEvent::RootCause { ended_ms, error };
-        events.send(ActorEvent::Task(cause)).await;
+        events.send(events.task_event(cause)).await;
     }
-    events.send(ActorEvent::TaskExited(exit)).await;
+    events.task_exited(exit).await;
 }
 
 #[cfg(test)]
 mod tests {
     use futures::StreamExt as _;
+    use trainyard_runtime::AttemptNumber;
     use trainyard_runtime::TaskFailure;
-    use trainyard_runtime::events::event_channel;
+    use trainyard_runtime::events::{ActorEvent, event_channel};
     use trainyard_runtime::root_cause::ErrorSource;
 
     use super::*;
@@ -241,15 +242,25 @@ mod tests {
         send_exit(&events, TaskExit::from_code(0), 43, None).await;
         drop(events);
         let sent: Vec<ActorEvent> = stream.collect().await;
+        let attempt = AttemptNumber::default();
         assert_eq!(
             sent,
             vec![
-                ActorEvent::Task(TaskEvent::RootCause {
-                    ended_ms: 42,
-                    error: None
-                }),
-                ActorEvent::TaskExited(failed),
-                ActorEvent::TaskExited(TaskExit::from_code(0)),
+                ActorEvent::Task {
+                    attempt,
+                    event: TaskEvent::RootCause {
+                        ended_ms: 42,
+                        error: None
+                    }
+                },
+                ActorEvent::TaskExited {
+                    attempt,
+                    exit: failed
+                },
+                ActorEvent::TaskExited {
+                    attempt,
+                    exit: TaskExit::from_code(0)
+                },
             ]
         );
     }

@@ -8,56 +8,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use futures::stream::{self, BoxStream, StreamExt};
 use tokio::time::Instant;
 use tracing::{Instrument, info_span, warn};
 use trainyard_checkpoint::HandIn;
-use trainyard_config::{ProgressSource, RunConfig, ScalingConfig};
+use trainyard_config::ProgressSource;
 use trainyard_resources::Resources;
-use trainyard_runtime::events::{self, ActorEvent, TaskEvents};
+use trainyard_runtime::events::{self, ActorEvent};
 use trainyard_runtime::root_cause::TaskError;
 use trainyard_runtime::timings::{self as phase, TARGET as TIMINGS};
 use trainyard_runtime::{
-    ActorId, ActorRuntime, ActorRuntimeExt as _, DeathCause, NodeId, PlacementGroupId, Request,
+    ActorId, ActorRuntimeExt as _, AttemptNumber, DeathCause, NodeId, PlacementGroupId, Request,
     Response, RuntimeError, Stream, TaskEvent, TaskExit, TaskSpec,
 };
 use trainyard_worker_group::WorkerGroup;
 
+use crate::crew::{Crew, Heard, Subscribe};
 use crate::error::{chain, is_death, runtime_error_in};
 use crate::hang::{Progress, RankStacks, capture_stacks};
-use crate::options::ExecutorOptions;
 use crate::preflight;
 use crate::ranks::rank_of;
 use crate::report::StartedWorker;
+use crate::setup::Setup;
 use crate::{
-    AcceleratorView, AttemptFailure, Backend, BackendContext, BackendError, ExecutorError,
-    RankInfo, WorkerEnv, accelerator_env, assign_ranks, default_rules, rank_env,
+    AcceleratorView, AttemptFailure, BackendContext, BackendError, ExecutorError, RankInfo,
+    WorkerEnv, accelerator_env, assign_ranks, default_rules, rank_env,
 };
-
-/// What every attempt of a run is made with: the runtime, the backend and the run's
-/// configuration.
-#[derive(Debug)]
-pub(crate) struct Setup {
-    pub(crate) runtime: Arc<dyn ActorRuntime>,
-    pub(crate) backend: Arc<dyn Backend>,
-    pub(crate) scaling: ScalingConfig,
-    pub(crate) run: RunConfig,
-    /// The run's name (its folder's: `name-2` under `resume: never`).
-    pub(crate) run_name: String,
-    pub(crate) options: ExecutorOptions,
-}
-
-impl Setup {
-    /// Removes a placement group, logging what went wrong.
-    pub(crate) async fn remove_placement_group(&self, pg: PlacementGroupId) {
-        let limit = self.options.health_check_timeout;
-        match tokio::time::timeout(limit, self.runtime.remove_placement_group(pg)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(%pg, error = %e, "removing the placement group failed"),
-            Err(_) => warn!(%pg, "removing the placement group timed out"),
-        }
-    }
-}
 
 /// How an attempt's start or task ended badly.
 #[derive(Debug)]
@@ -107,26 +82,8 @@ pub(crate) enum AttemptEvent {
     Hung { ranks: Vec<usize>, idle: Duration },
 }
 
-/// One rank's event (`None`: its stream ended), tagged with the rank.
-type Tagged = (usize, Option<ActorEvent>);
-
-/// Every rank's events merged as they arrive; each stream ends with a `None` marker, so that
-/// a stream closing early is seen. Read only through `&mut`, never locked: the mutex only
-/// makes the attempt `Sync` (as `sync_wrapper` does), so that the run's future, which holds
-/// `&Attempt` across awaits, can move between threads.
-struct Merged(std::sync::Mutex<BoxStream<'static, Tagged>>);
-
-impl Merged {
-    fn get(&mut self) -> &mut BoxStream<'static, Tagged> {
-        self.0
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
 /// What the attempt keeps while its tasks run.
 struct Running {
-    merged: Merged,
     /// The process id each rank's lines come from.
     pids: Vec<u32>,
     /// When each rank last made progress.
@@ -135,8 +92,6 @@ struct Running {
     source: ProgressSource,
     /// Each rank's first-output phase, until its first line (see [`phase::FIRST_OUTPUT`]).
     first_lines: Vec<Option<tracing::Span>>,
-    /// Whose event stream has ended.
-    ended: Vec<bool>,
     /// Whose task has ended (its exit or death told, or its stream ended): no report comes
     /// from it any more, since an agent sends a task's last reports before its end.
     finished: Vec<bool>,
@@ -150,7 +105,7 @@ impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Running")
             .field("pids", &self.pids)
-            .field("ended", &self.ended)
+            .field("finished", &self.finished)
             .field("succeeded", &self.succeeded)
             .finish_non_exhaustive()
     }
@@ -165,21 +120,21 @@ enum Taken {
     Silent(usize),
 }
 
-/// One attempt: reserved, started, set up, then running its task.
+/// One attempt: its crew (reserved and started, or kept from the attempt before), its ranks
+/// and environment, then its task running on every worker.
 #[derive(Debug)]
 pub(crate) struct Attempt {
     setup: Arc<Setup>,
-    placement_group: PlacementGroupId,
-    /// Each bundle of the group, with the node it is reserved on.
-    held: Vec<(NodeId, Resources)>,
-    group: WorkerGroup,
+    crew: Crew,
+    /// Whether the crew was kept from the attempt before: its workers are started.
+    kept: bool,
     ranks: Vec<RankInfo>,
     /// Accelerator, backend and rank environment per worker.
     env: Vec<BTreeMap<String, String>>,
     restart_count: u32,
     running: Option<Running>,
-    /// Whether the tasks were asked to stop ([`Attempt::stop_tasks`]): their workers are
-    /// gone or going, and the release asks nothing more of them.
+    /// Whether the tasks were asked to stop ([`Attempt::stop_tasks`]): the backend has no
+    /// task left to shut down gracefully.
     stopping: bool,
 }
 
@@ -206,40 +161,108 @@ impl Attempt {
         .map_err(|e| start_failed(&e))?
         .with_env(setup.run.env.clone())
         .with_name_prefix(format!("{}-worker", setup.run_name));
-        Ok(Self {
+        Ok(Self::on(
+            setup,
+            Crew::new(group, pg, held),
+            false,
+            restart_count,
+        ))
+    }
+
+    /// An attempt on `crew`, kept from the attempt before: its workers whose agents died are
+    /// replaced as it starts ([`Attempt::start_workers`]), the others run its task as they are.
+    pub(crate) fn again(setup: &Arc<Setup>, crew: Crew, restart_count: u32) -> Self {
+        Self::on(setup, crew, true, restart_count)
+    }
+
+    fn on(setup: &Arc<Setup>, crew: Crew, kept: bool, restart_count: u32) -> Self {
+        Self {
             setup: Arc::clone(setup),
-            placement_group: pg,
-            held,
-            group,
+            crew,
+            kept,
             ranks: Vec::new(),
             env: Vec::new(),
             restart_count,
             running: None,
             stopping: false,
-        })
+        }
     }
 
     /// What the attempt holds: each bundle and its node.
     pub(crate) fn held(&self) -> &[(NodeId, Resources)] {
-        &self.held
+        self.crew.held()
     }
 
-    /// Starts one worker per bundle, sorts them by node and GPU and assigns ranks.
+    /// Whether its crew was kept from the attempt before.
+    pub(crate) const fn kept(&self) -> bool {
+        self.kept
+    }
+
+    /// How many of its workers are gone (their agents died): replaced if the crew is kept.
+    pub(crate) fn lost(&mut self) -> usize {
+        self.crew.catch_up();
+        self.crew.lost().len()
+    }
+
+    /// Starts one worker per bundle, sorts them by node and GPU, assigns ranks and
+    /// subscribes to every worker's events; on a kept crew, replaces the workers whose agents
+    /// died (each in its bundle and at its place, so that ranks stay where they were) and
+    /// subscribes to the new ones.
     pub(crate) async fn start_workers(&mut self) -> Result<(), AttemptError> {
-        let start_timeout = self.setup.options.start_timeout;
-        match tokio::time::timeout(start_timeout, self.group.start()).await {
-            Ok(started) => started.map_err(|e| start_failed(&e))?,
-            Err(_) => return Err(start_timed_out("the workers", start_timeout)),
+        let setup = Arc::clone(&self.setup);
+        if self.kept {
+            self.crew
+                .replace_lost(&setup)
+                .await
+                .map_err(|error| start_failed_because(error.to_string()))?;
+        } else {
+            let start_timeout = setup.options.start_timeout;
+            let group = self.crew.group_mut();
+            match tokio::time::timeout(start_timeout, group.start()).await {
+                Ok(started) => started.map_err(|e| start_failed(&e))?,
+                Err(_) => return Err(start_timed_out("the workers", start_timeout)),
+            }
+            group.sort_workers_by_node_and_gpu(None);
+            // Part of starting the agents (its span is the caller's): a setup span of its
+            // own inside it would count the time twice in the launch's phases.
+            self.crew
+                .subscribe(&setup)
+                .await
+                .map_err(|(i, why)| subscribe_failed(i, why))?;
         }
-        self.group.sort_workers_by_node_and_gpu(None);
         let nodes: Vec<_> = self
-            .group
+            .group()
             .workers()
             .iter()
             .map(|w| w.metadata.node_id.clone())
             .collect();
         self.ranks = assign_ranks(&nodes);
         Ok(())
+    }
+
+    fn group(&self) -> &WorkerGroup {
+        self.crew.group()
+    }
+
+    /// Whether its crew can be kept for the next attempt: its workers were all started
+    /// (those that died since are replaced then), ranks and all.
+    pub(crate) fn keepable(&self) -> bool {
+        let group = self.group();
+        group.is_started() && !self.ranks.is_empty() && group.len() == self.ranks.len()
+    }
+
+    /// Makes sure no task of this attempt runs on any worker: a task that may still run is
+    /// stopped (bounded by `bound` per worker; a worker whose task does not stop in time is
+    /// killed, and replaced by the next attempt).
+    pub(crate) async fn settle(&mut self, bound: Duration) {
+        if self.tasks_running() {
+            self.stop_tasks(bound).await;
+        }
+    }
+
+    /// The attempt's crew, for the next attempt to run on.
+    pub(crate) fn into_crew(self) -> Crew {
+        self.crew
     }
 
     /// Each worker's environment: shared accelerator ids, the backend's `on_start`, ranks.
@@ -251,7 +274,7 @@ impl Attempt {
             .clone()
             .unwrap_or_else(|| default_rules(setup.backend.share_accelerator_ids()));
         let views: Vec<AcceleratorView<_>> = self
-            .group
+            .group()
             .workers()
             .iter()
             .map(|w| AcceleratorView {
@@ -297,13 +320,13 @@ impl Attempt {
                 None
             } else {
                 let request = Request::Preflight { targets };
-                let call = self.group.execute_single_async(i, request);
+                let call = self.group().execute_single_async(i, request);
                 Some(call.map_err(|e| start_failed(&e))?)
             };
             calls.push(preflight::answer(call, bound));
         }
         let answers = join_all(calls).await;
-        let workers: Vec<_> = self.group.workers().iter().map(|w| &w.metadata).collect();
+        let workers: Vec<_> = self.group().workers().iter().map(|w| &w.metadata).collect();
         let driver = answers
             .iter()
             .any(Option::is_none)
@@ -330,7 +353,7 @@ impl Attempt {
 
     fn backend_context(&self) -> BackendContext<'_> {
         BackendContext {
-            group: &self.group,
+            group: self.crew.group(),
             ranks: &self.ranks,
             restart_count: self.restart_count,
             run: &self.setup.run,
@@ -339,7 +362,7 @@ impl Attempt {
 
     /// The started workers with their ranks, in world-rank order.
     pub(crate) fn workers(&self) -> Vec<StartedWorker> {
-        self.group
+        self.group()
             .workers()
             .iter()
             .zip(&self.ranks)
@@ -352,57 +375,34 @@ impl Attempt {
             .collect()
     }
 
-    /// Subscribes to every worker's events and starts `task` on every worker at once, each
-    /// with its own environment and `extra` (what the run's folder tells every rank). The
-    /// process id of each task that started (the worker's own when the task runs inside
-    /// it), in world-rank order, up to the first that did not; and why that one did not.
+    /// Starts `task` for this attempt on every worker at once, each with its own environment
+    /// and `extra` (what the run's folder tells every rank). The process id of each task
+    /// that started (the worker's own when the task runs inside it), in world-rank order, up
+    /// to the first that did not; and why that one did not.
     pub(crate) async fn start_task(
         &mut self,
         task: &TaskSpec,
         extra: &BTreeMap<String, String>,
     ) -> (Vec<u32>, Result<(), AttemptError>) {
-        let streams = match self
-            .subscribe()
-            .instrument(info_span!(target: TIMINGS, phase::SETUP, attempt = self.restart_count))
-            .await
-        {
-            Ok(streams) => streams,
-            Err(error) => return (Vec::new(), Err(error)),
-        };
+        let n = self.crew.len();
+        let attempt = self.restart_count;
+        // Events may come as soon as the first task starts.
+        self.running = Some(Running {
+            pids: vec![0; n],
+            progress: Progress::new(n, self.setup.run.hang_timeout, Instant::now()),
+            source: self.setup.run.progress,
+            // Opened once every task started, as the phase is counted from then.
+            first_lines: (0..n).map(|_| None).collect(),
+            finished: vec![false; n],
+            succeeded: vec![false; n],
+            silent: None,
+        });
         let started = match self.start_tasks(task, extra).await {
             Ok(started) => started,
             Err(error) => return (Vec::new(), Err(error)),
         };
-        let mut pids = Vec::with_capacity(started.len());
-        for (i, (started, worker)) in started.into_iter().zip(self.group.workers()).enumerate() {
-            let pid = match started {
-                Ok(Response::TaskStarted { pid }) => pid.unwrap_or(worker.metadata.pid),
-                Ok(_) => {
-                    let cause = DeathCause::Unreachable {
-                        error: "it answered run_task with an unexpected response".to_owned(),
-                    };
-                    return (pids, Err(AttemptError::Failed(died(i, cause))));
-                }
-                Err(e) => return (pids, Err(call_failed(i, &e))),
-            };
-            pids.push(pid);
-        }
-        let n = streams.len();
-        let attempt = self.restart_count;
-        self.running = Some(Running {
-            merged: Merged(std::sync::Mutex::new(
-                stream::select_all(streams.into_iter().enumerate().map(|(i, events)| {
-                    events
-                        .map(move |event| (i, Some(event)))
-                        .chain(stream::once(async move { (i, None) }))
-                        .boxed()
-                }))
-                .boxed(),
-            )),
-            pids: pids.clone(),
-            progress: Progress::new(n, self.setup.run.hang_timeout, Instant::now()),
-            source: self.setup.run.progress,
-            first_lines: (0..n)
+        if let Some(running) = self.running.as_mut() {
+            running.first_lines = (0..n)
                 .map(|worker| {
                     Some(info_span!(
                         target: TIMINGS,
@@ -412,34 +412,31 @@ impl Attempt {
                         output = tracing::field::Empty
                     ))
                 })
-                .collect(),
-            ended: vec![false; n],
-            finished: vec![false; n],
-            succeeded: vec![false; n],
-            silent: None,
-        });
-        (pids, Ok(()))
-    }
-
-    /// One event stream per worker, in world-rank order.
-    async fn subscribe(&self) -> Result<Vec<TaskEvents>, AttemptError> {
-        let limit = self.setup.options.health_check_timeout;
-        let runtime = &self.setup.runtime;
-        let subscriptions = self.group.workers().iter().map(|w| {
-            tokio::time::timeout(
-                limit,
-                events::subscribe(runtime, w.actor, self.setup.options.poll_interval),
-            )
-        });
-        let mut streams = Vec::with_capacity(self.group.len());
-        for (i, subscribed) in join_all(subscriptions).await.into_iter().enumerate() {
-            match subscribed {
-                Ok(Ok(stream)) => streams.push(stream),
-                Ok(Err(e)) => return Err(call_failed(i, &e)),
-                Err(_) => return Err(start_timed_out("subscribing to task events", limit)),
-            }
+                .collect();
         }
-        Ok(streams)
+        let mut pids = Vec::with_capacity(started.len());
+        for (i, (started, worker)) in started.into_iter().zip(self.group().workers()).enumerate() {
+            let pid = match started {
+                Ok(Response::TaskStarted { pid }) => pid.unwrap_or(worker.metadata.pid),
+                Ok(_) => {
+                    let cause = DeathCause::Unreachable {
+                        error: "it answered run_task with an unexpected response".to_owned(),
+                    };
+                    return (pids, Err(AttemptError::Failed(died(i, cause))));
+                }
+                Err(e) => {
+                    if let RuntimeError::ActorDied { cause, .. } = &e {
+                        self.crew.mark_lost(i, cause.clone());
+                    }
+                    return (pids, Err(call_failed(i, &e)));
+                }
+            };
+            pids.push(pid);
+        }
+        if let Some(running) = self.running.as_mut() {
+            running.pids.clone_from(&pids);
+        }
+        (pids, Ok(()))
     }
 
     /// The backend's `on_training_start`, then the task on every worker at once; each
@@ -466,15 +463,16 @@ impl Attempt {
             worker_env.extend(extra.clone());
         }
         let mut restores = false;
+        let attempt = AttemptNumber(self.restart_count);
         let starts: Vec<_> = env
             .into_iter()
             .enumerate()
             .map(|(i, worker_env)| {
                 let task = with_env(task, worker_env);
                 restores |= task.downloads_checkpoint();
-                let request = Request::RunTask(task);
+                let request = Request::RunTask { attempt, task };
                 let span = info_span!(target: TIMINGS, phase::TASK_START, attempt = self.restart_count, worker = i);
-                self.group
+                self.group()
                     .execute_single_async(i, request)
                     .map(|start| start.instrument(span))
                     .map_err(|e| start_failed(&e))
@@ -499,7 +497,7 @@ impl Attempt {
     /// output lines carry.
     pub(crate) fn describe(&self, pids: &[u32]) -> String {
         let mut text = String::from("Started distributed worker processes:");
-        for ((worker, rank), pid) in self.group.workers().iter().zip(&self.ranks).zip(pids) {
+        for ((worker, rank), pid) in self.group().workers().iter().zip(&self.ranks).zip(pids) {
             text.push_str(&format!(
                 "\n- (node_id={}, ip={}, pid={}) world_rank={}, local_rank={}, node_rank={}",
                 worker.metadata.node_id,
@@ -518,10 +516,12 @@ impl Attempt {
     /// deadline passes. `None` once every stream has ended. Cancel safe: what it had taken
     /// in is told by the next call.
     pub(crate) async fn next(&mut self) -> Option<AttemptEvent> {
+        let attempt = AttemptNumber(self.restart_count);
         loop {
             let running = self.running.as_mut()?;
             if let Some(i) = running.silent {
                 let cause = self.why_silent(i).await;
+                self.crew.mark_lost(i, cause.clone());
                 if let Some(running) = self.running.as_mut() {
                     running.silent = None;
                 }
@@ -530,7 +530,7 @@ impl Attempt {
             let deadline = running.progress.deadline();
             tokio::select! {
                 biased;
-                next = running.merged.get().next() => match running.take(next?) {
+                next = self.crew.next() => match running.take(next?, attempt) {
                     Taken::Event(event) => return Some(event),
                     Taken::Nothing => {}
                     Taken::Silent(i) => running.silent = Some(i),
@@ -545,13 +545,18 @@ impl Attempt {
         }
     }
 
-    /// The next item of the merged streams as it settles after the attempt's end, without
-    /// deadlines: `None` once every stream has ended, `Some(None)` for an item that tells
-    /// nothing (a stream's end, a death after the task succeeded).
+    /// The next thing the ranks did as the attempt settles after its end was decided,
+    /// without deadlines: `None` once every rank's task has ended, `Some(None)` for an item
+    /// that tells nothing (a stream's end, a death after the task succeeded, an event of
+    /// another attempt).
     pub(crate) async fn next_settling(&mut self) -> Option<Option<AttemptEvent>> {
+        let attempt = AttemptNumber(self.restart_count);
         let running = self.running.as_mut()?;
-        let next = running.merged.get().next().await?;
-        Some(match running.take(next) {
+        if running.finished.iter().all(|finished| *finished) {
+            return None;
+        }
+        let next = self.crew.next().await?;
+        Some(match running.take(next, attempt) {
             Taken::Event(event) => Some(event),
             Taken::Nothing | Taken::Silent(_) => None,
         })
@@ -566,37 +571,47 @@ impl Attempt {
             .unwrap_or_default()
     }
 
-    /// Whether some rank's event stream goes on.
-    pub(crate) fn streams_open(&self) -> bool {
+    /// Whether some rank's task goes on.
+    pub(crate) fn tasks_running(&self) -> bool {
         self.running
             .as_ref()
-            .is_some_and(|r| r.ended.iter().any(|ended| !ended))
+            .is_some_and(|r| r.finished.iter().any(|finished| !finished))
     }
 
-    /// Asks every worker whose stream goes on to stop its task; bounded by `bound` per
-    /// worker (a worker that is gone already, or does not stop in time, is killed with the
-    /// rest as the attempt is released). Owns what it needs, so that the attempt's events
-    /// can be read meanwhile.
+    /// Asks every worker whose task goes on to stop it, keeping the worker
+    /// ([`Request::StopTask`]); bounded by `bound` per worker (a worker that does not stop
+    /// its task in time is killed with the rest if the crew is released, and taken for lost
+    /// if it is kept). Owns what it needs, so that the attempt's events can be read
+    /// meanwhile.
     pub(crate) fn stop_tasks(&mut self, bound: Duration) -> impl Future<Output = ()> + use<> {
         self.stopping = true;
         let runtime = Arc::clone(&self.setup.runtime);
-        let ended = self
+        let finished = self
             .running
             .as_ref()
-            .map(|r| r.ended.clone())
+            .map(|r| r.finished.clone())
             .unwrap_or_default();
         let actors: Vec<ActorId> = self
             .actors()
             .into_iter()
-            .zip(ended)
-            .filter(|(_, ended)| !*ended)
+            .zip(finished)
+            .filter(|(_, finished)| !*finished)
             .map(|(actor, _)| actor)
             .collect();
         async move {
             join_all(actors.into_iter().map(|actor| {
                 let runtime = &runtime;
                 async move {
-                    let _ = tokio::time::timeout(bound, runtime.stop(actor)).await;
+                    match tokio::time::timeout(bound, runtime.stop_task(actor)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(error)) => {
+                            tracing::debug!(%actor, error = %chain(&error), "the task could not be stopped");
+                        }
+                        Err(_) => {
+                            warn!(%actor, bound_s = bound.as_secs_f64(), "the task did not stop in time; killing its worker");
+                            let _ = runtime.kill(actor, Duration::ZERO).await;
+                        }
+                    }
                 }
             }))
             .await;
@@ -605,7 +620,7 @@ impl Attempt {
 
     /// The workers' actors, in world-rank order.
     fn actors(&self) -> Vec<ActorId> {
-        self.group.workers().iter().map(|w| w.actor).collect()
+        self.group().workers().iter().map(|w| w.actor).collect()
     }
 
     /// Every rank's stacks.
@@ -617,7 +632,7 @@ impl Attempt {
     /// actor is gone (it may have been ended through the runtime by someone else); else the
     /// stream's connection was lost.
     async fn why_silent(&self, i: usize) -> DeathCause {
-        let Some(worker) = self.group.workers().get(i) else {
+        let Some(worker) = self.group().workers().get(i) else {
             return DeathCause::ConnectionLost;
         };
         let limit = self.setup.options.health_check_timeout;
@@ -628,19 +643,13 @@ impl Attempt {
     }
 
     /// Releases everything: the backend's `on_shutdown` (errors from dead workers are logged
-    /// and swallowed), a graceful stop with `patience`, then kills, then the placement
-    /// group. With no patience (the tasks were stopped already), `on_shutdown` is skipped
-    /// and what is left is killed at once.
-    pub(crate) async fn release(mut self, patience: Duration) {
+    /// and swallowed; skipped when the tasks were stopped, or with no patience), a graceful
+    /// stop of the workers with `patience`, then kills, then the placement group.
+    pub(crate) async fn release(self, patience: Duration) {
         let setup = Arc::clone(&self.setup);
         // Workers whose tasks were stopped have no backend left to shut down gracefully.
-        let patience = if self.stopping {
-            Duration::ZERO
-        } else {
-            patience
-        };
-        if !patience.is_zero() {
-            match tokio::time::timeout(patience, setup.backend.on_shutdown(&self.group)).await {
+        if !patience.is_zero() && !self.stopping {
+            match tokio::time::timeout(patience, setup.backend.on_shutdown(self.group())).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => warn!(
                     error = %chain(&e),
@@ -652,8 +661,7 @@ impl Attempt {
                 ),
             }
         }
-        self.group.shutdown(patience).await;
-        setup.remove_placement_group(self.placement_group).await;
+        self.crew.release(&setup, patience).await;
     }
 
     /// The restart count of this attempt.
@@ -663,11 +671,26 @@ impl Attempt {
 }
 
 impl Running {
-    /// Books one item of the merged streams: progress, first lines, who finished.
-    fn take(&mut self, (i, event): Tagged) -> Taken {
+    /// Books one thing the crew heard, for this attempt: progress, first lines, who
+    /// finished. A task event of another attempt is stale, and refused (fencing): it came
+    /// late from a task that ended before this attempt began.
+    fn take(&mut self, heard: Heard, attempt: AttemptNumber) -> Taken {
+        let (i, event) = match heard {
+            Heard::Event(i, event) => (i, Some(event)),
+            Heard::Ended(i) => (i, None),
+        };
+        if i >= self.finished.len() {
+            return Taken::Nothing;
+        }
+        if let Some(of) = event.as_ref().and_then(ActorEvent::attempt) {
+            if of != attempt {
+                tracing::debug!(rank = i, %of, current = %attempt, "an event of another attempt is refused");
+                return Taken::Nothing;
+            }
+        }
         let event = match event {
-            Some(ActorEvent::Task(event)) => event,
-            Some(ActorEvent::TaskExited(exit)) => {
+            Some(ActorEvent::Task { event, .. }) => event,
+            Some(ActorEvent::TaskExited { exit, .. }) => {
                 self.finished[i] = true;
                 self.progress.finished(i);
                 if matches!(exit, TaskExit::Succeeded { .. }) {
@@ -675,16 +698,16 @@ impl Running {
                 }
                 return Taken::Event(AttemptEvent::Exited { rank: i, exit });
             }
-            // A worker whose task finished may go; the others carry on.
-            Some(ActorEvent::Died(_)) if self.succeeded[i] => return Taken::Nothing,
+            // A worker whose task ended may go; the others carry on. (A worker that dies
+            // once its task has ended is replaced as the next attempt starts.)
+            Some(ActorEvent::Died(_)) if self.finished[i] => return Taken::Nothing,
             Some(ActorEvent::Died(cause)) => {
                 self.finished[i] = true;
                 return Taken::Event(AttemptEvent::Died { rank: i, cause });
             }
             None => {
-                self.ended[i] = true;
-                self.finished[i] = true;
-                return if self.succeeded[i] {
+                let finished = std::mem::replace(&mut self.finished[i], true);
+                return if finished {
                     Taken::Nothing
                 } else {
                     Taken::Silent(i)
@@ -785,9 +808,19 @@ fn start_timed_out(what: &str, limit: Duration) -> AttemptError {
 }
 
 fn start_failed(error: &(dyn std::error::Error + 'static)) -> AttemptError {
-    AttemptError::Failed(AttemptFailure::StartFailed {
-        reason: chain(error),
-    })
+    start_failed_because(chain(error))
+}
+
+fn start_failed_because(reason: String) -> AttemptError {
+    AttemptError::Failed(AttemptFailure::StartFailed { reason })
+}
+
+/// A worker whose events cannot be had.
+fn subscribe_failed(worker: usize, why: Subscribe) -> AttemptError {
+    match why {
+        Subscribe::Failed(error) => call_failed(worker, &error),
+        Subscribe::TimedOut(limit) => start_timed_out("subscribing to task events", limit),
+    }
 }
 
 fn backend_failure(error: BackendError) -> AttemptError {

@@ -7,11 +7,11 @@ use tokio::sync::mpsc::Sender;
 use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_runtime::{ActorRuntime, TaskSpec};
 
-use crate::attempt::Setup;
 use crate::options::{ExecutorOptions, unique_run_name};
 use crate::report::{FitReport, RunEvent};
 use crate::reporter::{Reporter, Reporters};
 use crate::run_loop::{Controls, RunLoop};
+use crate::setup::Setup;
 use crate::sink::Sink;
 use crate::triggers::{StacksTrigger, StopTrigger};
 use crate::{Backend, ExecutorError, NoBackend};

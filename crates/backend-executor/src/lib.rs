@@ -92,6 +92,7 @@
 mod attempt;
 mod backend;
 mod context;
+mod crew;
 mod elastic;
 mod error;
 mod executor;
@@ -109,6 +110,7 @@ mod reporter;
 mod reporters;
 mod run_folder;
 mod run_loop;
+mod setup;
 mod sharing;
 mod sink;
 mod tally;

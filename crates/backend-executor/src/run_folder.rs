@@ -341,6 +341,7 @@ impl RunStore {
                 node: worker.node_id.clone(),
                 ip: worker.node_ip.clone(),
                 pid: *pid,
+                agent_pid: Some(worker.pid),
             })
             .collect();
         if let Err(error) = self.folder.save_unsynced(&self.record).await {
@@ -410,6 +411,11 @@ impl RunStore {
         }
         let record = CheckpointRecord {
             index: commit.index,
+            attempt: self
+                .record
+                .attempts
+                .last()
+                .map_or(0, |attempt| attempt.restart_count),
             dir,
             metrics: commit.metrics,
             files: commit.files,

@@ -13,7 +13,8 @@ use trainyard_resources::Resources;
 use trainyard_runtime::timings::{self as phase, TARGET as TIMINGS};
 use trainyard_runtime::{DeathCause, NodeId, PlacementGroupId, RuntimeError, TaskExit, TaskSpec};
 
-use crate::attempt::{Attempt, AttemptError, AttemptEvent, Setup, died, sleep_until};
+use crate::attempt::{Attempt, AttemptError, AttemptEvent, died, sleep_until};
+use crate::crew::{Crew, keeps_crew};
 use crate::elastic::{ResizeReason, Sizer};
 use crate::hang::{StacksReason, full_dump};
 use crate::logs::RankLogs;
@@ -22,6 +23,7 @@ use crate::policy::{Action, History, Outcome, Policy};
 use crate::ranks::rank_of;
 use crate::report::{FitReport, RunEvent};
 use crate::run_folder::{AttemptEnd, RunStore};
+use crate::setup::Setup;
 use crate::sink::Sink;
 use crate::tally::Tally;
 use crate::triggers::{StacksTrigger, StopTrigger};
@@ -191,19 +193,36 @@ impl RunLoop {
         let mut history = History::default();
         // The size the next attempt grows to, when the last one stopped to grow.
         let mut grow_to: Option<u32> = None;
+        // The workers the last attempt left for the next (see `Crew`).
+        let mut kept: Option<Crew> = None;
         let (mut report, ending) = loop {
             let restart_count = history.restarts();
             history.attempts += 1;
             let span = info_span!("attempt", run = %self.setup.run_name, restart_count);
             let mut state = AttemptState::new(restart_count);
             let end = self
-                .attempt(task, &mut history, grow_to.take(), &mut state)
+                .attempt(task, &mut history, grow_to.take(), &mut state, kept.take())
                 .instrument(span)
                 .await;
-            let report = self.release(state, &end).await;
-            let outcome = match end {
-                End::Done => Outcome::Succeeded,
-                End::Fatal(error) => {
+            // Not a failure, a resize: the next attempt starts at once, from the latest
+            // committed checkpoint. A stop and a run that cannot go on are not the
+            // policy's to judge.
+            let judged = match &end {
+                End::Done => Some(Outcome::Succeeded),
+                End::Resize { to } => Some(Outcome::RoomFor(*to)),
+                End::Failed(failure) => Some(Outcome::Failed(failure.clone())),
+                End::Fatal(_) | End::Interrupted => None,
+            };
+            let judged = judged.map(|outcome| {
+                history.record(&outcome);
+                let action = self.policy.next(&history, &outcome);
+                (outcome, action)
+            });
+            let restarts = matches!(judged, Some((_, Action::Restart { .. })));
+            let (report, crew) = self.release(state, &end, restarts).await;
+            kept = crew;
+            let (outcome, action) = match (end, judged) {
+                (End::Fatal(error), _) => {
                     if history.attempts == 1 && history.resizes == 0 {
                         // Refused before anything trained: a folder this run made goes.
                         self.store.discard_if_new().await;
@@ -213,14 +232,12 @@ impl RunLoop {
                     }
                     return Err(error);
                 }
-                End::Interrupted => {
+                (End::Interrupted, _) => {
                     self.store.end_attempt(AttemptEnd::Ended).await;
                     break (report, Ending::Interrupted);
                 }
-                // Not a failure: the next attempt starts at once, from the latest committed
-                // checkpoint.
-                End::Resize { to } => Outcome::RoomFor(to),
-                End::Failed(failure) => Outcome::Failed(failure),
+                (_, Some(judged)) => judged,
+                (_, None) => unreachable!("every other end is judged"),
             };
             self.store
                 .end_attempt(match &outcome {
@@ -229,8 +246,7 @@ impl RunLoop {
                     Outcome::Failed(failure) => AttemptEnd::Failed(failure),
                 })
                 .await;
-            history.record(&outcome);
-            match self.policy.next(&history, &outcome) {
+            match action {
                 Action::Finish => {
                     self.store.finish(RunStatus::Finished).await;
                     break (report, Ending::Finished);
@@ -243,7 +259,8 @@ impl RunLoop {
                 Action::Resize { to } => grow_to = Some(to),
                 Action::Restart { after } => {
                     if let Outcome::Failed(failure) = outcome {
-                        warn!(target: RESTARTS_TARGET, %failure, restart_count, backoff_s = after.as_secs_f64(), "attempt failed; restarting all workers");
+                        let kept_workers = kept.as_ref().map_or(0, Crew::len);
+                        warn!(target: RESTARTS_TARGET, %failure, restart_count, backoff_s = after.as_secs_f64(), kept_workers, "attempt failed; restarting");
                         self.controls
                             .sink
                             .emit(RunEvent::Restarting {
@@ -261,6 +278,12 @@ impl RunLoop {
                 }
             }
         };
+        // Stopped while it waited to restart: the workers kept for the next attempt go.
+        if let Some(crew) = kept.take() {
+            crew.release(&self.setup, self.setup.options.shutdown_patience)
+                .instrument(info_span!(target: TIMINGS, phase::SHUTDOWN))
+                .await;
+        }
         if ending == Ending::Interrupted {
             // Stopped on the driver's interruption: resumable, and not running any more.
             self.store.finish(RunStatus::Interrupted).await;
@@ -280,10 +303,15 @@ impl RunLoop {
         }
     }
 
-    /// Lets go of what an attempt that ended with `end` held (its workers, within a patience
-    /// that a stop or a resize does not give them; its placement group; its log files, uploaded
-    /// to remote storage): what it reported.
-    async fn release(&mut self, state: AttemptState, end: &End) -> FitReport {
+    /// Lets go of what an attempt that ended with `end` held (its log files, uploaded to
+    /// remote storage; its workers and placement group, unless the run `restarts` and can keep
+    /// them for the next attempt): what it reported, and the workers kept.
+    async fn release(
+        &mut self,
+        state: AttemptState,
+        end: &End,
+        restarts: bool,
+    ) -> (FitReport, Option<Crew>) {
         let AttemptState {
             mut report,
             logs,
@@ -291,12 +319,22 @@ impl RunLoop {
             slot,
             ..
         } = state;
-        let patience = match end {
-            End::Interrupted | End::Resize { .. } => Duration::ZERO,
-            _ => self.setup.options.shutdown_patience,
+        let kept = match slot {
+            Slot::Started(mut attempt) if matches!(end, End::Failed(_)) && attempt.keepable() => {
+                let lost = attempt.lost();
+                if keeps_crew(restarts, self.sizer.is_elastic(), lost) {
+                    attempt.settle(self.setup.options.stop_bound()).await;
+                    Some(attempt.into_crew())
+                } else {
+                    self.release_slot(Slot::Started(attempt)).await;
+                    None
+                }
+            }
+            slot => {
+                self.release_slot(slot).await;
+                None
+            }
         };
-        let held = slot.release(&self.setup, patience).await;
-        self.sizer.released(held);
         report.run_dir = Some(self.store.uri());
         if let Some(logs) = logs {
             let dir = logs.dir().to_path_buf();
@@ -306,7 +344,17 @@ impl RunLoop {
                 self.store.upload_logs(&dir, &relative).await;
             }
         }
-        report
+        (report, kept)
+    }
+
+    /// Lets go of the workers and the placement group the slot holds (the workers asked to
+    /// stop within the shutdown patience; their tasks, if they were stopped, are gone), and
+    /// tells the sizer what was freed.
+    async fn release_slot(&mut self, slot: Slot) {
+        let held = slot
+            .release(&self.setup, self.setup.options.shutdown_patience)
+            .await;
+        self.sizer.released(held);
     }
 
     /// One attempt: sized (growing to `grow_to` when the last one stopped to grow), booked in
@@ -318,20 +366,30 @@ impl RunLoop {
         history: &mut History,
         grow_to: Option<u32>,
         state: &mut AttemptState,
+        kept: Option<Crew>,
     ) -> End {
         let restart_count = state.restart_count;
+        // The workers kept from the attempt before are this one's: released however it ends.
+        let kept_size = kept.as_ref().map(Crew::len);
+        if let Some(crew) = kept {
+            state.slot = Slot::Started(Box::new(Attempt::again(&self.setup, crew, restart_count)));
+        }
         let stop = self.controls.stop.clone();
         if stop.is_requested() {
             return End::Interrupted;
         }
-        let sizing = self.sizer.next_world_size(grow_to);
-        // An elastic run reads what is free to size itself.
-        let mut world_size = if self.sizer.is_elastic() {
-            sizing
-                .instrument(info_span!(target: TIMINGS, phase::CLUSTER, attempt = restart_count))
-                .await
-        } else {
-            sizing.await
+        // A kept crew has its size; else the sizer says (an elastic run reads what is free).
+        let mut world_size = match kept_size {
+            Some(size) => u32::try_from(size).unwrap_or(u32::MAX),
+            None if self.sizer.is_elastic() => {
+                self.sizer
+                    .next_world_size(grow_to)
+                    .instrument(
+                        info_span!(target: TIMINGS, phase::CLUSTER, attempt = restart_count),
+                    )
+                    .await
+            }
+            None => self.sizer.next_world_size(grow_to).await,
         };
         let previous = history.world_sizes.last().copied();
         history.world_sizes.push(world_size);
@@ -433,6 +491,8 @@ impl RunLoop {
 
     /// Starts one attempt: reserves the placement group, starts and sorts the workers,
     /// assigns ranks, shares accelerator ids, runs the backend's `on_start` and the preflight.
+    /// On the crew kept from the attempt before (already in `slot`), replaces its lost workers
+    /// instead of reserving and starting; the preflight runs on a kept crew too.
     async fn start(
         &self,
         slot: &mut Slot,
@@ -440,23 +500,24 @@ impl RunLoop {
         previous: Option<u32>,
         restart_count: u32,
     ) -> Result<(), AttemptError> {
-        let (pg, held) = self
-            .reserve(slot, world_size, previous, restart_count)
-            .instrument(info_span!(target: TIMINGS, phase::RESERVE, attempt = restart_count))
-            .await?;
-        let size = *world_size;
-        let attempt = async move {
+        if !matches!(slot, Slot::Started(attempt) if attempt.kept()) {
+            let (pg, held) = self
+                .reserve(slot, world_size, previous, restart_count)
+                .instrument(info_span!(target: TIMINGS, phase::RESERVE, attempt = restart_count))
+                .await?;
             // Held from here on, so that the release frees whatever part of the start
             // happened, whichever step fails or times out.
             *slot = Slot::Started(Box::new(Attempt::new(
                 &self.setup,
                 pg,
                 held,
-                size,
+                *world_size,
                 restart_count,
             )?));
+        }
+        let attempt = async move {
             let Slot::Started(attempt) = slot else {
-                unreachable!("the slot was set just above");
+                unreachable!("the slot holds the attempt's workers");
             };
             attempt.start_workers().await?;
             Ok::<_, AttemptError>(attempt)
@@ -657,6 +718,11 @@ impl RunLoop {
             _ => {
                 self.linger(attempt, &mut following).await;
                 self.keep_checkpoint(attempt, &mut following).await;
+                // The ranks still running are stopped (their workers stay, for a restart),
+                // and what they print as they stop is streamed.
+                if attempt.tasks_running() {
+                    self.stop_and_drain(attempt, &mut following, false).await;
+                }
             }
         }
         let Following {
@@ -823,9 +889,9 @@ impl RunLoop {
         }
     }
 
-    /// After a stop request: asks every worker whose stream goes on to stop its task, and
-    /// meanwhile takes in what the ranks print and report as they stop, until every rank's
-    /// stream has ended. Bounded by the shutdown patience and a few seconds, or, with
+    /// After a stop request: asks every worker whose task goes on to stop it, and meanwhile
+    /// takes in what the ranks print and report as they stop, until every rank's task has
+    /// ended. Bounded by the shutdown patience and a few seconds, or, with
     /// `for_checkpoint`, by [`CHECKPOINT_WAIT`] while a checkpoint every rank that ended
     /// handed in can still commit (or until the run is asked to stop); what is left then is
     /// killed as the attempt is released.
@@ -838,10 +904,17 @@ impl RunLoop {
         let bound = self.setup.options.stop_bound();
         let started = Instant::now();
         let interrupt = self.controls.stop.clone();
-        let stops = attempt.stop_tasks(bound);
+        // A task stopped while its part of a checkpoint persists answers once it is: its
+        // worker is killed only past the longest the drain may wait for the checkpoint.
+        let patience = if for_checkpoint {
+            bound.max(CHECKPOINT_WAIT)
+        } else {
+            bound
+        };
+        let stops = attempt.stop_tasks(patience);
         tokio::pin!(stops);
         let mut stopped = false;
-        while attempt.streams_open() {
+        while attempt.tasks_running() {
             let waiting = for_checkpoint
                 && self
                     .store

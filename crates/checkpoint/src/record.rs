@@ -127,6 +127,10 @@ pub struct WorkerRecord {
     pub ip: String,
     /// Its task's process id there.
     pub pid: u32,
+    /// Its worker's agent's process id there: the same over the attempts whose restarts
+    /// kept the worker (none in records written before they were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_pid: Option<u32>,
 }
 
 /// One committed checkpoint.
@@ -134,6 +138,10 @@ pub struct WorkerRecord {
 pub struct CheckpointRecord {
     /// Its index: the N-th report of every rank.
     pub index: u64,
+    /// The attempt whose ranks' reports committed it (the run's restart count then): only
+    /// the running attempt's reports are booked (fencing).
+    #[serde(default)]
+    pub attempt: u32,
     /// Its folder, relative to the run folder: `checkpoint_000003`, or the folder its ranks
     /// wrote it to themselves (a `NO_UPLOAD` report: `dcp/step_3`).
     pub dir: String,

@@ -101,6 +101,7 @@ mod tests {
         }
         CheckpointRecord {
             index,
+            attempt: 0,
             dir: crate::checkpoint_dir_name(index),
             metrics,
             files: vec![],

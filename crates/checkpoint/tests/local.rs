@@ -473,6 +473,7 @@ fn record(name: &str, checkpoints: u64) -> RunRecord {
         metrics.insert("loss".into(), (1.0 / index as f64).into());
         record.commit(CheckpointRecord {
             index,
+            attempt: 0,
             dir: checkpoint_dir_name(index),
             metrics,
             files: (0..8).map(|r| format!("rank_{r}/model_shard.pt")).collect(),

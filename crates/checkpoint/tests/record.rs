@@ -70,6 +70,7 @@ fn a_checkpoint_folder_inside_or_around_a_kept_ones_is_found() {
     for (index, dir) in [(1, "dcp"), (2, "steps/2")] {
         record.commit(trainyard_checkpoint::CheckpointRecord {
             index,
+            attempt: 0,
             dir: dir.to_owned(),
             metrics: serde_json::Map::new(),
             files: vec!["a".to_owned()],
@@ -85,6 +86,7 @@ fn a_checkpoint_folder_inside_or_around_a_kept_ones_is_found() {
     // The same folder written again replaces the record that named it.
     record.commit(trainyard_checkpoint::CheckpointRecord {
         index: 3,
+        attempt: 0,
         dir: "dcp".to_owned(),
         metrics: serde_json::Map::new(),
         files: vec!["b".to_owned()],

@@ -39,9 +39,10 @@ pub(crate) fn request_name(request: &Request) -> &'static str {
         Request::NodeInfo => "node_info",
         Request::FindFreePort => "find_free_port",
         Request::SetEnv { .. } => "set_env",
-        Request::RunTask(_) => "run_task",
+        Request::RunTask { .. } => "run_task",
         Request::Poll => "poll",
         Request::Stop => "stop",
+        Request::StopTask => "stop_task",
         Request::Stacks => "stacks",
         Request::Preflight { .. } => "preflight",
     }

@@ -5,6 +5,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use trainyard_wire::config::DRIVER_LOST;
+
 /// The variable naming the agent binary on remote nodes ([`AgentCommand::for_remote_nodes`]).
 pub const AGENT_BIN_VAR: &str = "TRAINYARD_AGENT_BIN";
 /// The default of [`HubConfig::stop_grace`].
@@ -34,8 +36,15 @@ pub struct HubConfig {
     pub stop_grace: Duration,
     /// How long an agent may stay silent (it says it is alive five times as often, see
     /// [`HubConfig::heartbeat_ms`]) before it is killed as unresponsive: a hung agent is
-    /// found in seconds rather than at the next call's timeout.
+    /// found in seconds rather than at the next call's timeout. The hub says it is alive to
+    /// its agents as often.
     pub heartbeat_timeout: Duration,
+    /// The agents' lost-driver bound: an agent that hears nothing from the hub for this long
+    /// stops its task and exits ([`AgentConfig::driver_lost_ms`]); an agent whose connection
+    /// ends does so at once. Default [`DRIVER_LOST`].
+    ///
+    /// [`AgentConfig::driver_lost_ms`]: trainyard_wire::config::AgentConfig::driver_lost_ms
+    pub driver_lost: Duration,
 }
 
 impl HubConfig {
@@ -50,6 +59,7 @@ impl HubConfig {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             stop_grace: DEFAULT_STOP_GRACE,
             heartbeat_timeout: DEFAULT_HEARTBEAT_TIMEOUT,
+            driver_lost: DRIVER_LOST,
         }
     }
 

@@ -207,6 +207,7 @@ impl AgentHub {
             memory: None,
             grace_ms: u64::try_from(config.stop_grace.as_millis()).unwrap_or(u64::MAX),
             heartbeat_ms: config.heartbeat_ms(),
+            driver_lost_ms: u64::try_from(config.driver_lost.as_millis()).unwrap_or(u64::MAX),
             scheduler_stops: false,
             warm_python: None,
         }
@@ -442,11 +443,11 @@ impl fmt::Debug for AgentHub {
 /// a task whose start downloads the checkpoint it resumes from.
 fn call_limit(config: &HubConfig, request: &Request) -> Duration {
     match request {
-        Request::Stop => config
+        Request::Stop | Request::StopTask => config
             .call_timeout
             .max(STOP_PERSIST_PATIENCE)
             .saturating_add(config.stop_grace),
-        Request::RunTask(task) if task.downloads_checkpoint() => {
+        Request::RunTask { task, .. } if task.downloads_checkpoint() => {
             config.call_timeout.saturating_add(RESTORE_PATIENCE)
         }
         _ => config.call_timeout,
@@ -575,7 +576,10 @@ mod tests {
             if let trainyard_runtime::TaskSpec::Command { env: task_env, .. } = &mut task {
                 task_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
             }
-            Request::RunTask(task)
+            Request::RunTask {
+                attempt: trainyard_runtime::AttemptNumber::default(),
+                task,
+            }
         };
         assert_eq!(call_limit(&config, &run(&[])), config.call_timeout);
         assert_eq!(
@@ -588,6 +592,10 @@ mod tests {
         assert_eq!(
             call_limit(&config, &Request::Stop),
             config.call_timeout + config.stop_grace
+        );
+        assert_eq!(
+            call_limit(&config, &Request::StopTask),
+            call_limit(&config, &Request::Stop)
         );
         assert_eq!(call_limit(&config, &Request::Poll), config.call_timeout);
     }

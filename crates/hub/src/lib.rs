@@ -67,7 +67,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use config::{
     AGENT_BIN_VAR, AgentCommand, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_STOP_GRACE, HubConfig,
+    DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_STOP_GRACE, DRIVER_LOST, HubConfig,
 };
 pub use error::HubError;
 pub use hub::{AgentHub, Arrival};

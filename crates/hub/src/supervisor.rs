@@ -147,7 +147,11 @@ impl Supervisor {
             frames,
             eof: false,
             outgoing,
-            writer: tokio::spawn(write_frames(sink, outgoing_rx)),
+            writer: tokio::spawn(write_frames(
+                sink,
+                outgoing_rx,
+                Duration::from_millis(self.config.heartbeat_ms()),
+            )),
             pending: Pending::default(),
             forwarding: None,
             queue: VecDeque::new(),
@@ -395,12 +399,13 @@ impl Supervisor {
                     .reply
                     .send(reply_result(self.actor, call.request, result));
             }
-            AgentMessage::Event { event } => {
-                return self.queue(serving, ActorEvent::Task(event), frame_bytes);
+            AgentMessage::Event { attempt, event } => {
+                return self.queue(serving, ActorEvent::Task { attempt, event }, frame_bytes);
             }
-            AgentMessage::TaskExited { exit } => {
+            AgentMessage::TaskExited { attempt, exit } => {
                 self.set_task(serving, None);
-                return self.queue(serving, ActorEvent::TaskExited(exit), frame_bytes);
+                let exited = ActorEvent::TaskExited { attempt, exit };
+                return self.queue(serving, exited, frame_bytes);
             }
             AgentMessage::Hello { .. } | AgentMessage::Proof { .. } => {
                 tracing::warn!("the agent repeated its handshake; ignored");
@@ -438,8 +443,11 @@ impl Supervisor {
                 break;
             };
             match event {
-                ActorEvent::Task(TaskEvent::Log { stream, line }) => {
-                    self.events.log(stream, line);
+                ActorEvent::Task {
+                    attempt,
+                    event: TaskEvent::Log { stream, line },
+                } => {
+                    self.events.for_attempt(attempt).log(stream, line);
                     serving.passed_on(bytes);
                 }
                 event => match self.events.try_send(event) {
@@ -546,7 +554,10 @@ impl Supervisor {
         let sent = sent.into_iter().map(|(event, _)| event);
         for event in sent.chain(serving.backlog.drain(..)) {
             match event {
-                ActorEvent::Task(TaskEvent::Log { stream, line }) => self.events.log(stream, line),
+                ActorEvent::Task {
+                    attempt,
+                    event: TaskEvent::Log { stream, line },
+                } => self.events.for_attempt(attempt).log(stream, line),
                 event => self.events.send(event).await,
             }
         }
@@ -624,10 +635,14 @@ impl Supervisor {
                             .send(reply_result(self.actor, call.request, result));
                     }
                 }
-                AgentMessage::Event { event } => serving.backlog.push(ActorEvent::Task(event)),
-                AgentMessage::TaskExited { exit } => {
+                AgentMessage::Event { attempt, event } => {
+                    serving.backlog.push(ActorEvent::Task { attempt, event });
+                }
+                AgentMessage::TaskExited { attempt, exit } => {
                     serving.task = None;
-                    serving.backlog.push(ActorEvent::TaskExited(exit));
+                    serving
+                        .backlog
+                        .push(ActorEvent::TaskExited { attempt, exit });
                 }
                 AgentMessage::Hello { .. }
                 | AgentMessage::Proof { .. }
@@ -651,12 +666,23 @@ async fn reap(process: &mut dyn AgentProcess, limit: Duration) -> Option<AgentEx
     }
 }
 
-/// Writes frames to the agent until the channel closes or the connection fails.
+/// Writes frames to the agent until the channel closes or the connection fails, and a
+/// heartbeat whenever nothing else went for `heartbeat`: the agent takes a driver it hears
+/// nothing from for its lost-driver bound for lost.
 async fn write_frames(
     mut sink: SplitSink<Link, Bytes>,
     mut frames: mpsc::UnboundedReceiver<Bytes>,
+    heartbeat: Duration,
 ) {
-    while let Some(frame) = frames.recv().await {
+    loop {
+        let frame = match tokio::time::timeout(heartbeat, frames.recv()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return,
+            Err(_) => match wire::encode(&DriverMessage::Heartbeat) {
+                Ok(frame) => frame,
+                Err(_) => continue,
+            },
+        };
         if let Err(error) = sink.send(frame).await {
             tracing::debug!(%error, "cannot write to the agent");
             return;

@@ -92,6 +92,7 @@ impl AgentProcess for PlayedAgent {
 async fn start_agent(hub: &AgentHub, actor: ActorId, driver: String) -> ChildAgent {
     let config = AgentConfig {
         heartbeat_ms: hub.config().heartbeat_ms(),
+        driver_lost_ms: u64::try_from(hub.config().driver_lost.as_millis()).unwrap_or(u64::MAX),
         ..testing::local_agent_config(driver, actor)
     };
     ChildAgent(testing::start_agent(AGENT_ENTRY, &config, hub.token(), Stdio::inherit()).await)
@@ -282,6 +283,39 @@ async fn of_two_connections_that_prove_the_same_actor_only_one_gets_it() {
             actor
         );
         ended.notify_one();
+    };
+    timeout(TEST_LIMIT, test).await.expect("in time");
+    hub.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hubs_heartbeats_keep_an_agent_past_its_lost_driver_bound() {
+    // The hub says it is alive every 100 ms; its agents give it up after 400 ms of silence.
+    let config = HubConfig {
+        heartbeat_timeout: Duration::from_millis(500),
+        driver_lost: Duration::from_millis(400),
+        ..HubConfig::new("heartbeats")
+    };
+    let hub = AgentHub::start(config, |_| {})
+        .await
+        .expect("the hub starts");
+    let test = async {
+        let arrival = hub.expect("worker-0").expect("an actor id");
+        let actor = arrival.actor();
+        let agent = start_agent(&hub, actor, hub.driver_address().to_string()).await;
+        hub.attach(arrival, "worker-0".to_owned(), Box::new(agent))
+            .await
+            .expect("the agent is attached");
+        let pid = match hub.call(actor, Request::NodeInfo).await {
+            Ok(Response::NodeInfo(info)) => info.pid,
+            other => panic!("no node info: {other:?}"),
+        };
+        // Ten of its bounds without a request: the hub's heartbeats alone keep it.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        match hub.call(actor, Request::NodeInfo).await {
+            Ok(Response::NodeInfo(info)) => assert_eq!(info.pid, pid, "the same agent answers"),
+            other => panic!("the agent is gone although its hub said it was alive: {other:?}"),
+        }
     };
     timeout(TEST_LIMIT, test).await.expect("in time");
     hub.shutdown().await;

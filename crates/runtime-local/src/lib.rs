@@ -54,7 +54,7 @@
 //!     local.run_task(actor, echo).await?;
 //!     while let Some(event) = events.next().await {
 //!         println!("{event:?}"); // the line `hello`, then the task's exit
-//!         if matches!(event, ActorEvent::TaskExited(_)) { break; }
+//!         if matches!(event, ActorEvent::TaskExited { exit: _, .. }) { break; }
 //!     }
 //!     local.shutdown().await;
 //!     Ok(())

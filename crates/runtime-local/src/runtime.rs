@@ -131,6 +131,7 @@ impl Setup for LocalConfig {
             call_timeout: config.call_timeout,
             stop_grace: config.stop_grace,
             heartbeat_timeout: config.heartbeat_timeout,
+            driver_lost: trainyard_hub::DRIVER_LOST,
         };
         tracing::info!(
             run = %config.run_name,

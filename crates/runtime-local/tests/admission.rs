@@ -165,7 +165,10 @@ impl Outcome {
 
     fn take(&mut self, event: ActorEvent) {
         match event {
-            ActorEvent::Task(TaskEvent::Log { stream, line }) => {
+            ActorEvent::Task {
+                event: TaskEvent::Log { stream, line },
+                ..
+            } => {
                 let stream = if stream == Stream::Stdout {
                     "out"
                 } else {
@@ -173,11 +176,14 @@ impl Outcome {
                 };
                 self.output.push(format!("{stream}: {line}"));
             }
-            ActorEvent::Task(TaskEvent::Report { metrics, .. }) => {
+            ActorEvent::Task {
+                event: TaskEvent::Report { metrics, .. },
+                ..
+            } => {
                 self.reports.push(serde_json::Value::Object(metrics));
             }
-            ActorEvent::Task(_) => {}
-            ActorEvent::TaskExited(exit) => self.exit = Some(exit),
+            ActorEvent::Task { event: _, .. } => {}
+            ActorEvent::TaskExited { exit, .. } => self.exit = Some(exit),
             ActorEvent::Died(cause) => panic!("the actor died: {cause}\n{self:?}"),
         }
     }
@@ -273,10 +279,14 @@ async fn a_tasks_reports_arrive_while_a_hundred_idle_connections_are_held_to_its
         let mut outcome = Outcome::default();
         let addr = loop {
             let event = next_event(&mut events).await;
-            if let ActorEvent::Task(TaskEvent::Log {
-                stream: Stream::Stdout,
-                line,
-            }) = &event
+            if let ActorEvent::Task {
+                event:
+                    TaskEvent::Log {
+                        stream: Stream::Stdout,
+                        line,
+                    },
+                ..
+            } = &event
                 && let Some(addr) = line.strip_prefix("addr:")
             {
                 break addr.parse::<SocketAddr>().expect("HOST:PORT");

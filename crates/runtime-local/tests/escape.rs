@@ -168,12 +168,15 @@ async fn printed_pid(events: &mut TaskEvents) -> u32 {
             .expect("an event in time")
             .expect("the stream is open");
         match event {
-            ActorEvent::Task(TaskEvent::Log { line, .. }) => {
+            ActorEvent::Task {
+                event: TaskEvent::Log { line, .. },
+                ..
+            } => {
                 if let Ok(pid) = line.trim().parse() {
                     return pid;
                 }
             }
-            ActorEvent::Task(_) => {}
+            ActorEvent::Task { event: _, .. } => {}
             other => panic!("the task ended before it printed a pid: {other:?}"),
         }
     }
@@ -187,8 +190,8 @@ async fn exited(events: &mut TaskEvents) -> TaskExit {
             .expect("an event in time")
             .expect("the stream is open");
         match event {
-            ActorEvent::TaskExited(exit) => return exit,
-            ActorEvent::Task(_) => {}
+            ActorEvent::TaskExited { exit, .. } => return exit,
+            ActorEvent::Task { event: _, .. } => {}
             ActorEvent::Died(cause) => panic!("the actor died: {cause}"),
         }
     }

@@ -302,9 +302,12 @@ async fn a_command_task_streams_its_output_and_ends_with_its_exit_code() {
         let mut lines = Vec::new();
         let exit = loop {
             match next_event(&mut events).await.expect("open") {
-                ActorEvent::Task(TaskEvent::Log { stream, line }) => lines.push((stream, line)),
-                ActorEvent::Task(_) => {}
-                ActorEvent::TaskExited(exit) => break exit,
+                ActorEvent::Task {
+                    event: TaskEvent::Log { stream, line },
+                    ..
+                } => lines.push((stream, line)),
+                ActorEvent::Task { event: _, .. } => {}
+                ActorEvent::TaskExited { exit, .. } => break exit,
                 ActorEvent::Died(cause) => panic!("the actor died: {cause}"),
             }
         };
@@ -769,12 +772,12 @@ async fn enforced_memory_limits_reach_the_worker_and_are_cleaned_up() {
             .expect("run");
         loop {
             match next_event(&mut events).await.expect("open") {
-                ActorEvent::TaskExited(exit) => {
+                ActorEvent::TaskExited { exit, .. } => {
                     assert_eq!(exit, TaskExit::from_code(0));
                     break;
                 }
                 ActorEvent::Died(cause) => panic!("the actor died: {cause}"),
-                ActorEvent::Task(_) => {}
+                ActorEvent::Task { event: _, .. } => {}
             }
         }
     };
@@ -859,7 +862,7 @@ async fn an_agent_killed_by_the_oom_killer_dies_of_its_memory_limit() {
         runtime.run_task(actor, task).await.expect("run");
         let end = loop {
             match next_event(&mut events).await.expect("open") {
-                ActorEvent::Task(_) => {}
+                ActorEvent::Task { event: _, .. } => {}
                 end => break end,
             }
         };
@@ -983,10 +986,13 @@ async fn what_a_task_leaves_running_in_its_group_is_killed_when_it_ends() {
     let started = std::time::Instant::now();
     loop {
         match timeout(TEST_LIMIT, events.next()).await.expect("an event") {
-            Some(ActorEvent::Task(trainyard_runtime::TaskEvent::Log { line, .. })) => {
+            Some(ActorEvent::Task {
+                event: trainyard_runtime::TaskEvent::Log { line, .. },
+                ..
+            }) => {
                 background = line.trim().parse::<u32>().ok();
             }
-            Some(ActorEvent::TaskExited(exit)) => {
+            Some(ActorEvent::TaskExited { exit, .. }) => {
                 assert_eq!(exit, trainyard_runtime::TaskExit::from_code(0));
                 break;
             }
@@ -1179,12 +1185,15 @@ async fn every_flooded_report_in_order(events: &mut TaskEvents, count: u64) {
     let mut next_step = 0;
     loop {
         match next_event(events).await.expect("open") {
-            ActorEvent::Task(TaskEvent::Report { metrics, .. }) => {
+            ActorEvent::Task {
+                event: TaskEvent::Report { metrics, .. },
+                ..
+            } => {
                 assert_eq!(metrics["step"], next_step, "reports arrive in order");
                 next_step += 1;
             }
-            ActorEvent::Task(_) => {}
-            ActorEvent::TaskExited(exit) => {
+            ActorEvent::Task { event: _, .. } => {}
+            ActorEvent::TaskExited { exit, .. } => {
                 assert_eq!(
                     exit,
                     TaskExit::Succeeded {
@@ -1235,8 +1244,8 @@ async fn a_cpu_bound_function_task_keeps_its_agent_alive_past_the_heartbeat_time
         runtime.run_task(actor, task).await.expect("run");
         loop {
             match next_event(&mut events).await.expect("open") {
-                ActorEvent::Task(_) => {}
-                ActorEvent::TaskExited(exit) => {
+                ActorEvent::Task { event: _, .. } => {}
+                ActorEvent::TaskExited { exit, .. } => {
                     assert_eq!(
                         exit,
                         TaskExit::Succeeded {
@@ -1287,8 +1296,11 @@ async fn a_killed_or_stopped_actors_stream_ends_with_its_death() {
             matches!(
                 seen.as_slice(),
                 [
-                    ActorEvent::Task(TaskEvent::RootCause { error: None, .. }),
-                    ActorEvent::TaskExited(_),
+                    ActorEvent::Task {
+                        event: TaskEvent::RootCause { error: None, .. },
+                        ..
+                    },
+                    ActorEvent::TaskExited { exit: _, .. },
                     ..
                 ]
             ),
@@ -1336,8 +1348,8 @@ async fn a_poll_tells_the_tasks_status_and_exit() {
         .expect("kill the task");
         let exit = loop {
             match next_event(&mut events).await.expect("open") {
-                ActorEvent::TaskExited(exit) => break exit,
-                ActorEvent::Task(_) => {}
+                ActorEvent::TaskExited { exit, .. } => break exit,
+                ActorEvent::Task { event: _, .. } => {}
                 ActorEvent::Died(cause) => panic!("the actor died: {cause}"),
             }
         };

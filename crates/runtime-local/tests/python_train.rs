@@ -137,7 +137,7 @@ async fn next_event(events: &mut TaskEvents) -> ActorEvent {
 /// How the running task ends; the events before are passed over.
 async fn task_exit(events: &mut TaskEvents) -> TaskExit {
     loop {
-        if let ActorEvent::TaskExited(exit) = next_event(events).await {
+        if let ActorEvent::TaskExited { exit, .. } = next_event(events).await {
             return exit;
         }
     }
@@ -182,19 +182,26 @@ async fn run_python(runtime: &LocalRuntime, script: &str, env: &[(&str, &str)]) 
     let mut outcome = Outcome::default();
     while outcome.exit.is_none() {
         match next_event(&mut events).await {
-            ActorEvent::Task(TaskEvent::Log { stream, line }) => match stream {
+            ActorEvent::Task {
+                event: TaskEvent::Log { stream, line },
+                ..
+            } => match stream {
                 Stream::Stdout => outcome.stdout.push(line),
                 Stream::Stderr => outcome.stderr.push(line),
             },
-            ActorEvent::Task(TaskEvent::Report {
-                metrics,
-                checkpoint,
-            }) => outcome.reports.push((
+            ActorEvent::Task {
+                event:
+                    TaskEvent::Report {
+                        metrics,
+                        checkpoint,
+                    },
+                ..
+            } => outcome.reports.push((
                 serde_json::Value::Object(metrics),
                 checkpoint.map(|c| serde_json::to_value(c).expect("a hand-in is JSON")),
             )),
-            ActorEvent::Task(_) => {}
-            ActorEvent::TaskExited(exit) => outcome.exit = Some(exit),
+            ActorEvent::Task { event: _, .. } => {}
+            ActorEvent::TaskExited { exit, .. } => outcome.exit = Some(exit),
             ActorEvent::Died(cause) => panic!("the actor died: {cause}\n{}", outcome.output()),
         }
     }
@@ -545,11 +552,15 @@ time.sleep(120)
             .expect("started");
         let dir = loop {
             match next_event(&mut events).await {
-                ActorEvent::Task(TaskEvent::Log {
-                    stream: Stream::Stdout,
-                    line,
-                }) => break line,
-                ActorEvent::TaskExited(exit) => panic!("the script ended: {exit:?}"),
+                ActorEvent::Task {
+                    event:
+                        TaskEvent::Log {
+                            stream: Stream::Stdout,
+                            line,
+                        },
+                    ..
+                } => break line,
+                ActorEvent::TaskExited { exit, .. } => panic!("the script ended: {exit:?}"),
                 _ => {}
             }
         };

@@ -173,6 +173,7 @@ impl Setup for RayConfig {
             call_timeout: config.call_timeout,
             stop_grace: config.stop_grace,
             heartbeat_timeout: HubConfig::new(&config.run_name).heartbeat_timeout,
+            driver_lost: trainyard_hub::DRIVER_LOST,
         };
         tracing::info!(
             run = %config.run_name,

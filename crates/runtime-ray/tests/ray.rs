@@ -131,10 +131,13 @@ async fn spread_workers_land_on_both_nodes_with_their_memory(runtime: &RayRuntim
         let mut lines = Vec::new();
         while let Ok(Some(event)) = timeout(Duration::from_secs(30), events.next()).await {
             match event {
-                ActorEvent::Task(trainyard_runtime::TaskEvent::Log { line, .. }) => {
+                ActorEvent::Task {
+                    event: trainyard_runtime::TaskEvent::Log { line, .. },
+                    ..
+                } => {
                     lines.push(line);
                 }
-                ActorEvent::TaskExited(exit) => {
+                ActorEvent::TaskExited { exit, .. } => {
                     assert_eq!(exit, trainyard_runtime::TaskExit::from_code(0), "{exit:?}");
                     break;
                 }

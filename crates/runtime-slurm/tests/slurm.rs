@@ -70,9 +70,12 @@ async fn run_script(
     let mut lines = Vec::new();
     loop {
         match timeout(Duration::from_secs(60), events.next()).await {
-            Ok(Some(ActorEvent::Task(TaskEvent::Log { line, .. }))) => lines.push(line),
-            Ok(Some(ActorEvent::Task(_))) => {}
-            Ok(Some(ActorEvent::TaskExited(exit))) => return (lines, exit),
+            Ok(Some(ActorEvent::Task {
+                event: TaskEvent::Log { line, .. },
+                ..
+            })) => lines.push(line),
+            Ok(Some(ActorEvent::Task { event: _, .. })) => {}
+            Ok(Some(ActorEvent::TaskExited { exit, .. })) => return (lines, exit),
             other => panic!("unexpected {other:?} running `{script}`"),
         }
     }

@@ -25,10 +25,12 @@ use trainyard_resources::{ActorOptions, CPU, ResourceAmount, Resources};
 
 use crate::events::ActorEvent;
 use crate::{
-    ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, ClusterSnapshot, NodeId, PlacementGroupId,
-    PlacementInfo, RuntimeError, TaskEvent, TaskExit, TaskSpec, TaskStatus, builtins,
+    ActorId, ActorRuntime, ActorRuntimeExt, ActorSpec, AttemptNumber, ClusterSnapshot, NodeId,
+    PlacementGroupId, PlacementInfo, RuntimeError, TaskEvent, TaskExit, TaskSpec, TaskStatus,
+    builtins,
 };
 use futures::StreamExt;
+use futures::stream::BoxStream;
 
 /// How long a feasible group may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -51,6 +53,8 @@ pub async fn run_all(runtime: &dyn ActorRuntime) {
     infeasible_fails_fast(runtime).await;
     env_reaches_actor(runtime).await;
     kill_racing_calls_returns_promptly(runtime).await;
+    tasks_come_and_go_inside_an_actor(runtime).await;
+    a_killed_actors_bundle_takes_a_new_actor(runtime).await;
 }
 
 /// Runs every check of command tasks, for runtimes that run programs (not the simulated
@@ -62,6 +66,7 @@ pub async fn run_commands(runtime: &dyn ActorRuntime) {
     a_missing_program_is_rejected_as_data(runtime).await;
     stop_ends_a_running_command(runtime).await;
     kill_ends_a_running_command(runtime).await;
+    a_stopped_command_leaves_its_actor_for_the_next(runtime).await;
 }
 
 fn sh(script: &str, env: BTreeMap<String, String>) -> TaskSpec {
@@ -643,6 +648,280 @@ pub async fn env_reaches_actor(runtime: &dyn ActorRuntime) {
     kill(runtime, actor, "env_reaches_actor").await;
 }
 
+/// An actor lives on after its task ends, stopped or not, and runs the next: attempts of a
+/// run come and go inside the life of its actors. `StopTask` ends a running task (its end is
+/// told before the answer's next task's events), and answers at once when none runs; every
+/// event of a task carries the attempt it was started for; the actor keeps its process.
+pub async fn tasks_come_and_go_inside_an_actor(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "tasks_come_and_go_inside_an_actor";
+    let actor = spawn(runtime, Resources::new(), None, BTreeMap::new(), CHECK).await;
+    let mut events = subscribed(runtime, actor, CHECK).await;
+    let before = info(runtime, actor, CHECK).await;
+    let first = AttemptNumber(3);
+    let sleep = TaskSpec::function(builtins::SLEEP, 300.into());
+    start(runtime, actor, first, sleep, CHECK).await;
+    stop_task(runtime, actor, CHECK).await;
+    let (_, exit) = until_exit(&mut events, first, CHECK).await;
+    assert!(
+        matches!(exit, TaskExit::Failed { .. }),
+        "{CHECK}: a stopped task ended {exit:?}"
+    );
+    let after = info(runtime, actor, CHECK).await;
+    assert_eq!(
+        (after.node_id, after.pid),
+        (before.node_id, before.pid),
+        "{CHECK}: the actor is not the same after its task was stopped"
+    );
+    let next = first.next();
+    let echo = TaskSpec::function(builtins::ECHO, "again".into());
+    start(runtime, actor, next, echo, CHECK).await;
+    let (_, exit) = until_exit(&mut events, next, CHECK).await;
+    assert_eq!(
+        exit,
+        TaskExit::Succeeded {
+            value: "again".into()
+        },
+        "{CHECK}: the actor's next task ended wrong"
+    );
+    // Nothing runs: the answer comes at once.
+    match timeout(FAST, runtime.stop_task(actor)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("{CHECK}: stopping no task failed: {e}"),
+        Err(_) => panic!("{CHECK}: stopping no task did not answer within {FAST:?}"),
+    }
+    kill(runtime, actor, CHECK).await;
+}
+
+/// A command stopped with `StopTask` ends (SIGTERM), its end carrying its attempt, and its
+/// actor, the same process, runs the next command, whose output carries the next attempt.
+pub async fn a_stopped_command_leaves_its_actor_for_the_next(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "a_stopped_command_leaves_its_actor_for_the_next";
+    let actor = spawn(runtime, Resources::new(), None, BTreeMap::new(), CHECK).await;
+    let mut events = subscribed(runtime, actor, CHECK).await;
+    let before = info(runtime, actor, CHECK).await;
+    let first = AttemptNumber(0);
+    start(
+        runtime,
+        actor,
+        first,
+        sh("echo one; exec sleep 300", BTreeMap::new()),
+        CHECK,
+    )
+    .await;
+    // Stopped once it has printed (a stop before then would leave no line to check).
+    let mut seen = until_line(&mut events, first, "one", CHECK).await;
+    stop_task(runtime, actor, CHECK).await;
+    let (rest, exit) = until_exit(&mut events, first, CHECK).await;
+    seen.extend(rest);
+    assert_eq!(
+        lines(&seen, crate::Stream::Stdout),
+        ["one"],
+        "{CHECK}: the stopped command's output"
+    );
+    assert_eq!(
+        exit,
+        TaskExit::Failed {
+            failure: crate::TaskFailure::Signal {
+                signal: 15,
+                core_dumped: false
+            }
+        },
+        "{CHECK}: a stopped command ended wrong"
+    );
+    assert_eq!(
+        info(runtime, actor, CHECK).await.pid,
+        before.pid,
+        "{CHECK}: the actor's process changed after its task was stopped"
+    );
+    let next = first.next();
+    start(runtime, actor, next, sh("echo two", BTreeMap::new()), CHECK).await;
+    let (seen, exit) = until_exit(&mut events, next, CHECK).await;
+    assert_eq!(
+        (lines(&seen, crate::Stream::Stdout), exit),
+        (vec!["two".to_owned()], TaskExit::from_code(0)),
+        "{CHECK}: the actor's next command ended wrong"
+    );
+    kill(runtime, actor, CHECK).await;
+}
+
+/// An actor killed in its bundle gives the bundle back: a new actor pinned to it starts (as
+/// a run replaces a worker that died), and the group holds what it held before.
+pub async fn a_killed_actors_bundle_takes_a_new_actor(runtime: &dyn ActorRuntime) {
+    const CHECK: &str = "a_killed_actors_bundle_takes_a_new_actor";
+    let before = snapshot(runtime, CHECK).await;
+    let factory = one_cpu_bundles(1, PlacementStrategy::Pack);
+    let (pg, _) = create_ready(runtime, &factory, CHECK).await;
+    let first = spawn(runtime, one_cpu(), Some((pg, 0)), BTreeMap::new(), CHECK).await;
+    kill(runtime, first, CHECK).await;
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
+    let second = loop {
+        let options = ActorOptions::try_from(&one_cpu())
+            .unwrap_or_else(|e| panic!("{CHECK}: one CPU is not an actor demand: {e}"));
+        let spec = ActorSpec {
+            name: format!("conformance-{CHECK}"),
+            options,
+            placement: Some((pg, 0)),
+            env: BTreeMap::new(),
+        };
+        match timeout(ANSWER_TIMEOUT, runtime.spawn(spec)).await {
+            Ok(Ok(actor)) => break actor,
+            // The bundle may take a moment to be free again.
+            Ok(Err(e)) if Instant::now() < deadline => {
+                tracing::debug!(error = %e, "{CHECK}: the bundle is not free yet");
+                sleep(POLL_INTERVAL).await;
+            }
+            Ok(Err(e)) => panic!(
+                "{CHECK}: the bundle of a killed actor took no new actor within {SETTLE_TIMEOUT:?}: {e}"
+            ),
+            Err(_) => panic!("{CHECK}: spawn did not answer within {ANSWER_TIMEOUT:?}"),
+        }
+    };
+    assert_ne!(first, second, "{CHECK}: the new actor has the old one's id");
+    info(runtime, second, CHECK).await;
+    release(runtime, second, pg, &before, CHECK).await;
+}
+
+/// The actor's event stream: the one the runtime pushes, or its polls' events.
+async fn subscribed<'a>(
+    runtime: &'a dyn ActorRuntime,
+    actor: ActorId,
+    check: &str,
+) -> BoxStream<'a, ActorEvent> {
+    match runtime.task_events(actor).await {
+        Ok(Some(events)) => events,
+        Ok(None) => polled(runtime, actor),
+        Err(e) => panic!("{check}: task_events failed: {e}"),
+    }
+}
+
+/// The events `runtime`'s polls of `actor` tell, each task's end once; a failed poll ends
+/// the stream.
+fn polled(runtime: &dyn ActorRuntime, actor: ActorId) -> BoxStream<'_, ActorEvent> {
+    // The attempt whose task's end was told (`Some(None)`: a task of no attempt's).
+    let told: Option<Option<AttemptNumber>> = None;
+    futures::stream::unfold(told, move |mut told| async move {
+        sleep(POLL_INTERVAL).await;
+        let poll = runtime.poll(actor).await.ok()?;
+        let attempt = poll.attempt.unwrap_or_default();
+        let mut events: Vec<ActorEvent> = poll
+            .events
+            .into_iter()
+            .map(|event| ActorEvent::Task { attempt, event })
+            .collect();
+        if let TaskStatus::Exited { exit } = poll.status {
+            if told != Some(poll.attempt) {
+                told = Some(poll.attempt);
+                events.push(ActorEvent::TaskExited { attempt, exit });
+            }
+        }
+        Some((futures::stream::iter(events), told))
+    })
+    .flatten()
+    .boxed()
+}
+
+async fn info(runtime: &dyn ActorRuntime, actor: ActorId, check: &str) -> crate::WorkerInfo {
+    match timeout(ANSWER_TIMEOUT, runtime.node_info(actor)).await {
+        Ok(Ok(info)) => info,
+        Ok(Err(e)) => panic!("{check}: node_info failed: {e}"),
+        Err(_) => panic!("{check}: node_info did not answer within {ANSWER_TIMEOUT:?}"),
+    }
+}
+
+async fn start(
+    runtime: &dyn ActorRuntime,
+    actor: ActorId,
+    attempt: AttemptNumber,
+    task: TaskSpec,
+    check: &str,
+) {
+    match timeout(ANSWER_TIMEOUT, runtime.run_attempt(actor, attempt, task)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => panic!("{check}: starting the task of {attempt} failed: {e}"),
+        Err(_) => panic!("{check}: run_task did not answer within {ANSWER_TIMEOUT:?}"),
+    }
+}
+
+async fn stop_task(runtime: &dyn ActorRuntime, actor: ActorId, check: &str) {
+    match timeout(ANSWER_TIMEOUT, runtime.stop_task(actor)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("{check}: stop_task failed: {e}"),
+        Err(_) => panic!("{check}: stop_task did not answer within {ANSWER_TIMEOUT:?}"),
+    }
+}
+
+/// The events of the task of `attempt` up to the line `line` on its stdout, which must come
+/// within [`ANSWER_TIMEOUT`]; its end or an event of another attempt fails the check.
+async fn until_line(
+    events: &mut BoxStream<'_, ActorEvent>,
+    attempt: AttemptNumber,
+    line: &str,
+    check: &str,
+) -> Vec<TaskEvent> {
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
+    let mut seen = Vec::new();
+    loop {
+        let Ok(next) = tokio::time::timeout_at(deadline, events.next()).await else {
+            panic!(
+                "{check}: the task of {attempt} did not print `{line}` within {ANSWER_TIMEOUT:?}"
+            );
+        };
+        match next {
+            Some(ActorEvent::Task { attempt: of, event }) => {
+                assert_eq!(of, attempt, "{check}: {event:?} carries the wrong attempt");
+                let printed = matches!(
+                    &event,
+                    TaskEvent::Log { stream: crate::Stream::Stdout, line: l } if l == line
+                );
+                seen.push(event);
+                if printed {
+                    return seen;
+                }
+            }
+            Some(ActorEvent::TaskExited { exit, .. }) => {
+                panic!("{check}: the task of {attempt} ended {exit:?} before printing `{line}`")
+            }
+            Some(ActorEvent::Died(cause)) => {
+                panic!("{check}: the actor died while running the task of {attempt}: {cause}")
+            }
+            None => panic!("{check}: the event stream ended before the task of {attempt} printed"),
+        }
+    }
+}
+
+/// The events of the task of `attempt` up to its end, which must come within
+/// [`ANSWER_TIMEOUT`]; an event of another attempt fails the check.
+async fn until_exit(
+    events: &mut BoxStream<'_, ActorEvent>,
+    attempt: AttemptNumber,
+    check: &str,
+) -> (Vec<TaskEvent>, TaskExit) {
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
+    let mut seen = Vec::new();
+    loop {
+        let Ok(next) = tokio::time::timeout_at(deadline, events.next()).await else {
+            panic!("{check}: the task of {attempt} did not end within {ANSWER_TIMEOUT:?}");
+        };
+        match next {
+            Some(ActorEvent::Task { attempt: of, event }) => {
+                assert_eq!(of, attempt, "{check}: {event:?} carries the wrong attempt");
+                seen.push(event);
+            }
+            Some(ActorEvent::TaskExited { attempt: of, exit }) => {
+                assert_eq!(
+                    of, attempt,
+                    "{check}: the end {exit:?} carries the wrong attempt"
+                );
+                return (seen, exit);
+            }
+            Some(ActorEvent::Died(cause)) => {
+                panic!("{check}: the actor died while running the task of {attempt}: {cause}")
+            }
+            None => panic!("{check}: the event stream ended before the task of {attempt} did"),
+        }
+    }
+}
+
 fn one_cpu() -> Resources {
     Resources::new().with(CPU, ResourceAmount::ONE)
 }
@@ -833,8 +1112,8 @@ pub async fn run_to_end(
                 panic!("{check}: the task did not finish within {ANSWER_TIMEOUT:?}");
             };
             match next {
-                Some(ActorEvent::Task(event)) => seen.push(event),
-                Some(ActorEvent::TaskExited(exit)) => return (seen, exit),
+                Some(ActorEvent::Task { event, .. }) => seen.push(event),
+                Some(ActorEvent::TaskExited { exit, .. }) => return (seen, exit),
                 Some(ActorEvent::Died(cause)) => {
                     panic!("{check}: the actor died while running the task: {cause}")
                 }

@@ -17,8 +17,8 @@ use futures::stream::{self, BoxStream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::{
-    ActorId, ActorRuntime, DeathCause, Request, Response, RuntimeError, Stream, TaskEvent,
-    TaskExit, TaskStatus,
+    ActorId, ActorRuntime, AttemptNumber, DeathCause, Request, Response, RuntimeError, Stream,
+    TaskEvent, TaskExit, TaskStatus,
 };
 
 /// How many events an actor's stream buffers before log lines are dropped.
@@ -31,15 +31,38 @@ pub const EVENT_BYTES: usize = 32 * 1024 * 1024;
 /// What every event weighs besides its text: its place in the buffer, its fields.
 const EVENT_OVERHEAD: usize = 64;
 
-/// Something that happened to an actor or its task.
+/// Something that happened to an actor or its task. A task's events carry the attempt it
+/// runs for ([`crate::Request::RunTask`]): one of an attempt that has ended is stale, and
+/// its reader refuses it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ActorEvent {
     /// A report, a line of output, or a count of dropped lines.
-    Task(TaskEvent),
-    /// The task ended; the actor lives on.
-    TaskExited(TaskExit),
+    Task {
+        /// The attempt of the task that produced it.
+        attempt: AttemptNumber,
+        /// What.
+        event: TaskEvent,
+    },
+    /// The task ended; the actor lives on, and may run another.
+    TaskExited {
+        /// The attempt of the task that ended.
+        attempt: AttemptNumber,
+        /// How.
+        exit: TaskExit,
+    },
     /// The actor is gone; nothing follows.
     Died(DeathCause),
+}
+
+impl ActorEvent {
+    /// The attempt of the task the event is about; `None` for the actor's death.
+    #[must_use]
+    pub const fn attempt(&self) -> Option<AttemptNumber> {
+        match self {
+            Self::Task { attempt, .. } | Self::TaskExited { attempt, .. } => Some(*attempt),
+            Self::Died(_) => None,
+        }
+    }
 }
 
 /// The events of one actor, in the order they happened. The stream ends after
@@ -47,10 +70,13 @@ pub enum ActorEvent {
 /// stopped, lost); a stream that ends without it lost its runtime.
 pub type TaskEvents = BoxStream<'static, ActorEvent>;
 
-/// The sending half of an actor's event buffer; cheap to clone.
+/// The sending half of an actor's event buffer; cheap to clone. The task events it makes
+/// itself ([`EventSender::log`], [`EventSender::report`], [`EventSender::task_exited`]) carry
+/// its attempt ([`EventSender::for_attempt`]; the first attempt's by default).
 #[derive(Debug, Clone)]
 pub struct EventSender {
     tx: mpsc::Sender<Weighed>,
+    attempt: AttemptNumber,
     /// Room left in bytes, one permit a byte; an event's permits go back when it is taken.
     room: Arc<Semaphore>,
     /// The most one event may take: the whole room.
@@ -70,22 +96,35 @@ struct Weighed {
 #[must_use]
 pub fn event_bytes(event: &ActorEvent) -> usize {
     let text = match event {
-        ActorEvent::Task(TaskEvent::Log { line, .. }) => line.len(),
-        ActorEvent::Task(TaskEvent::Report {
-            metrics,
-            checkpoint,
-        }) => {
+        ActorEvent::Task {
+            event: TaskEvent::Log { line, .. },
+            ..
+        } => line.len(),
+        ActorEvent::Task {
+            event:
+                TaskEvent::Report {
+                    metrics,
+                    checkpoint,
+                },
+            ..
+        } => {
             map_bytes(metrics)
                 + checkpoint
                     .as_ref()
                     .and_then(|c| serde_json::to_vec(c).ok())
                     .map_or(0, |c| c.len())
         }
-        ActorEvent::Task(TaskEvent::RootCause {
-            error: Some(error), ..
-        }) => serde_json::to_vec(error).map_or(0, |e| e.len()),
-        ActorEvent::Task(TaskEvent::LogsDropped { .. } | TaskEvent::RootCause { .. })
-        | ActorEvent::TaskExited(_)
+        ActorEvent::Task {
+            event: TaskEvent::RootCause {
+                error: Some(error), ..
+            },
+            ..
+        } => serde_json::to_vec(error).map_or(0, |e| e.len()),
+        ActorEvent::Task {
+            event: TaskEvent::LogsDropped { .. } | TaskEvent::RootCause { .. },
+            ..
+        }
+        | ActorEvent::TaskExited { .. }
         | ActorEvent::Died(_) => 0,
     };
     EVENT_OVERHEAD + text
@@ -120,11 +159,16 @@ fn value_bytes(value: &serde_json::Value) -> usize {
 /// tx.log(Stream::Stdout, "kept");
 /// tx.log(Stream::Stdout, "kept too");
 /// tx.log(Stream::Stdout, "dropped: the buffer is full");
-/// assert!(matches!(events.next().await, Some(ActorEvent::Task(TaskEvent::Log { .. }))));
-/// assert!(matches!(events.next().await, Some(ActorEvent::Task(TaskEvent::Log { .. }))));
+/// let line = |e: Option<ActorEvent>| matches!(e, Some(ActorEvent::Task { event: TaskEvent::Log { .. }, .. }));
+/// assert!(line(events.next().await));
+/// assert!(line(events.next().await));
 /// tx.report(serde_json::Map::new()).await;
-/// assert_eq!(events.next().await, Some(ActorEvent::Task(TaskEvent::LogsDropped { count: 1 })));
-/// assert!(matches!(events.next().await, Some(ActorEvent::Task(TaskEvent::Report { .. }))));
+/// let dropped = events.next().await.and_then(|e| match e {
+///     ActorEvent::Task { event: TaskEvent::LogsDropped { count }, .. } => Some(count),
+///     _ => None,
+/// });
+/// assert_eq!(dropped, Some(1));
+/// assert!(matches!(events.next().await, Some(ActorEvent::Task { event: TaskEvent::Report { .. }, .. })));
 /// # }
 /// ```
 #[must_use]
@@ -146,6 +190,7 @@ pub fn event_channel_with(capacity: usize, bytes: usize) -> (EventSender, TaskEv
     (
         EventSender {
             tx,
+            attempt: AttemptNumber::default(),
             room: Arc::new(Semaphore::new(bytes)),
             bytes,
             dropped: Arc::new(AtomicU64::new(0)),
@@ -155,6 +200,30 @@ pub fn event_channel_with(capacity: usize, bytes: usize) -> (EventSender, TaskEv
 }
 
 impl EventSender {
+    /// The same buffer, for the events of the task of `attempt`.
+    #[must_use]
+    pub fn for_attempt(&self, attempt: AttemptNumber) -> Self {
+        Self {
+            attempt,
+            ..self.clone()
+        }
+    }
+
+    /// The attempt of the events this sender makes.
+    #[must_use]
+    pub const fn attempt(&self) -> AttemptNumber {
+        self.attempt
+    }
+
+    /// `event` of this sender's attempt.
+    #[must_use]
+    pub const fn task_event(&self, event: TaskEvent) -> ActorEvent {
+        ActorEvent::Task {
+            attempt: self.attempt,
+            event,
+        }
+    }
+
     /// Sends a line of output without waiting: when the buffer is full the line is dropped
     /// and counted, and the count goes out before the next event that finds room.
     pub fn log(&self, stream: Stream, line: impl Into<String>) {
@@ -162,7 +231,7 @@ impl EventSender {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let event = ActorEvent::Task(TaskEvent::Log {
+        let event = self.task_event(TaskEvent::Log {
             stream,
             line: line.into(),
         });
@@ -182,10 +251,19 @@ impl EventSender {
         metrics: serde_json::Map<String, serde_json::Value>,
         checkpoint: Option<trainyard_checkpoint::HandIn>,
     ) {
-        self.send(ActorEvent::Task(TaskEvent::Report {
+        self.send(self.task_event(TaskEvent::Report {
             metrics,
             checkpoint,
         }))
+        .await;
+    }
+
+    /// Sends the end of this sender's attempt's task, waiting for room.
+    pub async fn task_exited(&self, exit: TaskExit) {
+        self.send(ActorEvent::TaskExited {
+            attempt: self.attempt,
+            exit,
+        })
         .await;
     }
 
@@ -193,7 +271,7 @@ impl EventSender {
     pub async fn send(&self, event: ActorEvent) {
         let dropped = self.dropped.swap(0, Ordering::Relaxed);
         if dropped > 0 {
-            self.put(ActorEvent::Task(TaskEvent::LogsDropped { count: dropped }))
+            self.put(self.task_event(TaskEvent::LogsDropped { count: dropped }))
                 .await;
         }
         self.put(event).await;
@@ -227,7 +305,7 @@ impl EventSender {
         if dropped == 0 {
             return true;
         }
-        match self.try_put(ActorEvent::Task(TaskEvent::LogsDropped { count: dropped })) {
+        match self.try_put(self.task_event(TaskEvent::LogsDropped { count: dropped })) {
             Ok(()) => true,
             Err(_) => {
                 self.dropped.fetch_add(dropped, Ordering::Relaxed);
@@ -281,6 +359,8 @@ pub fn polled_events(
 ) -> TaskEvents {
     let (tx, events) = event_channel(EVENT_BUFFER);
     tokio::spawn(async move {
+        // The attempt whose task's end was told (`Some(None)`: a task of no attempt's).
+        let mut told: Option<Option<AttemptNumber>> = None;
         loop {
             tokio::time::sleep(interval).await;
             if tx.is_closed() {
@@ -288,12 +368,17 @@ pub fn polled_events(
             }
             match runtime.call(actor, Request::Poll).await {
                 Ok(Response::Poll(poll)) => {
+                    let tx = tx.for_attempt(poll.attempt.unwrap_or_default());
                     for event in poll.events {
-                        tx.send(ActorEvent::Task(event)).await;
+                        tx.send(tx.task_event(event)).await;
                     }
+                    // Told once per task: a poll tells the status of the last task still.
                     match poll.status {
-                        TaskStatus::Exited { exit } => tx.send(ActorEvent::TaskExited(exit)).await,
-                        TaskStatus::Idle | TaskStatus::Running => {}
+                        TaskStatus::Exited { exit } if told != Some(poll.attempt) => {
+                            told = Some(poll.attempt);
+                            tx.task_exited(exit).await;
+                        }
+                        TaskStatus::Exited { .. } | TaskStatus::Idle | TaskStatus::Running => {}
                     }
                 }
                 Ok(_) => {
@@ -362,19 +447,24 @@ mod tests {
             seen.push(events.next().await.expect("open"));
         }
         report.await.expect("join");
-        assert!(
-            matches!(&seen[0], ActorEvent::Task(TaskEvent::Log { line, .. }) if line == "line 0")
-        );
-        assert!(
-            matches!(&seen[1], ActorEvent::Task(TaskEvent::Log { line, .. }) if line == "line 1")
-        );
+        let line = |i: usize| match &seen[i] {
+            ActorEvent::Task {
+                event: TaskEvent::Log { line, .. },
+                ..
+            } => line.clone(),
+            other => panic!("not a line: {other:?}"),
+        };
         assert_eq!(
-            seen[2],
-            ActorEvent::Task(TaskEvent::LogsDropped { count: 8 })
+            (line(0), line(1)),
+            ("line 0".to_owned(), "line 1".to_owned())
         );
+        assert_eq!(seen[2], tx.task_event(TaskEvent::LogsDropped { count: 8 }));
         assert!(matches!(
             &seen[3],
-            ActorEvent::Task(TaskEvent::Report { .. })
+            ActorEvent::Task {
+                event: TaskEvent::Report { .. },
+                ..
+            }
         ));
     }
 
@@ -403,9 +493,18 @@ mod tests {
         let mut dropped = 0;
         loop {
             match events.next().await.expect("open") {
-                ActorEvent::Task(TaskEvent::Log { .. }) => lines += 1,
-                ActorEvent::Task(TaskEvent::LogsDropped { count }) => dropped += count,
-                ActorEvent::Task(TaskEvent::Report { metrics, .. }) => {
+                ActorEvent::Task {
+                    event: TaskEvent::Log { .. },
+                    ..
+                } => lines += 1,
+                ActorEvent::Task {
+                    event: TaskEvent::LogsDropped { count },
+                    ..
+                } => dropped += count,
+                ActorEvent::Task {
+                    event: TaskEvent::Report { metrics, .. },
+                    ..
+                } => {
                     assert_eq!(value_bytes(&metrics["blob"]), 4 * 1024);
                     break;
                 }
@@ -422,17 +521,20 @@ mod tests {
         let (tx, mut events) = event_channel_with(16, 1024);
         tx.report(report_of(1024)).await;
         assert!(
-            tx.try_send(ActorEvent::Task(TaskEvent::LogsDropped { count: 1 }))
+            tx.try_send(tx.task_event(TaskEvent::LogsDropped { count: 1 }))
                 .is_err()
         );
-        assert!(matches!(
-            events.next().await,
-            Some(ActorEvent::Task(TaskEvent::Report { .. }))
-        ));
+        let report = |e: Option<ActorEvent>| {
+            matches!(
+                e,
+                Some(ActorEvent::Task {
+                    event: TaskEvent::Report { .. },
+                    ..
+                })
+            )
+        };
+        assert!(report(events.next().await));
         tx.report(report_of(10)).await;
-        assert!(matches!(
-            events.next().await,
-            Some(ActorEvent::Task(TaskEvent::Report { .. }))
-        ));
+        assert!(report(events.next().await));
     }
 }

@@ -56,3 +56,34 @@ impl fmt::Display for ActorId {
         write!(f, "actor-{}", self.0)
     }
 }
+
+/// The number of an attempt of a run: 0 for the first, one more for each restart (a run's
+/// `restart_count`). A task runs for one attempt ([`crate::Request::RunTask`]), and every
+/// event it sends carries that attempt's number, so that an event of an attempt that has
+/// ended is told apart and refused (fencing) wherever it arrives late.
+///
+/// ```
+/// use trainyard_runtime::AttemptNumber;
+///
+/// let first = AttemptNumber::default();
+/// assert_eq!((first.0, first.next().to_string()), (0, "attempt 1".to_owned()));
+/// ```
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct AttemptNumber(pub u32);
+
+impl AttemptNumber {
+    /// The attempt after this one.
+    #[must_use]
+    pub const fn next(self) -> Self {
+        Self(self.0.saturating_add(1))
+    }
+}
+
+impl fmt::Display for AttemptNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "attempt {}", self.0)
+    }
+}

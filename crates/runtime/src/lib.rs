@@ -49,7 +49,7 @@
 //! let task = TaskSpec::Function { name: "square".into(), arg: 7.into(), env: Default::default() };
 //! runtime.run_task(actor, task).await?;
 //! while let Some(event) = events.next().await {
-//!     if let ActorEvent::TaskExited(exit) = event {
+//!     if let ActorEvent::TaskExited { exit, .. } = event {
 //!         assert_eq!(exit, TaskExit::Succeeded { value: 49.into() });
 //!         break;
 //!     }
@@ -96,7 +96,7 @@ pub mod timings;
 
 pub use cluster::{ACCELERATOR_RESOURCES, ClusterSnapshot, Holder, NodeInfo, Shortage};
 pub use error::RuntimeError;
-pub use ids::{ActorId, NodeId, PlacementGroupId};
+pub use ids::{ActorId, AttemptNumber, NodeId, PlacementGroupId};
 pub use outcome::{DeathCause, TaskExit, TaskFailure, TaskRejection, signal_name};
 pub use protocol::{
     PREFLIGHT_PROBE, PollResult, RESTORE_PATIENCE, Request, Response, STOP_PERSIST_PATIENCE,

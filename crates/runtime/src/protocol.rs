@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::reach::{Endpoint, Reach};
 use crate::root_cause::TaskError;
 use crate::stacks::TaskStacks;
-use crate::{NodeId, TaskExit};
+use crate::{AttemptNumber, NodeId, TaskExit};
 
 /// A request to one actor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,9 +23,18 @@ pub enum Request {
         /// Variables to add or replace.
         vars: BTreeMap<String, String>,
     },
-    /// Starts a task; it runs in the background → [`Response::TaskStarted`]. Its events
-    /// arrive through [`crate::ActorRuntime::task_events`] (or [`Request::Poll`]).
-    RunTask(TaskSpec),
+    /// Starts a task for `attempt`; it runs in the background → [`Response::TaskStarted`].
+    /// Its events arrive through [`crate::ActorRuntime::task_events`] (or [`Request::Poll`]),
+    /// each carrying `attempt`. An actor runs one task at a time, and any number of them one
+    /// after the other: a task may start once the one before has ended (by itself, or by
+    /// [`Request::StopTask`]), so that the attempts of a run come and go inside the life of
+    /// its actors.
+    RunTask {
+        /// The attempt the task runs for: its events carry it.
+        attempt: AttemptNumber,
+        /// What to run.
+        task: TaskSpec,
+    },
     /// Drains what the task reported and logged since the last poll, and tells its status
     /// (its exit once it has ended) → [`Response::Poll`]. A runtime that pushes events
     /// through [`crate::ActorRuntime::task_events`] keeps none for a poll: its polls carry the
@@ -33,6 +42,12 @@ pub enum Request {
     Poll,
     /// Stops the task, if any, and lets the actor exit → [`Response::Done`].
     Stop,
+    /// Stops the task, if any, and keeps the actor for the next one → [`Response::Done`],
+    /// once the task's end is sent (its last events and its exit come before any event of a
+    /// task started after the answer). A command gets SIGTERM, then SIGKILL after the
+    /// actor's grace; a task that can run again in its own process (a loop function's) may
+    /// end its round instead and wait there for the next task.
+    StopTask,
     /// Captures the stacks of the running task's processes, changing nothing →
     /// [`Response::Stacks`]. Bounded: a worker answers within a few seconds, with what it
     /// could read by then.
@@ -61,7 +76,7 @@ pub enum Response {
         /// The free port.
         port: u16,
     },
-    /// Answer to [`Request::SetEnv`] and [`Request::Stop`].
+    /// Answer to [`Request::SetEnv`], [`Request::Stop`] and [`Request::StopTask`].
     Done,
     /// Answer to [`Request::RunTask`].
     TaskStarted {
@@ -280,8 +295,12 @@ impl TaskStatus {
 /// Answer to [`Request::Poll`]: events since the last poll, in order, and the status after them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PollResult {
-    /// Reports and log lines, oldest first.
+    /// Reports and log lines of the current task, oldest first (those of a task before it
+    /// are not kept for a poll).
     pub events: Vec<TaskEvent>,
     /// The task's status after these events.
     pub status: TaskStatus,
+    /// The attempt the current (or last) task runs for; `None` while no task was started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<AttemptNumber>,
 }

@@ -12,8 +12,8 @@ use trainyard_resources::ActorOptions;
 
 use crate::events::TaskEvents;
 use crate::{
-    ActorId, ClusterSnapshot, Endpoint, NodeId, PlacementGroupId, PollResult, Request, Response,
-    RuntimeError, TaskSpec, WorkerInfo,
+    ActorId, AttemptNumber, ClusterSnapshot, Endpoint, NodeId, PlacementGroupId, PollResult,
+    Request, Response, RuntimeError, TaskSpec, WorkerInfo,
 };
 
 /// Everything needed to start one actor.
@@ -139,9 +139,21 @@ pub trait ActorRuntimeExt: ActorRuntime {
         )
     }
 
-    /// [`Request::RunTask`]; the task's process id when it has one of its own.
+    /// [`Request::RunTask`] for the first attempt ([`AttemptNumber`]'s default), as an
+    /// actor that runs one task does; the task's process id when it has one of its own.
     async fn run_task(&self, actor: ActorId, task: TaskSpec) -> Result<Option<u32>, RuntimeError> {
-        match self.call(actor, Request::RunTask(task)).await? {
+        self.run_attempt(actor, AttemptNumber::default(), task)
+            .await
+    }
+
+    /// [`Request::RunTask`] for `attempt`; the task's process id when it has one of its own.
+    async fn run_attempt(
+        &self,
+        actor: ActorId,
+        attempt: AttemptNumber,
+        task: TaskSpec,
+    ) -> Result<Option<u32>, RuntimeError> {
+        match self.call(actor, Request::RunTask { attempt, task }).await? {
             Response::TaskStarted { pid } => Ok(pid),
             _ => Err(RuntimeError::UnexpectedResponse {
                 actor,
@@ -175,6 +187,15 @@ pub trait ActorRuntimeExt: ActorRuntime {
     /// [`Request::Stop`].
     async fn stop(&self, actor: ActorId) -> Result<(), RuntimeError> {
         expect_done(actor, "stop", self.call(actor, Request::Stop).await?)
+    }
+
+    /// [`Request::StopTask`].
+    async fn stop_task(&self, actor: ActorId) -> Result<(), RuntimeError> {
+        expect_done(
+            actor,
+            "stop_task",
+            self.call(actor, Request::StopTask).await?,
+        )
     }
 }
 

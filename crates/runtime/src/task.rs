@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use trainyard_checkpoint::{RankReports, ReportSink, StorageError, UploadMode};
 
-use crate::events::{ActorEvent, EventSender};
+use crate::events::EventSender;
 use crate::{Stream, TaskEvent, TaskExit, TaskFailure};
 
 /// What a task function returns: a value on success, the user's error text on failure.
@@ -383,7 +383,7 @@ pub async fn drive(
 async fn forward(events: &EventSender, event: TaskEvent) {
     match event {
         TaskEvent::Log { stream, line } => events.log(stream, line),
-        other => events.send(ActorEvent::Task(other)).await,
+        other => events.send(events.task_event(other)).await,
     }
 }
 

@@ -113,13 +113,17 @@ mod broken {
             request: Request,
         ) -> Result<Response, RuntimeError> {
             let request = match request {
-                Request::RunTask(TaskSpec::Function { name, arg, .. }) => {
-                    Request::RunTask(TaskSpec::Function {
+                Request::RunTask {
+                    attempt,
+                    task: TaskSpec::Function { name, arg, .. },
+                } => Request::RunTask {
+                    attempt,
+                    task: TaskSpec::Function {
                         name,
                         arg,
                         env: BTreeMap::new(),
-                    })
-                }
+                    },
+                },
                 other => other,
             };
             inner.call(actor, request).await

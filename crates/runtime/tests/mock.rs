@@ -13,8 +13,9 @@ use mockall::predicate::eq;
 use tokio::time::Instant;
 use trainyard_runtime::events::{self, ActorEvent, TaskEvents};
 use trainyard_runtime::{
-    ActorId, ActorRuntime, ActorRuntimeExt, DeathCause, MockActorRuntime, NodeId, PollResult,
-    Request, Response, RuntimeError, Stream, TaskEvent, TaskExit, TaskSpec, TaskStatus, WorkerInfo,
+    ActorId, ActorRuntime, ActorRuntimeExt, AttemptNumber, DeathCause, MockActorRuntime, NodeId,
+    PollResult, Request, Response, RuntimeError, Stream, TaskEvent, TaskExit, TaskSpec, TaskStatus,
+    WorkerInfo,
 };
 
 const ACTOR: ActorId = ActorId(7);
@@ -28,7 +29,11 @@ fn line(text: &str) -> TaskEvent {
 }
 
 fn polled(events: Vec<TaskEvent>, status: TaskStatus) -> Result<Response, RuntimeError> {
-    Ok(Response::Poll(PollResult { events, status }))
+    Ok(Response::Poll(PollResult {
+        events,
+        status,
+        attempt: None,
+    }))
 }
 
 /// A mock whose `task_events` answers `Ok(None)`: it can only be polled.
@@ -106,9 +111,18 @@ async fn a_runtime_that_cannot_push_is_polled_every_interval_and_its_answers_bec
     assert_eq!(
         drain(events).await,
         [
-            ActorEvent::Task(line("step 1")),
-            ActorEvent::Task(line("step 2")),
-            ActorEvent::TaskExited(TaskExit::from_code(0)),
+            ActorEvent::Task {
+                event: line("step 1"),
+                attempt: trainyard_runtime::AttemptNumber::default()
+            },
+            ActorEvent::Task {
+                event: line("step 2"),
+                attempt: trainyard_runtime::AttemptNumber::default()
+            },
+            ActorEvent::TaskExited {
+                exit: TaskExit::from_code(0),
+                attempt: trainyard_runtime::AttemptNumber::default()
+            },
             ActorEvent::Died(DeathCause::Stopped),
         ]
     );
@@ -165,8 +179,14 @@ async fn a_poll_answered_with_the_wrong_kind_of_response_ends_the_stream_as_unre
 #[tokio::test(start_paused = true)]
 async fn a_runtime_that_pushes_its_events_is_never_polled() {
     let pushed = vec![
-        ActorEvent::Task(line("hello")),
-        ActorEvent::TaskExited(TaskExit::from_code(0)),
+        ActorEvent::Task {
+            event: line("hello"),
+            attempt: trainyard_runtime::AttemptNumber::default(),
+        },
+        ActorEvent::TaskExited {
+            exit: TaskExit::from_code(0),
+            attempt: trainyard_runtime::AttemptNumber::default(),
+        },
     ];
     let mut mock = MockActorRuntime::new();
     let stream_of = pushed.clone();
@@ -216,11 +236,23 @@ async fn run_task_sends_the_task_and_returns_the_pid_of_the_started_task() {
     };
     let mut mock = MockActorRuntime::new();
     mock.expect_call()
-        .with(eq(ACTOR), eq(Request::RunTask(command.clone())))
+        .with(
+            eq(ACTOR),
+            eq(Request::RunTask {
+                attempt: AttemptNumber::default(),
+                task: command.clone(),
+            }),
+        )
         .times(1)
         .returning(|_, _| Ok(Response::TaskStarted { pid: Some(4242) }));
     mock.expect_call()
-        .with(eq(ACTOR), eq(Request::RunTask(function.clone())))
+        .with(
+            eq(ACTOR),
+            eq(Request::RunTask {
+                attempt: AttemptNumber::default(),
+                task: function.clone(),
+            }),
+        )
         .times(1)
         .returning(|_, _| Ok(Response::TaskStarted { pid: None }));
 
@@ -246,6 +278,7 @@ async fn each_typed_helper_sends_its_request_and_returns_the_answer() {
     let idle = PollResult {
         events: vec![line("ready")],
         status: TaskStatus::Idle,
+        attempt: None,
     };
     let mut mock = MockActorRuntime::new();
     let answers = [

@@ -907,7 +907,7 @@ async fn task_events_are_pushed_as_they_happen_and_end_with_the_actors_death() {
     let started = Instant::now();
     assert!(matches!(
         events.next().await,
-        Some(ActorEvent::Task(TaskEvent::Log { line, .. })) if line == "first"
+        Some(ActorEvent::Task { event: TaskEvent::Log { line, .. }, .. }) if line == "first"
     ));
     assert!(
         started.elapsed() < Duration::from_millis(1),

@@ -127,9 +127,17 @@ pub struct AgentConfig {
     pub memory: Option<MemoryLimit>,
     /// How long a task gets between SIGTERM and SIGKILL when it is stopped, in ms.
     pub grace_ms: u64,
-    /// How often the agent says it is alive, in ms ([`crate::wire::AgentMessage::Heartbeat`]).
+    /// How often the agent says it is alive, in ms ([`crate::wire::AgentMessage::Heartbeat`]),
+    /// and the driver too ([`crate::wire::DriverMessage::Heartbeat`]).
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
+    /// The agent's lost-driver bound, in ms: an agent that has heard nothing from its driver
+    /// for this long (no frame, no heartbeat) takes it for lost, stops its task (as at the
+    /// end of a run: SIGTERM, [`AgentConfig::grace_ms`], SIGKILL) and exits, as it does at
+    /// once when the connection ends. Attempts of a run come and go inside an agent's life;
+    /// this bounds how long a task may outlive a driver cut off from its node.
+    #[serde(default = "default_driver_lost_ms")]
+    pub driver_lost_ms: u64,
     /// A SIGTERM comes from a scheduler ending the job (Slurm's `scancel`, a time limit, a
     /// preemption), not from the driver: the agent stops its task without reporting the
     /// task's end, so that the driver hears the scheduler's reason (the job step's end)
@@ -166,6 +174,16 @@ pub struct WarmPython {
 const fn default_heartbeat_ms() -> u64 {
     1_000
 }
+
+/// The default of [`AgentConfig::driver_lost_ms`]: [`DRIVER_LOST`].
+const fn default_driver_lost_ms() -> u64 {
+    DRIVER_LOST.as_secs() * 1_000
+}
+
+/// The lost-driver bound agents get unless their runtime says otherwise
+/// ([`AgentConfig::driver_lost_ms`]): 10 s, five of the driver's heartbeats at their default
+/// pace (as long as a driver waits for a silent agent before it kills it).
+pub const DRIVER_LOST: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl AgentConfig {
     /// The variables that start an agent with this configuration. The run's token goes to

@@ -14,7 +14,8 @@ use crate::token::Token;
 
 /// The configuration of an agent of `actor` on this machine (`node-0`, `127.0.0.1`), that
 /// connects to `driver`, whose parent is this process: no accelerators, no memory limit, a
-/// grace and a heartbeat of a second each. A test changes what it needs with `..`.
+/// grace and a heartbeat of a second each, and a lost-driver bound of ten minutes (a test's
+/// driver says nothing while it waits). A test changes what it needs with `..`.
 #[must_use]
 pub fn local_agent_config(driver: String, actor: ActorId) -> AgentConfig {
     AgentConfig {
@@ -27,6 +28,7 @@ pub fn local_agent_config(driver: String, actor: ActorId) -> AgentConfig {
         memory: None,
         grace_ms: 1_000,
         heartbeat_ms: 1_000,
+        driver_lost_ms: 600_000,
         scheduler_stops: false,
         warm_python: None,
     }

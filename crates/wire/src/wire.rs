@@ -22,8 +22,15 @@
 //!
 //! Then the driver sends [`DriverMessage::Request`]s and the agent answers each with an
 //! [`AgentMessage::Reply`] carrying the same id, and pushes task events
-//! ([`AgentMessage::Event`], [`AgentMessage::TaskExited`]) as they happen. Errors travel as
-//! data ([`WireError`]), never as text to be parsed.
+//! ([`AgentMessage::Event`], [`AgentMessage::TaskExited`]) as they happen, each with the
+//! attempt of the task it is about, so that the driver refuses one of an attempt that has
+//! ended (fencing). Errors travel as data ([`WireError`]), never as text to be parsed.
+//!
+//! Each side says it is alive while it has nothing else to say ([`AgentMessage::Heartbeat`],
+//! [`DriverMessage::Heartbeat`]): the driver kills an agent that falls silent, and an agent
+//! that hears nothing from its driver for
+//! [`AgentConfig::driver_lost_ms`](crate::config::AgentConfig::driver_lost_ms) stops its task
+//! and exits, as it does at once when the connection ends.
 //!
 //! Replies and events share the connection, so events are flow-controlled and replies are
 //! not: the agent sends an event only while it holds credit, which the driver grants
@@ -35,14 +42,16 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::bytes::Bytes;
 use tokio_util::codec::Framed;
-use trainyard_runtime::{ActorId, Request, Response, TaskEvent, TaskExit, TaskRejection};
+use trainyard_runtime::{
+    ActorId, AttemptNumber, Request, Response, TaskEvent, TaskExit, TaskRejection,
+};
 
 use crate::auth::Proof;
 use crate::seal::{FrameCodec, SessionKey};
 use crate::token::{Nonce, Role};
 
 /// The protocol version both sides must speak.
-pub const PROTOCOL: u32 = 4;
+pub const PROTOCOL: u32 = 5;
 
 /// The largest frame accepted before the handshake is done.
 pub const HELLO_FRAME_LIMIT: usize = 4 * 1024;
@@ -79,6 +88,10 @@ pub enum DriverMessage {
         /// How many bytes of frames.
         bytes: u64,
     },
+    /// The driver is alive; sent every
+    /// [`AgentConfig::heartbeat_ms`](crate::config::AgentConfig::heartbeat_ms) while nothing
+    /// else is, so that an agent tells a driver it cannot hear from one that has nothing to say.
+    Heartbeat,
 }
 
 /// A message from an agent to the driver.
@@ -111,11 +124,15 @@ pub enum AgentMessage {
     },
     /// Something the running task produced.
     Event {
+        /// The attempt of the task that produced it.
+        attempt: AttemptNumber,
         /// What.
         event: TaskEvent,
     },
     /// The task ended.
     TaskExited {
+        /// The attempt of the task that ended.
+        attempt: AttemptNumber,
         /// How.
         exit: TaskExit,
     },

@@ -396,6 +396,64 @@ impl WorkerGroup {
         Ok(())
     }
 
+    /// Replaces the workers at `indexes` (positions in [`WorkerGroup::workers`]) with new
+    /// actors pinned to the same bundles, with the same resources, at the same positions: the
+    /// others keep their actors (and their places). Each old actor is killed first (one that
+    /// is dead already is fine), then the new ones are spawned at once and their metadata
+    /// fetched at once, as in [`WorkerGroup::start`]. Repeated indexes count once; replacing
+    /// nothing does nothing.
+    ///
+    /// When a spawn or a metadata call fails, the actors spawned by this call are killed, and
+    /// the workers at `indexes` are gone from the group (their old actors were killed): the
+    /// group holds only the others then.
+    ///
+    /// # Errors
+    /// [`WorkerGroupError::NotActive`] when the group is not started;
+    /// [`WorkerGroupError::InvalidWorkerIndex`] for an index beyond the workers, before
+    /// anything is killed; [`WorkerGroupError::Start`] or [`WorkerGroupError::Worker`] as for
+    /// [`WorkerGroup::start`].
+    pub async fn replace_workers(&mut self, indexes: &[usize]) -> Result<(), WorkerGroupError> {
+        let Phase::Running { workers, .. } = &self.phase else {
+            return Err(WorkerGroupError::NotActive);
+        };
+        let len = workers.len();
+        if let Some(&index) = indexes.iter().find(|&&index| index >= len) {
+            return Err(WorkerGroupError::InvalidWorkerIndex { index, len });
+        }
+        let replaced: BTreeSet<usize> = indexes.iter().copied().collect();
+        if replaced.is_empty() {
+            return Ok(());
+        }
+        let (old, planned): (Vec<ActorId>, Vec<Planned>) = replaced
+            .iter()
+            .map(|&index| {
+                let worker = &workers[index];
+                let plan = Planned {
+                    worker: index,
+                    bundle_index: worker.bundle_index,
+                    resources: worker.resources.clone(),
+                    options: worker.options.clone(),
+                };
+                (worker.actor, plan)
+            })
+            .unzip();
+        let span = info_span!(
+            "worker_group.replace_workers",
+            placement_group = %self.placement_group,
+            workers = planned.len(),
+        );
+        async {
+            self.kill_and_release(old, KILL_TIMEOUT).await;
+            self.launch(planned).await?;
+            // The new workers were appended in the order of their positions: each goes back
+            // to its place.
+            self.phase.reinsert(&replaced);
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
     /// Stops every worker: graceful stop, then kill whatever did not stop within the
     /// patience. The group is inactive from the moment this begins; it can be started again
     /// once this returns.

@@ -10,14 +10,14 @@ use trainyard_checkpoint::{CHECKPOINT_URI, StorageError, prepare_task_env};
 use trainyard_resources::ErrorChain;
 use trainyard_runtime::events::EventSender;
 use trainyard_runtime::{
-    Endpoint, FunctionRegistry, PREFLIGHT_PROBE, PollResult, Reach, Request, Response, TaskContext,
-    TaskExit, TaskRejection, TaskSpec, TaskStatus, Unreachable, WorkerInfo,
+    AttemptNumber, Endpoint, FunctionRegistry, PREFLIGHT_PROBE, PollResult, Reach, Request,
+    Response, TaskContext, TaskExit, TaskRejection, TaskSpec, TaskStatus, Unreachable, WorkerInfo,
 };
 use trainyard_sys::net::{self, ProbeError};
 use trainyard_wire::config::{AgentConfig, MemoryLimit, PRIVATE};
 use trainyard_wire::wire::WireError;
 
-use crate::agent::function::{self, RunningFunction};
+use crate::agent::function::{self, Cancel, RunningFunction};
 use crate::diagnostics::Diagnostics;
 use crate::output::TaskOutput;
 use crate::process::{self, RunningCommand};
@@ -45,13 +45,24 @@ impl Running {
         }
     }
 
-    /// Stops the task: a command gracefully (SIGTERM, SIGKILL after `grace`; with
-    /// `persist`, waiting for the checkpoints it handed in to be persisted and reported), a
-    /// function at its next await.
+    /// Stops the task as the agent ends: a command gracefully (SIGTERM, SIGKILL after
+    /// `grace`; with `persist`, waiting for the checkpoints it handed in to be persisted and
+    /// reported), a function at its next await, its end not told (the actor's end says why).
     pub(super) async fn terminate(&mut self, grace: Duration, persist: bool) {
         match self {
             Self::Command(command) => command.terminate(grace, persist).await,
-            Self::Function(function) => function.cancel(),
+            Self::Function(function) => function.cancel(Cancel::WithAgent, grace).await,
+        }
+    }
+
+    /// Stops the task for the agent's next one: a command as [`Running::terminate`] does,
+    /// its checkpoints persisted; a function at its next await (waiting up to `grace` for it
+    /// to get there). Its end is sent by the time this returns, unless it could not be
+    /// stopped in time.
+    pub(super) async fn stop(&mut self, grace: Duration) {
+        match self {
+            Self::Command(command) => command.terminate(grace, true).await,
+            Self::Function(function) => function.cancel(Cancel::Task, grace).await,
         }
     }
 }
@@ -65,6 +76,8 @@ pub(super) struct Agent {
     env: BTreeMap<String, String>,
     events: EventSender,
     task: Option<Running>,
+    /// The attempt the task runs (or ran) for: its events carry it.
+    attempt: Option<AttemptNumber>,
     joined_cgroup: bool,
     /// The agent's private directory, made for its first task; deleted when the agent ends.
     workdir: Option<WorkDir>,
@@ -103,6 +116,7 @@ impl Agent {
             env,
             events,
             task: None,
+            attempt: None,
             joined_cgroup: false,
             workdir: None,
             commands_started: 0,
@@ -152,7 +166,7 @@ impl Agent {
                 self.env.extend(vars);
                 Ok(Response::Done)
             }
-            Request::RunTask(task) => self.run(task).await,
+            Request::RunTask { attempt, task } => self.run(attempt, task).await,
             // Events are pushed as they happen, never kept for a poll; a poll tells the
             // task's status, its exit included.
             Request::Poll => Ok(Response::Poll(PollResult {
@@ -162,8 +176,13 @@ impl Agent {
                     Some(None) => TaskStatus::Running,
                     Some(Some(exit)) => TaskStatus::Exited { exit },
                 },
+                attempt: self.attempt,
             })),
             Request::Stop => Ok(Response::Done),
+            Request::StopTask => {
+                self.stop_task().await;
+                Ok(Response::Done)
+            }
             Request::Stacks => Ok(Response::Stacks(
                 stacks::capture(self.subject(), self.py_spy.clone()).await,
             )),
@@ -223,10 +242,20 @@ impl Agent {
         }
     }
 
-    async fn run(&mut self, task: TaskSpec) -> Result<Response, WireError> {
+    /// Stops the running task, if any, and keeps the agent for the next: the task's last
+    /// reports (their checkpoints persisted) and its end are sent before this returns.
+    pub(super) async fn stop_task(&mut self) {
+        let grace = Duration::from_millis(self.config.grace_ms);
+        if let Some(task) = self.task.as_mut() {
+            task.stop(grace).await;
+        }
+    }
+
+    async fn run(&mut self, attempt: AttemptNumber, task: TaskSpec) -> Result<Response, WireError> {
         if self.task.as_ref().is_some_and(|t| !t.is_done()) {
             return Err(rejected(TaskRejection::AlreadyRunning));
         }
+        self.attempt = Some(attempt);
         match task {
             TaskSpec::Command { program, args, env } => {
                 let mut task_env = self.env.clone();
@@ -297,7 +326,7 @@ impl Agent {
             task_env,
             &self.config,
             error_file,
-            self.events.clone(),
+            self.task_events(),
             &self.watchdog,
         )
         .await
@@ -351,7 +380,7 @@ impl Agent {
         // What the function starts is below the agent, and only the agent's exit sweeps it.
         crate::descendants::task_starting();
         let running =
-            function::start(future, rx, self.events.clone(), &self.output).map_err(|error| {
+            function::start(future, rx, self.task_events(), &self.output).map_err(|error| {
                 rejected(TaskRejection::SpawnFailed {
                     program: function_name,
                     error: format!("cannot start the function's thread: {error}"),
@@ -359,6 +388,11 @@ impl Agent {
             })?;
         self.task = Some(Running::Function(running));
         Ok(Response::TaskStarted { pid: None })
+    }
+
+    /// Where the running task's events go: each carries the task's attempt.
+    fn task_events(&self) -> EventSender {
+        self.events.for_attempt(self.attempt.unwrap_or_default())
     }
 
     /// The agent's private directory, made on first use.

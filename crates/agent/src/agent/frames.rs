@@ -16,15 +16,28 @@ use crate::agent::connect::Link;
 use crate::diagnostics::Diagnostics;
 
 /// Reads the driver's messages: requests go to the agent, credit to the writer. Ends (and
-/// with it the agent's requests) when the connection does or a message is not understood,
+/// with it the agent's requests, so that the agent stops its task and exits) when the
+/// connection does, when a message is not understood, or when nothing at all came from the
+/// driver for `lost` (its lost-driver bound: the driver says it is alive far more often),
 /// saying why through `diagnostics`.
 pub(super) async fn read_frames(
     mut frames: SplitStream<Link>,
     requests: mpsc::UnboundedSender<(u64, Request)>,
     credits: mpsc::UnboundedSender<Credit>,
     diagnostics: Diagnostics,
+    lost: Duration,
 ) {
-    while let Some(frame) = frames.next().await {
+    loop {
+        let Ok(frame) = tokio::time::timeout(lost, frames.next()).await else {
+            diagnostics.diagnose(format_args!(
+                "trainyard agent: nothing came from the driver for {} s: it is taken for lost, and the task is stopped",
+                lost.as_secs_f64()
+            ));
+            return;
+        };
+        let Some(frame) = frame else {
+            return;
+        };
         let frame = match frame {
             Ok(frame) => frame,
             Err(error) => {
@@ -45,6 +58,7 @@ pub(super) async fn read_frames(
                 // The writer is gone only when the agent ends.
                 let _ = credits.send(Credit { events, bytes });
             }
+            Ok(DriverMessage::Heartbeat) => {}
             Ok(DriverMessage::Challenge { .. }) => {
                 diagnostics.diagnose("trainyard agent: the driver sent a second challenge");
                 return;
@@ -118,13 +132,13 @@ pub(super) async fn write_frames(
             }
             _ = beat.tick() => AgentMessage::Heartbeat,
             event = events.next(), if events_open && credit > 0 && credit_bytes > 0 => match event {
-                Some(ActorEvent::Task(event)) => {
+                Some(ActorEvent::Task { attempt, event }) => {
                     credit -= 1;
-                    AgentMessage::Event { event }
+                    AgentMessage::Event { attempt, event }
                 }
-                Some(ActorEvent::TaskExited(exit)) => {
+                Some(ActorEvent::TaskExited { attempt, exit }) => {
                     credit -= 1;
-                    AgentMessage::TaskExited { exit }
+                    AgentMessage::TaskExited { attempt, exit }
                 }
                 Some(ActorEvent::Died(_)) => continue,
                 None => {

@@ -2,6 +2,8 @@
 //! its own, so that a function that keeps its threads busy never holds up the agent's
 //! replies and heartbeats.
 
+use std::time::Duration;
+
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot, watch};
 use trainyard_runtime::events::EventSender;
@@ -11,11 +13,22 @@ use crate::output::TaskOutput;
 use crate::root_cause;
 use crate::stacks::TASK_THREAD;
 
+/// Why a function task is cancelled, which says whether its end is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cancel {
+    /// `StopTask`: the agent lives on for the next task, and the end is told, a stopped
+    /// task's.
+    Task,
+    /// The agent ends: nothing more is told of the task; the actor's end says why (a
+    /// stopped task's end told first would read as the task's own failure).
+    WithAgent,
+}
+
 /// A function task, running on threads of its own.
 pub(super) struct RunningFunction {
-    /// Drops the function at its next await; a function that never awaits runs on until
-    /// the agent exits.
-    cancel: Option<oneshot::Sender<()>>,
+    /// Drops the function at its next await (sending its end as a stopped task's when the
+    /// agent lives on); a function that never awaits runs on until the agent exits.
+    cancel: Option<oneshot::Sender<Cancel>>,
     /// The task's exit, once it has ended and its end was sent.
     done: watch::Receiver<Option<TaskExit>>,
 }
@@ -26,10 +39,15 @@ impl RunningFunction {
         self.done.borrow().clone()
     }
 
-    /// Drops the function at its next await.
-    pub(super) fn cancel(&mut self) {
+    /// Drops the function at its next await. For [`Cancel::Task`], waits up to `grace` for
+    /// it to get there (its end, a stopped task's, is sent then); for [`Cancel::WithAgent`],
+    /// returns at once and its end is never told.
+    pub(super) async fn cancel(&mut self, how: Cancel, grace: Duration) {
         if let Some(cancel) = self.cancel.take() {
-            let _ = cancel.send(());
+            let _ = cancel.send(how);
+        }
+        if how == Cancel::Task {
+            let _ = tokio::time::timeout(grace, self.done.wait_for(Option::is_some)).await;
         }
     }
 }
@@ -88,7 +106,7 @@ fn run_on_own_threads(
     future: BoxFuture<'static, TaskResult>,
     produced: mpsc::UnboundedReceiver<TaskEvent>,
     ending: &FunctionEnd,
-    cancelled: oneshot::Receiver<()>,
+    cancelled: oneshot::Receiver<Cancel>,
 ) {
     let FunctionEnd {
         events,
@@ -129,7 +147,20 @@ fn run_on_own_threads(
                 root_cause::send_exit(events, exit.clone(), ended_ms, None).await;
                 done.send_replace(Some(exit));
             }
-            Ok(()) = cancelled => output.abandon(),
+            Ok(how) = cancelled => {
+                output.abandon();
+                if how == Cancel::WithAgent {
+                    return;
+                }
+                let ended_ms = root_cause::now_ms();
+                let exit = TaskExit::Failed {
+                    failure: TaskFailure::Error {
+                        message: "the task was stopped".to_owned(),
+                    },
+                };
+                root_cause::send_exit(events, exit.clone(), ended_ms, None).await;
+                done.send_replace(Some(exit));
+            }
         }
     });
     // What the function left running is not waited for.

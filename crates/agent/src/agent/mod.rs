@@ -152,6 +152,7 @@ async fn serve(
         requests_tx,
         credits,
         diagnostics.clone(),
+        Duration::from_millis(config.driver_lost_ms.max(1)),
     ));
     let heartbeat = Duration::from_millis(config.heartbeat_ms.max(1));
     let writer = tokio::spawn(frames::write_frames(

@@ -82,14 +82,19 @@ struct Driver {
 impl Driver {
     /// Starts this binary as an agent and takes its hello; grants it ample credit.
     async fn start() -> Self {
+        Self::start_with(|config| config).await
+    }
+
+    /// [`Driver::start`], with the agent's configuration changed by `change`.
+    async fn start_with(change: impl FnOnce(AgentConfig) -> AgentConfig) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
-        let config = AgentConfig {
+        let config = change(AgentConfig {
             grace_ms: 2_000,
             ..testing::local_agent_config(
                 listener.local_addr().expect("an address").to_string(),
                 ActorId(0),
             )
-        };
+        });
         let token = Token::random().expect("randomness");
         let agent = testing::start_agent(AGENT_ENTRY, &config, &token, Stdio::inherit()).await;
         let (socket, _) = timeout(WAIT, listener.accept())
@@ -225,7 +230,13 @@ impl Driver {
                 .map(|&(key, value)| (key.to_owned(), value.to_owned()))
                 .collect(),
         };
-        match self.call(Request::RunTask(task)).await {
+        match self
+            .call(Request::RunTask {
+                attempt: trainyard_runtime::AttemptNumber::default(),
+                task,
+            })
+            .await
+        {
             Ok(Response::TaskStarted { pid: Some(pid) }) => pid,
             other => panic!("the command did not start: {other:?}"),
         }
@@ -238,7 +249,12 @@ impl Driver {
             arg: serde_json::Value::Null,
             env: BTreeMap::new(),
         };
-        let started = self.call(Request::RunTask(task)).await;
+        let started = self
+            .call(Request::RunTask {
+                attempt: trainyard_runtime::AttemptNumber::default(),
+                task,
+            })
+            .await;
         assert_eq!(started, Ok(Response::TaskStarted { pid: None }));
     }
 
@@ -246,7 +262,7 @@ impl Driver {
     async fn line(&mut self, text: &str) {
         let (_, _) = self
             .event_until(|event| {
-                matches!(event, AgentMessage::Event { event: TaskEvent::Log { line, .. } }
+                matches!(event, AgentMessage::Event { event: TaskEvent::Log { line, .. }, .. }
                     if line.contains(text))
             })
             .await;
@@ -286,7 +302,8 @@ impl Driver {
                 matches!(
                     event,
                     AgentMessage::Event {
-                        event: TaskEvent::RootCause { .. }
+                        event: TaskEvent::RootCause { .. },
+                        ..
                     }
                 )
             })
@@ -296,7 +313,8 @@ impl Driver {
             matches!(
                 exit,
                 AgentMessage::TaskExited {
-                    exit: TaskExit::Failed { .. }
+                    exit: TaskExit::Failed { .. },
+                    ..
                 }
             ),
             "the failed exit follows its root cause: {exit:?}"
@@ -304,6 +322,7 @@ impl Driver {
         match cause {
             AgentMessage::Event {
                 event: TaskEvent::RootCause { ended_ms, error },
+                ..
             } => (ended_ms, error),
             _ => unreachable!("matched above"),
         }
@@ -504,7 +523,8 @@ async fn a_blocked_function_task_shows_its_thread_first_and_asleep() {
                 matches!(
                     event,
                     AgentMessage::Event {
-                        event: TaskEvent::Report { .. }
+                        event: TaskEvent::Report { .. },
+                        ..
                     }
                 )
             })
@@ -671,6 +691,7 @@ async fn a_tasks_child_cannot_join_the_agents_group_and_outlive_the_task() {
             .filter_map(|event| match event {
                 AgentMessage::Event {
                     event: TaskEvent::Log { line, .. },
+                    ..
                 } => Some(line.clone()),
                 _ => None,
             })
@@ -690,6 +711,44 @@ async fn a_tasks_child_cannot_join_the_agents_group_and_outlive_the_task() {
         );
         assert!(said.iter().any(|line| line == "refused 1"), "{said:?}");
         driver.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_agent_that_hears_nothing_from_its_driver_within_its_bound_stops_its_task_and_exits() {
+    bounded(async {
+        let marker = format!("1000.{}5", std::process::id());
+        let bound = Duration::from_millis(500);
+        let mut driver = Driver::start_with(|config| AgentConfig {
+            driver_lost_ms: u64::try_from(bound.as_millis()).expect("fits"),
+            ..config
+        })
+        .await;
+        let script = format!("exec sleep {marker}");
+        driver.run_command("sh", &["-c", &script], &[]).await;
+        let silent = Instant::now();
+        let deadline = Instant::now() + WAIT;
+        while sleeping(&marker).is_empty() {
+            assert!(Instant::now() < deadline, "the task never ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // From now on the driver says nothing, its connection open: the agent gives it up
+        // after its bound, stopping its task first.
+        let status = timeout(WAIT, driver.agent.wait())
+            .await
+            .expect("the agent exits in time")
+            .expect("reaped");
+        assert!(
+            silent.elapsed() >= bound,
+            "the agent left a silent driver before its bound: {:?}",
+            silent.elapsed()
+        );
+        assert!(status.success(), "the agent exited with {status}");
+        assert!(
+            sleeping(&marker).is_empty(),
+            "the task outlived the agent that gave up its driver"
+        );
     })
     .await;
 }

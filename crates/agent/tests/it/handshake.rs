@@ -107,7 +107,10 @@ async fn try_to_run(link: &mut Link, marker: &Path) {
     };
     let request = DriverMessage::Request {
         id: 1,
-        request: Request::RunTask(task),
+        request: Request::RunTask {
+            attempt: trainyard_runtime::AttemptNumber::default(),
+            task,
+        },
     };
     send(link, &request).await;
 }

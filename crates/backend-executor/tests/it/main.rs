@@ -8,6 +8,7 @@
 mod backend;
 mod checkpoints;
 mod common;
+mod crew;
 mod elastic;
 mod hangs;
 mod interactions;

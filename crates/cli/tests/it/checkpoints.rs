@@ -133,6 +133,19 @@ fn assert_each_epoch_at_most_twice(runs: &[&[Value]]) {
     }
 }
 
+/// The agent process of each rank of attempt `attempt` in a run's record, by rank.
+fn agent_pids(record: &Value, attempt: usize) -> Vec<u64> {
+    record["attempts"][attempt]["workers"]
+        .as_array()
+        .map(|workers| {
+            workers
+                .iter()
+                .filter_map(|worker| worker["agent_pid"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn run_json(storage: &Path, name: &str) -> Value {
     let text = std::fs::read_to_string(storage.join(name).join("run.json")).expect("run.json");
     serde_json::from_str(&text).expect("run.json is valid JSON")
@@ -208,6 +221,13 @@ fn a_rank_killed_after_epoch_3_resumes_every_rank_at_epoch_4() {
     let record = run_json(storage.path(), "ckpt-rank");
     assert_eq!(record["status"], "finished");
     assert_eq!(record["attempts"][1]["resumed_from"], 3);
+    // The restart kept every worker's agent: the killed rank's task started again in its own.
+    assert_eq!(
+        agent_pids(&record, 0),
+        agent_pids(&record, 1),
+        "the agents are the same after the restart: {record}"
+    );
+    assert_eq!(agent_pids(&record, 0).len(), 2, "{record}");
     assert!(
         storage
             .path()
@@ -341,6 +361,69 @@ fn a_driver_killed_after_epoch_3_is_resumed_by_the_same_command() {
     assert!(ok, "{output}");
     assert_eq!(epochs_by_attempt(&events, 0), vec![vec![1, 2, 3, 4, 5, 6]]);
     assert!(storage.path().join(format!("{name}-2/run.json")).is_file());
+}
+
+#[test]
+fn a_killed_agent_is_replaced_in_its_bundle_and_the_other_agent_is_kept() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let storage = tempfile::tempdir().expect("tempdir");
+    let dir = storage.path().display().to_string();
+    let name = "ckpt-agent";
+    let env = [("EPOCH_SECONDS", "1")];
+    let child = command(name, &dir, &env)
+        .args(["--max-failures", "1", "--"])
+        .arg(&python)
+        .arg("examples/torch_checkpoint.py")
+        .spawn()
+        .expect("trainyard starts");
+    // Once checkpoint 2 is committed, rank 1's agent is SIGKILLed (its task dies with it).
+    let deadline = Instant::now() + RUN_LIMIT;
+    let victim = loop {
+        let record = std::fs::read_to_string(storage.path().join(name).join("run.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str::<Value>(&text).ok());
+        if let Some(record) = record {
+            let agents = agent_pids(&record, 0);
+            if record["latest_checkpoint"].as_u64() >= Some(2) && agents.len() == 2 {
+                break agents[1];
+            }
+        }
+        assert!(Instant::now() < deadline, "checkpoint 2 is not committed");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let victim = i32::try_from(victim).expect("a pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL rank 1's agent");
+    let (ok, events, output) = wait(child);
+    assert!(ok, "the run succeeds after the restart: {output}");
+    let record = run_json(storage.path(), name);
+    let (before, after) = (agent_pids(&record, 0), agent_pids(&record, 1));
+    assert_eq!(after.len(), 2, "{record}");
+    assert_eq!(before[0], after[0], "rank 0's agent is kept: {record}");
+    assert_ne!(before[1], after[1], "rank 1's agent is a new one: {record}");
+    let resumed = record["attempts"][1]["resumed_from"]
+        .as_u64()
+        .expect("the restart resumed from a checkpoint");
+    assert!(resumed >= 2, "{record}");
+    for rank in 0..2 {
+        let epochs = epochs_by_attempt(&events, rank);
+        assert_eq!(epochs.len(), 2, "rank {rank}: {output}");
+        assert_eq!(
+            epochs[1].first().copied(),
+            Some(resumed + 1),
+            "rank {rank} goes on from the last committed checkpoint: {output}"
+        );
+    }
+    assert_eq!(record["latest_checkpoint"], 6, "{record}");
+    assert!(
+        left_behind(name, Duration::from_secs(10)).is_empty(),
+        "processes left behind"
+    );
 }
 
 /// `trainyard run --backend none --name NAME --storage STORAGE FLAGS -- PROGRAM`, with a

@@ -203,6 +203,27 @@ fn a_killed_rank_resumes_from_its_checkpoint_on_ray(cluster: &RayCluster, storag
         assert!(line.contains("checkpoint_000003 at epoch 4"), "{line}");
     }
     assert!(stderr.contains("ray-ckpt/checkpoint_000006"), "{stderr}");
+    // The restart kept every rank's actor: the killed rank's task started again in its agent.
+    let record = Path::new(&storage).join("ray-ckpt").join("run.json");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).expect("run.json")).expect("JSON");
+    let agents = |attempt: usize| -> Vec<u64> {
+        record["attempts"][attempt]["workers"]
+            .as_array()
+            .map(|workers| {
+                workers
+                    .iter()
+                    .filter_map(|worker| worker["agent_pid"].as_u64())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(agents(0).len(), 2, "{record}");
+    assert_eq!(
+        agents(0),
+        agents(1),
+        "the agents are the same after the restart: {record}"
+    );
 }
 
 /// More memory than any node has: exit 3 within 5 s, naming the bundle and the most memory a

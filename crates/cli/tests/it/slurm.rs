@@ -134,6 +134,74 @@ fn torch_ddp_spreads_over_two_nodes_and_every_rank_sums_right() {
     nothing_left(&sandbox, &run);
 }
 
+/// The agent process of each rank of attempt `attempt` in a run's record, by rank.
+fn agent_pids(record: &serde_json::Value, attempt: usize) -> Vec<u64> {
+    record["attempts"][attempt]["workers"]
+        .as_array()
+        .map(|workers| {
+            workers
+                .iter()
+                .filter_map(|worker| worker["agent_pid"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_killed_rank_restarts_in_the_same_steps_and_resumes_from_its_checkpoint() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-ckpt");
+    let run = name("ckpt");
+    let (out, stdout, stderr) = run_to_end(
+        slurm_run(
+            &sandbox,
+            &run,
+            &[
+                "-n",
+                "2",
+                "-s",
+                "SPREAD",
+                "-r",
+                "CPU=1,memory=1GiB",
+                "--max-failures",
+                "1",
+                "--env",
+                "KILL_RANK1_AFTER=3",
+                "--",
+            ],
+        )
+        .arg(&python)
+        .arg("examples/torch_checkpoint.py"),
+        Duration::from_secs(300),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for rank in 0..2 {
+        let resumed = format!("rank {rank}: resumed from ");
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&resumed))
+            .unwrap_or_else(|| panic!("rank {rank} did not resume:\n{stdout}\n{stderr}"));
+        assert!(line.contains("checkpoint_000003 at epoch 4"), "{line}");
+    }
+    let record = sandbox.storage().join(&run).join("run.json");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).expect("run.json")).expect("JSON");
+    assert_eq!(record["attempts"][1]["resumed_from"], 3, "{record}");
+    // The restart kept every rank's step: the killed rank's task started again in its agent.
+    assert_eq!(agent_pids(&record, 0).len(), 2, "{record}");
+    assert_eq!(
+        agent_pids(&record, 0),
+        agent_pids(&record, 1),
+        "the agents are the same after the restart: {record}"
+    );
+    nothing_left(&sandbox, &run);
+}
+
 #[test]
 fn memory_per_worker_is_each_steps_limit_and_past_it_is_the_ranks_limit() {
     let Some(_cluster) = cluster() else {

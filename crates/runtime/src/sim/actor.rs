@@ -13,8 +13,9 @@ use super::{lock, queue};
 use crate::events::{ActorEvent, EventSender, TaskEvents};
 use crate::stacks::{Frame, ProcessStacks, TaskStacks, ThreadStack};
 use crate::{
-    ActorId, DeathCause, FunctionRegistry, PollResult, Reach, Request, Response, RuntimeError,
-    TaskContext, TaskEvent, TaskRejection, TaskSpec, TaskStatus, WorkerInfo,
+    ActorId, AttemptNumber, DeathCause, FunctionRegistry, PollResult, Reach, Request, Response,
+    RuntimeError, TaskContext, TaskEvent, TaskExit, TaskFailure, TaskRejection, TaskSpec,
+    TaskStatus, WorkerInfo,
 };
 
 /// The first port handed out on each node.
@@ -58,18 +59,31 @@ impl ActorShared {
         lock(&self.events).take()
     }
 
-    /// The task events buffered so far, while nobody subscribed.
-    fn drain_events(&self) -> Vec<TaskEvent> {
+    /// The task events of `attempt` buffered so far, while nobody subscribed (those of an
+    /// earlier task are stale, and dropped).
+    fn drain_events(&self, attempt: Option<AttemptNumber>) -> Vec<TaskEvent> {
         let mut slot = lock(&self.events);
         let mut out = Vec::new();
         if let Some(stream) = slot.as_mut() {
             while let Some(Some(event)) = stream.next().now_or_never() {
-                if let ActorEvent::Task(event) = event {
-                    out.push(event);
+                if let ActorEvent::Task { attempt: of, event } = event {
+                    if Some(of) == attempt {
+                        out.push(event);
+                    }
                 }
             }
         }
         out
+    }
+
+    /// Ends the running task, if any, at its next pause: whether there was one.
+    fn abort_task(&self) -> bool {
+        lock(&self.task).running.take().is_some_and(|task| {
+            !task.is_finished() && {
+                task.abort();
+                true
+            }
+        })
     }
 
     /// Ends the actor: aborts its running task, and no task starts from now on.
@@ -95,8 +109,9 @@ pub(super) struct Serving {
     ports: Arc<AtomicU32>,
     events: EventSender,
     status: Arc<Mutex<TaskStatus>>,
-    /// The function of the last task started.
+    /// The function of the last task started, and the attempt it runs for.
     task_name: Option<String>,
+    attempt: Option<AttemptNumber>,
 }
 
 impl Serving {
@@ -117,10 +132,11 @@ impl Serving {
             events,
             status: Arc::new(Mutex::new(TaskStatus::Idle)),
             task_name: None,
+            attempt: None,
         }
     }
 
-    fn handle(&mut self, request: Request) -> Result<Response, RuntimeError> {
+    async fn handle(&mut self, request: Request) -> Result<Response, RuntimeError> {
         match request {
             Request::NodeInfo => Ok(Response::NodeInfo(self.info.clone())),
             Request::FindFreePort => {
@@ -134,25 +150,39 @@ impl Serving {
                 lock(&self.shared.env).extend(vars);
                 Ok(Response::Done)
             }
-            Request::RunTask(TaskSpec::Command { .. }) => Err(RuntimeError::TaskRejected {
+            Request::RunTask {
+                task: TaskSpec::Command { .. },
+                ..
+            } => Err(RuntimeError::TaskRejected {
                 actor: self.id,
                 rejection: TaskRejection::Unsupported {
                     kind: "command".to_owned(),
                     reason: "the simulated runtime runs registered functions only".to_owned(),
                 },
             }),
-            Request::RunTask(TaskSpec::Function { name, arg, env }) => {
-                self.run_function(&name, arg, env)?;
+            Request::RunTask {
+                attempt,
+                task: TaskSpec::Function { name, arg, env },
+            } => {
+                self.run_function(attempt, &name, arg, env)?;
                 Ok(Response::TaskStarted { pid: None })
             }
             Request::Poll => {
                 // The status first: a finished task sent all its events before finishing.
                 let status = lock(&self.status).clone();
-                let events = self.shared.drain_events();
-                Ok(Response::Poll(PollResult { events, status }))
+                let events = self.shared.drain_events(self.attempt);
+                Ok(Response::Poll(PollResult {
+                    events,
+                    status,
+                    attempt: self.attempt,
+                }))
             }
             // The runtime ends the actor itself on `Stop`; answering is all that is left.
             Request::Stop => Ok(Response::Done),
+            Request::StopTask => {
+                self.stop_task().await;
+                Ok(Response::Done)
+            }
             Request::Stacks => Ok(Response::Stacks(self.stacks())),
             // A simulated cluster has no network: every target answers.
             Request::Preflight { targets } => Ok(Response::Preflight {
@@ -195,8 +225,26 @@ impl Serving {
         }
     }
 
+    /// Ends the running task, as a command stopped by its agent ends: its exit is sent before
+    /// the answer, so that it comes before any event of the next task.
+    async fn stop_task(&mut self) {
+        // A task that has set its exit is sending it: it ends by itself.
+        if *lock(&self.status) != TaskStatus::Running || !self.shared.abort_task() {
+            return;
+        }
+        let exit = TaskExit::Failed {
+            failure: TaskFailure::Error {
+                message: "the task was stopped".to_owned(),
+            },
+        };
+        *lock(&self.status) = TaskStatus::Exited { exit: exit.clone() };
+        let attempt = self.attempt.unwrap_or_default();
+        self.events.for_attempt(attempt).task_exited(exit).await;
+    }
+
     fn run_function(
         &mut self,
+        attempt: AttemptNumber,
         name: &str,
         arg: serde_json::Value,
         env: BTreeMap<String, String>,
@@ -231,12 +279,13 @@ impl Serving {
         };
         *lock(&self.status) = TaskStatus::Running;
         self.task_name = Some(name.to_owned());
+        self.attempt = Some(attempt);
         let status = Arc::clone(&self.status);
-        let events = self.events.clone();
+        let events = self.events.for_attempt(attempt);
         let task = tokio::spawn(async move {
             let exit = crate::task::drive(future, rx, &events).await;
             *lock(&status) = TaskStatus::Exited { exit: exit.clone() };
-            events.send(ActorEvent::TaskExited(exit)).await;
+            events.task_exited(exit).await;
         });
         slot.running = Some(task.abort_handle());
         tracing::debug!(actor = %self.id, function = name, "task started");
@@ -252,7 +301,7 @@ pub(super) async fn serve(mut inbox: Inbox, mut actor: Serving) {
         if actor.shared.is_closed() {
             break;
         }
-        let answer = actor.handle(request);
+        let answer = actor.handle(request).await;
         // The caller may have given up waiting; the answer is moot then.
         let _ = reply.send(answer);
     }
@@ -292,11 +341,14 @@ mod tests {
     }
 
     fn run(name: &str) -> Request {
-        Request::RunTask(TaskSpec::Function {
-            name: name.to_owned(),
-            arg: serde_json::Value::Null,
-            env: BTreeMap::new(),
-        })
+        Request::RunTask {
+            attempt: AttemptNumber::default(),
+            task: TaskSpec::Function {
+                name: name.to_owned(),
+                arg: serde_json::Value::Null,
+                env: BTreeMap::new(),
+            },
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -313,7 +365,7 @@ mod tests {
         let shared = shared();
         let mut actor = serving(&shared, functions);
         shared.close();
-        let err = actor.handle(run("mark")).unwrap_err();
+        let err = actor.handle(run("mark")).await.unwrap_err();
         assert!(matches!(err, RuntimeError::ActorDied { .. }), "{err}");
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         assert!(!started.load(Ordering::SeqCst), "the task ran");
@@ -334,7 +386,7 @@ mod tests {
         });
         let shared = shared();
         let mut actor = serving(&shared, functions);
-        actor.handle(run("tick")).expect("started");
+        actor.handle(run("tick")).await.expect("started");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         shared.close();
         tokio::task::yield_now().await;

@@ -90,6 +90,22 @@ impl Phase {
         };
     }
 
+    /// Moves the last `positions.len()` workers, appended in the order of `positions`, to
+    /// those positions (as they were before the workers there were released).
+    pub(super) fn reinsert(&mut self, positions: &std::collections::BTreeSet<usize>) {
+        let Self::Running { workers, .. } = self else {
+            return;
+        };
+        let Some(first) = workers.len().checked_sub(positions.len()) else {
+            return;
+        };
+        let added = workers.split_off(first);
+        for (&position, worker) in positions.iter().zip(added) {
+            let at = position.min(workers.len());
+            workers.insert(at, worker);
+        }
+    }
+
     /// Forgets the `released` actors, in one pass over each list. A shutdown that has
     /// released its last actor leaves the group idle; a start that has none left after a
     /// failure is made idle by [`Phase::settle_failed_start`].
@@ -182,6 +198,22 @@ mod tests {
             matches!(phase, Phase::Running { ref workers, .. } if workers.is_empty()),
             "a group whose workers were all removed is still started: {phase:?}"
         );
+    }
+
+    #[test]
+    fn replaced_workers_go_back_to_their_places() {
+        let mut phase = Phase::Running {
+            workers: (1..=5).map(worker).collect(),
+            spawned: Vec::new(),
+        };
+        phase.release(&ids(&[2, 5]));
+        let Phase::Running { workers, .. } = &mut phase else {
+            unreachable!("running")
+        };
+        workers.extend([worker(20), worker(50)]);
+        phase.reinsert(&[1, 4].into_iter().collect());
+        let order: Vec<ActorId> = phase.workers().iter().map(|w| w.actor).collect();
+        assert_eq!(order, [1, 20, 3, 4, 50].map(ActorId));
     }
 
     #[test]
