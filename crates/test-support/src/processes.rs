@@ -216,6 +216,20 @@ pub fn report_steps(events: &[serde_json::Value], rank: u64) -> Vec<u64> {
         .collect()
 }
 
+/// The agent process of each rank of attempt `attempt` in a run's record (`run.json`), by
+/// rank: the same pids in two attempts mean the restart kept the agents.
+pub fn agent_pids(record: &serde_json::Value, attempt: usize) -> Vec<u64> {
+    record["attempts"][attempt]["workers"]
+        .as_array()
+        .map(|workers| {
+            workers
+                .iter()
+                .filter_map(|worker| worker["agent_pid"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The example program `name` of the test's own package, which cargo builds beside the
 /// test binary (`target/<profile>/examples/<name>`).
 ///

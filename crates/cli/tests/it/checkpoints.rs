@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{LEDGER, MARKER, json_events, left_behind, root, torch_python};
+use common::{LEDGER, MARKER, agent_pids, json_events, left_behind, root, torch_python};
 use serde_json::Value;
 
 /// How long one run may take.
@@ -131,19 +131,6 @@ fn assert_each_epoch_at_most_twice(runs: &[&[Value]]) {
             (1..=6).collect::<Vec<_>>()
         );
     }
-}
-
-/// The agent process of each rank of attempt `attempt` in a run's record, by rank.
-fn agent_pids(record: &Value, attempt: usize) -> Vec<u64> {
-    record["attempts"][attempt]["workers"]
-        .as_array()
-        .map(|workers| {
-            workers
-                .iter()
-                .filter_map(|worker| worker["agent_pid"].as_u64())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn run_json(storage: &Path, name: &str) -> Value {

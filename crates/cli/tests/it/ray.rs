@@ -207,17 +207,7 @@ fn a_killed_rank_resumes_from_its_checkpoint_on_ray(cluster: &RayCluster, storag
     let record = Path::new(&storage).join("ray-ckpt").join("run.json");
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&record).expect("run.json")).expect("JSON");
-    let agents = |attempt: usize| -> Vec<u64> {
-        record["attempts"][attempt]["workers"]
-            .as_array()
-            .map(|workers| {
-                workers
-                    .iter()
-                    .filter_map(|worker| worker["agent_pid"].as_u64())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let agents = |attempt: usize| common::agent_pids(&record, attempt);
     assert_eq!(agents(0).len(), 2, "{record}");
     assert_eq!(
         agents(0),

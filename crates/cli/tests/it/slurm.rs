@@ -9,7 +9,7 @@ use trainyard_test_support::processes as common;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{MARKER, Sandbox, left_behind, root, torch_python, wait_bounded};
+use common::{MARKER, Sandbox, agent_pids, left_behind, root, torch_python, wait_bounded};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use trainyard_runtime_slurm::testing::{cluster, jobs_named, wait_for_no_jobs};
@@ -132,19 +132,6 @@ fn torch_ddp_spreads_over_two_nodes_and_every_rank_sums_right() {
         );
     }
     nothing_left(&sandbox, &run);
-}
-
-/// The agent process of each rank of attempt `attempt` in a run's record, by rank.
-fn agent_pids(record: &serde_json::Value, attempt: usize) -> Vec<u64> {
-    record["attempts"][attempt]["workers"]
-        .as_array()
-        .map(|workers| {
-            workers
-                .iter()
-                .filter_map(|worker| worker["agent_pid"].as_u64())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[test]
