@@ -127,7 +127,11 @@ if __name__ == "__main__":
         TorchTrainer(
             loop,
             train_loop_config={"out": out},
-            scaling_config=ScalingConfig(num_workers=2),
+            # Memory asked for on every engine alike: a Slurm step gets only the partition's
+            # DefMemPerCPU without it, too little for torch.
+            scaling_config=ScalingConfig(
+                num_workers=2, resources_per_worker={"CPU": 1, "memory": 1024**3}
+            ),
             run_config=RunConfig(
                 name="chaos",
                 storage_path=os.path.join(out, "runs"),
