@@ -19,6 +19,8 @@
 # reach: a run must not pick it (the address every host shares is on `ty0`).
 #
 #   scripts/netns-env.sh [up [HOST...]]  make what is missing (default hosts: n1-n4, r1-r4)
+#   scripts/netns-env.sh use [HOST...]   what a cluster's set-up calls: `up`, unless
+#                                        TRAINYARD_NETNS_SKIP says why not (see below)
 #   scripts/netns-env.sh status          the layout and each namespace's addresses
 #   scripts/netns-env.sh down            remove every namespace and link made here (refused
 #                                        while a process runs in one of them)
@@ -34,7 +36,11 @@
 #
 # The clusters use these hosts unless TRAINYARD_NETNS_SKIP says why they cannot (they are then
 # single-stack: every node on this machine's own addresses); under CI=true a missing namespace
-# without that reason fails the set-up.
+# without that reason fails the set-up. `use` is that rule, for every cluster's set-up
+# (scripts/slurm-env.sh, the Ray test cluster of crates/runtime-ray): exit 0 and the layout as
+# `up`; exit 3 for a single-stack cluster (TRAINYARD_NETNS_SKIP says why, or, outside CI, no
+# namespace can be made here: `SKIP:` and why); exit 1 under CI=true when none can be made and
+# TRAINYARD_NETNS_SKIP does not say why.
 
 set -euo pipefail
 
@@ -148,6 +154,26 @@ down() {
   rm -f "$LAYOUT"
 }
 
+# `use`: the rule above, before anything that needs root.
+if [ "$ACTION" = use ]; then
+  if [ -n "${TRAINYARD_NETNS_SKIP:-}" ]; then
+    log "single-stack hosts: $TRAINYARD_NETNS_SKIP (TRAINYARD_NETNS_SKIP)"
+    exit 3
+  fi
+  status=0
+  bash "${BASH_SOURCE[0]}" up "$@" || status=$?
+  case "$status" in
+    0) exit 0 ;;
+    3)
+      [ "${CI:-}" = true ] \
+        && die "the test hosts ${*:-(default)} cannot have network namespaces of their own (see above) and TRAINYARD_NETNS_SKIP does not say why"
+      log "SKIP: single-stack hosts: namespaces cannot be made here (see above)"
+      exit 3
+      ;;
+    *) die "scripts/netns-env.sh up failed (exit $status)" ;;
+  esac
+fi
+
 [ "$(id -u)" = 0 ] || skip "network namespaces need root"
 command -v ip >/dev/null || skip "there is no \`ip\` (iproute2) to make network namespaces with"
 mkdir -p /run/lock
@@ -174,5 +200,5 @@ case "$ACTION" in
     done
     ;;
   down) down ;;
-  *) die "usage: $0 [up [HOST...]|status|down]" ;;
+  *) die "usage: $0 [up [HOST...]|use [HOST...]|status|down]" ;;
 esac

@@ -55,24 +55,16 @@ case "$NODES" in '' | *[!0-9]* | 0) die "TRAINYARD_SLURM_NODES must be a positiv
 nodes() { seq -f 'n%g' 1 "$NODES"; }
 
 # Sets NETNS: 1 when the nodes get namespaces of their own (made here when missing), 0 for a
-# single-stack cluster.
+# single-stack cluster (`netns-env.sh use` applies TRAINYARD_NETNS_SKIP and the CI=true rule).
 choose_hosts() {
   NETNS=0
-  if [ -n "${TRAINYARD_NETNS_SKIP:-}" ]; then
-    log "single-stack nodes: $TRAINYARD_NETNS_SKIP (TRAINYARD_NETNS_SKIP)"
-    return 0
-  fi
   local status=0
   # shellcheck disable=SC2046
-  bash "$HERE/netns-env.sh" up $(nodes) >/dev/null || status=$?
+  bash "$HERE/netns-env.sh" use $(nodes) >/dev/null || status=$?
   case "$status" in
     0) NETNS=1 ;;
-    3)
-      [ "${CI:-}" = true ] \
-        && die "the nodes cannot have network namespaces of their own (see above) and TRAINYARD_NETNS_SKIP does not say why"
-      log "SKIP: single-stack nodes: namespaces cannot be made here (see above)"
-      ;;
-    *) die "scripts/netns-env.sh up failed (exit $status)" ;;
+    3) ;;
+    *) exit "$status" ;;
   esac
 }
 
