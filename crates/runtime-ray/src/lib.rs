@@ -43,8 +43,9 @@
 //! ```
 //!
 //! With the `testing` feature, `testing::RayCluster` starts such a cluster (two nodes, each in
-//! a process group of its own) for tests here and in the crates above, and stops exactly its
-//! own processes on drop.
+//! a process group of its own and on a test host with an address of its own, a network
+//! namespace of `scripts/netns-env.sh`) for tests here and in the crates above, and stops
+//! exactly its own processes on drop.
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -31,7 +31,7 @@ fn run(cluster: &RayCluster, mark: &str, args: &[&str]) -> Command {
         .args(["run", "--runtime", "ray", "--address", &cluster.address])
         .args(["--env", &format!("{MARKER}={mark}")])
         .args(args)
-        .env("TRAINYARD_RAY_PYTHON", &cluster.python)
+        .env("TRAINYARD_RAY_PYTHON", &cluster.driver_python)
         .env("RAY_AUTH_MODE", "disabled")
         .stdin(Stdio::null());
     command
