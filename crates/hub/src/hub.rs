@@ -126,8 +126,8 @@ impl HubCore {
 
 impl AgentHub {
     /// Listens for agents on [`HubConfig::bind`] and starts accepting them. `release` frees
-    /// what an actor held once it is gone (or once its start failed); it may be called
-    /// more than once for an actor. Must be called within a tokio runtime.
+    /// what an actor held once it is gone (told why it died), or once its start failed (told
+    /// `None`); it may be called more than once for an actor. Must be called within a tokio runtime.
     ///
     /// A process that a runtime started as an agent and whose program did not call
     /// `run_if_agent` cannot start a hub: rather than start workers of its own (which would
@@ -138,7 +138,7 @@ impl AgentHub {
     /// [`HubError::NotServing`], [`HubError::Token`] or [`HubError::Bind`].
     pub async fn start(
         config: HubConfig,
-        release: impl Fn(ActorId) + Send + Sync + 'static,
+        release: impl Fn(ActorId, Option<&DeathCause>) + Send + Sync + 'static,
     ) -> Result<Self, HubError> {
         if trainyard_wire::config::skipped_run_if_agent() {
             return Err(HubError::NotServing);
@@ -272,7 +272,7 @@ impl AgentHub {
             task_killer: process.task_killer(),
         };
         if core.registry.attached(actor, attached).is_err() {
-            core.registry.release(actor);
+            core.registry.release(actor, None);
             // The process ends as it is dropped.
             return Err(refused("the runtime is shut down"));
         }
@@ -615,7 +615,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_actor_whose_cause_was_let_go_is_gone_for_calls_and_kills() {
-        let hub = AgentHub::start(HubConfig::new("dead-map"), |_| {})
+        let hub = AgentHub::start(HubConfig::new("dead-map"), |_, _| {})
             .await
             .expect("a hub");
         let core = hub.core();

@@ -20,7 +20,7 @@
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! // `release` frees what an actor held, once it is gone.
-//! let hub = AgentHub::start(HubConfig::new("my-run"), |_actor| {}).await?;
+//! let hub = AgentHub::start(HubConfig::new("my-run"), |_actor, _cause| {}).await?;
 //! let arrival = hub.expect("worker-0")?; // an actor id, and a place for its agent's hello
 //! // ... start an agent for `arrival.actor()` that connects to `hub.driver_address()` with
 //! // `hub.token()`, then `hub.attach(arrival, "worker-0".into(), Box::new(process)).await?`

@@ -20,8 +20,9 @@ use crate::{TaskKiller, TaskProcess, lock};
 /// How many dead actors' causes are kept: those of the most recent deaths.
 pub(crate) const DEAD_KEPT: usize = 4096;
 
-/// Frees what an actor held, once it is gone.
-type Release = Box<dyn Fn(ActorId) + Send + Sync>;
+/// Frees what an actor held, once it is gone (with why, when it died rather than never
+/// started).
+type Release = Box<dyn Fn(ActorId, Option<&DeathCause>) + Send + Sync>;
 
 /// The hub's bookkeeping of its actors; see the [module docs](self).
 pub(crate) struct Registry {
@@ -214,9 +215,9 @@ impl Registry {
         self.state().streams.remove(&actor);
     }
 
-    /// Frees what `actor` held.
-    pub(crate) fn release(&self, actor: ActorId) {
-        (self.release)(actor);
+    /// Frees what `actor` held; `cause` is why it died, when it did.
+    pub(crate) fn release(&self, actor: ActorId, cause: Option<&DeathCause>) {
+        (self.release)(actor, cause);
     }
 
     /// Forgets `actor`'s agent process, which has ended.

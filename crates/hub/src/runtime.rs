@@ -73,6 +73,13 @@ pub trait Placer: fmt::Debug + Send + Sync + 'static {
     /// more than once for an actor.
     fn release(&self, actor: ActorId);
 
+    /// `actor`'s agent went with its host ([`DeathCause::went_with_its_host`]: its node was
+    /// lost, or it stopped answering): called before [`Placer::release`], for a placer that
+    /// keeps new work off a host that may be cut off. Nothing by default.
+    fn host_lost(&self, actor: ActorId) {
+        let _ = actor;
+    }
+
     /// Lets go of what the runtime holds besides its agents (an allocation, a ledger
     /// entry), once every agent is gone: [`AgentRuntime::shutdown`]. Nothing by default.
     async fn shutdown(&self) {}
@@ -184,7 +191,13 @@ where
         } = config.setup().await?;
         let placer = Arc::new(placer);
         let released = Arc::clone(&placer);
-        let hub = AgentHub::start(hub, move |actor| released.release(actor)).await?;
+        let hub = AgentHub::start(hub, move |actor, cause: Option<&DeathCause>| {
+            if cause.is_some_and(DeathCause::went_with_its_host) {
+                released.host_lost(actor);
+            }
+            released.release(actor);
+        })
+        .await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 hub,

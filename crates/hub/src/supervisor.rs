@@ -114,6 +114,9 @@ pub(crate) struct Supervisor {
 /// A spawn that did not finish: why, whom to tell, and a kill to answer.
 struct Abandoned {
     reason: String,
+    /// Why the actor is gone, when its host may have gone with it: an agent that never
+    /// called back from its host in time.
+    cause: Option<DeathCause>,
     ready: Option<oneshot::Sender<Result<(), RuntimeError>>>,
     done: Option<oneshot::Sender<()>>,
 }
@@ -121,6 +124,8 @@ struct Abandoned {
 /// What ended the wait for the agent's hello.
 enum Connect {
     Connected(Box<Connection>),
+    /// The agent did not call back within the bound (its host may be cut off or gone).
+    Silent(String, Duration),
     Failed(String),
     Killed(DeathCause, oneshot::Sender<()>),
     Ignored,
@@ -190,7 +195,7 @@ impl Supervisor {
                     Err(error) => format!("cannot wait for the agent: {error}"),
                 }),
                 () = tokio::time::sleep_until(deadline) => {
-                    Connect::Failed(never_connected(self.process.program(), limit))
+                    Connect::Silent(never_connected(self.process.program(), limit), limit)
                 }
                 () = ready.closed() => Connect::Failed("the spawn was given up".to_owned()),
                 command = self.commands.recv() => match command {
@@ -217,6 +222,7 @@ impl Supervisor {
                     }
                     return Err(Abandoned {
                         reason: "the spawn was given up".to_owned(),
+                        cause: None,
                         ready: None,
                         done: None,
                     });
@@ -224,6 +230,16 @@ impl Supervisor {
                 Connect::Failed(reason) => {
                     return Err(Abandoned {
                         reason,
+                        cause: None,
+                        ready: Some(ready),
+                        done: None,
+                    });
+                }
+                Connect::Silent(reason, limit) => {
+                    let after_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+                    return Err(Abandoned {
+                        reason,
+                        cause: Some(DeathCause::Unresponsive { after_ms }),
                         ready: Some(ready),
                         done: None,
                     });
@@ -231,6 +247,7 @@ impl Supervisor {
                 Connect::Killed(cause, done) => {
                     return Err(Abandoned {
                         reason: format!("{cause} while it started"),
+                        cause: None,
                         ready: Some(ready),
                         done: Some(done),
                     });
@@ -243,12 +260,13 @@ impl Supervisor {
     async fn abandon(mut self, abandoned: Abandoned) {
         let Abandoned {
             reason,
+            cause,
             ready,
             done,
         } = abandoned;
         tracing::debug!(%reason, "agent start abandoned");
         self.registry.abandoned(self.actor);
-        self.registry.release(self.actor);
+        self.registry.release(self.actor, cause.as_ref());
         let mut kills: Vec<oneshot::Sender<()>> = done.into_iter().collect();
         self.commands.close();
         while let Ok(command) = self.commands.try_recv() {
@@ -534,7 +552,7 @@ impl Supervisor {
             // Nobody took the stream of an actor the runtime ended: nobody will.
             self.registry.ended_unheard(self.actor);
         }
-        self.registry.release(self.actor);
+        self.registry.release(self.actor, Some(&cause));
         self.process.cleanup().await;
         self.registry.forget(self.actor);
         tracing::debug!(%cause, "actor ended");

@@ -68,7 +68,7 @@ async fn a_flood_of_connections_that_are_not_agents_is_counted_not_told_one_by_o
         .with_ansi(false)
         .with_max_level(tracing::Level::WARN)
         .init();
-    let hub = AgentHub::start(HubConfig::new("flood"), |_| {})
+    let hub = AgentHub::start(HubConfig::new("flood"), |_, _| {})
         .await
         .expect("a hub");
     let started = Instant::now();

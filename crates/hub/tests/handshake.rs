@@ -138,7 +138,7 @@ fn pipe(agent: Link, driver: Link) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_hello_and_proof_are_refused_and_the_actor_still_waits_for_its_agent() {
-    let hub = AgentHub::start(HubConfig::new("replay"), |_| {})
+    let hub = AgentHub::start(HubConfig::new("replay"), |_, _| {})
         .await
         .expect("the hub starts");
     let test = async {
@@ -240,7 +240,7 @@ async fn hello(hub: &AgentHub, link: &mut Link, actor: ActorId, pid: u32) -> Han
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_two_connections_that_prove_the_same_actor_only_one_gets_it() {
-    let hub = AgentHub::start(HubConfig::new("twins"), |_| {})
+    let hub = AgentHub::start(HubConfig::new("twins"), |_, _| {})
         .await
         .expect("the hub starts");
     let test = async {
@@ -296,7 +296,7 @@ async fn the_hubs_heartbeats_keep_an_agent_past_its_lost_driver_bound() {
         driver_lost: Duration::from_millis(400),
         ..HubConfig::new("heartbeats")
     };
-    let hub = AgentHub::start(config, |_| {})
+    let hub = AgentHub::start(config, |_, _| {})
         .await
         .expect("the hub starts");
     let test = async {

@@ -2,7 +2,7 @@
 //! running the trainyard agent ([`SlurmLauncher`]), which connects back to this driver's
 //! [`AgentHub`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -68,6 +68,9 @@ struct State {
     /// The partition's node table as last read, with the partition's name; taken (so read
     /// afresh) by the next allocation request, and kept for its nodes' addresses.
     table: Option<(String, Vec<SlurmNode>)>,
+    /// Nodes whose agents went with their host (lost, or silent): out of the book, and left
+    /// out of the run's next allocations while the partition's other nodes can hold it.
+    lost_hosts: BTreeSet<String>,
 }
 
 /// A placement group as the driver knows it: in Slurm's units, and its id in the book once
@@ -207,6 +210,31 @@ impl SlurmPlacer {
         };
         let totals: Vec<Resources> = nodes.iter().map(slurm::SlurmNode::total).collect();
         let shape = Shape::for_group(factory, &totals)?;
+        let lost_hosts = self.state().lost_hosts.clone();
+        // Nodes whose agents went with their host are left out while the others can hold the
+        // group; otherwise the request waits for them like for any node.
+        let (shape, exclude) = if lost_hosts.is_empty() {
+            (shape, None)
+        } else {
+            let others: Vec<Resources> = nodes
+                .iter()
+                .filter(|node| !lost_hosts.contains(&node.name))
+                .map(slurm::SlurmNode::total)
+                .collect();
+            match Shape::for_group(factory, &others) {
+                Ok(shape) => {
+                    let list = lost_hosts.iter().cloned().collect::<Vec<_>>().join(",");
+                    (shape, Some(format!("--exclude={list}")))
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        nodes = ?lost_hosts,
+                        "the nodes that were lost are needed to hold the group: asking for them too"
+                    );
+                    (shape, None)
+                }
+            }
+        };
         let mut own = self.own.lock().await;
         if let Some(mut old) = own.take() {
             old.release().await;
@@ -218,6 +246,7 @@ impl SlurmPlacer {
         }
         self.state().table = Some((partition.clone(), nodes));
         let mut flags = shape.flags();
+        flags.extend(exclude);
         flags.extend(options.flags());
         tracing::info!(%partition, ?flags, "requesting a Slurm allocation");
         let name = self.config.run_name.clone();
@@ -632,6 +661,25 @@ impl Placer for SlurmPlacer {
         if let Some(book) = self.state().book.as_mut() {
             book.release(actor);
         }
+    }
+
+    /// Takes the actor's node out of the book, so that no group of this run is laid over
+    /// it again in this allocation (a group that needs it asks for a new allocation), and
+    /// remembers it for the next allocation requests.
+    fn host_lost(&self, actor: ActorId) {
+        let mut state = self.state();
+        let Some(book) = state.book.as_mut() else {
+            return;
+        };
+        let Some(node) = book.held_node(actor).map(|node| node.id.clone()) else {
+            return;
+        };
+        tracing::warn!(%node, %actor, "the worker went with its host: no new work goes there");
+        let others = book.lose_node(&node);
+        if others.iter().any(|other| *other != actor) {
+            tracing::debug!(%node, ?others, "other workers held the lost node");
+        }
+        state.lost_hosts.insert(node.to_string());
     }
 
     /// Releases the allocation this runtime requested (a given one is left as it is).

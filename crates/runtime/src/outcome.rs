@@ -213,6 +213,16 @@ pub enum DeathCause {
     Preempted,
 }
 
+impl DeathCause {
+    /// Whether the worker may have gone with its host: its node was lost, or it stopped
+    /// answering (a host cut off from the driver looks the same until it comes back). A new
+    /// worker on that host would wait on it too.
+    #[must_use]
+    pub const fn went_with_its_host(&self) -> bool {
+        matches!(self, Self::NodeLost { .. } | Self::Unresponsive { .. })
+    }
+}
+
 impl fmt::Display for DeathCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
