@@ -204,6 +204,12 @@ impl Attempt {
         self.crew.lost().len()
     }
 
+    /// Whether one of its workers went with its host ([`Crew::lost_a_host`]).
+    pub(crate) fn lost_a_host(&mut self) -> bool {
+        self.crew.catch_up();
+        self.crew.lost_a_host()
+    }
+
     /// Starts one worker per bundle, sorts them by node and GPU, assigns ranks and
     /// subscribes to every worker's events; on a kept crew, replaces the workers whose agents
     /// died (each in its bundle and at its place, so that ranks stay where they were) and

@@ -24,6 +24,9 @@ use trainyard_worker_group::{WorkerGroup, WorkerGroupError};
 
 use crate::setup::Setup;
 
+/// How long past the start timeout replacing lost workers may take.
+const REPLACE_SLACK: Duration = Duration::from_secs(5);
+
 /// One worker's event (`None`: its stream ended), with its place and its actor's generation.
 type Tagged = (usize, u64, Option<ActorEvent>);
 
@@ -121,6 +124,15 @@ impl Crew {
             .enumerate()
             .filter_map(|(i, lost)| lost.as_ref().map(|_| i))
             .collect()
+    }
+
+    /// Whether a worker went with its host ([`DeathCause::went_with_its_host`]). Such a
+    /// worker is not replaced at its place, where a new one would wait on the same host.
+    pub(crate) fn lost_a_host(&self) -> bool {
+        self.lost
+            .iter()
+            .flatten()
+            .any(DeathCause::went_with_its_host)
     }
 
     /// Subscribes to the events of every worker not subscribed to yet (all of them after a
@@ -235,7 +247,10 @@ impl Crew {
             kept = self.group.len() - lost.len(),
             "replacing the workers whose agents are gone; the others are kept"
         );
-        let limit = setup.options.start_timeout;
+        // A little past the start timeout, so that a runtime that bounds an agent's start by
+        // the same time gives its own verdict first (one naming a host that never called
+        // back, which it then keeps new work off).
+        let limit = setup.options.start_timeout + REPLACE_SLACK;
         match tokio::time::timeout(limit, self.group.replace_workers(&lost)).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => return Err(ReplaceError::Start(error)),
@@ -298,11 +313,17 @@ impl std::fmt::Display for ReplaceError {
 }
 
 /// Whether a run whose attempt ended this way keeps its crew for the next: only a restart
-/// does (a finished, failed, interrupted or resized run lets it go), and an elastic run only
-/// while it lost no worker (one that did sizes its next attempt afresh, from what fits).
+/// does (a finished, failed, interrupted or resized run lets it go), an elastic run only
+/// while it lost no worker (one that did sizes its next attempt afresh, from what fits), and
+/// no run whose crew lost a host (its next attempt is placed afresh, on hosts that answer).
 /// `lost` is how many of the crew's workers are gone.
-pub(crate) const fn keeps_crew(restarts: bool, elastic: bool, lost: usize) -> bool {
-    restarts && (!elastic || lost == 0)
+pub(crate) const fn keeps_crew(
+    restarts: bool,
+    elastic: bool,
+    lost: usize,
+    host_lost: bool,
+) -> bool {
+    restarts && !host_lost && (!elastic || lost == 0)
 }
 
 #[cfg(test)]
@@ -310,21 +331,23 @@ mod tests {
     use super::keeps_crew;
 
     #[test]
-    fn only_a_restart_keeps_the_crew_and_an_elastic_run_only_when_it_lost_nobody() {
-        // (restarts, elastic, lost) → kept
+    fn only_a_restart_keeps_the_crew_an_elastic_one_only_when_it_lost_nobody_and_none_that_lost_a_host()
+     {
+        // (restarts, elastic, lost, host lost) → kept
         let table = [
-            ((true, false, 0), true),
-            ((true, false, 2), true),
-            ((true, true, 0), true),
-            ((true, true, 1), false),
-            ((false, false, 0), false),
-            ((false, true, 0), false),
+            ((true, false, 0, false), true),
+            ((true, false, 2, false), true),
+            ((true, false, 1, true), false),
+            ((true, true, 0, false), true),
+            ((true, true, 1, false), false),
+            ((false, false, 0, false), false),
+            ((false, true, 0, false), false),
         ];
-        for ((restarts, elastic, lost), kept) in table {
+        for ((restarts, elastic, lost, host_lost), kept) in table {
             assert_eq!(
-                keeps_crew(restarts, elastic, lost),
+                keeps_crew(restarts, elastic, lost, host_lost),
                 kept,
-                "restarts={restarts} elastic={elastic} lost={lost}"
+                "restarts={restarts} elastic={elastic} lost={lost} host_lost={host_lost}"
             );
         }
     }

@@ -322,7 +322,8 @@ impl RunLoop {
         let kept = match slot {
             Slot::Started(mut attempt) if matches!(end, End::Failed(_)) && attempt.keepable() => {
                 let lost = attempt.lost();
-                if keeps_crew(restarts, self.sizer.is_elastic(), lost) {
+                let host_lost = attempt.lost_a_host();
+                if keeps_crew(restarts, self.sizer.is_elastic(), lost, host_lost) {
                     attempt.settle(self.setup.options.stop_bound()).await;
                     Some(attempt.into_crew())
                 } else {
@@ -492,7 +493,9 @@ impl RunLoop {
     /// Starts one attempt: reserves the placement group, starts and sorts the workers,
     /// assigns ranks, shares accelerator ids, runs the backend's `on_start` and the preflight.
     /// On the crew kept from the attempt before (already in `slot`), replaces its lost workers
-    /// instead of reserving and starting; the preflight runs on a kept crew too.
+    /// instead of reserving and starting; the preflight runs on a kept crew too. A kept crew
+    /// whose lost workers cannot be replaced (their host is gone, say) is let go, and the
+    /// attempt starts afresh on a new group: a slower start, not another failure.
     async fn start(
         &self,
         slot: &mut Slot,
@@ -500,7 +503,25 @@ impl RunLoop {
         previous: Option<u32>,
         restart_count: u32,
     ) -> Result<(), AttemptError> {
-        if !matches!(slot, Slot::Started(attempt) if attempt.kept()) {
+        if let Slot::Started(attempt) = slot
+            && attempt.kept()
+        {
+            let replaced = attempt
+                .start_workers()
+                .instrument(info_span!(target: TIMINGS, phase::AGENTS, attempt = restart_count))
+                .await;
+            if let Err(error) = replaced {
+                // Not a failure of the run's: the attempt starts afresh, on a new group.
+                warn!(
+                    ?error,
+                    "the workers that were lost could not be replaced beside the kept ones: starting every worker afresh"
+                );
+                std::mem::take(slot)
+                    .release(&self.setup, self.setup.options.shutdown_patience)
+                    .await;
+            }
+        }
+        if !matches!(slot, Slot::Started(_)) {
             let (pg, held) = self
                 .reserve(slot, world_size, previous, restart_count)
                 .instrument(info_span!(target: TIMINGS, phase::RESERVE, attempt = restart_count))
@@ -514,16 +535,17 @@ impl RunLoop {
                 *world_size,
                 restart_count,
             )?));
-        }
-        let attempt = async move {
             let Slot::Started(attempt) = slot else {
                 unreachable!("the slot holds the attempt's workers");
             };
-            attempt.start_workers().await?;
-            Ok::<_, AttemptError>(attempt)
+            attempt
+                .start_workers()
+                .instrument(info_span!(target: TIMINGS, phase::AGENTS, attempt = restart_count))
+                .await?;
         }
-        .instrument(info_span!(target: TIMINGS, phase::AGENTS, attempt = restart_count))
-        .await?;
+        let Slot::Started(attempt) = slot else {
+            unreachable!("the slot holds the attempt's workers");
+        };
         async {
             attempt.prepare_environment().await?;
             let workers = attempt.workers();

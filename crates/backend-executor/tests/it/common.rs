@@ -9,7 +9,7 @@ use trainyard_backend_executor::{
 };
 use trainyard_config::{RunConfig, ScalingConfig};
 use trainyard_runtime::sim::{SimNode, SimRuntime};
-use trainyard_runtime::{FunctionRegistry, TaskSpec};
+use trainyard_runtime::{ActorRuntime, FunctionRegistry, TaskSpec};
 
 /// One node of four CPUs that serves `functions` (and the built-ins).
 pub(crate) fn sim_serving(functions: FunctionRegistry) -> SimRuntime {
@@ -30,6 +30,16 @@ pub(crate) async fn fit_two(
     task: &TaskSpec,
     trigger: Option<StacksTrigger>,
 ) -> (Result<FitReport, ExecutorError>, Vec<RunEvent>) {
+    fit_two_on(Arc::new(sim.clone()), run, task, trigger).await
+}
+
+/// [`fit_two`] on `runtime` (a simulated cluster behind a fault, say).
+pub(crate) async fn fit_two_on(
+    runtime: Arc<dyn ActorRuntime>,
+    run: RunConfig,
+    task: &TaskSpec,
+    trigger: Option<StacksTrigger>,
+) -> (Result<FitReport, ExecutorError>, Vec<RunEvent>) {
     let (tx, mut rx) = tokio::sync::mpsc::channel(10_000);
     let executor = BackendExecutor {
         scaling: ScalingConfig::default().num_workers(2),
@@ -40,7 +50,7 @@ pub(crate) async fn fit_two(
         run,
         events: Some(tx),
         stacks_trigger: trigger.unwrap_or_default(),
-        ..BackendExecutor::new(Arc::new(sim.clone()))
+        ..BackendExecutor::new(runtime)
     };
     let result = tokio::time::timeout(Duration::from_secs(60), executor.fit(task))
         .await

@@ -17,16 +17,49 @@ use trainyard_backend_executor::{
 use trainyard_config::{FailureConfig, RunConfig};
 use trainyard_runtime::events::{ActorEvent, TaskEvents};
 use trainyard_runtime::sim::SimRuntime;
-use trainyard_runtime::sim::faults::{Fault, Faulty};
+use trainyard_runtime::sim::faults::{FailNthSpawn, Fault, Faulty};
 use trainyard_runtime::{
     ActorId, ActorRuntime, AttemptNumber, DeathCause, Endpoint, FunctionRegistry, Request,
-    Response, RuntimeError, TaskEvent, TaskSpec,
+    Response, RuntimeError, TaskContext, TaskEvent, TaskResult, TaskSpec,
 };
 
 use crate::common;
 
 /// How many ranks of `die_once` wait for their worker to be killed.
 static WAITING_TO_DIE: AtomicU32 = AtomicU32::new(0);
+/// How many ranks of `lose_once` wait for their worker to be lost.
+static WAITING_TO_BE_LOST: AtomicU32 = AtomicU32::new(0);
+/// How many ranks of `fail_replaced_once` wait for their worker to be killed.
+static WAITING_FOR_A_KILL: AtomicU32 = AtomicU32::new(0);
+
+/// The first attempt of a task that waits (forever) after counting itself in `waiting`.
+async fn wait_in_first_attempt(task: TaskContext, waiting: &AtomicU32) -> TaskResult {
+    let ctx = TrainContext::new(task).map_err(|e| e.to_string())?;
+    if ctx.restart_count() == 0 {
+        waiting.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(1_000_000)).await;
+    }
+    Ok(json!(ctx.restart_count()))
+}
+
+/// Once both ranks of the first attempt wait in `waiting`, ends the actor of the worker
+/// spawned last with `cause`.
+fn end_one_when_waiting(
+    sim: &SimRuntime,
+    waiting: &'static AtomicU32,
+    cause: DeathCause,
+) -> tokio::task::JoinHandle<()> {
+    let sim = sim.clone();
+    tokio::spawn(async move {
+        while waiting.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let mut actors = sim.live_actors();
+        actors.sort();
+        let victim = *actors.last().expect("two workers");
+        sim.end_actor(victim, cause);
+    })
+}
 
 fn functions() -> FunctionRegistry {
     FunctionRegistry::new()
@@ -39,6 +72,12 @@ fn functions() -> FunctionRegistry {
                 return Err("rank 1 fails".to_owned());
             }
             Ok(json!(ctx.restart_count()))
+        })
+        .register("lose_once", |task| async move {
+            wait_in_first_attempt(task, &WAITING_TO_BE_LOST).await
+        })
+        .register("fail_replaced_once", |task| async move {
+            wait_in_first_attempt(task, &WAITING_FOR_A_KILL).await
         })
         .register("die_once", |task| async move {
             // The first attempt waits for a worker to be killed.
@@ -137,6 +176,52 @@ async fn a_worker_that_died_is_replaced_at_its_rank_and_the_others_are_kept() {
             "every rank stays where it was"
         );
     }
+    assert_nothing_left(&sim);
+}
+
+#[tokio::test]
+async fn a_worker_that_went_with_its_host_is_not_replaced_there_and_every_worker_starts_afresh() {
+    let sim = common::one_node(2, functions());
+    let cause = DeathCause::Unresponsive { after_ms: 10_000 };
+    let ender = end_one_when_waiting(&sim, &WAITING_TO_BE_LOST, cause);
+    let task = TaskSpec::function("lose_once", json!(null));
+    let (result, events) = common::fit_two(&sim, restart_once(), &task, None).await;
+    ender.await.expect("the ender ran");
+    let report = result.expect("the restart succeeds");
+    assert_eq!(report.attempts, 2);
+    let attempts = started(&events);
+    let (before, after) = (pids(&attempts[0]), pids(&attempts[1]));
+    assert!(
+        before.iter().all(|pid| !after.contains(pid)),
+        "no worker is kept once one went with its host: {before:?} then {after:?}"
+    );
+    assert_nothing_left(&sim);
+}
+
+#[tokio::test]
+async fn lost_workers_that_cannot_be_replaced_give_way_to_a_fresh_start_not_another_failure() {
+    let sim = common::one_node(2, functions());
+    // Spawns 0 and 1 start the crew; spawn 2, the lost worker's replacement, fails.
+    let runtime: Arc<dyn ActorRuntime> =
+        Arc::new(Faulty::wrap(Arc::new(sim.clone()), FailNthSpawn::new(2)));
+    let cause = DeathCause::ProcessExited {
+        code: None,
+        signal: Some(9),
+    };
+    let ender = end_one_when_waiting(&sim, &WAITING_FOR_A_KILL, cause);
+    let task = TaskSpec::function("fail_replaced_once", json!(null));
+    // One restart allowed: the replacement that could not start must not count as another.
+    let (result, events) = common::fit_two_on(runtime, restart_once(), &task, None).await;
+    ender.await.expect("the ender ran");
+    let report = result.expect("the run succeeds after one failure");
+    assert_eq!(report.attempts, 2);
+    assert_eq!(report.returns, [json!(1), json!(1)]);
+    let attempts = started(&events);
+    let (before, after) = (pids(&attempts[0]), pids(&attempts[1]));
+    assert!(
+        before.iter().all(|pid| !after.contains(pid)),
+        "every worker started afresh: {before:?} then {after:?}"
+    );
     assert_nothing_left(&sim);
 }
 
