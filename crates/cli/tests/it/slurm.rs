@@ -4,6 +4,8 @@
 //! request no node can hold, and `--detach`. Without the cluster the tests print `SKIP:` and
 //! why; under `CI=true` they fail unless `TRAINYARD_SLURM_SKIP` says why.
 
+mod faults;
+
 use trainyard_test_support::processes as common;
 
 use std::process::{Child, Command, Output, Stdio};

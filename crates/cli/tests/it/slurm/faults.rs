@@ -1,0 +1,426 @@
+//! Faults across hosts, on the Slurm test cluster whose nodes have network namespaces of
+//! their own (`scripts/netns-env.sh`): a node's link going down mid-run, the driver's host cut
+//! off from every node, and a node lost for good. Each test says how long the fault took to
+//! be seen and the run to train again (printed as `fault:` lines), and asserts that no
+//! committed checkpoint was lost and no process was left.
+//!
+//! The deadlines: the driver declares an agent it has not heard from for the heartbeat
+//! timeout (10 s) lost; an agent that has not heard from its driver for its bound (10 s)
+//! stops its task and exits; a worker whose agent does not call back within the start
+//! timeout (60 s) is given up, and its host with it.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use trainyard_runtime_slurm::testing::{cluster, setup_script, wait_for_no_jobs};
+use trainyard_test_support::processes::{Sandbox, left_behind, torch_python};
+use trainyard_test_support::running::Running;
+
+use super::{name, nothing_left, slurm_run};
+
+/// How long after a host is cut off its agent must have stopped its task: its bound for a
+/// silent driver, and a little more.
+const AGENT_STOPS_WITHIN: Duration = Duration::from_secs(15);
+/// How long after a host is cut off the driver must have declared its workers lost: the
+/// heartbeat timeout, and a little more.
+const DETECTED_WITHIN: Duration = Duration::from_secs(15);
+
+/// The test hosts' layout (`NAME NAMESPACE ADDRESS HOST_LINK` a line), as
+/// `scripts/netns-env.sh up` writes it.
+const LAYOUT: &str = "/run/trainyard-netns/hosts";
+
+/// The link on this machine's side of each Slurm node's namespace (`tyv-n1` …), once the
+/// nodes have namespaces of their own. `None` after printing `SKIP:` and why; under
+/// `CI=true` without `TRAINYARD_NETNS_SKIP` saying why, a single-stack cluster panics.
+fn node_links() -> Option<Vec<(String, String)>> {
+    let layout = std::fs::read_to_string(LAYOUT).unwrap_or_default();
+    let links: Vec<(String, String)> = layout
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            match fields.as_slice() {
+                [name, namespace, _, link] if name.starts_with('n') && *namespace != "-" => {
+                    Some(((*name).to_owned(), (*link).to_owned()))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    let in_namespaces = ["n1", "n2", "n3", "n4"]
+        .iter()
+        .all(|node| links.iter().any(|(name, _)| name == node))
+        && Path::new("/run/netns/ty-n1").exists();
+    if in_namespaces {
+        return Some(links);
+    }
+    if let Ok(why) = std::env::var("TRAINYARD_NETNS_SKIP") {
+        eprintln!("SKIP: the Slurm nodes share this machine's network: {why}");
+        return None;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "the Slurm nodes have no network namespaces of their own under CI=true ({LAYOUT}); \
+         TRAINYARD_NETNS_SKIP must say why"
+    );
+    eprintln!("SKIP: the Slurm nodes share this machine's network ({LAYOUT} lists no n1-n4)");
+    None
+}
+
+fn set_link(link: &str, state: &str) {
+    let status = Command::new("ip")
+        .args(["link", "set", link, state])
+        .status()
+        .expect("ip runs");
+    assert!(status.success(), "ip link set {link} {state}: {status}");
+}
+
+/// Links taken down, brought back up when dropped (a failing test leaves no node cut off).
+struct Cut(Vec<String>);
+
+impl Cut {
+    fn new(links: &[(String, String)], nodes: &[&str]) -> Self {
+        let cut: Vec<String> = nodes
+            .iter()
+            .map(|node| {
+                links
+                    .iter()
+                    .find(|(name, _)| name == node)
+                    .map(|(_, link)| link.clone())
+                    .unwrap_or_else(|| panic!("no link for node {node}"))
+            })
+            .collect();
+        for link in &cut {
+            set_link(link, "down");
+        }
+        Self(cut)
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        for link in &self.0 {
+            set_link(link, "up");
+        }
+    }
+}
+
+/// Brings the test cluster's lost nodes back when dropped (their slurmd started again).
+struct Restore;
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(setup_script())
+            .arg("up")
+            .stdout(std::process::Stdio::null())
+            .status();
+    }
+}
+
+fn record(sandbox: &Sandbox, run: &str) -> serde_json::Value {
+    let path = sandbox.storage().join(run).join("run.json");
+    serde_json::from_slice(&std::fs::read(&path).expect("run.json")).expect("JSON")
+}
+
+/// The highest committed checkpoint's index.
+fn last_committed(record: &serde_json::Value) -> u64 {
+    record["checkpoints"]
+        .as_array()
+        .and_then(|all| all.iter().filter_map(|c| c["index"].as_u64()).max())
+        .unwrap_or(0)
+}
+
+/// Where rank `rank` of attempt `attempt` runs: its node, task pid and agent pid.
+fn rank_of(record: &serde_json::Value, attempt: usize, rank: usize) -> (String, u32, u32) {
+    let worker = &record["attempts"][attempt]["workers"][rank];
+    let pid = |key: &str| {
+        worker[key]
+            .as_u64()
+            .and_then(|pid| u32::try_from(pid).ok())
+            .unwrap_or_else(|| panic!("no {key} for rank {rank}: {record}"))
+    };
+    let node = worker["node"].as_str().expect("a node").to_owned();
+    (node, pid("pid"), pid("agent_pid"))
+}
+
+/// Those of `pids` that run on a Slurm node's host (in a `ty-n*` network namespace), not on
+/// the driver's.
+fn on_the_nodes(pids: &[u32]) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    let namespace = |path: String| std::fs::metadata(path).ok().map(|meta| meta.ino());
+    let nodes: Vec<u64> = (1..=4)
+        .filter_map(|k| namespace(format!("/run/netns/ty-n{k}")))
+        .collect();
+    pids.iter()
+        .copied()
+        .filter(|pid| {
+            namespace(format!("/proc/{pid}/ns/net")).is_some_and(|ns| nodes.contains(&ns))
+        })
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// When every pid of `pids` is gone, within `limit` of now; `None` past it.
+fn gone_by(pids: &[u32], limit: Duration) -> Option<Instant> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if !pids.iter().copied().any(alive) {
+            return Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// When the driver booked attempt `attempt` as failed in the run's record, within `limit`.
+fn failed_by(sandbox: &Sandbox, run: &str, attempt: usize, limit: Duration) -> Option<Instant> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        let path = sandbox.storage().join(run).join("run.json");
+        let failed = std::fs::read(&path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .is_some_and(|record| !record["attempts"][attempt]["failure"].is_null());
+        if failed {
+            return Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// The checkpoint index a rank's `resumed from …/checkpoint_NNNNNN` line names.
+fn resumed_index(line: &str) -> u64 {
+    line.split("checkpoint_")
+        .nth(1)
+        .and_then(|rest| rest.get(..6))
+        .and_then(|digits| digits.parse().ok())
+        .unwrap_or_else(|| panic!("no checkpoint in `{line}`"))
+}
+
+/// A two-rank checkpointing torch run spread over two nodes, for `epochs` epochs of half a
+/// second.
+fn checkpointing(sandbox: &Sandbox, run: &str, python: &Path, failures: &str) -> Command {
+    let mut command = slurm_run(
+        sandbox,
+        run,
+        &[
+            "-n",
+            "2",
+            "-s",
+            "SPREAD",
+            "-r",
+            "CPU=1,memory=1GiB",
+            "--max-failures",
+            failures,
+            "--env",
+            "EPOCHS=24",
+            "--env",
+            "EPOCH_SECONDS=0.5",
+            "--",
+        ],
+    );
+    command.arg(python).arg("examples/torch_checkpoint.py");
+    command
+}
+
+fn seconds(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64()
+}
+
+#[test]
+fn a_node_cut_off_mid_run_stops_its_task_and_the_run_resumes_on_nodes_that_answer() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let Some(links) = node_links() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-cut");
+    let run = name("cut");
+    let mut running = Running::start(&mut checkpointing(&sandbox, &run, &python, "1"));
+    running.expect_line("rank 1: epoch 5 start", Duration::from_secs(180));
+    let before = record(&sandbox, &run);
+    let committed = last_committed(&before);
+    let (node, task, agent) = rank_of(&before, 0, 1);
+
+    let cut = Cut::new(&links, &[node.as_str()]);
+    let at = Instant::now();
+    // While the link is still down: the agent stops its task and exits by itself, and the
+    // driver declares the worker lost.
+    let stopped = gone_by(&[task, agent], AGENT_STOPS_WITHIN).unwrap_or_else(|| {
+        panic!("rank 1's task ({task}) or agent ({agent}) on the cut-off {node} still runs")
+    });
+    let detected = failed_by(&sandbox, &run, 0, DETECTED_WITHIN)
+        .unwrap_or_else(|| panic!("the driver did not declare {node}'s worker lost in time"));
+    let again = running.expect_line("rank 1: resumed from ", Duration::from_secs(90));
+    let resumed = running.stdout();
+    let resumed = resumed
+        .lines()
+        .find(|line| line.contains("rank 1: resumed from "))
+        .expect("the resumed line");
+    eprintln!(
+        "fault: link down on {node}: detected in {:.1} s, its task stopped in {:.1} s, training again in {:.1} s",
+        seconds(at, detected),
+        seconds(at, stopped),
+        seconds(at, again)
+    );
+    assert!(
+        resumed_index(resumed) >= committed,
+        "checkpoint {committed} was committed before the cut, but the run resumed from: {resumed}"
+    );
+    // The next attempt runs where the driver is heard: not on the node cut off.
+    let after = record(&sandbox, &run);
+    for rank in 0..2 {
+        let (placed, _, _) = rank_of(&after, 1, rank);
+        assert_ne!(
+            placed, node,
+            "rank {rank} went back to the cut-off node: {after}"
+        );
+    }
+    drop(cut);
+    let ended = running.finish(Duration::from_secs(180));
+    assert!(ended.status.success(), "{}", ended.all());
+    assert!(
+        ended.stdout.contains("rank 0: done at epoch 24"),
+        "{}",
+        ended.all()
+    );
+    // The cut-off node's side of the old job ends once its link is back.
+    let jobs = wait_for_no_jobs(&run, Duration::from_secs(90));
+    assert!(jobs.is_empty(), "jobs left in squeue: {jobs:?}");
+    nothing_left(&sandbox, &run);
+}
+
+#[test]
+fn a_driver_cut_off_from_every_node_leaves_no_task_and_the_same_command_resumes() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let Some(links) = node_links() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-island");
+    let run = name("island");
+    let mut running = Running::start(&mut checkpointing(&sandbox, &run, &python, "0"));
+    running.expect_line("rank 1: epoch 5 start", Duration::from_secs(180));
+    let before = record(&sandbox, &run);
+    let committed = last_committed(&before);
+    let ranks: Vec<(String, u32, u32)> = (0..2).map(|rank| rank_of(&before, 0, rank)).collect();
+    let pids: Vec<u32> = ranks
+        .iter()
+        .flat_map(|(_, task, agent)| [*task, *agent])
+        .collect();
+
+    let cut = Cut::new(&links, &["n1", "n2", "n3", "n4"]);
+    let at = Instant::now();
+    let stopped = gone_by(&pids, AGENT_STOPS_WITHIN)
+        .unwrap_or_else(|| panic!("a task or agent of {ranks:?} still runs on a cut-off node"));
+    let left = on_the_nodes(&left_behind(sandbox.mark(), Duration::from_secs(1)));
+    assert!(
+        left.is_empty(),
+        "processes of the run left on the nodes: {left:?}"
+    );
+    // The driver gives the run up (no restart allowed), bounded, and says it can resume.
+    let ended = running.finish(Duration::from_secs(120));
+    let exited = ended.at;
+    assert!(!ended.status.success(), "{}", ended.all());
+    assert!(
+        ended.stderr.contains("resumes from it"),
+        "no word on resuming: {}",
+        ended.all()
+    );
+    eprintln!(
+        "fault: driver cut off from every node: every task stopped in {:.1} s, the driver exited in {:.1} s",
+        seconds(at, stopped),
+        seconds(at, exited)
+    );
+    drop(cut);
+    let jobs = wait_for_no_jobs(&run, Duration::from_secs(90));
+    assert!(jobs.is_empty(), "jobs left in squeue: {jobs:?}");
+
+    // The same command, once the network is back, resumes from the last committed checkpoint.
+    let mut again = Running::start(&mut checkpointing(&sandbox, &run, &python, "0"));
+    again.expect_line("rank 1: resumed from ", Duration::from_secs(180));
+    let resumed = again.stdout();
+    let line = resumed
+        .lines()
+        .find(|line| line.contains("rank 1: resumed from "))
+        .expect("the resumed line");
+    assert!(
+        resumed_index(line) >= committed,
+        "checkpoint {committed} was committed before the cut, but the run resumed from: {line}"
+    );
+    let ended = again.finish(Duration::from_secs(180));
+    assert!(ended.status.success(), "{}", ended.all());
+    nothing_left(&sandbox, &run);
+}
+
+#[test]
+fn a_node_lost_for_good_is_left_out_and_the_run_goes_on_from_its_last_checkpoint() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let Some(python) = torch_python() else {
+        return;
+    };
+    if node_links().is_none() {
+        return;
+    }
+    let _restore = Restore;
+    let sandbox = Sandbox::new("slurm-lost");
+    let run = name("lost");
+    let mut running = Running::start(&mut checkpointing(&sandbox, &run, &python, "1"));
+    running.expect_line("rank 1: epoch 5 start", Duration::from_secs(180));
+    let before = record(&sandbox, &run);
+    let committed = last_committed(&before);
+    let (node, _, _) = rank_of(&before, 0, 1);
+
+    // Every process of the node's namespace (its slurmd, its step, the agent, the task) dies.
+    let namespace = format!("ty-{node}");
+    let at = Instant::now();
+    let pids = Command::new("ip")
+        .args(["netns", "pids", &namespace])
+        .output()
+        .expect("ip runs");
+    for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+        let _ = Command::new("kill").args(["-9", pid]).status();
+    }
+    let detected = failed_by(&sandbox, &run, 0, DETECTED_WITHIN)
+        .unwrap_or_else(|| panic!("the driver did not see {node}'s worker die"));
+    let again = running.expect_line("rank 1: resumed from ", Duration::from_secs(180));
+    let resumed = running.stdout();
+    let resumed = resumed
+        .lines()
+        .find(|line| line.contains("rank 1: resumed from "))
+        .expect("the resumed line");
+    eprintln!(
+        "fault: node {node} lost for good: detected in {:.1} s, training again in {:.1} s",
+        seconds(at, detected),
+        seconds(at, again)
+    );
+    assert!(
+        resumed_index(resumed) >= committed,
+        "checkpoint {committed} was committed before the loss, but the run resumed from: {resumed}"
+    );
+    let ended = running.finish(Duration::from_secs(180));
+    assert!(ended.status.success(), "{}", ended.all());
+    // One failure, the node's: giving up on the worker that could not start there is not
+    // another.
+    let after = record(&sandbox, &run);
+    let attempts = after["attempts"].as_array().map_or(0, Vec::len);
+    assert_eq!(attempts, 2, "{after}");
+    let (placed, _, _) = rank_of(&after, 1, 1);
+    assert_ne!(placed, node, "rank 1 went back to the lost node: {after}");
+    nothing_left(&sandbox, &run);
+}
