@@ -15,12 +15,18 @@
 //! The wheel is built and installed into a fresh venv as `cargo xtask python` does; Ray,
 //! torch and torchrun come from the project's venv (`scripts/ray-env.sh`). The Slurm row
 //! needs the Slurm test cluster (`scripts/slurm-env.sh up`); without it the row says so.
+//!
+//! A program that is still there when its row ends (past a limit, or failed) is first asked
+//! to stop as Ctrl-C asks (SIGINT, then up to [`SIGNAL_GRACE`]): trainyard's driver then
+//! stops its ranks and gives back what it holds, a Slurm allocation included. What is left
+//! after that is SIGKILLed, and a Slurm job of the run's name that is still there is
+//! cancelled before the next row starts.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::bench_e2e::{descendants, replace_block, stamp};
+use crate::bench_e2e::{kill_tree, replace_block, stamp};
 
 const README_START: &str = "<!-- bench-chaos: written by `cargo xtask bench-chaos --readme` -->";
 const README_END: &str = "<!-- /bench-chaos -->";
@@ -30,6 +36,15 @@ const FIRST_STEP_LIMIT: Duration = Duration::from_secs(240);
 
 /// How long a program may take to end once told to stop.
 const STOP_LIMIT: Duration = Duration::from_secs(120);
+
+/// How long a program still there at the end of its row gets to end after a SIGINT before it
+/// is killed (trainyard's driver stops its ranks within its 5 s shutdown patience and a Slurm
+/// allocation's `salloc` exits within 12 s of its release).
+const SIGNAL_GRACE: Duration = Duration::from_secs(30);
+
+/// The run's name in `benches/python/chaos.py` (its `RunConfig`): on Slurm, the job name of
+/// the run's allocation.
+const RUN_NAME: &str = "chaos";
 
 /// The contenders, in the order they run and appear.
 const CONTENDERS: [(&str, &str); 5] = [
@@ -116,7 +131,10 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             .tempdir()
             .map_err(|e| e.to_string())?;
         let outcome = match contender(name, &python, &ray_python, &program, out.path()) {
-            Ok(command) => chaos.run(command, out.path()),
+            Ok(command) => {
+                let slurm_job = (name == "slurm").then_some(RUN_NAME);
+                chaos.run(command, out.path(), slurm_job)
+            }
             Err(why) => Err(why),
         };
         match &outcome {
@@ -218,7 +236,13 @@ struct Chaos {
 
 impl Chaos {
     /// Runs `command` (its program writes into `out`) while killing its ranks; its figures.
-    fn run(&self, mut command: Command, out: &Path) -> Result<Outcome, String> {
+    /// `slurm_job` names the Slurm job its run holds, if any.
+    fn run(
+        &self,
+        mut command: Command,
+        out: &Path,
+        slurm_job: Option<&str>,
+    ) -> Result<Outcome, String> {
         use std::os::unix::process::CommandExt as _;
         let log = std::fs::File::create(out.join("program.log")).map_err(|e| e.to_string())?;
         let child = command
@@ -228,7 +252,7 @@ impl Chaos {
             .stderr(log)
             .spawn()
             .map_err(|e| format!("cannot run {command:?}: {e}"))?;
-        let mut child = Reaped(child);
+        let mut child = Reaped { child, slurm_job };
         let tail = || {
             let text = std::fs::read(out.join("program.log")).unwrap_or_default();
             let start = text.len().saturating_sub(3000);
@@ -239,7 +263,7 @@ impl Chaos {
             if let Some(first) = read_steps(&out.join("steps_0")).first() {
                 break first.start;
             }
-            if let Some(status) = child.0.try_wait().map_err(|e| e.to_string())? {
+            if let Some(status) = child.child.try_wait().map_err(|e| e.to_string())? {
                 return Err(format!("it ended before training ({status}): {}", tail()));
             }
             if started.elapsed() > FIRST_STEP_LIMIT {
@@ -252,7 +276,7 @@ impl Chaos {
         let mut last_killed: Option<u32> = None;
         let mut next_kill = t0 + self.every.as_secs_f64();
         while now() < stop_at {
-            if let Some(status) = child.0.try_wait().map_err(|e| e.to_string())? {
+            if let Some(status) = child.child.try_wait().map_err(|e| e.to_string())? {
                 return Err(format!("it ended under chaos ({status}): {}", tail()));
             }
             if now() >= next_kill {
@@ -275,7 +299,7 @@ impl Chaos {
         std::fs::write(out.join("stop"), b"").map_err(|e| e.to_string())?;
         let deadline = Instant::now() + STOP_LIMIT;
         let status = loop {
-            if let Some(status) = child.0.try_wait().map_err(|e| e.to_string())? {
+            if let Some(status) = child.child.try_wait().map_err(|e| e.to_string())? {
                 break status;
             }
             if Instant::now() > deadline {
@@ -298,22 +322,63 @@ impl Chaos {
     }
 }
 
-/// A child that is killed, with its process group and descendants, when dropped.
-struct Reaped(Child);
+/// A child that, when dropped, is asked to end if it has not (SIGINT, as Ctrl-C: trainyard's
+/// driver then stops its run and releases what it holds), then killed past [`SIGNAL_GRACE`]
+/// with its process group and descendants; and whose Slurm job, if one is left, is cancelled.
+struct Reaped<'a> {
+    child: Child,
+    /// The name of the Slurm job its run holds, if any.
+    slurm_job: Option<&'a str>,
+}
 
-impl Drop for Reaped {
+impl Drop for Reaped<'_> {
     fn drop(&mut self) {
-        let mut pids: Vec<String> = descendants(self.0.id())
-            .into_iter()
-            .map(|pid| pid.to_string())
-            .collect();
-        pids.push(format!("-{}", self.0.id()));
-        let _ = Command::new("kill")
-            .args(["-s", "KILL", "--"])
-            .args(&pids)
-            .stderr(Stdio::null())
-            .status();
-        let _ = self.0.wait();
+        let running = |child: &mut Child| matches!(child.try_wait(), Ok(None));
+        if running(&mut self.child) {
+            let _ = Command::new("kill")
+                .args(["-s", "INT", "--", &self.child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + SIGNAL_GRACE;
+            while running(&mut self.child) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        kill_tree(self.child.id());
+        let _ = self.child.wait();
+        if let Some(name) = self.slurm_job {
+            cancel_slurm_job(name);
+        }
+    }
+}
+
+/// Cancels this user's Slurm jobs named `name`, and waits up to 30 s for them to leave the
+/// queue; says so if one does not.
+fn cancel_slurm_job(name: &str) {
+    let listed = || {
+        Command::new("squeue")
+            .args(["--me", "-h", "-o", "%i", "--name", name])
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    if listed().is_empty() {
+        return;
+    }
+    let _ = Command::new("scancel")
+        .args(["--me", "--name", name])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = listed();
+        if left.is_empty() {
+            eprintln!("the Slurm job named {name} that the run left is cancelled");
+            return;
+        }
+        if Instant::now() > deadline {
+            eprintln!("the Slurm job named {name} is still queued after scancel: {left}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
     }
 }
 

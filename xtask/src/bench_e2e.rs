@@ -240,18 +240,7 @@ fn output_within(command: &mut Command, limit: Duration) -> Result<std::process:
             break status;
         }
         if Instant::now() > deadline {
-            // Its descendants too: torchrun starts each worker in a session of its own.
-            // (`kill -KILL -PGID` without `--` kills nothing: procps reads `-PGID` as an
-            // option.)
-            let mut pids: Vec<String> = descendants(child.id())
-                .into_iter()
-                .map(|pid| pid.to_string())
-                .collect();
-            pids.push(format!("-{}", child.id()));
-            let _ = Command::new("kill")
-                .args(["-s", "KILL", "--"])
-                .args(&pids)
-                .status();
+            kill_tree(child.id());
             let _ = child.wait();
             return Err(format!("{command:?} ran past {limit:?} and was killed"));
         }
@@ -264,8 +253,24 @@ fn output_within(command: &mut Command, limit: Duration) -> Result<std::process:
     })
 }
 
+/// SIGKILLs `pid`'s process group and every descendant of `pid`: torchrun starts each worker
+/// in a session of its own, and trainyard's Python driver its binary.
+pub(crate) fn kill_tree(pid: u32) {
+    // `kill -KILL -PGID` without `--` kills nothing: procps reads `-PGID` as an option.
+    let mut pids: Vec<String> = descendants(pid)
+        .into_iter()
+        .map(|pid| pid.to_string())
+        .collect();
+    pids.push(format!("-{pid}"));
+    let _ = Command::new("kill")
+        .args(["-s", "KILL", "--"])
+        .args(&pids)
+        .stderr(Stdio::null())
+        .status();
+}
+
 /// The processes descended from `pid`, found through each process's parent in `/proc`.
-pub(crate) fn descendants(pid: u32) -> Vec<u32> {
+fn descendants(pid: u32) -> Vec<u32> {
     let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()

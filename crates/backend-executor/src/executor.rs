@@ -82,7 +82,8 @@ impl BackendExecutor {
     /// Runs `task` on every worker to completion with the run's failure policy (Ray Train
     /// v2's `max_failures`: N restarts, unlimited with `None`): a failed attempt shuts
     /// everything down, releases the placement group, waits out the [restart
-    /// backoff](ExecutorOptions::restart_backoff) and starts again from scratch, with
+    /// backoff](ExecutorOptions::restart_backoff) if the run is in a crash loop (after an
+    /// attempt that made progress it does not wait) and starts again from scratch, with
     /// `TRAINYARD_RESTART_COUNT` one higher. A failure that [`classify`](crate::classify)
     /// calls fatal ends the run at once, whatever the budget. The run gets a [unique
     /// name](unique_run_name) unless its run config names it. Nothing is left reserved or

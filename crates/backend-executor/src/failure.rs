@@ -299,12 +299,14 @@ pub fn classify(failure: &AttemptFailure) -> Disposition {
     }
 }
 
-/// How long to wait before each restart: `initial`, doubling up to `max`.
+/// How long to wait before each restart of a crash loop: `initial`, doubling up to `max`.
+/// Only failures in a row of attempts that made no progress wait (see
+/// [`ExecutorOptions::restart_backoff`](crate::ExecutorOptions::restart_backoff)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Backoff {
-    /// The first wait: before the run's second restart (its first is at once).
+    /// The first wait: before a crash loop's second restart (its first is at once).
     pub initial: Duration,
-    /// The longest wait.
+    /// The longest wait; an attempt whose tasks ran this long made progress.
     pub max: Duration,
 }
 

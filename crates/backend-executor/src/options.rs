@@ -31,7 +31,10 @@ pub struct ExecutorOptions {
     pub health_check_timeout: Duration,
     /// How long starting the workers, and the backend's `on_start`, may each take (60 s).
     pub start_timeout: Duration,
-    /// The wait before each restart (1 s, doubling up to 30 s).
+    /// The wait before a restart in a crash loop, failures in a row of attempts that made no
+    /// progress (committed no checkpoint, and their tasks ran shorter than the longest wait):
+    /// the loop's first restart is at once, then 1 s, doubling up to 30 s. A failure after
+    /// progress restarts at once, as in Ray Train and torchrun.
     pub restart_backoff: Backoff,
     /// Accelerator sharing rules; `None` uses [`default_rules`](crate::default_rules) with
     /// the backend's GPU choice.

@@ -1,10 +1,21 @@
 //! What the run does after an attempt: a pure function of the attempts so far
 //! ([`History`]) and how the last one ended ([`Outcome`]), as kube-rs's error policy returns
 //! an `Action`. Ray Train v2's rules: a failed attempt restarts everything from scratch while
-//! `max_failures` allows (the run's first restart at once, the later ones after a backoff
-//! that grows with the failures, so that a crash loop slows down); a preemption restarts without using up that
-//! budget; a failure [`classify`] calls fatal ends the run at once; room for more workers
-//! restarts an elastic run at the larger size, not as a failure.
+//! `max_failures` allows; a preemption restarts without using up that budget; a failure
+//! [`classify`] calls fatal ends the run at once; room for more workers restarts an elastic
+//! run at the larger size, not as a failure.
+//!
+//! # The wait before a restart
+//!
+//! Ray Train and torchrun restart at once, and so does a run here after an attempt that made
+//! [progress](Policy::made_progress): it committed a checkpoint (the next attempt resumes
+//! from a later one), or its tasks ran at least as long as the back-off's longest wait (a
+//! program that keeps its checkpoints itself). Only a crash loop waits: the failures in a row
+//! of attempts that made none, since the run began or since the last attempt that did. The
+//! first of them restarts at once too (one failure is no loop); from the second on the
+//! [`Backoff`] grows with the failures among them that `max_failures` counts (1 s, 2 s, 4 s,
+//! ... up to 30 s by default). An attempt that makes progress ends the loop, and a loop after
+//! it backs off from the start again. What `max_failures` counts does not depend on progress.
 
 use std::time::Duration;
 
@@ -22,6 +33,15 @@ pub(crate) enum Outcome {
     Failed(AttemptFailure),
     /// The attempt was stopped because room for `to` workers appeared.
     RoomFor(u32),
+}
+
+/// What an attempt got done, as far as the run can tell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Progress {
+    /// Whether it committed a checkpoint.
+    pub(crate) committed: bool,
+    /// How long its tasks ran before the attempt's end was decided (zero: they never started).
+    pub(crate) trained: Duration,
 }
 
 /// What the run does next.
@@ -44,12 +64,21 @@ pub(crate) struct History {
     pub(crate) attempts: u32,
     /// The failure of each failed attempt.
     pub(crate) failures: Vec<AttemptFailure>,
-    /// How many of them were preemptions, which `max_failures` does not count.
-    requeued: usize,
+    /// Where in `failures` the crash loop begins: after the last attempt that made progress.
+    stalled_from: usize,
     /// Attempts stopped to resize the run, which are not failures either.
     pub(crate) resizes: u32,
     /// Each attempt's world size.
     pub(crate) world_sizes: Vec<u32>,
+}
+
+/// How many of `failures` count against `max_failures` (preemptions do not).
+fn counted(failures: &[AttemptFailure]) -> u32 {
+    let n = failures
+        .iter()
+        .filter(|failure| classify(failure) != Disposition::Requeue)
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 impl History {
@@ -62,20 +91,24 @@ impl History {
 
     /// The failures that count against `max_failures`.
     fn counted_failures(&self) -> u32 {
-        u32::try_from(self.failures.len() - self.requeued).unwrap_or(u32::MAX)
+        counted(&self.failures)
     }
 
-    /// Books how the last attempt ended.
-    pub(crate) fn record(&mut self, outcome: &Outcome) {
+    /// The failures of the attempts that made no progress since the last one that did (or
+    /// since the run began): the crash loop the back-off slows down.
+    fn stalled(&self) -> &[AttemptFailure] {
+        &self.failures[self.stalled_from..]
+    }
+
+    /// Books how the last attempt ended, and whether it made progress.
+    pub(crate) fn record(&mut self, outcome: &Outcome, progressed: bool) {
         match outcome {
             Outcome::Succeeded => {}
-            Outcome::Failed(failure) => {
-                self.failures.push(failure.clone());
-                if classify(failure) == Disposition::Requeue {
-                    self.requeued += 1;
-                }
-            }
+            Outcome::Failed(failure) => self.failures.push(failure.clone()),
             Outcome::RoomFor(_) => self.resizes += 1,
+        }
+        if progressed {
+            self.stalled_from = self.failures.len();
         }
     }
 }
@@ -85,11 +118,18 @@ impl History {
 pub(crate) struct Policy {
     /// How many failures the run survives.
     pub(crate) failures: FailureConfig,
-    /// The wait before each restart.
+    /// The wait before a restart in a crash loop.
     pub(crate) backoff: Backoff,
 }
 
 impl Policy {
+    /// Whether an attempt that got `progress` done made progress: it committed a checkpoint,
+    /// or its tasks ran at least as long as the longest wait (a loop that slow is not one
+    /// the back-off would slow down much more).
+    pub(crate) fn made_progress(&self, progress: Progress) -> bool {
+        progress.committed || progress.trained >= self.backoff.max
+    }
+
     /// What follows `outcome`, given the `history` that already records it.
     pub(crate) fn next(&self, history: &History, outcome: &Outcome) -> Action {
         match outcome {
@@ -97,18 +137,20 @@ impl Policy {
             Outcome::RoomFor(to) => Action::Resize { to: *to },
             Outcome::Failed(failure) => {
                 let disposition = classify(failure);
-                let count = history.counted_failures();
                 if disposition == Disposition::Fatal
-                    || (disposition == Disposition::Restart && !self.failures.should_restart(count))
+                    || (disposition == Disposition::Restart
+                        && !self.failures.should_restart(history.counted_failures()))
                 {
                     return Action::Fail;
                 }
-                // One failure is no crash loop: the run's first restart is at once, and the
-                // backoff grows from the second on with the failures counted.
-                let after = if history.failures.len() <= 1 {
+                // A failure after progress is no crash loop, and neither is one failure: at
+                // once. From a loop's second failure on, the wait grows with those counted.
+                let stalled = history.stalled();
+                let after = if stalled.len() <= 1 {
                     Duration::ZERO
                 } else {
-                    self.backoff.delay(count.saturating_sub(1).max(1))
+                    self.backoff
+                        .delay(counted(stalled).saturating_sub(1).max(1))
                 };
                 Action::Restart { after }
             }
@@ -151,13 +193,21 @@ mod tests {
         }
     }
 
-    /// Plays `outcomes` in order through a fresh history; the action after each.
+    /// Plays `outcomes` of attempts that made no progress in order through a fresh history;
+    /// the action after each.
     fn play(policy: &Policy, outcomes: &[Outcome]) -> Vec<Action> {
+        let attempts: Vec<_> = outcomes.iter().map(|o| (o.clone(), false)).collect();
+        play_progress(policy, &attempts)
+    }
+
+    /// Plays `attempts` (each outcome, and whether the attempt made progress) in order
+    /// through a fresh history; the action after each.
+    fn play_progress(policy: &Policy, attempts: &[(Outcome, bool)]) -> Vec<Action> {
         let mut history = History::default();
-        outcomes
+        attempts
             .iter()
-            .map(|outcome| {
-                history.record(outcome);
+            .map(|(outcome, progressed)| {
+                history.record(outcome, *progressed);
                 policy.next(&history, outcome)
             })
             .collect()
@@ -260,10 +310,94 @@ mod tests {
             Outcome::RoomFor(3),
             Outcome::Failed(preempted()),
         ] {
-            history.record(&outcome);
+            history.record(&outcome, false);
         }
         assert_eq!(history.restarts(), 3);
         assert_eq!(history.counted_failures(), 1);
         assert_eq!(history.resizes, 1);
+    }
+
+    /// An attempt's failure, and whether it made progress.
+    fn failed(progressed: bool) -> (Outcome, bool) {
+        (Outcome::Failed(user_error()), progressed)
+    }
+
+    #[test]
+    fn failures_after_progress_restart_at_once() {
+        let policy = Policy {
+            failures: FailureConfig::unlimited(),
+            backoff: Backoff::default(),
+        };
+        let attempts = vec![failed(true); 12];
+        let actions = play_progress(&policy, &attempts);
+        assert_eq!(
+            actions,
+            vec![
+                Action::Restart {
+                    after: Duration::ZERO
+                };
+                12
+            ]
+        );
+    }
+
+    #[test]
+    fn a_crash_loop_after_progress_backs_off_from_the_start_again() {
+        let second = Duration::from_secs(1);
+        let zero = Duration::ZERO;
+        let policy = Policy {
+            failures: FailureConfig::restarts(8),
+            backoff: Backoff::default(),
+        };
+        let attempts = [
+            failed(false),
+            failed(false),
+            failed(false),
+            failed(true),
+            failed(false),
+            failed(false),
+            failed(false),
+            (Outcome::Failed(preempted()), false),
+            failed(false),
+            failed(false),
+        ];
+        let restart = |after| Action::Restart { after };
+        assert_eq!(
+            play_progress(&policy, &attempts),
+            vec![
+                restart(zero),
+                restart(second),
+                restart(2 * second),
+                // Progress: no loop, and the next one starts from the beginning.
+                restart(zero),
+                restart(zero),
+                restart(second),
+                restart(2 * second),
+                // A preemption waits as before, and is not counted.
+                restart(2 * second),
+                restart(4 * second),
+                // `max_failures` counts every failure but the preemption, progress or not.
+                Action::Fail,
+            ]
+        );
+    }
+
+    #[test]
+    fn progress_is_a_committed_checkpoint_or_training_as_long_as_the_longest_wait() {
+        let policy = Policy {
+            failures: FailureConfig::unlimited(),
+            backoff: Backoff::default(),
+        };
+        let progress = |committed, trained| Progress { committed, trained };
+        let max = Backoff::default().max;
+        assert!(policy.made_progress(progress(true, Duration::ZERO)));
+        assert!(policy.made_progress(progress(false, max)));
+        assert!(!policy.made_progress(progress(false, max - Duration::from_millis(1))));
+        assert!(!policy.made_progress(Progress::default()));
+        let none = Policy {
+            backoff: Backoff::NONE,
+            ..policy
+        };
+        assert!(none.made_progress(Progress::default()));
     }
 }

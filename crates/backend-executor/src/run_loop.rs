@@ -19,7 +19,7 @@ use crate::elastic::{ResizeReason, Sizer};
 use crate::hang::{StacksReason, full_dump};
 use crate::logs::RankLogs;
 use crate::options::RESTARTS_TARGET;
-use crate::policy::{Action, History, Outcome, Policy};
+use crate::policy::{Action, History, Outcome, Policy, Progress};
 use crate::ranks::rank_of;
 use crate::report::{FitReport, RunEvent};
 use crate::run_folder::{AttemptEnd, RunStore};
@@ -125,6 +125,8 @@ struct AttemptState {
     logs: Option<RankLogs>,
     /// Where in the run folder its logs go when it ends (remote storage).
     upload: Option<String>,
+    /// How long its tasks ran before its end was decided (zero: they never started).
+    trained: Duration,
 }
 
 impl AttemptState {
@@ -135,6 +137,16 @@ impl AttemptState {
             report: FitReport::default(),
             logs: None,
             upload: None,
+            trained: Duration::ZERO,
+        }
+    }
+
+    /// What the attempt got done: a checkpoint its reports committed (the report's
+    /// checkpoint is set only by a commit of this attempt's), and how long its tasks ran.
+    fn progress(&self) -> Progress {
+        Progress {
+            committed: self.report.checkpoint.is_some(),
+            trained: self.trained,
         }
     }
 }
@@ -145,6 +157,8 @@ struct Following<'a> {
     restart_count: u32,
     report: &'a mut FitReport,
     logs: &'a mut RankLogs,
+    /// Set to how long the tasks ran once the attempt's end is decided.
+    trained: &'a mut Duration,
     tally: Tally,
     /// Lines the listener had no room for, per rank, not yet reported as dropped.
     dropped: Vec<u64>,
@@ -179,8 +193,8 @@ impl RunLoop {
     }
 
     /// Runs `task` to its end with the run's policy: a failed attempt shuts everything
-    /// down, releases the placement group, waits out the backoff and starts again from
-    /// scratch, with the restart count one higher.
+    /// down, releases the placement group, waits out the backoff if the run is in a crash
+    /// loop (see [`Policy`]) and starts again from scratch, with the restart count one higher.
     pub(crate) async fn run(mut self, task: &TaskSpec) -> Result<FitReport, ExecutorError> {
         self.controls
             .sink
@@ -213,8 +227,9 @@ impl RunLoop {
                 End::Failed(failure) => Some(Outcome::Failed(failure.clone())),
                 End::Fatal(_) | End::Interrupted => None,
             };
+            let progressed = self.policy.made_progress(state.progress());
             let judged = judged.map(|outcome| {
-                history.record(&outcome);
+                history.record(&outcome, progressed);
                 let action = self.policy.next(&history, &outcome);
                 (outcome, action)
             });
@@ -404,7 +419,11 @@ impl RunLoop {
         };
         state.upload = remote;
         let AttemptState {
-            slot, report, logs, ..
+            slot,
+            report,
+            logs,
+            trained,
+            ..
         } = state;
         let logs = logs.insert(opened_logs);
         // Until the tasks run, a stop drops the start; from then on the attempt stops its
@@ -448,6 +467,7 @@ impl RunLoop {
             dropped: vec![0; pids.len()],
             report,
             logs,
+            trained,
         };
         self.follow(attempt, following).await
     }
@@ -696,6 +716,7 @@ impl RunLoop {
     /// quiet for [`QUIET`] (at most [`LINGER`]); after a stop, until the stopped tasks'
     /// streams end.
     async fn follow(&mut self, attempt: &mut Attempt, mut following: Following<'_>) -> End {
+        let started = Instant::now();
         let n = following.dropped.len();
         following.report.metrics = vec![None; n];
         let stop = self.controls.stop.clone();
@@ -732,6 +753,7 @@ impl RunLoop {
                 break end;
             }
         };
+        *following.trained = started.elapsed();
         match end {
             End::Interrupted | End::Resize { .. } => {
                 self.stop_and_drain(attempt, &mut following, false).await;

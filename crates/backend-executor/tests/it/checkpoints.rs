@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::common;
 
 use serde_json::{Value, json};
-use trainyard_backend_executor::{ExecutorError, FitReport, RunEvent, TrainContext};
+use trainyard_backend_executor::{Backoff, ExecutorError, FitReport, RunEvent, TrainContext};
 use trainyard_config::{CheckpointConfig, FailureConfig, ResumePolicy, RunConfig, ScoreOrder};
 use trainyard_runtime::sim::SimRuntime;
 use trainyard_runtime::{FunctionRegistry, TaskSpec};
@@ -22,8 +22,9 @@ fn metrics(value: Value) -> serde_json::Map<String, Value> {
 }
 
 /// Trains `epochs` epochs from the checkpoint it is given (its `epoch` file), handing in a
-/// shard per rank after each; in the first attempt, rank 1 fails after epoch `fail_at`.
-/// Returns the epochs it ran.
+/// shard per rank after each; in the first attempt, rank 1 fails after epoch `fail_at`. In
+/// each of the first `crash_first` attempts rank 1 fails before anything else, or with
+/// `after_epoch`, after its first epoch's report. Returns the epochs it ran.
 async fn epochs(ctx: TrainContext) -> Result<Value, String> {
     let arg = ctx.arg().clone();
     let total = arg["epochs"].as_u64().unwrap_or(5);
@@ -40,6 +41,14 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
     let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut ran = Vec::new();
     let in_storage = arg["in_storage"].as_bool() == Some(true);
+    let crashes = arg["crash_first"]
+        .as_u64()
+        .is_some_and(|n| u64::from(ctx.restart_count()) < n)
+        && rank == 1;
+    let after_epoch = arg["after_epoch"].as_bool() == Some(true);
+    if crashes && !after_epoch {
+        return Err("rank 1 fails at once".to_owned());
+    }
     for epoch in start..=total {
         ran.push(epoch);
         let dir = if in_storage {
@@ -81,7 +90,7 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
         if dir.exists() == (arg["async"].as_bool() == Some(true)) {
             return Err(format!("{} was not taken as its mode says", dir.display()));
         }
-        if Some(epoch) == fail_at && ctx.restart_count() == 0 && rank == 1 {
+        if (Some(epoch) == fail_at && ctx.restart_count() == 0 || crashes) && rank == 1 {
             // The other rank reports the same epoch meanwhile.
             tokio::time::sleep(Duration::from_millis(300)).await;
             return Err(format!("rank 1 fails after epoch {epoch}"));
@@ -517,4 +526,33 @@ async fn unwritable_storage_fails_before_any_worker_starts() {
         ),
         "{events:?}"
     );
+}
+
+/// The wait before each restart, in milliseconds.
+fn waits(events: &[RunEvent]) -> Vec<u64> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::Restarting { backoff_ms, .. } => Some(*backoff_ms),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_failure_after_a_committed_checkpoint_restarts_at_once_and_a_crash_loop_waits() {
+    let backoff = Backoff {
+        initial: Duration::from_millis(100),
+        max: Duration::from_secs(20),
+    };
+    for (after_epoch, expected) in [(true, [0, 0, 0]), (false, [0, 100, 200])] {
+        let storage = tempfile::tempdir().expect("a temporary folder");
+        let run = run_config(storage.path(), "loop").failure_config(FailureConfig::restarts(3));
+        let arg = json!({"epochs": 5, "crash_first": 3, "after_epoch": after_epoch});
+        let (result, events) =
+            common::fit_two_on(std::sync::Arc::new(sim()), run, &task(arg), None, backoff).await;
+        let report = result.expect("the run succeeds after three restarts");
+        assert_eq!(report.attempts, 4);
+        assert_eq!(waits(&events), expected, "after an epoch: {after_epoch}");
+    }
 }

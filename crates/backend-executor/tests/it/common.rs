@@ -30,21 +30,23 @@ pub(crate) async fn fit_two(
     task: &TaskSpec,
     trigger: Option<StacksTrigger>,
 ) -> (Result<FitReport, ExecutorError>, Vec<RunEvent>) {
-    fit_two_on(Arc::new(sim.clone()), run, task, trigger).await
+    fit_two_on(Arc::new(sim.clone()), run, task, trigger, Backoff::NONE).await
 }
 
-/// [`fit_two`] on `runtime` (a simulated cluster behind a fault, say).
+/// [`fit_two`] on `runtime` (a simulated cluster behind a fault, say), with `backoff` before
+/// the restarts of a crash loop.
 pub(crate) async fn fit_two_on(
     runtime: Arc<dyn ActorRuntime>,
     run: RunConfig,
     task: &TaskSpec,
     trigger: Option<StacksTrigger>,
+    backoff: Backoff,
 ) -> (Result<FitReport, ExecutorError>, Vec<RunEvent>) {
     let (tx, mut rx) = tokio::sync::mpsc::channel(10_000);
     let executor = BackendExecutor {
         scaling: ScalingConfig::default().num_workers(2),
         options: ExecutorOptions {
-            restart_backoff: Backoff::NONE,
+            restart_backoff: backoff,
             ..ExecutorOptions::default()
         },
         run,

@@ -12,7 +12,8 @@ use async_trait::async_trait;
 use futures::StreamExt as _;
 use serde_json::json;
 use trainyard_backend_executor::{
-    Backend, BackendContext, BackendError, RunEvent, StartedWorker, TrainContext, WorkerEnv,
+    Backend, BackendContext, BackendError, Backoff, RunEvent, StartedWorker, TrainContext,
+    WorkerEnv,
 };
 use trainyard_config::{FailureConfig, RunConfig};
 use trainyard_runtime::events::{ActorEvent, TaskEvents};
@@ -211,7 +212,8 @@ async fn lost_workers_that_cannot_be_replaced_give_way_to_a_fresh_start_not_anot
     let ender = end_one_when_waiting(&sim, &WAITING_FOR_A_KILL, cause);
     let task = TaskSpec::function("fail_replaced_once", json!(null));
     // One restart allowed: the replacement that could not start must not count as another.
-    let (result, events) = common::fit_two_on(runtime, restart_once(), &task, None).await;
+    let (result, events) =
+        common::fit_two_on(runtime, restart_once(), &task, None, Backoff::NONE).await;
     ender.await.expect("the ender ran");
     let report = result.expect("the run succeeds after one failure");
     assert_eq!(report.attempts, 2);
