@@ -41,6 +41,10 @@ pub(crate) const EXECUTOR_ENV: &[(&str, &str)] = &[
         "the index the task's checkpoints count from",
     ),
     (
+        trainyard_checkpoint::CHECKPOINT_ATTEMPT,
+        "the run's attempt the task's checkpoints are staged for",
+    ),
+    (
         trainyard_checkpoint::CHECKPOINT,
         "the checkpoint the task resumes from",
     ),

@@ -264,6 +264,9 @@ impl RunStore {
                 "removed checkpoints that were never committed"
             );
         }
+        // What earlier attempts staged and never committed; a task of one of them that still
+        // runs writes only there (and it is deleted again at the next attempt or the end).
+        self.delete_staging().await;
         let mut env = self.storage_env.clone();
         env.insert(trainyard_checkpoint::RUN_DIR.to_owned(), self.folder.uri());
         env.insert(
@@ -313,6 +316,12 @@ impl RunStore {
             log_dir: None,
             workers: Vec::new(),
         });
+        // Counted over every driver of the run, as the record counts attempts: a task of an
+        // earlier driver's attempt stages elsewhere.
+        env.insert(
+            trainyard_checkpoint::CHECKPOINT_ATTEMPT.to_owned(),
+            self.attempt_number().to_string(),
+        );
         let (logs, upload_logs_to) = self.attempt_log_dir(log_dir);
         if let Some(attempt) = self.record.attempts.last_mut() {
             attempt.log_dir = (!logs.as_os_str().is_empty()).then(|| logs.display().to_string());
@@ -408,6 +417,15 @@ impl RunStore {
                 other.index
             );
             return Ok(None);
+        }
+        if commit.staged {
+            // The fence between attempts: only the current attempt's staged files are moved
+            // into the checkpoint folder, and only by this driver.
+            let attempt = self.attempt_number();
+            if let Err(error) = self.folder.commit_staged(attempt, &dir).await {
+                warn!(index = commit.index, folder = %dir, error = %chain(&error), "checkpoint {} is not committed: its files could not be moved into its folder", commit.index);
+                return Ok(None);
+            }
         }
         let record = CheckpointRecord {
             index: commit.index,
@@ -541,10 +559,25 @@ impl RunStore {
     /// Ends the run.
     pub(crate) async fn finish(&mut self, status: RunStatus) {
         self.lease.stop().await;
+        self.delete_staging().await;
         self.history.write(&self.folder, true).await;
         self.record.status = status;
         if let Err(error) = self.save().await {
             warn!(error = %chain(&error), "the run's record could not be updated");
+        }
+    }
+
+    /// The current attempt's number over every driver of the run (its place in the record's
+    /// attempts), which its tasks stage their checkpoints under.
+    fn attempt_number(&self) -> u32 {
+        u32::try_from(self.record.attempts.len().saturating_sub(1)).unwrap_or(u32::MAX)
+    }
+
+    /// Deletes every attempt's staging folder, best effort: what is left is deleted the next
+    /// time, and is never committed.
+    async fn delete_staging(&self) {
+        if let Err(error) = self.folder.delete_staging().await {
+            warn!(error = %chain(&error), "the checkpoints staged by earlier attempts could not be deleted");
         }
     }
 

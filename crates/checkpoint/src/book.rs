@@ -19,6 +19,10 @@ pub struct Commit {
     /// report's `checkpoint_dir_name`), relative to the run folder, or `None` for the index's
     /// own folder (`checkpoint_000003`).
     pub dir: Option<String>,
+    /// Whether some rank's files were copied (a `SYNC` or `ASYNC` hand-in, not `NO_UPLOAD`):
+    /// staged by a writer of the attempt, they are to be moved into the folder
+    /// ([`crate::RunFolder::commit_staged`]) before the commit is recorded.
+    pub staged: bool,
 }
 
 /// One index that not every rank has reported yet.
@@ -33,6 +37,8 @@ struct Pending {
     /// `Some(Some(dir))` for a folder registered in storage.
     dir: Option<Option<String>>,
     handed_in: bool,
+    /// Whether some rank's files were copied rather than registered where they are.
+    staged: bool,
     failed: bool,
 }
 
@@ -155,6 +161,7 @@ impl CheckpointBook {
                 dir, files, bytes, ..
             }) => {
                 pending.handed_in = true;
+                pending.staged = true;
                 pending.same_folder(rank, index, dir);
                 // Ranks that hand in a file of the same name (each saving `model.pt`, as
                 // Ray Train accepts) share one copy in the folder: the last one persisted.
@@ -183,6 +190,7 @@ impl CheckpointBook {
             files: done.files.into_keys().collect(),
             bytes: done.bytes,
             dir: done.dir.flatten(),
+            staged: done.staged,
         }))
     }
 }

@@ -11,6 +11,12 @@ pub const RUN_DIR: &str = "TRAINYARD_RUN_DIR";
 /// `TRAINYARD_CHECKPOINT_BASE`: the index the task's reports count from; its N-th report
 /// belongs to checkpoint `base + N`.
 pub const CHECKPOINT_BASE: &str = "TRAINYARD_CHECKPOINT_BASE";
+/// `TRAINYARD_CHECKPOINT_ATTEMPT`: the run's attempt the task belongs to, counted over every
+/// driver of the run from 0 (`run.json`'s attempts). The checkpoints it hands in are staged in
+/// that attempt's own folder of the run folder ([`crate::staging_dir_name`]), and only the
+/// driver moves them into a checkpoint folder when it commits one of the current attempt's:
+/// a task of an attempt that was replaced cannot write into a checkpoint folder.
+pub const CHECKPOINT_ATTEMPT: &str = "TRAINYARD_CHECKPOINT_ATTEMPT";
 /// `TRAINYARD_CHECKPOINT`: a local directory holding the checkpoint the task resumes from.
 pub const CHECKPOINT: &str = "TRAINYARD_CHECKPOINT";
 /// `TRAINYARD_CHECKPOINT_URI`: the checkpoint to resume from, in remote storage; the worker

@@ -19,7 +19,11 @@
 //!   checks that every kind of storage (local, S3) passes.
 //!
 //! A rank's files are copied on the worker's node, each under a temporary name made visible
-//! only once complete; the driver commits a checkpoint by writing `run.json`:
+//! only once complete; the driver commits a checkpoint by writing `run.json`. A task started
+//! by a driver stages its files in its attempt's own folder ([`staging_dir_name`]), which
+//! only the driver moves into the checkpoint folder, for the current attempt
+//! ([`RunFolder::commit_staged`]): a rank of an attempt that was replaced cannot write into a
+//! checkpoint folder. A writer of no attempt, as here, writes into it directly:
 //!
 //! ```
 //! use std::collections::BTreeMap;
@@ -72,8 +76,8 @@ pub use driver::{
     take_driver_lock,
 };
 pub use env::{
-    CHECKPOINT, CHECKPOINT_BASE, CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, CHECKPOINT_URI,
-    RUN_DIR, STORAGE_VARS, prepare_task_env,
+    CHECKPOINT, CHECKPOINT_ATTEMPT, CHECKPOINT_BASE, CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES,
+    CHECKPOINT_URI, RUN_DIR, STORAGE_VARS, prepare_task_env,
 };
 pub use error::{BookError, StorageError};
 pub use record::{
@@ -84,7 +88,7 @@ pub use record::{
 pub use reports::{ASYNC_IN_FLIGHT, RankReports, ReportSink, Reported, UploadMode};
 pub use retention::{metric, ranked, retention};
 pub use storage::{
-    HandInLimits, RunFolder, Storage, StorageLocation, Taken, attempt_logs_dir_name,
-    checkpoint_dir_name,
+    HandInLimits, RunFolder, STAGING_DIR, Storage, StorageLocation, Taken, attempt_logs_dir_name,
+    checkpoint_dir_name, staging_dir_name,
 };
 pub use writer::{CheckpointWriter, HandIn};

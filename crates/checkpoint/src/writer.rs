@@ -52,10 +52,18 @@ pub enum HandIn {
 /// Every file is written under a temporary name and made visible under its own only when it
 /// is complete, so a crash mid-copy never leaves a file that looks whole; the checkpoint
 /// itself counts only once the driver commits it in `run.json`.
+///
+/// A writer of an attempt ([`CheckpointWriter::for_attempt`], as every task a driver starts
+/// gets from [`crate::CHECKPOINT_ATTEMPT`]) writes into that attempt's staging folder of the
+/// run folder instead ([`crate::staging_dir_name`]), and the driver moves the files into the
+/// checkpoint folder when it commits the index for the current attempt
+/// ([`RunFolder::commit_staged`]): a writer of an attempt that was replaced never writes
+/// into a checkpoint folder, committed or being written by the attempt after it.
 #[derive(Debug, Clone)]
 pub struct CheckpointWriter {
     folder: RunFolder,
     limits: HandInLimits,
+    attempt: Option<u32>,
 }
 
 impl CheckpointWriter {
@@ -65,7 +73,22 @@ impl CheckpointWriter {
         Self {
             folder,
             limits: HandInLimits::default(),
+            attempt: None,
         }
+    }
+
+    /// Stages what it persists in attempt `attempt`'s staging folder, for the driver to commit
+    /// (see the type's docs).
+    #[must_use]
+    pub const fn for_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = Some(attempt);
+        self
+    }
+
+    /// The attempt it stages for; `None`: it writes into the checkpoint folders themselves.
+    #[must_use]
+    pub const fn attempt(&self) -> Option<u32> {
+        self.attempt
     }
 
     /// Refuses hand-ins beyond `limits`.
@@ -77,7 +100,8 @@ impl CheckpointWriter {
 
     /// The writer a task's environment asks for: [`crate::RUN_DIR`] names the run folder,
     /// the storage variables ([`crate::STORAGE_VARS`]) of `env` configure remote storage, and
-    /// [`crate::CHECKPOINT_MAX_FILES`] and [`crate::CHECKPOINT_MAX_BYTES`] bound each hand-in.
+    /// [`crate::CHECKPOINT_MAX_FILES`] and [`crate::CHECKPOINT_MAX_BYTES`] bound each hand-in,
+    /// and [`crate::CHECKPOINT_ATTEMPT`] names the attempt it stages for.
     /// `None` when the environment names no run folder.
     ///
     /// # Errors
@@ -87,7 +111,15 @@ impl CheckpointWriter {
             return Ok(None);
         };
         let limits = HandInLimits::from_env(env);
-        RunFolder::open_uri(dir, env).map(|folder| Some(Self::new(folder).with_limits(limits)))
+        let attempt = env
+            .get(crate::CHECKPOINT_ATTEMPT)
+            .and_then(|attempt| attempt.trim().parse().ok());
+        let folder = RunFolder::open_uri(dir, env)?;
+        let writer = Self::new(folder).with_limits(limits);
+        Ok(Some(match attempt {
+            Some(attempt) => writer.for_attempt(attempt),
+            None => writer,
+        }))
     }
 
     /// The run folder written to.
@@ -97,8 +129,8 @@ impl CheckpointWriter {
     }
 
     /// Copies every file under `source` (recursively; names relative to it) into the
-    /// checkpoint folder of `index`, and says what was persisted. Returns once every file is
-    /// complete in storage.
+    /// checkpoint folder of `index` (staged, for a writer of an attempt), and says what was
+    /// persisted. Returns once every file is complete in storage.
     ///
     /// # Errors
     /// [`StorageError::NotADirectory`], or the first failed read or write (a full disk,
@@ -121,7 +153,7 @@ impl CheckpointWriter {
         source: &Path,
     ) -> Result<HandIn, StorageError> {
         self.folder
-            .persist_directory_within(index, name, source, self.limits)
+            .persist_files(index, name, source, self.limits, false, self.attempt)
             .await
     }
 
@@ -157,7 +189,14 @@ impl CheckpointWriter {
     pub async fn hand_in_taken(&self, index: u64, name: Option<&str>, taken: &Taken) -> HandIn {
         let persisted = self
             .folder
-            .persist_taken(index, name, taken, self.limits)
+            .persist_files(
+                index,
+                name,
+                taken.path(),
+                self.limits,
+                taken.owned(),
+                self.attempt,
+            )
             .await;
         failed_as_hand_in(index, persisted)
     }

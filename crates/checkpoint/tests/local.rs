@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use trainyard_checkpoint::{
-    CHECKPOINT, CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, CHECKPOINT_URI, CheckpointRecord,
-    CheckpointWriter, HandIn, HandInLimits, RUN_DIR, RunFolder, RunRecord, Storage, StorageError,
-    StorageLocation, checkpoint_dir_name, prepare_task_env,
+    CHECKPOINT, CHECKPOINT_ATTEMPT, CHECKPOINT_MAX_BYTES, CHECKPOINT_MAX_FILES, CHECKPOINT_URI,
+    CheckpointRecord, CheckpointWriter, HandIn, HandInLimits, RUN_DIR, RunFolder, RunRecord,
+    Storage, StorageError, StorageLocation, checkpoint_dir_name, prepare_task_env,
 };
 
 /// `len` bytes that differ from file to file (by `seed`).
@@ -294,6 +294,10 @@ async fn a_source_that_is_not_a_directory_is_refused_and_handed_in_as_failed() {
     );
     let writer = CheckpointWriter::from_env(&env).unwrap().unwrap();
     assert_eq!(writer.folder().name(), "run");
+    assert_eq!(writer.attempt(), None, "no attempt: it writes in place");
+    env.insert(CHECKPOINT_ATTEMPT.to_owned(), "3".to_owned());
+    let staging = CheckpointWriter::from_env(&env).unwrap().unwrap();
+    assert_eq!(staging.attempt(), Some(3));
     assert!(matches!(
         writer.hand_in(1, None, &file).await,
         HandIn::Failed { index: 1, error } if error.contains("must be a directory")

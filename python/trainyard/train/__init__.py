@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import warnings
 from typing import Any, Callable, Mapping, Optional, Union
 
@@ -125,6 +126,15 @@ _print_lock = threading.Lock()
 # The checkpoint this process reported last and had persisted (SYNC) or registered (NO_UPLOAD):
 # what ``get_checkpoint`` returns during the run, as Ray's does (one entry at most).
 _last_reported: "list[Checkpoint]" = []
+# Whether that checkpoint was persisted by a SYNC report: its folder is there once the driver
+# has committed it.
+_awaits_commit: "list[bool]" = []
+
+# How long ``get_checkpoint`` waits for the driver to commit the checkpoint a SYNC report
+# persisted: a rank's files are staged in its attempt's own folder until every rank has
+# reported that checkpoint and the driver moves them into its folder (the fence that keeps
+# a replaced attempt's ranks out of the checkpoint folders).
+COMMIT_WAIT_S = 60.0
 
 
 def report(
@@ -248,6 +258,7 @@ def report(
         reports.took(_client.send(metrics, path, "NO_UPLOAD"))
         if checkpoint is not None:
             _last_reported[:] = [checkpoint]
+            _awaits_commit[:] = [False]
         return
     index = _client.send(metrics, path, dir_name=checkpoint_dir_name)
     reports.took(index)
@@ -255,6 +266,7 @@ def report(
     if path is not None and run_dir and "://" not in run_dir:
         folder = checkpoint_dir_name or f"checkpoint_{index:06d}"
         _last_reported[:] = [Checkpoint(os.path.join(run_dir, folder))]
+        _awaits_commit[:] = [True]
     if path is not None and delete_local_checkpoint_after_upload:
         import shutil
 
@@ -307,10 +319,25 @@ def get_dataset_shard(dataset_name: Optional[str] = None) -> Any:
     )
 
 
+def _committed(checkpoint: Checkpoint) -> bool:
+    """Whether the folder of ``checkpoint``, which a ``SYNC`` report persisted, is there:
+    its files reach it when the driver commits it, once every rank has reported it (as
+    Ray's report waits for every rank). Waits at most ``COMMIT_WAIT_S`` for it (a
+    checkpoint never committed has no folder)."""
+    deadline = time.monotonic() + COMMIT_WAIT_S
+    while not os.path.isdir(checkpoint.path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def get_checkpoint() -> Optional[Checkpoint]:
     """The latest checkpoint: the one this worker reported last, once persisted (a ``SYNC``
     report returned; ``NO_UPLOAD``: the folder it registered), as Ray's; before that, the
     one the run resumes from (its latest committed one), or ``None`` on a fresh start.
+    A ``SYNC`` checkpoint's folder holds its files once the driver has committed it, when
+    every rank has reported it: this waits for that (at most ``COMMIT_WAIT_S`` seconds).
 
     The checkpoint resumed from is read from ``TRAINYARD_CHECKPOINT``, a local directory
     that the agent has downloaded already when the run's storage is remote; before the run
@@ -324,6 +351,8 @@ def get_checkpoint() -> Optional[Checkpoint]:
     if local is not None:
         return local.checkpoint  # type: ignore[no-any-return]
     if _last_reported:
+        if _awaits_commit and _awaits_commit[-1]:
+            _awaits_commit[:] = [not _committed(_last_reported[-1])]
         return _last_reported[-1]
     path = os.environ.get(CHECKPOINT_ENV) or os.environ.get(RESUME_FROM_ENV)
     return Checkpoint(path) if path else None

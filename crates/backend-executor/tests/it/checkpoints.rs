@@ -90,6 +90,16 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
         if dir.exists() == (arg["async"].as_bool() == Some(true)) {
             return Err(format!("{} was not taken as its mode says", dir.display()));
         }
+        if arg["stale"].as_bool() == Some(true)
+            && Some(epoch) == fail_at
+            && ctx.restart_count() == 0
+            && rank == 0
+        {
+            // Cut off from the driver, and still running after its attempt was replaced.
+            tokio::spawn(stale_hand_in(ctx.clone(), epoch + 1));
+            // Reports nothing more until the attempt is replaced.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
         if (Some(epoch) == fail_at && ctx.restart_count() == 0 || crashes) && rank == 1 {
             // The other rank reports the same epoch meanwhile.
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -97,6 +107,37 @@ async fn epochs(ctx: TrainContext) -> Result<Value, String> {
         }
     }
     Ok(json!(ran))
+}
+
+/// Set once [`stale_hand_in`] has handed its checkpoint in (or given up).
+static STALE_HANDED_IN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What a rank of an attempt that was replaced does when it goes on: once the attempt after
+/// it has committed checkpoint `index` (the one this rank's next report belongs to), hands
+/// in files of that index through its own task, `epoch_0` among them.
+async fn stale_hand_in(ctx: TrainContext, index: u64) {
+    let committed = PathBuf::from(
+        ctx.storage_path(&format!("checkpoint_{index:06}"))
+            .unwrap_or_default(),
+    );
+    for _ in 0..500 {
+        if committed.is_dir() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let scratch = tempfile::tempdir().expect("tempdir");
+    for file in ["epoch_0", "stale"] {
+        std::fs::write(scratch.path().join(file), "stale").expect("a stale file");
+    }
+    let reported = metrics(json!({"epoch": index, "stale": true}));
+    // Its report is refused by the driver, or never sent: only its files matter here.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        ctx.report_checkpoint(reported, scratch.path()),
+    )
+    .await;
+    STALE_HANDED_IN.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
 fn sim() -> SimRuntime {
@@ -166,17 +207,25 @@ fn checkpoint_dirs(storage: &Path, name: &str) -> Vec<String> {
     dirs
 }
 
-#[tokio::test]
-async fn async_hand_ins_commit_every_epoch_in_order_before_the_run_ends() {
+/// Runs `name`: 5 epochs, rank 1 failing after epoch 3 in the first attempt, with `what` of
+/// the plan set; the restart resumes both ranks at epoch 4, and every epoch is committed, in
+/// order, before `fit` returns.
+async fn restarted_once(name: &str, what: &str) -> (tempfile::TempDir, FitReport) {
     let storage = tempfile::tempdir().expect("tempdir");
-    let run = run_config(storage.path(), "async").failure_config(FailureConfig::restarts(1));
+    let run = run_config(storage.path(), name).failure_config(FailureConfig::restarts(1));
     let mut arg = plan(5, Some(3), false);
-    arg["async"] = json!(true);
+    arg[what] = json!(true);
     let (result, events) = fit(&sim(), run, arg).await;
     let report = result.expect("the run succeeds after one restart");
     assert_eq!(ran(&report), vec![vec![4, 5], vec![4, 5]]);
-    // Handed in without waiting, committed all the same, the last one before fit returns.
     assert_eq!(committed(&events), vec![1, 2, 3, 4, 5]);
+    (storage, report)
+}
+
+#[tokio::test]
+async fn async_hand_ins_commit_every_epoch_in_order_before_the_run_ends() {
+    // Handed in without waiting, committed all the same, the last one before fit returns.
+    let (storage, report) = restarted_once("async", "async").await;
     assert_eq!(report.checkpoint.expect("a latest checkpoint").index, 5);
     let latest_dir = storage.path().join("async/checkpoint_000005");
     for rank in 0..2 {
@@ -555,4 +604,36 @@ async fn a_failure_after_a_committed_checkpoint_restarts_at_once_and_a_crash_loo
         assert_eq!(report.attempts, 4);
         assert_eq!(waits(&events), expected, "after an epoch: {after_epoch}");
     }
+}
+
+#[tokio::test]
+async fn a_replaced_attempt_s_hand_in_after_the_restart_leaves_the_committed_checkpoint_alone() {
+    let (storage, _) = restarted_once("fenced", "stale").await;
+    for _ in 0..1000 {
+        if STALE_HANDED_IN.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        STALE_HANDED_IN.load(std::sync::atomic::Ordering::SeqCst),
+        "the stale rank handed its checkpoint in"
+    );
+    // Exactly the second attempt's files: the stale rank's went to its attempt's staging.
+    let dir = storage.path().join("fenced/checkpoint_000004");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("checkpoint 4")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["epoch_0", "epoch_1"]);
+    for file in files {
+        assert_eq!(
+            std::fs::read_to_string(dir.join(&file)).expect("a shard"),
+            "4",
+            "{file}"
+        );
+    }
+    assert_eq!(checkpoint_dirs(storage.path(), "fenced").len(), 5);
 }

@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use files::HandInLimits;
+#[cfg(feature = "testing")]
+pub(crate) use files::walk;
 pub use location::StorageLocation;
 pub use run_folder::RunFolder;
 pub use take::Taken;
@@ -33,6 +35,26 @@ use store::RunStore;
 #[must_use]
 pub fn checkpoint_dir_name(index: u64) -> String {
     format!("checkpoint_{index:06}")
+}
+
+/// The folder of a run folder where the attempts stage the checkpoints their ranks hand in
+/// (see [`staging_dir_name`]).
+pub const STAGING_DIR: &str = ".staging";
+
+/// Where attempt `attempt` (counted over every driver of the run, from 0) stages the
+/// checkpoints its ranks hand in, relative to the run folder: `.staging/attempt_3`, holding
+/// `checkpoint_000014/` (or the folder a report named).
+///
+/// This is the fence between attempts: a rank's files are written only into its own
+/// attempt's staging folder, and only the driver moves them into the checkpoint folder, when
+/// it commits that index for the current attempt ([`RunFolder::commit_staged`]). A task of an
+/// attempt that was replaced (its node cut off from the driver, a background `ASYNC` persist
+/// still running) writes on into a staging folder that is never committed, and never into a
+/// checkpoint folder the current attempt writes or has committed. The driver deletes every
+/// staging folder when an attempt begins and when the run ends ([`RunFolder::delete_staging`]).
+#[must_use]
+pub fn staging_dir_name(attempt: u32) -> String {
+    format!("{STAGING_DIR}/attempt_{attempt}")
 }
 
 /// Where attempt `attempt`'s rank logs are kept in a run folder (`rank_<r>.log` in it):

@@ -11,8 +11,9 @@ use crate::{HandIn, LEASE_FILE, METRICS_FILE, RUN_FILE, StorageError};
 
 /// The names at the top of a run folder that are trainyard's own: no checkpoint is
 /// registered there (nor in a `checkpoint_<digits>` folder: those are trainyard's copies).
-const OWN_NAMES: [&str; 5] = [
+const OWN_NAMES: [&str; 6] = [
     RUN_FILE,
+    super::STAGING_DIR,
     METRICS_FILE,
     LEASE_FILE,
     "logs",

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use super::files::{self, HandInLimits, SourceFile};
 use super::local::blocking;
 use super::store::{Durability, RunStore};
-use super::take::Taken;
 use super::{
-    Storage, StorageLocation, attempt_logs_dir_name, checkpoint_dir_name, checkpoint_gone, location,
+    STAGING_DIR, Storage, StorageLocation, attempt_logs_dir_name, checkpoint_dir_name,
+    checkpoint_gone, location, staging_dir_name,
 };
 use crate::{HandIn, LEASE_FILE, Lease, METRICS_FILE, RUN_FILE, RunRecord, StorageError};
 
@@ -269,30 +269,23 @@ impl RunFolder {
         source: &Path,
         limits: HandInLimits,
     ) -> Result<HandIn, StorageError> {
-        self.persist_files(index, name, source, limits, false).await
-    }
-
-    /// [`RunFolder::persist_directory_within`] of a directory taken into staging: when it was
-    /// taken whole, its files are the agent's alone and a store on the same file system moves
-    /// them into place (a rename each) instead of copying them.
-    pub(crate) async fn persist_taken(
-        &self,
-        index: u64,
-        name: Option<&str>,
-        taken: &Taken,
-        limits: HandInLimits,
-    ) -> Result<HandIn, StorageError> {
-        self.persist_files(index, name, taken.path(), limits, taken.owned())
+        self.persist_files(index, name, source, limits, false, None)
             .await
     }
 
-    async fn persist_files(
+    /// [`RunFolder::persist_directory_within`], with what it sets: `owned` when `source` was
+    /// taken whole into staging (an `ASYNC` hand-in: its files are the agent's alone, and a
+    /// store on the same file system moves them into place, a rename each, instead of copying
+    /// them); with `attempt`, into that attempt's staging folder ([`staging_dir_name`]) rather
+    /// than the checkpoint folder itself (see [`crate::CheckpointWriter::for_attempt`]).
+    pub(crate) async fn persist_files(
         &self,
         index: u64,
         name: Option<&str>,
         source: &Path,
         limits: HandInLimits,
         owned: bool,
+        attempt: Option<u32>,
     ) -> Result<HandIn, StorageError> {
         let dir = self.named_folder(index, name).await?;
         let walked = source.to_path_buf();
@@ -302,7 +295,10 @@ impl RunFolder {
             file.owned = owned;
         }
         let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
-        let folder = dir.clone().unwrap_or_else(|| checkpoint_dir_name(index));
+        let mut folder = dir.clone().unwrap_or_else(|| checkpoint_dir_name(index));
+        if let Some(attempt) = attempt {
+            folder = format!("{}/{folder}", staging_dir_name(attempt));
+        }
         let bytes = self.copy_in(&folder, files).await?;
         tracing::debug!(
             run = %self.name,
@@ -351,6 +347,34 @@ impl RunFolder {
     pub async fn delete_checkpoint(&self, dir: &str) -> Result<(), StorageError> {
         let dir = self.inside(dir)?;
         self.store().delete_all(&self.key(dir)).await
+    }
+
+    /// Moves what attempt `attempt`'s ranks staged for the checkpoint folder `dir` (a
+    /// [`crate::CheckpointRecord::dir`]) into that folder, beside what is already there (files
+    /// a `NO_UPLOAD` rank wrote itself): what the driver does, and the driver alone, before it
+    /// commits a checkpoint of the current attempt whose ranks handed in files to persist.
+    /// Nothing is moved when nothing was staged. A rename per file on a file system; a copy
+    /// on the server per object on S3 (no rename there), then the staged object is deleted.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`], [`StorageError::Copy`], [`StorageError::NotACheckpointFolder`].
+    pub async fn commit_staged(&self, attempt: u32, dir: &str) -> Result<(), StorageError> {
+        let dir = self.inside(dir)?;
+        let staged = format!("{}/{dir}", staging_dir_name(attempt));
+        self.store()
+            .promote(&self.key(&staged), &self.key(dir))
+            .await
+    }
+
+    /// Deletes every attempt's staging folder ([`staging_dir_name`]): what the ranks of
+    /// attempts that ended handed in and the driver never committed. A task of an attempt
+    /// that was replaced may still write into its own afterwards; that is deleted the next
+    /// time.
+    ///
+    /// # Errors
+    /// [`StorageError::Io`].
+    pub async fn delete_staging(&self) -> Result<(), StorageError> {
+        self.store().delete_all(&self.key(STAGING_DIR)).await
     }
 
     /// Deletes the whole run folder and everything in it (a run refused before anything

@@ -119,6 +119,13 @@ pub(crate) trait RunStore: fmt::Debug + Send + Sync + 'static {
     /// folder; S3 leaves temporary names out.
     async fn list_files(&self, dir: &str, limit: u64) -> Result<(Vec<String>, u64), StorageError>;
 
+    /// Moves every file under the folder `from` into the folder `to`, under the same name
+    /// relative to it (replacing a file of that name), and deletes what is left of `from`;
+    /// nothing to move when `from` is not there. A file system renames each file (one
+    /// metadata operation, whatever its size); S3, which has no rename, copies each object
+    /// on the server (nothing travels through the caller) and then deletes it.
+    async fn promote(&self, from: &str, to: &str) -> Result<(), StorageError>;
+
     /// Deletes the folder `dir` and everything in it; one already gone is not an error.
     async fn delete_all(&self, dir: &str) -> Result<(), StorageError>;
 

@@ -17,6 +17,9 @@
 //!   [`attempt_logs_are_uploaded_and_fetched`]);
 //! - the run names of a local storage are the folders that hold a `run.json`, S3's every
 //!   folder, in one listing ([`runs_are_listed_by_name_sorted`]);
+//! - a staged checkpoint is committed by a rename per file on a file system, by a copy on the
+//!   server per object on S3: both leave the same files in the same folders
+//!   ([`a_replaced_attempt_cannot_write_into_a_checkpoint_folder`]);
 //! - local metrics are appended, S3's replaced by every line the driver holds: a driver
 //!   passes both, so both read back the same ([`metrics_are_appended_read_and_tailed`]).
 
@@ -26,8 +29,8 @@ use std::path::Path;
 use trainyard_sys::private::{self, TempDir};
 
 use crate::{
-    HandIn, Lease, RunFolder, RunRecord, Storage, StorageError, attempt_logs_dir_name,
-    checkpoint_dir_name,
+    CheckpointWriter, HandIn, Lease, RunFolder, RunRecord, STAGING_DIR, Storage, StorageError,
+    attempt_logs_dir_name, checkpoint_dir_name,
 };
 
 /// Every check, one after the other, on `storage`: it may hold other runs, but none of the
@@ -39,6 +42,7 @@ pub async fn run_all(storage: &Storage) {
     runs_are_listed_by_name_sorted(storage).await;
     a_checkpoint_is_persisted_and_verified(storage).await;
     a_checkpoint_is_deleted(storage).await;
+    a_replaced_attempt_cannot_write_into_a_checkpoint_folder(storage).await;
     uncommitted_checkpoints_are_deleted_and_the_rest_kept(storage).await;
     metrics_are_appended_read_and_tailed(storage).await;
     attempt_logs_are_uploaded_and_fetched(storage).await;
@@ -221,6 +225,115 @@ pub async fn a_checkpoint_is_persisted_and_verified(storage: &Storage) {
     let more = [shard_names(), vec!["extra.pt".to_owned()]].concat();
     let error = failure(folder.verify_checkpoint(&dir, &more).await, "verify");
     assert_missing(&error, &folder.checkpoint_uri(1), "extra.pt");
+}
+
+/// The files of checkpoint folder `dir` of `folder`, by name (fetched, from remote storage).
+async fn checkpoint_files(folder: &RunFolder, dir: &str) -> Vec<(String, Vec<u8>)> {
+    let dest = scratch(&[]);
+    let fetched = folder
+        .download_checkpoint(dir, &dest.path().join("ckpt"))
+        .await
+        .expect("the checkpoint is fetched");
+    crate::storage::walk(&fetched)
+        .expect("the checkpoint is listed")
+        .into_iter()
+        .map(|file| {
+            let bytes = std::fs::read(&file.path).expect("a fetched file reads");
+            (file.name, bytes)
+        })
+        .collect()
+}
+
+/// [`SHARD`], as [`checkpoint_files`] lists it.
+fn shard_files() -> Vec<(String, Vec<u8>)> {
+    SHARD
+        .iter()
+        .map(|(name, bytes)| ((*name).to_owned(), bytes.to_vec()))
+        .collect()
+}
+
+/// The fence between attempts: a writer of an attempt stages what it persists, and the
+/// driver moves the current attempt's files into the checkpoint folder when it commits them.
+/// A writer of the attempt before it (replaced, and still running) that persists the same
+/// index before the commit, after it, in a folder a report named, or `ASYNC`, leaves the
+/// committed folder holding exactly the current attempt's files (beside those a rank wrote
+/// into the folder itself). Nothing can be named [`STAGING_DIR`].
+pub async fn a_replaced_attempt_cannot_write_into_a_checkpoint_folder(storage: &Storage) {
+    let folder = storage.run("fenced");
+    folder.prepare().await.expect("the run folder is made");
+    let stale = CheckpointWriter::new(folder.clone()).for_attempt(2);
+    let current = CheckpointWriter::new(folder.clone()).for_attempt(3);
+    let stale_shard: [(&str, &[u8]); 2] = [("model.pt", b"stale"), ("stale.pt", b"left over")];
+    let stale_files = scratch(&stale_shard);
+    let persist_stale = async |name: Option<&str>| {
+        let hand_in = stale.hand_in(14, name, stale_files.path()).await;
+        assert!(
+            matches!(hand_in, HandIn::Persisted { .. }),
+            "a stale writer persists into its own staging: {hand_in:?}"
+        );
+    };
+    // Before the current attempt writes, as it writes, and after it committed.
+    persist_stale(None).await;
+    persist_stale(Some("named")).await;
+    let shard = scratch(&SHARD);
+    for name in [None, Some("named")] {
+        let hand_in = current.hand_in(14, name, shard.path()).await;
+        assert!(matches!(hand_in, HandIn::Persisted { .. }), "{hand_in:?}");
+    }
+    persist_stale(None).await;
+    // A rank's own files (`NO_UPLOAD`) in the named folder: the staged ones join them.
+    let own: [(&str, &[u8]); 1] = [("own.pt", b"written in place")];
+    folder
+        .upload_directory("named", scratch(&own).path())
+        .await
+        .expect("a rank writes into the run folder");
+    let dir = checkpoint_dir_name(14);
+    let dest = scratch(&[]);
+    let error = failure(
+        folder
+            .download_checkpoint(&dir, &dest.path().join("early"))
+            .await,
+        "a checkpoint folder before the driver commits it",
+    );
+    assert_missing(&error, &folder.checkpoint_uri(14), "*");
+    for committed in [dir.as_str(), "named"] {
+        folder
+            .commit_staged(3, committed)
+            .await
+            .expect("the current attempt's files are committed");
+    }
+    persist_stale(None).await;
+    persist_stale(Some("named")).await;
+    let taken = stale
+        .take(stale_files.path(), false)
+        .await
+        .expect("an ASYNC hand-in is taken");
+    let hand_in = stale.hand_in_taken(14, None, &taken).await;
+    assert!(matches!(hand_in, HandIn::Persisted { .. }), "{hand_in:?}");
+    taken.remove().await;
+    assert_eq!(
+        checkpoint_files(&folder, &dir).await,
+        shard_files(),
+        "the checkpoint holds exactly the current attempt's files"
+    );
+    let mut named = shard_files();
+    named.insert(1, ("own.pt".to_owned(), own[0].1.to_vec()));
+    assert_eq!(checkpoint_files(&folder, "named").await, named);
+    // Committing again finds nothing staged, and leaves the folder as it is.
+    folder.commit_staged(3, &dir).await.expect("nothing staged");
+    assert_eq!(checkpoint_files(&folder, &dir).await, shard_files());
+    folder.delete_staging().await.expect("staging is deleted");
+    assert_eq!(checkpoint_files(&folder, &dir).await, shard_files());
+    let error = failure(
+        current
+            .persist_named(15, Some(STAGING_DIR), shard.path())
+            .await,
+        "persist into the staging folder",
+    );
+    assert!(
+        matches!(error, StorageError::CheckpointDirName { .. }),
+        "{error:?}"
+    );
 }
 
 /// A deleted checkpoint is gone; deleting it again is no error.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 pub(crate) use fs::{blocking, copy_file, remove_dir};
 
-use super::files::{HandInLimits, SourceFile, walk_sized};
+use super::files::{HandInLimits, SourceFile, walk, walk_sized};
 use super::location::StorageLocation;
 use super::location::relative_below;
 use super::store::{Durability, Placed, RunStore};
@@ -131,6 +131,37 @@ impl RunStore for LocalStore {
             Err(error) => Err(error),
         })
         .await
+    }
+
+    async fn promote(&self, from: &str, to: &str) -> Result<(), StorageError> {
+        // The usual case, nothing in the folder yet: the staged folder is renamed whole, so
+        // that its files appear at once. A folder that holds files already (a `NO_UPLOAD`
+        // rank's) is merged into below.
+        let target = self.path(to);
+        let renamed = self
+            .on("rename", from, move |staged| {
+                Ok(std::fs::rename(staged, &target).map_err(|error| error.kind()))
+            })
+            .await?;
+        match renamed {
+            Ok(()) | Err(std::io::ErrorKind::NotFound) => return Ok(()),
+            Err(_) => {}
+        }
+        let staged = match self.on("list", from, walk).await {
+            Ok(staged) => staged,
+            Err(StorageError::NotADirectory { .. }) => return Ok(()),
+            Err(error) => return Err(error),
+        };
+        // Written by the agents for the driver alone: each is renamed into place.
+        let owned = staged
+            .into_iter()
+            .map(|file| SourceFile {
+                owned: true,
+                ..file
+            })
+            .collect();
+        fs::persist(&self.path(to), owned).await?;
+        self.on("delete", from, fs::remove_dir).await
     }
 
     async fn delete_all(&self, dir: &str) -> Result<(), StorageError> {

@@ -14,12 +14,17 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as Key;
 use object_store::{
     BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload,
-    RetryConfig,
+    RetryConfig, WriteMultipart,
 };
 
 use crate::StorageError;
 use crate::storage::files::random_suffix;
 use crate::storage::location::join_key;
+
+/// The largest object S3 copies in one request (`CopyObject`).
+const COPY_LIMIT: u64 = 5 << 30;
+/// Parts of one object streamed at once when it is too large to copy in one request.
+const PARALLEL_PARTS: usize = 4;
 
 /// One bucket's store, and how to name its objects for a user.
 #[derive(Debug, Clone)]
@@ -193,6 +198,39 @@ impl Bucket {
             .await
             .map(drop)
             .map_err(|e| failed("write", self.uri(key), e))
+    }
+
+    /// Copies the object at `from`, of `size` bytes, to `to`, on the server: one `CopyObject`,
+    /// or, beyond what S3 copies in one request (5 GiB), streamed through this process into
+    /// a multipart upload.
+    pub(super) async fn copy(&self, from: &Key, to: &Key, size: u64) -> Result<(), StorageError> {
+        let copied = if size <= COPY_LIMIT {
+            self.store.copy(from, to).await
+        } else {
+            self.stream_copy(from, to).await
+        };
+        copied.map_err(|e| failed("copy", self.uri(to), e))
+    }
+
+    async fn stream_copy(&self, from: &Key, to: &Key) -> Result<(), object_store::Error> {
+        let mut source = self.store.get(from).await?.into_stream();
+        let mut upload = WriteMultipart::new(self.store.put_multipart(to).await?);
+        let streamed = async {
+            while let Some(chunk) = source.try_next().await? {
+                upload.wait_for_capacity(PARALLEL_PARTS).await?;
+                upload.put(chunk);
+            }
+            Ok::<_, object_store::Error>(())
+        }
+        .await;
+        match streamed {
+            Ok(()) => upload.finish().await.map(drop),
+            Err(error) => {
+                // Best effort: the parts sent are of no use.
+                let _ = upload.abort().await;
+                Err(error)
+            }
+        }
     }
 
     /// Every object under `prefix`, with its name relative to it.

@@ -8,6 +8,7 @@ mod upload;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::path::Path as Key;
 pub(crate) use upload::OPEN_UPLOADS;
 
@@ -159,6 +160,27 @@ impl RunStore for S3Store {
         objects.sort_by(|a, b| a.0.cmp(&b.0));
         let bytes = objects.iter().map(|(_, meta)| meta.size).sum::<u64>();
         Ok((objects.into_iter().map(|(name, _)| name).collect(), bytes))
+    }
+
+    async fn promote(&self, from: &str, to: &str) -> Result<(), StorageError> {
+        let from = self.key(from);
+        let to = self.key(to);
+        let staged: Vec<(Key, Key, u64)> = self
+            .bucket
+            .objects(&from)
+            .await?
+            .into_iter()
+            .map(|(name, meta)| (meta.location, bucket::key(to.as_ref(), &name), meta.size))
+            .collect();
+        let keys = staged.iter().map(|(key, _, _)| key.clone()).collect();
+        futures::stream::iter(staged)
+            .map(|(staged, target, size)| async move {
+                self.bucket.copy(&staged, &target, size).await
+            })
+            .buffer_unordered(PARALLEL_FILES)
+            .try_collect::<()>()
+            .await?;
+        self.bucket.delete(keys, &from).await
     }
 
     async fn delete_all(&self, dir: &str) -> Result<(), StorageError> {
