@@ -64,4 +64,4 @@ pub mod testing;
 pub use allocation::Queued;
 pub use config::{AGENT_BIN_VAR, AllocationOptions, JOB_ID_VAR, SlurmConfig};
 pub use error::SlurmError;
-pub use runtime::{SlurmLauncher, SlurmPlacer, SlurmRuntime};
+pub use runtime::{Placed, SlurmLauncher, SlurmPlacer, SlurmRuntime};

@@ -2,7 +2,7 @@
 //! running the trainyard agent ([`SlurmLauncher`]), which connects back to this driver's
 //! [`AgentHub`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -52,6 +52,7 @@ pub type SlurmRuntime = AgentRuntime<SlurmPlacer, SlurmLauncher>;
 pub struct SlurmPlacer {
     config: SlurmConfig,
     state: Mutex<State>,
+    lost_hosts: LostHosts,
     /// The allocation this runtime requested, if it did.
     own: tokio::sync::Mutex<Option<OwnAllocation>>,
     queued: watch::Sender<Option<Queued>>,
@@ -68,10 +69,18 @@ struct State {
     /// The partition's node table as last read, with the partition's name; taken (so read
     /// afresh) by the next allocation request, and kept for its nodes' addresses.
     table: Option<(String, Vec<SlurmNode>)>,
-    /// Nodes whose agents went with their host (lost, or silent): out of the book, and left
-    /// out of the run's next allocations while the partition's other nodes can hold it.
-    lost_hosts: BTreeSet<String>,
+    /// The bundles an actor was placed in: one placed there again replaces a lost worker,
+    /// and its node's `slurmd` is asked first whether it answers.
+    filled: HashSet<(PlacementGroupId, usize)>,
 }
+
+/// Nodes whose agents went with their host (lost, silent, or a `slurmd` that does not
+/// answer): out of the book, and left out of the run's next allocations while the
+/// partition's other nodes can hold it. Shared by the placer and the launcher.
+type LostHosts = Arc<Mutex<BTreeSet<String>>>;
+
+/// How long a replacement waits for its node's `slurmd` to take a connection.
+const SLURMD_PROBE: Duration = Duration::from_secs(3);
 
 /// A placement group as the driver knows it: in Slurm's units, and its id in the book once
 /// it is laid over the allocation.
@@ -80,8 +89,17 @@ struct Slot {
     placed: Option<PlacementGroupId>,
 }
 
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+fn lock<T>(state: &Mutex<T>) -> MutexGuard<'_, T> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Where a worker's step goes: its node in the book, the allocation's job id, and, for a
+/// worker that replaces a lost one, its node's `slurmd` (address and port) to ask first.
+#[derive(Debug)]
+pub struct Placed {
+    held: reservations::Held,
+    job: String,
+    probe: Option<(String, u16)>,
 }
 
 #[async_trait]
@@ -127,15 +145,18 @@ impl Setup for SlurmConfig {
             driver_lost: trainyard_hub::DRIVER_LOST,
         };
         tracing::info!(run = %config.run_name, job = ?config.job, "starting the Slurm runtime");
+        let lost_hosts = LostHosts::default();
         Ok(Parts {
             hub,
             launcher: SlurmLauncher {
                 run_name: config.run_name.clone(),
                 agent: config.agent.clone(),
+                lost_hosts: Arc::clone(&lost_hosts),
             },
             placer: SlurmPlacer {
                 config,
                 state: Mutex::new(state),
+                lost_hosts,
                 own: tokio::sync::Mutex::new(None),
                 queued: watch::Sender::new(None),
             },
@@ -170,8 +191,13 @@ impl SlurmPlacer {
         own: bool,
     ) -> Option<Result<(), RuntimeError>> {
         let factory = &slurm_factory(asked);
+        let lost: Vec<String> = lock(&self.lost_hosts).iter().cloned().collect();
         let mut state = self.state();
         let book = state.book.as_mut()?;
+        // Hosts found lost since (a replacement's slurmd that did not answer) leave the book.
+        for node in &lost {
+            let _ = book.lose_node(&NodeId::from(node.as_str()));
+        }
         // As asked first, for an error in the user's own amounts.
         let totals: Vec<Resources> = book.snapshot().nodes.into_iter().map(|n| n.total).collect();
         let checked = check_feasible(&totals, asked)
@@ -210,7 +236,7 @@ impl SlurmPlacer {
         };
         let totals: Vec<Resources> = nodes.iter().map(slurm::SlurmNode::total).collect();
         let shape = Shape::for_group(factory, &totals)?;
-        let lost_hosts = self.state().lost_hosts.clone();
+        let lost_hosts = lock(&self.lost_hosts).clone();
         // Nodes whose agents went with their host are left out while the others can hold the
         // group; otherwise the request waits for them like for any node.
         let (shape, exclude) = if lost_hosts.is_empty() {
@@ -331,6 +357,7 @@ fn is_srun_input(name: &str) -> bool {
 pub struct SlurmLauncher {
     run_name: String,
     agent: AgentCommand,
+    lost_hosts: LostHosts,
 }
 
 impl fmt::Debug for SlurmLauncher {
@@ -426,18 +453,40 @@ impl SlurmLauncher {
 #[async_trait]
 impl Launcher for SlurmLauncher {
     /// The worker's node in the book, and the allocation's job id.
-    type Placed = (reservations::Held, String);
+    type Placed = Placed;
 
     async fn launch(
         &self,
         hub: &AgentHub,
         actor: ActorId,
         spec: &ActorSpec,
-        (held, job): (reservations::Held, String),
+        Placed { held, job, probe }: Placed,
     ) -> Result<Box<dyn AgentProcess>, RuntimeError> {
+        if let Some((addr, port)) = probe {
+            // A worker replacing a lost one: its node may have gone with it, and a step
+            // there would wait out the start timeout.
+            if let Err(why) = slurmd_answers(&addr, port).await {
+                let node = held.node.id.to_string();
+                tracing::warn!(%node, %why, "the node's slurmd does not answer: no new work goes there");
+                lock(&self.lost_hosts).insert(node.clone());
+                return Err(RuntimeError::SpawnFailed {
+                    name: spec.name.clone(),
+                    reason: format!("node {node}'s slurmd ({addr}:{port}) does not answer: {why}"),
+                });
+            }
+        }
         let step = Step::new(&self.run_name, spec, actor, &job, &held);
         let process = self.start_step(hub, actor, spec, &held, step).await?;
         Ok(Box::new(process))
+    }
+}
+
+/// Whether `slurmd` at `addr`:`port` takes a connection within [`SLURMD_PROBE`].
+async fn slurmd_answers(addr: &str, port: u16) -> Result<(), String> {
+    match tokio::time::timeout(SLURMD_PROBE, tokio::net::TcpStream::connect((addr, port))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no answer within {} s", SLURMD_PROBE.as_secs())),
     }
 }
 
@@ -473,7 +522,7 @@ impl fmt::Debug for SlurmPlacer {
 #[async_trait]
 impl Placer for SlurmPlacer {
     /// The worker's node in the book, and the allocation's job id.
-    type Placed = (reservations::Held, String);
+    type Placed = Placed;
     type Removed = ();
 
     /// The allocation's nodes with what this run's groups leave of them, once there is an
@@ -625,18 +674,16 @@ impl Placer for SlurmPlacer {
 
     /// Holds what `spec` takes in the book, in Slurm's units (whole CPUs, MiB): in its
     /// bundle (the runtime's group id translated to the book's), or on a node with room.
-    fn place(
-        &self,
-        actor: ActorId,
-        spec: &ActorSpec,
-    ) -> Result<(reservations::Held, String), RuntimeError> {
+    fn place(&self, actor: ActorId, spec: &ActorSpec) -> Result<Placed, RuntimeError> {
         let mut rounded = spec.clone();
         rounded.options = trainyard_resources::ActorOptions::try_from(&slurm_bundle(
             &Resources::from(&spec.options),
         ))
         .unwrap_or_else(|_| spec.options.clone());
         let mut state = self.state();
+        let mut replaces = false;
         if let Some((pg, index)) = spec.placement {
+            replaces = !state.filled.insert((pg, index));
             let slot = state
                 .groups
                 .get(&pg)
@@ -654,7 +701,15 @@ impl Placer for SlurmPlacer {
                 name: spec.name.clone(),
                 reason: "there is no Slurm allocation yet: reserve a placement group first".into(),
             })?;
-        Ok((book.hold(actor, &rounded)?, job))
+        let held = book.hold(actor, &rounded)?;
+        let probe = replaces
+            .then(|| {
+                let (_, nodes) = state.table.as_ref()?;
+                let node = nodes.iter().find(|n| n.name == held.node.id.to_string())?;
+                Some((node.addr.clone(), node.port?))
+            })
+            .flatten();
+        Ok(Placed { held, job, probe })
     }
 
     fn release(&self, actor: ActorId) {
@@ -679,7 +734,7 @@ impl Placer for SlurmPlacer {
         if others.iter().any(|other| *other != actor) {
             tracing::debug!(%node, ?others, "other workers held the lost node");
         }
-        state.lost_hosts.insert(node.to_string());
+        lock(&self.lost_hosts).insert(node.to_string());
     }
 
     /// Releases the allocation this runtime requested (a given one is left as it is).

@@ -120,6 +120,8 @@ pub struct SlurmNode {
     pub addr: String,
     /// Its host name (`NodeHostName`).
     pub hostname: String,
+    /// The port its `slurmd` listens on (`Port`), when the table says.
+    pub port: Option<u16>,
     /// Its CPUs (`CPUTot`).
     pub cpus: u64,
     /// Its CPUs allocated to jobs now (`CPUAlloc`).
@@ -207,6 +209,7 @@ pub fn parse_nodes(text: &str) -> Vec<SlurmNode> {
                     .get("NodeHostName")
                     .cloned()
                     .unwrap_or_else(|| name.clone()),
+                port: f.get("Port").and_then(|port| port.parse().ok()),
                 name,
                 cpus: number("CPUTot"),
                 cpus_allocated: number("CPUAlloc"),
@@ -475,6 +478,7 @@ mod tests {
         );
         assert!(!nodes[1].is_usable(), "drained");
         assert_eq!(nodes[1].addr, "n2", "no NodeAddr: its name");
+        assert_eq!((n1.port, nodes[1].port), (Some(17001), None));
     }
 
     #[test]

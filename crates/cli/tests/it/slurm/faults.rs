@@ -7,7 +7,8 @@
 //! The deadlines: the driver declares an agent it has not heard from for the heartbeat
 //! timeout (10 s) lost; an agent that has not heard from its driver for its bound (10 s)
 //! stops its task and exits; a worker whose agent does not call back within the start
-//! timeout (60 s) is given up, and its host with it.
+//! timeout (60 s) is given up, and its host with it; a worker replacing a lost one first asks
+//! its node's `slurmd` (3 s), and a node whose `slurmd` does not answer is left out.
 
 use std::path::Path;
 use std::process::Command;
@@ -398,7 +399,7 @@ fn a_node_lost_for_good_is_left_out_and_the_run_goes_on_from_its_last_checkpoint
     }
     let detected = failed_by(&sandbox, &run, 0, DETECTED_WITHIN)
         .unwrap_or_else(|| panic!("the driver did not see {node}'s worker die"));
-    let again = running.expect_line("rank 1: resumed from ", Duration::from_secs(180));
+    let again = running.expect_line("rank 1: resumed from ", Duration::from_secs(90));
     let resumed = running.stdout();
     let resumed = resumed
         .lines()
