@@ -229,30 +229,63 @@ fn checkpointing(sandbox: &Sandbox, run: &str, python: &Path, failures: &str) ->
     command
 }
 
+/// What a fault test needs before its fault: the cluster held, torch, the nodes' links.
+struct Scene {
+    _cluster: trainyard_runtime_slurm::testing::Cluster,
+    python: std::path::PathBuf,
+    links: Vec<(String, String)>,
+}
+
+impl Scene {
+    /// `None` (after saying why) where the test cannot run.
+    fn new() -> Option<Self> {
+        let cluster = cluster()?;
+        let python = torch_python()?;
+        let links = node_links()?;
+        Some(Self {
+            _cluster: cluster,
+            python,
+            links,
+        })
+    }
+
+    /// Starts the checkpointing run `run` allowing `failures`, and waits until it trains (5
+    /// epochs in): the run, and its record then.
+    fn train(&self, sandbox: &Sandbox, run: &str, failures: &str) -> (Running, serde_json::Value) {
+        let mut running = Running::start(&mut checkpointing(sandbox, run, &self.python, failures));
+        running.expect_line("rank 1: epoch 5 start", Duration::from_secs(180));
+        (running, record(sandbox, run))
+    }
+}
+
+/// When rank 1 says it resumed (within `limit`), and from which checkpoint.
+fn resumed(running: &mut Running, limit: Duration) -> (Instant, u64) {
+    let needle = "rank 1: resumed from ";
+    let at = running.expect_line(needle, limit);
+    let stdout = running.stdout();
+    let line = stdout
+        .lines()
+        .find(|line| line.contains(needle))
+        .expect("the resumed line");
+    (at, resumed_index(line))
+}
+
 fn seconds(from: Instant, to: Instant) -> f64 {
     to.saturating_duration_since(from).as_secs_f64()
 }
 
 #[test]
 fn a_node_cut_off_mid_run_stops_its_task_and_the_run_resumes_on_nodes_that_answer() {
-    let Some(_cluster) = cluster() else {
-        return;
-    };
-    let Some(python) = torch_python() else {
-        return;
-    };
-    let Some(links) = node_links() else {
+    let Some(scene) = Scene::new() else {
         return;
     };
     let sandbox = Sandbox::new("slurm-cut");
     let run = name("cut");
-    let mut running = Running::start(&mut checkpointing(&sandbox, &run, &python, "1"));
-    running.expect_line("rank 1: epoch 5 start", Duration::from_secs(180));
-    let before = record(&sandbox, &run);
+    let (mut running, before) = scene.train(&sandbox, &run, "1");
     let committed = last_committed(&before);
     let (node, task, agent) = rank_of(&before, 0, 1);
 
-    let cut = Cut::new(&links, &[node.as_str()]);
+    let cut = Cut::new(&scene.links, &[node.as_str()]);
     let at = Instant::now();
     // While the link is still down: the agent stops its task and exits by itself, and the
     // driver declares the worker lost.
@@ -261,12 +294,7 @@ fn a_node_cut_off_mid_run_stops_its_task_and_the_run_resumes_on_nodes_that_answe
     });
     let detected = failed_by(&sandbox, &run, 0, DETECTED_WITHIN)
         .unwrap_or_else(|| panic!("the driver did not declare {node}'s worker lost in time"));
-    let again = running.expect_line("rank 1: resumed from ", Duration::from_secs(90));
-    let resumed = running.stdout();
-    let resumed = resumed
-        .lines()
-        .find(|line| line.contains("rank 1: resumed from "))
-        .expect("the resumed line");
+    let (again, from) = resumed(&mut running, Duration::from_secs(90));
     eprintln!(
         "fault: link down on {node}: detected in {:.1} s, its task stopped in {:.1} s, training again in {:.1} s",
         seconds(at, detected),
@@ -274,8 +302,8 @@ fn a_node_cut_off_mid_run_stops_its_task_and_the_run_resumes_on_nodes_that_answe
         seconds(at, again)
     );
     assert!(
-        resumed_index(resumed) >= committed,
-        "checkpoint {committed} was committed before the cut, but the run resumed from: {resumed}"
+        from >= committed,
+        "checkpoint {committed} was committed before the cut, but the run resumed from {from}"
     );
     // The next attempt runs where the driver is heard: not on the node cut off.
     let after = record(&sandbox, &run);
@@ -302,20 +330,12 @@ fn a_node_cut_off_mid_run_stops_its_task_and_the_run_resumes_on_nodes_that_answe
 
 #[test]
 fn a_driver_cut_off_from_every_node_leaves_no_task_and_the_same_command_resumes() {
-    let Some(_cluster) = cluster() else {
-        return;
-    };
-    let Some(python) = torch_python() else {
-        return;
-    };
-    let Some(links) = node_links() else {
+    let Some(scene) = Scene::new() else {
         return;
     };
     let sandbox = Sandbox::new("slurm-island");
     let run = name("island");
-    let mut running = Running::start(&mut checkpointing(&sandbox, &run, &python, "0"));
-    running.expect_line("rank 1: epoch 5 start", Duration::from_secs(180));
-    let before = record(&sandbox, &run);
+    let (running, before) = scene.train(&sandbox, &run, "0");
     let committed = last_committed(&before);
     let ranks: Vec<(String, u32, u32)> = (0..2).map(|rank| rank_of(&before, 0, rank)).collect();
     let pids: Vec<u32> = ranks
@@ -323,7 +343,7 @@ fn a_driver_cut_off_from_every_node_leaves_no_task_and_the_same_command_resumes(
         .flat_map(|(_, task, agent)| [*task, *agent])
         .collect();
 
-    let cut = Cut::new(&links, &["n1", "n2", "n3", "n4"]);
+    let cut = Cut::new(&scene.links, &["n1", "n2", "n3", "n4"]);
     let at = Instant::now();
     let stopped = gone_by(&pids, AGENT_STOPS_WITHIN)
         .unwrap_or_else(|| panic!("a task or agent of {ranks:?} still runs on a cut-off node"));
@@ -351,16 +371,11 @@ fn a_driver_cut_off_from_every_node_leaves_no_task_and_the_same_command_resumes(
     assert!(jobs.is_empty(), "jobs left in squeue: {jobs:?}");
 
     // The same command, once the network is back, resumes from the last committed checkpoint.
-    let mut again = Running::start(&mut checkpointing(&sandbox, &run, &python, "0"));
-    again.expect_line("rank 1: resumed from ", Duration::from_secs(180));
-    let resumed = again.stdout();
-    let line = resumed
-        .lines()
-        .find(|line| line.contains("rank 1: resumed from "))
-        .expect("the resumed line");
+    let mut again = Running::start(&mut checkpointing(&sandbox, &run, &scene.python, "0"));
+    let (_, from) = resumed(&mut again, Duration::from_secs(180));
     assert!(
-        resumed_index(line) >= committed,
-        "checkpoint {committed} was committed before the cut, but the run resumed from: {line}"
+        from >= committed,
+        "checkpoint {committed} was committed before the cut, but the run resumed from {from}"
     );
     let ended = again.finish(Duration::from_secs(180));
     assert!(ended.status.success(), "{}", ended.all());
@@ -369,21 +384,13 @@ fn a_driver_cut_off_from_every_node_leaves_no_task_and_the_same_command_resumes(
 
 #[test]
 fn a_node_lost_for_good_is_left_out_and_the_run_goes_on_from_its_last_checkpoint() {
-    let Some(_cluster) = cluster() else {
+    let Some(scene) = Scene::new() else {
         return;
     };
-    let Some(python) = torch_python() else {
-        return;
-    };
-    if node_links().is_none() {
-        return;
-    }
-    let _restore = Restore;
+    let restore = Restore;
     let sandbox = Sandbox::new("slurm-lost");
     let run = name("lost");
-    let mut running = Running::start(&mut checkpointing(&sandbox, &run, &python, "1"));
-    running.expect_line("rank 1: epoch 5 start", Duration::from_secs(180));
-    let before = record(&sandbox, &run);
+    let (mut running, before) = scene.train(&sandbox, &run, "1");
     let committed = last_committed(&before);
     let (node, _, _) = rank_of(&before, 0, 1);
 
@@ -399,20 +406,15 @@ fn a_node_lost_for_good_is_left_out_and_the_run_goes_on_from_its_last_checkpoint
     }
     let detected = failed_by(&sandbox, &run, 0, DETECTED_WITHIN)
         .unwrap_or_else(|| panic!("the driver did not see {node}'s worker die"));
-    let again = running.expect_line("rank 1: resumed from ", Duration::from_secs(90));
-    let resumed = running.stdout();
-    let resumed = resumed
-        .lines()
-        .find(|line| line.contains("rank 1: resumed from "))
-        .expect("the resumed line");
+    let (again, from) = resumed(&mut running, Duration::from_secs(90));
     eprintln!(
         "fault: node {node} lost for good: detected in {:.1} s, training again in {:.1} s",
         seconds(at, detected),
         seconds(at, again)
     );
     assert!(
-        resumed_index(resumed) >= committed,
-        "checkpoint {committed} was committed before the loss, but the run resumed from: {resumed}"
+        from >= committed,
+        "checkpoint {committed} was committed before the loss, but the run resumed from {from}"
     );
     let ended = running.finish(Duration::from_secs(180));
     assert!(ended.status.success(), "{}", ended.all());
@@ -423,5 +425,9 @@ fn a_node_lost_for_good_is_left_out_and_the_run_goes_on_from_its_last_checkpoint
     assert_eq!(attempts, 2, "{after}");
     let (placed, _, _) = rank_of(&after, 1, 1);
     assert_ne!(placed, node, "rank 1 went back to the lost node: {after}");
+    // The old allocation completes once the node is back (or Slurm gives it up).
+    drop(restore);
+    let jobs = wait_for_no_jobs(&run, Duration::from_secs(90));
+    assert!(jobs.is_empty(), "jobs left in squeue: {jobs:?}");
     nothing_left(&sandbox, &run);
 }
