@@ -383,7 +383,15 @@ def _bundle_nodes(table):
 
 
 def op_create_pg(req):
-    pg = placement_group(req["bundles"], strategy=req["strategy"], name=req.get("name", ""))
+    options = {}
+    avoid = req.get("avoid") or []
+    if avoid:
+        # Every node Ray labels with its id: none of these.
+        selector = {"ray.io/node-id": "!in(" + ",".join(avoid) + ")"}
+        options["bundle_label_selector"] = [dict(selector) for _ in req["bundles"]]
+    pg = placement_group(
+        req["bundles"], strategy=req["strategy"], name=req.get("name", ""), **options
+    )
     pg_hex = pg.id.hex()
     with STATE.lock:
         STATE.groups[pg_hex] = pg

@@ -56,6 +56,9 @@ pub(crate) enum Op<'a> {
         name: &'a str,
         bundles: &'a [Resources],
         strategy: &'a str,
+        /// Ray node ids (hex) no bundle may go to.
+        #[serde(skip_serializing_if = "<[String]>::is_empty")]
+        avoid: &'a [String],
     },
     PgState {
         pg: &'a RayPlacementGroupId,
@@ -494,6 +497,7 @@ mod tests {
                 name: "g",
                 bundles: &bundles,
                 strategy: "SPREAD",
+                avoid: &[],
             },
         })
         .expect("serialises");
@@ -502,6 +506,7 @@ mod tests {
             serde_json::json!([{"CPU": 1, "memory": 1000000000u64}, {"CPU": 0.5}])
         );
         assert_eq!(json["strategy"], "SPREAD");
+        assert!(json.get("avoid").is_none(), "{json}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! starts the actors ([`RayLauncher`]); every decision (feasibility, names, what an end
 //! means) is made here.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
@@ -216,6 +216,10 @@ struct State {
     groups: HashMap<PlacementGroupId, Group>,
     /// Every actor not released yet.
     actors: HashMap<ActorId, Placed>,
+    /// The nodes whose agents went with their host ([`Placer::host_lost`]): Ray may go on
+    /// counting such a node until its own health check gives it up, so new groups avoid it
+    /// and the cluster is shown without it.
+    lost: BTreeSet<String>,
 }
 
 struct Group {
@@ -358,9 +362,10 @@ impl Placer for RayPlacer {
             .nodes()
             .await
             .map_err(backend("list the Ray cluster's nodes"))?;
+        let lost = self.state().lost.clone();
         let nodes = nodes
             .into_iter()
-            .filter(|node| node.alive)
+            .filter(|node| node.alive && !lost.contains(&node.node_id))
             .map(|node| NodeInfo {
                 id: NodeId::from(node.node_id),
                 ip: node.ip,
@@ -392,9 +397,10 @@ impl Placer for RayPlacer {
             id
         };
         let name = format!("{}-{id}", self.run_name);
+        let avoid: Vec<String> = self.state().lost.iter().cloned().collect();
         let ray = self
             .bridge
-            .create_placement_group(&name, &factory.bundles, factory.strategy)
+            .create_placement_group_avoiding(&name, &factory.bundles, factory.strategy, &avoid)
             .await
             .map_err(backend("create a Ray placement group"))?;
         self.state().groups.insert(
@@ -510,6 +516,30 @@ impl Placer for RayPlacer {
 
     fn release(&self, actor: ActorId) {
         self.state().forget(actor);
+    }
+
+    /// Keeps new groups off the node of `actor`'s bundle: cut off, it still counts as alive
+    /// in Ray until the GCS's health checks give up on it (by default five misses of up to
+    /// 10 s each for a silent link), and Ray places a new group's bundle on the room it last
+    /// reported free there, then waits for it.
+    fn host_lost(&self, actor: ActorId) {
+        let mut state = self.state();
+        let node = state
+            .actors
+            .get(&actor)
+            .and_then(|placed| placed.bundle.as_ref())
+            .and_then(|(pg, index, _)| {
+                state
+                    .groups
+                    .get(pg)
+                    .and_then(|group| group.bundle_nodes.as_ref())
+                    .and_then(|nodes| nodes.get(*index))
+            })
+            .map(|node| node.as_str().to_owned());
+        if let Some(node) = node {
+            tracing::warn!(%node, "new placement groups avoid the node of an agent that went with its host");
+            state.lost.insert(node);
+        }
     }
 
     /// Has the bridge remove the run's groups, kill its actors and exit.

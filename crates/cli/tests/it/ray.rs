@@ -1,6 +1,6 @@
 //! `trainyard run --runtime ray` on a real two-node Ray cluster on this machine: ranks over
 //! both nodes, PyTorch's all-reduce, a request no node can hold refused in seconds, a worker
-//! actor killed mid-run, a driver stopped by SIGTERM or SIGKILL, and nothing left in Ray afterwards. The cluster
+//! actor killed mid-run, a driver stopped by SIGTERM or SIGKILL, a node's link cut mid-run, and nothing left in Ray afterwards. The cluster
 //! comes from `trainyard_runtime_ray::testing`. The tests need `TRAINYARD_RAY_PYTHON` (an
 //! interpreter with `ray` and torch, from `scripts/ray-env.sh`), so they are ignored unless
 //! asked for (`cargo nextest run --run-ignored only`), and fail when it is missing.
@@ -18,6 +18,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use trainyard::ray::{Bridge, GroupState};
 use trainyard_runtime_ray::testing::{HEAD_MEMORY, RayCluster};
+use trainyard_test_support::hosts::{self, Cut};
+use trainyard_test_support::running::Running;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -356,6 +358,127 @@ fn a_sigtermed_driver_stops_and_cleans_up(cluster: &RayCluster) {
     assert_eq!(wait_exit(&mut child, Duration::from_secs(60)), Some(130));
 }
 
+/// How long after a node is cut off its agent must have stopped its task: its bound for a
+/// silent driver (10 s), and a little more.
+const AGENT_STOPS_WITHIN: Duration = Duration::from_secs(15);
+/// How long after a node is cut off the driver must have booked the attempt as failed: the
+/// heartbeat timeout (10 s) declares the worker dead; the failure is booked once the attempt
+/// is over, after the bound (5 s) for the lost agent's kill, which cannot reach the node, and
+/// the other rank's stop. Measured: 16 s.
+const DETECTED_WITHIN: Duration = Duration::from_secs(20);
+/// How long after a node is cut off the run must train again: the failure booked, the next
+/// attempt's group reserved on the nodes that answer, its actors and torch started, and the
+/// checkpoint loaded. Measured: 20 to 22 s.
+const TRAINING_AGAIN_WITHIN: Duration = Duration::from_secs(40);
+
+/// A node's link cut mid-run (`ip link set tyv-rK down`): two checkpointing torch ranks of half
+/// a CPU spread over the head and the worker node; the worker node's link goes down. While it
+/// is still down the cut-off rank's agent stops its task and exits, the driver declares the
+/// attempt failed, and under `--max-failures 1` the run trains again on the head, from a
+/// checkpoint no older than the last one committed before the cut, and succeeds. The cut-off
+/// node still counts as alive in Ray for a while, with half a CPU free, so the next group must
+/// be kept off it: Ray would place a bundle there and wait for it. The link comes back up when the test ends, whatever happens. A single-stack
+/// cluster has no link to cut: `SKIP:`.
+fn a_node_cut_off_mid_run_stops_its_task_and_the_run_resumes(cluster: &RayCluster, scratch: &Path) {
+    let head = cluster
+        .address
+        .rsplit_once(':')
+        .map_or(cluster.address.as_str(), |(host, _)| host);
+    let layout = hosts::layout();
+    if !layout.iter().any(|host| host.address == head) {
+        eprintln!("SKIP: the Ray nodes share this machine's network: no link to cut");
+        return;
+    }
+    assert_has_torch(cluster, "a node cut off on Ray");
+    let python = cluster.python.display().to_string();
+    let storage = scratch.join("cut");
+    let storage = storage.display().to_string();
+    let mut command = run(
+        cluster,
+        "ray-cut",
+        &[
+            "-n",
+            "2",
+            "-s",
+            "SPREAD",
+            "-r",
+            "CPU=0.5",
+            "--max-failures",
+            "1",
+        ],
+    );
+    command
+        .args(["--name", "ray-cut", "--storage", &storage])
+        .args(["--env", "EPOCHS=24", "--env", "EPOCH_SECONDS=0.5", "--"])
+        .args([python.as_str(), "examples/torch_checkpoint.py"]);
+    let folder = Path::new(&storage).join("ray-cut");
+    let mut running = Running::start(&mut command);
+    running.expect_line("rank 1: epoch 5 start", Duration::from_secs(180));
+    let before = hosts::record(&folder);
+    let committed = hosts::last_committed(&before);
+    let (rank, cut_off) = (0..2)
+        .map(|rank| (rank, hosts::rank_of(&before, 0, rank)))
+        .find(|(_, placed)| placed.ip != head)
+        .unwrap_or_else(|| panic!("no rank off the head: {before}"));
+    let node = layout
+        .iter()
+        .find(|host| host.address == cut_off.ip)
+        .unwrap_or_else(|| panic!("no host has rank {rank}'s address {}", cut_off.ip));
+
+    let cut = Cut::new(vec![node.link.clone()]);
+    let at = Instant::now();
+    // While the link is still down: the agent stops its task and exits by itself, and the
+    // driver declares the attempt failed.
+    let stopped = hosts::gone_by(&[cut_off.task, cut_off.agent], AGENT_STOPS_WITHIN)
+        .unwrap_or_else(|| {
+            panic!(
+                "rank {rank}'s task ({}) or agent ({}) on the cut-off {} still runs",
+                cut_off.task, cut_off.agent, node.name
+            )
+        });
+    let detected = hosts::failed_by(
+        &folder,
+        0,
+        (at + DETECTED_WITHIN).saturating_duration_since(Instant::now()),
+    )
+    .unwrap_or_else(|| {
+        panic!(
+            "the driver did not declare {}'s worker lost in time",
+            node.name
+        )
+    });
+    let again = hosts::resumed_from_at_least(
+        &mut running,
+        "resumed from ",
+        (at + TRAINING_AGAIN_WITHIN).saturating_duration_since(Instant::now()),
+        committed,
+    );
+    eprintln!(
+        "fault: link down on Ray node {}: detected in {:.1} s, its task stopped in {:.1} s, training again in {:.1} s",
+        node.name,
+        hosts::seconds(at, detected),
+        hosts::seconds(at, stopped),
+        hosts::seconds(at, again)
+    );
+    // The next attempt runs where the driver is heard: not on the node cut off.
+    let after = hosts::record(&folder);
+    for rank in 0..2 {
+        let placed = hosts::rank_of(&after, 1, rank);
+        assert_ne!(
+            placed.ip, cut_off.ip,
+            "rank {rank} went back to the cut-off node: {after}"
+        );
+    }
+    let ended = running.finish(Duration::from_secs(180));
+    drop(cut);
+    assert!(ended.status.success(), "{}", ended.all());
+    assert!(
+        ended.stdout.contains("rank 0: done at epoch 24"),
+        "{}",
+        ended.all()
+    );
+}
+
 /// A two-node cluster of the test's own with both nodes alive, and a bridge to it.
 async fn two_nodes_up() -> (RayCluster, Bridge) {
     let cluster = RayCluster::start(false).unwrap_or_else(|error| panic!("{error}"));
@@ -396,6 +519,9 @@ async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
     nothing_left(&cluster, "ray-sigkill").await;
     a_detached_run_goes_on_until_stopped(&cluster, scratch.path());
     nothing_left(&cluster, "ray-detach").await;
+    // Last: the worker node may not come back from it.
+    a_node_cut_off_mid_run_stops_its_task_and_the_run_resumes(&cluster, scratch.path());
+    nothing_left(&cluster, "ray-cut").await;
 }
 
 /// `--detach` on Ray: the command returns once the workers are starting, the driver goes on

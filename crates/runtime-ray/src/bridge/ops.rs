@@ -40,10 +40,27 @@ impl Bridge {
         bundles: &[Resources],
         strategy: PlacementStrategy,
     ) -> Result<RayPlacementGroupId, BridgeError> {
+        self.create_placement_group_avoiding(name, bundles, strategy, &[])
+            .await
+    }
+
+    /// As [`Bridge::create_placement_group`], with no bundle on the nodes `avoid` (Ray node
+    /// ids, hex): a label selector on Ray's `ray.io/node-id` for every bundle.
+    ///
+    /// # Errors
+    /// [`BridgeError::Ray`] with kind `invalid` for bundles Ray rejects.
+    pub async fn create_placement_group_avoiding(
+        &self,
+        name: &str,
+        bundles: &[Resources],
+        strategy: PlacementStrategy,
+        avoid: &[String],
+    ) -> Result<RayPlacementGroupId, BridgeError> {
         let op = Op::CreatePg {
             name,
             bundles,
             strategy: strategy.as_str(),
+            avoid,
         };
         let reply: CreatePgReply = self.call(op, self.request_timeout).await?;
         Ok(reply.pg)

@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use trainyard_runtime_slurm::testing::{cluster, setup_script, wait_for_no_jobs};
+use trainyard_test_support::hosts::{self, Cut, LAYOUT, gone_by, last_committed, seconds};
 use trainyard_test_support::processes::{Sandbox, left_behind, torch_python};
 use trainyard_test_support::running::Running;
 
@@ -27,26 +28,14 @@ const AGENT_STOPS_WITHIN: Duration = Duration::from_secs(15);
 /// heartbeat timeout, and a little more.
 const DETECTED_WITHIN: Duration = Duration::from_secs(15);
 
-/// The test hosts' layout (`NAME NAMESPACE ADDRESS HOST_LINK` a line), as
-/// `scripts/netns-env.sh up` writes it.
-const LAYOUT: &str = "/run/trainyard-netns/hosts";
-
 /// The link on this machine's side of each Slurm node's namespace (`tyv-n1` …), once the
 /// nodes have namespaces of their own. `None` after printing `SKIP:` and why; under
 /// `CI=true` without `TRAINYARD_NETNS_SKIP` saying why, a single-stack cluster panics.
 fn node_links() -> Option<Vec<(String, String)>> {
-    let layout = std::fs::read_to_string(LAYOUT).unwrap_or_default();
-    let links: Vec<(String, String)> = layout
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            match fields.as_slice() {
-                [name, namespace, _, link] if name.starts_with('n') && *namespace != "-" => {
-                    Some(((*name).to_owned(), (*link).to_owned()))
-                }
-                _ => None,
-            }
-        })
+    let links: Vec<(String, String)> = hosts::layout()
+        .into_iter()
+        .filter(|host| host.name.starts_with('n'))
+        .map(|host| (host.name, host.link))
         .collect();
     let in_namespaces = ["n1", "n2", "n3", "n4"]
         .iter()
@@ -68,20 +57,10 @@ fn node_links() -> Option<Vec<(String, String)>> {
     None
 }
 
-fn set_link(link: &str, state: &str) {
-    let status = Command::new("ip")
-        .args(["link", "set", link, state])
-        .status()
-        .expect("ip runs");
-    assert!(status.success(), "ip link set {link} {state}: {status}");
-}
-
-/// Links taken down, brought back up when dropped (a failing test leaves no node cut off).
-struct Cut(Vec<String>);
-
-impl Cut {
-    fn new(links: &[(String, String)], nodes: &[&str]) -> Self {
-        let cut: Vec<String> = nodes
+/// Takes the links of `nodes` down, until the guard is dropped.
+fn cut(links: &[(String, String)], nodes: &[&str]) -> Cut {
+    Cut::new(
+        nodes
             .iter()
             .map(|node| {
                 links
@@ -90,20 +69,8 @@ impl Cut {
                     .map(|(_, link)| link.clone())
                     .unwrap_or_else(|| panic!("no link for node {node}"))
             })
-            .collect();
-        for link in &cut {
-            set_link(link, "down");
-        }
-        Self(cut)
-    }
-}
-
-impl Drop for Cut {
-    fn drop(&mut self) {
-        for link in &self.0 {
-            set_link(link, "up");
-        }
-    }
+            .collect(),
+    )
 }
 
 /// Brings the test cluster's lost nodes back when dropped (their slurmd started again).
@@ -120,29 +87,18 @@ impl Drop for Restore {
 }
 
 fn record(sandbox: &Sandbox, run: &str) -> serde_json::Value {
-    let path = sandbox.storage().join(run).join("run.json");
-    serde_json::from_slice(&std::fs::read(&path).expect("run.json")).expect("JSON")
-}
-
-/// The highest committed checkpoint's index.
-fn last_committed(record: &serde_json::Value) -> u64 {
-    record["checkpoints"]
-        .as_array()
-        .and_then(|all| all.iter().filter_map(|c| c["index"].as_u64()).max())
-        .unwrap_or(0)
+    hosts::record(&sandbox.storage().join(run))
 }
 
 /// Where rank `rank` of attempt `attempt` runs: its node, task pid and agent pid.
 fn rank_of(record: &serde_json::Value, attempt: usize, rank: usize) -> (String, u32, u32) {
-    let worker = &record["attempts"][attempt]["workers"][rank];
-    let pid = |key: &str| {
-        worker[key]
-            .as_u64()
-            .and_then(|pid| u32::try_from(pid).ok())
-            .unwrap_or_else(|| panic!("no {key} for rank {rank}: {record}"))
-    };
-    let node = worker["node"].as_str().expect("a node").to_owned();
-    (node, pid("pid"), pid("agent_pid"))
+    let rank = hosts::rank_of(record, attempt, rank);
+    (rank.node, rank.task, rank.agent)
+}
+
+/// When the driver booked attempt `attempt` of `run` as failed, within `limit`.
+fn failed_by(sandbox: &Sandbox, run: &str, attempt: usize, limit: Duration) -> Option<Instant> {
+    hosts::failed_by(&sandbox.storage().join(run), attempt, limit)
 }
 
 /// Those of `pids` that run on a Slurm node's host (in a `ty-n*` network namespace), not on
@@ -159,48 +115,6 @@ fn on_the_nodes(pids: &[u32]) -> Vec<u32> {
             namespace(format!("/proc/{pid}/ns/net")).is_some_and(|ns| nodes.contains(&ns))
         })
         .collect()
-}
-
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// When every pid of `pids` is gone, within `limit` of now; `None` past it.
-fn gone_by(pids: &[u32], limit: Duration) -> Option<Instant> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if !pids.iter().copied().any(alive) {
-            return Some(Instant::now());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
-}
-
-/// When the driver booked attempt `attempt` as failed in the run's record, within `limit`.
-fn failed_by(sandbox: &Sandbox, run: &str, attempt: usize, limit: Duration) -> Option<Instant> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        let path = sandbox.storage().join(run).join("run.json");
-        let failed = std::fs::read(&path)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
-            .is_some_and(|record| !record["attempts"][attempt]["failure"].is_null());
-        if failed {
-            return Some(Instant::now());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
-}
-
-/// The checkpoint index a rank's `resumed from …/checkpoint_NNNNNN` line names.
-fn resumed_index(line: &str) -> u64 {
-    line.split("checkpoint_")
-        .nth(1)
-        .and_then(|rest| rest.get(..6))
-        .and_then(|digits| digits.parse().ok())
-        .unwrap_or_else(|| panic!("no checkpoint in `{line}`"))
 }
 
 /// A two-rank checkpointing torch run spread over two nodes, for `epochs` epochs of half a
@@ -258,20 +172,10 @@ impl Scene {
     }
 }
 
-/// When rank 1 says it resumed (within `limit`), and from which checkpoint.
-fn resumed(running: &mut Running, limit: Duration) -> (Instant, u64) {
-    let needle = "rank 1: resumed from ";
-    let at = running.expect_line(needle, limit);
-    let stdout = running.stdout();
-    let line = stdout
-        .lines()
-        .find(|line| line.contains(needle))
-        .expect("the resumed line");
-    (at, resumed_index(line))
-}
-
-fn seconds(from: Instant, to: Instant) -> f64 {
-    to.saturating_duration_since(from).as_secs_f64()
+/// When rank 1 says it resumed (within `limit`), from a checkpoint no older than
+/// `committed`.
+fn resumed(running: &mut Running, limit: Duration, committed: u64) -> Instant {
+    hosts::resumed_from_at_least(running, "rank 1: resumed from ", limit, committed)
 }
 
 #[test]
@@ -285,7 +189,7 @@ fn a_node_cut_off_mid_run_stops_its_task_and_the_run_resumes_on_nodes_that_answe
     let committed = last_committed(&before);
     let (node, task, agent) = rank_of(&before, 0, 1);
 
-    let cut = Cut::new(&scene.links, &[node.as_str()]);
+    let cut = cut(&scene.links, &[node.as_str()]);
     let at = Instant::now();
     // While the link is still down: the agent stops its task and exits by itself, and the
     // driver declares the worker lost.
@@ -294,16 +198,12 @@ fn a_node_cut_off_mid_run_stops_its_task_and_the_run_resumes_on_nodes_that_answe
     });
     let detected = failed_by(&sandbox, &run, 0, DETECTED_WITHIN)
         .unwrap_or_else(|| panic!("the driver did not declare {node}'s worker lost in time"));
-    let (again, from) = resumed(&mut running, Duration::from_secs(90));
+    let again = resumed(&mut running, Duration::from_secs(90), committed);
     eprintln!(
         "fault: link down on {node}: detected in {:.1} s, its task stopped in {:.1} s, training again in {:.1} s",
         seconds(at, detected),
         seconds(at, stopped),
         seconds(at, again)
-    );
-    assert!(
-        from >= committed,
-        "checkpoint {committed} was committed before the cut, but the run resumed from {from}"
     );
     // The next attempt runs where the driver is heard: not on the node cut off.
     let after = record(&sandbox, &run);
@@ -343,7 +243,7 @@ fn a_driver_cut_off_from_every_node_leaves_no_task_and_the_same_command_resumes(
         .flat_map(|(_, task, agent)| [*task, *agent])
         .collect();
 
-    let cut = Cut::new(&scene.links, &["n1", "n2", "n3", "n4"]);
+    let cut = cut(&scene.links, &["n1", "n2", "n3", "n4"]);
     let at = Instant::now();
     let stopped = gone_by(&pids, AGENT_STOPS_WITHIN)
         .unwrap_or_else(|| panic!("a task or agent of {ranks:?} still runs on a cut-off node"));
@@ -372,11 +272,7 @@ fn a_driver_cut_off_from_every_node_leaves_no_task_and_the_same_command_resumes(
 
     // The same command, once the network is back, resumes from the last committed checkpoint.
     let mut again = Running::start(&mut checkpointing(&sandbox, &run, &scene.python, "0"));
-    let (_, from) = resumed(&mut again, Duration::from_secs(180));
-    assert!(
-        from >= committed,
-        "checkpoint {committed} was committed before the cut, but the run resumed from {from}"
-    );
+    resumed(&mut again, Duration::from_secs(180), committed);
     let ended = again.finish(Duration::from_secs(180));
     assert!(ended.status.success(), "{}", ended.all());
     nothing_left(&sandbox, &run);
@@ -406,15 +302,11 @@ fn a_node_lost_for_good_is_left_out_and_the_run_goes_on_from_its_last_checkpoint
     }
     let detected = failed_by(&sandbox, &run, 0, DETECTED_WITHIN)
         .unwrap_or_else(|| panic!("the driver did not see {node}'s worker die"));
-    let (again, from) = resumed(&mut running, Duration::from_secs(90));
+    let again = resumed(&mut running, Duration::from_secs(90), committed);
     eprintln!(
         "fault: node {node} lost for good: detected in {:.1} s, training again in {:.1} s",
         seconds(at, detected),
         seconds(at, again)
-    );
-    assert!(
-        from >= committed,
-        "checkpoint {committed} was committed before the loss, but the run resumed from {from}"
     );
     let ended = running.finish(Duration::from_secs(180));
     assert!(ended.status.success(), "{}", ended.all());
