@@ -149,7 +149,7 @@ def _command(
     args += run._cli_args()
     if timeout_s is not None:
         args += ["--torch-timeout", str(timeout_s)]
-    warm = _warm_modules(runtime)
+    warm = _warm_modules()
     if warm:
         args += ["--warm-python", warm]
     return args + ["--", sys.executable, "-m", "trainyard._worker", fit_dir]
@@ -158,12 +158,11 @@ def _command(
 WARM_PYTHON_VAR = "TRAINYARD_WARM_PYTHON"
 
 
-def _warm_modules(runtime: str) -> str:
+def _warm_modules() -> str:
     """What the workers' warm Python imports before any rank starts (``trainyard run
     --warm-python``): ``$TRAINYARD_WARM_PYTHON`` when set (empty: every rank starts cold),
-    else ``torch`` where it is installed. Local runs only: on Ray and Slurm ranks start cold."""
-    if runtime != "local":
-        return ""
+    else ``torch`` where it is installed. Locally one warm Python serves the run; on Ray and
+    Slurm each worker's agent starts its own next to it."""
     given = os.environ.get(WARM_PYTHON_VAR)
     if given is not None:
         return given.strip()

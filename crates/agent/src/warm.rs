@@ -37,9 +37,12 @@ const START_PATIENCE: Duration = Duration::from_secs(20);
 const _: () = assert!(IMPORT_PATIENCE.as_secs() + START_PATIENCE.as_secs() < 60);
 
 /// `warm`, when it starts the task of `program` (as found on the task's `PATH`): a task of
-/// its very interpreter, in a worker with a cgroup (`memory`'s), through which what the
-/// task leaves is found and killed. A task it would start otherwise starts cold, and why is
-/// the `Err`.
+/// its very interpreter, in a worker where what the task leaves is found and killed: through
+/// the worker's cgroup (`memory`'s), or below the agent, its subreaper, when the warm Python
+/// is the agent's own child ([`AgentConfig::start_warm_python`]). A task it would start
+/// otherwise starts cold, and why is the `Err`.
+///
+/// [`AgentConfig::start_warm_python`]: trainyard_wire::config::AgentConfig::start_warm_python
 pub(crate) fn serving<'a>(
     warm: Option<&'a WarmPython>,
     program: &std::path::Path,
@@ -48,12 +51,28 @@ pub(crate) fn serving<'a>(
     let Some(warm) = warm.filter(|warm| warm.python == program) else {
         return Ok(None);
     };
-    if memory.and_then(MemoryLimit::cgroup).is_none() {
+    if let Some(MemoryLimit::AddressSpace { .. }) = memory {
+        return Err(
+            "this worker's memory is capped by its address space, which a forked rank would share with the warm Python's imports, so it starts cold",
+        );
+    }
+    if memory.and_then(MemoryLimit::cgroup).is_none() && !own_child(warm) {
         return Err(
             "this worker has no cgroup to find what a forked rank leaves behind through, so it starts cold",
         );
     }
     Ok(Some(warm))
+}
+
+/// Whether `warm` is this agent's own child: what its tasks leave is re-parented to the agent.
+fn own_child(warm: &WarmPython) -> bool {
+    trainyard_sys::procfs::read_stat(warm.pid)
+        .ok()
+        .flatten()
+        .is_some_and(|stat| {
+            stat.parent == std::process::id()
+                && warm.start_time.is_none_or(|t| stat.start_time == Some(t))
+        })
 }
 
 /// What the agent asks of the warm Python.
@@ -427,5 +446,37 @@ mod tests {
         let error = trusted(&warm_at(socket, std::process::id()), stream).expect_err("refused");
         assert!(error.contains("mode 0777"), "{error}");
         assert!(error.contains("nothing was sent to it"), "{error}");
+    }
+
+    #[test]
+    fn a_warm_python_serves_where_what_a_rank_leaves_is_found_and_never_under_an_address_space_cap()
+    {
+        let python = std::path::Path::new("python3");
+        let cgroup = MemoryLimit::Unlimited {
+            path: "/sys/fs/cgroup/w".into(),
+        };
+        let scheduler = MemoryLimit::Scheduler { limit: 1 << 30 };
+        let capped = MemoryLimit::AddressSpace { limit: 1 << 30 };
+        // Another process's warm Python (the local runtime's, pid 1 here): only with a cgroup.
+        let shared = warm_at("/nowhere".into(), 1);
+        assert!(serving(Some(&shared), python, Some(&cgroup)).is_ok_and(|w| w.is_some()));
+        let why = serving(Some(&shared), python, Some(&scheduler)).expect_err("cold");
+        assert!(why.contains("no cgroup"), "{why}");
+        assert!(serving(Some(&shared), python, None).is_err());
+        // A child of this process (an agent's own): what its ranks leave comes here.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep starts");
+        let own = warm_at("/nowhere".into(), child.id());
+        assert!(serving(Some(&own), python, Some(&scheduler)).is_ok_and(|w| w.is_some()));
+        assert!(serving(Some(&own), python, None).is_ok_and(|w| w.is_some()));
+        let why = serving(Some(&own), python, Some(&capped)).expect_err("cold");
+        assert!(why.contains("address space"), "{why}");
+        // Another interpreter's task is none of its business.
+        let other = std::path::Path::new("/usr/bin/python3.9");
+        assert!(serving(Some(&own), other, None).is_ok_and(|w| w.is_none()));
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

@@ -263,7 +263,7 @@ pub(crate) struct RunArgs {
     /// The most bytes one rank may hand in for one checkpoint, e.g. 20GB; a larger hand-in fails that rank's report [default: no limit]
     #[arg(long, value_name = "SIZE", value_parser = positive_size)]
     pub(crate) max_checkpoint_size: Option<ByteSize>,
-    /// Start Python tasks from a warm interpreter that imported MODULES once (comma-separated, e.g. torch): a restarted rank trains again without starting Python and importing them. The program then sees MODULES imported before its __main__ runs; its interpreter options other than -u, -B, -m and -c start it cold (--runtime local) [default: off]
+    /// Start Python tasks from a warm interpreter that imported MODULES once (comma-separated, e.g. torch): a restarted rank trains again without starting Python and importing them. The program then sees MODULES imported before its __main__ runs; its interpreter options other than -u, -B, -m and -c start it cold. Locally one warm interpreter serves the run; on Ray and Slurm each worker's agent starts its own, next to it [default: off]
     #[arg(long, value_name = "MODULES", value_parser = module_list)]
     pub(crate) warm_python: Option<ModuleList>,
     /// Judge a rank hung after this long without progress (a report; with --progress output, a line too): its stacks are printed and the attempt restarts under --max-failures, e.g. 90s, 10m [default: off]

@@ -210,6 +210,7 @@ impl AgentHub {
             driver_lost_ms: u64::try_from(config.driver_lost.as_millis()).unwrap_or(u64::MAX),
             scheduler_stops: false,
             warm_python: None,
+            start_warm_python: None,
         }
     }
 

@@ -21,6 +21,7 @@ use trainyard_runtime::{
 };
 use trainyard_sys::procfs::ProcessHandle;
 use trainyard_wire::config::{AgentConfig, MemoryLimit, WarmPython};
+use trainyard_wire::warm::WarmZygote;
 
 use crate::config::LocalConfig;
 use crate::error::LocalError;
@@ -28,7 +29,6 @@ use crate::ledger::{self, Ledger, LedgerLocation};
 use crate::lock;
 use crate::memory::Memory;
 use crate::process::LocalProcess;
-use crate::warm::WarmZygote;
 use trainyard_sys::cgroup::WorkerCgroup;
 
 /// The embedded runtime: every actor is an agent process on this machine, started from
@@ -329,13 +329,18 @@ impl LocalLauncher {
         };
         let started = core
             .warm
-            .get_or_try_init(|| async { WarmZygote::start(warm) })
+            .get_or_try_init(|| async {
+                WarmZygote::start(warm).map_err(|error| LocalError::WarmPython {
+                    python: warm.python.clone(),
+                    error,
+                })
+            })
             .await
             .map_err(|error| RuntimeError::SpawnFailed {
                 name: spec.name.clone(),
                 reason: ErrorChain(&error).to_string(),
             })?;
-        Ok(Some(started.agent.clone()))
+        Ok(Some(started.endpoint().clone()))
     }
 
     /// The agent's command: the driver's environment, the actor's, then the agent's own.

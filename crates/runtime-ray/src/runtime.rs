@@ -25,6 +25,7 @@ use trainyard_runtime::{
     PlacementInfo, RuntimeError,
 };
 use trainyard_runtime::{placement, reservations};
+use trainyard_wire::config::{AgentConfig, WarmPythonSpec};
 
 use crate::bridge::{ActorLaunch, Bridge, BridgeConfig};
 use crate::error::{BridgeError, RayError};
@@ -65,6 +66,10 @@ pub struct RayConfig {
     pub call_timeout: Duration,
     /// How long a stopped agent gets to exit.
     pub stop_grace: Duration,
+    /// The warm Python each agent starts next to its worker (`trainyard run --warm-python`):
+    /// the tasks of its interpreter start as forks of it, on first start and on every
+    /// restart the agent serves. `None`: every task starts cold.
+    pub warm_python: Option<WarmPythonSpec>,
 }
 
 impl RayConfig {
@@ -89,6 +94,7 @@ impl RayConfig {
             connect_timeout: Duration::from_secs(60),
             call_timeout: hub.call_timeout,
             stop_grace: hub.stop_grace,
+            warm_python: None,
         })
     }
 
@@ -131,6 +137,13 @@ impl RayConfig {
     #[must_use]
     pub fn stop_grace(mut self, grace: Duration) -> Self {
         self.stop_grace = grace;
+        self
+    }
+
+    /// Sets [`RayConfig::warm_python`].
+    #[must_use]
+    pub fn warm_python(mut self, warm: Option<WarmPythonSpec>) -> Self {
+        self.warm_python = warm;
         self
     }
 }
@@ -194,6 +207,7 @@ impl Setup for RayConfig {
             launcher: RayLauncher {
                 run_name: config.run_name,
                 agent: config.agent,
+                warm_python: config.warm_python,
                 bridge,
             },
         })
@@ -566,6 +580,7 @@ impl Placer for RayPlacer {
 pub struct RayLauncher {
     run_name: String,
     agent: AgentCommand,
+    warm_python: Option<WarmPythonSpec>,
     bridge: Arc<Bridge>,
 }
 
@@ -593,11 +608,13 @@ impl Launcher for RayLauncher {
     ) -> Result<Box<dyn AgentProcess>, RuntimeError> {
         let name = format!("{}-{}-{}", self.run_name, spec.name, actor.0);
         // What only its actor knows (its node) is filled in there.
-        let config = serde_json::to_value(hub.agent_config(actor)).map_err(|error| {
-            RuntimeError::SpawnFailed {
-                name: spec.name.clone(),
-                reason: format!("the agent's configuration cannot be encoded: {error}"),
-            }
+        let config = AgentConfig {
+            start_warm_python: self.warm_python.clone(),
+            ..hub.agent_config(actor)
+        };
+        let config = serde_json::to_value(config).map_err(|error| RuntimeError::SpawnFailed {
+            name: spec.name.clone(),
+            reason: format!("the agent's configuration cannot be encoded: {error}"),
         })?;
         let launch = ActorLaunch {
             name: name.clone(),

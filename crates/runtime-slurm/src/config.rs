@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use trainyard_hub::{AgentCommand, HubConfig};
+use trainyard_wire::config::WarmPythonSpec;
 
 use crate::error::SlurmError;
 
@@ -71,6 +72,10 @@ pub struct SlurmConfig {
     pub call_timeout: Duration,
     /// How long a stopped agent gets to exit.
     pub stop_grace: Duration,
+    /// The warm Python each agent starts next to its worker, in its job step
+    /// (`trainyard run --warm-python`): the tasks of its interpreter start as forks of it, on
+    /// first start and on every restart the agent serves. `None`: every task starts cold.
+    pub warm_python: Option<WarmPythonSpec>,
 }
 
 impl SlurmConfig {
@@ -97,6 +102,7 @@ impl SlurmConfig {
             connect_timeout: Duration::from_secs(60),
             call_timeout: hub.call_timeout,
             stop_grace: hub.stop_grace,
+            warm_python: None,
         })
     }
 
@@ -118,6 +124,13 @@ impl SlurmConfig {
     #[must_use]
     pub fn agent(mut self, agent: AgentCommand) -> Self {
         self.agent = agent;
+        self
+    }
+
+    /// Sets [`SlurmConfig::warm_python`].
+    #[must_use]
+    pub fn warm_python(mut self, warm: Option<WarmPythonSpec>) -> Self {
+        self.warm_python = warm;
         self
     }
 }

@@ -23,7 +23,7 @@ use trainyard_runtime::{
     RuntimeError,
 };
 use trainyard_sys::procfs::ProcessHandle;
-use trainyard_wire::config::{AgentConfig, MemoryLimit};
+use trainyard_wire::config::{AgentConfig, MemoryLimit, WarmPythonSpec};
 
 use crate::allocation::{self, OwnAllocation, Queued};
 use crate::config::SlurmConfig;
@@ -151,6 +151,7 @@ impl Setup for SlurmConfig {
             launcher: SlurmLauncher {
                 run_name: config.run_name.clone(),
                 agent: config.agent.clone(),
+                warm_python: config.warm_python.clone(),
                 lost_hosts: Arc::clone(&lost_hosts),
             },
             placer: SlurmPlacer {
@@ -357,6 +358,7 @@ fn is_srun_input(name: &str) -> bool {
 pub struct SlurmLauncher {
     run_name: String,
     agent: AgentCommand,
+    warm_python: Option<WarmPythonSpec>,
     lost_hosts: LostHosts,
 }
 
@@ -384,6 +386,7 @@ impl SlurmLauncher {
             accelerator_ids: held.accelerator_ids.clone(),
             memory,
             scheduler_stops: true,
+            start_warm_python: self.warm_python.clone(),
             ..hub.agent_config(actor)
         }
     }

@@ -148,6 +148,24 @@ pub struct AgentConfig {
     /// itself, when the run has one (`trainyard run --warm-python`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_python: Option<WarmPython>,
+    /// A warm Python the agent starts itself as it starts, next to its worker, when the run
+    /// asks for one and the runtime shares none with its workers ([`AgentConfig::warm_python`]
+    /// is `None`): on Ray and Slurm, where workers are on other hosts than the driver. It
+    /// imports while the agent connects, outlives the attempts the agent serves, and ends
+    /// with the agent; its tasks are below the agent, which adopts what they leave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_warm_python: Option<WarmPythonSpec>,
+}
+
+/// What a warm Python is: an interpreter, and what it imports before any task
+/// (`trainyard run --warm-python MODULES`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmPythonSpec {
+    /// The interpreter, as the task's command names it once found on `PATH`. Tasks whose
+    /// program is this path start from it; others start as always.
+    pub python: PathBuf,
+    /// The modules it imports first (`torch`, `numpy`, ...).
+    pub modules: Vec<String>,
 }
 
 /// A warm Python: an interpreter that imported the run's heavy modules once and starts each

@@ -72,6 +72,9 @@
 //! - [`config`]: how an agent is started ([`AgentConfig`](config::AgentConfig), the
 //!   variables of its environment, [`token_line`](config::token_line)).
 //! - [`admission`]: connections that have not authenticated yet, evicted oldest first.
+//! - [`warm`]: a warm Python ([`WarmZygote`](warm::WarmZygote)), which starts Python tasks as
+//!   forks of an interpreter that imported the run's heavy modules once; the local runtime
+//!   starts one next to its driver, an agent on another host one of its own.
 //! - With the `testing` feature, `testing::start_agent` starts a test binary again as an
 //!   agent, for tests that play the driver.
 #![cfg_attr(
@@ -89,4 +92,5 @@ pub mod seal;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod token;
+pub mod warm;
 pub mod wire;

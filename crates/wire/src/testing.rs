@@ -31,6 +31,7 @@ pub fn local_agent_config(driver: String, actor: ActorId) -> AgentConfig {
         driver_lost_ms: 600_000,
         scheduler_stops: false,
         warm_python: None,
+        start_warm_python: None,
     }
 }
 

@@ -25,6 +25,7 @@ use trainyard_runtime::events::{EVENT_BUFFER, event_channel};
 use trainyard_runtime::{FunctionRegistry, Request, Response};
 use trainyard_wire::config::{AGENT_FAILED, AgentConfig, CONFIG};
 use trainyard_wire::token::Token;
+use trainyard_wire::warm::WarmZygote;
 use trainyard_wire::wire::AgentMessage;
 
 use crate::descendants;
@@ -59,7 +60,7 @@ enum Stop {
 pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
     // Until fd 2 is a pipe of the agent's own, its messages go to fd 2 itself.
     let early = Diagnostics::default();
-    let config: AgentConfig = match std::env::var(CONFIG)
+    let mut config: AgentConfig = match std::env::var(CONFIG)
         .map_err(|e| e.to_string())
         .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
     {
@@ -93,6 +94,8 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
     }
     descendants::become_subreaper(&early);
     let watchdog = Watchdog::start(&early);
+    // Before fd 2 is redirected: what the warm Python says is the agent's, not a task's.
+    let warm = own_warm_python(&mut config, &early);
     let (pipes, diagnostics) = output::redirect();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -116,9 +119,41 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
     let code = runtime.block_on(serve(config, token, functions, output, supervision));
     // Tasks still running belong to a driver that is gone; do not wait for them.
     runtime.shutdown_timeout(Duration::from_millis(100));
+    if let Some((warm, _helper)) = warm {
+        warm.stop();
+    }
     descendants::sweep(descendants::Scope::All, watchdog.pid());
     watchdog.flush();
     code
+}
+
+/// Starts the warm Python `config` asks the agent to start itself
+/// ([`AgentConfig::start_warm_python`]), when the runtime shares none with it, and tells
+/// `config` of it: it imports while the agent connects, and serves every attempt's task
+/// until the agent exits. Spared by the sweep at a task's end (a [`descendants::Helper`]). One
+/// that cannot start is said once; the tasks then start cold.
+fn own_warm_python(
+    config: &mut AgentConfig,
+    early: &Diagnostics,
+) -> Option<(WarmZygote, descendants::Helper)> {
+    if config.warm_python.is_some() {
+        return None;
+    }
+    let spec = config.start_warm_python.as_ref()?;
+    match WarmZygote::start(spec) {
+        Ok(warm) => {
+            let helper = descendants::helper(warm.endpoint().pid);
+            config.warm_python = Some(warm.endpoint().clone());
+            Some((warm, helper))
+        }
+        Err(error) => {
+            early.diagnose(format_args!(
+                "trainyard: --warm-python: cannot start the warm Python `{}` on this node: {error}; its ranks start cold",
+                spec.python.display()
+            ));
+            None
+        }
+    }
 }
 
 /// Connects to the driver and serves it until the agent stops.

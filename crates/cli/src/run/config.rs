@@ -93,7 +93,8 @@ pub(super) fn request(args: &RunArgs) -> Result<Request, Failure> {
             let config = args
                 .ray
                 .config(&name)?
-                .wait_for_resources(args.wait_for_resources);
+                .wait_for_resources(args.wait_for_resources)
+                .warm_python(warm_python(args)?);
             Start::Ray(config)
         }
         RuntimeKind::Slurm => {
@@ -105,7 +106,8 @@ pub(super) fn request(args: &RunArgs) -> Result<Request, Failure> {
             }
             // Job steps get the driver's whole environment (srun --export=ALL). The
             // allocation's job is named after the run, as `squeue` shows it.
-            Start::Slurm(args.slurm.config(args.name.as_deref().unwrap_or(&name))?)
+            let config = args.slurm.config(args.name.as_deref().unwrap_or(&name))?;
+            Start::Slurm(config.warm_python(warm_python(args)?))
         }
     };
     drop(detecting);
@@ -286,15 +288,6 @@ fn check_runtime_flags(args: &RunArgs) -> Result<(), Failure> {
                 ),
             );
         }
-    }
-    if let (Some(modules), RuntimeKind::Ray | RuntimeKind::Slurm) =
-        (&args.warm_python, args.runtime)
-    {
-        return misplaced(
-            "--warm-python",
-            &modules.0.join(","),
-            "applies to --runtime local only: on Ray and Slurm each attempt's Python starts cold",
-        );
     }
     if args.runtime != RuntimeKind::Slurm {
         if let Some((flag, value)) = args.slurm.given() {

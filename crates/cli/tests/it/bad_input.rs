@@ -322,11 +322,12 @@ fn cases(dir: &Path) -> Vec<Case> {
             BAD_INPUT,
             "invalid value `no_such_module_here.sub` for `--warm-python`: `no_such_module_here` is not installed for",
         ),
+        // On Slurm and Ray too, before anything is asked of the cluster.
         run_program(
-            &["--runtime", "slurm", "--warm-python", "json"],
+            &["--runtime", "slurm", "--warm-python", "no_such_module_here"],
             &["python3", "-c", "pass"],
             BAD_INPUT,
-            "invalid value `json` for `--warm-python`: applies to --runtime local only",
+            "invalid value `no_such_module_here` for `--warm-python`: `no_such_module_here` is not installed for",
         ),
         run(&["-n", "2", "--ranks", "9"], "`9` for `--ranks`"),
         run(&["-n", "2", "--ranks", "a-b"], "`a-b` for `--ranks`"),

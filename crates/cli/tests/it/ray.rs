@@ -218,6 +218,48 @@ fn a_killed_rank_resumes_from_its_checkpoint_on_ray(cluster: &RayCluster, storag
     );
 }
 
+/// `--warm-python` on Ray: each agent starts a warm Python of its own, next to its worker;
+/// every rank of both attempts is a fork of its agent's, and the restart after rank 1's
+/// failure kept the agents (and so their warm Pythons).
+fn ranks_fork_from_their_agents_warm_python_on_ray(cluster: &RayCluster, scratch: &Path) {
+    let python = cluster.python.display().to_string();
+    let probe = crate::warm::agents_probe(scratch);
+    let storage = scratch.join("warm");
+    let output = run(
+        cluster,
+        "ray-warm",
+        &[
+            "-n",
+            "2",
+            "-s",
+            "SPREAD",
+            "-r",
+            "CPU=0.5",
+            "--max-failures",
+            "1",
+        ],
+    )
+    .args([
+        "--name",
+        "ray-warm",
+        "--warm-python",
+        "sqlite3",
+        "--storage",
+    ])
+    .arg(&storage)
+    .args(["--", python.as_str()])
+    .arg(&probe)
+    .output()
+    .expect("trainyard runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("attempt 1 failed (rank 1 exited with code 3"),
+        "{stderr}"
+    );
+    crate::warm::assert_warm_in_kept_agents(&stdout, &storage.join("ray-warm"));
+}
+
 /// More memory than any node has: exit 3 within 5 s, naming the bundle and the most memory a
 /// node has (Ray Train waits forever here).
 fn too_much_memory_fails_fast(cluster: &RayCluster) {
@@ -515,6 +557,8 @@ async fn runs_on_a_real_ray_cluster_place_fail_restart_and_clean_up() {
     nothing_left(&cluster, "ray-sigterm").await;
     a_killed_rank_resumes_from_its_checkpoint_on_ray(&cluster, scratch.path());
     nothing_left(&cluster, "ray-checkpoint").await;
+    ranks_fork_from_their_agents_warm_python_on_ray(&cluster, scratch.path());
+    nothing_left(&cluster, "ray-warm").await;
     a_sigkilled_driver_leaves_nothing_running(&cluster);
     nothing_left(&cluster, "ray-sigkill").await;
     a_detached_run_goes_on_until_stopped(&cluster, scratch.path());

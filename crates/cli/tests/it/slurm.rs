@@ -1,5 +1,6 @@
 //! `trainyard run --runtime slurm` on a real Slurm cluster of four fake nodes on this machine
-//! (`scripts/slurm-env.sh`): PyTorch DDP over two nodes, memory per step, an OOM kill, a
+//! (`scripts/slurm-env.sh`): PyTorch DDP over two nodes, a restart in the same steps (ranks
+//! forked from their agents' warm Pythons), memory per step, an OOM kill, a
 //! cancelled allocation, an interrupted and a SIGKILLed driver leaving nothing behind, a
 //! request no node can hold, and `--detach`. Without the cluster the tests print `SKIP:` and
 //! why; under `CI=true` they fail unless `TRAINYARD_SLURM_SKIP` says why.
@@ -188,6 +189,47 @@ fn a_killed_rank_restarts_in_the_same_steps_and_resumes_from_its_checkpoint() {
         agent_pids(&record, 1),
         "the agents are the same after the restart: {record}"
     );
+    nothing_left(&sandbox, &run);
+}
+
+#[test]
+fn ranks_fork_from_their_agents_warm_python_in_their_steps_across_a_restart() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-warm");
+    let run = name("warm");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let probe = crate::warm::agents_probe(dir.path());
+    let (out, stdout, stderr) = run_to_end(
+        slurm_run(
+            &sandbox,
+            &run,
+            &[
+                "-n",
+                "2",
+                "-s",
+                "SPREAD",
+                "-r",
+                "CPU=0.5",
+                "--max-failures",
+                "1",
+                "--warm-python",
+                "sqlite3",
+                "--",
+                "python3",
+            ],
+        )
+        .arg(&probe),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("attempt 1 failed (rank 1 exited with code 3"),
+        "{stderr}"
+    );
+    crate::warm::assert_warm_in_kept_agents(&stdout, &sandbox.storage().join(&run));
+    // The warm Pythons ended with their agents, and their steps with the run.
     nothing_left(&sandbox, &run);
 }
 

@@ -43,7 +43,7 @@ fn text(bytes: &[u8]) -> String {
 /// so, and starts cold), which is a loud `SKIP:` outside CI and a failure under `CI=true`,
 /// where the tests run as root with cgroups.
 fn forked_here(stderr: &str) -> bool {
-    if !stderr.contains("has no cgroup to find what a forked rank leaves behind through") {
+    if !no_cgroups_here(stderr) {
         return true;
     }
     assert!(
@@ -52,6 +52,13 @@ fn forked_here(stderr: &str) -> bool {
     );
     eprintln!("SKIP: workers get no cgroup on this machine, so their ranks start cold");
     false
+}
+
+/// Whether a rank of the local runtime said it starts cold because its worker got no cgroup
+/// (with a memory limit: an address-space cap instead).
+pub(crate) fn no_cgroups_here(output: &str) -> bool {
+    output.contains("has no cgroup to find what a forked rank leaves behind through")
+        || output.contains("capped by its address space, which a forked rank would share")
 }
 
 fn assert_nothing_left(sandbox: &Sandbox) {
@@ -381,4 +388,52 @@ fn ranks_start_cold_once_the_warm_python_is_gone() {
     );
     assert!(stderr.contains("; this rank starts cold"), "{stderr}");
     assert_nothing_left(&sandbox);
+}
+
+/// What each rank prints on Ray and Slurm, where each agent starts a warm Python of its own:
+/// whether the rank is a fork of a warm Python that imported `sqlite3`, and that Python's
+/// parent (the rank's agent). Rank 1 exits 3 in attempt 0.
+const AGENTS_PROBE: &str = r#"
+import os, sys
+preloaded = "sqlite3" in sys.modules
+with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+    warm_parent = any(arg.endswith(b"/warm.py") for arg in f.read().split(b"\0"))
+with open(f"/proc/{os.getppid()}/stat") as f:
+    agent = f.read().rsplit(")", 1)[1].split()[1]
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+print(f"probe rank={os.environ['RANK']} attempt={attempt} preloaded={preloaded} warm_parent={warm_parent} agent={agent}")
+if attempt == "0" and os.environ["RANK"] == "1":
+    sys.exit(3)
+"#;
+
+/// [`AGENTS_PROBE`] as a script file in `dir`, for `--warm-python sqlite3 --max-failures 1`.
+pub(crate) fn agents_probe(dir: &Path) -> PathBuf {
+    let script = dir.join("agents_probe.py");
+    std::fs::write(&script, AGENTS_PROBE).expect("write the probe");
+    script
+}
+
+/// Both attempts of an [`agents_probe`] run on 2 ranks started every rank as a fork of a warm
+/// Python whose parent is the rank's agent as the record of the run in folder `run` has it, and the restart
+/// kept the agents (and so their warm Pythons).
+pub(crate) fn assert_warm_in_kept_agents(stdout: &str, run: &Path) {
+    let record = &trainyard_test_support::hosts::record(run);
+    let agents = common::agent_pids(record, 0);
+    assert_eq!(agents.len(), 2, "{record}");
+    assert_eq!(
+        agents,
+        common::agent_pids(record, 1),
+        "the agents are the same after the restart: {record}"
+    );
+    for attempt in 0..2 {
+        for (rank, agent) in agents.iter().enumerate() {
+            let want = format!(
+                "probe rank={rank} attempt={attempt} preloaded=True warm_parent=True agent={agent}"
+            );
+            assert!(
+                stdout.lines().any(|line| line.ends_with(&want)),
+                "no `{want}` in {stdout}"
+            );
+        }
+    }
 }
