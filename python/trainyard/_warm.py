@@ -1,14 +1,15 @@
 """A warm Python (``trainyard run --warm-python MODULES``): it imports MODULES once, then starts
 each Python task of the run's workers as a fork of itself, so that a restarted rank does not
-pay for starting Python and importing them again.
+pay for starting Python and importing them again. Where torch is among them, it also imports
+what torch defers to a training program's first optimizer (``torch._dynamo``).
 
-Started by the local runtime as ``python WARM_PY SOCKET MODULE...`` (this file, copied beside
+Started by the local runtime, or by an agent on Ray and Slurm, as ``python WARM_PY SOCKET MODULE...`` (this file, copied beside
 SOCKET) with its secret as the first line of its stdin; it listens on the Unix socket SOCKET
 (made under a umask of 077, in a folder of mode 0700 that the runtime made: only its user can enter it, whatever
 the umask; an agent also checks that the process listening is this one, by its credentials,
 before it sends anything) once it has imported MODULES, so that an agent that
 finds no socket knows the imports are not done (and starts its task cold once it has waited
-long enough), and ends when its stdin closes (the driver is gone), killing the tasks it
+long enough), and ends when its stdin closes (whoever started it is gone), killing the tasks it
 started. Should a module fail to import, every task is refused with the reason.
 
 One connection per task, from the task's agent:
@@ -484,6 +485,24 @@ def _user_frames(tb):
     return tb
 
 
+# What torch imports only when first asked for it, and every training program asks for: the
+# first optimizer (`torch.optim.SGD(...)`) imports `torch._dynamo`, about a second here.
+TORCH_DEFERS = ("torch._dynamo",)
+
+
+def import_what_torch_defers():
+    """Where torch was imported, imports what it defers to a training program's first steps
+    (`TORCH_DEFERS`), so that a forked rank does not pay for it on every restart. Best
+    effort: a torch without it is still served."""
+    if "torch" not in sys.modules:
+        return
+    for module in TORCH_DEFERS:
+        try:
+            __import__(module)
+        except Exception:  # noqa: BLE001 - the rank imports it itself, as a cold one would
+            pass
+
+
 def main():
     global MAIN_PID
     MAIN_PID = os.getpid()
@@ -506,6 +525,8 @@ def main():
                 f"{type(error).__name__}: {error}"
             )
             break
+    if refusal is None:
+        import_what_torch_defers()
     base_path = [p for p in sys.path if p not in zygote_extra]
     join_once_the_store_listens()
     import gc

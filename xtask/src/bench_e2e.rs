@@ -97,7 +97,7 @@ fn by_hand(python: &Path, root: &Path) -> Result<Duration, String> {
     Ok(started.elapsed())
 }
 
-fn python_env(root: &Path) -> Result<PathBuf, String> {
+pub(crate) fn python_env(root: &Path) -> Result<PathBuf, String> {
     script_python(root, "scripts/python-env.sh")
 }
 
@@ -183,7 +183,7 @@ fn hang_to_stop(trainyard: &Path, python: &Path, root: &Path) -> Result<Duration
 /// Rank 1 SIGKILLs itself after some `all_reduce`s (`crates/cli/tests/python/restart.py`);
 /// `command` restarts the ranks once. The time from the kill to both ranks' first
 /// `all_reduce` of the next attempt.
-fn kill_to_training(command: &mut Command) -> Result<Duration, String> {
+pub(crate) fn kill_to_training(command: &mut Command) -> Result<Duration, String> {
     let out = output_within(command.env("CI", "1"), RESTART_LIMIT)?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -299,10 +299,23 @@ fn descendants(pid: u32) -> Vec<u32> {
     found
 }
 
-/// `trainyard run` of the restart script, restarting once, its run folder under `storage`;
-/// its ranks forked from a warm Python that imported torch (`--warm-python torch`) when
-/// `warm`.
+/// `trainyard run` of the restart script on the local runtime, restarting once, its run
+/// folder under `storage`; its ranks forked from a warm Python that imported torch
+/// (`--warm-python torch`) when `warm`.
 fn restart_command(
+    trainyard: &Path,
+    python: &Path,
+    root: &Path,
+    storage: &Path,
+    warm: bool,
+) -> Command {
+    restart_on("local", trainyard, python, root, storage, warm)
+}
+
+/// [`restart_command`] on `runtime` (`local`, `ray` or `slurm`); on Ray and Slurm each rank
+/// has 1 GiB and the two are spread over two nodes where the cluster has them.
+pub(crate) fn restart_on(
+    runtime: &str,
     trainyard: &Path,
     python: &Path,
     root: &Path,
@@ -312,9 +325,24 @@ fn restart_command(
     let mut command = Command::new(trainyard);
     command
         .current_dir(root)
-        .args(["run", "-n", "2", "-r", "CPU=0.5", "--max-failures", "1"])
+        .args([
+            "run",
+            "--runtime",
+            runtime,
+            "-n",
+            "2",
+            "--max-failures",
+            "1",
+        ])
         .arg("--storage")
         .arg(storage);
+    if runtime == "local" {
+        command.args(["-r", "CPU=0.5"]);
+    } else {
+        // A Slurm step without memory gets the partition's default (256 MiB on the test
+        // cluster): too little for torch, let alone a warm Python that imported it.
+        command.args(["-r", "CPU=0.5,memory=1GiB", "-s", "SPREAD"]);
+    }
     if warm {
         command.args(["--warm-python", "torch"]);
     }
@@ -853,7 +881,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 

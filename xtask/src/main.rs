@@ -10,6 +10,7 @@ mod bench_checkpoint;
 mod bench_e2e;
 mod bench_python;
 mod bench_ray;
+mod bench_restarts;
 mod bench_slurm;
 mod cycles;
 mod python;
@@ -21,7 +22,7 @@ mod tidy;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <ci|python|ray-tests|tidy|cycles|bench-e2e|bench-python|bench-chaos|bench-ray|bench-slurm|bench-checkpoint|soak>
+const USAGE: &str = "usage: cargo xtask <ci|python|ray-tests|tidy|cycles|bench-e2e|bench-python|bench-chaos|bench-ray|bench-slurm|bench-restarts|bench-checkpoint|soak>
   ci         fmt check, clippy -D warnings (benches included), tests (nextest when installed), doc tests,
              the API docs with rustdoc's warnings as errors;
              the Ray tests too when TRAINYARD_RAY_PYTHON is set (under CI=true it must be,
@@ -48,6 +49,8 @@ const USAGE: &str = "usage: cargo xtask <ci|python|ray-tests|tidy|cycles|bench-e
   bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
   bench-slurm  time 4 workers of a trivial task on 4 Slurm test nodes: trainyard run --runtime slurm
              vs srun -N 4 -n 4
+  bench-restarts  [--rounds N] [--readme] a rank's SIGKILL to both ranks training again on the
+             local, Ray and Slurm runtimes, with --warm-python torch and without
   bench-checkpoint  [--against BIN] persist 1 GiB of checkpoint vs cp -r; a rank's death to every
              rank resumed from a 100 MB checkpoint (interleaved with BIN's when given)
   soak       [--runs N] N (300) back-to-back local runs, a mix of endings; fails on a wrong exit
@@ -67,6 +70,9 @@ fn main() -> ExitCode {
         Some("bench-python") => bench_python::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("bench-ray") => bench_ray::run(),
         Some("bench-slurm") => bench_slurm::run(),
+        Some("bench-restarts") => {
+            bench_restarts::run(&std::env::args().skip(2).collect::<Vec<_>>())
+        }
         Some("bench-checkpoint") => {
             bench_checkpoint::run(&std::env::args().skip(2).collect::<Vec<_>>())
         }

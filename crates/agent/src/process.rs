@@ -183,23 +183,6 @@ pub(crate) async fn start(
     // Counted against the task's own environment, as the driver sent it.
     let counted = crate::handin::task_reports(&env, events.clone());
     env.extend(reports.env());
-    let cgroup = match &memory {
-        Some(MemoryLimit::Cgroup { path, limit }) => {
-            OomCounter::open(path).map(|counter| CgroupLimit {
-                before: counter.count(),
-                counter,
-                limit: *limit,
-            })
-        }
-        Some(MemoryLimit::Scheduler { limit }) => {
-            trainyard_sys::cgroup::own_oom_counter().map(|counter| CgroupLimit {
-                before: counter.count(),
-                counter,
-                limit: *limit,
-            })
-        }
-        _ => None,
-    };
     descendants::task_starting();
     let serving = crate::warm::serving(warm, &resolved, memory.as_ref()).unwrap_or_else(|why| {
         events.log(Stream::Stderr, format!("trainyard: --warm-python: {why}"));
@@ -229,6 +212,25 @@ pub(crate) async fn start(
             }
         }
         None => None,
+    };
+    // Counted from here: a warm Python killed while it imported (its node's memory was
+    // short) is no kill of this task.
+    let cgroup = match &memory {
+        Some(MemoryLimit::Cgroup { path, limit }) => {
+            OomCounter::open(path).map(|counter| CgroupLimit {
+                before: counter.count(),
+                counter,
+                limit: *limit,
+            })
+        }
+        Some(MemoryLimit::Scheduler { limit }) => {
+            trainyard_sys::cgroup::own_oom_counter().map(|counter| CgroupLimit {
+                before: counter.count(),
+                counter,
+                limit: *limit,
+            })
+        }
+        _ => None,
     };
     let (leader, stdout, stderr, joined) = if let Some(mut task) = warm_task {
         let joined = task.joined;

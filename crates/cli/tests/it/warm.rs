@@ -229,6 +229,14 @@ fn torch_ranks_restart_from_the_warm_python_and_all_reduce_again() {
             "rank {rank} trains again after the restart: {stdout}"
         );
     }
+    // Every rank of both attempts found what torch defers to the first optimizer imported.
+    let preloaded = |yes: &str| {
+        stdout
+            .lines()
+            .filter(|l| l.ends_with(&format!("torch._dynamo preloaded {yes}")))
+            .count()
+    };
+    assert_eq!((preloaded("True"), preloaded("False")), (4, 0), "{stdout}");
     assert_nothing_left(&sandbox);
 }
 

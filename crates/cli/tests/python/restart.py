@@ -5,6 +5,7 @@ to both ranks' first all_reduce of the next attempt is how long the restart kept
 away. The attempt is `TORCHELASTIC_RESTART_COUNT`, which torchrun and trainyard both set."""
 import os
 import signal
+import sys
 import time
 
 
@@ -13,6 +14,10 @@ def say(text):
     # (torchrun's workers write to torchrun's own stdout).
     os.write(1, f"{text}\n".encode())
 
+
+# Whether what torch defers to a program's first optimizer was imported before this file
+# ran (a rank forked from a warm Python that imported torch).
+say(f"torch._dynamo preloaded {'torch._dynamo' in sys.modules}")
 
 import torch
 import torch.distributed as dist
