@@ -287,7 +287,7 @@ fn too_much_memory_fails_fast(cluster: &RayCluster) {
 }
 
 /// Starts a run and returns it with a channel of its stdout lines.
-fn spawn_run(mut command: Command) -> (Child, mpsc::Receiver<String>) {
+pub(crate) fn spawn_run(mut command: Command) -> (Child, mpsc::Receiver<String>) {
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -307,7 +307,7 @@ fn spawn_run(mut command: Command) -> (Child, mpsc::Receiver<String>) {
 }
 
 /// Waits for a line containing `needle`; returns it.
-fn wait_for_line(lines: &mpsc::Receiver<String>, needle: &str) -> String {
+pub(crate) fn wait_for_line(lines: &mpsc::Receiver<String>, needle: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -320,7 +320,7 @@ fn wait_for_line(lines: &mpsc::Receiver<String>, needle: &str) -> String {
 }
 
 /// The pid in a `(rank=R, pid=P) ...` line.
-fn task_pid(line: &str) -> u32 {
+pub(crate) fn task_pid(line: &str) -> u32 {
     let start = line.find("pid=").expect("a pid") + 4;
     line[start..]
         .split(|c: char| !c.is_ascii_digit())
@@ -329,7 +329,7 @@ fn task_pid(line: &str) -> u32 {
         .expect("a numeric pid")
 }
 
-fn parent_of(pid: u32) -> u32 {
+pub(crate) fn parent_of(pid: u32) -> u32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process lives");
     let after = &stat[stat.rfind(')').expect("a command name") + 1..];
     after
@@ -339,7 +339,7 @@ fn parent_of(pid: u32) -> u32 {
         .expect("a parent")
 }
 
-fn wait_exit(child: &mut Child, bound: Duration) -> Option<i32> {
+pub(crate) fn wait_exit(child: &mut Child, bound: Duration) -> Option<i32> {
     let deadline = Instant::now() + bound;
     loop {
         if let Some(status) = child.try_wait().expect("wait") {
@@ -357,25 +357,55 @@ fn wait_exit(child: &mut Child, bound: Duration) -> Option<i32> {
 /// A worker's Ray actor SIGKILLed mid-run: with `--max-failures 1` the run restarts and then
 /// succeeds; the first attempt's actors and group are gone.
 fn a_killed_worker_actor_restarts_the_run(cluster: &RayCluster, scratch: &Path) {
+    let storage = scratch.join("kill");
+    let mut command = run(cluster, "ray-kill", &["-n", "2", "--max-failures", "1"]);
+    command
+        .args(["--name", "ray-kill", "--storage"])
+        .arg(&storage);
+    // task → agent → the Ray actor's worker process.
+    replaced_while_the_other_is_kept(command, &storage.join("ray-kill"), scratch, |agent| {
+        parent_of(agent)
+    });
+}
+
+/// A 2-rank run of `command` (`--max-failures 1`, its run folder `run`) whose rank 1's agent
+/// process, or what `victim` names from its pid (its Ray actor's worker), is SIGKILLed
+/// mid-task: the run goes on, rank 1 with a new agent and rank 0 with the one it had.
+pub(crate) fn replaced_while_the_other_is_kept(
+    mut command: Command,
+    run: &Path,
+    scratch: &Path,
+    victim: impl Fn(u32) -> u32,
+) {
     let again = scratch.join("again");
     let script = format!(
         "if [ -e {again} ]; then echo second-$RANK; exit 0; fi; echo first-$RANK; sleep 120",
         again = again.display()
     );
-    let mut command = run(cluster, "ray-kill", &["-n", "2", "--max-failures", "1"]);
     command.args(["--", "sh", "-c", &script]);
     let (mut child, lines) = spawn_run(command);
     let line = wait_for_line(&lines, "first-1");
     std::fs::write(&again, "").expect("the marker file");
-    // task → agent → the Ray actor's worker process.
-    let actor = parent_of(parent_of(task_pid(&line)));
+    let agent = parent_of(task_pid(&line));
     kill(
-        Pid::from_raw(i32::try_from(actor).expect("pid")),
+        Pid::from_raw(i32::try_from(victim(agent)).expect("pid")),
         Signal::SIGKILL,
     )
     .expect("kill");
     wait_for_line(&lines, "second-0");
     assert_eq!(wait_exit(&mut child, Duration::from_secs(90)), Some(0));
+    let record = hosts::record(run);
+    let (before, after) = (
+        common::agent_pids(&record, 0),
+        common::agent_pids(&record, 1),
+    );
+    assert_eq!(before.len(), 2, "{record}");
+    assert_eq!(before[1], u64::from(agent), "{record}");
+    assert_eq!(before[0], after[0], "rank 0 kept its agent: {record}");
+    assert!(
+        after.len() == 2 && after[1] != before[1],
+        "rank 1 has a new agent: {record}"
+    );
 }
 
 /// The driver SIGKILLed mid-run: its bridge dies with it, Ray ends the job's actors and

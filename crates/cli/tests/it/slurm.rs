@@ -1,6 +1,6 @@
 //! `trainyard run --runtime slurm` on a real Slurm cluster of four fake nodes on this machine
 //! (`scripts/slurm-env.sh`): PyTorch DDP over two nodes, a restart in the same steps (ranks
-//! forked from their agents' warm Pythons), memory per step, an OOM kill, a
+//! forked from their agents' warm Pythons), a killed agent replaced, memory per step, an OOM kill, a
 //! cancelled allocation, an interrupted and a SIGKILLed driver leaving nothing behind, a
 //! request no node can hold, and `--detach`. Without the cluster the tests print `SKIP:` and
 //! why; under `CI=true` they fail unless `TRAINYARD_SLURM_SKIP` says why.
@@ -230,6 +230,38 @@ fn ranks_fork_from_their_agents_warm_python_in_their_steps_across_a_restart() {
     );
     crate::warm::assert_warm_in_kept_agents(&stdout, &sandbox.storage().join(&run));
     // The warm Pythons ended with their agents, and their steps with the run.
+    nothing_left(&sandbox, &run);
+}
+
+#[test]
+fn a_killed_agent_is_replaced_in_a_step_of_its_own_and_the_other_rank_keeps_its_own() {
+    let Some(_cluster) = cluster() else {
+        return;
+    };
+    let sandbox = Sandbox::new("slurm-agent-kill");
+    let run = name("agentkill");
+    let scratch = tempfile::tempdir().expect("a scratch dir");
+    let mut command = slurm_run(
+        &sandbox,
+        &run,
+        &[
+            "-n",
+            "2",
+            "-s",
+            "SPREAD",
+            "-r",
+            "CPU=0.5",
+            "--max-failures",
+            "1",
+        ],
+    );
+    command.stderr(Stdio::inherit());
+    crate::ray::replaced_while_the_other_is_kept(
+        command,
+        &sandbox.storage().join(&run),
+        scratch.path(),
+        |agent| agent,
+    );
     nothing_left(&sandbox, &run);
 }
 
