@@ -247,6 +247,8 @@ def _become_task(request, fds, conn, base_path):
     """In the forked child: the task's set-up, then what it runs."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for signum in SCHEDULER_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
     os.setsid()
     _die_with_parent()
     joined = False
@@ -503,9 +505,19 @@ def import_what_torch_defers():
             pass
 
 
+# What a scheduler sends every process of a job step (Slurm's SIGTERM as it cancels the job
+# or its time runs out, a `--signal` warning): the warm Python's life is its stdin's, so it
+# ignores them, lest its forked ranks die with it (their parent-death signal) before their
+# own handlers run; each rank, told by the scheduler and by its agent, takes them as a cold
+# one would.
+SCHEDULER_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
 def main():
     global MAIN_PID
     MAIN_PID = os.getpid()
+    for signum in SCHEDULER_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     if len(sys.argv) < 2:
         _fail("no socket to listen on")
     path, modules = sys.argv[1], sys.argv[2:]

@@ -398,6 +398,40 @@ fn ranks_start_cold_once_the_warm_python_is_gone() {
     assert_nothing_left(&sandbox);
 }
 
+#[test]
+fn the_warm_python_outlives_what_a_scheduler_sends_every_process_of_a_step() {
+    let sandbox = Sandbox::new("warm-signals");
+    // The rank sends its parent, the warm Python, what slurmstepd sends every process of a
+    // step at a cancel or a `--signal` warning: the warm Python (and so the rank: it would
+    // die with it) is still there, and the rank's own dispositions are the defaults.
+    let out = run(
+        &sandbox,
+        &["-n", "1", "-r", "CPU=0.5", "--warm-python", "sqlite3"],
+        &[
+            "python3",
+            "-c",
+            "import os, signal, sys, time
+parent = os.getppid()
+for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+    os.kill(parent, s)
+time.sleep(0.5)
+alive = os.getppid() == parent
+defaults = all(signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP))
+print(f'preloaded={\"sqlite3\" in sys.modules} alive={alive} defaults={defaults}', flush=True)",
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    if !forked_here(&stderr) {
+        return;
+    }
+    assert!(
+        stdout.contains(") preloaded=True alive=True defaults=True"),
+        "{stdout}\n{stderr}"
+    );
+    assert_nothing_left(&sandbox);
+}
+
 /// What each rank prints on Ray and Slurm, where each agent starts a warm Python of its own:
 /// whether the rank is a fork of a warm Python that imported `sqlite3`, and that Python's
 /// parent (the rank's agent). Rank 1 exits 3 in attempt 0.
