@@ -7,7 +7,6 @@
 //! from the kill to both ranks' first `all_reduce` of the next attempt, as the ranks stamp
 //! them; the table has the medians.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::bench_e2e::{kill_to_training, median, ms, replace_block, restart_on, stamp};
@@ -48,14 +47,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         }
     }
     let root = crate::repository_root();
-    let up = Command::new("bash")
-        .arg(root.join("scripts/slurm-env.sh"))
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run scripts/slurm-env.sh: {e}"))?;
-    if !up.success() {
-        return Err(format!("scripts/slurm-env.sh failed ({up})"));
-    }
+    crate::bench_slurm::cluster_up(&root)?;
     let python = crate::bench_e2e::script_python(&root, "scripts/ray-env.sh")?;
     crate::cargo(&["build", "--release", "-p", "trainyard-cli"])?;
     let trainyard = crate::target_dir().join("release/trainyard");

@@ -5,21 +5,14 @@
 //! (which requests the allocation and runs the task once per node), interleaved round by
 //! round. Each is timed from its command's start to its exit.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 const ROUNDS: usize = 9;
 
 pub(crate) fn run() -> Result<(), String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let up = Command::new("bash")
-        .arg(root.join("scripts/slurm-env.sh"))
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run scripts/slurm-env.sh: {e}"))?;
-    if !up.success() {
-        return Err(format!("scripts/slurm-env.sh failed ({up})"));
-    }
+    cluster_up(&root)?;
     crate::cargo(&["build", "--release", "-p", "trainyard-cli"])?;
     let trainyard = crate::target_dir().join("release/trainyard");
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
@@ -74,5 +67,18 @@ pub(crate) fn run() -> Result<(), String> {
         "  trainyard / srun = {:.2} (target <= 1.30)",
         ours.as_secs_f64() / theirs.as_secs_f64()
     );
+    Ok(())
+}
+
+/// Brings the Slurm test cluster up (`scripts/slurm-env.sh`), or says why it is not.
+pub(crate) fn cluster_up(root: &Path) -> Result<(), String> {
+    let up = Command::new("bash")
+        .arg(root.join("scripts/slurm-env.sh"))
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run scripts/slurm-env.sh: {e}"))?;
+    if !up.success() {
+        return Err(format!("scripts/slurm-env.sh failed ({up})"));
+    }
     Ok(())
 }
