@@ -129,6 +129,17 @@ class RetryTest(unittest.TestCase):
             ],
         )
 
+    def test_async_reports_on_a_connection_reset_before_its_answer_are_sent_again_in_order(
+        self,
+    ) -> None:
+        agent = self.agent(evict=2, protocol=2)
+        for step in (1, 2, 3):
+            _client.send_later({"step": step}, None, None, None)
+        _client.flush()
+        self.assertEqual(agent.connections, 3)
+        self.assertEqual(agent.hellos, [TOKEN + " 2"])
+        self.assertEqual([line["metrics"]["step"] for line in agent.lines], [1, 2, 3])
+
     def test_a_protocol_1_report_reset_as_it_is_sent_is_sent_again_on_a_new_connection(
         self,
     ) -> None:

@@ -56,8 +56,12 @@ class FakeAgent:
     ``None`` to close the connection without answering.
     """
 
-    def __init__(self, answers: List[Optional[dict]]) -> None:
+    def __init__(
+        self, answers: List[Optional[dict]], hold: Optional[threading.Event] = None
+    ) -> None:
         self.answers = list(answers)
+        # Set: each answer waits for it.
+        self.hold = hold
         self.hellos: List[str] = []
         self.lines: List[dict] = []
         self.server = socket.create_server(("127.0.0.1", 0))
@@ -78,6 +82,8 @@ class FakeAgent:
                     answer = self.answers.pop(0)
                     if answer is None:
                         break
+                    if self.hold is not None:
+                        self.hold.wait(30)
                     conn.sendall((json.dumps(answer) + "\n").encode())
 
     def close(self) -> None:
@@ -88,8 +94,10 @@ class ReportTest(unittest.TestCase):
     def tearDown(self) -> None:
         _client.close()
 
-    def agent(self, answers: List[Optional[dict]]) -> FakeAgent:
-        agent = FakeAgent(answers)
+    def agent(
+        self, answers: List[Optional[dict]], hold: Optional[threading.Event] = None
+    ) -> FakeAgent:
+        agent = FakeAgent(answers, hold)
         self.addCleanup(agent.close)
         patch = clean_env(TRAINYARD_REPORT_ADDR=agent.addr, TRAINYARD_REPORT_TOKEN=TOKEN)
         patch.start()
@@ -120,6 +128,74 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(str(raised.exception), "disk full")
         self.assertEqual(raised.exception.index, 3)
         train.report({"step": 2})
+
+    def test_an_async_report_returns_before_its_answer_and_the_next_waits_for_it(self) -> None:
+        hold = threading.Event()
+        self.addCleanup(hold.set)
+        agent = self.agent([{"ok": True, "index": 1}, {"ok": True, "index": 2}], hold)
+        asynchronous = train.CheckpointUploadMode.ASYNC
+        d = tempfile.mkdtemp()
+        self.addCleanup(os.rmdir, d)
+        train.report(
+            {"step": 1},
+            checkpoint=train.Checkpoint.from_directory(d),
+            checkpoint_upload_mode=asynchronous,
+        )
+        second = threading.Thread(
+            target=train.report,
+            args=({"step": 2},),
+            kwargs={"checkpoint_upload_mode": asynchronous},
+        )
+        second.start()
+        second.join(0.5)
+        self.assertTrue(second.is_alive(), "one report on its way: the next waits for its answer")
+        self.assertEqual(len(agent.lines), 1)
+        self.assertEqual(
+            agent.lines[0],
+            {
+                "metrics": {"step": 1},
+                "checkpoint": os.path.abspath(d),
+                "upload": "ASYNC",
+            },
+        )
+        hold.set()
+        second.join(30)
+        self.assertFalse(second.is_alive())
+        _client.flush()
+        self.assertEqual([line["metrics"]["step"] for line in agent.lines], [1, 2])
+
+    def test_an_async_report_that_failed_is_raised_by_the_next_report_which_is_not_sent(
+        self,
+    ) -> None:
+        agent = self.agent(
+            [{"ok": False, "index": 1, "error": "disk full"}, {"ok": True, "index": 2}]
+        )
+        train.report(
+            {"step": 1},
+            checkpoint=train.Checkpoint.from_directory("/somewhere"),
+            checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC,
+        )
+        with self.assertRaises(train.ReportError) as raised:
+            train.report({"step": 2})
+        self.assertEqual(
+            str(raised.exception), "an ASYNC report (checkpoint index 1) failed: disk full"
+        )
+        self.assertEqual(raised.exception.index, 1)
+        self.assertEqual(len(agent.lines), 1)
+        train.report({"step": 3})
+        self.assertEqual([line["metrics"]["step"] for line in agent.lines], [1, 3])
+
+    def test_an_async_failure_nobody_raised_is_said_at_exit(self) -> None:
+        self.agent([{"ok": False, "index": 1, "error": "disk full"}])
+        train.report(
+            {"step": 1},
+            checkpoint=train.Checkpoint.from_directory("/somewhere"),
+            checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC,
+        )
+        said = io.StringIO()
+        with redirect_stderr(said):
+            _client.close()
+        self.assertIn("an ASYNC report (checkpoint index 1) failed: disk full", said.getvalue())
 
     def test_an_agent_that_hangs_up_without_answering_is_an_error_and_the_next_report_reconnects(
         self,

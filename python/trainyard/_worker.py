@@ -113,6 +113,10 @@ def main(fit_dir: str) -> int:
             fn, config = cloudpickle.load(f)
         grouped = _init_process_group(spec)
         value = _fit.call_loop(fn, config)
+        from trainyard import _client
+
+        # The loop's ASYNC reports still on their way are sent; one that failed fails the rank.
+        _client.flush()
         if _rank() == 0:
             try:
                 data = cloudpickle.dumps(value)

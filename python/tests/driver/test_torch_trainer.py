@@ -401,7 +401,11 @@ def async_then_die_loop():  # type: ignore[no-untyped-def]
             checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC,
             delete_local_checkpoint_after_upload=not kept,
         )
-        # Taken: gone, or kept with its file (hard-linked) as it was.
+        # Taken once the agent reads the report, moments after it returned: gone, or kept
+        # with its file (hard-linked) as it was.
+        deadline = time.monotonic() + 30
+        while os.path.isdir(d) != kept and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert os.path.isdir(d) == kept
     # Both ranks' second hand-ins are taken; their agents may still be persisting them.
     dist.barrier()

@@ -152,9 +152,12 @@ def report(
     With ``checkpoint_upload_mode=SYNC`` (the default) it returns once the agent
     has persisted the checkpoint's files into the run folder and passed the
     report on, so the directory may be deleted then; with ``ASYNC`` once the
-    agent has taken the directory; with ``NO_UPLOAD`` once the folder the rank
-    wrote into the run folder is registered (see ``CheckpointUploadMode``). Safe
-    to call from several threads (reports are sent one at a time).
+    report is on its way to the agent, which takes the directory when it reads
+    it (what the hand-in fails with is raised by the next ``report``, by
+    ``get_all_reported_checkpoints``, or at the loop function's end); with
+    ``NO_UPLOAD`` once the folder the rank wrote into the run folder is registered
+    (see ``CheckpointUploadMode``). Safe to call from several threads (reports are
+    sent one at a time, in order).
     ``checkpoint_dir_name`` names the folder of the run folder a ``SYNC`` or
     ``ASYNC`` checkpoint is copied to, as Ray's (one folder name, not one of
     trainyard's own such as ``logs`` or ``checkpoint_000007``); without it the
@@ -174,7 +177,8 @@ def report(
     path (see ``ValidationConfig``).
 
     Raises ``ReportError`` with the agent's reason when the files cannot be
-    persisted (the driver is told, and that checkpoint is never committed),
+    persisted (the driver is told, and that checkpoint is never committed), or
+    when an earlier ``ASYNC`` report's could not (this report is then not made),
     ``TypeError`` when ``metrics`` is not a mapping or ``checkpoint`` not a
     ``Checkpoint``, ``ValueError`` when ``metrics`` is not JSON (NaN and
     infinities are not), when ``validation`` comes without a checkpoint or without
@@ -247,11 +251,9 @@ def report(
         )
     path = None if checkpoint is None else checkpoint.path
     if mode is CheckpointUploadMode.ASYNC:
-        reports.took(
-            _client.send(
-                metrics, path, "ASYNC", delete_local_checkpoint_after_upload, checkpoint_dir_name
-            )
-        )
+        _client.send_later(metrics, path, delete_local_checkpoint_after_upload, checkpoint_dir_name)
+        # The agent counts a task's reports in the order they are sent: this one is `index`.
+        reports.took(index)
         return
     if mode is CheckpointUploadMode.NO_UPLOAD:
         # Already in storage: never deleted here.

@@ -137,6 +137,11 @@ def get_all_reported_checkpoints(
         raise ValueError(f"Unexpected CheckpointConsistencyMode: {consistency_mode}")
     if _local.session() is not None:
         return []
+    from trainyard import _client
+
+    if _client.address() is not None:
+        # This worker's ASYNC reports on their way go first (their failure is raised here).
+        _client.flush()
     run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir:
         raise RuntimeError(

@@ -49,6 +49,22 @@ fn text(output: &Output) -> String {
     )
 }
 
+/// How a rank's script starts when it resumes: a rank that finds a checkpoint says what it
+/// holds and exits 0; else it writes its shard (`shard_<rank>`) into `d`, a new directory.
+const RESUMED_OR_A_SHARD: &str = r#"
+import os, sys, tempfile, time
+from trainyard import train
+rank = train.get_context().get_world_rank()
+checkpoint = train.get_checkpoint()
+if checkpoint is not None:
+    with checkpoint.as_directory() as d:
+        print(f"rank {rank} resumed with {sorted(os.listdir(d))}", flush=True)
+    sys.exit(0)
+d = tempfile.mkdtemp()
+with open(os.path.join(d, f"shard_{rank}"), "w") as f:
+    f.write(str(rank))
+"#;
+
 #[test]
 fn an_unreachable_s3_endpoint_is_refused_before_any_worker_starts() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -187,7 +203,7 @@ fn an_s3_error_shows_each_cause_once() {
 }
 
 #[test]
-fn a_slow_storage_makes_the_third_async_report_wait_and_every_checkpoint_commits() {
+fn a_slow_storage_makes_the_fourth_async_report_wait_and_every_checkpoint_commits() {
     let Some(server) = trainyard_checkpoint::testing::S3Server::start().expect("moto starts")
     else {
         return;
@@ -201,7 +217,7 @@ from trainyard import train
 print("ready", flush=True)
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.01)
-for step in range(3):
+for step in range(4):
     d = tempfile.mkdtemp()
     with open(os.path.join(d, f"step_{step}"), "w") as f:
         f.write(str(step))
@@ -221,22 +237,23 @@ for step in range(3):
         "{}",
         run.stdout()
     );
-    // The storage stops answering: the hand-ins are taken, not persisted.
+    // The storage stops answering: two hand-ins are taken, not persisted, and a third waits
+    // for room at the agent, on its way from the rank.
     signal(nix::sys::signal::Signal::SIGSTOP);
     std::fs::write(&go, b"").expect("the script is told to go");
-    let two = run
-        .wait_for("returned 1", Duration::from_secs(20))
+    let three = run
+        .wait_for("returned 2", Duration::from_secs(20))
         .is_some();
-    let third_waited = two && run.wait_for("returned 2", Duration::from_secs(3)).is_none();
+    let fourth_waited = three && run.wait_for("returned 3", Duration::from_secs(3)).is_none();
     signal(nix::sys::signal::Signal::SIGCONT);
     assert!(
-        two,
-        "two ASYNC reports return while the storage is stopped: {}",
+        three,
+        "three ASYNC reports return while the storage is stopped: {}",
         run.stdout()
     );
-    assert!(third_waited, "the third waits for room: {}", run.stdout());
+    assert!(fourth_waited, "the fourth waits for room: {}", run.stdout());
     assert!(
-        run.wait_for("returned 2", Duration::from_secs(60))
+        run.wait_for("returned 3", Duration::from_secs(60))
             .is_some(),
         "and returns once the storage answers again: {}",
         run.stdout()
@@ -245,8 +262,8 @@ for step in range(3):
     let (status, all) = (ended.status, ended.all());
     assert!(status.success(), "{all}");
     assert!(
-        all.contains("checkpoint committed: s3://slow/runs/slow-s3/checkpoint_000003"),
-        "every checkpoint commits, the third too: {all}"
+        all.contains("checkpoint committed: s3://slow/runs/slow-s3/checkpoint_000004"),
+        "every checkpoint commits, the last too (sent as the program ends): {all}"
     );
     assert!(left_behind("slow-s3", Duration::from_secs(10)).is_empty());
 }
@@ -315,18 +332,8 @@ fn a_survivors_part_that_persists_for_longer_than_the_stop_grace_still_commits()
     let (go, taken) = (scratch.path().join("go"), scratch.path().join("taken"));
     // Rank 1's part is persisted before the storage stops; rank 0 hands its part in once it
     // has stopped, and rank 1 dies then: rank 0 is stopped while its part waits.
-    let script = r#"
-import os, sys, tempfile, time
-from trainyard import train
-rank = train.get_context().get_world_rank()
-checkpoint = train.get_checkpoint()
-if checkpoint is not None:
-    with checkpoint.as_directory() as d:
-        print(f"rank {rank} resumed with {sorted(os.listdir(d))}", flush=True)
-    sys.exit(0)
-d = tempfile.mkdtemp()
-with open(os.path.join(d, f"shard_{rank}"), "w") as f:
-    f.write(str(rank))
+    let script = RESUMED_OR_A_SHARD.to_owned()
+        + r#"
 if rank == 1:
     train.report({"step": 1}, checkpoint=train.Checkpoint.from_directory(d),
                  checkpoint_upload_mode=train.CheckpointUploadMode.SYNC)
@@ -345,7 +352,7 @@ time.sleep(300)
     let mut run = Running::start(
         trainyard("patient-s3", "s3://patient/runs")
             .envs(server.env())
-            .args(["--max-failures", "1", "--", "python3", "-c", script])
+            .args(["--max-failures", "1", "--", "python3", "-c", &script])
             .args([&go, &taken]),
     );
     let signal = |signal| signal_server(&server, signal);
@@ -375,4 +382,97 @@ time.sleep(300)
         );
     }
     assert!(left_behind("patient-s3", Duration::from_secs(10)).is_empty());
+}
+
+#[test]
+fn an_async_hand_in_the_agent_refuses_fails_the_ranks_next_report() {
+    let storage = tempfile::tempdir().expect("a storage folder");
+    // A named pipe is not a file a checkpoint may hold: the agent refuses the hand-in after
+    // `report` has returned, and the rank's next report says so.
+    let script = r#"
+import os, tempfile
+from trainyard import train
+d = tempfile.mkdtemp()
+os.mkfifo(os.path.join(d, "pipe"))
+train.report({"step": 1}, checkpoint=train.Checkpoint.from_directory(d),
+             checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC)
+print("returned", flush=True)
+try:
+    train.report({"step": 2})
+except train.ReportError as error:
+    print(f"raised: index {error.index}: {error}", flush=True)
+else:
+    print("not raised", flush=True)
+train.report({"step": 3})
+print("the report after it is made", flush=True)
+"#;
+    let output = trainyard("async-refused", &storage.path().display().to_string())
+        .args(["--", "python3", "-c", script])
+        .output()
+        .expect("trainyard runs");
+    let all = text(&output);
+    assert!(output.status.success(), "{all}");
+    assert_eq!(all.matches("returned").count(), 2, "{all}");
+    assert_eq!(
+        all.matches("raised: index 1: an ASYNC report (checkpoint index 1) failed: ")
+            .count(),
+        2,
+        "each rank's next report raises what the hand-in failed with: {all}"
+    );
+    assert!(
+        all.contains("/pipe` is a FIFO; only regular files and directories are accepted"),
+        "the agent's reason: {all}"
+    );
+    assert_eq!(
+        all.matches("the report after it is made").count(),
+        2,
+        "{all}"
+    );
+    assert!(left_behind("async-refused", Duration::from_secs(10)).is_empty());
+}
+
+#[test]
+fn a_rank_killed_right_after_an_async_report_still_has_it_handed_in() {
+    let storage = tempfile::tempdir().expect("a storage folder");
+    let tmp = tempfile::tempdir().expect("a temporary folder");
+    // Each rank kills itself once `report` returned: its agent has the report, and takes and
+    // persists the checkpoint after the rank is gone.
+    let script = RESUMED_OR_A_SHARD.to_owned()
+        + r#"
+train.report({"step": 1}, checkpoint=train.Checkpoint.from_directory(d),
+             checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC)
+# Both ranks have reported before either dies (a rank still starting would be stopped).
+open(os.path.join(sys.argv[1], f"reported_{rank}"), "w").close()
+while len(os.listdir(sys.argv[1])) < 2:
+    time.sleep(0.005)
+import signal
+os.kill(os.getpid(), signal.SIGKILL)
+"#;
+    let reported = tempfile::tempdir().expect("a folder for the ranks' marks");
+    let output = trainyard("async-killed", &storage.path().display().to_string())
+        .env("TMPDIR", tmp.path())
+        .args(["--max-failures", "1", "--", "python3", "-c", &script])
+        .arg(reported.path())
+        .output()
+        .expect("trainyard runs");
+    let all = text(&output);
+    assert!(output.status.success(), "{all}");
+    for rank in 0..2 {
+        assert!(
+            all.contains(&format!("rank {rank} resumed with ['shard_0', 'shard_1']")),
+            "the restart resumes from the checkpoint both ranks handed in: {all}"
+        );
+    }
+    // The ranks' checkpoint directories were taken (renamed away) after the ranks died.
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("the temporary folder")
+        .filter_map(Result::ok)
+        .map(|entry| entry.file_name())
+        .filter(|name| name.to_string_lossy().starts_with("tmp"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "every handed-in directory is taken: {left:?}"
+    );
+    assert!(left_behind("async-killed", Duration::from_secs(10)).is_empty());
 }
