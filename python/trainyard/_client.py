@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Dict, Optional
+from typing import Any, Callable, Deque, Dict, Optional
 
 # The protocol-1 module ships beside this package (the agent carries both, the wheel holds
 # both) and is standard library only: the variables and the way to connect come from there.
@@ -86,12 +86,16 @@ class ReportError(RuntimeError):
 class _Report:
     """A report sent and not answered yet."""
 
-    __slots__ = ("data", "waited", "answer", "failure", "done")
+    __slots__ = ("data", "waited", "counted", "answer", "failure", "done")
 
-    def __init__(self, data: bytes, waited: bool) -> None:
+    def __init__(
+        self, data: bytes, waited: bool, counted: Optional[Callable[[int], None]] = None
+    ) -> None:
         self.data = data
         # Whether a caller waits for its answer (``send``), or not (``send_later``).
         self.waited = waited
+        # Told the index the agent counted it as, when nobody waits for it.
+        self.counted = counted
         self.answer: Optional[Dict[str, Any]] = None
         self.failure: Optional[BaseException] = None
         self.done = False
@@ -183,12 +187,14 @@ def send_later(
     checkpoint: Optional[str],
     delete: Optional[bool],
     dir_name: Optional[str],
+    counted: Optional[Callable[[int], None]] = None,
 ) -> None:
     """Send one ``ASYNC`` report without waiting for its answer.
 
     The line is written to the connection before this returns; the agent takes the
     checkpoint's directory when it reads it (so the directory must not change until
-    then: write each checkpoint to a new one). Waits first while ``ASYNC_QUEUED``
+    then: write each checkpoint to a new one); ``counted`` is told the index the agent
+    counted it as, from the thread that reads the answers. Waits first while ``ASYNC_QUEUED``
     reports are unanswered. Raises what an earlier report nobody waited for failed with
     (``ReportError``, ``OSError``; this one is then not sent), ``OSError`` when the agent
     cannot be reached, ``TypeError``/``ValueError`` when ``metrics`` is not JSON.
@@ -200,7 +206,7 @@ def send_later(
         while len(channel.pending) >= ASYNC_QUEUED:
             channel.cond.wait()
             _raise_error(channel)
-        _send(channel, _Report(data, waited=False))
+        _send(channel, _Report(data, waited=False, counted=counted))
 
 
 def flush() -> None:
@@ -414,11 +420,13 @@ def _answered(channel: _Channel, line: bytes, reset: bool) -> bool:
         return False
     channel.unanswered_since = None
     report = channel.pending.popleft()
+    index = decoded.get("index")
     if report.waited:
         report.answer = decoded
         report.done = True
-    elif not decoded["ok"] and channel.error is None:
-        index = decoded.get("index")
+    elif report.counted is not None and isinstance(index, int):
+        report.counted(index)
+    if not report.waited and not decoded["ok"] and channel.error is None:
         why = decoded.get("error", "the report failed")
         channel.error = ReportError(
             f"an ASYNC report (checkpoint index {index}) failed: {why}", index

@@ -255,8 +255,17 @@ impl Chaos {
         let mut child = Reaped { child, slurm_job };
         let tail = || {
             let text = std::fs::read(out.join("program.log")).unwrap_or_default();
+            // Its last 3000 bytes, from the first whole line in them; after the reason's line.
             let start = text.len().saturating_sub(3000);
-            String::from_utf8_lossy(&text[start..]).into_owned()
+            let whole = if start == 0 {
+                start
+            } else {
+                text[start..]
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .map_or(start, |at| start + at + 1)
+            };
+            String::from_utf8_lossy(&text[whole..]).into_owned()
         };
         let started = Instant::now();
         let t0 = loop {
@@ -264,10 +273,10 @@ impl Chaos {
                 break first.start;
             }
             if let Some(status) = child.child.try_wait().map_err(|e| e.to_string())? {
-                return Err(format!("it ended before training ({status}): {}", tail()));
+                return Err(format!("it ended before training ({status})\n{}", tail()));
             }
             if started.elapsed() > FIRST_STEP_LIMIT {
-                return Err(format!("no step within {FIRST_STEP_LIMIT:?}: {}", tail()));
+                return Err(format!("no step within {FIRST_STEP_LIMIT:?}\n{}", tail()));
             }
             std::thread::sleep(Duration::from_millis(50));
         };
@@ -277,7 +286,7 @@ impl Chaos {
         let mut next_kill = t0 + self.every.as_secs_f64();
         while now() < stop_at {
             if let Some(status) = child.child.try_wait().map_err(|e| e.to_string())? {
-                return Err(format!("it ended under chaos ({status}): {}", tail()));
+                return Err(format!("it ended under chaos ({status})\n{}", tail()));
             }
             if now() >= next_kill {
                 let rank = kills % 2;
@@ -304,14 +313,14 @@ impl Chaos {
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "it did not end within {STOP_LIMIT:?} of the stop: {}",
+                    "it did not end within {STOP_LIMIT:?} of the stop\n{}",
                     tail()
                 ));
             }
             std::thread::sleep(Duration::from_millis(50));
         };
         if !status.success() {
-            return Err(format!("it failed ({status}): {}", tail()));
+            return Err(format!("it failed ({status})\n{}", tail()));
         }
         Ok(Outcome::of(
             &read_steps(&out.join("steps_0")),

@@ -251,8 +251,15 @@ def report(
         )
     path = None if checkpoint is None else checkpoint.path
     if mode is CheckpointUploadMode.ASYNC:
-        _client.send_later(metrics, path, delete_local_checkpoint_after_upload, checkpoint_dir_name)
-        # The agent counts a task's reports in the order they are sent: this one is `index`.
+        _client.send_later(
+            metrics,
+            path,
+            delete_local_checkpoint_after_upload,
+            checkpoint_dir_name,
+            reports.took,
+        )
+        # The agent counts a task's reports in the order they are sent: this one is `index`
+        # (its answer says so again).
         reports.took(index)
         return
     if mode is CheckpointUploadMode.NO_UPLOAD:
