@@ -32,6 +32,11 @@
 //!   of the index's own (`checkpoint_000003`); a name that cannot be used is answered
 //!   `"ok": false` with the reason.
 //!
+//! A client need not wait for an answer before it sends its next line: a connection's lines
+//! are read, and answered, one at a time in order (the `trainyard` package sends an `ASYNC`
+//! report so and reads the answers on a thread of its own). A line that is in the socket when
+//! the client dies is still read and handed in.
+//!
 //! Lines are at most [`MAX_REPORT`] bytes; a longer one ends the connection. Every report of
 //! either protocol counts: the N-th report of the task, over all its connections, belongs
 //! to checkpoint index `base + N` (see [`crate::handin`]).
