@@ -556,6 +556,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn lines_sent_before_their_answers_are_answered_in_order_and_a_gone_clients_counted() {
+        let (addr, token, serving, mut events) = serving(0).await;
+        let mut client = Client::connect(&addr, &format!("{token} 2")).await;
+        for step in 1..=3 {
+            client
+                .send(&format!(r#"{{"metrics": {{"step": {step}}}}}"#))
+                .await;
+        }
+        for index in 1..=3 {
+            assert_eq!(
+                client.answer().await,
+                Some(serde_json::json!({"ok": true, "index": index}))
+            );
+        }
+        // A client that sends and is gone before any answer: its lines are still reports.
+        let mut gone = Client::connect(&addr, &format!("{token} 2")).await;
+        for step in 4..=5 {
+            gone.send(&format!(r#"{{"metrics": {{"step": {step}}}}}"#))
+                .await;
+        }
+        drop(gone);
+        let steps: Vec<_> = reports(&mut events, 5)
+            .await
+            .into_iter()
+            .map(|(metrics, _)| metrics["step"].clone())
+            .collect();
+        assert_eq!(steps, [1, 2, 3, 4, 5].map(|step| serde_json::json!(step)));
+        drop(client);
+        serving.finish(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test]
     async fn a_checkpoint_that_cannot_be_persisted_is_answered_with_the_reason_and_sent_as_failed()
     {
         let (addr, token, serving, mut events) = serving(0).await;
