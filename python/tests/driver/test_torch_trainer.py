@@ -403,10 +403,9 @@ def async_then_die_loop():  # type: ignore[no-untyped-def]
         )
         # Taken once the agent reads the report, moments after it returned: gone, or kept
         # with its file (hard-linked) as it was.
-        deadline = time.monotonic() + 30
-        while os.path.isdir(d) != kept and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert os.path.isdir(d) == kept
+        from trainyard._fit import wait_for
+
+        assert wait_for(lambda: os.path.isdir(d) == kept, 30)
     # Both ranks' second hand-ins are taken; their agents may still be persisting them.
     dist.barrier()
     if rank == 1:
