@@ -4,7 +4,8 @@
 Two workers all-reduce; in the first attempt rank 1 SIGKILLs itself, and the run restarts
 once (`FailureConfig(max_failures=1)`). The same code on Ray Train and on trainyard (only
 the import differs; trainyard's loop functions start from a warm Python by default). Prints
-one JSON line: the seconds from the kill to the last rank's first `all_reduce` after it."""
+one JSON line: the seconds from the kill to the last rank's first `all_reduce` after it, and
+whether rank 0 trained again in its own process (`in_place`)."""
 
 import json
 import os
@@ -32,7 +33,7 @@ def loop(config):
     tensor = torch.ones(1)
     dist.all_reduce(tensor)
     with open(os.path.join(config["out"], "firsts"), "a") as f:
-        f.write(f"{rank} {time.time():.6f}\n")
+        f.write(f"{rank} {time.time():.6f} {os.getpid()}\n")
     for _ in range(20):
         dist.all_reduce(tensor)
         time.sleep(0.01)
@@ -63,11 +64,14 @@ if __name__ == "__main__":
     ).fit()
     with open(os.path.join(out, "killed")) as f:
         killed = float(f.read())
-    again = {}
+    again, pids = {}, {}
     with open(os.path.join(out, "firsts")) as f:
         for line in f:
-            rank, at = line.split()
+            rank, at, pid = line.split()
+            pids.setdefault(rank, []).append(pid)
             if float(at) > killed:
                 again.setdefault(rank, float(at))
     assert len(again) == 2, f"not both ranks trained again: {again}"
-    print(json.dumps({"restart": max(again.values()) - killed}))
+    # Whether rank 0 trained again in the process it trained in before (in place).
+    kept = len(pids["0"]) == 2 and pids["0"][0] == pids["0"][1]
+    print(json.dumps({"restart": max(again.values()) - killed, "in_place": kept}))

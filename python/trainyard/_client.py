@@ -226,6 +226,20 @@ def close() -> None:
         flush()
     except Exception as error:  # noqa: BLE001 - said: nothing is left to raise it to
         print(f"trainyard: {error}", file=sys.stderr, flush=True)
+    _hang_up(channel)
+
+
+def abandon() -> None:
+    """Drop the report connection and the reports on their way without waiting for their
+    answers: a rank whose attempt was stopped leaves them to the agent, which takes what it
+    has read as it would a killed rank's. A later report opens a new connection."""
+    global _channel
+    _hang_up(_channel)
+    _channel = _Channel()
+
+
+def _hang_up(channel: _Channel) -> None:
+    """Closes the channel's connection; its reader stops."""
     with channel.cond:
         sock, channel.sock = channel.sock, None
         channel.generation += 1

@@ -124,6 +124,7 @@ def _prepare(
         "use_gpu": use_gpu,
         "resume_from": resume_from.path if resume_from is not None else None,
         "validation": validation is not None,
+        "in_place": os.environ.get(_fit.IN_PLACE_VAR, "1") != "0",
         "checkpoint_score": {
             "attribute": checkpoint_config.checkpoint_score_attribute,
             "order": checkpoint_config.checkpoint_score_order,

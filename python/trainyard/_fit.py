@@ -44,6 +44,8 @@ FIT_DIR_ENV = "TRAINYARD_FIT_DIR"
 CHECKPOINT_BASE_ENV = "TRAINYARD_CHECKPOINT_BASE"
 # Restarts before this worker's attempt.
 RESTART_COUNT_ENV = "TRAINYARD_RESTART_COUNT"
+# On the driver: `0` has every restarted rank start as a new process (see trainyard._worker).
+IN_PLACE_VAR = "TRAINYARD_RESTART_IN_PLACE"
 
 
 def fit_dir() -> Optional[str]:

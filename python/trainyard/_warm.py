@@ -22,6 +22,15 @@ One connection per task, from the task's agent:
   ``{"error": TEXT}``; then ``{"status": WAIT_STATUS}`` when it has ended, after the rest of
   its process group was killed. A connection that closes before that kills the task's group.
 
+A task may park instead of ending (``park``: a ``TorchTrainer`` loop function that failed or
+was stopped, see ``trainyard._worker``): it says so on a socket of its own to this process,
+which tells its agent ``{"status": WAIT_STATUS, "parked": true}`` (the status it gives) without
+killing its group, and keeps the process. The next request for the same worker (its cgroup)
+and command line goes to that process, with the new connection and descriptors, and it
+answers ``{"started": PID, ...}`` as a forked task would, then runs the command again in its
+own interpreter: only what it left behind in its modules differs from a fork. A parked
+process not asked again within ``PARKED_FOR`` seconds, or whose socket fails, ends.
+
 The task runs ``argv`` as ``python`` would: ``SCRIPT ARGS``, ``-m MODULE ARGS`` or ``-c CODE
 ARGS`` (after ``-u`` or ``-B``). Any other interpreter option is executed cold, as given.
 Where torch is imported, a forked rank other than 0 joins an ``env://`` process group once
@@ -41,6 +50,15 @@ import traceback
 
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 16 * 1024 * 1024
+# Where a forked task finds its socket to this process, and whether it joined its worker's
+# cgroup: ``FD:JOINED``.
+PARK_ENV = "TRAINYARD_WARM_PARK"
+# How long a parked task waits for its next request.
+PARKED_FOR = 600
+# What a parked task says (with the wait status its agent is told it ended with: SIGTERM's
+# unless it says another).
+PARKED = b"parked"
+PARKED_STATUS = signal.SIGTERM
 
 
 def _fail(text):
@@ -54,11 +72,23 @@ class Task:
     and whether its end was told (its leader is kept a zombie until the agent closes the
     connection, so that its pid, and its group's, name nobody else meanwhile)."""
 
-    def __init__(self, pid, conn):
+    def __init__(self, pid, conn, key, park):
         self.pid = pid
         self.conn = conn
         self.told = False
         self.abandoned = False
+        # Which worker and command line it runs (the next request it may take if parked),
+        # its socket (this end), and whether it is parked.
+        self.key = key
+        self.park = park
+        self.parked = False
+
+    def again(self, conn):
+        """The parked task, taking the request that came on `conn`."""
+        self.conn = conn
+        self.told = False
+        self.abandoned = False
+        self.parked = False
 
 
 def _recv_exactly(conn, n):
@@ -119,6 +149,7 @@ def serve(token, listener, base_path, refusal):
     selector.register(woken_r, selectors.EVENT_READ, "child")
     selector.register(sys.stdin, selectors.EVENT_READ, "driver")
     tasks = {}  # pid -> Task
+    parked = {}  # Task.key -> a parked Task whose agent is done with it
     try:
         while True:
             for key, _ in selector.select():
@@ -135,30 +166,39 @@ def serve(token, listener, base_path, refusal):
                             pass
                     except BlockingIOError:
                         pass
-                    _reap(tasks, selector)
+                    _reap(tasks, selector, parked)
                 elif key.data == "accept":
                     try:
                         conn, _ = listener.accept()
                     except OSError:
                         continue
-                    started = _start(conn, token, tasks, selector, listener, base_path, refusal)
+                    started = _start(
+                        conn, token, tasks, selector, listener, base_path, refusal, parked
+                    )
                     if started is not None:
                         # The forked task: none of this loop's state is its own.
                         selector.close()
                         os.close(woken_r)
                         os.close(woken_w)
                         return started
+                elif isinstance(key.data, tuple):
+                    if key.fileobj is key.data[1].park:
+                        _heard_from_task(tasks, key.data[1], selector, parked)
                 else:
                     # The agent's connection closed: once the task's end was told, the
                     # agent is done with it (reap it); before, the agent is gone (kill it).
                     task = key.data
+                    if key.fileobj is not task.conn:
+                        continue  # let go of earlier in this round
                     try:
                         data = task.conn.recv(1)
                     except OSError:
                         data = b""
                     if not data:
-                        selector.unregister(task.conn)
-                        task.conn.close()
+                        # A parked task's agent is done with it; it waits for the next.
+                        _let_go(task, selector)
+                        if task.parked:
+                            continue
                         if task.told:
                             _reap_leader(tasks, task)
                         else:
@@ -171,12 +211,85 @@ def serve(token, listener, base_path, refusal):
                 _kill_group(task.pid)
 
 
-def _reap(tasks, selector):
+def _heard_from_task(tasks, task, selector, parked):
+    """What a task said on its socket: that it parked (its agent is told it ended, its group
+    is left as it is), or nothing more (it ended, or ran a program of its own)."""
+    try:
+        said = task.park.recv(64)
+    except OSError:
+        said = b""
+    word, _, status = said.partition(b" ")
+    if word == PARKED and not task.told:
+        task.parked = True
+        task.told = True
+        _send(task.conn, {"status": int(status or PARKED_STATUS), "parked": True})
+        _keep_parked(tasks, task, selector, parked)
+        return
+    if not said:
+        selector.unregister(task.park)
+        task.park.close()
+        task.park = None
+        if parked.get(task.key) is task:
+            # A parked task that closed its socket is ending: it takes no request.
+            _end_parked(tasks, task, selector, parked)
+
+
+def _keep_parked(tasks, task, selector, parked):
+    """Parked `task` waits for its worker's next request (one parked task per worker and
+    command line: an older one ends)."""
+    older = parked.get(task.key)
+    if older is not None:
+        _end_parked(tasks, older, selector, parked)
+    parked[task.key] = task
+
+
+def _end_parked(tasks, task, selector, parked):
+    """Ends parked `task`: its group killed, its leader reaped."""
+    if parked.get(task.key) is task:
+        del parked[task.key]
+    _let_go(task, selector)
+    if task.park is not None:
+        selector.unregister(task.park)
+        task.park.close()
+        task.park = None
+    _kill_group(task.pid)
+    _reap_leader(tasks, task)
+
+
+def _let_go(task, selector):
+    """Closes the connection of `task`'s agent, which was told its end."""
+    if task.conn is not None:
+        try:
+            selector.unregister(task.conn)
+        except (KeyError, ValueError):
+            pass
+        task.conn.close()
+        task.conn = None
+
+
+def _resume(task, request, fds, conn):
+    """Hands the request that came on `conn` to parked `task`; whether it took it."""
+    body = json.dumps(request).encode()
+    try:
+        socket.send_fds(task.park, [body], list(fds) + [conn.fileno()])
+    except OSError:
+        return False
+    return True
+
+
+def _reap(tasks, selector, parked):
     """Tells the end of every task that ended: its group killed first (its leader is a
     zombie still, so the group is the task's), then its wait status. A task whose agent is
-    gone is reaped at once."""
+    gone is reaped at once, as is a parked task that ended."""
     for task in list(tasks.values()):
         if task.told:
+            if parked.get(task.key) is task:
+                try:
+                    exited = os.waitid(os.P_PID, task.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                except ChildProcessError:
+                    exited = True
+                if exited is not None:
+                    _end_parked(tasks, task, selector, parked)
             continue
         try:
             exited = os.waitid(os.P_PID, task.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -211,7 +324,7 @@ def _reap_leader(tasks, task):
     tasks.pop(task.pid, None)
 
 
-def _start(conn, token, tasks, selector, listener, base_path, refusal):
+def _start(conn, token, tasks, selector, listener, base_path, refusal, parked):
     got = _read_request(conn, token)
     if got is None:
         conn.close()
@@ -224,27 +337,61 @@ def _start(conn, token, tasks, selector, listener, base_path, refusal):
         conn.close()
         return None
     conn.settimeout(None)
+    key = (request.get("cgroup"), tuple(request.get("argv") or ()))
+    waiting = parked.pop(key, None)
+    if waiting is not None:
+        if _resume(waiting, request, fds, conn):
+            for fd in fds:
+                os.close(fd)
+            _let_go(waiting, selector)
+            waiting.again(conn)
+            selector.register(conn, selectors.EVENT_READ, waiting)
+            return None
+        _end_parked(tasks, waiting, selector, parked)
     sys.stdout.flush()
     sys.stderr.flush()
+    park, its_park = _park_pair(request)
     pid = os.fork()
     if pid == 0:
         try:
             listener.close()
+            if park is not None:
+                park.close()
             for task in tasks.values():
-                task.conn.close()
-            return _become_task(request, fds, conn, base_path)
+                if task.conn is not None:
+                    task.conn.close()
+                if task.park is not None:
+                    task.park.close()
+            return _become_task(request, fds, conn, base_path, its_park)
         except BaseException as error:  # noqa: BLE001 - told to the agent, then gone
             _send(conn, {"error": f"{type(error).__name__}: {error}"})
             os._exit(127)
     for fd in fds:
         os.close(fd)
-    tasks[pid] = Task(pid, conn)
+    tasks[pid] = Task(pid, conn, key, park)
     selector.register(conn, selectors.EVENT_READ, tasks[pid])
+    if park is not None:
+        its_park.close()
+        selector.register(park, selectors.EVENT_READ, ("park", tasks[pid]))
     return None
 
 
-def _become_task(request, fds, conn, base_path):
+# The one program that parks: a ``TorchTrainer`` loop function's worker.
+PARKS = "trainyard._worker"
+
+
+def _park_pair(request):
+    """The sockets a task that may park and this process talk on (this end, the task's), or
+    ``(None, None)`` for a task that does not park."""
+    run = _what_to_run((request.get("argv") or [])[1:])
+    if run is None or run[1:3] != ("module", PARKS):
+        return None, None
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+def _become_task(request, fds, conn, base_path, park):
     """In the forked child: the task's set-up, then what it runs."""
+    global PARK_SOCKET
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for signum in SCHEDULER_SIGNALS:
@@ -285,6 +432,9 @@ def _become_task(request, fds, conn, base_path):
         _send(conn, {"started": os.getpid(), "joined": joined})
         conn.close()
         os.execve(argv[0], argv, env)
+    if park is not None:
+        PARK_SOCKET = park
+        os.environ[PARK_ENV] = f"{park.fileno()}:{int(joined)}"
     unbuffered, kind, target, args = run
     unbuffered = unbuffered or bool(env.get("PYTHONUNBUFFERED"))
     _streams(unbuffered)
@@ -296,6 +446,70 @@ def _become_task(request, fds, conn, base_path):
     _send(conn, {"started": os.getpid(), "joined": joined})
     conn.close()
     return kind, target, args
+
+
+def park_socket():
+    """In a task forked here: its socket to the warm Python and whether it joined its worker's
+    cgroup, taken out of its environment; `None` in any other process."""
+    fd, _, joined = os.environ.pop(PARK_ENV, "").partition(":")
+    if not fd.isdigit():
+        return None
+    try:
+        return socket.socket(fileno=int(fd)), joined == "1"
+    except OSError:
+        return None
+
+
+def park(sock, joined, status=PARKED_STATUS, patience=PARKED_FOR):
+    """Parks this task (forked here, its work stopped and undone by the caller): the warm
+    Python tells its agent it ended, and hands it the worker's next request for the same
+    command line. Returns once set up for that request as a forked task would be (its
+    descriptors, working directory, environment and streams; its agent told it started);
+    ends the process when no request comes within `patience` seconds, or the warm Python
+    is gone. Its agent is told it ended with wait status `status`."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    # Its agent reads its output until the last holder closes it.
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    os.close(null)
+    fds = []
+    try:
+        sock.send(PARKED + b" %d" % status)
+        sock.settimeout(patience)
+        body, fds, _flags, _addr = socket.recv_fds(sock, PARK_MESSAGE, 4)
+    except OSError:
+        body = b""
+    if not body or len(fds) != 4:
+        os._exit(0)
+    conn = socket.socket(fileno=fds[3])
+    try:
+        request = json.loads(body)
+        os.chdir(request["cwd"])
+        for target, fd in enumerate(fds[:3]):
+            os.dup2(fd, target)
+            os.close(fd)
+        env = request["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        run = _what_to_run(request["argv"][1:])
+        _streams(bool(run and run[0]) or bool(env.get("PYTHONUNBUFFERED")))
+        _threads(env)
+        _reseed()
+    except BaseException as error:  # noqa: BLE001 - told to the agent, then gone
+        _send(conn, {"error": f"{type(error).__name__}: {error}"})
+        os._exit(127)
+    sock.settimeout(None)
+    _send(conn, {"started": os.getpid(), "joined": joined})
+    conn.close()
+
+
+# The largest request a parked task takes (the request is one message on its socket).
+PARK_MESSAGE = 4 * 1024 * 1024
 
 
 def _streams(unbuffered):
@@ -589,6 +803,8 @@ def main():
 
 
 MAIN_PID = 0
+# A forked task's socket to this process (kept open for it to park on).
+PARK_SOCKET = None
 
 if __name__ == "__main__":
     main()

@@ -7,12 +7,24 @@ directory and ``sys.path``, notes a scheduler's pre-emption warning from then on
 process group, calls the loop function, and leaves behind in ``FIT_DIR``: rank 0 its return
 value; a rank that raises, its exception, which the driver raises again within
 ``WorkerGroupError.worker_failures``.
+
+A rank forked by the warm Python restarts in place: when its loop function raised (said and
+left for the driver as above; its agent told it failed with exit code 1), or it was stopped
+for a restart (its agent's SIGTERM while the loop runs: the loop unwinds, its ``finally``
+blocks run), it leaves the process group, forgets the attempt's reports and parks
+(``trainyard._warm.park``); the next attempt's task for its worker is handed to it, and it
+calls the loop function again in the same process, with the new attempt's environment. A run
+that ends has its parked ranks ended with their agents. A SIGTERM outside the loop, a loop that
+does not unwind within its agent's grace, or ``TRAINYARD_RESTART_IN_PLACE=0`` on the driver
+(a loop that leaves state behind in its modules) ends the process as before, and the rank
+starts as a new fork.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import traceback
 from typing import Any, Dict, Optional
@@ -94,8 +106,67 @@ def _init_process_group(spec: Dict[str, Any]) -> bool:
     return True
 
 
+class _Restart(BaseException):
+    """Raised in the loop by SIGTERM where the rank restarts in place (not an ``Exception``,
+    so that the loop's ``except Exception`` lets it through)."""
+
+
+def _restart_on_sigterm(signum: int, frame: Any) -> None:
+    # A second SIGTERM, while this one unwinds or the rank is parked, ends the process.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise _Restart()
+
+
+def _undo_attempt() -> None:
+    """What a stopped attempt left in this process that the next must not find: its process
+    group, its report connection and what the rank knew of its reports."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a group whose peers are gone is let go all the same
+            pass
+    from trainyard import _client, train
+
+    _client.abandon()
+    train._forget_attempt()
+
+
 def main(fit_dir: str) -> int:
+    """Runs the loop function, again in place after each restart where it can."""
     spec = _fit.read_spec(fit_dir)
+    parking = None
+    if spec.get("in_place", True):
+        from trainyard import _warm
+
+        parking = _warm.park_socket()
+    while True:
+        try:
+            return _attempt(fit_dir, spec, parking is not None)
+        except _Restart:
+            status = signal.SIGTERM
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as error:
+            if parking is None:
+                raise
+            # Said as Python says it, and told as the exit of 1 it ends with: the rank's
+            # failure is judged by the run as any other.
+            tb = error.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+                tb = tb.tb_next
+            sys.excepthook(type(error), error, tb or error.__traceback__)
+            status = 1 << 8
+        _undo_attempt()
+        import gc
+
+        gc.collect()
+        _warm.park(*parking, status=status)
+        spec = _fit.read_spec(fit_dir)
+
+
+def _attempt(fit_dir: str, spec: Dict[str, Any], in_place: bool) -> int:
+    """One attempt's loop: raises ``_Restart`` when it was stopped for a restart in place."""
     try:
         _check_python(spec)
         _fit.take_driver_paths(spec)
@@ -111,8 +182,14 @@ def main(fit_dir: str) -> int:
 
         with open(os.path.join(fit_dir, _fit.LOOP), "rb") as f:
             fn, config = cloudpickle.load(f)
-        grouped = _init_process_group(spec)
-        value = _fit.call_loop(fn, config)
+        if in_place:
+            signal.signal(signal.SIGTERM, _restart_on_sigterm)
+        try:
+            grouped = _init_process_group(spec)
+            value = _fit.call_loop(fn, config)
+        finally:
+            if in_place:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
         from trainyard import _client
 
         # The loop's ASYNC reports still on their way are sent; one that failed fails the rank.
@@ -132,6 +209,8 @@ def main(fit_dir: str) -> int:
             import torch.distributed as dist
 
             dist.destroy_process_group()
+    except _Restart:
+        raise
     except BaseException as error:
         if isinstance(error, SystemExit) and error.code in (0, None):
             raise

@@ -444,6 +444,7 @@ async fn follow(
     } = ended;
     let group = leader.id();
     let status = leader.wait().await;
+    let parked = matches!(&leader, Leader::Warm(task) if task.parked);
     // A warm task's leader is reaped once `leader` is dropped, after the sweep below: its
     // pid and group id stay the task's until then.
     let ended_ms = root_cause::now_ms();
@@ -453,6 +454,8 @@ async fn follow(
     // sweep, with no scan of `/proc`.
     let spared = watchdog.pid();
     let swept = tokio::task::spawn_blocking(move || match worker_cgroup {
+        // A parked task's process goes on, with what it started, for the next task.
+        _ if parked => 0,
         Some(dir) if in_cgroup && trainyard_sys::cgroup::kill_members(&dir) => {
             descendants::reap_orphans(spared);
             0

@@ -10,6 +10,10 @@
 //! connection, after its own sweep, so that the task's pid and group id name nobody else
 //! while the agent may still signal them.
 //!
+//! A task stopped for a restart may park instead of ending (a `TorchTrainer` loop function
+//! restarted in place): its end is told with `parked`, and what is left of its process is
+//! not swept, for the warm Python hands the worker's next task to that process.
+//!
 //! A worker without a cgroup starts its tasks cold: what a task detaches from its group is
 //! found and killed through the worker's cgroup, or below the agent (its subreaper), and a
 //! forked task is below neither.
@@ -95,6 +99,10 @@ struct Said {
     joined: bool,
     error: Option<String>,
     status: Option<i32>,
+    /// With `status`: the task parked rather than ended (its process waits, in the warm
+    /// Python's keeping, for its worker's next task).
+    #[serde(default)]
+    parked: bool,
 }
 
 /// A task the warm Python started.
@@ -106,6 +114,9 @@ pub(crate) struct WarmTask {
     start_time: Option<u64>,
     /// Whether it joined the worker's cgroup.
     pub(crate) joined: bool,
+    /// Whether it parked when it was stopped: its process is not gone, nor is what it
+    /// started, and both are the warm Python's to keep or end.
+    pub(crate) parked: bool,
     /// Its stdout and stderr, until taken.
     stdout: Option<pipe::Receiver>,
     stderr: Option<pipe::Receiver>,
@@ -156,6 +167,7 @@ impl WarmTask {
             };
             let said: Said = serde_json::from_str(&line).map_err(std::io::Error::other)?;
             if let Some(status) = said.status {
+                self.parked = said.parked;
                 return Ok(ExitStatus::from_raw(status));
             }
         }
@@ -305,6 +317,7 @@ async fn ask(
                 .flatten()
                 .and_then(|stat| stat.start_time),
             joined: said.joined,
+            parked: false,
             stdout: Some(pipe::Receiver::from_owned_fd(out_read).map_err(|e| e.to_string())?),
             stderr: Some(pipe::Receiver::from_owned_fd(err_read).map_err(|e| e.to_string())?),
             lines,

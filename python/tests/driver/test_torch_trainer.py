@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from trainyard import train
+from trainyard import _fit, train
 from trainyard.train import (
     Checkpoint,
     CheckpointConfig,
@@ -309,6 +309,77 @@ def test_ranks_start_from_a_warm_python_that_imported_torch_unless_told_not_to(
     monkeypatch.setenv("TRAINYARD_WARM_PYTHON", "")
     cold = _run(warm_loop, storage, name="cold", config={"die": False, "dir": str(tmp_path)})
     assert cold.return_value == {"forked": False, "torch": True}
+
+
+def in_place_loop(config):  # type: ignore[no-untyped-def]
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, config["dir"])
+    import leftover  # type: ignore[import-not-found]
+
+    rank = train.get_context().get_world_rank()
+    attempt = int(os.environ["TRAINYARD_RESTART_COUNT"])
+    leftover.seen.append(attempt)
+    with open(os.path.join(config["dir"], f"rank{rank}"), "a") as f:
+        f.write(f"{attempt} {os.getpid()} {len(leftover.seen)}\n")
+    dist.all_reduce(torch.ones(1))
+    if attempt == 0:
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            # Stopped for the restart while it waits here: the loop unwinds.
+            time.sleep(60)
+        finally:
+            open(os.path.join(config["dir"], "unwound"), "w").close()
+    dist.all_reduce(torch.ones(1))
+
+
+def _attempts_of(folder, rank):  # type: ignore[no-untyped-def]
+    with open(os.path.join(folder, f"rank{rank}")) as f:
+        return [tuple(int(x) for x in line.split()) for line in f]
+
+
+def test_a_surviving_rank_restarts_in_place_unless_told_not_to(
+    storage, tmp_path, monkeypatch
+) -> None:
+    if not os.access("/sys/fs/cgroup", os.W_OK):
+        pytest.skip("workers get no cgroup here (/sys/fs/cgroup is not writable): ranks start cold")
+    runs = {}
+    for mode in ("in place", "forked"):
+        folder = tmp_path / mode.replace(" ", "_")
+        folder.mkdir()
+        (folder / "leftover.py").write_text("seen = []\n")
+        if mode == "forked":
+            monkeypatch.setenv("TRAINYARD_RESTART_IN_PLACE", "0")
+        started = time.monotonic()
+        _run(
+            in_place_loop,
+            storage,
+            name=mode.replace(" ", "_"),
+            config={"dir": str(folder)},
+            run_kwargs={"failure_config": FailureConfig(max_failures=1)},
+        )
+        # Rank 0 was stopped in its 60 s sleep, not waited for.
+        assert time.monotonic() - started < 40
+        runs[mode] = [_attempts_of(folder, rank) for rank in (0, 1)]
+        pids = {pid for ranks in runs[mode] for _, pid, _ in ranks}
+        assert _fit.wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 10), (
+            f"{mode}: a rank's process outlived the run"
+        )
+        runs[mode].append((folder / "unwound").exists())
+    (first0, again0), (first1, again1), unwound = runs["in place"]
+    # Rank 0: the same process, its modules as the first attempt left them, its loop unwound.
+    assert (first0[0], again0[0]) == (0, 1)
+    assert again0[1] == first0[1] and again0[2] == 2
+    assert unwound
+    # Rank 1, killed: a new process.
+    assert again1[1] != first1[1] and again1[2] == 1
+    (first0, again0), _, unwound = runs["forked"]
+    assert again0[1] != first0[1] and again0[2] == 1
+    assert not unwound
 
 
 def test_a_sigkilled_rank_without_restarts_fails_fit_naming_it(storage) -> None:

@@ -130,6 +130,20 @@ _last_reported: "list[Checkpoint]" = []
 # has committed it.
 _awaits_commit: "list[bool]" = []
 
+
+def _forget_attempt() -> None:
+    """Forgets what this process kept of a stopped attempt (its reported checkpoint, its
+    process group's helpers, a pre-emption warning): a rank restarted in place starts the
+    next attempt as a new process would."""
+    from trainyard.train import _preemption, collective
+
+    _last_reported.clear()
+    _awaits_commit.clear()
+    collective._cpu_group = None
+    with _preemption._lock:
+        _preemption._warned.clear()
+
+
 # How long ``get_checkpoint`` waits for the driver to commit the checkpoint a SYNC report
 # persisted: a rank's files are staged in its attempt's own folder until every rank has
 # reported that checkpoint and the driver moves them into its folder (the fence that keeps
