@@ -29,7 +29,9 @@ killing its group, and keeps the process. The next request for the same worker (
 and command line goes to that process, with the new connection and descriptors, and it
 answers ``{"started": PID, ...}`` as a forked task would, then runs the command again in its
 own interpreter: only what it left behind in its modules differs from a fork. A parked
-process not asked again within ``PARKED_FOR`` seconds, or whose socket fails, ends.
+process not asked again within ``PARKED_FOR`` seconds, or whose socket this process closes as
+it ends, runs its exit handlers and exits as it would have; this process gives it
+``PARKED_END`` seconds for that before it kills its group.
 
 The task runs ``argv`` as ``python`` would: ``SCRIPT ARGS``, ``-m MODULE ARGS`` or ``-c CODE
 ARGS`` (after ``-u`` or ``-B``). Any other interpreter option is executed cold, as given.
@@ -53,8 +55,10 @@ MAX_REQUEST = 16 * 1024 * 1024
 # Where a forked task finds its socket to this process, and whether it joined its worker's
 # cgroup: ``FD:JOINED``.
 PARK_ENV = "TRAINYARD_WARM_PARK"
-# How long a parked task waits for its next request.
+# How long a parked task waits for its next request, and how long this process, ending,
+# waits for its parked tasks to run their exit handlers (its own end is given 0.5 s).
 PARKED_FOR = 600
+PARKED_END = 0.3
 # What a parked task says (with the wait status its agent is told it ended with: SIGTERM's
 # unless it says another).
 PARKED = b"parked"
@@ -207,8 +211,33 @@ def serve(token, listener, base_path, refusal):
     finally:
         # Here only in this process (a task returned above before this runs for it).
         if os.getpid() == MAIN_PID:
+            _let_parked_end(parked.values())
             for task in tasks.values():
                 _kill_group(task.pid)
+
+
+def _let_parked_end(waiting):
+    """Tells each parked task it gets no more requests (it runs its exit handlers and exits)
+    and waits for them a moment at most (``PARKED_END``), within what the runtime or agent
+    gives this process to end."""
+    import time
+
+    waiting = list(waiting)
+    for task in waiting:
+        if task.park is not None:
+            task.park.close()
+            task.park = None
+    deadline = time.monotonic() + PARKED_END
+    while waiting and time.monotonic() < deadline:
+        waiting = [task for task in waiting if not _has_exited(task.pid)]
+        time.sleep(0.005)
+
+
+def _has_exited(pid):
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 def _heard_from_task(tasks, task, selector, parked):
@@ -478,14 +507,19 @@ def park(sock, joined, status=PARKED_STATUS, patience=PARKED_FOR):
         os.dup2(null, target)
     os.close(null)
     fds = []
+    # Its agent, exiting, ends it (SIGTERM): as it would have ended had it not parked.
+    signal.signal(signal.SIGTERM, _told_to_end)
     try:
         sock.send(PARKED + b" %d" % status)
         sock.settimeout(patience)
         body, fds, _flags, _addr = socket.recv_fds(sock, PARK_MESSAGE, 4)
-    except OSError:
+    except (OSError, _Ended):
         body = b""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if not body or len(fds) != 4:
-        os._exit(0)
+        for fd in fds:
+            os.close(fd)
+        _end_parked_process(status)
     conn = socket.socket(fileno=fds[3])
     try:
         request = json.loads(body)
@@ -506,6 +540,27 @@ def park(sock, joined, status=PARKED_STATUS, patience=PARKED_FOR):
     sock.settimeout(None)
     _send(conn, {"started": os.getpid(), "joined": joined})
     conn.close()
+
+
+class _Ended(BaseException):
+    """A parked process told to end."""
+
+
+def _told_to_end(signum, frame):
+    raise _Ended()
+
+
+def _end_parked_process(status):
+    """Ends this parked process as it would have ended had it not parked: its exit handlers
+    run (a tracker's ``finish``, a logger's flush), then it exits as its wait status
+    `status` says (a signal's as 128 + its number)."""
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 - nothing is left to tell it to
+        pass
+    os._exit(status >> 8 if status & 0x7F == 0 else 128 + (status & 0x7F))
 
 
 # The largest request a parked task takes (the request is one message on its socket).

@@ -47,8 +47,8 @@ const USAGE: &str = "usage: cargo xtask <ci|python|ray-tests|tidy|cycles|bench-e
              program with a checkpoint every step while a rank is SIGKILLed every 10 s for 2
              minutes: trainyard (local, Ray, Slurm runtimes), Ray Train 2.60, torchrun
   bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
-  bench-slurm  time 4 workers of a trivial task on 4 Slurm test nodes: trainyard run --runtime slurm
-             vs srun -N 4 -n 4
+  bench-slurm  [--nodes N] time N (4) workers of a trivial task on N Slurm test nodes: trainyard
+             run --runtime slurm vs srun -N N -n N, and count the srun processes of a run
   bench-restarts  [--rounds N] [--readme] a rank's SIGKILL to both ranks training again on the
              local, Ray and Slurm runtimes, with --warm-python torch and without
   bench-checkpoint  [--against BIN] persist 1 GiB of checkpoint vs cp -r; a rank's death to every
@@ -69,7 +69,7 @@ fn main() -> ExitCode {
         Some("bench-chaos") => bench_chaos::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("bench-python") => bench_python::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("bench-ray") => bench_ray::run(),
-        Some("bench-slurm") => bench_slurm::run(),
+        Some("bench-slurm") => bench_slurm::run(&std::env::args().skip(2).collect::<Vec<_>>()),
         Some("bench-restarts") => {
             bench_restarts::run(&std::env::args().skip(2).collect::<Vec<_>>())
         }

@@ -168,6 +168,11 @@ impl WarmTask {
             let said: Said = serde_json::from_str(&line).map_err(std::io::Error::other)?;
             if let Some(status) = said.status {
                 self.parked = said.parked;
+                if said.parked {
+                    *parked_process() = self.start_time.and_then(|start| {
+                        trainyard_sys::procfs::ProcessHandle::open_started(self.pid, start)
+                    });
+                }
                 return Ok(ExitStatus::from_raw(status));
             }
         }
@@ -186,6 +191,40 @@ impl WarmTask {
 
 /// How often a waiting agent checks that its warm task's leader is still there.
 const LEADER_CHECK: Duration = Duration::from_secs(1);
+
+/// How long an exiting agent waits for its parked task's process to run its exit handlers.
+const PARKED_END_PATIENCE: Duration = Duration::from_secs(1);
+
+/// The process of this agent's last task, while it is parked: the agent's next task is
+/// handed to it, or it is ended as the agent exits ([`end_parked`]).
+static PARKED: std::sync::Mutex<Option<trainyard_sys::procfs::ProcessHandle>> =
+    std::sync::Mutex::new(None);
+
+fn parked_process() -> std::sync::MutexGuard<'static, Option<trainyard_sys::procfs::ProcessHandle>>
+{
+    PARKED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Ends this agent's parked task, if any, as the agent exits: SIGTERM, on which a parked
+/// process runs its exit handlers and exits as it would have had it not parked (its task's
+/// status), waited for up to [`PARKED_END_PATIENCE`]; whatever is left is the exit's sweep's
+/// (and, locally, the worker cgroup's). Blocks.
+pub(crate) fn end_parked() {
+    let Some(process) = parked_process().take() else {
+        return;
+    };
+    if !process.signal(nix::sys::signal::Signal::SIGTERM) {
+        return;
+    }
+    let deadline = std::time::Instant::now() + PARKED_END_PATIENCE;
+    while trainyard_sys::procfs::is_alive(process.pid(), Some(process.start_time()))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
 
 /// Why a task did not start from the warm Python.
 #[derive(Debug)]
@@ -308,6 +347,8 @@ async fn ask(
         })?;
     let said: Said = serde_json::from_str(&first)
         .map_err(|e| format!("the warm Python's answer `{first}` is not understood: {e}"))?;
+    // The parked process, if any, took this task, or is the warm Python's to end.
+    parked_process().take();
     match (said.started, said.error) {
         (Some(pid), _) => Ok(WarmTask {
             pid,

@@ -238,6 +238,28 @@ def test_a_rank_that_raises_fails_fit_with_its_own_exception(storage) -> None:
     assert "[Rank 1]" in str(error) and "ValueError: bad batch 7" in str(error)
 
 
+def exit_handlers_loop(config):  # type: ignore[no-untyped-def]
+    import atexit
+
+    rank = train.get_context().get_world_rank()
+    marker = os.path.join(config["dir"], f"exited{rank}")
+    atexit.register(lambda: open(marker, "w").close())
+    if rank == 1:
+        raise ValueError("bad batch 7")
+    time.sleep(60)
+
+
+def test_ranks_that_end_with_a_failed_run_run_their_exit_handlers(storage, tmp_path) -> None:
+    # Rank 1 raises; rank 0 is stopped in its sleep. Neither ends at once where it restarts
+    # in place (it parks, see trainyard._worker): each ends as the run does, as it would have.
+    if not os.access("/sys/fs/cgroup", os.W_OK):
+        pytest.skip("workers get no cgroup here (/sys/fs/cgroup is not writable): ranks start cold")
+    with pytest.raises(WorkerGroupError):
+        _run(exit_handlers_loop, storage, name="exits", config={"dir": str(tmp_path)})
+    assert _fit.wait_for(lambda: (tmp_path / "exited1").exists(), 10)
+    assert _fit.wait_for(lambda: (tmp_path / "exited0").exists(), 10)
+
+
 def test_a_users_own_exception_class_is_rebuilt_on_the_driver(storage) -> None:
     with pytest.raises(WorkerGroupError) as caught:
         _run(raising_loop, storage, name="own", config={"kind": "own"})

@@ -119,6 +119,7 @@ pub(crate) fn main(functions: FunctionRegistry) -> ExitCode {
     let code = runtime.block_on(serve(config, token, functions, output, supervision));
     // Tasks still running belong to a driver that is gone; do not wait for them.
     runtime.shutdown_timeout(Duration::from_millis(100));
+    crate::warm::end_parked();
     if let Some((warm, _helper)) = warm {
         warm.stop();
     }
