@@ -90,31 +90,34 @@ fn measure(root: &Path, nodes: usize) -> Result<(), String> {
         "  trainyard / srun = {:.2} (target <= 1.50)",
         ours.as_secs_f64() / theirs.as_secs_f64()
     );
-    println!("  srun processes on the driver's host while the tasks run: {sruns}");
+    println!(
+        "  srun processes on the driver's host while the tasks run: {} started by the driver, {} in all",
+        sruns.0, sruns.1
+    );
     Ok(())
 }
 
-/// The most `srun` processes seen on this host while `run` (a run of a task of seconds)
-/// runs, sampled every 50 ms.
-fn sruns_while_tasks_run(mut run: Command) -> Result<usize, String> {
+/// The most `srun` processes seen while `run` (a run of a task of seconds) runs, sampled every
+/// 50 ms: those the driver started (one per job step it launched), and all of them on this
+/// host (each `srun` forks a helper of its own).
+fn sruns_while_tasks_run(mut run: Command) -> Result<(usize, usize), String> {
     let mut child = run
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot run trainyard: {e}"))?;
+    let driver = child.id().to_string();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut most = 0;
+    let (mut started, mut all) = (0, 0);
     while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-        let count = Command::new("pgrep")
-            .args(["-c", "-x", "srun"])
+        let parents = Command::new("ps")
+            .args(["-o", "ppid=", "-C", "srun"])
             .output()
-            .map_err(|e| format!("cannot run pgrep: {e}"))?;
-        most = most.max(
-            String::from_utf8_lossy(&count.stdout)
-                .trim()
-                .parse()
-                .unwrap_or(0),
-        );
+            .map_err(|e| format!("cannot run ps: {e}"))?;
+        let parents = String::from_utf8_lossy(&parents.stdout);
+        let parents: Vec<&str> = parents.split_whitespace().collect();
+        started = started.max(parents.iter().filter(|p| **p == driver).count());
+        all = all.max(parents.len());
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();
@@ -122,7 +125,7 @@ fn sruns_while_tasks_run(mut run: Command) -> Result<usize, String> {
     if !status.success() {
         return Err(format!("the counted run failed ({status})"));
     }
-    Ok(most)
+    Ok((started, all))
 }
 
 /// Brings the Slurm test cluster up (`scripts/slurm-env.sh`), or says why it is not.
