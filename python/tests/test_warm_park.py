@@ -137,6 +137,24 @@ class Task:
         self.out.close()
 
 
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def _wait_until(condition, seconds: float = 10) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 class ParkTest(unittest.TestCase):
     def setUp(self) -> None:
         self.warm = WarmPython()
@@ -173,25 +191,37 @@ class ParkTest(unittest.TestCase):
         task.close()
         self.assertEqual(self.warm.stop(), 0)
         self.assertTrue(os.path.exists(self.exited), "its exit handlers did not run")
-        deadline = time.monotonic() + 10
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self.assertFalse(os.path.exists(f"/proc/{pid}"), "the parked process outlived its warm Python")
+        self.assertTrue(_wait_until(lambda: _gone(pid)), "the parked process outlived its warm Python")
 
-    def test_a_parked_task_told_to_end_exits_as_it_parked(self) -> None:
+    def test_a_parked_task_told_to_end_runs_its_exit_handlers_and_is_not_asked_again(
+        self,
+    ) -> None:
         task = self.warm.start(ROUND="1", STATUS=str(3 << 8), EXITED=self.exited)
         pid = task.said()["started"]
         self.assertEqual(task.said(), {"status": 3 << 8, "parked": True})
-        # What an exiting agent does: SIGTERM.
+        # What an exiting agent does, at once: SIGTERM, whenever it comes.
         os.kill(pid, 15)
-        deadline = time.monotonic() + 10
-        while not os.path.exists(self.exited) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self.assertTrue(_wait_until(lambda: _gone(pid)), "the parked process did not end")
         self.assertTrue(os.path.exists(self.exited), "its exit handlers did not run")
         task.close()
-        # Reaped by the warm Python, which starts the next request anew.
+        # The warm Python starts the next request anew.
         fresh = self.warm.start(ROUND="2", END="1", EXITED=self.exited)
         self.assertNotEqual(fresh.said()["started"], pid)
+        fresh.close()
+
+    def test_a_request_that_comes_as_a_parked_task_ends_starts_anew(self) -> None:
+        task = self.warm.start(ROUND="1", STATUS=str(1 << 8), EXITED=self.exited)
+        pid = task.said()["started"]
+        self.assertEqual(task.said(), {"status": 1 << 8, "parked": True})
+        task.close()
+        os.kill(pid, 15)
+        # Whether it ends before the request comes, or took it before it saw the signal:
+        # the request is served, by a new fork or by the parked process.
+        fresh = self.warm.start(ROUND="2", END="1", EXITED=self.exited)
+        started = fresh.said()["started"]
+        run = 2 if started == pid else 1
+        self.assertEqual(fresh.printed(), f"run {run} pid {started} round 2\n")
+        self.assertEqual(fresh.said(), {"status": 0})
         fresh.close()
 
 

@@ -62,6 +62,8 @@ PARKED_END = 0.3
 # What a parked task says (with the wait status its agent is told it ended with: SIGTERM's
 # unless it says another).
 PARKED = b"parked"
+# What a parked task says once it took the request handed to it.
+RESUMED = b"resumed"
 PARKED_STATUS = signal.SIGTERM
 
 
@@ -86,9 +88,13 @@ class Task:
         self.key = key
         self.park = park
         self.parked = False
+        # A request handed to it while parked, until it says it took it: (request, its
+        # descriptors, its agent's connection).
+        self.resuming = None
 
     def again(self, conn):
-        """The parked task, taking the request that came on `conn`."""
+        """The parked task, having taken the request that came on `conn`."""
+        self.resuming = None
         self.conn = conn
         self.told = False
         self.abandoned = False
@@ -130,6 +136,8 @@ def _read_request(conn, token):
 
 
 def _send(conn, message):
+    if conn is None:
+        return
     try:
         conn.sendall((json.dumps(message) + "\n").encode())
     except OSError:
@@ -186,8 +194,22 @@ def serve(token, listener, base_path, refusal):
                         os.close(woken_w)
                         return started
                 elif isinstance(key.data, tuple):
-                    if key.fileobj is key.data[1].park:
-                        _heard_from_task(tasks, key.data[1], selector, parked)
+                    if key.fileobj is not key.data[1].park:
+                        continue  # closed earlier in this round
+                    started = _heard_from_task(
+                        tasks,
+                        key.data[1],
+                        selector,
+                        parked,
+                        lambda request, fds, conn: _fork(
+                            request, fds, conn, tasks, selector, listener, base_path
+                        ),
+                    )
+                    if started is not None:
+                        selector.close()
+                        os.close(woken_r)
+                        os.close(woken_w)
+                        return started
                 else:
                     # The agent's connection closed: once the task's end was told, the
                     # agent is done with it (reap it); before, the agent is gone (kill it).
@@ -202,9 +224,12 @@ def serve(token, listener, base_path, refusal):
                         # A parked task's agent is done with it; it waits for the next.
                         _let_go(task, selector)
                         if task.parked:
+                            if _has_exited(task.pid):
+                                _end_parked(task, selector, parked)
+                                _reap_leader(tasks, task, selector)
                             continue
                         if task.told:
-                            _reap_leader(tasks, task)
+                            _reap_leader(tasks, task, selector)
                         else:
                             task.abandoned = True
                             _kill_group(task.pid)
@@ -240,27 +265,43 @@ def _has_exited(pid):
         return True
 
 
-def _heard_from_task(tasks, task, selector, parked):
+def _heard_from_task(tasks, task, selector, parked, fork):
     """What a task said on its socket: that it parked (its agent is told it ended, its group
-    is left as it is), or nothing more (it ended, or ran a program of its own)."""
+    is left as it is), that it took the request handed to it, or nothing more (it ended, ran
+    a program of its own, or, parked, is ending: a request handed to it is started anew with
+    `fork`, and it is reaped once it has exited). Returns what `fork` returned."""
     try:
         said = task.park.recv(64)
     except OSError:
         said = b""
     word, _, status = said.partition(b" ")
+    if word == RESUMED and task.resuming is not None:
+        _request, fds, conn = task.resuming
+        for fd in fds:
+            os.close(fd)
+        task.again(conn)
+        selector.register(conn, selectors.EVENT_READ, task)
+        return None
     if word == PARKED and not task.told:
+        if task.abandoned or task.conn is None:
+            # Its agent is gone and it was killed: nobody is left to tell, nor to ask again.
+            return None
         task.parked = True
         task.told = True
         _send(task.conn, {"status": int(status or PARKED_STATUS), "parked": True})
         _keep_parked(tasks, task, selector, parked)
-        return
-    if not said:
-        selector.unregister(task.park)
-        task.park.close()
-        task.park = None
-        if parked.get(task.key) is task:
-            # A parked task that closed its socket is ending: it takes no request.
-            _end_parked(tasks, task, selector, parked)
+        return None
+    if said:
+        return None
+    _close_park(task, selector)
+    if parked.get(task.key) is task:
+        del parked[task.key]
+    resuming, task.resuming = task.resuming, None
+    if task.parked and task.conn is None and _has_exited(task.pid):
+        _reap_leader(tasks, task, selector)
+    if resuming is not None:
+        return fork(*resuming)
+    return None
 
 
 def _keep_parked(tasks, task, selector, parked):
@@ -268,21 +309,28 @@ def _keep_parked(tasks, task, selector, parked):
     command line: an older one ends)."""
     older = parked.get(task.key)
     if older is not None:
-        _end_parked(tasks, older, selector, parked)
+        _end_parked(older, selector, parked)
     parked[task.key] = task
 
 
-def _end_parked(tasks, task, selector, parked):
-    """Ends parked `task`: its group killed, its leader reaped."""
+def _end_parked(task, selector, parked):
+    """Ends parked `task`: its group killed (it is reaped once it has exited: ``_reap``)."""
     if parked.get(task.key) is task:
         del parked[task.key]
     _let_go(task, selector)
+    _close_park(task, selector)
+    _kill_group(task.pid)
+
+
+def _close_park(task, selector):
+    """Closes this end of `task`'s socket."""
     if task.park is not None:
-        selector.unregister(task.park)
+        try:
+            selector.unregister(task.park)
+        except (KeyError, ValueError):
+            pass
         task.park.close()
         task.park = None
-    _kill_group(task.pid)
-    _reap_leader(tasks, task)
 
 
 def _let_go(task, selector):
@@ -306,19 +354,22 @@ def _resume(task, request, fds, conn):
     return True
 
 
+
+
 def _reap(tasks, selector, parked):
     """Tells the end of every task that ended: its group killed first (its leader is a
     zombie still, so the group is the task's), then its wait status. A task whose agent is
-    gone is reaped at once, as is a parked task that ended."""
+    gone is reaped at once, as is a parked task that ended once its agent is done with it."""
     for task in list(tasks.values()):
         if task.told:
-            if parked.get(task.key) is task:
-                try:
-                    exited = os.waitid(os.P_PID, task.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-                except ChildProcessError:
-                    exited = True
-                if exited is not None:
-                    _end_parked(tasks, task, selector, parked)
+            if (
+                task.parked
+                and task.conn is None
+                and task.resuming is None
+                and _has_exited(task.pid)
+            ):
+                _end_parked(task, selector, parked)
+                _reap_leader(tasks, task, selector)
             continue
         try:
             exited = os.waitid(os.P_PID, task.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -331,7 +382,7 @@ def _reap(tasks, selector, parked):
         _kill_group(task.pid)
         task.told = True
         if task.abandoned:
-            _reap_leader(tasks, task)
+            _reap_leader(tasks, task, selector)
             continue
         _send(task.conn, {"status": _wait_status(exited)})
 
@@ -345,11 +396,13 @@ def _wait_status(exited):
     return exited.si_status
 
 
-def _reap_leader(tasks, task):
+def _reap_leader(tasks, task, selector):
     try:
         os.waitpid(task.pid, 0)
     except ChildProcessError:
         pass
+    # Never to be read again: a later fork must not inherit it.
+    _close_park(task, selector)
     tasks.pop(task.pid, None)
 
 
@@ -370,13 +423,18 @@ def _start(conn, token, tasks, selector, listener, base_path, refusal, parked):
     waiting = parked.pop(key, None)
     if waiting is not None:
         if _resume(waiting, request, fds, conn):
-            for fd in fds:
-                os.close(fd)
+            # Its own once it says it took it (else forked anew: ``_heard_from_task``).
             _let_go(waiting, selector)
-            waiting.again(conn)
-            selector.register(conn, selectors.EVENT_READ, waiting)
+            waiting.resuming = (request, fds, conn)
             return None
-        _end_parked(tasks, waiting, selector, parked)
+        _end_parked(waiting, selector, parked)
+    return _fork(request, fds, conn, tasks, selector, listener, base_path)
+
+
+def _fork(request, fds, conn, tasks, selector, listener, base_path):
+    """Starts the task `request` asks for as a fork of this process: returns, in the fork
+    only, what it runs."""
+    key = (request.get("cgroup"), tuple(request.get("argv") or ()))
     sys.stdout.flush()
     sys.stderr.flush()
     park, its_park = _park_pair(request)
@@ -387,10 +445,11 @@ def _start(conn, token, tasks, selector, listener, base_path, refusal, parked):
             if park is not None:
                 park.close()
             for task in tasks.values():
-                if task.conn is not None:
-                    task.conn.close()
-                if task.park is not None:
-                    task.park.close()
+                for held in (task.conn, task.park, *(task.resuming or ())[2:]):
+                    if held is not None:
+                        held.close()
+                for fd in (task.resuming or (None, ()))[1]:
+                    os.close(fd)
             return _become_task(request, fds, conn, base_path, its_park)
         except BaseException as error:  # noqa: BLE001 - told to the agent, then gone
             _send(conn, {"error": f"{type(error).__name__}: {error}"})
@@ -506,20 +565,15 @@ def park(sock, joined, status=PARKED_STATUS, patience=PARKED_FOR):
     for target in (0, 1, 2):
         os.dup2(null, target)
     os.close(null)
-    fds = []
-    # Its agent, exiting, ends it (SIGTERM): as it would have ended had it not parked.
-    signal.signal(signal.SIGTERM, _told_to_end)
     try:
         sock.send(PARKED + b" %d" % status)
-        sock.settimeout(patience)
-        body, fds, _flags, _addr = socket.recv_fds(sock, PARK_MESSAGE, 4)
-    except (OSError, _Ended):
-        body = b""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        body, fds = _wait_parked(sock, patience)
+    except OSError:
+        body, fds = b"", []
     if not body or len(fds) != 4:
         for fd in fds:
             os.close(fd)
-        _end_parked_process(status)
+        _end_parked_process(sock, status)
     conn = socket.socket(fileno=fds[3])
     try:
         request = json.loads(body)
@@ -534,27 +588,59 @@ def park(sock, joined, status=PARKED_STATUS, patience=PARKED_FOR):
         _streams(bool(run and run[0]) or bool(env.get("PYTHONUNBUFFERED")))
         _threads(env)
         _reseed()
-    except BaseException as error:  # noqa: BLE001 - told to the agent, then gone
-        _send(conn, {"error": f"{type(error).__name__}: {error}"})
+        sock.send(RESUMED)
+    except BaseException:  # noqa: BLE001 - the warm Python starts the request anew
         os._exit(127)
-    sock.settimeout(None)
     _send(conn, {"started": os.getpid(), "joined": joined})
     conn.close()
 
 
-class _Ended(BaseException):
-    """A parked process told to end."""
+def _wait_parked(sock, patience):
+    """The next request on `sock` and its descriptors; ``(b"", [])`` when the warm Python
+    closed it, `patience` seconds passed, or SIGTERM came (its agent, exiting, ends it). A
+    SIGTERM is seen whenever it comes: through a wake-up pipe, not only between the
+    interpreter's steps."""
+    import select
+    import time
+
+    woken_r, woken_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    previous = signal.set_wakeup_fd(woken_w, warn_on_full_buffer=False)
+    try:
+        deadline = time.monotonic() + patience
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return b"", []
+            ready, _, _ = select.select([sock, woken_r], [], [], left)
+            if woken_r in ready:
+                try:
+                    if signal.SIGTERM in os.read(woken_r, 64):
+                        return b"", []
+                except BlockingIOError:
+                    pass
+            if sock in ready:
+                body, fds, _flags, _addr = socket.recv_fds(sock, PARK_MESSAGE, 4)
+                return body, fds
+    finally:
+        signal.set_wakeup_fd(previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.close(woken_r)
+        os.close(woken_w)
 
 
-def _told_to_end(signum, frame):
-    raise _Ended()
-
-
-def _end_parked_process(status):
-    """Ends this parked process as it would have ended had it not parked: its exit handlers
-    run (a tracker's ``finish``, a logger's flush), then it exits as its wait status
-    `status` says (a signal's as 128 + its number)."""
+def _end_parked_process(sock, status):
+    """Ends this parked process as it would have ended had it not parked: it takes no
+    request any more (its socket shut, so that the warm Python starts the next one anew),
+    its exit handlers run (a tracker's ``finish``, a logger's flush), then it exits as its
+    wait status `status` says (a signal's as 128 + its number)."""
     import atexit
+
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
 
     try:
         atexit._run_exitfuncs()

@@ -11,13 +11,14 @@ value; a rank that raises, its exception, which the driver raises again within
 A rank forked by the warm Python restarts in place: when its loop function raised (said and
 left for the driver as above; its agent told it failed with exit code 1), or it was stopped
 for a restart (its agent's SIGTERM while the loop runs: the loop unwinds, its ``finally``
-blocks run), it leaves the process group, forgets the attempt's reports and parks
-(``trainyard._warm.park``); the next attempt's task for its worker is handed to it, and it
-calls the loop function again in the same process, with the new attempt's environment. A run
-that ends has its parked ranks ended with their agents. A SIGTERM outside the loop, a loop that
-does not unwind within its agent's grace, or ``TRAINYARD_RESTART_IN_PLACE=0`` on the driver
-(a loop that leaves state behind in its modules) ends the process as before, and the rank
-starts as a new fork.
+blocks run; see ``_Unwinding`` for a loop that does not), it leaves the process group,
+forgets the attempt's reports and parks (``trainyard._warm.park``); the next attempt's task
+for its worker is handed to it, and it calls the loop function again in the same process,
+with the new attempt's environment. A run that ends has its parked ranks ended with their
+agents (their exit handlers run). A SIGTERM outside the loop, a loop that does not unwind
+within ``UNWIND_PATIENCE_S``, a loop whose modules handle SIGTERM themselves, or
+``TRAINYARD_RESTART_IN_PLACE=0`` on the driver (a loop that leaves state behind in its
+modules) ends the process as before, and the rank starts as a new fork.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import traceback
 from typing import Any, Dict, Optional
 
@@ -117,6 +119,58 @@ def _restart_on_sigterm(signum: int, frame: Any) -> None:
     raise _Restart()
 
 
+# How long a rank stopped for a restart may take to unwind its loop and leave the process
+# group before it ends as the SIGTERM would have ended it (its agent waits 5 s, then kills).
+UNWIND_PATIENCE_S = 2.0
+
+
+class _Unwinding:
+    """A rank's stop for a restart, while its loop runs: SIGTERM raises ``_Restart`` in the
+    loop (unless the loop's modules took SIGTERM for themselves: theirs is left alone), and a
+    watcher woken by the signal itself (a wake-up pipe, so also while the loop is blocked in
+    C: a collective waiting for a dead peer) ends the process as the SIGTERM would have
+    (exit 143) if the rank has not come to park within ``UNWIND_PATIENCE_S``: a loop blocked
+    for good, or one that swallowed ``_Restart``. Then the rank starts as a new fork."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.done = threading.Event()
+
+    def arm(self) -> None:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        self.armed = True
+        woken_r, woken_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.signal(signal.SIGTERM, _restart_on_sigterm)
+        self.previous = signal.set_wakeup_fd(woken_w, warn_on_full_buffer=False)
+        threading.Thread(
+            target=self._watch, args=(woken_r, woken_w), name="trainyard-unwind", daemon=True
+        ).start()
+
+    def loop_ended(self) -> None:
+        """The loop returned or raised: SIGTERM ends the process from now on."""
+        if self.armed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.set_wakeup_fd(self.previous)
+
+    def _watch(self, woken_r: int, woken_w: int) -> None:
+        import select
+
+        try:
+            while not self.done.is_set():
+                if not select.select([woken_r], [], [], 0.2)[0]:
+                    continue
+                try:
+                    woke = os.read(woken_r, 64)
+                except BlockingIOError:
+                    continue
+                if signal.SIGTERM in woke and not self.done.wait(UNWIND_PATIENCE_S):
+                    os._exit(128 + signal.SIGTERM)
+        finally:
+            os.close(woken_r)
+            os.close(woken_w)
+
+
 def _undo_attempt() -> None:
     """What a stopped attempt left in this process that the next must not find: its process
     group, its report connection and what the rank knew of its reports."""
@@ -135,14 +189,16 @@ def _undo_attempt() -> None:
 def main(fit_dir: str) -> int:
     """Runs the loop function, again in place after each restart where it can."""
     spec = _fit.read_spec(fit_dir)
-    parking = None
-    if spec.get("in_place", True):
-        from trainyard import _warm
+    from trainyard import _warm
 
-        parking = _warm.park_socket()
+    parking = _warm.park_socket()
+    if parking is not None and not spec.get("in_place", True):
+        parking[0].close()
+        parking = None
     while True:
+        unwinding = _Unwinding() if parking is not None else None
         try:
-            return _attempt(fit_dir, spec, parking is not None)
+            return _attempt(fit_dir, spec, unwinding)
         except _Restart:
             status = signal.SIGTERM
         except (SystemExit, KeyboardInterrupt):
@@ -157,16 +213,19 @@ def main(fit_dir: str) -> int:
                 tb = tb.tb_next
             sys.excepthook(type(error), error, tb or error.__traceback__)
             status = 1 << 8
+        assert unwinding is not None
         _undo_attempt()
         import gc
 
         gc.collect()
+        unwinding.done.set()
         _warm.park(*parking, status=status)
         spec = _fit.read_spec(fit_dir)
 
 
-def _attempt(fit_dir: str, spec: Dict[str, Any], in_place: bool) -> int:
-    """One attempt's loop: raises ``_Restart`` when it was stopped for a restart in place."""
+def _attempt(fit_dir: str, spec: Dict[str, Any], unwinding: Optional[_Unwinding]) -> int:
+    """One attempt's loop: raises ``_Restart`` when it was stopped for a restart in place
+    (with `unwinding`: the rank restarts in place)."""
     try:
         _check_python(spec)
         _fit.take_driver_paths(spec)
@@ -182,14 +241,16 @@ def _attempt(fit_dir: str, spec: Dict[str, Any], in_place: bool) -> int:
 
         with open(os.path.join(fit_dir, _fit.LOOP), "rb") as f:
             fn, config = cloudpickle.load(f)
-        if in_place:
-            signal.signal(signal.SIGTERM, _restart_on_sigterm)
+        if unwinding is not None:
+            unwinding.arm()
         try:
             grouped = _init_process_group(spec)
             value = _fit.call_loop(fn, config)
         finally:
-            if in_place:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if unwinding is not None:
+                unwinding.loop_ended()
+        if unwinding is not None:
+            unwinding.done.set()
         from trainyard import _client
 
         # The loop's ASYNC reports still on their way are sent; one that failed fails the rank.

@@ -109,47 +109,37 @@ def test_an_unknown_runtime_is_refused_by_name(storage) -> None:  # type: ignore
         _fit(storage, "nowhere", runtime="k8s")
 
 
-def test_a_surviving_rank_restarts_in_place_on_slurm_and_ray(storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("runtime", ["slurm", "ray"])
+def test_a_surviving_rank_restarts_in_place(runtime, storage, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from test_torch_trainer import _attempts_of, in_place_loop
 
     from trainyard import _fit
     from trainyard.train import FailureConfig
 
-    runtimes = [
-        runtime
-        for runtime, up in (("slurm", _slurm_is_up()), ("ray", _ray_is_supported()))
-        if up or os.environ.get("CI") == "true"
-    ]
-    if not runtimes:
-        pytest.skip("neither Slurm's test cluster nor Ray 2.60 is available")
-    for runtime in runtimes:
-        _needs(
-            {"slurm": "Slurm's test cluster", "ray": "Ray 2.60"}[runtime],
-            _slurm_is_up() if runtime == "slurm" else _ray_is_supported(),
-            {"slurm": "TRAINYARD_SLURM_SKIP", "ray": "TRAINYARD_RAY_SKIP"}[runtime],
-        )
-        folder = tmp_path / runtime
-        folder.mkdir()
-        (folder / "leftover.py").write_text("seen = []\n")
-        TorchTrainer(
-            in_place_loop,
-            train_loop_config={"dir": str(folder)},
-            scaling_config=ScalingConfig(
-                num_workers=2, resources_per_worker={"CPU": 1, "memory": 1024**3}
-            ),
-            run_config=RunConfig(
-                name=f"in-place-{runtime}",
-                storage_path=storage,
-                failure_config=FailureConfig(max_failures=1),
-            ),
-            runtime=runtime,
-        ).fit()
-        (first0, again0), (first1, again1) = (_attempts_of(folder, rank) for rank in (0, 1))
-        # Rank 0 trained again in its own process, its modules as it left them; rank 1 anew.
-        assert again0[1] == first0[1] and again0[2] == 2, (runtime, first0, again0)
-        assert again1[1] != first1[1] and again1[2] == 1, (runtime, first1, again1)
-        assert (folder / "unwound").exists(), runtime
-        pids = {first0[1], first1[1], again1[1]}
-        assert _fit.wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 10), (
-            f"{runtime}: a rank's process outlived the run"
-        )
+    if runtime == "slurm":
+        _needs("Slurm's test cluster", _slurm_is_up(), "TRAINYARD_SLURM_SKIP")
+    else:
+        _needs("Ray 2.60", _ray_is_supported(), "TRAINYARD_RAY_SKIP")
+    (tmp_path / "leftover.py").write_text("seen = []\n")
+    TorchTrainer(
+        in_place_loop,
+        train_loop_config={"dir": str(tmp_path)},
+        scaling_config=ScalingConfig(
+            num_workers=2, resources_per_worker={"CPU": 1, "memory": 1024**3}
+        ),
+        run_config=RunConfig(
+            name=f"in-place-{runtime}",
+            storage_path=storage,
+            failure_config=FailureConfig(max_failures=1),
+        ),
+        runtime=runtime,
+    ).fit()
+    (first0, again0), (first1, again1) = (_attempts_of(tmp_path, rank) for rank in (0, 1))
+    # Rank 0 trained again in its own process, its modules as it left them; rank 1 anew.
+    assert again0[1] == first0[1] and again0[2] == 2, (first0, again0)
+    assert again1[1] != first1[1] and again1[2] == 1, (first1, again1)
+    assert (tmp_path / "unwound").exists()
+    pids = {first0[1], first1[1], again1[1]}
+    assert _fit.wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 10), (
+        "a rank's process outlived the run"
+    )

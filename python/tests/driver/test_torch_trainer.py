@@ -333,6 +333,22 @@ def test_ranks_start_from_a_warm_python_that_imported_torch_unless_told_not_to(
     assert cold.return_value == {"forked": False, "torch": True}
 
 
+def _first_attempt_kills_rank_1(folder, noted):  # type: ignore[no-untyped-def]
+    """Notes ``ATTEMPT PID NOTED`` in the rank's file in `folder`, joins an all_reduce, and in
+    the first attempt has rank 1 SIGKILL itself; the attempt, for the other ranks."""
+    import torch
+    import torch.distributed as dist
+
+    rank = train.get_context().get_world_rank()
+    attempt = int(os.environ["TRAINYARD_RESTART_COUNT"])
+    with open(os.path.join(folder, f"rank{rank}"), "a") as f:
+        f.write(f"{attempt} {os.getpid()} {noted}\n")
+    dist.all_reduce(torch.ones(1))
+    if attempt == 0 and rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return attempt
+
+
 def in_place_loop(config):  # type: ignore[no-untyped-def]
     import sys
 
@@ -342,15 +358,9 @@ def in_place_loop(config):  # type: ignore[no-untyped-def]
     sys.path.insert(0, config["dir"])
     import leftover  # type: ignore[import-not-found]
 
-    rank = train.get_context().get_world_rank()
-    attempt = int(os.environ["TRAINYARD_RESTART_COUNT"])
-    leftover.seen.append(attempt)
-    with open(os.path.join(config["dir"], f"rank{rank}"), "a") as f:
-        f.write(f"{attempt} {os.getpid()} {len(leftover.seen)}\n")
-    dist.all_reduce(torch.ones(1))
+    leftover.seen.append(None)
+    attempt = _first_attempt_kills_rank_1(config["dir"], len(leftover.seen))
     if attempt == 0:
-        if rank == 1:
-            os.kill(os.getpid(), signal.SIGKILL)
         try:
             # Stopped for the restart while it waits here: the loop unwinds.
             time.sleep(60)
@@ -402,6 +412,44 @@ def test_a_surviving_rank_restarts_in_place_unless_told_not_to(
     (first0, again0), _, unwound = runs["forked"]
     assert again0[1] != first0[1] and again0[2] == 1
     assert not unwound
+
+
+def blocked_loop(config):  # type: ignore[no-untyped-def]
+    import ctypes
+
+    import torch
+    import torch.distributed as dist
+
+    attempt = _first_attempt_kills_rank_1(config["dir"], time.time())
+    if attempt == 0:
+        # Blocked in C for good, as a collective waiting for a dead peer can be: the read
+        # is restarted after the SIGTERM, whose handler never gets to run.
+        signal.siginterrupt(signal.SIGTERM, False)
+        never, _ = os.pipe()
+        ctypes.CDLL(None, use_errno=True).read(never, ctypes.create_string_buffer(1), 1)
+    dist.all_reduce(torch.ones(1))
+
+
+def test_a_rank_blocked_in_c_is_forked_anew_without_waiting_out_the_stop_grace(
+    storage, tmp_path
+) -> None:
+    if not os.access("/sys/fs/cgroup", os.W_OK):
+        pytest.skip("workers get no cgroup here (/sys/fs/cgroup is not writable): ranks start cold")
+    _run(
+        blocked_loop,
+        storage,
+        name="blocked",
+        config={"dir": str(tmp_path)},
+        run_kwargs={"failure_config": FailureConfig(max_failures=1)},
+    )
+    (first0, again0), (first1, again1) = (
+        [line.split() for line in (tmp_path / f"rank{rank}").read_text().splitlines()]
+        for rank in (0, 1)
+    )
+    assert again0[1] != first0[1], "rank 0 could not unwind: it is a new process"
+    # Rank 0 ended 2 s after its SIGTERM (trainyard._worker.UNWIND_PATIENCE_S), not after
+    # the agent's 5 s stop grace: rank 1's death to rank 0 training again well within it.
+    assert float(again0[2]) - float(first1[2]) < 4.5, (first1, again0)
 
 
 def test_a_sigkilled_rank_without_restarts_fails_fit_naming_it(storage) -> None:
