@@ -26,9 +26,11 @@ A task may park instead of ending (``park``: a ``TorchTrainer`` loop function th
 was stopped, see ``trainyard._worker``): it says so on a socket of its own to this process,
 which tells its agent ``{"status": WAIT_STATUS, "parked": true}`` (the status it gives) without
 killing its group, and keeps the process. The next request for the same worker (its cgroup)
-and command line goes to that process, with the new connection and descriptors, and it
-answers ``{"started": PID, ...}`` as a forked task would, then runs the command again in its
-own interpreter: only what it left behind in its modules differs from a fork. A parked
+and command line goes to that process, with the new connection and descriptors; it says
+``resumed`` on its socket once set up (until then the request is kept here, and started as a
+new fork should the process end instead), answers ``{"started": PID, ...}`` as a forked task
+would, then runs the command again in its own interpreter: only what it left behind in its
+modules differs from a fork. A parked
 process not asked again within ``PARKED_FOR`` seconds, or whose socket this process closes as
 it ends, runs its exit handlers and exits as it would have; this process gives it
 ``PARKED_END`` seconds for that before it kills its group.
