@@ -97,9 +97,10 @@ fn measure(root: &Path, nodes: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// The most `srun` processes seen while `run` (a run of a task of seconds) runs, sampled every
-/// 50 ms: those the driver started (one per job step it launched), and all of them on this
-/// host (each `srun` forks a helper of its own).
+/// The `srun` processes while `run` (a run of a task of seconds) runs, sampled every 50 ms
+/// (the median of the samples with any, leaving out the moments of launch and shutdown):
+/// those the driver started (one per job step it launched), and all of them on this host
+/// (each `srun` forks a helper of its own).
 fn sruns_while_tasks_run(mut run: Command) -> Result<(usize, usize), String> {
     let mut child = run
         .stdout(Stdio::null())
@@ -108,7 +109,7 @@ fn sruns_while_tasks_run(mut run: Command) -> Result<(usize, usize), String> {
         .map_err(|e| format!("cannot run trainyard: {e}"))?;
     let driver = child.id().to_string();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let (mut started, mut all) = (0, 0);
+    let (mut started, mut all) = (Vec::new(), Vec::new());
     while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
         let parents = Command::new("ps")
             .args(["-o", "ppid=", "-C", "srun"])
@@ -116,8 +117,10 @@ fn sruns_while_tasks_run(mut run: Command) -> Result<(usize, usize), String> {
             .map_err(|e| format!("cannot run ps: {e}"))?;
         let parents = String::from_utf8_lossy(&parents.stdout);
         let parents: Vec<&str> = parents.split_whitespace().collect();
-        started = started.max(parents.iter().filter(|p| **p == driver).count());
-        all = all.max(parents.len());
+        if !parents.is_empty() {
+            started.push(parents.iter().filter(|p| **p == driver).count());
+            all.push(parents.len());
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();
@@ -125,7 +128,11 @@ fn sruns_while_tasks_run(mut run: Command) -> Result<(usize, usize), String> {
     if !status.success() {
         return Err(format!("the counted run failed ({status})"));
     }
-    Ok((started, all))
+    let median = |mut counts: Vec<usize>| {
+        counts.sort_unstable();
+        counts.get(counts.len() / 2).copied().unwrap_or(0)
+    };
+    Ok((median(started), median(all)))
 }
 
 /// Brings the Slurm test cluster up (`scripts/slurm-env.sh`), or says why it is not.
