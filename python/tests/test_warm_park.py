@@ -156,6 +156,13 @@ def _wait_until(condition, seconds: float = 10) -> bool:  # type: ignore[no-unty
 
 
 class ParkTest(unittest.TestCase):
+    def _parked(self, status: int) -> "tuple[Task, int]":
+        """A task started, run once and parked with `status`, and its pid."""
+        task = self.warm.start(ROUND="1", STATUS=str(status), EXITED=self.exited)
+        pid = task.said()["started"]
+        self.assertEqual(task.said(), {"status": status, "parked": True})
+        return task, pid
+
     def setUp(self) -> None:
         self.warm = WarmPython()
         self.addCleanup(self.warm.close)
@@ -185,9 +192,7 @@ class ParkTest(unittest.TestCase):
         last.close()
 
     def test_a_parked_task_runs_its_exit_handlers_as_the_warm_python_ends(self) -> None:
-        task = self.warm.start(ROUND="1", STATUS=str(1 << 8), EXITED=self.exited)
-        pid = task.said()["started"]
-        self.assertEqual(task.said(), {"status": 1 << 8, "parked": True})
+        task, pid = self._parked(1 << 8)
         task.close()
         self.assertEqual(self.warm.stop(), 0)
         self.assertTrue(os.path.exists(self.exited), "its exit handlers did not run")
@@ -196,9 +201,7 @@ class ParkTest(unittest.TestCase):
     def test_a_parked_task_told_to_end_runs_its_exit_handlers_and_is_not_asked_again(
         self,
     ) -> None:
-        task = self.warm.start(ROUND="1", STATUS=str(3 << 8), EXITED=self.exited)
-        pid = task.said()["started"]
-        self.assertEqual(task.said(), {"status": 3 << 8, "parked": True})
+        task, pid = self._parked(3 << 8)
         # What an exiting agent does, at once: SIGTERM, whenever it comes.
         os.kill(pid, 15)
         self.assertTrue(_wait_until(lambda: _gone(pid)), "the parked process did not end")
@@ -210,9 +213,7 @@ class ParkTest(unittest.TestCase):
         fresh.close()
 
     def test_a_request_that_comes_as_a_parked_task_ends_starts_anew(self) -> None:
-        task = self.warm.start(ROUND="1", STATUS=str(1 << 8), EXITED=self.exited)
-        pid = task.said()["started"]
-        self.assertEqual(task.said(), {"status": 1 << 8, "parked": True})
+        task, pid = self._parked(1 << 8)
         task.close()
         os.kill(pid, 15)
         # Whether it ends before the request comes, or took it before it saw the signal:

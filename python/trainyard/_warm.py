@@ -326,24 +326,23 @@ def _end_parked(task, selector, parked):
 
 def _close_park(task, selector):
     """Closes this end of `task`'s socket."""
-    if task.park is not None:
-        try:
-            selector.unregister(task.park)
-        except (KeyError, ValueError):
-            pass
-        task.park.close()
-        task.park = None
+    task.park = _drop(task.park, selector)
 
 
 def _let_go(task, selector):
     """Closes the connection of `task`'s agent, which was told its end."""
-    if task.conn is not None:
+    task.conn = _drop(task.conn, selector)
+
+
+def _drop(sock, selector):
+    """Closes `sock` (if any), no longer watched by `selector`; `None`."""
+    if sock is not None:
         try:
-            selector.unregister(task.conn)
+            selector.unregister(sock)
         except (KeyError, ValueError):
             pass
-        task.conn.close()
-        task.conn = None
+        sock.close()
+    return None
 
 
 def _resume(task, request, fds, conn):
