@@ -200,10 +200,13 @@ fn shared_under(base: &Path) -> std::io::Result<PathBuf> {
 
 /// A digest of the carried files: a change to any of them names another directory.
 fn digest() -> u64 {
-    let mut hasher = std::hash::DefaultHasher::new();
-    env!("CARGO_PKG_VERSION").hash(&mut hasher);
-    FILES.hash(&mut hasher);
-    hasher.finish()
+    static DIGEST: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *DIGEST.get_or_init(|| {
+        let mut hasher = std::hash::DefaultHasher::new();
+        env!("CARGO_PKG_VERSION").hash(&mut hasher);
+        FILES.hash(&mut hasher);
+        hasher.finish()
+    })
 }
 
 /// Puts `dir` first on the `PYTHONPATH` of `env`, before what the task had there. A path that

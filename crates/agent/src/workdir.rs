@@ -33,7 +33,16 @@ impl WorkDir {
     /// # Errors
     /// When the directory or a file cannot be written.
     pub(crate) fn create(watchdog: &Watchdog) -> std::io::Result<Self> {
-        sweep_left_behind(&std::env::temp_dir());
+        // A read of the whole temporary directory, which a node may fill with thousands of
+        // entries: not on the way to the task's start. Nothing waits for it.
+        let tmp = std::env::temp_dir();
+        if std::thread::Builder::new()
+            .name("trainyard-tmp-sweep".into())
+            .spawn(move || sweep_left_behind(&tmp))
+            .is_err()
+        {
+            sweep_left_behind(&std::env::temp_dir());
+        }
         // The tasks' files depend on it being this user's alone (0700).
         let root = trainyard_sys::private::temp_dir(&format!("{PREFIX}{}-", std::process::id()))?;
         watchdog.remove_at_end(root.path());

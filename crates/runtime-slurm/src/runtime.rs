@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::io::AsyncWriteExt as _;
@@ -69,6 +69,9 @@ struct State {
     /// The partition's node table as last read, with the partition's name; taken (so read
     /// afresh) by the next allocation request, and kept for its nodes' addresses.
     table: Option<(String, Vec<SlurmNode>)>,
+    /// When the table was read from Slurm, if it was read and not since reserved from: the
+    /// cluster's view is taken from it within [`TABLE_FRESH`].
+    table_read: Option<Instant>,
     /// The bundles an actor was placed in: one placed there again replaces a lost worker,
     /// and its node's `slurmd` is asked first whether it answers.
     filled: HashSet<(PlacementGroupId, usize)>,
@@ -79,6 +82,11 @@ struct State {
 /// partition's other nodes can hold it. Shared by the placer and the launcher.
 type LostHosts = Arc<Mutex<BTreeSet<String>>>;
 
+/// How long a node table read from Slurm stands for the cluster's free resources: the
+/// runtime's start reads it, and the first placement group's feasibility check a few
+/// milliseconds later need not read it again (two `scontrol` calls).
+const TABLE_FRESH: Duration = Duration::from_secs(1);
+
 /// How long a replacement waits for its node's `slurmd` to take a connection.
 const SLURMD_PROBE: Duration = Duration::from_secs(3);
 
@@ -87,6 +95,15 @@ const SLURMD_PROBE: Duration = Duration::from_secs(3);
 struct Slot {
     factory: PlacementGroupFactory,
     placed: Option<PlacementGroupId>,
+}
+
+impl State {
+    /// The node table, when it was read from Slurm within [`TABLE_FRESH`].
+    fn fresh_table(&self) -> Option<&[SlurmNode]> {
+        let (_, nodes) = self.table.as_ref()?;
+        let read = self.table_read?;
+        (read.elapsed() < TABLE_FRESH).then_some(nodes.as_slice())
+    }
 }
 
 fn lock<T>(state: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -121,6 +138,7 @@ impl Setup for SlurmConfig {
                 // needs the table.
                 state.table =
                     Some(slurm::partition_nodes(config.allocation.partition.as_deref()).await?);
+                state.table_read = Some(Instant::now());
             }
         }
         let bind = match config.bind {
@@ -228,7 +246,11 @@ impl SlurmPlacer {
         factory: &PlacementGroupFactory,
     ) -> Result<(), RuntimeError> {
         let options = &self.config.allocation;
-        let cached = self.state().table.take();
+        let cached = {
+            let mut state = self.state();
+            state.table_read = None;
+            state.table.take()
+        };
         let (partition, nodes) = match cached {
             Some(table) => table,
             None => slurm::partition_nodes(options.partition.as_deref())
@@ -531,12 +553,22 @@ impl Placer for SlurmPlacer {
     /// The allocation's nodes with what this run's groups leave of them, once there is an
     /// allocation; before, the partition's usable nodes as Slurm's node table has them.
     async fn cluster(&self) -> Result<ClusterSnapshot, RuntimeError> {
-        if let Some(book) = self.state().book.as_ref() {
-            return Ok(book.snapshot());
-        }
-        let (_, nodes) = slurm::partition_nodes(self.config.allocation.partition.as_deref())
-            .await
-            .map_err(backend("read the Slurm partition's nodes"))?;
+        let fresh = {
+            let state = self.state();
+            if let Some(book) = state.book.as_ref() {
+                return Ok(book.snapshot());
+            }
+            state.fresh_table().map(<[SlurmNode]>::to_vec)
+        };
+        let nodes = match fresh {
+            Some(nodes) => nodes,
+            None => {
+                slurm::partition_nodes(self.config.allocation.partition.as_deref())
+                    .await
+                    .map_err(backend("read the Slurm partition's nodes"))?
+                    .1
+            }
+        };
         let nodes = nodes
             .into_iter()
             .map(|node| NodeInfo {
@@ -745,5 +777,30 @@ impl Placer for SlurmPlacer {
         if let Some(mut own) = self.own.lock().await.take() {
             own.release().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_table_stands_for_the_cluster_only_while_it_is_fresh() {
+        let mut state = State {
+            table: Some(("test".to_owned(), Vec::new())),
+            table_read: Some(Instant::now()),
+            ..State::default()
+        };
+        assert!(state.fresh_table().is_some(), "just read");
+        state.table_read = Instant::now().checked_sub(TABLE_FRESH);
+        assert!(state.fresh_table().is_none(), "read too long ago");
+        state.table_read = None;
+        assert!(
+            state.fresh_table().is_none(),
+            "kept from an allocation request, not read for the cluster's view"
+        );
+        state.table = None;
+        state.table_read = Some(Instant::now());
+        assert!(state.fresh_table().is_none(), "no table");
     }
 }

@@ -726,8 +726,10 @@ async fn an_agent_that_hears_nothing_from_its_driver_within_its_bound_stops_its_
         })
         .await;
         let script = format!("exec sleep {marker}");
-        driver.run_command("sh", &["-c", &script], &[]).await;
+        // The last the agent hears is the request (or what follows it): its bound runs from
+        // no sooner than this.
         let silent = Instant::now();
+        driver.run_command("sh", &["-c", &script], &[]).await;
         let deadline = Instant::now() + WAIT;
         while sleeping(&marker).is_empty() {
             assert!(Instant::now() < deadline, "the task never ran");
