@@ -3,11 +3,16 @@
 //! through `trainyard run --runtime slurm` (which requests the allocation, starts one job
 //! step per worker with the rank environment, runs the task and releases the allocation) and
 //! through `srun -N N -n N` (which requests the allocation and runs the task once per node),
-//! interleaved round by round. Each is timed from its command's start to its exit. It also
+//! interleaved round by round, with a third command beside them: `srun -N N -n N` of tasks
+//! that connect back to a listener of the bench's, wait for a line, run `true` and answer (what
+//! Slurm costs a launcher whose workers call home, as trainyard's agents do). Each is timed
+//! from its command's start to its exit. It also
 //! counts the `srun` processes on the driver's host while a run's tasks run: one per worker
 //! (each worker's agent is a job step of its own, and its `srun` is how the driver sees the
 //! step). A cluster brought up with other than 4 nodes is brought back to 4 at the end.
 
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::net::{IpAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -49,7 +54,8 @@ fn measure(root: &Path, nodes: usize) -> Result<(), String> {
             .env("CI", "1");
         command
     };
-    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let home = CallHome::new(nodes)?;
+    let (mut ours, mut theirs, mut called) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=ROUNDS {
         ours.push(crate::bench_e2e::timed(&mut ours_command(&["true"]))?);
         theirs.push(crate::bench_e2e::timed(
@@ -64,16 +70,19 @@ fn measure(root: &Path, nodes: usize) -> Result<(), String> {
                 "true",
             ]),
         )?);
+        called.push(home.run(root)?);
         eprintln!(
-            "round {round}: trainyard --runtime slurm {:.3}s  srun -n {n} {:.3}s",
+            "round {round}: trainyard --runtime slurm {:.3}s  srun -n {n} {:.3}s  srun calling home {:.3}s",
             ours[round - 1].as_secs_f64(),
-            theirs[round - 1].as_secs_f64()
+            theirs[round - 1].as_secs_f64(),
+            called[round - 1].as_secs_f64()
         );
     }
     let sruns = sruns_while_tasks_run(ours_command(&["sleep", "3"]))?;
-    let (ours, theirs) = (
+    let (ours, theirs, called) = (
         crate::bench_e2e::median(ours),
         crate::bench_e2e::median(theirs),
+        crate::bench_e2e::median(called),
     );
     println!(
         "{nodes} workers on {nodes} Slurm nodes, a trivial task, median of {ROUNDS} interleaved rounds:"
@@ -87,6 +96,10 @@ fn measure(root: &Path, nodes: usize) -> Result<(), String> {
         theirs.as_secs_f64()
     );
     println!(
+        "  srun -N {nodes} -n {nodes}, tasks calling home  {:.3}s",
+        called.as_secs_f64()
+    );
+    println!(
         "  trainyard / srun = {:.2} (target <= 1.50)",
         ours.as_secs_f64() / theirs.as_secs_f64()
     );
@@ -95,6 +108,114 @@ fn measure(root: &Path, nodes: usize) -> Result<(), String> {
         sruns.0, sruns.1
     );
     Ok(())
+}
+
+/// `srun -N N -n N` of tasks that call home: each connects to a listener of the bench's,
+/// waits for a line (sent once all N are in, as a launcher sends a task once its workers are
+/// up), runs `true` and answers; timed from `srun`'s start to its exit.
+struct CallHome {
+    nodes: usize,
+    listener: TcpListener,
+    /// The task's script, with the listener's address.
+    script: String,
+}
+
+/// How long a round of [`CallHome`] may wait for its tasks.
+const CALL_HOME_WAIT: Duration = Duration::from_secs(30);
+
+impl CallHome {
+    fn new(nodes: usize) -> Result<Self, String> {
+        let address = address_toward_nodes()?;
+        let listener = TcpListener::bind((address, 0)).map_err(|e| e.to_string())?;
+        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        let script = format!(
+            "exec 3<>/dev/tcp/{address}/{port} && read -r line <&3 && /bin/true && echo done >&3"
+        );
+        Ok(Self {
+            nodes,
+            listener,
+            script,
+        })
+    }
+
+    fn run(&self, root: &Path) -> Result<Duration, String> {
+        let n = self.nodes.to_string();
+        let started = Instant::now();
+        let mut srun = Command::new("srun")
+            .current_dir(root)
+            .args(["-N", &n, "-n", &n, "-c", "1", "--mem=100M", "bash", "-c"])
+            .arg(&self.script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run srun: {e}"))?;
+        let called = self.serve();
+        let status = srun.wait().map_err(|e| e.to_string())?;
+        let elapsed = started.elapsed();
+        called?;
+        if !status.success() {
+            return Err(format!("srun of the calling tasks failed ({status})"));
+        }
+        Ok(elapsed)
+    }
+
+    /// Takes every task's connection, then sends each its line and reads its answer.
+    fn serve(&self) -> Result<(), String> {
+        let deadline = Instant::now() + CALL_HOME_WAIT;
+        self.listener
+            .set_nonblocking(true)
+            .map_err(|e| e.to_string())?;
+        let mut tasks = Vec::new();
+        while tasks.len() < self.nodes {
+            match self.listener.accept() {
+                Ok((stream, _)) => tasks.push(stream),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() > deadline {
+                        return Err(format!(
+                            "{} of {} tasks called home",
+                            tasks.len(),
+                            self.nodes
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        for task in &mut tasks {
+            task.set_nonblocking(false).map_err(|e| e.to_string())?;
+            task.set_read_timeout(Some(CALL_HOME_WAIT))
+                .map_err(|e| e.to_string())?;
+            task.write_all(b"go\n").map_err(|e| e.to_string())?;
+        }
+        for task in tasks {
+            let mut answer = String::new();
+            BufReader::new(task)
+                .read_line(&mut answer)
+                .map_err(|e| e.to_string())?;
+            if answer.trim() != "done" {
+                return Err(format!("a task answered {answer:?}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// This host's address as the test cluster's nodes reach it: the one it sends from toward the
+/// first node's address.
+fn address_toward_nodes() -> Result<IpAddr, String> {
+    let out = Command::new("scontrol")
+        .args(["-o", "show", "nodes"])
+        .output()
+        .map_err(|e| format!("cannot run scontrol: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let node = text
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("NodeAddr="))
+        .ok_or("scontrol names no node address")?;
+    let probe = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+    probe.connect((node, 9)).map_err(|e| e.to_string())?;
+    Ok(probe.local_addr().map_err(|e| e.to_string())?.ip())
 }
 
 /// The `srun` processes while `run` (a run of a task of seconds) runs, sampled every 50 ms
