@@ -48,7 +48,8 @@ const USAGE: &str = "usage: cargo xtask <ci|python|ray-tests|tidy|cycles|bench-e
              minutes: trainyard (local, Ray, Slurm runtimes), Ray Train 2.60, torchrun
   bench-ray  time a trivial 2-worker torch job: trainyard run --runtime ray vs Ray Train's TorchTrainer
   bench-slurm  [--nodes N] time N (4) workers of a trivial task on N Slurm test nodes: trainyard
-             run --runtime slurm vs srun -N N -n N, and count the srun processes of a run
+             run --runtime slurm vs srun -N N -n N of true and of tasks calling home, and
+             count the srun processes of a run
   bench-restarts  [--rounds N] [--readme] a rank's SIGKILL to both ranks training again on the
              local, Ray and Slurm runtimes, with --warm-python torch and without
   bench-checkpoint  [--against BIN] persist 1 GiB of checkpoint vs cp -r; a rank's death to every
