@@ -74,6 +74,10 @@ def loop(config):
                 state = torch.load(os.path.join(d, "state.pt"))
             model.load_state_dict(state["model"])
             step = state["step"] + 1
+    # The folders handed to report() are made in the bench's own folder: what a contender
+    # leaves of them (Ray Train 2.60 leaves many) goes with it.
+    staging = os.path.join(out, "staging")
+    os.makedirs(staging, exist_ok=True)
     _write_atomically(os.path.join(out, f"pid_{rank}"), str(os.getpid()))
     log = open(os.path.join(out, f"steps_{rank}"), "a", buffering=1)
     stop_file = os.path.join(out, "stop")
@@ -104,7 +108,7 @@ def loop(config):
                 torch.save(state, tmp)
                 os.replace(tmp, os.path.join(out, "checkpoint.pt"))
         else:
-            d = tempfile.mkdtemp(prefix="chaos_")
+            d = tempfile.mkdtemp(prefix="chaos_", dir=staging)
             torch.save(state, os.path.join(d, "state.pt"))
             train.report(
                 {"step": step, "loss": float(loss.item())},
