@@ -12,7 +12,7 @@
 //! step). A cluster brought up with other than 4 nodes is brought back to 4 at the end.
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::net::{IpAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -201,21 +201,18 @@ impl CallHome {
     }
 }
 
-/// This host's address as the test cluster's nodes reach it: the one it sends from toward the
-/// first node's address.
+/// This host's address as the test cluster's nodes reach it, as the driver finds its own
+/// ([`trainyard_sys::net::advertise_toward`] the nodes' addresses).
 fn address_toward_nodes() -> Result<IpAddr, String> {
     let out = Command::new("scontrol")
         .args(["-o", "show", "nodes"])
         .output()
         .map_err(|e| format!("cannot run scontrol: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let node = text
+    let nodes = text
         .split_whitespace()
-        .find_map(|field| field.strip_prefix("NodeAddr="))
-        .ok_or("scontrol names no node address")?;
-    let probe = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
-    probe.connect((node, 9)).map_err(|e| e.to_string())?;
-    Ok(probe.local_addr().map_err(|e| e.to_string())?.ip())
+        .filter_map(|field| field.strip_prefix("NodeAddr="));
+    Ok(trainyard_sys::net::advertise_toward(nodes))
 }
 
 /// The `srun` processes while `run` (a run of a task of seconds) runs, sampled every 50 ms
