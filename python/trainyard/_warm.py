@@ -567,8 +567,7 @@ def park(sock, joined, status=PARKED_STATUS, patience=PARKED_FOR):
         os.dup2(null, target)
     os.close(null)
     try:
-        sock.send(PARKED + b" %d" % status)
-        body, fds = _wait_parked(sock, patience)
+        body, fds = _wait_parked(sock, PARKED + b" %d" % status, patience)
     except OSError:
         body, fds = b"", []
     if not body or len(fds) != 4:
@@ -596,10 +595,11 @@ def park(sock, joined, status=PARKED_STATUS, patience=PARKED_FOR):
     conn.close()
 
 
-def _wait_parked(sock, patience):
-    """The next request on `sock` and its descriptors; ``(b"", [])`` when the warm Python
-    closed it, `patience` seconds passed, or SIGTERM came (its agent, exiting, ends it). A
-    SIGTERM is seen whenever it comes: through a wake-up pipe, not only between the
+def _wait_parked(sock, parked, patience):
+    """Says `parked` on `sock`, then waits for the next request on it: the request and its
+    descriptors; ``(b"", [])`` when the warm Python closed it, `patience` seconds passed, or
+    SIGTERM came (its agent, exiting, ends it). A SIGTERM is seen whenever it comes once the
+    warm Python can know of the park: through a wake-up pipe, not only between the
     interpreter's steps."""
     import select
     import time
@@ -608,6 +608,7 @@ def _wait_parked(sock, patience):
     signal.signal(signal.SIGTERM, lambda *_: None)
     previous = signal.set_wakeup_fd(woken_w, warn_on_full_buffer=False)
     try:
+        sock.send(parked)
         deadline = time.monotonic() + patience
         while True:
             left = deadline - time.monotonic()
