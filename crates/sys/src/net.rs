@@ -13,6 +13,10 @@
 //!   network, another NIC) is never chosen. Where the node's address is none of the host's
 //!   own (a name that resolves elsewhere, an address behind NAT), the interface of the
 //!   host's route toward the driver.
+//! - **Rendezvous ports** ([`free_port`]): a port free on a rank's host for it to listen on
+//!   later (rank 0's `MASTER_PORT`), chosen below the kernel's ephemeral range, so that
+//!   neither a connection the host makes meanwhile nor a listener that lets the kernel pick
+//!   its port can take it before the rank binds it.
 //! - **Reachability** ([`probe`]): a TCP connection to an address and port, bounded. An
 //!   answer, a refusal included, proves the path: a rendezvous port is probed before the
 //!   rank that opens it has started.
@@ -243,6 +247,90 @@ pub fn probe(host: &str, port: u16, within: Duration) -> Probe {
     }
 }
 
+/// Where [`free_port`] chooses: below Linux's default ephemeral range (32768–60999) and
+/// above Ray's default worker ports (10002–19999).
+const RENDEZVOUS_PORTS: std::ops::RangeInclusive<u16> = 20_000..=29_999;
+
+/// How many ports of [`RENDEZVOUS_PORTS`] [`free_port`] tries before it asks the kernel.
+const RENDEZVOUS_TRIES: usize = 32;
+
+/// A port that every address of `ip`'s family on this host (`0.0.0.0` or `::`, as torch's
+/// store listens) can be bound to now, for a process started later to listen on: rank 0's
+/// `MASTER_PORT`, a worker's address.
+///
+/// It is released before it is returned, and a torch rank binds it only once it has imported
+/// torch (seconds on a loaded host). A port the kernel picks (`bind` to port 0) comes from
+/// its ephemeral range (`net.ipv4.ip_local_port_range`), which every outgoing connection and
+/// every other such listener on the host draws from meanwhile: on a busy host one of them
+/// takes it, and the rank fails with `EADDRINUSE`. So the port is chosen at random in
+/// 20000–29999, less the ephemeral range and the ports the host reserves
+/// (`net.ipv4.ip_local_reserved_ports`), where only a process that names its port itself can
+/// take it; the kernel picks only when none of the ports tried there is free.
+///
+/// # Errors
+/// When no port can be bound at all.
+pub fn free_port(ip: IpAddr) -> io::Result<u16> {
+    let any = if ip.is_ipv6() {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    };
+    let ephemeral = read_ports("/proc/sys/net/ipv4/ip_local_port_range", |text| {
+        let mut bounds = text.split_whitespace().map(str::parse::<u16>);
+        match (bounds.next(), bounds.next()) {
+            (Some(Ok(low)), Some(Ok(high))) => vec![low..=high],
+            _ => Vec::new(),
+        }
+    });
+    let reserved = read_ports("/proc/sys/net/ipv4/ip_local_reserved_ports", port_list);
+    let taken = |port: u16| {
+        ephemeral
+            .iter()
+            .chain(&reserved)
+            .any(|range| range.contains(&port))
+    };
+    let span = u64::from(RENDEZVOUS_PORTS.end() - RENDEZVOUS_PORTS.start()) + 1;
+    for _ in 0..RENDEZVOUS_TRIES {
+        let offset = u16::try_from(random() % span).unwrap_or(0);
+        let port = RENDEZVOUS_PORTS.start() + offset;
+        if !taken(port) && std::net::TcpListener::bind((any, port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Ok(std::net::TcpListener::bind((any, 0))?.local_addr()?.port())
+}
+
+/// The port ranges the file at `path` lists, read by `parse`; none when it cannot be read.
+fn read_ports(
+    path: &str,
+    parse: impl Fn(&str) -> Vec<std::ops::RangeInclusive<u16>>,
+) -> Vec<std::ops::RangeInclusive<u16>> {
+    std::fs::read_to_string(path)
+        .map(|text| parse(&text))
+        .unwrap_or_default()
+}
+
+/// `8080,9000-9010`, as `ip_local_reserved_ports` lists ports; what does not read as ports
+/// is left out.
+fn port_list(text: &str) -> Vec<std::ops::RangeInclusive<u16>> {
+    text.trim()
+        .split(',')
+        .filter_map(|item| {
+            let (low, high) = item.split_once('-').unwrap_or((item, item));
+            Some(low.trim().parse().ok()?..=high.trim().parse().ok()?)
+        })
+        .collect()
+}
+
+/// A random number: from the standard library's randomly keyed hasher, whose keys differ on
+/// each call.
+fn random() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut hasher = std::hash::RandomState::new().build_hasher();
+    hasher.write_u8(0);
+    hasher.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,6 +375,42 @@ mod tests {
             "{nowhere:?}"
         );
         assert_eq!(nowhere.address, None);
+    }
+
+    #[test]
+    fn a_free_port_is_out_of_the_ephemeral_range_and_can_be_bound() {
+        let ephemeral = read_ports("/proc/sys/net/ipv4/ip_local_port_range", |text| {
+            let bounds: Vec<u16> = text
+                .split_whitespace()
+                .filter_map(|b| b.parse().ok())
+                .collect();
+            vec![bounds[0]..=bounds[1]]
+        });
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..20 {
+            let port = free_port(LOOPBACK).expect("a port");
+            assert!(
+                ephemeral.iter().all(|range| !range.contains(&port)),
+                "{port} is in the ephemeral range {ephemeral:?}"
+            );
+            if ephemeral.iter().all(|range| !range.contains(&20_000)) {
+                assert!(RENDEZVOUS_PORTS.contains(&port), "{port}");
+            }
+            let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).expect("it binds");
+            drop(listener);
+            seen.insert(port);
+        }
+        assert!(seen.len() > 1, "always {seen:?}: not chosen at random");
+    }
+
+    #[test]
+    fn reserved_ports_read_as_ranges() {
+        assert_eq!(
+            port_list("8080,9000-9010\n"),
+            vec![8080..=8080, 9000..=9010]
+        );
+        assert_eq!(port_list(""), Vec::new());
+        assert_eq!(port_list("x,22"), vec![22..=22]);
     }
 
     #[test]

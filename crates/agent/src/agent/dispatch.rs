@@ -153,13 +153,14 @@ impl Agent {
                 Ok(Response::NodeInfo(self.info()))
             }
             Request::FindFreePort => {
-                let listener = tokio::net::TcpListener::bind((self.config.node_ip.as_str(), 0))
-                    .await
+                // A node known by name is reached over IPv4 first, as names resolve.
+                let ip = self
+                    .config
+                    .node_ip
+                    .parse()
+                    .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+                let port = trainyard_sys::net::free_port(ip)
                     .map_err(|e| unsupported("find_free_port", &e))?;
-                let port = listener
-                    .local_addr()
-                    .map_err(|e| unsupported("find_free_port", &e))?
-                    .port();
                 Ok(Response::Port { port })
             }
             Request::SetEnv { vars } => {
