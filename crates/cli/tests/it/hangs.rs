@@ -97,9 +97,12 @@ fn a_hung_torch_rank_is_stopped_with_every_ranks_stacks() {
     let rank_1 = stacks_line(&stderr, 1);
     assert!(
         rank_0.contains("all_reduce"),
-        "rank 0 waits in all_reduce: {rank_0}"
+        "rank 0 waits in all_reduce: {rank_0}\n{stderr}"
     );
-    assert!(rank_1.contains("sleep"), "rank 1 sleeps: {rank_1}");
+    assert!(
+        rank_1.contains("sleep"),
+        "rank 1 sleeps: {rank_1}\n{stderr}"
+    );
     assert!(
         rank_1.contains("hang.py:"),
         "rank 1's frame in the script: {rank_1}"
