@@ -196,10 +196,13 @@ fn a_sigkilled_drivers_reservation_is_reclaimed_by_the_next_run() {
     wait_for_holder(&ledger, holder.id());
     holder.kill().expect("SIGKILL");
     holder.wait().expect("reaped");
+    // The killed run's agents hold its GPUs until they have stopped their tasks and exited,
+    // which on a loaded machine can come after the next run looks: it waits for them, within
+    // a bound.
     let next = finish(start_run(
         &ledger,
         &mark,
-        &["-n", "2", "--use-gpu", "--no-wait"],
+        &["-n", "2", "--use-gpu", "--placement-timeout", "20"],
         "echo gpu=$CUDA_VISIBLE_DEVICES",
     ));
     assert!(next.status.success(), "{}", text(&next.stderr));
