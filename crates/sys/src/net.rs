@@ -275,13 +275,7 @@ pub fn free_port(ip: IpAddr) -> io::Result<u16> {
     } else {
         IpAddr::V4(Ipv4Addr::UNSPECIFIED)
     };
-    let ephemeral = read_ports("/proc/sys/net/ipv4/ip_local_port_range", |text| {
-        let mut bounds = text.split_whitespace().map(str::parse::<u16>);
-        match (bounds.next(), bounds.next()) {
-            (Some(Ok(low)), Some(Ok(high))) => vec![low..=high],
-            _ => Vec::new(),
-        }
-    });
+    let ephemeral = ephemeral_ports();
     let reserved = read_ports("/proc/sys/net/ipv4/ip_local_reserved_ports", port_list);
     let taken = |port: u16| {
         ephemeral
@@ -298,6 +292,17 @@ pub fn free_port(ip: IpAddr) -> io::Result<u16> {
         }
     }
     Ok(std::net::TcpListener::bind((any, 0))?.local_addr()?.port())
+}
+
+/// The kernel's ephemeral ports (`ip_local_port_range`: `32768\t60999`); none when unknown.
+fn ephemeral_ports() -> Vec<std::ops::RangeInclusive<u16>> {
+    read_ports("/proc/sys/net/ipv4/ip_local_port_range", |text| {
+        let mut bounds = text.split_whitespace().map(str::parse::<u16>);
+        match (bounds.next(), bounds.next()) {
+            (Some(Ok(low)), Some(Ok(high))) => vec![low..=high],
+            _ => Vec::new(),
+        }
+    })
 }
 
 /// The port ranges the file at `path` lists, read by `parse`; none when it cannot be read.
@@ -325,10 +330,8 @@ fn port_list(text: &str) -> Vec<std::ops::RangeInclusive<u16>> {
 /// A random number: from the standard library's randomly keyed hasher, whose keys differ on
 /// each call.
 fn random() -> u64 {
-    use std::hash::{BuildHasher as _, Hasher as _};
-    let mut hasher = std::hash::RandomState::new().build_hasher();
-    hasher.write_u8(0);
-    hasher.finish()
+    use std::hash::BuildHasher as _;
+    std::hash::RandomState::new().hash_one(())
 }
 
 #[cfg(test)]
@@ -379,13 +382,8 @@ mod tests {
 
     #[test]
     fn a_free_port_is_out_of_the_ephemeral_range_and_can_be_bound() {
-        let ephemeral = read_ports("/proc/sys/net/ipv4/ip_local_port_range", |text| {
-            let bounds: Vec<u16> = text
-                .split_whitespace()
-                .filter_map(|b| b.parse().ok())
-                .collect();
-            vec![bounds[0]..=bounds[1]]
-        });
+        let ephemeral = ephemeral_ports();
+        assert!(!ephemeral.is_empty(), "the ephemeral range is read");
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..20 {
             let port = free_port(LOOPBACK).expect("a port");
